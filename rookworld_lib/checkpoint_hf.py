@@ -1,0 +1,151 @@
+"""Read and write the Hugging Face GPT-2 format (config.json + model.safetensors).
+
+Hugging Face's GPT-2 stores its matmul weights as Conv1D, shaped (in, out): the transpose of
+nn.Linear. Key checking is strict in both directions, because a silently missing key (strict=False)
+leaves a layer at its random init and the model still runs, just badly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .model import GPTConfig
+
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Causal-mask buffers that older transformers versions saved with the weights; they hold no learned
+# values, so they are recognised and dropped rather than reported as unexpected.
+MASK_BUFFER_SUFFIXES = ("attn.bias", "attn.masked_bias")
+# Settings of transformers' GPT2Config that change the math; we implement GPT-2's defaults only.
+REQUIRED_HF_SETTINGS = {
+    "scale_attn_weights": True,
+    "scale_attn_by_inverse_layer_idx": False,
+    "reorder_and_upcast_attn": False,
+    "add_cross_attention": False,
+}
+TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+class CheckpointFormatError(ValueError):
+    """A Hugging Face GPT-2 directory that cannot be loaded faithfully."""
+
+
+def hf_config_dict(config: GPTConfig) -> dict:
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_positions": config.block_size,
+        "n_ctx": config.block_size,
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,
+        "vocab_size": config.vocab_size,
+        "layer_norm_epsilon": config.layer_norm_epsilon,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "tie_word_embeddings": True,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "initializer_range": 0.02,
+        "torch_dtype": "float32",
+    }
+
+
+def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
+    if d.get("model_type", "gpt2") != "gpt2":
+        raise CheckpointFormatError(f"{source}: model_type is {d.get('model_type')!r}, expected 'gpt2'")
+    act = d.get("activation_function", "gelu_new")
+    if act not in TANH_GELUS:
+        raise CheckpointFormatError(f"{source}: activation_function {act!r} is not GPT-2's tanh GELU {TANH_GELUS}")
+    n_inner = d.get("n_inner")
+    if n_inner not in (None, 4 * d["n_embd"]):
+        raise CheckpointFormatError(f"{source}: n_inner={n_inner} is not 4 * n_embd; only GPT-2's MLP width is supported")
+    for key, want in REQUIRED_HF_SETTINGS.items():
+        if d.get(key, want) != want:
+            raise CheckpointFormatError(f"{source}: {key}={d[key]!r} is not supported (GPT-2 uses {want!r})")
+    try:
+        base = dict(
+            block_size=d["n_positions"],
+            vocab_size=d["vocab_size"],
+            n_layer=d["n_layer"],
+            n_head=d["n_head"],
+            n_embd=d["n_embd"],
+            layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
+            dropout=float(d.get("resid_pdrop", 0.0)),
+        )
+    except KeyError as exc:
+        raise CheckpointFormatError(f"{source}: config.json lacks the field {exc.args[0]!r}") from None
+    base.update(overrides)
+    return GPTConfig(**base)
+
+
+def load_hf_gpt2(cls, directory: Path, **config_overrides):
+    config_path, weights_path = directory / "config.json", directory / "model.safetensors"
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise CheckpointFormatError(
+                f"{path} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors"
+            )
+    config = config_from_hf(json.loads(config_path.read_text()), config_path, **config_overrides)
+    state = load_file(str(weights_path))
+    # Checkpoints saved from GPT2Model (no LM head) have no "transformer." prefix.
+    state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
+    head = state.pop("lm_head.weight", None)
+
+    model = cls(config)
+    own = model.state_dict()
+    own.pop("lm_head.weight")  # tied to transformer.wte.weight
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing keys: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys: {', '.join(unexpected)}")
+        raise CheckpointFormatError(f"{weights_path}: " + "; ".join(parts))
+    if head is not None and not torch.equal(head, state["transformer.wte.weight"]):
+        raise CheckpointFormatError(f"{weights_path}: lm_head.weight differs from transformer.wte.weight (GPT-2 ties them)")
+
+    converted = {}
+    for key, tensor in state.items():
+        if key.endswith(CONV1D_SUFFIXES):
+            tensor = tensor.t()
+        if key == "transformer.wte.weight" and config.padded_vocab_size != config.vocab_size:
+            pad = torch.zeros(config.padded_vocab_size - config.vocab_size, tensor.size(1), dtype=tensor.dtype)
+            tensor = torch.cat([tensor, pad])
+        if tensor.shape != own[key].shape:
+            raise CheckpointFormatError(f"{weights_path}: {key} has shape {tuple(tensor.shape)}, expected {tuple(own[key].shape)}")
+        converted[key] = tensor.to(own[key].dtype)
+    converted["lm_head.weight"] = converted["transformer.wte.weight"]  # the same tied parameter
+    model.load_state_dict(converted, strict=True)
+    return model
+
+
+def save_hf_gpt2(model, directory: Path) -> None:
+    config = model.config
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight":
+            continue  # tied; transformers re-ties it from tie_word_embeddings
+        tensor = tensor.detach().cpu()
+        if key.endswith(CONV1D_SUFFIXES):
+            tensor = tensor.t()
+        if key == "transformer.wte.weight":
+            tensor = tensor[: config.vocab_size]
+        state[key] = tensor.contiguous()
+    tmp = directory / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(directory / "model.safetensors")
+    (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
