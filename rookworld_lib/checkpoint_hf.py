@@ -18,7 +18,7 @@ from .model import GPTConfig
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Causal-mask buffers that older transformers versions saved with the weights; they hold no learned
 # values, so they are recognised and dropped rather than reported as unexpected.
-MASK_BUFFER_SUFFIXES = ("attn.bias", "attn.masked_bias")
+MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # note the dot: not attn.c_attn.bias
 # Settings of transformers' GPT2Config that change the math; we implement GPT-2's defaults only.
 REQUIRED_HF_SETTINGS = {
     "scale_attn_weights": True,

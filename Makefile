@@ -1,0 +1,58 @@
+# The two commands a user needs: `make test` and `make run`. Both create or refresh .venv first
+# and install Stockfish where it is missing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# The CPU build of torch 2.13.0 lies on these machines; a looser spec would pull GBs of CUDA wheels.
+TORCH_SPEC ?= torch==2.13.0
+PROFILE ?= cpu
+
+.PHONY: setup stockfish test test-fast test-fault run lab clean
+
+setup: $(STAMP) stockfish
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+stockfish:
+	@if [ -n "$$STOCKFISH_PATH" ]; then \
+	  [ -x "$$STOCKFISH_PATH" ] || { echo "STOCKFISH_PATH=$$STOCKFISH_PATH is not an executable file" >&2; exit 1; }; \
+	elif command -v stockfish >/dev/null 2>&1 || [ -x /usr/games/stockfish ]; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "Installing Stockfish (Debian package)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stockfish >/dev/null; \
+	elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then \
+	  echo "Installing Stockfish (Debian package, via sudo)"; \
+	  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq stockfish >/dev/null; \
+	else \
+	  echo "Stockfish is required but was not found and cannot be installed here." >&2; \
+	  echo "Install it with 'sudo apt-get install -y stockfish' (Debian/Ubuntu)," >&2; \
+	  echo "'conda install -c conda-forge stockfish', or 'brew install stockfish', or set STOCKFISH_PATH." >&2; \
+	  exit 1; \
+	fi
+
+# Library tests plus every numbered notebook under nbval, in one pytest run.
+test: setup
+	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+
+test-fast: setup
+	$(PY) -m pytest tests -p no:cacheprovider
+
+test-fault: setup
+	$(PY) -m pytest tests -m fault -p no:cacheprovider
+
+# Execute the numbered notebooks headless (papermill) into runs/<timestamp>/, with a report.
+run: setup
+	$(VENV)/bin/rookworld run --profile $(PROFILE)
+
+lab: setup
+	$(PY) -m ipykernel install --user --name rookworld --display-name "RookWorld (.venv)"
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,134 @@
+"""Forward-pass health checks for a GPT: the numbers notebook 02 shows and asserts.
+
+Each function returns plain data (dicts, lists, floats) so a notebook can tabulate and assert it,
+and a test can check it against an independent computation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from .model import GPT, lm_loss
+
+
+def params_by_module(model: GPT) -> dict[str, int]:
+    """Parameter counts grouped as embeddings / each block / final LayerNorm; the tied head counted once."""
+    counts: dict[str, int] = defaultdict(int)
+    seen = set()
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        parts = name.split(".")
+        if parts[1] == "h":
+            key = f"h.{parts[2]}.{parts[3]}"  # e.g. h.0.attn
+        else:
+            key = parts[1] if parts[0] == "transformer" else parts[0]
+        counts[key] += p.numel()
+    return dict(counts)
+
+
+def init_stats(model: GPT) -> list[dict]:
+    """Mean and std of every parameter tensor, with the std GPT-2's init prescribes."""
+    n_layer = model.config.n_layer
+    rows = []
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            expected = 0.02 / math.sqrt(2 * n_layer)
+        elif p.dim() >= 2:
+            expected = 0.02
+        else:
+            expected = 0.0  # biases zero, LayerNorm gains one: no spread
+        rows.append({"name": name, "shape": tuple(p.shape), "mean": p.mean().item(),
+                     "std": p.std().item() if p.numel() > 1 else 0.0, "expected_std": expected})
+    return rows
+
+
+def logits_stats(logits: torch.Tensor) -> dict:
+    """Range, mean, std and the count of non-finite values of a logits tensor."""
+    x = logits.detach().float()
+    finite = torch.isfinite(x)
+    return {"min": x[finite].min().item(), "max": x[finite].max().item(), "mean": x[finite].mean().item(),
+            "std": x[finite].std().item(), "nonfinite": int((~finite).sum())}
+
+
+def init_loss(model: GPT, idx: torch.Tensor) -> dict:
+    """Next-token loss on idx against ln(vocab): a fresh model should be near-uniform."""
+    with torch.no_grad():
+        loss = lm_loss(model(idx[:, :-1]), idx[:, 1:]).item()
+    return {"loss": loss, "uniform": math.log(model.config.vocab_size)}
+
+
+def grad_norms_by_layer(model: GPT, idx: torch.Tensor) -> dict[str, float]:
+    """L2 norm of the loss gradient per top-level group (embeddings, each block, ln_f)."""
+    model.zero_grad(set_to_none=True)
+    lm_loss(model(idx[:, :-1]), idx[:, 1:]).backward()
+    sq: dict[str, float] = defaultdict(float)
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        parts = name.split(".")
+        key = f"h.{parts[2]}" if parts[1] == "h" else parts[1] if parts[0] == "transformer" else parts[0]
+        sq[key] += p.grad.float().pow(2).sum().item()
+    model.zero_grad(set_to_none=True)
+    return {k: math.sqrt(v) for k, v in sq.items()}
+
+
+def causality_violation(model: GPT, idx: torch.Tensor, position: int) -> dict:
+    """Change the token at `position`; report how much logits before and at/after it moved."""
+    changed = idx.clone()
+    changed[:, position] = (changed[:, position] + 1) % model.config.vocab_size
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    return {"max_change_before": (a[:, :position] - b[:, :position]).abs().max().item() if position else 0.0,
+            "max_change_after": (a[:, position:] - b[:, position:]).abs().max().item()}
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes held after each phase of one training step, by exact accounting of tensors.
+
+    - params: the model's unique parameters;
+    - batch: the input and target ids;
+    - activations: tensors autograd saved for backward during the forward pass (unique storages);
+    - grads: parameter gradients after backward;
+    - optimizer_state: optimizer state after its first step (AdamW: exp_avg and exp_avg_sq).
+    On CUDA the allocator's own figures (memory_allocated after each phase) are added as `cuda_*`.
+    """
+    device = idx.device
+    cuda = device.type == "cuda"
+    out = {"params": _bytes({id(p): p for p in model.parameters()}.values()), "batch": _bytes([idx]) * 2}
+    if cuda:
+        torch.cuda.synchronize()
+        out["cuda_after_batch"] = torch.cuda.memory_allocated()
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = lm_loss(model(idx[:, :-1]), idx[:, 1:])
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    out["activations"] = sum(n for ptr, n in saved.items() if ptr not in param_ptrs)
+    if cuda:
+        out["cuda_after_forward"] = torch.cuda.memory_allocated()
+    loss.backward()
+    out["grads"] = _bytes([p.grad for p in model.parameters() if p.grad is not None])
+    if cuda:
+        out["cuda_after_backward"] = torch.cuda.memory_allocated()
+    optimizer.step()
+    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    out["optimizer_state"] = _bytes(state)
+    if cuda:
+        out["cuda_after_step"] = torch.cuda.memory_allocated()
+    optimizer.zero_grad(set_to_none=True)
+    return out

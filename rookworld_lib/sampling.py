@@ -1,0 +1,230 @@
+"""Batched, KV-cached generation for GRPO rollouts.
+
+Layout of a batch: prompts are left-padded to a common length P, so every row's last prompt token
+sits at column P-1 and all rows decode in lock-step. Position ids count real tokens only (a row
+padded by 3 starts at position 0 in column 3), in prefill and in every decode step. Each row stops
+at its own EOS; after that it emits padding that the completion mask excludes.
+
+Two log-probs are returned per sampled token:
+- `logprobs`: under softmax(logits / temperature) over the full vocabulary, computed by
+  `grpo.token_logprobs`, the same function GRPO scores with, so old and new log-probs agree
+  exactly when the policy has not changed;
+- `sampling_logprobs`: under the distribution actually sampled from (after top-k / top-p);
+  identical to `logprobs` when top_k=0 and top_p=1, the GRPO default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .model import GPT, KVCache
+from .tokenizer import EOT_ID
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T) at `tokens`; the single definition shared by sampler and GRPO."""
+    from . import grpo  # grpo owns the definition; imported late to keep module load light
+
+    return grpo.token_logprobs(logits, tokens, temperature)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are drawn."""
+
+    max_new_tokens: int = 64  # completion budget per row; rows that hit it are "truncated"
+    temperature: float = 1.0  # softmax temperature; 0 means greedy (argmax)
+    top_k: int = 0  # keep only the k most likely tokens (0 = off)
+    top_p: float = 1.0  # nucleus sampling: smallest set with cumulative probability >= top_p (1 = off)
+    num_samples: int = 1  # completions per prompt (GRPO group size G); rows are laid out group by group
+    eos_id: int = EOT_ID  # token that ends a completion (included in the mask)
+    pad_id: int = EOT_ID  # token emitted after EOS and used for left padding
+    seed: int | None = None  # seeds a private torch.Generator; None draws from the global RNG
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k must be an integer >= 0, got {self.top_k!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.num_samples, int) or self.num_samples < 1:
+            raise ValueError(f"SamplingConfig.num_samples must be a positive integer, got {self.num_samples!r}")
+
+
+@dataclass
+class Rollout:
+    """Completions for N = len(prompts) * num_samples rows, group by group."""
+
+    prompt_ids: list[list[int]]  # per row (each prompt repeated num_samples times)
+    tokens: torch.Tensor  # (N, L) long; pad_id after each row's EOS
+    logprobs: torch.Tensor  # (N, L) float32; see module docstring; 0 where mask is False
+    sampling_logprobs: torch.Tensor  # (N, L) float32, under the filtered distribution
+    mask: torch.Tensor  # (N, L) bool; completion tokens including the first EOS
+    finished: torch.Tensor  # (N,) bool; True where the row produced EOS (else truncated)
+    group_size: int = 1
+    eos_id: int = EOT_ID
+    stats: dict = field(default_factory=dict)  # prefill/generated token counts, decode steps
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.mask.sum(dim=1)
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        return ~self.finished
+
+    def completion_ids(self, row: int, keep_eos: bool = False) -> list[int]:
+        ids = self.tokens[row][self.mask[row]].tolist()
+        return ids if keep_eos or not ids or ids[-1] != self.eos_id else ids[:-1]
+
+    def completions(self, tokenizer) -> list[str]:
+        """Decoded completion text per row, without the EOS token."""
+        return [tokenizer.decode(self.completion_ids(i)) for i in range(self.tokens.size(0))]
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, valid) of shape (N, P): prompts right-aligned, valid marks the real tokens."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    valid = torch.zeros((len(prompts), P), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        valid[i, P - len(p):] = True
+    return ids.to(device), valid.to(device)
+
+
+def padded_attention_mask(valid: torch.Tensor, q_len: int) -> torch.Tensor:
+    """Boolean (N, 1, q_len, K) mask for the last q_len queries over K keys: causal, no pad keys.
+
+    Each query may always see its own key, so a pad position never has an empty softmax row (whose
+    NaN would leak into real rows through 0 * NaN in the value matmul).
+    """
+    K = valid.size(1)
+    q_pos = torch.arange(K - q_len, K, device=valid.device)
+    k_pos = torch.arange(K, device=valid.device)
+    causal = k_pos[None, :] <= q_pos[:, None]
+    own = k_pos[None, :] == q_pos[:, None]
+    return (causal[None] & (valid[:, None, :] | own[None])).unsqueeze(1)
+
+
+def position_ids_from_valid(valid: torch.Tensor) -> torch.Tensor:
+    """Position of each column counting real tokens only (pads get 0)."""
+    return (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf (the most likely token always survives)."""
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the mass before it already reaches top_p
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = SamplingConfig()) -> Rollout:
+    """Sample `config.num_samples` completions for each prompt in one batched, KV-cached pass."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    G = config.num_samples
+    rows = [list(p) for p in prompts for _ in range(G)]
+    ids, valid = left_pad(rows, config.pad_id, device)
+    N, P = ids.shape
+    L = config.max_new_tokens
+    if P + L > model.config.block_size:
+        raise ValueError(f"prompt length {P} + max_new_tokens {L} exceeds block_size {model.config.block_size}")
+
+    generator = None
+    if config.seed is not None:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(config.seed)
+
+    was_training = model.training
+    model.eval()  # dropout off while sampling
+    try:
+        cache = KVCache(model.config, N, P + L, device, dtype)
+        valid_all = torch.cat([valid, torch.zeros(N, L, dtype=torch.bool, device=device)], dim=1)
+        real_len = valid.sum(dim=1)  # next position id per row
+        logits = model(ids, position_ids_from_valid(valid), padded_attention_mask(valid, P), cache, 0)[:, -1]
+
+        tokens = torch.full((N, L), config.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((N, L), dtype=torch.float32, device=device)
+        sampling_logprobs = torch.zeros((N, L), dtype=torch.float32, device=device)
+        mask = torch.zeros((N, L), dtype=torch.bool, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
+        steps = 0
+        for t in range(L):
+            logits = logits.float()
+            if config.temperature == 0:
+                next_tok = logits.argmax(dim=-1)
+                lp_full = token_logprobs(logits[:, None], next_tok[:, None], 1.0)[:, 0]
+                lp_samp = lp_full
+            else:
+                scaled = logits / config.temperature
+                filtered = filter_logits(scaled, config.top_k, config.top_p)
+                probs = filtered.softmax(dim=-1)
+                next_tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+                lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
+                lp_samp = F.log_softmax(filtered, dim=-1).gather(-1, next_tok[:, None])[:, 0]
+            active = ~finished
+            tokens[:, t] = torch.where(active, next_tok, torch.full_like(next_tok, config.pad_id))
+            logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))
+            sampling_logprobs[:, t] = torch.where(active, lp_samp, torch.zeros_like(lp_samp))
+            mask[:, t] = active
+            finished = finished | (active & (next_tok == config.eos_id))
+            steps = t + 1
+            if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
+                break
+            valid_all[:, P + t] = True
+            positions = (real_len + t)[:, None]
+            attn = padded_attention_mask(valid_all[:, : P + t + 1], 1)
+            logits = model(tokens[:, t : t + 1], positions, attn, cache, P + t)[:, -1]
+    finally:
+        model.train(was_training)
+
+    return Rollout(
+        prompt_ids=rows,
+        tokens=tokens[:, :steps],
+        logprobs=logprobs[:, :steps],
+        sampling_logprobs=sampling_logprobs[:, :steps],
+        mask=mask[:, :steps],
+        finished=finished,
+        group_size=G,
+        eos_id=config.eos_id,
+        stats={"prefill_tokens": int(valid.sum()), "generated_tokens": int(mask.sum()), "decode_steps": steps},
+    )
+
+
+def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens: torch.Tensor,
+                      temperature: float = 1.0, pad_id: int = EOT_ID, return_logits: bool = False):
+    """Log-probs (N, L) of completion tokens under `model`, from one full forward pass.
+
+    The sequence is [left pad][prompt][completion], with the same position ids and attention mask
+    the sampler used, so for an unchanged model this reproduces Rollout.logprobs. Gradients flow.
+    Returns (logprobs, completion_logits) when return_logits is set, for entropy terms.
+    """
+    device = completion_tokens.device
+    ids, valid = left_pad(prompt_ids, pad_id, device)
+    P = ids.size(1)
+    L = completion_tokens.size(1)
+    full = torch.cat([ids, completion_tokens], dim=1)
+    full_valid = torch.cat([valid, torch.ones_like(completion_tokens, dtype=torch.bool)], dim=1)
+    logits = model(full, position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L))
+    completion_logits = logits[:, P - 1 : P + L - 1]
+    lp = token_logprobs(completion_logits, completion_tokens, temperature)
+    return (lp, completion_logits) if return_logits else lp

@@ -1,0 +1,58 @@
+import math
+
+import torch
+
+from rookworld_lib import health
+from rookworld_lib.model import GPT, GPTConfig
+
+
+def tiny():
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset("tiny", block_size=64))
+
+
+def test_params_by_module_sums_to_total():
+    m = tiny()
+    counts = health.params_by_module(m)
+    assert sum(counts.values()) == m.num_params()
+    assert counts["wte"] == 50257 * 64 and counts["wpe"] == 64 * 64
+    assert "lm_head" not in counts  # tied to wte, counted once
+    assert counts["h.0.attn"] == 64 * 192 + 192 + 64 * 64 + 64
+
+
+def test_init_stats_follow_gpt2_init():
+    for row in health.init_stats(tiny()):
+        if row["expected_std"] > 0:
+            assert abs(row["std"] - row["expected_std"]) / row["expected_std"] < 0.15, row["name"]
+
+
+def test_logits_stats_counts_nonfinite():
+    x = torch.tensor([[1.0, float("nan"), -2.0, float("inf")]])
+    s = health.logits_stats(x)
+    assert s["nonfinite"] == 2 and s["min"] == -2.0 and s["max"] == 1.0
+
+
+def test_init_loss_and_causality():
+    m = tiny().eval()
+    idx = torch.randint(0, 50257, (2, 32))
+    s = health.init_loss(m, idx)
+    assert s["uniform"] == math.log(50257) and abs(s["loss"] - s["uniform"]) < 0.2
+    c = health.causality_violation(m, idx, 10)
+    assert c["max_change_before"] == 0.0 and c["max_change_after"] > 0
+
+
+def test_grad_norms_cover_every_block():
+    m = tiny()
+    g = health.grad_norms_by_layer(m, torch.randint(0, 50257, (2, 16)))
+    assert set(g) == {"wte", "wpe", "h.0", "h.1", "ln_f"}
+    assert all(v > 0 and math.isfinite(v) for v in g.values())
+
+
+def test_memory_by_phase_accounting():
+    m = tiny()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    idx = torch.randint(0, 50257, (2, 16))
+    mem = health.memory_by_phase(m, idx, opt)
+    assert mem["grads"] == mem["params"]  # one fp32 gradient per fp32 parameter
+    assert mem["optimizer_state"] == 2 * mem["params"]  # AdamW's two moments
+    assert mem["activations"] > 0 and mem["batch"] == 2 * 2 * 16 * 8

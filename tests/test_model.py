@@ -1,0 +1,188 @@
+import json
+
+import pytest
+import torch
+
+from rookworld_lib.checkpoint_hf import CheckpointFormatError
+from rookworld_lib.model import GPT, GPTConfig, PRESETS, lm_loss
+
+transformers = pytest.importorskip("transformers")
+
+
+def small_hf_config(**kw):
+    base = dict(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    base.update(kw)
+    return transformers.GPT2Config(**base)
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(small_hf_config()).eval()
+    # A random init has tiny LayerNorm-free differences; perturb LN and biases so every tensor matters.
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "ln" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    d = tmp_path_factory.mktemp("hf")
+    hf.save_pretrained(d, safe_serialization=True)
+    return d, hf
+
+
+def test_default_is_gpt2_124m():
+    assert GPT(GPTConfig()).num_params() == 124_439_808
+
+
+def test_presets_param_counts():
+    # Known GPT-2 family sizes (tied head, with positions).
+    expected = {"gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}
+    for name, n in expected.items():
+        c = PRESETS[name]
+        V, T, C, L = c.vocab_size, c.block_size, c.n_embd, c.n_layer
+        per_layer = 12 * C * C + 13 * C
+        assert V * C + T * C + L * per_layer + 2 * C == n
+
+
+def test_config_rejects_bad_values_naming_field():
+    with pytest.raises(ValueError, match="n_head"):
+        GPTConfig(n_embd=100, n_head=3)
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(dropout=1.5)
+    with pytest.raises(ValueError, match="attn_impl"):
+        GPTConfig(attn_impl="flash2")
+    with pytest.raises(ValueError, match="n_layer"):
+        GPTConfig(n_layer=0)
+
+
+def test_load_hf_logits_match(hf_dir):
+    d, hf = hf_dir
+    ours = GPT.from_pretrained(d).eval()
+    idx = torch.randint(0, 50257, (3, 40))
+    with torch.no_grad():
+        ref = hf(idx).logits
+        got = ours(idx)
+    assert got.shape == (3, 40, 50257)
+    assert (got - ref).abs().max().item() < 1e-4
+
+
+def test_save_then_transformers_loads_same_logits(hf_dir, tmp_path):
+    d, hf = hf_dir
+    ours = GPT.from_pretrained(d).eval()
+    ours.save_pretrained(tmp_path)
+    back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    idx = torch.randint(0, 50257, (2, 33))
+    with torch.no_grad():
+        assert (back(idx).logits - ours(idx)).abs().max().item() < 1e-4
+
+
+def test_vocab_padding_keeps_outputs(hf_dir):
+    d, _ = hf_dir
+    plain = GPT.from_pretrained(d).eval()
+    padded = GPT.from_pretrained(d, pad_vocab_to_multiple=64).eval()
+    assert padded.transformer.wte.weight.shape[0] == 50304
+    idx = torch.randint(0, 50257, (2, 17))
+    with torch.no_grad():
+        assert padded(idx).shape[-1] == 50257
+        assert torch.allclose(plain(idx), padded(idx), atol=1e-5)
+
+
+def test_math_attention_matches_sdpa(hf_dir):
+    d, _ = hf_dir
+    a = GPT.from_pretrained(d).eval()
+    b = GPT.from_pretrained(d, attn_impl="math").eval()
+    idx = torch.randint(0, 50257, (2, 21))
+    with torch.no_grad():
+        assert torch.allclose(a(idx), b(idx), atol=1e-5)
+
+
+def test_strict_keys_missing_and_unexpected(hf_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d, _ = hf_dir
+    state = load_file(str(d / "model.safetensors"))
+    (tmp_path / "config.json").write_text((d / "config.json").read_text())
+    missing = dict(state)
+    missing.pop("transformer.h.1.mlp.c_fc.bias")
+    save_file(missing, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointFormatError, match="missing keys: transformer.h.1.mlp.c_fc.bias"):
+        GPT.from_pretrained(tmp_path)
+    extra = dict(state)
+    extra["transformer.h.0.attn.q_norm.weight"] = torch.ones(4)
+    save_file(extra, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointFormatError, match="unexpected keys: transformer.h.0.attn.q_norm.weight"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_rejects_non_gpt2_activation(hf_dir, tmp_path):
+    d, _ = hf_dir
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["activation_function"] = "gelu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointFormatError, match="activation_function"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_missing_directory_names_files(tmp_path):
+    with pytest.raises(CheckpointFormatError, match="config.json"):
+        GPT.from_pretrained(tmp_path / "nowhere")
+
+
+def test_tanh_gelu_not_erf():
+    # Our MLP must use GELU's tanh approximation (GPT-2); exact erf differs measurably.
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    x = torch.linspace(-4, 4, 64).repeat(1, 1, 4)[:, :, :64].expand(1, 4, 64).contiguous() * 3
+    mlp = m.transformer.h[0].mlp
+    with torch.no_grad():
+        h = mlp.c_fc(x)
+        want = mlp.c_proj(torch.nn.functional.gelu(h, approximate="tanh"))
+        erf = mlp.c_proj(torch.nn.functional.gelu(h))
+        assert torch.allclose(mlp(x), want)
+        assert not torch.allclose(mlp(x), erf, atol=1e-7)
+
+
+def test_causality_future_token_does_not_change_past():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 50257, (1, 30))
+    idx2 = idx.clone()
+    idx2[0, 20] = (idx[0, 20] + 1) % 50257
+    with torch.no_grad():
+        a, b = m(idx), m(idx2)
+    assert torch.equal(a[:, :20], b[:, :20])
+    assert not torch.allclose(a[:, 20:], b[:, 20:])
+
+
+def test_dropout_off_in_eval_and_on_in_train():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny", dropout=0.2))
+    idx = torch.randint(0, 50257, (2, 16))
+    m.eval()
+    with torch.no_grad():
+        assert torch.equal(m(idx), m(idx))
+    m.train()
+    with torch.no_grad():
+        assert not torch.equal(m(idx), m(idx))
+
+
+def test_gradient_checkpointing_same_gradients():
+    torch.manual_seed(0)
+    a = GPT(GPTConfig.preset("tiny"))
+    b = GPT(GPTConfig.preset("tiny", gradient_checkpointing=True))
+    b.load_state_dict(a.state_dict())
+    idx = torch.randint(0, 50257, (2, 16))
+    for m in (a, b):
+        lm_loss(m(idx[:, :-1]), idx[:, 1:]).backward()
+    for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-6), na
+
+
+def test_loss_at_init_near_uniform():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 50257, (4, 64))
+    with torch.no_grad():
+        loss = lm_loss(m(idx[:, :-1]), idx[:, 1:]).item()
+    assert abs(loss - torch.log(torch.tensor(50257.0)).item()) < 0.2

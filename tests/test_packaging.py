@@ -1,0 +1,48 @@
+"""environment.yml (conda) and pyproject.toml (pip) must list the same dependencies."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_TO_PIP = {"pytorch": "torch", "python-chess": "chess"}
+CONDA_ONLY = {"python", "pip", "stockfish"}  # the interpreter, the installer, and the engine binary
+
+
+def split(spec: str) -> tuple[str, str]:
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
+    return m.group(1).lower(), m.group(2).replace(" ", "")
+
+
+def test_environment_yml_agrees_with_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pip_specs = dict(split(s) for s in project["dependencies"] + project["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    conda_specs = {}
+    for item in env["dependencies"]:
+        if isinstance(item, str):
+            name, ver = split(item)
+            if name not in CONDA_ONLY:
+                conda_specs[CONDA_TO_PIP.get(name, name)] = ver
+    assert "stockfish" in {split(i)[0] for i in env["dependencies"] if isinstance(i, str)}
+    assert conda_specs == pip_specs
+
+
+def test_makefile_pins_cpu_torch_and_ci_calls_make_test():
+    assert "torch==2.13.0" in (ROOT / "Makefile").read_text()
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_shows_the_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make run" in readme
+
+
+def test_cli_help_lists_every_subcommand():
+    out = subprocess.run([sys.executable, "-m", "rookworld_lib.cli", "--help"], capture_output=True, text=True, check=True)
+    for sub in ("datagen", "sft", "grpo", "eval", "bench", "run"):
+        assert sub in out.stdout

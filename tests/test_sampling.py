@@ -1,0 +1,156 @@
+import pytest
+import torch
+
+from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.sampling import SamplingConfig, filter_logits, generate, sequence_logprobs
+
+
+def sharp_model(seed=0, **kw):
+    """A tiny GPT with a larger init, so its distributions are peaked like a trained model's."""
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig.preset("tiny", block_size=128, **kw))
+    with torch.no_grad():
+        m.transformer.wte.weight.mul_(8.0)
+    return m.eval()
+
+
+def mixed_prompts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [3, 11, 7, 1, 16]
+    return [torch.randint(0, 50000, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_cached_logprobs_equal_full_forward_left_padded():
+    model = sharp_model()
+    prompts = mixed_prompts()
+    ro = generate(model, prompts, SamplingConfig(max_new_tokens=20, seed=1))
+    with torch.no_grad():
+        full = sequence_logprobs(model, ro.prompt_ids, ro.tokens)
+    diff = ((full - ro.logprobs) * ro.mask).abs().max().item()
+    assert diff <= 1e-4
+    assert torch.equal(ro.logprobs, ro.sampling_logprobs)  # no top-k/top-p: same distribution
+
+
+def test_padded_row_equals_unpadded_alone():
+    model = sharp_model()
+    prompts = mixed_prompts()
+    batch = generate(model, prompts, SamplingConfig(max_new_tokens=12, temperature=0))
+    for i, p in enumerate(prompts):
+        alone = generate(model, [p], SamplingConfig(max_new_tokens=12, temperature=0))
+        n = int(alone.mask[0].sum())
+        assert batch.tokens[i, :n].tolist() == alone.tokens[0, :n].tolist()
+        assert torch.allclose(batch.logprobs[i, :n], alone.logprobs[0, :n], atol=1e-4)
+
+
+def test_greedy_matches_transformers_generate(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = sharp_model()
+    model.save_pretrained(tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    prompts = mixed_prompts()
+    ours = generate(model, prompts, SamplingConfig(max_new_tokens=16, temperature=0))
+    P = max(map(len, prompts))
+    ids = torch.full((len(prompts), P), 50256)
+    att = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p)
+        att[i, P - len(p):] = 1
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=att, do_sample=False, max_new_tokens=16,
+                          pad_token_id=50256, eos_token_id=50256)
+    theirs = out[:, P:]
+    for i in range(len(prompts)):
+        n = int(ours.mask[i].sum())
+        assert ours.tokens[i, :n].tolist() == theirs[i, :n].tolist()
+
+
+def test_each_row_stops_at_its_own_eos():
+    model = sharp_model()
+    prompts = mixed_prompts()
+    free = generate(model, prompts, SamplingConfig(max_new_tokens=10, temperature=0))
+    eos = int(free.tokens[0, 3])  # make row 0's 4th greedy token the end-of-sequence token
+    ro = generate(model, prompts, SamplingConfig(max_new_tokens=10, temperature=0, eos_id=eos, pad_id=0))
+    for i in range(len(prompts)):
+        row = ro.tokens[i].tolist()
+        if eos in free.tokens[i].tolist():
+            k = free.tokens[i].tolist().index(eos)
+            assert ro.mask[i].sum().item() == k + 1  # mask includes the first EOS
+            assert ro.finished[i]
+            assert all(t == 0 for t in row[k + 1:])  # padding afterwards
+            assert not ro.mask[i, k + 1:].any()
+            assert (ro.logprobs[i, k + 1:] == 0).all()
+        else:
+            assert not ro.finished[i] and ro.mask[i].all()
+    k0 = free.tokens[0].tolist().index(eos)  # <= 3: the token may already occur earlier
+    assert ro.finished[0] and ro.mask[0].sum() == k0 + 1
+    assert ro.completion_ids(0) == free.tokens[0, :k0].tolist()
+    assert ro.completion_ids(0, keep_eos=True) == free.tokens[0, :k0 + 1].tolist()
+
+
+def test_seeded_generator_reproducible():
+    model = sharp_model()
+    prompts = mixed_prompts()
+    a = generate(model, prompts, SamplingConfig(max_new_tokens=12, seed=7))
+    b = generate(model, prompts, SamplingConfig(max_new_tokens=12, seed=7))
+    c = generate(model, prompts, SamplingConfig(max_new_tokens=12, seed=8))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    assert not torch.equal(a.tokens, c.tokens)
+
+
+def test_group_layout_and_diversity():
+    model = sharp_model()
+    prompts = mixed_prompts()[:2]
+    ro = generate(model, prompts, SamplingConfig(max_new_tokens=8, num_samples=4, temperature=1.5, seed=0))
+    assert ro.tokens.shape[0] == 8 and ro.group_size == 4
+    assert ro.prompt_ids == [prompts[0]] * 4 + [prompts[1]] * 4
+    assert len({tuple(r) for r in ro.tokens[:4].tolist()}) > 1  # samples within a group differ
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    model = sharp_model()
+    prompts = mixed_prompts()
+    greedy = generate(model, prompts, SamplingConfig(max_new_tokens=8, temperature=0))
+    k1 = generate(model, prompts, SamplingConfig(max_new_tokens=8, top_k=1, seed=3))
+    p0 = generate(model, prompts, SamplingConfig(max_new_tokens=8, top_p=1e-6, seed=3))
+    assert torch.equal(greedy.tokens, k1.tokens) and torch.equal(greedy.tokens, p0.tokens)
+    assert torch.allclose(k1.sampling_logprobs, torch.zeros_like(k1.sampling_logprobs), atol=1e-6)
+    assert torch.allclose(k1.logprobs, greedy.logprobs, atol=1e-5)  # full-distribution log-probs
+
+
+def test_filter_logits_top_p_keeps_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(filter_logits(logits, 0, 0.75))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = torch.isfinite(filter_logits(logits, 3, 1.0))
+    assert kept.tolist() == [[True, True, True, False]]
+
+
+def test_sampling_turns_dropout_off_and_restores_mode():
+    model = sharp_model(dropout=0.5).train()
+    prompts = mixed_prompts()
+    a = generate(model, prompts, SamplingConfig(max_new_tokens=8, seed=1))
+    b = generate(model, prompts, SamplingConfig(max_new_tokens=8, seed=1))
+    assert model.training
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+
+
+def test_temperature_logprobs_match_scaled_forward():
+    model = sharp_model()
+    prompts = mixed_prompts()
+    ro = generate(model, prompts, SamplingConfig(max_new_tokens=10, temperature=0.7, seed=2))
+    with torch.no_grad():
+        full = sequence_logprobs(model, ro.prompt_ids, ro.tokens, temperature=0.7)
+    assert ((full - ro.logprobs) * ro.mask).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("field,value", [("max_new_tokens", 0), ("temperature", -1.0), ("top_k", -2),
+                                         ("top_p", 0.0), ("num_samples", 0)])
+def test_config_validation_names_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**{field: value})
+
+
+def test_prompt_too_long_for_block_size():
+    model = sharp_model()
+    with pytest.raises(ValueError, match="block_size"):
+        generate(model, [[1] * 120], SamplingConfig(max_new_tokens=20))
