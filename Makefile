@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The CPU build of torch 2.13.0 lies on these machines; a looser spec would pull GBs of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
-PROFILE ?= cpu
+PROFILE ?= auto
 
 .PHONY: setup stockfish test test-fast test-fault run lab clean
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from .model import GPT, KVCache
 from .tokenizer import EOT_ID
@@ -180,7 +179,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
                 probs = filtered.softmax(dim=-1)
                 next_tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
                 lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
-                lp_samp = F.log_softmax(filtered, dim=-1).gather(-1, next_tok[:, None])[:, 0]
+                lp_samp = token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0]
             active = ~finished
             tokens[:, t] = torch.where(active, next_tok, torch.full_like(next_tok, config.pad_id))
             logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))

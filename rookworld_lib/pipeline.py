@@ -1,0 +1,128 @@
+"""The notebook pipeline behind `make run` / `rookworld run`.
+
+Executes the numbered notebooks in order with papermill into `runs/<timestamp>/`, passing each
+the parameters of the chosen profile that it declares, and writes a short Markdown report. A
+notebook may add to the report by writing `report_<anything>.md` into its `run_dir`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .paths import NOTEBOOKS_DIR, REPO_ROOT, RUNS_DIR
+
+# Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
+# The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
+PROFILES: dict[str, dict] = {
+    "cpu": {"profile": "cpu"},
+    "gpu": {"profile": "gpu", "device": "cuda"},
+}
+
+
+def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
+    return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
+                 extra_parameters: dict | None = None) -> Path:
+    """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
+    import papermill as pm
+    import torch
+    from tqdm.auto import tqdm
+
+    if profile == "auto":
+        profile = "gpu" if torch.cuda.is_available() else "cpu"
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(out_root) / stamp
+    figures = run_dir / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    notebooks = [p for p in numbered_notebooks() if not only or any(p.name.startswith(o) for o in only)]
+    if not notebooks:
+        raise ValueError(f"no notebooks selected from {NOTEBOOKS_DIR} (only={only})")
+    offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
+
+    results = []
+    failure = None
+    for nb in tqdm(notebooks, desc=f"rookworld run ({profile})", unit="notebook"):
+        declared = pm.inspect_notebook(str(nb))
+        params = {k: v for k, v in offered.items() if k in declared}
+        start = time.perf_counter()
+        try:
+            pm.execute_notebook(str(nb), str(run_dir / nb.name), parameters=params, kernel_name="python3",
+                                cwd=str(nb.parent), progress_bar=False)
+            status = "ok"
+        except Exception as exc:  # papermill wraps the cell's error; keep going to the report
+            status = "failed"
+            failure = f"{nb.name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        results.append({"notebook": nb.name, "status": status, "seconds": round(time.perf_counter() - start, 1),
+                        "parameters": params})
+        if failure:
+            break  # later notebooks may depend on this one's outputs
+
+    meta = {"profile": profile, "started": stamp, "git_commit": _git_commit(), "python": platform.python_version(),
+            "torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
+            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"}
+    (run_dir / "run.json").write_text(json.dumps({"meta": meta, "notebooks": results}, indent=2) + "\n")
+    write_report(run_dir, meta, results, failure)
+    if failure:
+        raise RuntimeError(f"notebook pipeline failed: {failure} (executed notebooks and report in {run_dir})")
+    return run_dir
+
+
+def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | None) -> Path:
+    lines = [f"# RookWorld run {meta['started']}", "",
+             f"profile `{meta['profile']}` · commit `{meta['git_commit']}` · torch {meta['torch']} · "
+             f"Python {meta['python']} · {meta['device']}", ""]
+    if failure:
+        lines += [f"**FAILED**: {failure}", ""]
+    lines += ["| notebook | status | wall time (s) |", "| --- | --- | ---: |"]
+    lines += [f"| {r['notebook']} | {r['status']} | {r['seconds']} |" for r in results]
+    for fragment in sorted(run_dir.glob("report_*.md")):
+        lines += ["", fragment.read_text().rstrip()]
+    figures = sorted((run_dir / "figures").glob("*.html"))
+    if figures:
+        lines += ["", "## Figures", ""] + [f"- [{f.stem}](figures/{f.name})" for f in figures]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def cli(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rookworld run", description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="auto", choices=["auto", *sorted(PROFILES)],
+                    help="parameter profile; auto = gpu when CUDA is available, else cpu")
+    ap.add_argument("--out", type=Path, default=RUNS_DIR, help="parent directory of the run folder")
+    ap.add_argument("--only", nargs="*", help="run only notebooks whose names start with these prefixes")
+    ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "JSON"), default=[],
+                    help="extra notebook parameter, value as JSON (e.g. -p sft_steps 200)")
+    args = ap.parse_args(argv)
+    extra = {}
+    for name, value in args.parameter:
+        try:
+            extra[name] = json.loads(value)
+        except json.JSONDecodeError:
+            extra[name] = value
+    try:
+        run_dir = run_pipeline(args.profile, args.out, args.only, extra)
+    except (RuntimeError, ValueError) as exc:
+        print(f"rookworld run: {exc}", file=sys.stderr)
+        return 1
+    print(f"run written to {run_dir} (report: {run_dir / 'report.md'})")
+    return 0
