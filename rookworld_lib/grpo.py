@@ -1,14 +1,55 @@
 """GRPO math: token log-probs, group advantages and the clipped policy-gradient loss.
 
-Pure tensor code; no sampling, no model, no training loop.
+Pure tensor code: no sampling, no model, no training loop. Everything a GRPO update needs between
+"here are N sampled completions with rewards" and "here is a scalar to call backward() on".
+
+Notation (shapes in brackets)
+-----------------------------
+N completions, laid out group by group (the G samples of prompt 0, then of prompt 1, ...), padded
+to T tokens. ``logprobs`` [N, T] are log pi_theta(o_t | q, o_<t) under the policy being trained,
+``old_logprobs`` [N, T] the same under the policy that sampled (pi_old), ``ref_logprobs`` [N, T]
+under the frozen reference. ``mask`` [N, T] marks real completion tokens (1) against padding (0);
+|o_i| = mask[i].sum(). ``advantages`` [N] hold one value per completion.
+
+The objective (DeepSeekMath, arXiv:2402.03300, eq. 3), as a loss to minimise::
+
+    l_it  = -min(r_it * A_i, clip(r_it, 1 - eps_low, 1 + eps_high) * A_i)      policy term
+            + beta * KL_it                                                      (if a reference is given)
+            - entropy_coef * H_it                                               (if logits are given)
+    r_it  = exp(logprobs_it - old_logprobs_it)                 importance_sampling_level="token"
+    r_i   = exp(sum_t m_it (logprobs_it - old_logprobs_it) / |o_i|)   "sequence" (GSPO, 2507.18071)
+    loss  = sum_it w_it * m_it * l_it                          w from `aggregation_weights`
+
+Names follow TRL's GRPOConfig where TRL has the option (``loss_type``, ``beta``,
+``importance_sampling_level``, ``mask_truncated_completions``, ``delta``, ``max_completion_length``,
+``num_items_in_batch``); ``epsilon`` / ``epsilon_high`` are called ``clip_eps_low`` /
+``clip_eps_high`` here. Differences from TRL are listed in `GRPOConfig`'s docstring.
+
+Signs, for the impatient: the loss is *minus* the advantage-weighted ratio, so a batch whose
+positive-advantage completions became more likely has a negative loss. On the first inner
+iteration (pi_theta == pi_old) every ratio is 1, nothing is clipped, and the default loss equals
+-mean(A) (zero when advantages are group-centred and completions have equal weight), while its
+gradient is not zero. notebooks/03_grpo_sign_validation.ipynb asserts each of these.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+ADVANTAGE_SCALES = ("group", "batch", "none")
+
+
+# --------------------------------------------------------------------------------------------
+# Log-probs and entropy: one definition, shared with the sampler
+# --------------------------------------------------------------------------------------------
 
 def _check_temperature(temperature: float) -> float:
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
@@ -28,15 +69,15 @@ def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> 
     The one definition shared by the sampler (`sampling.py`, for the old log-probs it stores) and
     by GRPO scoring (for the new log-probs), so an unchanged policy gives a ratio of exactly 1.
     Computed in float32 (float64 inputs stay float64) as gather(x) - logsumexp(x), which avoids
-    materialising a second (B, T, V) tensor of log-probs.
+    materialising a second (B, T, V) tensor of log-probs. temperature must be > 0.
 
     Which distribution is scored: the sampler draws from softmax(logits / T) *after* top-k / top-p
     filtering, but GRPO scores against the temperature-scaled *full* distribution softmax(logits / T).
     With top_k=0 and top_p=1 (the GRPO default) the two coincide. With filtering they differ by the
-    log of the kept probability mass; TRL makes the same choice (its `_get_per_token_logps` divides
-    logits by `temperature` and applies a full-vocabulary log-softmax, whatever top_k / top_p the
-    generator used). The sampler also records the filtered log-probs for anyone who wants to
-    correct for it.
+    log of the kept probability mass, so the ratio to the filtered sampler is not exactly 1 even
+    on-policy. TRL makes the same choice: it divides the logits by `temperature` and applies a
+    full-vocabulary log-softmax, whatever top_k / top_p / min_p the generator used. The sampler also
+    records the filtered log-probs (`Rollout.sampling_logprobs`) for anyone who wants to correct for it.
     """
     temperature = _check_temperature(temperature)
     if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
@@ -64,3 +105,451 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
         logp = F.log_softmax(x, dim=-1)
         out.append(-(logp.exp() * logp).sum(-1))
     return torch.cat(out).reshape(B, T)
+
+
+# --------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Reward statistics from `group_advantages`; `as_metrics()` gives plain floats for logging."""
+
+    num_groups: int  # number of prompts (groups) in the batch
+    group_size: int  # G, completions per prompt
+    frac_reward_zero_std: float  # fraction of groups whose rewards are all equal (they carry no signal)
+    reward_mean: float  # mean reward over the batch
+    reward_std: float  # standard deviation of the rewards over the batch (Bessel-corrected; 0 if N == 1)
+    reward_group_std_mean: float  # mean over groups of the within-group std (Bessel-corrected)
+
+    def as_metrics(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+
+def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-4) -> tuple[Tensor, GroupStats]:
+    """Group-relative advantages: returns (advantages [N], GroupStats).
+
+    rewards: N = num_groups * group_size values (list or tensor), laid out group by group.
+    Each reward is centred on its group's mean, then divided according to `scale` (TRL's
+    `scale_rewards`):
+
+    - "group": by the group's standard deviation + eps (DeepSeekMath GRPO, TRL's default);
+    - "batch": by the standard deviation of all N rewards + eps (group mean, batch std: PPO-Lite);
+    - "none":  not at all: only centred (Dr. GRPO, which removes the std's difficulty bias).
+
+    Std convention: Bessel-corrected sample std (torch.std, divisor G-1), as TRL; a group of one
+    has std 0. eps (default 1e-4, TRL's) is *added* to the std, so scale invariance is exact only
+    up to eps/std: rewards with std 1e-3 lose ~10% of their magnitude.
+
+    A group whose rewards are exactly equal gets advantages of exactly 0 (not ~1e-13 from rounding
+    in the mean), so it contributes exactly zero policy gradient. `GroupStats.frac_reward_zero_std`
+    is the fraction of such groups (always measured within groups, whatever `scale`).
+    Computed in float64; returned in the rewards' floating dtype (float32 for lists / int tensors).
+    """
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"group_advantages: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"group_advantages: group_size must be a positive integer, got {group_size!r}")
+    if not (isinstance(eps, (int, float)) and eps >= 0):
+        raise ValueError(f"group_advantages: eps must be a number >= 0, got {eps!r}")
+    if torch.is_tensor(rewards):
+        r = rewards
+        out_dtype = r.dtype if r.is_floating_point() else torch.float32
+    else:
+        r = torch.as_tensor(rewards, dtype=torch.float64)
+        out_dtype = torch.float32
+    r = r.detach().to(torch.float64).reshape(-1)
+    N = r.numel()
+    if N == 0 or N % group_size:
+        raise ValueError(f"group_advantages: got {N} rewards, which is not a positive multiple of group_size={group_size}")
+    if not torch.isfinite(r).all():
+        raise ValueError("group_advantages: rewards contain NaN or inf")
+    g = r.view(-1, group_size)
+    tied = g.max(dim=1).values == g.min(dim=1).values  # [num_groups]
+    centred = g - g.mean(dim=1, keepdim=True)
+    group_std = g.std(dim=1) if group_size > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
+    batch_std = r.std() if N > 1 else r.new_zeros(())
+    if scale == "group":
+        adv = centred / (group_std[:, None] + eps)
+    elif scale == "batch":
+        adv = centred / (batch_std + eps)
+    else:
+        adv = centred
+    adv = torch.where(tied[:, None], torch.zeros_like(adv), adv).reshape(-1)
+    stats = GroupStats(
+        num_groups=g.size(0),
+        group_size=group_size,
+        frac_reward_zero_std=float(tied.double().mean()),
+        reward_mean=float(r.mean()),
+        reward_std=float(batch_std),
+        reward_group_std_mean=float(group_std.mean()),
+    )
+    return adv.to(out_dtype), stats
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """How the GRPO loss is formed. The defaults are the DeepSeekMath objective.
+
+    Aggregation (`loss_type`), with m the effective mask, |o_i| = sum_t m_it, l_it the per-token
+    loss, N the completions in this call and the two optional accumulation counts of `grpo_loss`
+    (N_glob = num_completions_in_batch, default N; K = num_items_in_batch, default sum_it m_it):
+
+    - "grpo":    (1/N_glob) * sum_i (1/|o_i|) sum_t m_it l_it   token mean per completion, then mean
+                 over completions (DeepSeekMath). Length bias: a token of a short completion weighs
+                 more, so short right answers and long wrong ones are favoured.
+    - "bnpo":    (N/N_glob) * sum_it m_it l_it / sum_it m_it    token mean over *this call's* tokens.
+                 Under micro-batch accumulation each micro-batch is normalised by its own token
+                 count, so 4 micro-batches of 2 differ from 1 batch of 8 unless the micro-batches
+                 hold equal token counts (TRL: "results may slightly vary depending on the local
+                 batch size"). With one completion per call it is "grpo".
+    - "dr_grpo": sum_it m_it l_it / (N_glob * max_completion_length)   a constant per token (Dr. GRPO,
+                 2503.20783); TRL uses its `max_completion_length`, and so must you (required here).
+    - "dapo":    sum_it m_it l_it / K    token mean over the *global* accumulated batch (DAPO,
+                 2503.14476; TRL's default). Pass K = total effective tokens of all micro-batches
+                 (`effective_mask(...).sum()` summed over them) and the sum of the micro-batch
+                 losses equals the one-batch loss exactly.
+
+    Rows with no effective token count in N (they add 0), as in TRL. `aggregation_weights` returns
+    the per-token weight w_it of each mode (the length-bias picture).
+
+    Differences from TRL's GRPOTrainer (as of TRL 0.2x):
+    - default loss_type is "grpo" (DeepSeekMath); TRL now defaults to "dapo".
+    - default beta is 0.04 (DeepSeekMath); TRL defaults to 0.0. In both, no KL term is formed
+      without a reference: here, unless `ref_logprobs` is passed *and* beta > 0.
+    - TRL has only the k3 estimator; here k1 / k2 / k3 (`kl_estimator`).
+    - `log_ratio_clamp` has no TRL counterpart (TRL exponentiates unclamped).
+    - accumulation: TRL divides grpo / bnpo / dr_grpo losses by the number of accumulation steps;
+      here pass `num_completions_in_batch`, which is the same for equal-sized micro-batches and exact
+      for unequal ones.
+    - not implemented: loss types cispo / sapo / luspo, top_entropy_quantile, off-policy masking,
+      vLLM importance-sampling correction, use_bias_correction_kl.
+    """
+
+    loss_type: str = "grpo"  # aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" (see class docstring)
+    clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low (TRL `epsilon`)
+    clip_eps_high: float = 0.2  # ratio clipped above at 1 + clip_eps_high (TRL `epsilon_high`; DAPO clip-higher uses 0.28)
+    delta: float | None = None  # two-sided clipping (INTELLECT-2): unclipped ratio capped at delta (> 1 + clip_eps_high); None = off
+    importance_sampling_level: str = "token"  # "token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion
+    beta: float = 0.04  # KL coefficient; the KL term is added only when ref_logprobs is given and beta > 0
+    kl_estimator: str = "k3"  # per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r
+    entropy_coef: float = 0.0  # entropy bonus: subtract entropy_coef * H_t per token (needs logits); 0 = off
+    temperature: float = 1.0  # temperature at which the entropy of `logits` is measured (the one used for logprobs)
+    mask_truncated_completions: bool = False  # drop completions that hit the length budget (no EOS) from the loss (DAPO)
+    max_completion_length: int | None = None  # the sampler's max_new_tokens; the dr_grpo constant (required for dr_grpo)
+    log_ratio_clamp: float | None = 20.0  # clamp log-ratios (importance and KL) to [-c, c] before exp; None = off
+
+    def __post_init__(self):
+        def fail(name, want):
+            raise ValueError(f"GRPOConfig.{name} must be {want}, got {getattr(self, name)!r}")
+
+        def number(v):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if self.loss_type not in LOSS_TYPES:
+            fail("loss_type", f"one of {LOSS_TYPES}")
+        if not (number(self.clip_eps_low) and 0 <= self.clip_eps_low < 1):
+            fail("clip_eps_low", "a number in [0, 1)")
+        if not (number(self.clip_eps_high) and self.clip_eps_high >= 0):
+            fail("clip_eps_high", "a number >= 0")
+        if self.delta is not None and not (number(self.delta) and self.delta > 1 + self.clip_eps_high):
+            fail("delta", f"None or a number > 1 + clip_eps_high = {1 + self.clip_eps_high}")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            fail("importance_sampling_level", f"one of {IMPORTANCE_SAMPLING_LEVELS}")
+        if not (number(self.beta) and self.beta >= 0):
+            fail("beta", "a number >= 0")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            fail("kl_estimator", f"one of {KL_ESTIMATORS}")
+        if not (number(self.entropy_coef) and self.entropy_coef >= 0):
+            fail("entropy_coef", "a number >= 0")
+        if not (number(self.temperature) and self.temperature > 0):
+            fail("temperature", "a number > 0")
+        if not isinstance(self.mask_truncated_completions, bool):
+            fail("mask_truncated_completions", "True or False")
+        m = self.max_completion_length
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+            fail("max_completion_length", "None or a positive integer")
+        if self.loss_type == "dr_grpo" and m is None:
+            fail("max_completion_length", "set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
+        if self.log_ratio_clamp is not None and not (number(self.log_ratio_clamp) and self.log_ratio_clamp > 0):
+            fail("log_ratio_clamp", "None or a number > 0")
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks (public: the notebook and the tests use them)
+# --------------------------------------------------------------------------------------------
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by the policy (Schulman's k1/k2/k3).
+
+    With log r = ref_logprobs - logprobs (r = pi_ref / pi_theta at the sampled token):
+    k1 = -log r (unbiased, but negative whenever the reference likes the token more),
+    k2 = (log r)^2 / 2 (>= 0, biased), k3 = r - 1 - log r (>= 0 and unbiased; TRL's and
+    DeepSeekMath's choice). All three are exactly 0 where logprobs == ref_logprobs.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimate: estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    log_r = ref_logprobs - logprobs
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2
+    return torch.expm1(log_r) - log_r  # expm1: no cancellation for small log r
+
+
+def effective_mask(mask: Tensor, truncated: Tensor | None = None, config: GRPOConfig | None = None) -> Tensor:
+    """The mask the loss uses: `mask` as bool, minus truncated rows when mask_truncated_completions.
+
+    truncated [N] bool marks completions that hit the length budget without EOS (Rollout.truncated).
+    Sum this over all micro-batches to get `num_items_in_batch` for loss_type="dapo".
+    """
+    config = config or GRPOConfig()
+    m = mask.bool()
+    if config.mask_truncated_completions:
+        if truncated is None:
+            raise ValueError("grpo: mask_truncated_completions=True needs `truncated` (an [N] bool tensor)")
+        if truncated.shape != m.shape[:1]:
+            raise ValueError(f"grpo: truncated must have shape ({m.shape[0]},), got {tuple(truncated.shape)}")
+        m = m & ~truncated.bool().to(m.device)[:, None]
+    return m
+
+
+def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_items_in_batch: int | float | None = None,
+                        num_completions_in_batch: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Per-token weights w [N, T] with loss = sum_it w_it * l_it (zero on masked tokens).
+
+    The d loss / d l_it of each aggregation mode (see GRPOConfig): grpo 1/(N_glob |o_i|),
+    bnpo 1/(N_glob/N * sum m), dr_grpo 1/(N_glob * max_completion_length), dapo 1/K.
+    """
+    config = config or GRPOConfig()
+    m = mask.bool()
+    mf = m.to(dtype)
+    N = m.shape[0]
+    n_glob = float(num_completions_in_batch) if num_completions_in_batch is not None else float(N)
+    if n_glob <= 0:
+        raise ValueError(f"grpo: num_completions_in_batch must be > 0, got {num_completions_in_batch!r}")
+    lt = config.loss_type
+    if lt == "grpo":
+        return mf / (mf.sum(dim=1, keepdim=True).clamp(min=1.0) * n_glob)
+    if lt == "bnpo":
+        return mf * (N / n_glob) / mf.sum().clamp(min=1.0)
+    if lt == "dr_grpo":
+        return mf / (n_glob * config.max_completion_length)
+    # dapo
+    k = float(num_items_in_batch) if num_items_in_batch is not None else float(mf.sum())
+    if num_items_in_batch is not None and k < float(mf.sum()):
+        raise ValueError(f"grpo: num_items_in_batch={num_items_in_batch} is smaller than this micro-batch's "
+                         f"{int(mf.sum())} effective tokens; it must count the whole accumulated batch")
+    return mf / max(k, 1.0)
+
+
+def importance_log_weights(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, level: str = "token",
+                           log_ratio_clamp: float | None = None) -> Tensor:
+    """log importance weights: [N, T] per token (level "token") or [N, 1] per completion ("sequence").
+
+    token:    logprobs_it - old_logprobs_it, 0 on masked positions (whatever they hold, even NaN);
+    sequence: the masked mean of those (GSPO's log of the geometric-mean ratio); 0 for empty rows.
+    Clamped to [-log_ratio_clamp, log_ratio_clamp] when given (zero gradient beyond the clamp).
+    """
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"grpo: importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {level!r}")
+    m = mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)
+    if level == "sequence":
+        log_ratio = log_ratio.sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1).to(logprobs.dtype)
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    return log_ratio
+
+
+def importance_ratios(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, level: str = "token",
+                      log_ratio_clamp: float | None = None) -> Tensor:
+    """exp(importance_log_weights(...)): the ratio pi_theta / pi_old, per token or per completion."""
+    return importance_log_weights(logprobs, old_logprobs, mask, level, log_ratio_clamp).exp()
+
+
+# --------------------------------------------------------------------------------------------
+# The loss
+# --------------------------------------------------------------------------------------------
+
+def _as_float(x, name: str, like: Tensor) -> Tensor:
+    if not torch.is_tensor(x):
+        raise TypeError(f"grpo_loss: {name} must be a tensor, got {type(x).__name__}")
+    return x.to(device=like.device, dtype=like.dtype)
+
+
+def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+              ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None, *,
+              logits: Tensor | None = None, truncated: Tensor | None = None,
+              num_items_in_batch: int | float | None = None, num_completions_in_batch: int | None = None,
+              group_stats: GroupStats | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The GRPO loss and its metrics: returns (scalar loss tensor, dict of plain floats).
+
+    logprobs [N, T]: token log-probs under the policy being trained (gradients flow through these);
+    old_logprobs [N, T]: under the sampling policy (detached); advantages [N] (detached); mask [N, T]
+    (bool or 0/1). ref_logprobs [N, T] (detached) turns on the KL term when config.beta > 0 and the
+    `kl` metric whenever given. Masked positions may hold anything, NaN included.
+
+    Keyword-only:
+    logits [N, T, V]: the policy's raw logits at the completion positions; gives the `entropy` metric
+        (at config.temperature) and, with config.entropy_coef > 0, the entropy bonus (grads flow).
+    truncated [N] bool: completions that hit the length budget; required with mask_truncated_completions.
+    num_items_in_batch: effective tokens in the whole accumulated batch ("dapo" normaliser).
+    num_completions_in_batch: completions in the whole accumulated batch ("grpo", "bnpo", "dr_grpo").
+        With both set, summing the micro-batch losses reproduces the one-batch loss (see GRPOConfig).
+    group_stats: from `group_advantages`; its fields are copied into the metrics.
+
+    Metrics (floats; NaN where undefined, e.g. no effective tokens). Token means run over the
+    effective mask; with importance_sampling_level="sequence", ratio and clip metrics run over
+    completions with at least one token:
+    loss, pg_loss (policy term alone, same aggregation), kl (mean per-token estimate, when
+    ref_logprobs given), entropy (when logits given), ratio_mean / ratio_min / ratio_max,
+    clip_frac_low (ratio < 1 - eps_low where A < 0: the clipped branch is active and the gradient
+    is zero), clip_frac_high (ratio > 1 + eps_high where A > 0), clip_frac_region (either),
+    approx_kl (k3 estimate of KL(pi_old || pi_theta) from the token log-ratios), adv_mean, adv_std
+    (population std over completions), num_tokens, num_completions, and frac_reward_zero_std etc.
+    from group_stats.
+    """
+    config = config or GRPOConfig()
+    if not torch.is_tensor(logprobs) or logprobs.dim() != 2:
+        raise ValueError(f"grpo_loss: logprobs must be an [N, T] tensor, got "
+                         f"{tuple(logprobs.shape) if torch.is_tensor(logprobs) else type(logprobs).__name__}")
+    if not logprobs.is_floating_point():
+        raise ValueError(f"grpo_loss: logprobs must be floating point, got {logprobs.dtype}")
+    if logprobs.dtype in (torch.float16, torch.bfloat16):
+        logprobs = logprobs.float()
+    N, T = logprobs.shape
+    if N == 0 or T == 0:
+        raise ValueError(f"grpo_loss: need at least one completion and one position, got logprobs of shape {(N, T)}")
+    for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+        if x is not None and (not torch.is_tensor(x) or x.shape != logprobs.shape):
+            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+            raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {shape}")
+    if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
+        shape = tuple(advantages.shape) if torch.is_tensor(advantages) else type(advantages).__name__
+        raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {shape}")
+    if logits is not None and (not torch.is_tensor(logits) or logits.dim() != 3 or logits.shape[:2] != (N, T)):
+        shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
+        raise ValueError(f"grpo_loss: logits must have shape ({N}, {T}, V), got {shape}")
+    if config.entropy_coef > 0 and logits is None:
+        raise ValueError("grpo_loss: config.entropy_coef > 0 needs `logits` to compute the entropy bonus")
+
+    dtype = logprobs.dtype
+    old = _as_float(old_logprobs, "old_logprobs", logprobs).detach()
+    adv = _as_float(advantages, "advantages", logprobs).detach().reshape(N)
+    m = effective_mask(mask.to(logprobs.device), truncated, config)
+    mf = m.to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    w = aggregation_weights(m, config, num_items_in_batch, num_completions_in_batch, dtype)
+
+    # --- policy term
+    log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
+    ratio = log_w.exp()  # [N, T] or [N, 1]
+    clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
+    unclipped = ratio.clamp(max=config.delta) if config.delta is not None else ratio
+    a = adv[:, None]
+    pg_tok = -torch.minimum(unclipped * a, clipped * a).expand(N, T)
+    pg_tok = torch.where(m, pg_tok, zero)
+    per_tok = pg_tok
+
+    # --- KL to the reference
+    kl_tok = None
+    if ref_logprobs is not None:
+        ref = _as_float(ref_logprobs, "ref_logprobs", logprobs).detach()
+        log_r = torch.where(m, ref - logprobs, zero)
+        if config.log_ratio_clamp is not None:
+            log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+        kl_tok = torch.where(m, kl_estimate(-log_r, zero, config.kl_estimator), zero)
+        if config.beta > 0:
+            per_tok = per_tok + config.beta * kl_tok
+
+    # --- entropy bonus
+    ent_tok = None
+    if logits is not None:
+        ent_tok = torch.where(m, entropy_from_logits(logits, config.temperature).to(dtype), zero)
+        if config.entropy_coef > 0:
+            per_tok = per_tok - config.entropy_coef * ent_tok
+
+    loss = (per_tok * w).sum()
+
+    # --- metrics (no grad; one host sync)
+    with torch.no_grad():
+        n_tok = mf.sum()
+        nan = torch.tensor(float("nan"), dtype=dtype, device=logprobs.device)
+
+        def tok_mean(x):
+            return torch.where(n_tok > 0, (x * mf).sum() / n_tok.clamp(min=1), nan)
+
+        if config.importance_sampling_level == "sequence":
+            unit = (m.sum(dim=1, keepdim=True) > 0)  # [N, 1]: completions with tokens
+        else:
+            unit = m
+        unit_f = unit.to(dtype)
+        n_unit = unit_f.sum()
+
+        def unit_mean(x):
+            return torch.where(n_unit > 0, (x * unit_f).sum() / n_unit.clamp(min=1), nan)
+
+        r = ratio.detach()
+        low = (r < 1.0 - config.clip_eps_low) & (a < 0)
+        high = (r > 1.0 + config.clip_eps_high) & (a > 0)
+        big = torch.tensor(float("inf"), dtype=dtype, device=logprobs.device)
+        tok_lr = torch.where(m, logprobs.detach() - old, zero)
+        if config.log_ratio_clamp is not None:
+            tok_lr = tok_lr.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+        names = ["loss", "pg_loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high",
+                 "clip_frac_region", "approx_kl", "adv_mean", "adv_std", "num_tokens", "num_completions"]
+        values = [
+            loss.detach(),
+            (pg_tok.detach() * w).sum(),
+            unit_mean(r),
+            torch.where(n_unit > 0, torch.where(unit, r, big).min(), nan),
+            torch.where(n_unit > 0, torch.where(unit, r, -big).max(), nan),
+            unit_mean(low.to(dtype)),
+            unit_mean(high.to(dtype)),
+            unit_mean((low | high).to(dtype)),
+            tok_mean(torch.expm1(tok_lr) - tok_lr),
+            adv.mean(),
+            adv.std(correction=0),
+            n_tok,
+            torch.tensor(float(N), dtype=dtype, device=logprobs.device),
+        ]
+        if kl_tok is not None:
+            names.append("kl")
+            values.append(tok_mean(kl_tok.detach()))
+        if ent_tok is not None:
+            names.append("entropy")
+            values.append(tok_mean(ent_tok.detach()))
+        metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
+        metrics["num_tokens"] = int(round(metrics["num_tokens"]))
+        metrics["num_completions"] = int(N)
+    if group_stats is not None:
+        metrics.update(group_stats.as_metrics())
+    return loss, metrics
+
+
+def logprob_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                     ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None, **kwargs) -> Tensor:
+    """d grpo_loss / d logprobs [N, T]: how hard, and in which direction, each token is pushed.
+
+    Negative entries mean a gradient-descent step *raises* that token's log-prob. Takes the same
+    arguments as `grpo_loss` (except `logits`, whose gradient is not the log-prob gradient).
+    """
+    if "logits" in kwargs:
+        raise ValueError("logprob_gradient: logits are not supported (entropy gradients flow through logits)")
+    lp = logprobs.detach().clone().requires_grad_(True)
+    loss, _ = grpo_loss(lp, old_logprobs, advantages, mask, ref_logprobs, config, **kwargs)
+    (grad,) = torch.autograd.grad(loss, lp, allow_unused=True)
+    return torch.zeros_like(lp) if grad is None else grad
+
+
+__all__ = [
+    "ADVANTAGE_SCALES", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LOSS_TYPES",
+    "GRPOConfig", "GroupStats", "aggregation_weights", "effective_mask", "entropy_from_logits", "group_advantages",
+    "grpo_loss", "importance_log_weights", "importance_ratios", "kl_estimate", "logprob_gradient", "token_logprobs",
+]
