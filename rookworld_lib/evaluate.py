@@ -1,0 +1,307 @@
+"""Held-out chess evaluation of a model: policy, environment, mate-in-one and self-play.
+
+Every rate comes with a Wilson 95% interval and every mean with a normal-approximation 95%
+interval, so a before/after difference can be read against its noise. Completions are decoded in
+batches by the same sampler GRPO uses (greedy by default). The reference column holds the figures
+reported for the original RookWorld-LM-124M, for a user to set ours beside (they were measured on
+other data: the BIG-bench mate-in-one set and the original test split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import chess
+import torch
+
+from . import rewards, tasks
+from .model import GPT
+from .sampling import SamplingConfig, generate
+from .tokenizer import encode, get_tokenizer
+
+# Reported for RookWorld-LM-124M (policy on its own test set; mate-in-one on BIG-bench's set).
+REFERENCE_ROOKWORLD_LM_124M = {
+    "policy/best_move_accuracy": 0.166,
+    "policy/top5_overlap": 0.392,
+    "mate_in_one/accuracy": 0.137,
+    "self_play/legal_half_moves": 36.3,
+    "env/next_fen_exact": 0.9961,
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A rate (k of n) or a mean, with its 95% interval."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+    kind: str = "rate"  # "rate" (Wilson interval) or "mean" (normal approximation)
+
+    def __str__(self) -> str:
+        if self.kind == "rate":
+            return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
+        return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}] (n={self.n})"
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> Estimate:
+    """Wilson score interval for k successes in n trials (well-behaved at 0%, 100% and small n)."""
+    if n == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
+
+
+def mean_interval(values: Sequence[float], z: float = 1.959964) -> Estimate:
+    vals = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(vals)
+    if n == 0:
+        return Estimate(float("nan"), float("nan"), float("nan"), 0, "mean")
+    m = sum(vals) / n
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+    half = z * sd / math.sqrt(n)
+    return Estimate(m, m - half, m + half, n, "mean")
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance (insert, delete, substitute), O(len(a) * len(b)) with two rows."""
+    if len(a) < len(b):
+        a, b = b, a
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def similarity(a: str, b: str) -> float:
+    """1 - levenshtein / max length: 1 for equal strings, 0 for nothing in common."""
+    if not a and not b:
+        return 1.0
+    return 1.0 - levenshtein(a, b) / max(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How an evaluation decodes and how much it covers."""
+
+    decoding: str = "greedy"  # "greedy" or "sampled"
+    temperature: float = 1.0  # for sampled decoding
+    max_new_tokens: int = 96  # completion budget (a P: completion is ~60 tokens, an A: one ~40)
+    batch_size: int = 32  # prompts decoded together
+    max_policy: int | None = None  # cap on P: records evaluated (None = all)
+    max_env: int | None = None  # cap on A: records evaluated (None = all)
+    selfplay_games: int = 8  # self-play games (0 = skip)
+    selfplay_max_plies: int = 100  # a self-play game stops here even if all moves were legal
+    layout: str = "compact"  # P: prompt layout the model was trained on ("original" for RookWorld-LM)
+    seed: int = 0  # sampling seed and self-play opening randomisation
+
+    def __post_init__(self):
+        if self.decoding not in ("greedy", "sampled"):
+            raise ValueError(f"EvalConfig.decoding must be 'greedy' or 'sampled', got {self.decoding!r}")
+        for name in ("max_new_tokens", "batch_size", "selfplay_max_plies"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"EvalConfig.{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.selfplay_games, int) or self.selfplay_games < 0:
+            raise ValueError(f"EvalConfig.selfplay_games must be an integer >= 0, got {self.selfplay_games!r}")
+        if self.layout not in tasks.LAYOUTS:
+            raise ValueError(f"EvalConfig.layout must be one of {tasks.LAYOUTS}, got {self.layout!r}")
+
+
+def complete(model: GPT, prompts: list[str], cfg: EvalConfig, tokenizer=None) -> list[str]:
+    """Decode one completion per prompt, in batches, with the GRPO sampler."""
+    tokenizer = tokenizer or get_tokenizer()
+    out = []
+    budget = model.config.block_size
+    for start in range(0, len(prompts), cfg.batch_size):
+        chunk = prompts[start:start + cfg.batch_size]
+        ids = [encode(p, tokenizer) for p in chunk]
+        new = max(1, min(cfg.max_new_tokens, budget - max(map(len, ids))))
+        sc = SamplingConfig(max_new_tokens=new, temperature=0.0 if cfg.decoding == "greedy" else cfg.temperature,
+                            seed=cfg.seed + start)
+        out += generate(model, ids, sc).completions(tokenizer)
+    return out
+
+
+def _get(rec, key, default=None):
+    return rec.get(key, default) if isinstance(rec, Mapping) else getattr(rec, key, default)
+
+
+def policy_prompt_of(rec, layout: str) -> str:
+    return tasks.policy_prompt(_get(rec, "fen"), layout=layout)
+
+
+def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
+    """Valid, legal-best, best-move accuracy, top-5 overlap and centipawn loss on P: records."""
+    records = list(records)[: cfg.max_policy]
+    prompts = [policy_prompt_of(r, cfg.layout) for r in records]
+    completions = completions if completions is not None else complete(model, prompts, cfg)
+    valid = legal = correct = 0
+    overlaps, cp_losses = [], []
+    for rec, prompt, text in zip(records, prompts, completions):
+        parse = tasks.parse_policy_completion(text)
+        valid += parse.ok
+        score = rewards.score_policy_detailed(prompt, text, truth=rec)
+        legal += score.best_legal >= 1.0
+        truth_moves = list(_get(rec, "moves"))
+        correct += parse.best is not None and parse.best == truth_moves[0]
+        overlaps.append(score.moves_overlap)
+        if score.cp_loss is not None:
+            cp_losses.append(score.cp_loss)
+    n = len(records)
+    return {"policy/valid": wilson(valid, n), "policy/legal_best_move": wilson(legal, n),
+            "policy/best_move_accuracy": wilson(correct, n), "policy/top5_overlap": mean_interval(overlaps),
+            "policy/cp_loss": mean_interval(cp_losses)}
+
+
+def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
+    """Share of mate-in-one positions where B: is a mating move (checked by python-chess)."""
+    records = list(records)
+    prompts = [policy_prompt_of(r, cfg.layout) for r in records]
+    completions = complete(model, prompts, cfg)
+    hits = 0
+    for rec, text in zip(records, completions):
+        best = tasks.parse_policy_completion(text).best
+        board = chess.Board(_get(rec, "fen"))
+        move = tasks.legal_move(board, best or "")
+        if move is not None:
+            board.push(move)
+            hits += board.is_checkmate()
+    return {"mate_in_one/accuracy": wilson(hits, len(records))}
+
+
+def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
+    """Valid, exact next FEN, FEN similarity, reward and flag accuracy on A: records."""
+    records = list(records)[: cfg.max_env]
+    prompts = [_get(r, "prompt") or tasks.env_prompt(_get(r, "fen"), _get(r, "move"), _get(r, "history"))
+               for r in records]
+    completions = complete(model, prompts, cfg)
+    valid = exact = reward_ok = term_ok = trunc_ok = 0
+    sims = []
+    for rec, text in zip(records, completions):
+        p = tasks.parse_env_completion(text)
+        valid += p.ok
+        true_fen = _get(rec, "new_fen")
+        exact += p.new_fen == true_fen
+        sims.append(similarity(p.new_fen or "", true_fen))
+        reward_ok += p.reward is not None and abs(p.reward - float(_get(rec, "reward"))) < 1e-9
+        term_ok += p.terminated == int(_get(rec, "terminated"))
+        trunc_ok += p.truncated == int(_get(rec, "truncated"))
+    n = len(records)
+    return {"env/valid": wilson(valid, n), "env/next_fen_exact": wilson(exact, n),
+            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": wilson(reward_ok, n),
+            "env/terminated_accuracy": wilson(term_ok, n), "env/truncated_accuracy": wilson(trunc_ok, n)}
+
+
+def self_play(model: GPT, cfg: EvalConfig) -> dict:
+    """The policy plays both sides, python-chess referees; count legal half-moves before the first
+    illegal or unparseable B: (games that end by the rules or hit the ply cap count all their moves).
+    Games start from the initial position after 0-3 random opening plies, for variety."""
+    rng = random.Random(cfg.seed)
+    boards = []
+    for _ in range(cfg.selfplay_games):
+        b = chess.Board()
+        for _ in range(rng.randint(0, 3)):
+            b.push(rng.choice(list(b.legal_moves)))
+        boards.append(b)
+    legal_plies = [0] * len(boards)
+    alive = list(range(len(boards)))
+    for _ in range(cfg.selfplay_max_plies):
+        alive = [i for i in alive if not boards[i].is_game_over(claim_draw=False)]
+        if not alive:
+            break
+        texts = complete(model, [tasks.policy_prompt(boards[i].fen(), cfg.layout) for i in alive], cfg)
+        still = []
+        for i, text in zip(alive, texts):
+            move = tasks.legal_move(boards[i], tasks.parse_policy_completion(text).best or "")
+            if move is None:
+                continue  # first illegal move ends the count for this game
+            boards[i].push(move)
+            legal_plies[i] += 1
+            still.append(i)
+        alive = still
+    return {"self_play/legal_half_moves": mean_interval(legal_plies)}
+
+
+def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: EvalConfig) -> dict:
+    """All suites; skips a suite whose record list is empty."""
+    out = {}
+    if policy_records:
+        out.update(evaluate_policy(model, policy_records, cfg))
+    if mate_records:
+        out.update(evaluate_mate_in_one(model, mate_records, cfg))
+    if env_records:
+        out.update(evaluate_environment(model, env_records, cfg))
+    if cfg.selfplay_games:
+        out.update(self_play(model, cfg))
+    return out
+
+
+def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M):
+    """A pandas DataFrame: one row per metric, one column per named result, plus the reference."""
+    import pandas as pd
+
+    metrics = sorted({m for res in columns.values() for m in res})
+    rows = []
+    for m in metrics:
+        row = {"metric": m}
+        for name, res in columns.items():
+            row[name] = str(res[m]) if m in res else ""
+        ref = reference.get(m)
+        row["RookWorld-LM-124M (reported)"] = "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("metric")
+
+
+def difference(before: Estimate, after: Estimate, z: float = 1.959964) -> Estimate:
+    """after - before with a 95% interval from the two (independent-sample) standard errors."""
+    def se(e: Estimate) -> float:
+        return (e.high - e.low) / (2 * z) if e.n else float("nan")
+
+    d = after.value - before.value
+    half = z * math.sqrt(se(before) ** 2 + se(after) ** 2)
+    return Estimate(d, d - half, d + half, min(before.n, after.n), "mean")
+
+
+def results_to_json(results: dict) -> dict:
+    return {k: asdict(v) for k, v in results.items()}
+
+
+def cli(argv: list[str] | None = None) -> int:
+    from . import data
+
+    ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.")
+    ap.add_argument("model", help="Hugging Face GPT-2 directory (ours or RookWorld-LM)")
+    ap.add_argument("--data-dir", default=None, help="directory with the test split and mate-in-one set (default data/)")
+    ap.add_argument("--decoding", default="greedy", choices=["greedy", "sampled"])
+    ap.add_argument("--layout", default="compact", choices=list(tasks.LAYOUTS))
+    ap.add_argument("--max-policy", type=int, default=200)
+    ap.add_argument("--max-env", type=int, default=200)
+    ap.add_argument("--selfplay-games", type=int, default=8)
+    ap.add_argument("--json", action="store_true", help="print results as one JSON object")
+    args = ap.parse_args(argv)
+    model = GPT.from_pretrained(args.model).eval()
+    if torch.cuda.is_available():
+        model = model.cuda()
+    cfg = EvalConfig(decoding=args.decoding, layout=args.layout, max_policy=args.max_policy,
+                     max_env=args.max_env, selfplay_games=args.selfplay_games)
+    split = data.load_eval_sets(args.data_dir)
+    results = evaluate_all(model, split["policy"], split["env"], split["mate"], cfg)
+    if args.json:
+        print(json.dumps(results_to_json(results)))
+    else:
+        print(comparison_table({Path(args.model).name: results}).to_string())
+    return 0

@@ -1,0 +1,79 @@
+import math
+
+import chess
+import pytest
+import torch
+
+from rookworld_lib import evaluate as ev
+from rookworld_lib import tasks
+from rookworld_lib.model import GPT, GPTConfig
+
+
+def test_wilson_known_values():
+    # Wilson 95% for 8/10: [0.4902, 0.9433] (Newcombe 1998, Table I style check)
+    e = ev.wilson(8, 10)
+    assert abs(e.value - 0.8) < 1e-12
+    assert abs(e.low - 0.4902) < 1e-3 and abs(e.high - 0.9433) < 1e-3
+    zero = ev.wilson(0, 20)
+    assert zero.low == 0.0 and 0.15 < zero.high < 0.17
+    assert math.isnan(ev.wilson(0, 0).value)
+
+
+def test_mean_interval_and_difference():
+    e = ev.mean_interval([1.0, 2.0, 3.0, 4.0])
+    assert e.value == 2.5 and e.n == 4
+    half = 1.959964 * math.sqrt(5 / 3) / 2
+    assert abs(e.high - (2.5 + half)) < 1e-9
+    d = ev.difference(ev.wilson(10, 100), ev.wilson(30, 100))
+    assert abs(d.value - 0.2) < 1e-12 and d.low > 0  # a 10% -> 30% jump at n=100 is significant
+
+
+def test_levenshtein_and_similarity():
+    assert ev.levenshtein("kitten", "sitting") == 3
+    assert ev.levenshtein("", "abc") == 3
+    assert ev.similarity("abc", "abc") == 1.0
+    assert abs(ev.similarity("abcd", "abce") - 0.75) < 1e-12
+
+
+def start_record():
+    board = chess.Board()
+    return {"task": "P", "fen": board.fen(), "moves": ["e2e4", "d2d4", "g1f3", "c2c4", "e2e3"],
+            "evals": ["0.35", "0.3", "0.28", "0.2", "0.15"], "limit": "depth=8"}
+
+
+def test_policy_metrics_by_hand():
+    rec = start_record()
+    completions = [
+        " M: e2e4 d2d4 g1f3 c2c4 e2e3 E: 0.35 0.3 0.28 0.2 0.15 B: e2e4",  # perfect
+        " M: d2d4 e2e4 a2a3 h2h3 b2b3 E: 0.3 0.35 0.0 0.0 0.0 B: d2d4",  # legal, not best, overlap 2/5
+        " M: e2e5 E: 0.1 B: e2e5",  # illegal best move
+        "garbage",
+    ]
+    cfg = ev.EvalConfig(selfplay_games=0)
+    res = ev.evaluate_policy(None, [rec] * 4, cfg, completions=completions)
+    assert res["policy/valid"].value == pytest.approx(3 / 4)  # well-formed, legal or not
+    assert res["policy/legal_best_move"].value == pytest.approx(2 / 4)
+    assert res["policy/best_move_accuracy"].value == pytest.approx(1 / 4)
+    assert res["policy/top5_overlap"].value == pytest.approx((1.0 + 0.4 + 0.0 + 0.0) / 4)
+    assert res["policy/cp_loss"].n == 2 and res["policy/cp_loss"].value == pytest.approx(2.5)  # (0 + 5) / 2
+
+
+def test_end_to_end_small_model_runs_every_suite():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=192)).eval()
+    rec = start_record()
+    t = tasks.environment_step(chess.Board().fen(), "e2e4", [])
+    env_rec = {"task": "A", "prompt": t.prompt, "new_fen": t.new_fen, "reward": t.reward,
+               "terminated": t.terminated, "truncated": t.truncated}
+    mate = {"fen": "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1", "mating_moves": ["a1a8"]}
+    cfg = ev.EvalConfig(max_new_tokens=8, selfplay_games=2, selfplay_max_plies=3)
+    res = ev.evaluate_all(model, [rec], [env_rec], [mate], cfg)
+    for key in ("policy/valid", "env/next_fen_exact", "mate_in_one/accuracy", "self_play/legal_half_moves"):
+        assert key in res and res[key].n >= 1
+    table = ev.comparison_table({"init": res})
+    assert "RookWorld-LM-124M (reported)" in table.columns
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="decoding"):
+        ev.EvalConfig(decoding="beam")
