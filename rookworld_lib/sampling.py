@@ -165,6 +165,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         sampling_logprobs = torch.zeros((N, L), dtype=torch.float32, device=device)
         mask = torch.zeros((N, L), dtype=torch.bool, device=device)
         finished = torch.zeros(N, dtype=torch.bool, device=device)
+        filtering = config.top_k > 0 or config.top_p < 1.0
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
         steps = 0
         for t in range(L):
@@ -175,11 +176,11 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
                 lp_samp = lp_full
             else:
                 scaled = logits / config.temperature
-                filtered = filter_logits(scaled, config.top_k, config.top_p)
+                filtered = filter_logits(scaled, config.top_k, config.top_p) if filtering else scaled
                 probs = filtered.softmax(dim=-1)
                 next_tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
                 lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
-                lp_samp = token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0]
+                lp_samp = token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0] if filtering else lp_full
             active = ~finished
             tokens[:, t] = torch.where(active, next_tok, torch.full_like(next_tok, config.pad_id))
             logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))
