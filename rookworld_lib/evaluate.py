@@ -298,8 +298,10 @@ def cli(argv: list[str] | None = None) -> int:
         model = model.cuda()
     cfg = EvalConfig(decoding=args.decoding, layout=args.layout, max_policy=args.max_policy,
                      max_env=args.max_env, selfplay_games=args.selfplay_games)
-    split = data.load_eval_sets(args.data_dir)
-    results = evaluate_all(model, split["policy"], split["env"], split["mate"], cfg)
+    policy = data.load_split("P", "test", args.data_dir).records
+    env = data.load_split("A", "test", args.data_dir).records
+    mate = [r for r in data.load_mate_in_one(args.data_dir).records if r["split"] == "test"]
+    results = evaluate_all(model, policy, env, mate, cfg)
     if args.json:
         print(json.dumps(results_to_json(results)))
     else:

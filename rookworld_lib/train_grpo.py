@@ -100,6 +100,13 @@ class GRPOTrainConfig:
 RewardFn = Callable[[PromptItem, str], float]
 
 
+def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
+    """PromptItems from data-set records (rookworld_lib.data), each carrying its record as truth."""
+    from .data import record_text
+
+    return [PromptItem(r["task"], record_text(r, layout)[0], r) for r in records if r["task"] in ("P", "A")]
+
+
 def default_reward(item: PromptItem, completion: str) -> float:
     """The chess rewards: policy or environment scorer by task, with ground truth when present."""
     from . import rewards
@@ -371,7 +378,9 @@ def _mean(values):
 def cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rookworld grpo", description="GRPO on chess with verifiable rewards.")
     ap.add_argument("--init-from", required=True, help="Hugging Face GPT-2 directory (our export or RookWorld-LM)")
-    ap.add_argument("--data", required=True, help="JSON-lines training data (rookworld datagen output)")
+    ap.add_argument("--data-dir", default=None, help="directory of rookworld datagen output (default data/)")
+    ap.add_argument("--layout", default="compact", choices=["compact", "original"],
+                    help="P: prompt layout (original for a pretrained RookWorld-LM)")
     ap.add_argument("--out", required=True, help="output directory (metrics, checkpoints, final model)")
     for f in fields(GRPOTrainConfig):
         if f.name in ("loss", "out_dir"):
@@ -385,14 +394,15 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
     ap.add_argument("--loss-type", default="grpo", help="grpo | bnpo | dr_grpo | dapo")
     args = ap.parse_args(argv)
-    from .data import load_prompt_items
+    from .data import load_split
 
     values = {f.name: getattr(args, f.name) for f in fields(GRPOTrainConfig) if f.name not in ("loss", "out_dir")}
     cfg = GRPOTrainConfig(**values, out_dir=args.out,
                           loss=grpo.GRPOConfig(beta=args.beta, loss_type=args.loss_type,
                                                max_completion_length=args.max_new_tokens))
     model = GPT.from_pretrained(args.init_from)
-    trainer = GRPOTrainer(model, load_prompt_items(args.data), cfg)
+    records = load_split("P", "train", args.data_dir).records + load_split("A", "train", args.data_dir).records
+    trainer = GRPOTrainer(model, prompt_items(records, args.layout), cfg)
     trainer.train()
     model.save_pretrained(Path(args.out) / "final")
     Path(args.out, "grpo_config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
