@@ -276,6 +276,26 @@ def difference(before: Estimate, after: Estimate, z: float = 1.959964) -> Estima
     return Estimate(d, d - half, d + half, min(before.n, after.n), "mean")
 
 
+def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[float]:
+    """The verifiable reward of the model's completion for each P:/A: record (the GRPO objective,
+    measured on held-out prompts with ground truth from the record)."""
+    records = list(records)
+    prompts = [policy_prompt_of(r, cfg.layout) if r["task"] == "P" else r["prompt"] for r in records]
+    completions = complete(model, prompts, cfg)
+    out = []
+    for rec, prompt, text in zip(records, prompts, completions):
+        score = rewards.score_policy if rec["task"] == "P" else rewards.score_environment
+        out.append(float(score(prompt, text, truth=rec)))
+    return out
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estimate:
+    """Mean of after - before over the same items, with a 95% interval (paired: item difficulty cancels)."""
+    if len(before) != len(after):
+        raise ValueError(f"paired_difference needs equal lengths, got {len(before)} and {len(after)}")
+    return mean_interval([a - b for a, b in zip(after, before)])
+
+
 def results_to_json(results: dict) -> dict:
     return {k: asdict(v) for k, v in results.items()}
 

@@ -44,3 +44,51 @@ def figure_summary(fig: go.Figure) -> dict:
 
 
 __all__ = ["save_figure", "load_figure", "figure_summary"]
+
+
+def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step") -> go.Figure:
+    """One line per metric key over the training history (records of JSON-lines metrics)."""
+    fig = go.Figure()
+    for key in keys:
+        pts = [(r[x], r[key]) for r in history if key in r and r[key] is not None]
+        if pts:
+            fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key)
+    fig.update_layout(title=title, xaxis_title=x)
+    return fig
+
+
+class LiveCurves:
+    """A plot that grows with each training step in JupyterLab (a plotly FigureWidget).
+
+    Where widgets are unavailable (papermill, nbval, plain Python) it only records; call
+    `figure()` at the end for the static copy, which is what survives a headless run.
+    """
+
+    def __init__(self, keys: list[str], title: str, live: bool = True):
+        self.keys, self.title, self.history = keys, title, []
+        self.widget = None
+        if live:
+            try:
+                import ipywidgets  # noqa: F401  (FigureWidget needs it)
+                from IPython import get_ipython
+                from IPython.display import display
+
+                if get_ipython() is not None and type(get_ipython()).__name__ == "ZMQInteractiveShell":
+                    self.widget = go.FigureWidget(curves_figure([], keys, title))
+                    for key in keys:
+                        self.widget.add_scatter(x=[], y=[], mode="lines+markers", name=key)
+                    display(self.widget)
+            except Exception:  # no widget support: record only
+                self.widget = None
+
+    def __call__(self, record: dict) -> None:
+        self.history.append(record)
+        if self.widget is not None:
+            with self.widget.batch_update():
+                for trace, key in zip(self.widget.data, self.keys):
+                    if key in record:
+                        trace.x = (*trace.x, record.get("step", len(self.history)))
+                        trace.y = (*trace.y, record[key])
+
+    def figure(self) -> go.Figure:
+        return curves_figure(self.history, self.keys, self.title)

@@ -77,3 +77,18 @@ def test_end_to_end_small_model_runs_every_suite():
 def test_config_validation():
     with pytest.raises(ValueError, match="decoding"):
         ev.EvalConfig(decoding="beam")
+
+
+def test_paired_difference():
+    d = ev.paired_difference([0.1, 0.2, 0.3, 0.4], [0.3, 0.4, 0.5, 0.6])
+    assert d.value == pytest.approx(0.2) and d.low == pytest.approx(0.2) and d.high == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="equal lengths"):
+        ev.paired_difference([1.0], [1.0, 2.0])
+
+
+def test_heldout_rewards_exact_completion_scores_high():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=192)).eval()
+    rec = {**start_record(), "prompt": "P: " + chess.Board().fen()}
+    values = ev.heldout_rewards(model, [rec], ev.EvalConfig(max_new_tokens=4, selfplay_games=0))
+    assert len(values) == 1 and -1.0 <= values[0] <= 1.0
