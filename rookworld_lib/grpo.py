@@ -373,6 +373,21 @@ def importance_ratios(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, leve
     return importance_log_weights(logprobs, old_logprobs, mask, level, log_ratio_clamp).exp()
 
 
+def policy_objective(ratio: Tensor, advantages: Tensor, config: GRPOConfig | None = None) -> Tensor:
+    """The clipped surrogate min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A), elementwise (to maximise).
+
+    ratio and advantages broadcast against each other. With config.delta set, the unclipped ratio
+    is first capped at delta (two-sided clipping). The loss's policy term is minus this. Where the
+    clipped branch is the minimum (r > 1 + eps_high with A > 0, r < 1 - eps_low with A < 0) the
+    value no longer depends on r: zero gradient. With A < 0 and r > 1 + eps_high (or A > 0 and
+    r < 1 - eps_low) the *unclipped* branch is the minimum and the gradient keeps flowing.
+    """
+    config = config or GRPOConfig()
+    clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
+    unclipped = ratio.clamp(max=config.delta) if config.delta is not None else ratio
+    return torch.minimum(unclipped * advantages, clipped * advantages)
+
+
 # --------------------------------------------------------------------------------------------
 # The loss
 # --------------------------------------------------------------------------------------------
@@ -450,10 +465,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     # --- policy term
     log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
     ratio = log_w.exp()  # [N, T] or [N, 1]
-    clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
-    unclipped = ratio.clamp(max=config.delta) if config.delta is not None else ratio
     a = adv[:, None]
-    pg_tok = -torch.minimum(unclipped * a, clipped * a).expand(N, T)
+    pg_tok = -policy_objective(ratio, a, config).expand(N, T)
     pg_tok = torch.where(m, pg_tok, zero)
     per_tok = pg_tok
 
@@ -548,8 +561,45 @@ def logprob_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
     return torch.zeros_like(lp) if grad is None else grad
 
 
+def micro_batch_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                         micro_batch_size: int, ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None,
+                         *, truncated: Tensor | None = None, global_counts: bool = True) -> tuple[Tensor, float]:
+    """Accumulate d loss / d logprobs over micro-batches of rows, as a training loop would: (grad [N, T], loss).
+
+    global_counts=True: every micro-batch is given the whole batch's `num_items_in_batch` and
+    `num_completions_in_batch` and the micro-batch losses are summed; this reproduces the one-batch
+    gradient exactly for grpo, dr_grpo and dapo (bnpo normalises each micro-batch by its own tokens
+    by definition). global_counts=False: each micro-batch normalised on its own and the losses
+    averaged over the micro-batches (dividing by the accumulation steps, TRL's recipe for
+    grpo / bnpo / dr_grpo); exact for grpo and dr_grpo with equal-sized micro-batches only.
+    """
+    config = config or GRPOConfig()
+    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_gradient: micro_batch_size must be a positive integer, got {micro_batch_size!r}")
+    N = logprobs.shape[0]
+    lp = logprobs.detach().clone().requires_grad_(True)
+    starts = list(range(0, N, micro_batch_size))
+    counts = {}
+    if global_counts:
+        counts = {"num_items_in_batch": int(effective_mask(mask, truncated, config).sum()),
+                  "num_completions_in_batch": N}
+    total = 0.0
+    for s in starts:
+        sl = slice(s, s + micro_batch_size)
+        loss, _ = grpo_loss(lp[sl], old_logprobs[sl], advantages.reshape(-1)[sl], mask[sl],
+                            None if ref_logprobs is None else ref_logprobs[sl], config,
+                            truncated=None if truncated is None else truncated[sl], **counts)
+        if not global_counts:
+            loss = loss / len(starts)
+        loss.backward()
+        total += float(loss.detach())
+    grad = lp.grad if lp.grad is not None else torch.zeros_like(lp)
+    return grad, total
+
+
 __all__ = [
     "ADVANTAGE_SCALES", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LOSS_TYPES",
     "GRPOConfig", "GroupStats", "aggregation_weights", "effective_mask", "entropy_from_logits", "group_advantages",
-    "grpo_loss", "importance_log_weights", "importance_ratios", "kl_estimate", "logprob_gradient", "token_logprobs",
+    "grpo_loss", "importance_log_weights", "importance_ratios", "kl_estimate", "logprob_gradient", "micro_batch_gradient",
+    "policy_objective", "token_logprobs",
 ]

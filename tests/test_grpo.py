@@ -324,6 +324,21 @@ def test_micro_batch_accumulation_with_global_counts(loss_type, level):
     torch.testing.assert_close(full, want.detach(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("loss_type", grpo.LOSS_TYPES)
+def test_micro_batch_gradient_helper(loss_type):
+    lp, old, adv, mask, _, _ = make_batch(seed=6)
+    cfg = GRPOConfig(loss_type=loss_type, max_completion_length=T)
+    full_loss, _ = grpo_loss(lp, old, adv, mask, config=cfg)
+    full = grpo.logprob_gradient(lp, old, adv, mask, config=cfg)
+    exact, total = grpo.micro_batch_gradient(lp, old, adv, mask, 2, config=cfg)
+    naive, _ = grpo.micro_batch_gradient(lp, old, adv, mask, 2, config=cfg, global_counts=False)
+    same = lambda a, b: torch.allclose(a, b, rtol=1e-12, atol=1e-15)  # noqa: E731
+    assert same(exact, full) == (loss_type != "bnpo")
+    assert (total == pytest.approx(float(full_loss), rel=1e-12)) == (loss_type != "bnpo")
+    # dividing by the accumulation steps is exact for per-completion normalisers, not for token counts
+    assert same(naive, full) == (loss_type in ("grpo", "dr_grpo"))
+
+
 def test_dapo_without_global_count_is_local_and_bad_count_is_rejected():
     lp, old, adv, mask, _, _ = make_batch()
     cfg = GRPOConfig(loss_type="dapo")
