@@ -1,0 +1,580 @@
+"""Pieces every training loop here shares: schedule, optimizer, precision, NaN guard, metrics, RNG.
+
+Each piece is small and independent, so a loop reads top to bottom (see `train_sft.SFTTrainer`):
+
+    runtime = setup_runtime(device="auto", dtype="auto")           # device, bf16 autocast, TF32
+    optimizer = build_adamw(model, lr=..., weight_decay=..., betas=..., device_type=runtime.device.type)
+    schedule = WarmupCosineSchedule(lr=6e-4, min_lr=6e-5, warmup_steps=100, max_steps=2000)
+    guard = NonFiniteGuard(max_in_a_row=5)
+    with runtime.backend_flags(), MetricsLogger(out / "metrics.jsonl") as metrics:
+        for step in range(start, max_steps):
+            lr = schedule.apply(optimizer, step)
+            with runtime.autocast():
+                loss = ...
+            loss.backward()
+            norm = clip_grad_norm(model, grad_clip)
+            if guard.observe(loss, norm):
+                optimizer.step()
+            elif guard.tripped:
+                raise NonFiniteError(...)
+            optimizer.zero_grad(set_to_none=True)
+            metrics.log({"step": step + 1, "loss": loss, "lr": lr, ...})
+
+`rng_state()` / `set_rng_state()` capture every random number generator a run touches (Python,
+NumPy, torch CPU and CUDA) so a checkpoint can resume bit for bit, and `field_docs` /
+`add_config_arguments` turn a config dataclass with one comment per field into an argparse parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import inspect
+import io
+import json
+import logging
+import math
+import os
+import random
+import tokenize
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("auto", "fp32", "bf16")
+
+
+# --------------------------------------------------------------------------------------------
+# Learning-rate schedule
+# --------------------------------------------------------------------------------------------
+
+def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
+    """Learning rate of the update with 0-based index `step` (the (step+1)-th update).
+
+    Linear warm-up from lr/warmup_steps to lr over the first `warmup_steps` updates (the update
+    with index warmup_steps-1 is the first at the peak), then a half cosine from lr down to min_lr,
+    reached exactly at the last update (index max_steps-1) and held after it.
+    """
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    span = max_steps - 1 - warmup_steps
+    progress = 1.0 if span <= 0 else min(1.0, (step - warmup_steps) / span)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class WarmupCosineSchedule:
+    """Linear warm-up then cosine decay (`cosine_lr`), as a pure function of the step.
+
+    It has no hidden state: its `state_dict` records the settings, so a resumed run can tell when
+    the schedule it continues with differs from the one it was checkpointed with.
+    """
+
+    lr: float  # peak learning rate
+    min_lr: float  # floor reached at the last step
+    warmup_steps: int  # updates of linear warm-up
+    max_steps: int  # total updates of the run
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"WarmupCosineSchedule.lr must be > 0, got {self.lr!r}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError(f"WarmupCosineSchedule.min_lr must be in [0, lr], got {self.min_lr!r}")
+        if self.warmup_steps < 0 or self.max_steps < 1:
+            raise ValueError("WarmupCosineSchedule: warmup_steps must be >= 0 and max_steps >= 1")
+
+    def __call__(self, step: int) -> float:
+        return cosine_lr(step, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup_steps,
+                         max_steps=self.max_steps)
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Set every param group's lr for update `step` (times the group's optional "lr_scale")."""
+        lr = self(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        return lr
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Check that a checkpoint's schedule matches this one; log what changed if it does not."""
+        changed = {k: (v, getattr(self, k)) for k, v in state.items() if getattr(self, k, v) != v}
+        if changed:
+            log.warning("LR schedule changed since the checkpoint: %s",
+                        ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer
+# --------------------------------------------------------------------------------------------
+
+def _fused_supported(device_type: str) -> bool:
+    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        return False
+    try:
+        from torch.optim.optimizer import _get_fused_kernels_supported_devices
+        return device_type in _get_fused_kernels_supported_devices()
+    except ImportError:  # older torch: fused AdamW was CUDA-only
+        return device_type == "cuda"
+
+
+def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95),
+                eps: float = 1e-8, device_type: str = "cpu", fused: bool | None = None) -> torch.optim.AdamW:
+    """AdamW with weight decay on 2-D weights only, using the fastest implementation available.
+
+    model_or_groups: a module with `param_groups(weight_decay)` (our GPT), any other module
+    (2-D parameters decay, biases and norms do not), or ready-made param groups.
+    fused: None picks the fused kernel when this torch has one for `device_type` (CUDA, and CPU
+    since torch 2.4), else the multi-tensor "foreach" path; True/False force the choice.
+    The implementation chosen is in `optimizer.defaults["fused"]` / `["foreach"]`.
+    """
+    if isinstance(model_or_groups, torch.nn.Module):
+        if hasattr(model_or_groups, "param_groups"):
+            groups = model_or_groups.param_groups(weight_decay)
+        else:
+            params = [p for p in model_or_groups.parameters() if p.requires_grad]
+            groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    else:
+        groups = list(model_or_groups)
+    groups = [g for g in groups if len(g["params"]) > 0]
+    use_fused = _fused_supported(device_type) if fused is None else fused
+    kwargs = {"fused": True} if use_fused else {"foreach": True}
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **kwargs)
+    log.info("AdamW: %s, %d tensors with weight decay, %d without", "fused" if use_fused else "foreach",
+             sum(len(g["params"]) for g in groups if g.get("weight_decay", 0) > 0),
+             sum(len(g["params"]) for g in groups if g.get("weight_decay", 0) == 0))
+    return optimizer
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global grad norm to max_norm (0 = measure only) and return the norm before clipping.
+
+    The norm comes back as a tensor (no host sync); it is non-finite when any gradient is.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    limit = max_norm if max_norm > 0 else float("inf")
+    return torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Device and precision
+# --------------------------------------------------------------------------------------------
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """"auto" -> cuda when available, else cpu; anything else is checked to exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available (use 'cpu' or 'auto')")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r} requested but MPS is not available")
+    return dev
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a loop computes: device, autocast dtype, TF32 and determinism settings."""
+
+    device: torch.device  # where the model and batches live
+    amp_dtype: torch.dtype | None  # autocast dtype (torch.bfloat16) or None for plain fp32
+    tf32: bool  # allow TF32 matmuls on CUDA (fp32 inputs, ~10-bit mantissa products)
+    deterministic: bool  # deterministic algorithms (bit-identical reruns on CPU; best effort on CUDA)
+
+    @property
+    def dtype_name(self) -> str:
+        return "bf16" if self.amp_dtype == torch.bfloat16 else "fp32"
+
+    def autocast(self):
+        """bf16 autocast around forward passes (weights and optimizer stay fp32), or a no-op."""
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Move a CPU batch to the device (pinned and non-blocking on CUDA)."""
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def backend_flags(self) -> Iterator[None]:
+        """Set TF32 and determinism for the duration of a run, then restore the previous settings.
+
+        Deterministic mode: torch.use_deterministic_algorithms(True, warn_only=True) (an op with no
+        deterministic kernel warns instead of stopping a long run), cuDNN benchmark off, and the
+        cuBLAS workspace setting CUDA needs for reproducible matmuls.
+        """
+        saved = (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
+                 torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark,
+                 torch.backends.cudnn.deterministic)
+        try:
+            if self.device.type == "cuda":
+                torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+            if self.deterministic:
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+                torch.use_deterministic_algorithms(True, warn_only=True)
+                torch.backends.cudnn.benchmark = False
+                torch.backends.cudnn.deterministic = True
+            yield
+        finally:
+            torch.set_float32_matmul_precision(saved[0])
+            torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[3], saved[4]
+
+
+def setup_runtime(device: str = "auto", dtype: str = "auto", *, tf32: bool = True,
+                  deterministic: bool = False) -> Runtime:
+    """Resolve a device and a precision.
+
+    dtype: "auto" = bf16 autocast on a CUDA device that supports bf16, fp32 elsewhere;
+    "bf16" = bf16 autocast wherever asked (on CPU it runs, slowly; an old GPU without bf16 is an
+    error); "fp32" = no autocast.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    dev = resolve_device(device)
+    cuda_bf16 = dev.type == "cuda" and torch.cuda.is_bf16_supported()
+    if dtype == "bf16" and dev.type == "cuda" and not cuda_bf16:
+        raise ValueError(f"dtype 'bf16' requested but {torch.cuda.get_device_name(dev)} does not support bfloat16")
+    use_bf16 = dtype == "bf16" or (dtype == "auto" and cuda_bf16)
+    return Runtime(dev, torch.bfloat16 if use_bf16 else None, tf32, deterministic)
+
+
+def maybe_compile(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    """torch.compile(model) when enabled; the returned module shares the original's parameters.
+
+    Save and load state through `unwrap(model)`, so checkpoints never carry "_orig_mod." keys.
+    """
+    if not enabled:
+        return model
+    if not hasattr(torch, "compile"):
+        raise RuntimeError("compile=True needs torch >= 2.0")
+    return torch.compile(model)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The original module behind a torch.compile wrapper (or the module itself)."""
+    return getattr(model, "_orig_mod", model)
+
+
+# --------------------------------------------------------------------------------------------
+# Non-finite guard
+# --------------------------------------------------------------------------------------------
+
+class NonFiniteError(FloatingPointError):
+    """Too many non-finite losses or gradient norms in a row; the run stopped."""
+
+
+class NonFiniteGuard:
+    """Decides whether an update may be applied, and counts the ones that were skipped.
+
+    `observe(loss, grad_norm)` returns True when every value is finite (apply the update) and
+    False when one is not (skip it: leave the parameters and the optimizer state untouched).
+    After `max_in_a_row` skips in a row `tripped` is True and the loop should stop.
+    """
+
+    def __init__(self, max_in_a_row: int):
+        if max_in_a_row < 1:
+            raise ValueError(f"max_in_a_row must be >= 1, got {max_in_a_row!r}")
+        self.max_in_a_row = max_in_a_row
+        self.in_a_row = 0  # consecutive skipped updates so far
+        self.total = 0  # skipped updates over the whole run
+
+    def observe(self, *values) -> bool:
+        finite = all(math.isfinite(float(v)) for v in values)  # float(): one host sync per value
+        if finite:
+            self.in_a_row = 0
+        else:
+            self.in_a_row += 1
+            self.total += 1
+        return finite
+
+    @property
+    def tripped(self) -> bool:
+        return self.in_a_row >= self.max_in_a_row
+
+    def describe(self) -> str:
+        return (f"{self.in_a_row} non-finite losses/gradient norms in a row (limit {self.max_in_a_row}), "
+                f"{self.total} in total")
+
+    def state_dict(self) -> dict:
+        return {"in_a_row": self.in_a_row, "total": self.total}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.in_a_row, self.total = int(state["in_a_row"]), int(state["total"])
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics as JSON lines
+# --------------------------------------------------------------------------------------------
+
+def to_jsonable(value: Any) -> Any:
+    """Tensors and NumPy scalars to Python numbers; NaN and infinities to None (strict JSON)."""
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.numel() == 1 else value.tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+class MetricsLogger:
+    """Appends one JSON object per line to a file, flushed as it is written (survives a kill).
+
+    Non-finite numbers are written as null so the file is strict JSON that pandas and jq read.
+    `resume_step=s` first drops records with "step" > s (written after the checkpoint a run
+    resumes from, and about to be redone) and a torn last line left by a kill.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, resume_step: int | None = None, fresh: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self.path.write_text("")
+        elif resume_step is not None and self.path.exists():
+            keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            os.replace(tmp, self.path)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def log(self, record: dict) -> dict:
+        clean = to_jsonable(record)
+        self._fh.write(json.dumps(clean, allow_nan=False) + "\n")
+        self._fh.flush()
+        return clean
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """Every complete record of a metrics file; a torn last line (killed mid-write) is ignored."""
+    records = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}:{i + 1}: not a JSON line") from None
+    return records
+
+
+# --------------------------------------------------------------------------------------------
+# Random number generators
+# --------------------------------------------------------------------------------------------
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds CUDA
+
+
+def rng_state() -> dict:
+    """The state of every global RNG a training step can draw from (dropout, shuffles, sampling)."""
+    np_state = np.random.get_state(legacy=False)
+    np_state["state"] = {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                         "pos": int(np_state["state"]["pos"])}  # tensors: loadable with weights_only=True
+    state = {"python": random.getstate(), "numpy": np_state, "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what `rng_state` captured (CUDA states only where this machine has CUDA)."""
+    random.setstate(_as_python_rng_state(state["python"]))
+    np_state = dict(state["numpy"])
+    key = np_state["state"]["key"]
+    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    np_state["state"] = {"key": key.astype(np.uint32), "pos": int(np_state["state"]["pos"])}
+    np.random.set_state(np_state)
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        if len(cuda) != torch.cuda.device_count():
+            log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d; restoring the first %d",
+                        len(cuda), torch.cuda.device_count(), min(len(cuda), torch.cuda.device_count()))
+        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
+
+
+def _as_python_rng_state(s):
+    # random.setstate wants (version, tuple_of_ints, gauss_next); a round trip through some
+    # serialisers turns the tuples into lists.
+    return (s[0], tuple(s[1]), s[2])
+
+
+# --------------------------------------------------------------------------------------------
+# Config dataclasses <-> argparse
+# --------------------------------------------------------------------------------------------
+
+def field_docs(cls) -> dict[str, str]:
+    """The trailing `# comment` of each field line in a dataclass's source: its one-line doc."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    docs, names = {}, {f.name for f in dataclasses.fields(cls)}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            line = tok.line.strip()
+            name = line.split(":", 1)[0].strip()
+            if name in names and name not in docs:
+                docs[name] = tok.string.lstrip("#").strip()
+    return docs
+
+
+def bad_field(cls_name: str, name: str, value: Any, why: str):
+    """The one error format for config validation: `Cls.field must ..., got value`."""
+    raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
+
+
+def check_int(cfg, name: str, *, min: int | None = None) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or (min is not None and value < min):
+        bad_field(type(cfg).__name__, name, value, "must be an integer" + (f" >= {min}" if min is not None else ""))
+
+
+def check_number(cfg, name: str, *, min: float | None = None, max: float | None = None,
+                 min_open: bool = False, max_open: bool = False) -> None:
+    value = getattr(cfg, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and min is not None:
+        ok = value > min if min_open else value >= min
+    if ok and max is not None:
+        ok = value < max if max_open else value <= max
+    if not ok:
+        lo = "" if min is None else ("(" if min_open else "[") + f"{min}, "
+        hi = "" if max is None else f"{max}" + (")" if max_open else "]")
+        rng = f" in {lo or '(-inf, '}{hi or 'inf)'}" if (min is not None or max is not None) else ""
+        bad_field(type(cfg).__name__, name, value, f"must be a finite number{rng}")
+
+
+def check_choice(cfg, name: str, choices) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        bad_field(type(cfg).__name__, name, value, f"must be one of {tuple(choices)}")
+
+
+def check_bool(cfg, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, bool):
+        bad_field(type(cfg).__name__, name, value, "must be True or False")
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string such as attn_impl=math
+    return key.strip(), value
+
+
+def _optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
+                         metavars=None) -> None:
+    """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by
+    the field's comment, defaulting to the field's default.
+
+    bool -> --x/--no-x; tuple[float, float] -> --x A B; tuple[str, ...] -> --x A B C;
+    dict -> --x KEY=VALUE (repeatable, VALUE parsed as JSON where it can be); T | None -> also
+    accepts "none".
+    """
+    import types
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    docs = {**field_docs(cls), **(help_overrides or {})}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        hint = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kw: dict[str, Any] = {"default": default, "dest": f.name}
+        args = typing.get_args(hint)
+        origin = typing.get_origin(hint)
+        optional = origin in (typing.Union, types.UnionType) and type(None) in args
+        if optional:
+            hint = next(a for a in args if a is not type(None))
+            origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif origin is tuple:
+            kw["type"] = args[0]
+            kw["nargs"] = "*" if (len(args) == 2 and args[1] is Ellipsis) else len(args)
+            kw["metavar"] = args[0].__name__.upper()
+        elif origin is dict or hint is dict:
+            kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
+        elif hint in (int, float, str):
+            kw["type"] = _optional(hint) if optional else hint
+        else:
+            continue
+        if metavars and f.name in metavars:
+            kw["metavar"] = metavars[f.name]
+        text = docs.get(f.name, "").replace("%", "%%")
+        if kw.get("action") == "append":
+            text += " (repeatable)"
+        elif default not in ((), {}):
+            text += f" (default: {default!r})".replace("%", "%%")
+        parser.add_argument(flag, help=text, **kw)
+
+
+def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:
+    """The dataclass keyword arguments from parsed `add_config_arguments` options."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or not hasattr(args, f.name):
+            continue
+        value = getattr(args, f.name)
+        if isinstance(value, list) and value and isinstance(value[0], tuple) and len(value[0]) == 2:
+            value = dict(value)  # KEY=VALUE pairs
+        elif value is None and f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        elif isinstance(value, list):
+            value = tuple(value)
+        out[f.name] = value
+    return out

@@ -1,0 +1,202 @@
+import argparse
+import json
+import math
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from rookworld_lib import train_utils as tu
+
+
+# ---- learning-rate schedule ---------------------------------------------------------------
+
+def test_schedule_warmup_peak_and_end():
+    kw = dict(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
+    assert tu.cosine_lr(0, **kw) == pytest.approx(1e-4)  # first update: lr / warmup_steps
+    assert tu.cosine_lr(4, **kw) == pytest.approx(5e-4)  # linear
+    assert tu.cosine_lr(9, **kw) == pytest.approx(1e-3)  # last warm-up update reaches the peak
+    assert tu.cosine_lr(10, **kw) == pytest.approx(1e-3)  # cosine starts at the peak
+    mid = 10 + (110 - 1 - 10) / 2
+    assert tu.cosine_lr(int(mid), **kw) == pytest.approx(0.55e-3, rel=0.02)  # halfway: (lr + min_lr) / 2
+    assert tu.cosine_lr(109, **kw) == pytest.approx(1e-4)  # the last update runs at min_lr exactly
+    assert tu.cosine_lr(500, **kw) == pytest.approx(1e-4)  # and it is held after the end
+    decay = [tu.cosine_lr(s, **kw) for s in range(10, 110)]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+
+
+def test_schedule_edge_cases():
+    assert tu.cosine_lr(0, lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=5) == pytest.approx(1.0)
+    assert tu.cosine_lr(4, lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=5) == pytest.approx(0.1)
+    assert tu.cosine_lr(0, lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=1) == pytest.approx(0.1)
+    assert tu.cosine_lr(2, lr=1.0, min_lr=0.1, warmup_steps=3, max_steps=3) == pytest.approx(1.0)
+
+
+def test_schedule_apply_sets_every_group_with_its_scale():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([{"params": [a]}, {"params": [b], "lr_scale": 0.5}], lr=1.0)
+    sched = tu.WarmupCosineSchedule(lr=2.0, min_lr=0.2, warmup_steps=4, max_steps=20)
+    assert sched.apply(opt, 1) == pytest.approx(1.0)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([1.0, 0.5])
+    assert sched.state_dict() == {"lr": 2.0, "min_lr": 0.2, "warmup_steps": 4, "max_steps": 20}
+
+
+@pytest.mark.parametrize("kw, word", [(dict(lr=0.0), "lr"), (dict(min_lr=5.0), "min_lr"),
+                                      (dict(max_steps=0), "max_steps")])
+def test_schedule_rejects_bad_settings(kw, word):
+    base = dict(lr=1.0, min_lr=0.1, warmup_steps=2, max_steps=10)
+    with pytest.raises(ValueError, match=word):
+        tu.WarmupCosineSchedule(**{**base, **kw})
+
+
+# ---- optimizer ------------------------------------------------------------------------------
+
+def test_build_adamw_decays_only_matrices_and_picks_an_implementation():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = tu.build_adamw(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
+    assert opt.defaults["betas"] == (0.9, 0.95)
+    assert bool(opt.defaults.get("fused")) == tu._fused_supported("cpu")
+    opt = tu.build_adamw(model, lr=1e-3, weight_decay=0.1, device_type="cpu", fused=False)
+    assert opt.defaults["foreach"] and not opt.defaults.get("fused")
+
+
+def test_clip_grad_norm_reports_the_norm_before_clipping():
+    p = torch.nn.Parameter(torch.zeros(2))
+    model = torch.nn.Module()
+    model.p = p
+    p.grad = torch.tensor([3.0, 4.0])
+    norm = tu.clip_grad_norm(model, 1.0)
+    assert norm.item() == pytest.approx(5.0)
+    assert p.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+    p.grad = torch.tensor([3.0, 4.0])
+    assert tu.clip_grad_norm(model, 0.0).item() == pytest.approx(5.0)  # 0 = measure only
+    assert p.grad.tolist() == [3.0, 4.0]
+
+
+# ---- non-finite guard -----------------------------------------------------------------------
+
+def test_nonfinite_guard_counts_resets_and_trips():
+    g = tu.NonFiniteGuard(max_in_a_row=3)
+    assert g.observe(torch.tensor(1.0), torch.tensor(2.0))
+    assert not g.observe(torch.tensor(float("nan")), torch.tensor(1.0))
+    assert not g.observe(torch.tensor(1.0), torch.tensor(float("inf")))
+    assert (g.in_a_row, g.total, g.tripped) == (2, 2, False)
+    assert g.observe(0.5)  # a finite step resets the run of failures, not the total
+    assert (g.in_a_row, g.total) == (0, 2)
+    for _ in range(3):
+        g.observe(float("nan"))
+    assert g.tripped and "3 non-finite" in g.describe() and "limit 3" in g.describe()
+    h = tu.NonFiniteGuard(3)
+    h.load_state_dict(g.state_dict())
+    assert (h.in_a_row, h.total) == (3, 5)
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+
+def test_metrics_logger_writes_strict_json_lines(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with tu.MetricsLogger(path) as m:
+        m.log({"step": 1, "loss": torch.tensor(2.5), "grad_norm": float("nan"), "x": np.float32(1.5)})
+        m.log({"step": 2, "loss": float("inf"), "val_loss": None})
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "loss": 2.5, "grad_norm": None, "x": 1.5}, {"step": 2, "loss": None, "val_loss": None}]
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+
+
+def test_metrics_logger_resume_drops_later_records_and_a_torn_line(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(6)) + '{"step": 6, "lo')
+    assert [r["step"] for r in tu.read_metrics(path)] == [0, 1, 2, 3, 4, 5]
+    with tu.MetricsLogger(path, resume_step=3) as m:
+        m.log({"step": 4})
+    assert [r["step"] for r in tu.read_metrics(path)] == [0, 1, 2, 3, 4]
+    with tu.MetricsLogger(path, fresh=True):
+        pass
+    assert path.read_text() == ""
+
+
+# ---- RNG state --------------------------------------------------------------------------------
+
+def draws():
+    return (random.random(), float(np.random.rand()), torch.rand(3).tolist(),
+            torch.nn.functional.dropout(torch.ones(8), 0.5).tolist())
+
+
+def test_rng_state_round_trip_through_a_weights_only_file(tmp_path):
+    tu.seed_everything(123)
+    state = tu.rng_state()
+    expected = draws()
+    torch.save(state, tmp_path / "rng.pt")
+    tu.seed_everything(999)
+    draws()
+    tu.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert draws() == expected
+
+
+# ---- device and precision --------------------------------------------------------------------
+
+def test_setup_runtime_on_cpu():
+    rt = tu.setup_runtime("cpu", "auto")
+    assert rt.device.type == "cpu" and rt.amp_dtype is None and rt.dtype_name == "fp32"
+    rt = tu.setup_runtime("cpu", "bf16")
+    assert rt.amp_dtype == torch.bfloat16
+    with rt.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        tu.setup_runtime("cpu", "fp16")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            tu.setup_runtime("cuda", "auto")
+
+
+def test_backend_flags_are_restored_after_the_run():
+    before = torch.are_deterministic_algorithms_enabled()
+    rt = tu.setup_runtime("cpu", "fp32", deterministic=True)
+    with rt.backend_flags():
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() == before
+
+
+# ---- config helpers ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Demo:
+    steps: int = 3  # how many steps
+    rate: float | None = 0.5  # a rate, or none
+    flag: bool = False  # a switch
+    pair: tuple[float, float] = (0.9, 0.95)  # two numbers
+    files: tuple[str, ...] = ()  # some files
+    extra: dict = field(default_factory=dict)  # KEY=VALUE settings
+
+
+def test_config_arguments_round_trip():
+    assert tu.field_docs(Demo) == {"steps": "how many steps", "rate": "a rate, or none", "flag": "a switch",
+                                   "pair": "two numbers", "files": "some files", "extra": "KEY=VALUE settings"}
+    ap = argparse.ArgumentParser()
+    tu.add_config_arguments(ap, Demo)
+    assert tu.config_kwargs_from_args(Demo, ap.parse_args([])) == {
+        "steps": 3, "rate": 0.5, "flag": False, "pair": (0.9, 0.95), "files": (), "extra": {}}
+    args = ap.parse_args(["--steps", "7", "--rate", "none", "--flag", "--pair", "0.8", "0.99",
+                          "--files", "a.jsonl", "b.jsonl", "--extra", "dropout=0.1", "--extra", "attn_impl=math"])
+    assert tu.config_kwargs_from_args(Demo, args) == {
+        "steps": 7, "rate": None, "flag": True, "pair": (0.8, 0.99), "files": ("a.jsonl", "b.jsonl"),
+        "extra": {"dropout": 0.1, "attn_impl": "math"}}
+    assert "how many steps" in ap.format_help()
+
+
+def test_check_helpers_name_the_field():
+    @dataclass
+    class C:
+        n: int = 0
+        x: float = 0.0
+
+    with pytest.raises(ValueError, match=r"C\.n must be an integer >= 1, got 0"):
+        tu.check_int(C(), "n", min=1)
+    with pytest.raises(ValueError, match=r"C\.x must be a finite number in \(0"):
+        tu.check_number(C(x=math.nan), "x", min=0.0, min_open=True)
