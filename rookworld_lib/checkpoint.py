@@ -1,0 +1,326 @@
+"""Training checkpoints: atomic saves, a "latest" pointer, clear errors, exact resume.
+
+A checkpoint is one `torch.save` file, `<dir>/step_00000100.pt`, holding a dict:
+
+    format, version      "rookworld-checkpoint", 1
+    kind                 which loop wrote it ("sft", "grpo", ...)
+    step                 optimizer steps completed
+    model, model_config  the (unwrapped) model's state_dict and its GPTConfig as a dict
+    optimizer, scheduler their state_dicts (None when absent)
+    data                 the data stream's position (None when absent)
+    rng                  Python, NumPy, torch CPU and CUDA generator states (train_utils.rng_state)
+    config               the run's config as a plain dict
+    extra                anything else the loop needs to continue exactly (e.g. NaN-guard counters)
+
+`<dir>/latest` is a small JSON pointer {"file", "step", "bytes"} to the newest complete checkpoint.
+
+Atomicity. Every file is written to a temporary name in the same directory, flushed and fsynced,
+then renamed over its final name with os.replace (atomic on POSIX), and the directory is fsynced.
+The checkpoint file is complete before the pointer names it, so a kill at any moment leaves
+`latest` naming a whole checkpoint: the new one or the previous one. A failed save (a full disk,
+say) removes its temporary file, leaves the previous checkpoint and pointer as they were, and
+raises CheckpointSaveError saying so. Old checkpoints are pruned only after the new one is in place.
+
+Everything stored is plain data and tensors, so checkpoints load with `torch.load(weights_only=True)`
+(no arbitrary pickle code runs when a checkpoint is opened).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from .train_utils import rng_state, set_rng_state, unwrap
+
+log = logging.getLogger(__name__)
+
+FORMAT = "rookworld-checkpoint"
+VERSION = 1
+POINTER = "latest"
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be saved or loaded; the message names the file."""
+
+
+class CheckpointSaveError(CheckpointError, OSError):
+    """Saving failed; the previous checkpoint and the latest pointer are untouched."""
+
+
+class CheckpointLoadError(CheckpointError, ValueError):
+    """A checkpoint file is missing, truncated, corrupt or not a checkpoint of ours."""
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic files
+# --------------------------------------------------------------------------------------------
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable. Not every platform can open a directory (Windows): skip there."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Write a file so that readers see either its old content or the complete new one.
+
+    `write(f)` fills a temporary file in the same directory (same filesystem, so the rename is
+    atomic); it is flushed, fsynced and renamed over `path`, then the directory is fsynced. On
+    any error the temporary file is removed and the error propagates; `path` is untouched.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TMP_PREFIX}{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+# --------------------------------------------------------------------------------------------
+# Finding checkpoints
+# --------------------------------------------------------------------------------------------
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / f"step_{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
+    """(step, path) of every finished checkpoint file in `directory`, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found)
+
+
+def _read_pointer(directory: Path) -> dict | None:
+    pointer = directory / POINTER
+    try:
+        info = json.loads(pointer.read_text())
+        if not isinstance(info, dict) or not isinstance(info.get("file"), str):
+            raise ValueError("missing 'file'")
+        return info
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise CheckpointLoadError(f"{pointer}: unreadable latest-checkpoint pointer ({exc}); "
+                                  f"delete it to fall back to the newest step_*.pt file") from None
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The checkpoint `latest` names; without a pointer, the highest-step file; None if there is none."""
+    directory = Path(directory)
+    info = _read_pointer(directory)
+    if info is not None:
+        return directory / info["file"]
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Save and load
+# --------------------------------------------------------------------------------------------
+
+def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int = 2) -> Path:
+    """Write `state` (see `training_state`) as `<directory>/step_<step>.pt` and point `latest` at it.
+
+    keep_last: how many checkpoints to keep (older ones are deleted after this save succeeded);
+    0 keeps them all. Raises CheckpointSaveError, with the previous checkpoint intact, on failure.
+    """
+    directory = Path(directory)
+    step = int(state["step"])
+    path = checkpoint_path(directory, step)
+    previous = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        previous = latest_checkpoint(directory)
+        _remove_stale_temporaries(directory)
+        t0 = time.perf_counter()
+        atomic_write(path, lambda f: torch.save(state, f))
+        size = path.stat().st_size
+        pointer = json.dumps({"file": path.name, "step": step, "bytes": size}) + "\n"
+        atomic_write(directory / POINTER, lambda f: f.write(pointer.encode()))
+    except (OSError, RuntimeError) as exc:  # torch's zip writer reports I/O failures as RuntimeError
+        kept = f"the previous checkpoint {previous} is intact and still the latest" if previous and previous.exists() \
+            else "no earlier checkpoint exists in that directory"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CheckpointSaveError(f"could not save checkpoint {path}: {reason}; {kept}") from exc
+    except CheckpointLoadError as exc:  # an unreadable pointer: refuse to guess what is latest
+        raise CheckpointSaveError(f"could not save checkpoint {path}: {exc}") from exc
+    log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
+    if keep_last > 0:
+        for _, old in list_checkpoints(directory)[:-keep_last]:
+            if old != path:
+                with contextlib.suppress(OSError):
+                    old.unlink()
+    return path
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Temporary files left by a save that was killed (one writer per directory is assumed)."""
+    for p in directory.glob(f"{_TMP_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+def load_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> dict:
+    """Load a checkpoint file, or the latest one of a checkpoint directory, and check its format.
+
+    Raises CheckpointLoadError naming the file when it is missing, truncated, corrupt, or not one
+    of ours.
+    """
+    path = Path(path)
+    expected_bytes = None
+    if path.is_dir():
+        info = _read_pointer(path)
+        target = latest_checkpoint(path)
+        if target is None:
+            raise CheckpointLoadError(f"{path}: no checkpoint in this directory (no '{POINTER}' pointer, no step_*.pt)")
+        if info is not None:
+            expected_bytes = info.get("bytes")
+        path = target
+    if not path.is_file():
+        raise CheckpointLoadError(f"{path}: checkpoint file not found{_others(path)}")
+    size = path.stat().st_size
+    if expected_bytes is not None and size != expected_bytes:
+        raise CheckpointLoadError(f"{path}: {size} bytes on disk, {expected_bytes} when it was saved: the file "
+                                  f"was truncated or overwritten{_others(path)}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # zip/pickle errors come in many types; all mean the same here
+        raise CheckpointLoadError(f"{path}: corrupt or incomplete checkpoint ({_reason(exc)}){_others(path)}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointLoadError(f"{path}: not a RookWorld training checkpoint (no format={FORMAT!r} marker); "
+                                  f"a Hugging Face model directory loads with GPT.from_pretrained instead")
+    if ckpt.get("version", 0) > VERSION:
+        raise CheckpointLoadError(f"{path}: checkpoint format version {ckpt['version']} is newer than this "
+                                  f"code's {VERSION}; update rookworld_lib")
+    missing = [k for k in ("step", "model", "model_config") if k not in ckpt]
+    if missing:
+        raise CheckpointLoadError(f"{path}: checkpoint lacks {', '.join(missing)}")
+    return ckpt
+
+
+def _reason(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    detail = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "")
+    return f"{type(exc).__name__}: {detail[:300]}"
+
+
+def _others(path: Path) -> str:
+    others = [str(p) for _, p in list_checkpoints(path.parent) if p != path]
+    return f"; other checkpoints there: {', '.join(others)}" if others else ""
+
+
+# --------------------------------------------------------------------------------------------
+# Training state <-> checkpoint dict
+# --------------------------------------------------------------------------------------------
+
+def training_state(*, step: int, model: torch.nn.Module, optimizer=None, scheduler=None, data=None,
+                   config=None, extra: dict | None = None, kind: str = "sft") -> dict:
+    """Everything a loop needs to continue exactly from `step`, as a checkpoint dict.
+
+    model may be torch.compile'd (its original module is saved); optimizer, scheduler and data
+    are anything with state_dict(); config is a dataclass or a dict; the RNG states of this
+    process are captured now, so call this at a step boundary.
+    """
+    raw = unwrap(model)
+    if dataclasses.is_dataclass(config):
+        config = dataclasses.asdict(config)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": kind,
+        "step": int(step),
+        "model": raw.state_dict(),
+        "model_config": dataclasses.asdict(raw.config),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "data": data.state_dict() if data is not None else None,
+        "rng": rng_state(),
+        "config": config,
+        "extra": extra or {},
+        "torch_version": str(torch.__version__),
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def restore_training_state(ckpt: dict, *, model: torch.nn.Module, optimizer=None, scheduler=None, data=None,
+                           rng: bool = True) -> int:
+    """Load a checkpoint dict into live objects (strictly) and return its step.
+
+    The RNG states are restored last, so nothing done while rebuilding the objects (a model's
+    random init, say) shifts the random stream the resumed run sees.
+    """
+    unwrap(model).load_state_dict(ckpt["model"], strict=True)
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("data", data)):
+        if obj is None:
+            continue
+        if ckpt.get(name) is None:
+            raise CheckpointLoadError(f"checkpoint at step {ckpt['step']} holds no {name} state to resume from")
+        obj.load_state_dict(ckpt[name])
+    if rng and ckpt.get("rng") is not None:
+        set_rng_state(ckpt["rng"])
+    return int(ckpt["step"])
+
+
+def model_from_checkpoint(path: str | os.PathLike, **config_overrides):
+    """A GPT with a checkpoint's weights (a file, or a directory's latest), in eval mode on CPU."""
+    from .model import GPT, config_from_dict
+
+    ckpt = load_checkpoint(path)
+    config = config_from_dict({**ckpt["model_config"], **config_overrides})
+    model = GPT(config)
+    model.load_state_dict(ckpt["model"], strict=True)
+    return model.eval()
+
+
+def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
+    """Write a model in Hugging Face GPT-2 format (config.json + model.safetensors).
+
+    source: a GPT (possibly compiled) or a checkpoint file/directory. directory defaults to
+    `<checkpoint dir>/<checkpoint name>-hf` for a checkpoint source. Returns the directory.
+    """
+    if isinstance(source, torch.nn.Module):
+        model = unwrap(source)
+        if directory is None:
+            raise ValueError("export_hf: give a directory when exporting a model object")
+    else:
+        path = Path(source)
+        resolved = latest_checkpoint(path) if path.is_dir() else path
+        if resolved is None:
+            raise CheckpointLoadError(f"{path}: no checkpoint in this directory")
+        model = model_from_checkpoint(resolved, gradient_checkpointing=False)
+        if directory is None:
+            directory = resolved.with_name(resolved.stem + "-hf")
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    return directory

@@ -1,0 +1,239 @@
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from rookworld_lib import checkpoint as ck
+from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.train_utils import WarmupCosineSchedule, build_adamw
+
+
+def small_model(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=16))
+
+
+class Position:
+    """A stand-in data stream: anything with state_dict/load_state_dict."""
+
+    def __init__(self, i=0):
+        self.i = i
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, s):
+        self.i = s["i"]
+
+
+def trained_state(step=1, seed=0):
+    model = small_model(seed)
+    opt = build_adamw(model, lr=1e-2, weight_decay=0.1, device_type="cpu")
+    x = torch.randint(0, 50257, (2, 8))
+    model(x).float().logsumexp(-1).mean().backward()
+    opt.step()
+    sched = WarmupCosineSchedule(1e-2, 1e-3, 2, 10)
+    return model, opt, sched, ck.training_state(step=step, model=model, optimizer=opt, scheduler=sched,
+                                                data=Position(7), config={"lr": 1e-2}, extra={"guard": {"n": 1}})
+
+
+def test_round_trip_restores_everything(tmp_path):
+    model, opt, sched, state = trained_state(step=3)
+    expected_draw = torch.rand(4)  # what this process draws right after the state was captured
+    path = ck.save_checkpoint(tmp_path, state)
+    assert path.name == "step_00000003.pt"
+    pointer = json.loads((tmp_path / "latest").read_text())
+    assert pointer == {"file": path.name, "step": 3, "bytes": path.stat().st_size}
+    loaded = ck.load_checkpoint(tmp_path)  # a directory resolves to its latest checkpoint
+    assert loaded["kind"] == "sft" and loaded["config"] == {"lr": 1e-2} and loaded["extra"]["guard"] == {"n": 1}
+
+    fresh, data = small_model(seed=1), Position()
+    fresh_opt = build_adamw(fresh, lr=1e-2, weight_decay=0.1, device_type="cpu")
+    torch.manual_seed(12345)  # anything: the checkpoint's RNG state must win
+    step = ck.restore_training_state(loaded, model=fresh, optimizer=fresh_opt, scheduler=sched, data=data)
+    assert step == 3 and data.i == 7
+    assert torch.equal(torch.rand(4), expected_draw)
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    sa, sb = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    assert all(torch.equal(sa[k][n], sb[k][n]) for k in sa for n in ("exp_avg", "exp_avg_sq", "step"))
+
+
+def test_restore_refuses_a_checkpoint_without_the_state_asked_for(tmp_path):
+    model = small_model()
+    state = ck.training_state(step=1, model=model)
+    with pytest.raises(ck.CheckpointLoadError, match="no optimizer state"):
+        ck.restore_training_state(state, model=model, optimizer=build_adamw(model, lr=1.0, weight_decay=0.0))
+
+
+def test_keep_last_prunes_older_checkpoints_after_the_new_one_is_in_place(tmp_path):
+    *_, state = trained_state()
+    for step in (1, 2, 3, 4):
+        ck.save_checkpoint(tmp_path, {**state, "step": step}, keep_last=2)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [3, 4]
+    assert ck.latest_checkpoint(tmp_path).name == "step_00000004.pt"
+    ck.save_checkpoint(tmp_path, {**state, "step": 5}, keep_last=0)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [3, 4, 5]
+
+
+def test_latest_without_pointer_falls_back_to_the_highest_step(tmp_path):
+    *_, state = trained_state()
+    ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    ck.save_checkpoint(tmp_path, {**state, "step": 10})
+    (tmp_path / "latest").unlink()
+    assert ck.latest_checkpoint(tmp_path).name == "step_00000010.pt"
+    assert ck.latest_checkpoint(tmp_path / "nowhere") is None
+
+
+def _partial_then(exc):
+    def fake_save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise exc
+    return fake_save
+
+
+def assert_previous_intact(directory, step):
+    latest = ck.latest_checkpoint(directory)
+    assert latest.name == f"step_{step:08d}.pt"
+    assert ck.load_checkpoint(directory)["step"] == step
+    assert not [p for p in os.listdir(directory) if p.startswith(".tmp-")]
+
+
+def test_disk_full_during_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    *_, state = trained_state()
+    first = ck.save_checkpoint(tmp_path, {**state, "step": 1})
+    monkeypatch.setattr(ck.torch, "save", _partial_then(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))))
+    with pytest.raises(ck.CheckpointSaveError) as info:
+        ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    msg = str(info.value)
+    assert "step_00000002.pt" in msg and "No space left on device" in msg
+    assert f"previous checkpoint {first} is intact" in msg
+    assert isinstance(info.value, OSError)  # callers catching OSError see it too
+    assert not (tmp_path / "step_00000002.pt").exists()
+    assert_previous_intact(tmp_path, 1)
+
+
+def test_disk_full_at_fsync_or_pointer_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    *_, state = trained_state()
+    ck.save_checkpoint(tmp_path, {**state, "step": 1})
+
+    def failing_fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ck.os, "fsync", failing_fsync)
+    with pytest.raises(ck.CheckpointSaveError, match="No space left"):
+        ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    monkeypatch.undo()
+    assert_previous_intact(tmp_path, 1)
+
+    # the checkpoint file lands, then the pointer write fails: the pointer still names step 1
+    real = ck.atomic_write
+
+    def pointer_fails(path, write):
+        if os.path.basename(path) == ck.POINTER:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(path, write)
+
+    monkeypatch.setattr(ck, "atomic_write", pointer_fails)
+    with pytest.raises(ck.CheckpointSaveError, match="intact"):
+        ck.save_checkpoint(tmp_path, {**state, "step": 3})
+    monkeypatch.undo()
+    assert_previous_intact(tmp_path, 1)
+
+
+def test_first_save_failing_says_there_is_no_earlier_checkpoint(tmp_path, monkeypatch):
+    *_, state = trained_state()
+    monkeypatch.setattr(ck.torch, "save", _partial_then(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(ck.CheckpointSaveError, match="no earlier checkpoint"):
+        ck.save_checkpoint(tmp_path, state)
+    assert os.listdir(tmp_path) == []
+
+
+def test_corrupt_and_partial_checkpoints_give_a_clear_error_naming_the_file(tmp_path):
+    *_, state = trained_state()
+    path = ck.save_checkpoint(tmp_path, {**state, "step": 1})
+    good = path.read_bytes()
+
+    path.write_bytes(good[: len(good) // 2])  # truncated behind our back: the pointer's size disagrees
+    with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: .*bytes on disk.*truncated"):
+        ck.load_checkpoint(tmp_path)
+    with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: corrupt or incomplete"):
+        ck.load_checkpoint(path)  # the file itself, without the pointer's size
+
+    path.write_bytes(b"\x00" * 1000)
+    with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: corrupt or incomplete"):
+        ck.load_checkpoint(path)
+
+    other = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, other)
+    with pytest.raises(ck.CheckpointLoadError, match=r"weights\.pt: not a RookWorld training checkpoint"):
+        ck.load_checkpoint(other)
+
+    with pytest.raises(ck.CheckpointLoadError, match=r"missing\.pt: checkpoint file not found"):
+        ck.load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ck.CheckpointLoadError, match=r"empty: no checkpoint in this directory"):
+        ck.load_checkpoint(tmp_path / "empty")
+
+    (tmp_path / "latest").write_text("{not json")
+    with pytest.raises(ck.CheckpointLoadError, match="latest.*unreadable"):
+        ck.load_checkpoint(tmp_path)
+
+
+KILL_DURING_SAVE = textwrap.dedent("""
+    import os, signal, sys, torch
+    from rookworld_lib import checkpoint as ck
+    from rookworld_lib.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=16))
+    state = ck.training_state(step=1, model=model)
+    ck.save_checkpoint(sys.argv[1], state)
+    real_save = torch.save
+    def save_then_die(obj, f, *a, **k):
+        f.write(b"PK\\x03\\x04 the first bytes of a checkpoint")
+        f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # a real SIGKILL, in the middle of the write
+    torch.save = save_then_die
+    ck.save_checkpoint(sys.argv[1], {**state, "step": 2})
+    print("unreachable")
+""")
+
+
+def test_a_kill_during_save_leaves_the_latest_checkpoint_whole(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert "unreachable" not in proc.stdout
+    leftovers = [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+    assert leftovers  # the torn temporary file is there...
+    assert ck.latest_checkpoint(tmp_path).name == "step_00000001.pt"  # ...but latest names a whole one
+    assert ck.load_checkpoint(tmp_path)["step"] == 1
+    ck.save_checkpoint(tmp_path, {**ck.load_checkpoint(tmp_path), "step": 2})  # the next save cleans up
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+    assert ck.load_checkpoint(tmp_path)["step"] == 2
+
+
+def test_model_from_checkpoint_and_export_hf(tmp_path):
+    model, *_, state = trained_state()
+    path = ck.save_checkpoint(tmp_path / "ckpt", state)
+    restored = ck.model_from_checkpoint(path)
+    x = torch.randint(0, 50257, (1, 8))
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(restored(x), model(x))
+    out = ck.export_hf(tmp_path / "ckpt")
+    assert out == tmp_path / "ckpt" / "step_00000001-hf"
+    hf = GPT.from_pretrained(out).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x), model(x))
+    assert ck.export_hf(model, tmp_path / "final") == tmp_path / "final"
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+    with pytest.raises(ck.CheckpointLoadError, match="not a RookWorld"):
+        ck.export_hf(out / "model.safetensors")
