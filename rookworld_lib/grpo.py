@@ -408,7 +408,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     logprobs [N, T]: token log-probs under the policy being trained (gradients flow through these);
     old_logprobs [N, T]: under the sampling policy (detached); advantages [N] (detached); mask [N, T]
     (bool or 0/1). ref_logprobs [N, T] (detached) turns on the KL term when config.beta > 0 and the
-    `kl` metric whenever given. Masked positions may hold anything, NaN included.
+    `kl` metric whenever given. Masked positions of the log-prob tensors may hold anything, NaN
+    included (they are selected away, never multiplied by 0); masked positions of `logits` must be
+    finite, since the entropy's backward multiplies through them.
 
     Keyword-only:
     logits [N, T, V]: the policy's raw logits at the completion positions; gives the `entropy` metric
@@ -539,8 +541,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
             names.append("entropy")
             values.append(tok_mean(ent_tok.detach()))
         metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
-        metrics["num_tokens"] = int(round(metrics["num_tokens"]))
-        metrics["num_completions"] = int(N)
+        metrics["num_tokens"] = float(round(metrics["num_tokens"]))
+        metrics["num_completions"] = float(N)
     if group_stats is not None:
         metrics.update(group_stats.as_metrics())
     return loss, metrics
