@@ -1,0 +1,677 @@
+"""Verifiable rewards for the policy task ``P:`` and the environment task ``A:``.
+
+Both scorers take the prompt and the sampled completion, return a float in ``[-1, 1]`` and never
+raise, whatever the completion (or prompt) holds. The ``*_detailed`` variants return every
+component for logging and notebooks.
+
+Ground truth
+    ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``, a ``PolicyRecord`` /
+    ``EnvRecord``), a :class:`PolicyTruth` / :class:`EnvTruth`, or an ``engine.Analysis``.
+    Without it, a truth registered with :func:`register_truth` for the prompt's position is used
+    (GRPO registers its prompt set once); otherwise the policy truth comes from live Stockfish
+    (multipv-5 at the default :class:`~rookworld_lib.engine.EngineSettings`) and the environment
+    truth from a python-chess replay of the prompt (exact, no engine needed).
+
+Policy reward (``score_policy``), range [-1, 1]:
+    ========================  ==============================================================
+    garbage                   -1.0: none of the ``M:``/``E:``/``B:`` fields is present
+    ``B:`` missing/illegal    -0.5 + 0.25 * format, in [-0.5, -0.25]
+    ``B:`` legal              sum of weighted components in [0, 1] (weights: PolicyWeights)
+    ========================  ==============================================================
+    components, each in [0, 1]:
+    - ``format``: fraction of checks passed (three fields in order; 1-5 distinct UCI moves; as
+      many parseable evals as moves; one UCI move in ``B:`` that is among the candidates;
+      nothing else);
+    - ``best_quality``: 1 - 0.75 * (W(best) - W(move)) - 0.25 * min(cp_loss, 1000) / 1000, with W
+      the logistic win probability of an eval and cp_loss the centipawn loss of ``B:`` against the
+      engine's best (mates as +-(100000 - n) cp). A legal move outside the truth's candidates is
+      evaluated by Stockfish restricted to that move, at the truth's limit, and capped at the
+      last candidate's eval (multipv says it is no better); with no engine at hand its eval is
+      estimated as the last candidate's minus ``unlisted_margin_cp`` (``PolicyScore.estimated``);
+    - ``moves_legal``: fraction of ``M:`` entries that are legal and distinct;
+    - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
+    - ``evals_accuracy``: mean over ``M:`` moves that are truth candidates of
+      1 - |W(predicted eval) - W(true eval)| (0 when none is).
+
+Environment reward (``score_environment``), range [-1, 1]:
+    -1.0 when no field is well-formed (garbage); otherwise a weighted sum in [0, 1] of
+    ``format`` (fraction of the four fields well-formed, and exactly four), ``fen_exact``,
+    ``fen_fields`` (partial credit per FEN field: the placement by matching squares, then side
+    to move, castling, en passant, halfmove clock and fullmove number), ``reward`` (equal to the
+    truth's), ``terminated`` and ``truncated`` (each equal to the truth's).
+
+Rewards are deterministic: truths are exact (replay) or come from reproducible engine searches
+(one thread, cleared hash, depth limit), and results are memoised in an LRU cache keyed by
+(prompt, completion, truth, weights) - see :func:`cache_info`, :func:`clear_cache`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+
+import chess
+
+from . import tasks
+from .tasks import Eval
+
+log = logging.getLogger(__name__)
+
+POLICY_RANGE = (-1.0, 1.0)
+ENV_RANGE = (-1.0, 1.0)
+GARBAGE = -1.0
+ILLEGAL_BASE = -0.5
+ILLEGAL_FORMAT_WEIGHT = 0.25
+CP_LOSS_CAP = 1000
+
+
+# --------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------
+
+def _check_weights(obj) -> None:
+    total = 0.0
+    for f in fields(obj):
+        if f.name == "unlisted_margin_cp":
+            continue
+        v = getattr(obj, f.name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {v!r}")
+        total += v
+    if abs(total - 1.0) > 1e-9:
+        raise ValueError(f"{type(obj).__name__}: weights must sum to 1 (so legal answers score in [0, 1]), got {total}")
+
+
+@dataclass(frozen=True)
+class PolicyWeights:
+    """Weights of the policy components for a legal ``B:`` (they sum to 1)."""
+
+    best_quality: float = 0.5  # quality of B: by centipawn loss against the engine's best
+    format: float = 0.1  # structure of the completion
+    moves_legal: float = 0.1  # legal, distinct M: candidates
+    moves_overlap: float = 0.15  # overlap of M: with the engine's top candidates
+    evals_accuracy: float = 0.15  # accuracy of the E: evals of the candidates the engine also lists
+    unlisted_margin_cp: int = 50  # offline estimate: a legal move outside the candidates = last eval minus this
+
+    def __post_init__(self):
+        _check_weights(self)
+        if isinstance(self.unlisted_margin_cp, bool) or not isinstance(self.unlisted_margin_cp, int) \
+                or not 0 <= self.unlisted_margin_cp <= 10_000:
+            raise ValueError(f"PolicyWeights.unlisted_margin_cp must be an int in 0..10000, got {self.unlisted_margin_cp!r}")
+
+
+@dataclass(frozen=True)
+class EnvWeights:
+    """Weights of the environment components (they sum to 1)."""
+
+    format: float = 0.1  # four well-formed '+'-separated fields
+    fen_exact: float = 0.3  # next FEN exactly right
+    fen_fields: float = 0.3  # partial credit per FEN field
+    reward: float = 0.1  # reward value right
+    terminated: float = 0.1  # terminated flag right
+    truncated: float = 0.1  # truncated flag right
+
+    def __post_init__(self):
+        _check_weights(self)
+
+
+DEFAULT_POLICY_WEIGHTS = PolicyWeights()
+DEFAULT_ENV_WEIGHTS = EnvWeights()
+
+
+# --------------------------------------------------------------------------------------------
+# Truth
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicyTruth:
+    """Engine candidates for a position: moves best first, their evals, and the search limit."""
+
+    fen: str
+    moves: tuple[str, ...]
+    evals: tuple[Eval, ...]
+    limit: str = "depth=8"  # engine.limit_key of the search that produced them
+
+    @property
+    def best(self) -> str | None:
+        return self.moves[0] if self.moves else None
+
+
+@dataclass(frozen=True)
+class EnvTruth:
+    """The correct environment completion for a prompt."""
+
+    new_fen: str
+    reward: float
+    terminated: int
+    truncated: int
+
+
+def policy_truth(obj) -> PolicyTruth:
+    """A PolicyTruth from a P: record (dict or dataclass), an engine.Analysis or a PolicyTruth."""
+    if isinstance(obj, PolicyTruth):
+        return obj
+    from .engine import Analysis  # local: keep `import rewards` light
+
+    if isinstance(obj, Analysis):
+        return PolicyTruth(obj.fen, obj.moves, obj.evals, obj.limit)
+    get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
+    evals = tuple(e if isinstance(e, Eval) else tasks.parse_eval(e) for e in get("evals"))
+    if any(e is None for e in evals):
+        raise ValueError(f"truth has an unparseable eval: {get('evals')}")
+    return PolicyTruth(get("fen"), tuple(get("moves")), evals, get("limit", None) or "depth=8")
+
+
+def env_truth(obj) -> EnvTruth:
+    """An EnvTruth from an A: record (dict or dataclass), a tasks.EnvTransition or an EnvTruth."""
+    if isinstance(obj, EnvTruth):
+        return obj
+    get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
+    return EnvTruth(get("new_fen"), float(get("reward")), int(get("terminated")), int(get("truncated")))
+
+
+_REGISTRY_LOCK = threading.Lock()
+_POLICY_TRUTH: dict[str, PolicyTruth] = {}
+_ENV_TRUTH: dict[str, EnvTruth] = {}
+_REGISTRY_VERSION = [0]  # part of the reward cache keys: registering truth invalidates old results
+
+
+def register_truth(records: Iterable) -> int:
+    """Remember ground truth from data-set records (P: by position, A: by prompt) so that
+    score_policy / score_environment use it without a `truth=` argument. Returns how many."""
+    n = 0
+    with _REGISTRY_LOCK:
+        for rec in records:
+            get = rec.get if isinstance(rec, Mapping) else (lambda k, d=None, r=rec: getattr(r, k, d))
+            task = get("task")
+            if task == "P":
+                t = policy_truth(rec)
+                _POLICY_TRUTH[tasks.position_key(t.fen)] = t
+            elif task == "A":
+                _ENV_TRUTH[get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))] = env_truth(rec)
+            else:
+                continue
+            n += 1
+        _REGISTRY_VERSION[0] += 1
+    return n
+
+
+def clear_truth() -> None:
+    with _REGISTRY_LOCK:
+        _POLICY_TRUTH.clear()
+        _ENV_TRUTH.clear()
+        _REGISTRY_VERSION[0] += 1
+
+
+def registered_truth_counts() -> dict:
+    return {"P": len(_POLICY_TRUTH), "A": len(_ENV_TRUTH)}
+
+
+# --------------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicyScore:
+    """Every component of a policy reward (see the module docstring)."""
+
+    total: float
+    format: float = 0.0
+    best_legal: float = 0.0
+    best_quality: float = 0.0
+    cp_loss: float | None = None  # centipawn loss of B: (None when B: is not a legal move)
+    moves_legal: float = 0.0
+    moves_overlap: float = 0.0
+    evals_accuracy: float = 0.0
+    best_rank: int | None = None  # 1-based rank of B: among the truth's candidates, None if unlisted
+    truth_source: str = "none"  # given | registered | engine | none
+    estimated: bool = False  # B:'s eval was estimated (no engine for a move outside the candidates)
+    errors: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EnvScore:
+    """Every component of an environment reward (see the module docstring)."""
+
+    total: float
+    format: float = 0.0
+    fen_exact: float = 0.0
+    fen_fields: float = 0.0
+    reward: float = 0.0
+    terminated: float = 0.0
+    truncated: float = 0.0
+    truth_source: str = "none"  # given | registered | replay | none
+    errors: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Policy scoring
+# --------------------------------------------------------------------------------------------
+
+def move_accuracy(win_drop: float) -> float:
+    """Lichess's move accuracy in [0, 1] for a drop in win probability (0..1) caused by a move."""
+    raw = 1.031668 * math.exp(-4.354 * max(0.0, win_drop)) - 0.031669
+    return min(1.0, max(0.0, raw / (1.031668 - 0.031669)))  # normalised: exactly 1 for no drop
+
+
+def quality_from_cp(best_cp: int, move_cp: int) -> float:
+    """B: quality in [0, 1]: 0.9 * Lichess move accuracy of the win-probability drop, plus
+    0.1 * (1 - min(cp_loss, 1000) / 1000), which still separates moves whose win probabilities are
+    equal in floating point (mate in 1 against mate in 3)."""
+    loss = max(0, best_cp - move_cp)
+    drop = max(0.0, tasks.win_prob(best_cp) - tasks.win_prob(move_cp))
+    q = 0.9 * move_accuracy(drop) + 0.1 * (1.0 - min(loss, CP_LOSS_CAP) / CP_LOSS_CAP)
+    return min(1.0, max(0.0, q))
+
+
+def _format_score(parse: tasks.PolicyParse) -> float:
+    errs = " | ".join(parse.errors)
+    checks = [
+        parse.sections == 3 and not any(e.startswith("missing") for e in parse.errors),
+        bool(parse.moves) and len(parse.moves) <= tasks.MAX_CANDIDATES
+        and all(tasks.is_uci_syntax(m) for m in parse.moves) and len(set(parse.moves)) == len(parse.moves),
+        bool(parse.evals) and len(parse.evals) == len(parse.moves) and all(e is not None for e in parse.evals),
+        parse.best is not None and tasks.is_uci_syntax(parse.best) and parse.best in parse.moves,
+        "unexpected text" not in errs and "text after" not in errs,
+    ]
+    return sum(checks) / len(checks)
+
+
+_ENGINE_SENTINEL = "auto"
+
+
+def _resolve_engine(engine):
+    """An EnginePool, or None when scoring must stay offline."""
+    if engine is None or engine is False:
+        return None
+    if engine == _ENGINE_SENTINEL:
+        from . import engine as eng_mod
+
+        if not eng_mod.stockfish_available():
+            return None
+        return eng_mod.get_pool()
+    return engine
+
+
+def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
+                   weights: PolicyWeights) -> tuple[Eval | None, bool]:
+    """(eval, estimated) of a legal move outside the truth's candidates."""
+    last = truth.evals[-1] if truth.evals else None
+    if pool is not None:
+        from .engine import parse_limit_key
+
+        try:
+            limit = parse_limit_key(truth.limit)
+        except ValueError:
+            limit = None
+        a = pool.analyse(board, multipv=1, limit=limit, root_moves=[move])
+        if a.candidates:
+            e = a.candidates[0].eval
+            if last is not None and e.to_cp() > last.to_cp():
+                e = last  # multipv ranked it below the last candidate: it is no better
+            return e, False
+    if last is None:
+        return None, True
+    if last.mate is not None:
+        return _mate_shift(last), True
+    return Eval(cp=max(-tasks.MATE_CP // 2, last.cp - weights.unlisted_margin_cp)), True
+
+
+def _mate_shift(e: Eval) -> Eval:
+    # one move slower to mate / one move sooner to be mated: strictly worse than `e`
+    if e.mate > 0:
+        return Eval(mate=e.mate + 1)
+    return Eval(mate=e.mate + 1) if e.mate < -1 else Eval(mate=-1)
+
+
+def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine) -> tuple[PolicyTruth | None, str, object]:
+    pool = _resolve_engine(engine)
+    if truth is not None:
+        return truth, "given", pool
+    with _REGISTRY_LOCK:
+        t = _POLICY_TRUTH.get(tasks.position_key(tasks.canonical_fen(board)))
+    if t is not None:
+        return t, "registered", pool
+    if pool is None:
+        if engine is None or engine is False:
+            return None, "none", None
+        from .engine import find_stockfish
+
+        find_stockfish()  # raises StockfishNotFoundError naming the install commands
+    a = pool.analyse(board)
+    return PolicyTruth(a.fen, a.moves, a.evals, a.limit), "engine", pool
+
+
+def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="auto",
+                          weights: PolicyWeights | None = None, cache: bool = True) -> PolicyScore:
+    """Every component of the policy reward. `engine`: "auto" (the shared pool when Stockfish is
+    installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves).
+
+    Never raises because of the prompt or completion. It raises only for the machine: without
+    any truth (none given or registered) and without Stockfish, StockfishNotFoundError naming the
+    install commands; when the engine keeps dying, EngineFailedError. A reward silently computed
+    without ground truth would be worse than a stop.
+    """
+    weights = weights or DEFAULT_POLICY_WEIGHTS
+    try:
+        t = policy_truth(truth) if truth is not None else None
+    except Exception as exc:
+        log.error("unusable policy truth %r: %s", truth, exc)
+        return PolicyScore(total=GARBAGE, errors=(f"truth: {type(exc).__name__}: {exc}",))
+    if cache and isinstance(prompt, str) and isinstance(completion, str):
+        try:
+            return _cached_policy(prompt, completion, t, engine, weights, _REGISTRY_VERSION[0])
+        except TypeError as exc:  # an unhashable engine argument: score uncached
+            if "unhashable" not in str(exc):
+                raise
+    return _policy_uncached(prompt, completion, t, engine, weights)
+
+
+@functools.lru_cache(maxsize=200_000)
+def _cached_policy(prompt, completion, truth, engine, weights, registry_version) -> PolicyScore:
+    return _policy_uncached(prompt, completion, truth, engine, weights)
+
+
+def _policy_uncached(prompt, completion, truth, engine, weights) -> PolicyScore:
+    pp = tasks.parse_policy_prompt(prompt)
+    if not pp.ok:
+        return PolicyScore(total=GARBAGE, errors=tuple(f"prompt: {e}" for e in pp.errors))
+    board = chess.Board(pp.fen)
+    if not any(board.legal_moves):
+        return PolicyScore(total=GARBAGE, errors=("prompt: the position has no legal moves",))
+    truth_obj, source, pool = _policy_truth_for(board, truth, engine)
+    if truth_obj is None:
+        return PolicyScore(total=GARBAGE, errors=("no ground truth: pass truth=, register_truth(), or allow the engine",))
+    return _score_policy(board, completion, truth_obj, source, weights, pool)
+
+
+def _score_policy(board: chess.Board, completion, truth: PolicyTruth, source: str, weights: PolicyWeights,
+                  pool) -> PolicyScore:
+    from .engine import EngineFailedError, StockfishNotFoundError
+
+    try:
+        return _score_policy_inner(board, completion, truth, source, weights, pool)
+    except (EngineFailedError, StockfishNotFoundError):
+        raise
+    except Exception as exc:  # pragma: no cover - safety net; the fuzz tests assert it never fires
+        log.error("internal error scoring a policy completion: %r", exc)
+        return PolicyScore(total=GARBAGE, truth_source=source, errors=(f"internal error: {type(exc).__name__}: {exc}",))
+
+
+def _score_policy_inner(board, completion, truth, source, weights, pool) -> PolicyScore:
+    parse = tasks.parse_policy_completion(completion)
+    if parse.sections == 0:
+        return PolicyScore(total=GARBAGE, truth_source=source, errors=parse.errors)
+    fmt = _format_score(parse)
+    best_move = tasks.legal_move(board, parse.best) if parse.best else None
+    # M: candidates
+    legal_m = []
+    for m in parse.moves:
+        if tasks.legal_move(board, m) is not None and m not in legal_m:
+            legal_m.append(m)
+    moves_legal = len(legal_m) / len(parse.moves) if parse.moves else 0.0
+    truth_set = set(truth.moves)
+    overlap = len(truth_set.intersection(legal_m)) / len(truth.moves) if truth.moves else 0.0
+    true_eval = dict(zip(truth.moves, truth.evals))
+    pred_eval = parse.eval_map
+    accs = [1.0 - abs(pred_eval[m].win_prob() - true_eval[m].win_prob())
+            for m in legal_m if m in true_eval and m in pred_eval]
+    evals_acc = sum(accs) / len(accs) if accs else 0.0
+    if best_move is None:
+        total = ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * fmt
+        why = "B: missing" if parse.best is None else "B: is not a legal move"
+        return PolicyScore(total=total, format=fmt, moves_legal=moves_legal, moves_overlap=overlap,
+                           evals_accuracy=evals_acc, truth_source=source, errors=parse.errors + (why,))
+    b = parse.best
+    estimated = False
+    if b in true_eval:
+        move_eval = true_eval[b]
+        rank = truth.moves.index(b) + 1
+    else:
+        rank = None
+        move_eval, estimated = _unlisted_eval(board, b, truth, pool, weights)
+    best_eval = truth.evals[0] if truth.evals else None
+    if best_eval is None or move_eval is None:
+        quality, loss = 0.0, None
+    else:
+        loss = float(max(0, best_eval.to_cp() - move_eval.to_cp()))
+        quality = quality_from_cp(best_eval.to_cp(), move_eval.to_cp())
+    total = (weights.best_quality * quality + weights.format * fmt + weights.moves_legal * moves_legal
+             + weights.moves_overlap * overlap + weights.evals_accuracy * evals_acc)
+    return PolicyScore(total=min(1.0, max(0.0, total)), format=fmt, best_legal=1.0, best_quality=quality,
+                       cp_loss=loss, moves_legal=moves_legal, moves_overlap=overlap, evals_accuracy=evals_acc,
+                       best_rank=rank, truth_source=source, estimated=estimated, errors=parse.errors)
+
+
+def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
+                 weights: PolicyWeights | None = None, cache: bool = True) -> float:
+    """Policy reward in [-1, 1] (see the module docstring). Never raises because of the texts."""
+    try:
+        return _finite(score_policy_detailed(prompt, completion, truth=truth, engine=engine,
+                                             weights=weights, cache=cache).total)
+    except Exception as exc:
+        from .engine import EngineFailedError, StockfishNotFoundError
+
+        if isinstance(exc, (StockfishNotFoundError, EngineFailedError)):
+            raise  # the machine, not the text: a silent constant reward would be worse
+        log.error("internal error in score_policy: %r", exc)
+        return GARBAGE
+
+
+def _finite(x: float) -> float:
+    if not isinstance(x, float) or not math.isfinite(x):
+        return GARBAGE
+    return min(1.0, max(-1.0, x))
+
+
+# --------------------------------------------------------------------------------------------
+# Environment scoring
+# --------------------------------------------------------------------------------------------
+
+def _expand_placement(placement: str) -> list[str]:
+    """64 one-character squares (digits expanded to '.'); malformed ranks pad/cut to 8 with '?'."""
+    ranks = placement.split("/")
+    out = []
+    for r in range(8):
+        row = ""
+        if r < len(ranks):
+            for ch in ranks[r]:
+                row += "." * int(ch) if ch in "123456789" else ch
+        out.extend((row + "?" * 8)[:8])
+    return out
+
+
+def fen_field_credit(pred: str, truth: str) -> float:
+    """Partial credit in [0, 1]: placement (0.5, by matching squares), then 0.1 each for side to
+    move, castling, en passant, halfmove clock and fullmove number."""
+    p = pred.split(" ")
+    t = truth.split(" ")
+    if not p or not t:
+        return 0.0
+    tp = _expand_placement(t[0])
+    pp = _expand_placement(p[0])
+    placement = sum(a == b for a, b in zip(pp, tp)) / 64
+    if len(p[0].split("/")) != 8 or placement == 1.0 and p[0] != t[0]:
+        placement = min(placement, 63 / 64)  # malformed or differently spelled: never full credit
+    rest = sum(0.1 for k in range(1, 6) if k < len(p) and k < len(t) and p[k] == t[k])
+    if len(p) > 6:
+        rest = max(0.0, rest - 0.1)
+    return 0.5 * placement + rest
+
+
+def _env_truth_for(prompt_parse: tasks.EnvPromptParse, prompt: str, truth) -> tuple[EnvTruth | None, str]:
+    if truth is not None:
+        return truth, "given"
+    with _REGISTRY_LOCK:
+        t = _ENV_TRUTH.get(prompt)
+    if t is not None:
+        return t, "registered"
+    if not prompt_parse.ok:
+        return None, "none"
+    try:
+        tr = tasks.environment_step(prompt_parse.fen, prompt_parse.move, prompt_parse.history[:-1])
+    except ValueError:
+        return None, "none"
+    return EnvTruth(tr.new_fen, tr.reward, tr.terminated, tr.truncated), "replay"
+
+
+def score_environment_detailed(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
+                               cache: bool = True) -> EnvScore:
+    """Every component of the environment reward. Never raises."""
+    try:
+        weights = weights or DEFAULT_ENV_WEIGHTS
+        t = env_truth(truth) if truth is not None else None
+        if cache and isinstance(prompt, str) and isinstance(completion, str):
+            return _cached_env(prompt, completion, t, weights, _REGISTRY_VERSION[0])
+        return _env_uncached(prompt, completion, t, weights)
+    except Exception as exc:
+        log.error("internal error scoring an environment completion: %r", exc)
+        return EnvScore(total=GARBAGE, errors=(f"internal error: {type(exc).__name__}: {exc}",))
+
+
+@functools.lru_cache(maxsize=200_000)
+def _cached_env(prompt, completion, truth, weights, registry_version) -> EnvScore:
+    return _env_uncached(prompt, completion, truth, weights)
+
+
+def _env_uncached(prompt, completion, truth, weights) -> EnvScore:
+    pp = tasks.parse_env_prompt(prompt)
+    t, source = _env_truth_for(pp, prompt, truth)
+    if t is None:
+        return EnvScore(total=GARBAGE, errors=tuple(f"prompt: {e}" for e in pp.errors) or ("prompt: no truth",))
+    return _score_env(completion, t, source, weights)
+
+
+def _score_env(completion, t: EnvTruth, source: str, weights: EnvWeights) -> EnvScore:
+    parse = tasks.parse_env_completion(completion)
+    good = [parse.fen_valid, parse.reward is not None, parse.terminated is not None, parse.truncated is not None]
+    if not any(good):
+        return EnvScore(total=GARBAGE, truth_source=source, errors=parse.errors)
+    fmt = (sum(good) + (parse.fields == 4)) / 5
+    pred_fen = parse.new_fen or ""
+    exact = float(pred_fen == t.new_fen)
+    partial = 1.0 if exact else fen_field_credit(pred_fen, t.new_fen)
+    rew = float(parse.reward is not None and abs(parse.reward - t.reward) < 1e-9)
+    term = float(parse.terminated == t.terminated)
+    trunc = float(parse.truncated == t.truncated)
+    total = (weights.format * fmt + weights.fen_exact * exact + weights.fen_fields * partial
+             + weights.reward * rew + weights.terminated * term + weights.truncated * trunc)
+    return EnvScore(total=min(1.0, max(0.0, total)), format=fmt, fen_exact=exact, fen_fields=partial, reward=rew,
+                    terminated=term, truncated=trunc, truth_source=source, errors=parse.errors)
+
+
+def score_environment(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
+                      cache: bool = True) -> float:
+    """Environment reward in [-1, 1] (see the module docstring). Never raises."""
+    try:
+        return _finite(score_environment_detailed(prompt, completion, truth=truth, weights=weights, cache=cache).total)
+    except Exception as exc:  # pragma: no cover
+        log.error("internal error in score_environment: %r", exc)
+        return GARBAGE
+
+
+# --------------------------------------------------------------------------------------------
+# Dispatch, batches, cache
+# --------------------------------------------------------------------------------------------
+
+def score(prompt: str, completion: str, *, truth=None, **kwargs) -> float:
+    """score_policy or score_environment by the prompt's prefix; -1.0 for any other prompt."""
+    task = tasks.task_of(prompt)
+    if task == "P":
+        return score_policy(prompt, completion, truth=truth, **kwargs)
+    if task == "A":
+        kwargs.pop("engine", None)
+        return score_environment(prompt, completion, truth=truth, **kwargs)
+    return GARBAGE
+
+
+def score_batch(prompts: list[str], completions: list[str], truths: list | None = None, *,
+                engine="auto", prefetch: bool = True) -> list[float]:
+    """Scores for a batch. With `prefetch`, the engine analyses every position that needs one
+    first, on all pool processes in parallel, so the per-item scoring then hits the cache."""
+    if len(prompts) != len(completions) or (truths is not None and len(truths) != len(prompts)):
+        raise ValueError("score_batch: prompts, completions and truths must have the same length")
+    truths = truths or [None] * len(prompts)
+    if prefetch:
+        _prefetch(prompts, completions, truths, engine)
+    return [score(p, c, truth=t, engine=engine) for p, c, t in zip(prompts, completions, truths)]
+
+
+def _prefetch(prompts, completions, truths, engine) -> None:
+    pool = _resolve_engine(engine)
+    if pool is None:
+        return
+    from .engine import parse_limit_key
+
+    jobs = []  # (board, root move or None, limit)
+    for p, c, t in zip(prompts, completions, truths):
+        if tasks.task_of(p) != "P":
+            continue
+        pp = tasks.parse_policy_prompt(p)
+        if not pp.ok:
+            continue
+        board = chess.Board(pp.fen)
+        if not any(board.legal_moves):
+            continue
+        try:
+            tr = policy_truth(t) if t is not None else _POLICY_TRUTH.get(tasks.position_key(pp.fen))
+        except Exception:
+            continue
+        if tr is None:
+            jobs.append((pp.fen, None, None))
+            continue
+        cp = tasks.parse_policy_completion(c)
+        if cp.best and cp.best not in tr.moves and tasks.legal_move(board, cp.best) is not None:
+            jobs.append((pp.fen, cp.best, tr.limit))
+    if not jobs:
+        return
+    import concurrent.futures
+
+    def run(job):
+        fen, move, limit = job
+        try:
+            if move is None:
+                pool.analyse(fen)
+            else:
+                pool.analyse(fen, multipv=1, limit=parse_limit_key(limit), root_moves=[move])
+        except Exception as exc:
+            log.warning("prefetch failed for %s %s: %s", fen, move, exc)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=pool.size) as ex:
+        list(ex.map(run, dict.fromkeys(jobs)))
+
+
+def cache_info() -> dict:
+    """Hit/miss counts of the reward caches and of the shared engine-analysis cache."""
+    from .engine import SHARED_CACHE
+
+    return {"policy": _cached_policy.cache_info()._asdict(), "environment": _cached_env.cache_info()._asdict(),
+            "analysis": SHARED_CACHE.info()}
+
+
+def clear_cache(analyses: bool = False) -> None:
+    """Empty the reward caches (and the engine-analysis cache with `analyses=True`)."""
+    _cached_policy.cache_clear()
+    _cached_env.cache_clear()
+    if analyses:
+        from .engine import SHARED_CACHE
+
+        SHARED_CACHE.clear()
+
+
+__all__ = [
+    "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
+    "env_truth", "register_truth", "clear_truth", "registered_truth_counts", "PolicyScore", "EnvScore",
+    "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed", "score_environment",
+    "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache",
+]

@@ -1,0 +1,771 @@
+"""Chess task formats: the policy task ``P:`` and the environment task ``A:``.
+
+Policy (compact layout, the default)::
+
+    P: <FEN> M: <m1 m2 m3 m4 m5> E: <e1 e2 e3 e4 e5> B: <best>
+
+- moves in UCI, in Stockfish multipv order, best first *for the side to move*; fewer than five
+  when the position has fewer legal moves;
+- evals (see :class:`Eval`) are from the side to move's point of view;
+- prompt = ``P: <FEN>``; completion = `` M: ... B: <best>`` (then EOT, appended by the trainer).
+
+The original RookWorld layout pads each field to a fixed width (FEN 90, M 30, E 40 characters,
+left-justified) and shuffles the (move, eval) pairs, so ``B:`` is not always the first candidate::
+
+    P: <FEN padded to 90>M: <moves padded to 30>E: <evals padded to 40>B: <best>
+
+Its prompt keeps all but the last padding space: GPT-2's BPE attaches that space to the ``M``
+that follows, so cutting there keeps tokens(prompt) + tokens(completion) == tokens(text).
+
+Environment::
+
+    A: <FEN>+<uci>+<history>+<new FEN>+<reward>+<terminated>+<truncated>
+
+- history: the last moves in UCI (at most 10), space separated, the current move last;
+- prompt ends at the third ``+``; completion is ``<new FEN>+<reward>+<terminated>+<truncated>``;
+- reward: 0.001 legal and the game goes on, 1.0 the mover wins (checkmate), 0.5 draw
+  (stalemate, insufficient material, 75-move rule), -1.0 illegal or unparseable move (then new
+  FEN = old FEN, terminated = 0, truncated = 1);
+- termination is decided from the position alone: checkmate, stalemate, insufficient material and
+  the 75-move rule. Repetition draws are *not* part of the task, because ten moves of history do
+  not determine earlier positions (captures are invisible in UCI).
+
+Eval text (:func:`format_eval` / :func:`parse_eval`)::
+
+    0.35   -1.2   0.0     pawns, up to two decimals, side to move's point of view
+    M3                    the side to move mates in 3 (moves, as UCI "score mate 3")
+    -M2                   the side to move is mated in 2
+
+Builders raise ``ValueError`` on bad arguments (caller bugs). Parsers accept *any* string and never
+raise: they return a result whose ``errors`` name everything that is wrong and whose ``ok`` is
+True only for a well-formed input.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import random
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import chess
+
+EOT = "<|endoftext|>"
+POLICY_PREFIX = "P: "
+ENV_PREFIX = "A: "
+MAX_CANDIDATES = 5
+HISTORY_LEN = 10
+LAYOUTS = ("compact", "original")
+ORIGINAL_FEN_WIDTH = 90
+ORIGINAL_MOVES_WIDTH = 30
+ORIGINAL_EVALS_WIDTH = 40
+
+REWARD_LEGAL = 0.001
+REWARD_WIN = 1.0
+REWARD_DRAW = 0.5
+REWARD_ILLEGAL = -1.0
+ENV_REWARDS = (REWARD_LEGAL, REWARD_WIN, REWARD_DRAW, REWARD_ILLEGAL)
+_REWARD_TEXT = {REWARD_LEGAL: "0.001", REWARD_WIN: "1.0", REWARD_DRAW: "0.5", REWARD_ILLEGAL: "-1.0"}
+
+# Centipawn stand-in for a mate score: mate in n -> +-(MATE_CP - n). Larger than any Stockfish
+# centipawn score (|cp| < 32000 * 100 / 208), so every mate ranks above every material eval.
+MATE_CP = 100_000
+MAX_PAWNS = 500.0  # |eval| <= 500 pawns (= MATE_CP // 2 centipawns)
+# Lichess's win-probability model: W(cp) = 1 / (1 + exp(-0.00368208 cp)).
+WIN_PROB_SLOPE = 0.00368208
+
+UCI_RE = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
+_PAWNS_RE = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{1,4})?|\.\d{1,4})")
+_MATE_RE = re.compile(r"([+-]?)[M#]([1-9]\d{0,2})")
+_WS = re.compile(r"\s+")
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+
+def is_uci_syntax(text: str) -> bool:
+    """True for a well-formed UCI move string (``e2e4``, ``e7e8q``); says nothing of legality."""
+    return isinstance(text, str) and UCI_RE.fullmatch(text) is not None
+
+
+def fen_error(fen: str) -> str | None:
+    """Why `fen` is not a usable standard-chess position, or None when it is.
+
+    Accepts the standard FEN (en-passant square after every double push) and python-chess's
+    default (only when a capture is possible); rejects non-canonical spellings such as ``44``.
+    """
+    if not isinstance(fen, str):
+        return f"FEN must be a string, got {type(fen).__name__}"
+    return _fen_error(fen)
+
+
+def _fen_error(fen: str) -> str | None:
+    return _checked_board(fen)[1]
+
+
+def checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
+    """(board, None) for a usable FEN, else (None, why): one parse for both. Never raises.
+    The board is the caller's own copy."""
+    if not isinstance(fen, str):
+        return None, f"FEN must be a string, got {type(fen).__name__}"
+    board, err = _checked_board(fen)
+    return (board.copy(stack=False) if board is not None else None), err
+
+
+@functools.lru_cache(maxsize=8192)
+def _checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
+    if not fen.strip():
+        return None, "FEN is empty"
+    if fen != fen.strip() or "  " in fen:
+        return None, "FEN has stray whitespace"
+    if len(fen.split(" ")) != 6:
+        return None, f"FEN must have 6 space-separated fields, has {len(fen.split(' '))}"
+    try:
+        board = chess.Board(fen)
+    except ValueError as exc:
+        return None, f"FEN does not parse: {exc}"
+    if board.fen(en_passant="fen") != fen:
+        return None, "FEN is not in canonical form"
+    status = board.status()
+    if status != chess.STATUS_VALID:
+        return None, f"FEN is not a legal chess position (status {status!r})"
+    return board, None
+
+
+def legal_move(board: chess.Board, text: str) -> chess.Move | None:
+    """The legal move spelled `text` in UCI, or None (bad syntax or illegal). Never raises.
+
+    Legality is `board.is_legal`, never `board.push` (which accepts illegal moves).
+    """
+    if not is_uci_syntax(text):
+        return None
+    try:
+        move = chess.Move.from_uci(text)
+    except ValueError:
+        return None
+    return move if board.is_legal(move) else None
+
+
+def canonical_fen(board: chess.Board) -> str:
+    """The FEN the tasks use: the standard form, which records the en-passant target square after
+    every double pawn push (as the FEN standard, Stockfish and the original RookWorld data do),
+    not only when a capture is possible (python-chess's default)."""
+    return board.fen(en_passant="fen")
+
+
+def position_key(fen: str) -> str:
+    """The FEN's first four fields (placement, turn, castling, en passant): a position, not a clock."""
+    return " ".join(fen.split(" ")[:4])
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluations
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Eval:
+    """An evaluation from the side to move's point of view: centipawns or mate in n moves."""
+
+    cp: int | None = None  # centipawns; None for a mate score
+    mate: int | None = None  # moves to mate: > 0 the side to move mates, < 0 it is mated
+
+    def __post_init__(self):
+        if (self.cp is None) == (self.mate is None):
+            raise ValueError("Eval needs exactly one of cp or mate")
+        if self.mate is not None and self.mate == 0:
+            raise ValueError("Eval mate must be non-zero (a mated position has no candidate moves)")
+        if self.cp is not None and abs(self.cp) > MATE_CP // 2:
+            raise ValueError(f"Eval cp {self.cp} out of range")
+
+    @classmethod
+    def from_score(cls, score) -> Eval:
+        """From a python-chess `Score` already seen from the side to move (`PovScore.relative`)."""
+        mate = score.mate()
+        if mate is not None:
+            if mate == 0:  # "mate 0": the side to move is mated; not a candidate-move eval
+                mate = -1
+            return cls(mate=mate)
+        cp = score.score()
+        return cls(cp=max(-MATE_CP // 2, min(MATE_CP // 2, int(cp))))
+
+    def to_text(self) -> str:
+        return format_eval(self)
+
+    def to_cp(self) -> int:
+        """Centipawns with mates mapped to +-(MATE_CP - n): monotone in how good the position is."""
+        if self.mate is not None:
+            return (MATE_CP - abs(self.mate)) * (1 if self.mate > 0 else -1)
+        return self.cp
+
+    def win_prob(self) -> float:
+        """Expected score in [0, 1] for the side to move (Lichess's logistic model)."""
+        return win_prob(self.to_cp())
+
+    def __str__(self) -> str:
+        return format_eval(self)
+
+
+def win_prob(cp: float) -> float:
+    """Lichess's logistic win-probability model in [0, 1] for a centipawn score."""
+    x = max(-50.0, min(50.0, WIN_PROB_SLOPE * float(cp)))
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def format_eval(e: Eval) -> str:
+    """``0.35``, ``-1.2``, ``0.0`` (pawns, at most 2 decimals), ``M3`` or ``-M2``."""
+    if e.mate is not None:
+        return f"M{e.mate}" if e.mate > 0 else f"-M{-e.mate}"
+    text = f"{e.cp / 100:.2f}"
+    if "." in text:
+        text = text.rstrip("0")
+        if text.endswith("."):
+            text += "0"
+    return "0.0" if text in ("-0.0", "+0.0") else text
+
+
+def parse_eval(text: str) -> Eval | None:
+    """The Eval spelled by `text`, or None. Accepts the :func:`format_eval` forms (and ``#3``)."""
+    if not isinstance(text, str) or len(text) > 12:
+        return None
+    return _parse_eval(text)
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse_eval(text: str) -> Eval | None:
+    m = _MATE_RE.fullmatch(text)
+    if m:
+        n = int(m.group(2))
+        return Eval(mate=-n if m.group(1) == "-" else n)
+    if _PAWNS_RE.fullmatch(text):
+        value = float(text)
+        if not math.isfinite(value) or abs(value) > MAX_PAWNS:
+            return None
+        return Eval(cp=int(round(value * 100)))
+    return None
+
+
+def _as_eval(e: Eval | str) -> Eval:
+    if isinstance(e, Eval):
+        return e
+    parsed = parse_eval(e)
+    if parsed is None:
+        raise ValueError(f"not an eval: {e!r}")
+    return parsed
+
+
+# --------------------------------------------------------------------------------------------
+# Policy task: builders
+# --------------------------------------------------------------------------------------------
+
+def policy_prompt(fen: str, layout: str = "compact") -> str:
+    """``P: <FEN>`` (compact) or the fixed-width original prompt (FEN padded to 90, minus one space)."""
+    _check_layout(layout)
+    err = fen_error(fen)
+    if err:
+        raise ValueError(f"policy_prompt: {err}: {fen!r}")
+    if layout == "compact":
+        return POLICY_PREFIX + fen
+    width = max(ORIGINAL_FEN_WIDTH, len(fen) + 1)
+    return POLICY_PREFIX + fen.ljust(width)[:-1]
+
+
+def _shuffle_seed(moves: Sequence[str]) -> int:
+    return int.from_bytes(hashlib.sha256(" ".join(moves).encode()).digest()[:8], "little")
+
+
+def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: str,
+                      layout: str = "compact", *, shuffle_seed: int | None = None) -> str:
+    """`` M: ... E: ... B: <best>`` (no EOT). The original layout shuffles (move, eval) pairs with
+    `shuffle_seed` (default: derived from the moves, so the same sample always renders the same)."""
+    _check_layout(layout)
+    moves, evals = list(moves), [_as_eval(e) for e in evals]
+    if not 1 <= len(moves) <= MAX_CANDIDATES:
+        raise ValueError(f"policy_completion: need 1..{MAX_CANDIDATES} moves, got {len(moves)}")
+    if len(evals) != len(moves):
+        raise ValueError(f"policy_completion: {len(moves)} moves but {len(evals)} evals")
+    for m in [*moves, best]:
+        if not is_uci_syntax(m):
+            raise ValueError(f"policy_completion: {m!r} is not a UCI move")
+    if len(set(moves)) != len(moves):
+        raise ValueError(f"policy_completion: duplicate moves {moves}")
+    if best not in moves:
+        raise ValueError(f"policy_completion: best move {best!r} is not among the candidates {moves}")
+    texts = [format_eval(e) for e in evals]
+    if layout == "compact":
+        return f" M: {' '.join(moves)} E: {' '.join(texts)} B: {best}"
+    pairs = list(zip(moves, texts))
+    random.Random(_shuffle_seed(moves) if shuffle_seed is None else shuffle_seed).shuffle(pairs)
+    m_field = " ".join(p[0] for p in pairs)
+    e_field = " ".join(p[1] for p in pairs)
+    m_field = m_field.ljust(max(ORIGINAL_MOVES_WIDTH, len(m_field) + 1))
+    e_field = e_field.ljust(max(ORIGINAL_EVALS_WIDTH, len(e_field) + 1))
+    return f" M: {m_field}E: {e_field}B: {best}"
+
+
+def policy_text(fen: str, moves: Sequence[str], evals: Sequence[Eval | str], best: str,
+                layout: str = "compact", *, shuffle_seed: int | None = None) -> tuple[str, str]:
+    """(prompt, completion) for one policy sample."""
+    return policy_prompt(fen, layout), policy_completion(moves, evals, best, layout, shuffle_seed=shuffle_seed)
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Policy task: parsers
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicyParse:
+    """What a policy completion (or full sample) says, and what is wrong with it.
+
+    `moves` holds every whitespace-separated token of the ``M:`` field as written; `evals` one
+    entry per token of the ``E:`` field (None where it does not parse); `best` the ``B:`` token.
+    `sections` is how many of the three markers M:/E:/B: were found in order.
+    """
+
+    fen: str | None = None
+    moves: tuple[str, ...] = ()
+    evals: tuple[Eval | None, ...] = ()
+    best: str | None = None
+    layout: str = "unknown"  # compact | original | unknown
+    sections: int = 0
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def eval_map(self) -> dict[str, Eval]:
+        """move -> eval for the well-formed (move, eval) pairs."""
+        if len(self.moves) != len(self.evals):
+            return {}
+        return {m: e for m, e in zip(self.moves, self.evals) if e is not None and is_uci_syntax(m)}
+
+
+_MARKERS = ("M:", "E:", "B:")
+
+
+def _find_marker(text: str, marker: str, start: int) -> int:
+    """Index of `marker` at or after `start`, at the start or after whitespace; -1 if absent."""
+    i = text.find(marker, start)
+    while i != -1:
+        if i == 0 or text[i - 1].isspace():
+            return i
+        i = text.find(marker, i + 1)
+    return -1
+
+
+def _detect_layout(completion: str) -> str:
+    if re.fullmatch(r" M: \S+(?: \S+)* E: \S+(?: \S+)* B: \S+", completion):
+        return "compact"
+    m = re.fullmatch(r" M: (.*?)E: (.*?)B: \S+", completion, flags=re.S)
+    if m and len(m.group(1)) >= ORIGINAL_MOVES_WIDTH and len(m.group(2)) >= ORIGINAL_EVALS_WIDTH \
+            and m.group(1).endswith(" ") and m.group(2).endswith(" "):
+        return "original"
+    return "unknown"
+
+
+def parse_policy_completion(completion: str) -> PolicyParse:
+    """Parse `` M: ... E: ... B: <move>`` (either layout; one trailing EOT allowed). Never raises."""
+    try:
+        return _parse_policy_completion(completion)
+    except Exception as exc:  # pragma: no cover - a safety net; tests assert it never fires
+        return PolicyParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+
+
+def _parse_policy_completion(completion) -> PolicyParse:
+    if not isinstance(completion, str):
+        return PolicyParse(errors=(f"completion must be a string, got {type(completion).__name__}",))
+    errors: list[str] = []
+    text = completion
+    eot = text.find(EOT)
+    if eot != -1:
+        if text[eot + len(EOT):].strip():
+            errors.append("text after <|endoftext|>")
+        text = text[:eot]
+    # locate the markers in order; a missing one is reported and the rest still parsed
+    pos, found = 0, {}
+    for marker in _MARKERS:
+        i = _find_marker(text, marker, pos)
+        if i == -1:
+            errors.append(f"missing {marker}")
+            continue
+        found[marker] = i
+        pos = i + len(marker)
+    if not found:
+        return PolicyParse(errors=tuple(errors) or ("no M:/E:/B: fields",), sections=0)
+    order = sorted(found.items(), key=lambda kv: kv[1])
+    head = text[: order[0][1]]
+    if head.strip():
+        errors.append(f"unexpected text before {order[0][0]} {head.strip()[:20]!r}")
+    bodies = {}
+    for k, (marker, start) in enumerate(order):
+        end = order[k + 1][1] if k + 1 < len(order) else len(text)
+        bodies[marker] = text[start + len(marker): end]
+
+    moves: tuple[str, ...] = ()
+    if "M:" in bodies:
+        moves = tuple(bodies["M:"].split())
+        if not moves:
+            errors.append("M: is empty")
+        elif len(moves) > MAX_CANDIDATES:
+            errors.append(f"M: has {len(moves)} moves, at most {MAX_CANDIDATES} allowed")
+        bad = [m for m in moves if not is_uci_syntax(m)]
+        if bad:
+            errors.append(f"M: not UCI: {' '.join(b[:12] for b in bad[:3])}")
+        if len(set(moves)) != len(moves):
+            errors.append("M: repeats a move")
+    evals: tuple[Eval | None, ...] = ()
+    if "E:" in bodies:
+        tokens = bodies["E:"].split()
+        evals = tuple(parse_eval(t) for t in tokens)
+        if not tokens:
+            errors.append("E: is empty")
+        bad = [t for t, e in zip(tokens, evals) if e is None]
+        if bad:
+            errors.append(f"E: not an eval: {' '.join(b[:12] for b in bad[:3])}")
+        if "M:" in bodies and len(tokens) != len(moves):
+            errors.append(f"E: has {len(tokens)} evals for {len(moves)} moves")
+    best = None
+    if "B:" in bodies:
+        tokens = bodies["B:"].split()
+        if not tokens:
+            errors.append("B: is empty")
+        else:
+            best = tokens[0]
+            if len(tokens) > 1:
+                errors.append("unexpected text after B: move")
+            if not is_uci_syntax(best):
+                errors.append(f"B: not UCI: {best[:12]!r}")
+            elif moves and best not in moves:
+                errors.append("B: move is not among the M: candidates")
+    layout = _detect_layout(text) if not errors else "unknown"
+    return PolicyParse(moves=moves, evals=evals, best=best, layout=layout, sections=len(found),
+                       errors=tuple(errors))
+
+
+@dataclass(frozen=True)
+class PromptParse:
+    """A parsed ``P: <FEN>`` prompt: the FEN (None if absent) and the board when valid."""
+
+    fen: str | None = None
+    layout: str = "unknown"
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def board(self) -> chess.Board | None:
+        return chess.Board(self.fen) if self.ok and self.fen else None
+
+
+def parse_policy_prompt(prompt: str) -> PromptParse:
+    """Parse ``P: <FEN>`` in either layout. Never raises."""
+    try:
+        if not isinstance(prompt, str):
+            return PromptParse(errors=(f"prompt must be a string, got {type(prompt).__name__}",))
+        if not prompt.startswith(POLICY_PREFIX):
+            return PromptParse(errors=(f"prompt does not start with {POLICY_PREFIX!r}",))
+        body = prompt[len(POLICY_PREFIX):]
+        fen = body.rstrip(" ")
+        layout = "compact" if fen == body else "original"
+        err = fen_error(fen)
+        return PromptParse(fen=fen, layout=layout, errors=(err,) if err else ())
+    except Exception as exc:  # pragma: no cover
+        return PromptParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+
+
+def split_policy_text(text: str) -> tuple[str, str] | None:
+    """Cut a full policy sample into (prompt, completion) at the space before ``M:``; None if absent."""
+    if not isinstance(text, str) or not text.startswith(POLICY_PREFIX):
+        return None
+    i = _find_marker(text, "M:", len(POLICY_PREFIX))
+    if i <= len(POLICY_PREFIX):
+        return None
+    return text[: i - 1], text[i - 1:]
+
+
+def parse_policy(text: str) -> PolicyParse:
+    """Parse a full policy sample (prompt + completion). Never raises."""
+    try:
+        if not isinstance(text, str):
+            return PolicyParse(errors=(f"sample must be a string, got {type(text).__name__}",))
+        parts = split_policy_text(text)
+        if parts is None:
+            return PolicyParse(errors=("not a policy sample: expected 'P: <FEN> M: ...'",))
+        prompt, completion = parts
+        pp = parse_policy_prompt(prompt)
+        cp = parse_policy_completion(completion)
+        errors = tuple(f"prompt: {e}" for e in pp.errors) + cp.errors
+        layout = cp.layout if pp.layout == cp.layout else "unknown"
+        return PolicyParse(fen=pp.fen, moves=cp.moves, evals=cp.evals, best=cp.best, layout=layout,
+                           sections=cp.sections, errors=errors)
+    except Exception as exc:  # pragma: no cover
+        return PolicyParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+
+
+# --------------------------------------------------------------------------------------------
+# Environment task
+# --------------------------------------------------------------------------------------------
+
+def format_reward(reward: float) -> str:
+    """``0.001``, ``1.0``, ``0.5``, ``-1.0`` (the four environment rewards); others as ``%g``."""
+    for value, text in _REWARD_TEXT.items():
+        if reward == value:
+            return text
+    return f"{reward:g}"
+
+
+def make_history(previous_moves: Iterable[str], move: str) -> tuple[str, ...]:
+    """The history field: the last HISTORY_LEN moves, ending with the current move."""
+    return (*tuple(previous_moves), move)[-HISTORY_LEN:]
+
+
+def _check_env_move_text(text: str, what: str) -> None:
+    if not isinstance(text, str) or not text or "+" in text or any(c.isspace() for c in text):
+        raise ValueError(f"{what} must be a non-empty string without '+' or whitespace, got {text!r}")
+
+
+def env_prompt(fen: str, move: str, history: Sequence[str]) -> str:
+    """``A: <FEN>+<move>+<history>+``; `history` is the full field, ending with `move`."""
+    err = fen_error(fen)
+    if err:
+        raise ValueError(f"env_prompt: {err}: {fen!r}")
+    _check_env_move_text(move, "env_prompt: move")
+    history = list(history)
+    if not history or history[-1] != move:
+        raise ValueError(f"env_prompt: history must end with the current move {move!r}, got {history}")
+    if len(history) > HISTORY_LEN:
+        raise ValueError(f"env_prompt: history has {len(history)} moves, at most {HISTORY_LEN}")
+    for h in history:
+        _check_env_move_text(h, "env_prompt: history entry")
+    return f"{ENV_PREFIX}{fen}+{move}+{' '.join(history)}+"
+
+
+def env_completion(new_fen: str, reward: float, terminated: int | bool, truncated: int | bool) -> str:
+    """``<new FEN>+<reward>+<terminated>+<truncated>`` (no EOT)."""
+    err = fen_error(new_fen)
+    if err:
+        raise ValueError(f"env_completion: {err}: {new_fen!r}")
+    if reward not in ENV_REWARDS:
+        raise ValueError(f"env_completion: reward must be one of {ENV_REWARDS}, got {reward!r}")
+    return f"{new_fen}+{format_reward(reward)}+{int(bool(terminated))}+{int(bool(truncated))}"
+
+
+@dataclass(frozen=True)
+class EnvTransition:
+    """One environment step, as python-chess computes it: the ground truth of an ``A:`` sample."""
+
+    fen: str
+    move: str
+    history: tuple[str, ...]
+    new_fen: str
+    reward: float
+    terminated: int
+    truncated: int
+    kind: str  # legal | illegal | unparseable
+    termination: str | None = None  # checkmate | stalemate | insufficient_material | seventyfive_moves
+
+    @property
+    def prompt(self) -> str:
+        return env_prompt(self.fen, self.move, self.history)
+
+    @property
+    def completion(self) -> str:
+        return env_completion(self.new_fen, self.reward, self.terminated, self.truncated)
+
+
+def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) -> EnvTransition:
+    """The reference transition: apply `move` (UCI text) to `fen` with a real legality check.
+
+    Raises ValueError only for a bad `fen` or a `move` that cannot be written in the format
+    (contains '+' or whitespace, or is empty); a move that is merely wrong is a transition too.
+    """
+    err = fen_error(fen)
+    if err:
+        raise ValueError(f"environment_step: {err}: {fen!r}")
+    _check_env_move_text(move, "environment_step: move")
+    history = make_history(previous_moves, move)
+    board = chess.Board(fen)
+    if not is_uci_syntax(move):
+        return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, "unparseable")
+    mv = chess.Move.from_uci(move)
+    if not board.is_legal(mv):
+        return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, "illegal")
+    board.push(mv)
+    new_fen = canonical_fen(board)
+    outcome = board.outcome(claim_draw=False)
+    if outcome is None:
+        return EnvTransition(fen, move, history, new_fen, REWARD_LEGAL, 0, 0, "legal")
+    termination = outcome.termination.name.lower()
+    reward = REWARD_WIN if outcome.winner is not None else REWARD_DRAW
+    return EnvTransition(fen, move, history, new_fen, reward, 1, 0, "legal", termination)
+
+
+@dataclass(frozen=True)
+class EnvPromptParse:
+    """A parsed ``A: <FEN>+<move>+<history>+`` prompt."""
+
+    fen: str | None = None
+    move: str | None = None
+    history: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def parse_env_prompt(prompt: str) -> EnvPromptParse:
+    """Parse an environment prompt. Never raises."""
+    try:
+        if not isinstance(prompt, str):
+            return EnvPromptParse(errors=(f"prompt must be a string, got {type(prompt).__name__}",))
+        if not prompt.startswith(ENV_PREFIX):
+            return EnvPromptParse(errors=(f"prompt does not start with {ENV_PREFIX!r}",))
+        parts = prompt[len(ENV_PREFIX):].split("+")
+        if len(parts) != 4 or parts[3] != "":
+            return EnvPromptParse(errors=("prompt must be 'A: <FEN>+<move>+<history>+'",))
+        fen, move, hist = parts[:3]
+        errors = []
+        err = fen_error(fen)
+        if err:
+            errors.append(err)
+        if not move or any(c.isspace() for c in move):
+            errors.append("move field is empty or has whitespace")
+        history = tuple(hist.split(" ")) if hist else ()
+        if not history or history[-1] != move:
+            errors.append("history does not end with the current move")
+        if len(history) > HISTORY_LEN:
+            errors.append(f"history has {len(history)} moves, at most {HISTORY_LEN}")
+        if hist != hist.strip() or "  " in hist:
+            errors.append("history has stray whitespace")
+        return EnvPromptParse(fen=fen if not err else None, move=move, history=history, errors=tuple(errors))
+    except Exception as exc:  # pragma: no cover
+        return EnvPromptParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+
+
+@dataclass(frozen=True)
+class EnvParse:
+    """A parsed environment completion. Fields are None where they are missing or malformed;
+    `new_fen` is the text as written (checked separately against the FEN grammar)."""
+
+    new_fen: str | None = None
+    reward: float | None = None
+    terminated: int | None = None
+    truncated: int | None = None
+    fields: int = 0  # how many '+'-separated fields were present
+    fen_valid: bool = False
+    errors: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+_FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def parse_env_completion(completion: str) -> EnvParse:
+    """Parse ``<new FEN>+<reward>+<terminated>+<truncated>`` (a trailing ``+`` and one EOT are
+    allowed, as in the original RookWorld data). Never raises."""
+    try:
+        return _parse_env_completion(completion)
+    except Exception as exc:  # pragma: no cover
+        return EnvParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+
+
+def _parse_env_completion(completion) -> EnvParse:
+    if not isinstance(completion, str):
+        return EnvParse(errors=(f"completion must be a string, got {type(completion).__name__}",))
+    errors: list[str] = []
+    text = completion
+    eot = text.find(EOT)
+    if eot != -1:
+        if text[eot + len(EOT):].strip():
+            errors.append("text after <|endoftext|>")
+        text = text[:eot]
+    if text.endswith("+"):
+        text = text[:-1]
+    parts = text.split("+")
+    if len(parts) != 4:
+        errors.append(f"expected 4 '+'-separated fields, found {len(parts)}")
+    new_fen = parts[0] if parts and parts[0] else None
+    fen_valid = False
+    if new_fen is None:
+        errors.append("new FEN is empty")
+    else:
+        err = fen_error(new_fen)
+        fen_valid = err is None
+        if err:
+            errors.append(f"new FEN: {err}")
+    reward = None
+    if len(parts) > 1:
+        if _FLOAT_RE.fullmatch(parts[1]) and len(parts[1]) <= 16:
+            reward = float(parts[1])
+            if not math.isfinite(reward):
+                reward = None
+        if reward is None:
+            errors.append(f"reward is not a number: {parts[1][:16]!r}")
+    flags = []
+    for k, name in ((2, "terminated"), (3, "truncated")):
+        value = None
+        if len(parts) > k:
+            if parts[k] in ("0", "1"):
+                value = int(parts[k])
+            else:
+                errors.append(f"{name} is not 0/1: {parts[k][:16]!r}")
+        flags.append(value)
+    return EnvParse(new_fen=new_fen, reward=reward, terminated=flags[0], truncated=flags[1],
+                    fields=len(parts), fen_valid=fen_valid, errors=tuple(errors))
+
+
+def split_env_text(text: str) -> tuple[str, str] | None:
+    """Cut a full environment sample at its third ``+``; None when it has fewer."""
+    if not isinstance(text, str) or not text.startswith(ENV_PREFIX):
+        return None
+    cut = -1
+    for _ in range(3):
+        cut = text.find("+", cut + 1)
+        if cut == -1:
+            return None
+    return text[: cut + 1], text[cut + 1:]
+
+
+def split_text(text: str) -> tuple[str, str] | None:
+    """(prompt, completion) for a full ``P:`` or ``A:`` sample, or None if it is neither."""
+    if isinstance(text, str) and text.startswith(POLICY_PREFIX):
+        return split_policy_text(text)
+    return split_env_text(text)
+
+
+def task_of(prompt: str) -> str | None:
+    """'P' or 'A' from a prompt's prefix; None for anything else."""
+    if isinstance(prompt, str):
+        if prompt.startswith(POLICY_PREFIX):
+            return "P"
+        if prompt.startswith(ENV_PREFIX):
+            return "A"
+    return None
+
+
+__all__ = [
+    "EOT", "POLICY_PREFIX", "ENV_PREFIX", "MAX_CANDIDATES", "HISTORY_LEN", "LAYOUTS",
+    "REWARD_LEGAL", "REWARD_WIN", "REWARD_DRAW", "REWARD_ILLEGAL", "ENV_REWARDS", "MATE_CP",
+    "Eval", "format_eval", "parse_eval", "win_prob", "is_uci_syntax", "fen_error",
+    "legal_move", "canonical_fen", "position_key", "checked_board",
+    "policy_prompt", "policy_completion", "policy_text", "PolicyParse", "PromptParse",
+    "parse_policy_completion", "parse_policy_prompt", "parse_policy", "split_policy_text",
+    "format_reward", "make_history", "env_prompt", "env_completion", "EnvTransition", "environment_step",
+    "EnvPromptParse", "parse_env_prompt", "EnvParse", "parse_env_completion", "split_env_text",
+    "split_text", "task_of",
+]

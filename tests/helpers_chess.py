@@ -1,0 +1,84 @@
+"""Shared helpers for the chess tests: seeded positions, shipped-data access, string mutations."""
+
+from __future__ import annotations
+
+import random
+
+import chess
+import pytest
+
+from rookworld_lib import data, tasks
+from rookworld_lib.engine import stockfish_available
+
+needs_stockfish = pytest.mark.skipif(not stockfish_available(), reason="Stockfish is not installed")
+
+
+def random_positions(n: int, seed: int = 0, max_plies: int = 80) -> list[chess.Board]:
+    """`n` positions (with legal moves) from seeded random games."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        board = chess.Board()
+        for _ in range(rng.randint(0, max_plies)):
+            moves = list(board.legal_moves)
+            if not moves:
+                break
+            board.push(rng.choice(moves))
+        if any(board.legal_moves):
+            out.append(board.copy(stack=False))
+    return out
+
+
+def shipped(task: str, split: str) -> list[dict]:
+    """Records of a shipped data file (skips the test when the file is absent)."""
+    path = data.data_file(task, split)
+    if not path.exists():
+        pytest.skip(f"{path} is not generated")
+    return data.load_jsonl(path, task=task).records
+
+
+def mutate(text: str, rng: random.Random, edits: int = 1) -> str:
+    """`edits` random character edits (replace / insert / delete / swap) of `text`."""
+    alphabet = "abcdefgh12345678qrbnkpPNBRQK/ -+.M:E0 \n"
+    chars = list(text)
+    for _ in range(edits):
+        op = rng.choice("ridS")
+        i = rng.randrange(len(chars) + 1)
+        if op == "r" and chars:
+            chars[min(i, len(chars) - 1)] = rng.choice(alphabet)
+        elif op == "i":
+            chars.insert(i, rng.choice(alphabet))
+        elif op == "d" and chars:
+            del chars[min(i, len(chars) - 1)]
+        elif op == "S" and len(chars) > 1:
+            j = min(i, len(chars) - 2)
+            chars[j], chars[j + 1] = chars[j + 1], chars[j]
+    return "".join(chars)
+
+
+def corrupt_one_char(fen: str, rng: random.Random) -> str:
+    """`fen` with exactly one character changed (never into the same text)."""
+    alphabet = "pnbrqkPNBRQK12345678/wb-"
+    while True:
+        i = rng.randrange(len(fen))
+        c = rng.choice(alphabet)
+        if c != fen[i]:
+            out = fen[:i] + c + fen[i + 1:]
+            if out != fen and "+" not in out:
+                return out
+
+
+def policy_completion_for(rec: dict, best: str) -> str:
+    """The record's true M:/E: fields with `best` in B: (the move under test)."""
+    return f" M: {' '.join(rec['moves'])} E: {' '.join(rec['evals'])} B: {best}"
+
+
+def a_legal_position_with(tag: str, records: list[dict]) -> dict:
+    for r in records:
+        if tag in r["tags"]:
+            return r
+    pytest.fail(f"no record tagged {tag!r}")
+
+
+__all__ = ["needs_stockfish", "random_positions", "shipped", "mutate", "corrupt_one_char", "policy_completion_for",
+           "a_legal_position_with", "tasks"]

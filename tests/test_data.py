@@ -1,0 +1,375 @@
+"""Shipped data: validity, splits, coverage, the label audit; the loader; resumable generation."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import chess
+import chess.engine
+import pytest
+from helpers_chess import needs_stockfish, random_positions, shipped
+
+from rookworld_lib import data, tasks
+from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key, wait_gone
+from rookworld_lib.paths import DATA_DIR, REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def ship():
+    """Every shipped file, loaded (and so validated line by line)."""
+    out = {}
+    for task in ("P", "A"):
+        for split in data.SPLITS:
+            out[(task, split)] = shipped(task, split)
+    path = data.data_file("M1")
+    if not path.exists():
+        pytest.skip("mate-in-one set not generated")
+    out["M1"] = data.load_mate_in_one().records
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# The shipped data set
+# ------------------------------------------------------------------------------------------
+
+def test_sizes_fit_the_cpu_profile(ship):
+    assert len(ship[("P", "train")]) >= 3000 and len(ship[("A", "train")]) >= 3000
+    for split in ("val", "test"):
+        assert len(ship[("P", split)]) >= 200 and len(ship[("A", split)]) >= 200
+    assert len(ship["M1"]) >= 150
+    total = sum(p.stat().st_size for p in DATA_DIR.glob("*.jsonl"))
+    assert total < 10 * 2**20  # "a few MB"
+
+
+def test_no_position_crosses_splits_and_no_duplicates(ship):
+    owners = {}
+    for split in data.SPLITS:
+        keys = {tasks.position_key(r["fen"]) for task in ("P", "A") for r in ship[(task, split)]}
+        for k in keys:
+            assert owners.setdefault(k, split) == split, f"position {k} is in {owners[k]} and {split}"
+        p_keys = [tasks.position_key(r["fen"]) for r in ship[("P", split)]]
+        assert len(p_keys) == len(set(p_keys)), f"duplicate P: position in {split}"
+        a_keys = [(tasks.position_key(r["fen"]), r["move"]) for r in ship[("A", split)]]
+        assert len(a_keys) == len(set(a_keys)), f"duplicate A: sample in {split}"
+        games = {r["game"] for task in ("P", "A") for r in ship[(task, split)]}
+        assert all(data.split_of_game(g) == split for g in games)
+    train_keys = {k for k, s in owners.items() if s == "train"}
+    assert not {tasks.position_key(r["fen"]) for r in ship["M1"]} & train_keys
+
+
+def test_coverage_of_colours_and_special_positions(ship):
+    policy, env = ship[("P", "train")], ship[("A", "train")]
+    for recs in (policy, env):
+        black = sum(" b " in r["fen"] for r in recs) / len(recs)
+        assert 0.4 < black < 0.6
+    tags = Counter(t for r in policy for t in r["tags"])
+    for tag in ("check", "castling", "en_passant", "promotion", "mate"):
+        assert tags[tag] >= 20, tags
+    # both colours have mate-scored positions, and both colours promote
+    assert {r["fen"].split()[1] for r in policy if "mate" in r["tags"]} == {"w", "b"}
+    assert {r["fen"].split()[1] for r in policy if "promotion" in r["tags"]} == {"w", "b"}
+    all_env = [r for s in data.SPLITS for r in ship[("A", s)]]
+    terms = Counter(r["termination"] for r in all_env)
+    for t in ("checkmate", "stalemate", "insufficient_material"):
+        assert terms[t] >= 3, terms
+    kinds = Counter(r["kind"] for r in env)
+    assert kinds["illegal"] / len(env) >= 0.04 and kinds["unparseable"] / len(env) >= 0.04
+    mtags = Counter(t for r in env for t in r["tags"])
+    for tag in ("castling", "en_passant", "promotion", "check", "capture"):
+        assert mtags[tag] >= 5, mtags
+    assert Counter(r["source"] for r in policy).keys() == set(data.GAME_KINDS)
+
+
+def test_policy_labels_are_best_first_for_the_side_to_move(ship):
+    """The cheap whole-data audit: B: = moves[0] and evals never rise down the list, for both
+    colours (the reversed-for-black bug would break this on every black position)."""
+    for split in data.SPLITS:
+        for r in ship[("P", split)]:
+            cps = [tasks.parse_eval(e).to_cp() for e in r["evals"]]
+            assert r["best"] == r["moves"][0]
+            assert cps == sorted(cps, reverse=True), r["id"]
+            assert len(r["moves"]) == min(5, r["n_legal"]), r["id"]
+
+
+@needs_stockfish
+def test_label_audit_reanalysis_matches_for_both_colours(ship):
+    """Re-run Stockfish at the recorded settings on a seeded sample (half white, half black to
+    move): the top move is B:, and the whole candidate list and evals are reproduced."""
+    recs = ship[("P", "train")] + ship[("P", "val")] + ship[("P", "test")]
+    rng = random.Random(2026)
+    white = rng.sample([r for r in recs if " w " in r["fen"]], 60)
+    black = rng.sample([r for r in recs if " b " in r["fen"]], 60)
+    sample = white + black
+    limits = {r["limit"] for r in sample}
+    assert len(limits) == 1
+    settings = EngineSettings(**{k: v for k, v in vars(parse_limit_key(limits.pop())).items()
+                                 if k in ("depth", "nodes") and v is not None}, multipv=5)
+    with EnginePool(settings, size=2, cache=False) as pool:
+        assert pool.version == sample[0]["engine"]
+        analyses = pool.analyse_many([r["fen"] for r in sample])
+    mismatched = [r["id"] for r, a in zip(sample, analyses) if a.best != r["best"]]
+    assert not mismatched, f"B: differs from Stockfish's top move for {mismatched}"
+    for r, a in zip(sample, analyses):
+        assert list(a.moves) == r["moves"] and [tasks.format_eval(e) for e in a.evals] == r["evals"], r["id"]
+
+
+def _replay(fen: str, move: str):
+    """An independent python-chess replay of one environment step (not tasks.environment_step)."""
+    board = chess.Board(fen)
+    try:
+        mv = chess.Move.from_uci(move)
+    except ValueError:
+        mv = None
+    if mv is None or not mv or not board.is_legal(mv):
+        return fen, -1.0, 0, 1
+    board.push(mv)
+    new = board.fen(en_passant="fen")
+    if board.is_checkmate():
+        return new, 1.0, 1, 0
+    if board.is_stalemate() or board.is_insufficient_material() or board.is_seventyfive_moves():
+        return new, 0.5, 1, 0
+    return new, 0.001, 0, 0
+
+
+def test_environment_audit_every_sample_equals_a_replay(ship):
+    n = Counter()
+    for split in data.SPLITS:
+        for r in ship[("A", split)]:
+            assert (r["new_fen"], r["reward"], r["terminated"], r["truncated"]) == _replay(r["fen"], r["move"]), r["id"]
+            assert r["prompt"] == f"A: {r['fen']}+{r['move']}+{' '.join(r['history'])}+"
+            assert r["completion"] == f"{r['new_fen']}+{tasks.format_reward(r['reward'])}+{r['terminated']}+{r['truncated']}"
+            n[r["reward"]] += 1
+    assert set(n) == {0.001, 1.0, 0.5, -1.0}
+
+
+def test_mate_in_one_set_is_complete_and_correct(ship):
+    for r in ship["M1"]:
+        board = chess.Board(r["fen"])
+        mates = []
+        for mv in board.legal_moves:
+            board.push(mv)
+            if board.is_checkmate():
+                mates.append(mv.uci())
+            board.pop()
+        assert sorted(mates) == r["mating_moves"], r["id"]
+        assert r["split"] in ("val", "test")
+
+
+def test_data_card_matches_the_files(ship):
+    card = (DATA_DIR / "README.md").read_text()
+    files = {data.data_file(t, s).name: ship[(t, s)] for t in ("P", "A") for s in data.SPLITS}
+    files[data.MATE_FILE] = ship["M1"]
+    for name, recs in files.items():
+        white = sum(" w " in r["fen"] for r in recs)
+        assert f"| {name} | {len(recs)} | {len({r['game'] for r in recs})} | {white} | {len(recs) - white} |" in card, name
+    assert "20261122" in card and "Stockfish 15.1" in card and "depth=8" in card
+    assert {r["engine"] for r in ship[("P", "train")]} == {"Stockfish 15.1"}
+    assert {r["limit"] for r in ship[("P", "train")]} == {"depth=8"}
+
+
+# ------------------------------------------------------------------------------------------
+# Loader
+# ------------------------------------------------------------------------------------------
+
+def _good_records():
+    p = shipped("P", "val")[:2]
+    a = shipped("A", "val")[:2]
+    return p, a
+
+
+def test_malformed_lines_give_file_line_reason_or_are_skipped_and_counted(tmp_path):
+    (p1, p2), (a1, a2) = _good_records()
+    bad_best = {**p1, "best": p1["moves"][-1], "id": "bad-best"}
+    bad_move = {**p2, "moves": ["a1a1"] + p2["moves"][1:], "id": "bad-move"}
+    bad_reward = {**a1, "reward": 0.7, "id": "bad-reward"}
+    lines = [json.dumps(p1), "{not json", json.dumps(bad_best), json.dumps(p2), json.dumps({"task": "P"}),
+             json.dumps(bad_move), "", json.dumps(a1), json.dumps(bad_reward), json.dumps(p1), "[1, 2]"]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(data.DataFormatError) as err:
+        data.load_jsonl(path)
+    assert str(err.value).startswith(f"{path}:2: invalid JSON")
+    loaded = data.load_jsonl(path, on_error="skip")
+    assert [r["id"] for r in loaded] == [p1["id"], p2["id"], a1["id"]]
+    assert loaded.n_skipped == 7
+    reasons = {e.line: e.reason for e in loaded.skipped}
+    assert set(reasons) == {2, 3, 5, 6, 9, 10, 11}
+    assert "best" in reasons[3] and "missing field" in reasons[5] and "not a legal" in reasons[6]
+    assert "reward" in reasons[9] and "duplicate id" in reasons[10] and "JSON object" in reasons[11]
+    assert str(loaded.skipped[0]) == f"{path}:2: {reasons[2]}"
+    with pytest.raises(data.DataFormatError, match=":1: expected a 'A' record"):
+        data.load_jsonl(path, task="A")
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("completion", " M: e2e4 E: 0.1 B: e2e4", "completion"),
+    ("prompt", "P: 8/8/8/8/8/8/8/8 w - - 0 1", "prompt"),
+    ("evals", ["0.30"], "eval"),
+    ("fen", "not a fen", "fen"),
+    ("split", "dev", "split"),
+    ("n_legal", True, "type bool"),
+    ("extra", 1, "unknown field"),
+])
+def test_policy_record_validation_names_the_field(field, value, reason):
+    (p1, _), _ = _good_records()
+    rec = {**p1, field: value}
+    if field == "evals":
+        rec["evals"] = ["0.30"] + p1["evals"][1:]
+    assert reason in data.validate_record(rec)
+
+
+def test_env_record_validation_catches_wrong_transitions():
+    _, (a1, _) = _good_records()
+    illegal = next(r for r in shipped("A", "val") if r["kind"] != "legal")
+    assert data.validate_record(a1) is None and data.validate_record(illegal) is None
+    assert "illegal/unparseable" in data.validate_record({**illegal, "truncated": 0})
+    assert "history" in data.validate_record({**a1, "history": ["x"]})
+    assert "kind" in data.validate_record({**a1, "kind": "weird"})
+
+
+def test_unreadable_and_non_utf8_files(tmp_path):
+    with pytest.raises(data.DataFormatError, match="cannot read"):
+        data.load_jsonl(tmp_path / "missing.jsonl")
+    (p1, _), _ = _good_records()
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(p1).encode() + b"\n\xff\xfe broken\n")
+    with pytest.raises(data.DataFormatError, match=":2: not UTF-8"):
+        data.load_jsonl(path)
+    loaded = data.load_jsonl(path, on_error="skip")
+    assert loaded.n_skipped == 1 and len(loaded) == 1
+
+
+def test_cli_validate_reports_file_and_line(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task": "P"}\n')
+    assert data.cli(["--validate", str(path)]) == 1
+    assert f"{path}:1: missing field" in capsys.readouterr().err
+    assert data.cli(["--validate", str(data.data_file("M1"))]) == 0
+
+
+def test_cli_help_and_bad_settings(capsys):
+    with pytest.raises(SystemExit) as ex:
+        data.cli(["--help"])
+    assert ex.value.code == 0 and "rookworld datagen" in capsys.readouterr().out
+    assert data.cli(["--games", "0", "--out", "/nonexistent"]) == 2
+    assert "DatagenConfig.games" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(games=0), "games"), (dict(depth=0), "depth"), (dict(multipv=6), "multipv"), (dict(workers=0), "workers"),
+    (dict(policy_rate=1.5), "policy_rate"), (dict(max_plies=0), "max_plies"), (dict(mate_games=-1), "mate_games"),
+])
+def test_config_rejects_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"DatagenConfig.{field}"):
+        data.DatagenConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------
+# Generation pieces and resumability
+# ------------------------------------------------------------------------------------------
+
+def test_wrong_moves_are_never_legal_and_fit_the_format():
+    rng = random.Random(3)
+    kinds = Counter()
+    for board in random_positions(150, seed=4):
+        text = data.wrong_move(board, rng)
+        assert text and "+" not in text and not any(c.isspace() for c in text)
+        tr = tasks.environment_step(tasks.canonical_fen(board), text)
+        assert tr.kind in ("illegal", "unparseable") and tr.truncated == 1
+        kinds[tr.kind] += 1
+    assert kinds["illegal"] > 20 and kinds["unparseable"] > 20
+
+
+def test_game_plans_and_splits_are_seeded():
+    cfg = data.DatagenConfig(games=40, mate_games=5)
+    plans = [data.game_plan(i, cfg) for i in range(45)]
+    assert plans == [data.game_plan(i, cfg) for i in range(45)]
+    assert {p["kind"] for p in plans[:40]} == set(data.GAME_KINDS)
+    assert all(p.get("mate_only") for p in plans[40:])
+    assert [data.split_of_game(i) for i in (0, 7, 8, 9, 18, 19)] == ["train", "train", "val", "test", "val", "test"]
+    assert data.split_of_game(41, cfg) == "test"
+
+
+TINY = dict(games=10, mate_games=3, depth=4, max_plies=60, workers=2)
+
+
+def _files(d: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(d.glob("*.jsonl"))}
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    report = data.generate(data.DatagenConfig(out_dir=str(out), **TINY), progress=False)
+    return out, report
+
+
+@needs_stockfish
+def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run, tmp_path):
+    ref_dir, ref = reference_run
+    assert ref.positions_labelled > 20 and not (ref_dir / ".datagen-work").exists()
+    cfg = data.DatagenConfig(out_dir=str(tmp_path), **TINY)
+    with pytest.raises(KeyboardInterrupt):
+        data.generate(cfg, progress=False, _stop_after_labels=12)
+    work = tmp_path / ".datagen-work"
+    done = len((work / "labels.jsonl").read_text().splitlines())
+    assert done >= 12 and not list(tmp_path.glob("*.jsonl"))
+    report = data.generate(cfg, progress=False)
+    assert report.games_reused == TINY["games"] + TINY["mate_games"] and report.games_played == 0
+    assert report.labels_reused == done and report.positions_labelled == ref.positions_labelled - done
+    assert _files(tmp_path) == _files(ref_dir)  # byte-identical to the uninterrupted run
+    for f in tmp_path.glob("*.jsonl"):
+        data.load_jsonl(f)
+
+
+@needs_stockfish
+def test_sigkilled_generation_resumes(reference_run, tmp_path):
+    """A real kill -9 of `rookworld datagen` mid-run, then the same command again."""
+    ref_dir, ref = reference_run
+    args = [sys.executable, "-c", "import sys; from rookworld_lib.cli import main; sys.exit(main(sys.argv[1:]))",
+            "datagen", "--out", str(tmp_path), "--no-progress", "--games", str(TINY["games"]),
+            "--mate-games", str(TINY["mate_games"]), "--depth", str(TINY["depth"]),
+            "--max-plies", str(TINY["max_plies"]), "--workers", "2"]
+    labels = tmp_path / ".datagen-work" / "labels.jsonl"
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if labels.exists() and len(labels.read_bytes().splitlines()) >= 5:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "generation finished before it could be killed"
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                text=True).stdout.split()]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert wait_gone(children, timeout=10) == []  # engines quit when their parent's pipes close
+    done = len(labels.read_bytes().splitlines())
+    rc = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert rc.returncode == 0, rc.stderr
+    summary = json.loads(rc.stdout)
+    assert summary["labels_reused"] >= done - 1  # at most a torn last line is redone
+    assert summary["positions_labelled"] + summary["labels_reused"] == ref.positions_labelled
+    assert _files(tmp_path) == _files(ref_dir)
+
+
+@needs_stockfish
+def test_resume_refuses_other_settings_and_summarizes(tmp_path):
+    tinier = {**TINY, "games": 3, "mate_games": 1}
+    cfg = data.DatagenConfig(out_dir=str(tmp_path), **tinier)
+    with pytest.raises(KeyboardInterrupt):
+        data.generate(cfg, progress=False, _stop_after_labels=1)
+    other = data.DatagenConfig(out_dir=str(tmp_path), **{**tinier, "depth": 3})
+    with pytest.raises(data.WorkDirMismatch, match="depth: 4 -> 3"):
+        data.generate(other, progress=False)
+    data.generate(other, progress=False, fresh=True)
+    assert {r["limit"] for r in data.load_split("P", "train", tmp_path)} == {"depth=3"}
+    summary = data.summarize(tmp_path)
+    n = len(data.load_split("P", "train", tmp_path))
+    assert summary["files"]["policy_train.jsonl"]["records"] == n
+    assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)

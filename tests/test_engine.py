@@ -1,0 +1,244 @@
+"""The Stockfish component: settings, discovery, analysis, cache, faults, clean exit."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import chess
+import pytest
+from helpers_chess import needs_stockfish, random_positions
+
+from rookworld_lib import engine
+from rookworld_lib.engine import EnginePool, EngineSettings
+from rookworld_lib.tasks import Eval
+
+pytestmark = needs_stockfish
+
+
+# ------------------------------------------------------------------------------------------
+# Settings and discovery (no engine needed)
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(depth=0), "depth"), (dict(depth=2.5), "depth"), (dict(depth=True), "depth"), (dict(nodes=-1), "nodes"),
+    (dict(time=0), "time"), (dict(multipv=0), "multipv"), (dict(threads=0), "threads"),
+    (dict(hash_mb=0), "hash_mb"), (dict(fresh_search="yes"), "fresh_search"), (dict(max_retries=-1), "max_retries"),
+    (dict(path=3), "path"),
+])
+def test_settings_reject_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"EngineSettings.{field}"):
+        EngineSettings(**kwargs)
+
+
+def test_settings_need_a_limit_and_describe_it():
+    with pytest.raises(ValueError, match="at least one of depth, nodes, time"):
+        EngineSettings(depth=None)
+    s = EngineSettings(depth=8)
+    assert s.limit_key == "depth=8" and s.reproducible
+    assert engine.parse_limit_key("depth=8,nodes=1000") == chess.engine.Limit(depth=8, nodes=1000)
+    assert not EngineSettings(depth=None, time=0.1).reproducible
+    assert not EngineSettings(threads=2).reproducible
+
+
+def test_missing_stockfish_names_the_install_commands(monkeypatch, tmp_path):
+    monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "no-such-stockfish"))
+    with pytest.raises(engine.StockfishNotFoundError) as err:
+        engine.find_stockfish()
+    msg = str(err.value)
+    assert "no-such-stockfish" in msg and "STOCKFISH_PATH" in msg
+    assert "apt-get install -y stockfish" in msg and "conda install -c conda-forge stockfish" in msg
+    with pytest.raises(engine.StockfishNotFoundError):
+        EnginePool(EngineSettings(depth=1))
+    # nothing anywhere: PATH empty and no Debian binary
+    monkeypatch.delenv("STOCKFISH_PATH")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(engine, "DEBIAN_PATH", str(tmp_path / "missing"))
+    with pytest.raises(engine.StockfishNotFoundError, match="apt-get install -y stockfish"):
+        engine.find_stockfish()
+
+
+def test_found_via_stockfish_path(monkeypatch):
+    real = engine.find_stockfish()
+    monkeypatch.setenv("STOCKFISH_PATH", real)
+    assert engine.find_stockfish() == real
+
+
+# ------------------------------------------------------------------------------------------
+# Analysis
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pool():
+    p = EnginePool(EngineSettings(depth=8), size=2, cache=engine.AnalysisCache())
+    yield p
+    p.close()
+
+
+def test_start_position_candidates(pool):
+    a = pool.analyse(chess.STARTING_FEN)
+    assert len(a.candidates) == 5 and a.limit == "depth=8" and a.depth >= 8
+    cps = [e.to_cp() for e in a.evals]
+    assert cps == sorted(cps, reverse=True)  # multipv order: best first
+    assert a.best in {"e2e4", "d2d4", "g1f3", "c2c4", "e2e3", "b1c3"}
+    assert len(set(a.moves)) == 5 and all(chess.Move.from_uci(m) in chess.Board().legal_moves for m in a.moves)
+
+
+def test_black_to_move_evals_are_from_blacks_view(pool):
+    # White's queen on h5 hangs to the knight: Black to move is winning, so its evals are positive
+    a = pool.analyse("rnbqkb1r/pppp1ppp/5n2/4p2Q/4P3/8/PPPP1PPP/RNB1KBNR b KQkq - 3 3")
+    assert a.best == "f6h5"
+    assert a.evals[0].to_cp() > 500  # side to move (Black) is winning
+    assert a.evals[0].to_cp() >= max(e.to_cp() for e in a.evals)
+
+
+def test_mate_in_one_for_black(pool):
+    board = chess.Board()
+    for m in ("f2f3", "e7e5", "g2g4"):
+        board.push_uci(m)
+    a = pool.analyse(board)
+    assert a.best == "d8h4" and a.evals[0] == Eval(mate=1)
+    assert str(a.evals[0]) == "M1"
+
+
+def test_few_legal_moves_and_terminal_positions(pool):
+    a = pool.analyse("7k/8/8/8/8/8/6q1/7K w - - 0 1")  # one legal move: Kxg2
+    assert a.moves == ("h1g2",)
+    mated = chess.Board("rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3")
+    assert mated.is_checkmate() and pool.analyse(mated).candidates == ()
+    with pytest.raises(ValueError, match="invalid position"):
+        pool.analyse("8/8/8/8/8/8/8/8 w - - 0 1")  # no kings: Stockfish would crash on it
+
+
+def test_cache_is_keyed_by_position_and_limit(pool):
+    fen = random_positions(1, seed=5)[0].fen()
+    pool.cache.clear()
+    a1 = pool.analyse(fen)
+    info = pool.cache.info()
+    assert (info["hits"], info["misses"]) == (0, 1)
+    assert pool.analyse(fen) is a1 and pool.cache.info()["hits"] == 1
+    a2 = pool.analyse(fen, limit=chess.engine.Limit(depth=4))
+    assert a2.limit == "depth=4" and pool.cache.info()["misses"] == 2
+    a3 = pool.analyse(fen, multipv=1)
+    assert len(a3.candidates) == 1 and pool.cache.info()["misses"] == 3
+
+
+def test_results_are_reproducible_across_processes_and_history(pool):
+    fens = [b.fen() for b in random_positions(6, seed=8)]
+    with EnginePool(EngineSettings(depth=8), size=1, cache=False) as fresh:
+        first = [fresh.analyse(f) for f in fens]
+        again = [fresh.analyse(f) for f in reversed(fens)][::-1]  # other search history in between
+    other = [EnginePool.analyse(pool, f) for f in fens]
+    assert first == again == other
+
+
+def test_root_moves_evaluates_a_single_move(pool):
+    a = pool.analyse(chess.STARTING_FEN, multipv=1, root_moves=["g1h3"])
+    assert a.moves == ("g1h3",)
+    with pytest.raises(ValueError, match="not all legal"):
+        pool.analyse(chess.STARTING_FEN, root_moves=["e2e5"])
+
+
+# ------------------------------------------------------------------------------------------
+# Faults and cleanup
+# ------------------------------------------------------------------------------------------
+
+def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
+    fens = [b.fen() for b in random_positions(24, seed=21, max_plies=60)]
+    with EnginePool(EngineSettings(depth=8), size=1, cache=False) as ref:
+        expected = [ref.analyse(f) for f in fens[:6]]
+    pool = EnginePool(EngineSettings(depth=8), size=2, cache=False)
+    killed = []
+
+    def on_result(i, analysis):
+        if len(killed) < 3 and i % 5 == 2:  # kill engines several times while others are busy
+            for pid in pool.pids()[:1]:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+    results = pool.analyse_many(fens, on_result=on_result)
+    assert killed and pool.restarts >= 1
+    assert all(r is not None and r.candidates for r in results)
+    assert results[:6] == expected  # retried results are the real ones
+    seen = pool.pids() + killed
+    pool.close()
+    assert engine.wait_gone(seen, timeout=10) == []
+
+
+def test_close_is_idempotent_and_refuses_new_work():
+    pool = EnginePool(EngineSettings(depth=1), size=1, cache=False)
+    pool.analyse(chess.STARTING_FEN)
+    pids = pool.pids()
+    pool.close()
+    pool.close()
+    assert engine.wait_gone(pids) == []
+    with pytest.raises(engine.EngineFailedError, match="closed"):
+        pool.analyse(chess.STARTING_FEN)
+
+
+def test_concurrent_callers_share_the_pool_safely():
+    fens = [b.fen() for b in random_positions(12, seed=31)]
+    with EnginePool(EngineSettings(depth=5), size=2, cache=False) as pool:
+        out = {}
+
+        def worker(k):
+            out[k] = [pool.analyse(f) for f in fens[k::3]]
+
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(pool.pids()) <= 2
+        assert sum(len(v) for v in out.values()) == len(fens)
+
+
+def test_session_reproducible_and_recovers(monkeypatch):
+    board = chess.Board()
+    with EnginePool(EngineSettings(depth=1), size=1, cache=False) as pool:
+        def game():
+            b, moves = chess.Board(), []
+            with pool.session() as s:
+                for _ in range(8):
+                    m = s.play(b, chess.engine.Limit(nodes=64))
+                    b.push(m)
+                    moves.append(m.uci())
+            return moves
+
+        assert game() == game()
+        with pytest.raises(engine.EngineSessionLost):
+            with pool.session() as s:
+                os.kill(pool.pids()[0], signal.SIGKILL)
+                time.sleep(0.2)
+                s.play(board, chess.engine.Limit(nodes=64))
+        assert game() == game()  # a fresh engine replaces the dead one
+
+
+SCRIPT = textwrap.dedent("""
+    import chess
+    from rookworld_lib import engine, rewards, tasks
+    fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+    prompt = tasks.policy_prompt(fen)
+    for best in ("f1b5", "b1c3", "a2a3", "e1e2", "h1h5"):
+        completion = f" M: {best} E: 0.3 B: {best}"
+        print(round(rewards.score_policy(prompt, completion), 4))
+    print("PIDS", *engine.get_pool().pids(), flush=True)
+    # no close(), no shutdown(): the process must still exit by itself
+""")
+
+
+def test_script_scoring_completions_exits_by_itself(tmp_path):
+    script = tmp_path / "score_and_exit.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    scores = [float(x) for x in lines[:5]]
+    assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] > scores[-1]
+    pids = [int(p) for p in lines[-1].split()[1:]]
+    assert pids, "the script should have started engines"
+    assert engine.wait_gone(pids, timeout=10) == []

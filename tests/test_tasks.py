@@ -1,0 +1,359 @@
+"""Task formats: builders, parsers (never raise), eval text, layouts, the environment step."""
+
+import random
+
+import chess
+import pytest
+from helpers_chess import mutate, random_positions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rookworld_lib import tasks
+from rookworld_lib.tasks import Eval
+from rookworld_lib.tokenizer import encode
+
+START = chess.STARTING_FEN
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# ------------------------------------------------------------------------------------------
+# Evals
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("e, text", [
+    (Eval(cp=35), "0.35"), (Eval(cp=-120), "-1.2"), (Eval(cp=0), "0.0"), (Eval(cp=-1), "-0.01"),
+    (Eval(cp=100), "1.0"), (Eval(cp=1234), "12.34"), (Eval(mate=3), "M3"), (Eval(mate=-2), "-M2"),
+])
+def test_eval_text_forms(e, text):
+    assert tasks.format_eval(e) == text
+    assert tasks.parse_eval(text) == e
+
+
+def test_eval_round_trip_and_order():
+    values = [Eval(cp=c) for c in range(-3000, 3001, 7)] + [Eval(mate=m) for m in (1, 2, 5, 30, -1, -4, -30)]
+    for e in values:
+        assert tasks.parse_eval(tasks.format_eval(e)) == e
+    # a mate for the side to move beats every material eval; sooner mates beat later ones
+    assert Eval(mate=5).to_cp() > Eval(cp=15000).to_cp() > Eval(cp=-15000).to_cp() > Eval(mate=-5).to_cp()
+    assert Eval(mate=1).to_cp() > Eval(mate=2).to_cp() and Eval(mate=-2).to_cp() > Eval(mate=-1).to_cp()
+    assert Eval(mate=1).win_prob() > 0.99 and Eval(mate=-1).win_prob() < 0.01
+    assert tasks.parse_eval("#3") == Eval(mate=3)
+
+
+@pytest.mark.parametrize("bad", ["", "M0", "M", "-", "1e3", "nan", "inf", "1.2.3", "M-3", "0,5", "1000.0", "500.01", " 0.3", "--M2"])
+def test_parse_eval_rejects(bad):
+    assert tasks.parse_eval(bad) is None
+
+
+def test_eval_from_engine_score_is_side_to_move_view():
+    from chess.engine import Cp, Mate, PovScore
+
+    # Stockfish reports scores relative to the side to move; python-chess keeps that in PovScore
+    black_winning = PovScore(Cp(250), chess.BLACK)
+    assert Eval.from_score(black_winning.pov(chess.BLACK)) == Eval(cp=250)
+    assert Eval.from_score(PovScore(Mate(2), chess.WHITE).pov(chess.WHITE)) == Eval(mate=2)
+    assert Eval.from_score(PovScore(Mate(-3), chess.BLACK).pov(chess.BLACK)) == Eval(mate=-3)
+
+
+# ------------------------------------------------------------------------------------------
+# Policy format
+# ------------------------------------------------------------------------------------------
+
+MOVES = ["e2e4", "d2d4", "g1f3", "c2c4", "g2g3"]
+EVALS = ["0.3", "0.28", "0.25", "0.2", "M2"]
+
+
+def test_compact_policy_layout():
+    prompt, completion = tasks.policy_text(START, MOVES, EVALS, "e2e4")
+    assert prompt == f"P: {START}"
+    assert completion == " M: e2e4 d2d4 g1f3 c2c4 g2g3 E: 0.3 0.28 0.25 0.2 M2 B: e2e4"
+    p = tasks.parse_policy(prompt + completion)
+    assert p.ok and p.layout == "compact" and p.fen == START
+    assert p.moves == tuple(MOVES) and p.best == "e2e4"
+    assert [tasks.format_eval(e) for e in p.evals] == EVALS
+
+
+def test_original_layout_fixed_widths_and_shuffled_pairs():
+    prompt, completion = tasks.policy_text(START, MOVES, EVALS, "e2e4", "original")
+    text = prompt + completion
+    # the ROOK/RookWorld layout: 'P: ' + FEN.ljust(90) + 'M: ' + moves.ljust(30) + 'E: ' + evals.ljust(40) + 'B: '
+    assert text.index("M:") == 3 + 90
+    assert text.index("E:") - text.index("M:") == 3 + 30
+    assert text.index("B:") - text.index("E:") == 3 + 40
+    assert prompt.endswith(" ") and completion.startswith(" M: ")
+    p = tasks.parse_policy(text)
+    assert p.ok and p.layout == "original" and p.best == "e2e4"
+    assert set(p.moves) == set(MOVES)
+    # pairs stay pairs after the shuffle
+    assert {m: tasks.format_eval(e) for m, e in zip(p.moves, p.evals)} == dict(zip(MOVES, EVALS))
+    # deterministic by default, and really shuffled for some seed
+    assert tasks.policy_completion(MOVES, EVALS, "e2e4", "original") == completion
+    orders = {tasks.parse_policy_completion(tasks.policy_completion(MOVES, EVALS, "e2e4", "original", shuffle_seed=s)).moves
+              for s in range(10)}
+    assert len(orders) > 1
+
+
+def test_reads_a_real_rook_v1_line():
+    # a line of the original ROOK v1 / RookWorld policy data (shuffled pairs: B: is not first)
+    fen = "rnbqkbnr/pppppppp/8/4P3/8/8/PPPP1PPP/RNBQKBNR w KQkq - 1 3"
+    line = ("P: " + fen.ljust(90) + "M: " + "g1f3 b1c3 c2c3 f2f4 d2d4".ljust(30)
+            + "E: " + "0.8 0.71 0.65 0.58 0.98".ljust(40) + "B: d2d4")
+    p = tasks.parse_policy(line)
+    assert p.ok and p.layout == "original" and p.fen == fen
+    assert p.moves == ("g1f3", "b1c3", "c2c3", "f2f4", "d2d4") and p.best == "d2d4"
+    assert p.eval_map["d2d4"] == Eval(cp=98)
+    prompt, completion = tasks.split_policy_text(line)
+    assert completion.startswith(" M: ") and prompt == tasks.policy_prompt(fen, "original")
+
+
+def _token_invariant(prompt, completion):
+    return encode(prompt) + encode(completion) == encode(prompt + completion)
+
+
+def test_token_split_invariant_policy_both_layouts():
+    rng = random.Random(0)
+    for board in random_positions(150, seed=1):
+        legal = [m.uci() for m in board.legal_moves]
+        moves = rng.sample(legal, min(5, len(legal)))
+        evals = [Eval(cp=rng.randint(-900, 900)) if rng.random() < 0.9 else Eval(mate=rng.choice([1, 3, -2]))
+                 for _ in moves]
+        for layout in tasks.LAYOUTS:
+            prompt, completion = tasks.policy_text(tasks.canonical_fen(board), moves, evals, moves[0], layout)
+            assert _token_invariant(prompt, completion), (layout, prompt, completion)
+            assert _token_invariant(prompt, completion + tasks.EOT)
+            assert tasks.split_text(prompt + completion) == (prompt, completion)
+
+
+def test_token_split_invariant_environment():
+    rng = random.Random(2)
+    for board in random_positions(150, seed=3):
+        fen = tasks.canonical_fen(board)
+        move = rng.choice([m.uci() for m in board.legal_moves] + ["e9e4", "Nf3", "0000"])
+        tr = tasks.environment_step(fen, move, ["e2e4", "e7e5"][: rng.randint(0, 2)])
+        assert _token_invariant(tr.prompt, tr.completion)
+        assert _token_invariant(tr.prompt, tr.completion + tasks.EOT)
+        assert tasks.split_text(tr.prompt + tr.completion) == (tr.prompt, tr.completion)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(moves=[], evals=[], best="e2e4"), "1..5 moves"),
+    (dict(moves=MOVES, evals=EVALS[:4], best="e2e4"), "evals"),
+    (dict(moves=MOVES, evals=EVALS, best="a2a3"), "not among"),
+    (dict(moves=["e2e4", "e2e4"], evals=["0.1", "0.1"], best="e2e4"), "duplicate"),
+    (dict(moves=["Nf3"], evals=["0.1"], best="Nf3"), "not a UCI move"),
+    (dict(moves=["e2e4"], evals=["zz"], best="e2e4"), "not an eval"),
+    (dict(moves=["e2e4"], evals=["0.1"], best="e2e4", layout="fancy"), "layout"),
+])
+def test_policy_builder_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tasks.policy_completion(**kwargs)
+
+
+def test_policy_prompt_rejects_bad_fen():
+    with pytest.raises(ValueError, match="FEN"):
+        tasks.policy_prompt("not a fen")
+
+
+@pytest.mark.parametrize("completion, expect", [
+    ("", "missing M:"),
+    (" M: e2e4 E: 0.3", "missing B:"),
+    (" M: e2e4 d2d4 E: 0.3 B: e2e4", "1 evals for 2 moves"),
+    (" M: e2e4 E: x B: e2e4", "not an eval"),
+    (" M: e2e4 E: 0.1 B: Nf3", "not UCI"),
+    (" M: e2e4 E: 0.1 B: d2d4", "not among"),
+    (" M: a2a3 b2b3 c2c3 d2d3 e2e3 f2f3 E: 0 0 0 0 0 0 B: a2a3", "at most 5"),
+    ("hello M: e2e4 E: 0.1 B: e2e4", "unexpected text before"),
+    (" M: e2e4 E: 0.1 B: e2e4 junk", "unexpected text after"),
+    (" M: e2e4 E: 0.1 B: e2e4<|endoftext|>more", "text after <|endoftext|>"),
+])
+def test_policy_parser_names_the_problem(completion, expect):
+    p = tasks.parse_policy_completion(completion)
+    assert not p.ok
+    assert any(expect in e for e in p.errors), p.errors
+
+
+def test_policy_parser_accepts_eot_and_reports_ok():
+    p = tasks.parse_policy_completion(" M: e2e4 E: 0.1 B: e2e4" + tasks.EOT)
+    assert p.ok and p.best == "e2e4" and p.sections == 3
+
+
+# ------------------------------------------------------------------------------------------
+# Parsers never raise
+# ------------------------------------------------------------------------------------------
+
+PARSERS = [tasks.parse_policy_completion, tasks.parse_policy, tasks.parse_policy_prompt,
+           tasks.parse_env_prompt, tasks.parse_env_completion]
+
+
+def _check_parse_result(result):
+    assert isinstance(result.errors, tuple)
+    assert result.ok == (not result.errors)
+    assert not any(e.startswith("internal") for e in result.errors), result.errors
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_parsers_never_raise_on_arbitrary_text(text):
+    for parse in PARSERS:
+        _check_parse_result(parse(text))
+    assert tasks.parse_eval(text) is None or isinstance(tasks.parse_eval(text), Eval)
+    tasks.split_text(text)
+    tasks.fen_error(text)
+
+
+@FUZZ
+@given(st.sampled_from(["P: ", "A: ", " M: ", "+", " E: ", " B: "]), st.text(alphabet="abcdefgh12345678/ wbKQkq-+MEB:.0", max_size=200))
+def test_parsers_never_raise_on_near_format_text(prefix, body):
+    for parse in PARSERS:
+        _check_parse_result(parse(prefix + body))
+
+
+@pytest.mark.parametrize("value", [None, 3, b"P: x", ["M:"], 1.5])
+def test_parsers_accept_non_strings(value):
+    for parse in PARSERS:
+        r = parse(value)
+        assert not r.ok and "string" in r.errors[0]
+
+
+def test_parsers_never_raise_on_mutated_real_samples():
+    rng = random.Random(7)
+    texts = []
+    for board in random_positions(40, seed=11):
+        fen = tasks.canonical_fen(board)
+        moves = [m.uci() for m in list(board.legal_moves)[:5]]
+        for layout in tasks.LAYOUTS:
+            texts.append(tasks.policy_completion(moves, ["0.1"] * len(moves), moves[0], layout))
+            texts.append(tasks.policy_prompt(fen, layout))
+        tr = tasks.environment_step(fen, moves[0])
+        texts += [tr.prompt, tr.completion]
+    n_ok = 0
+    for text in texts:
+        for _ in range(60):
+            m = mutate(text, rng, edits=rng.randint(1, 4))
+            for parse in PARSERS:
+                r = parse(m)
+                _check_parse_result(r)
+                n_ok += r.ok
+    assert n_ok > 0  # some mutations stay well-formed, and they parse as such
+
+
+# ------------------------------------------------------------------------------------------
+# Environment
+# ------------------------------------------------------------------------------------------
+
+def test_env_format_and_legal_move():
+    tr = tasks.environment_step(START, "e2e4")
+    assert tr.prompt == f"A: {START}+e2e4+e2e4+"
+    # standard FEN: the en-passant square is written after every double push
+    assert tr.completion == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0"
+    assert (tr.reward, tr.terminated, tr.truncated, tr.kind) == (0.001, 0, 0, "legal")
+    p = tasks.parse_env_completion(tr.completion)
+    assert p.ok and p.new_fen == tr.new_fen and p.reward == 0.001 and (p.terminated, p.truncated) == (0, 0)
+    assert tasks.parse_env_completion(tr.completion + "+").ok  # original data's trailing '+'
+    pp = tasks.parse_env_prompt(tr.prompt)
+    assert pp.ok and pp.fen == START and pp.move == "e2e4" and pp.history == ("e2e4",)
+
+
+def _after(*moves):
+    b = chess.Board()
+    for m in moves:
+        b.push_uci(m)
+    return b
+
+
+def test_env_checkmate_rewards_the_mover():
+    b = _after("f2f3", "e7e5", "g2g4")
+    tr = tasks.environment_step(tasks.canonical_fen(b), "d8h4", ["f2f3", "e7e5", "g2g4"])
+    assert (tr.reward, tr.terminated, tr.truncated, tr.termination) == (1.0, 1, 0, "checkmate")
+    assert tr.history == ("f2f3", "e7e5", "g2g4", "d8h4")
+    assert tr.completion.endswith("+1.0+1+0")
+
+
+def test_env_draws():
+    stalemate = tasks.environment_step("7k/8/6Q1/8/8/8/8/K7 w - - 0 1", "g6f7")
+    assert (stalemate.reward, stalemate.terminated, stalemate.termination) == (0.5, 1, "stalemate")
+    bare = tasks.environment_step("8/8/8/8/8/8/1b6/K5k1 w - - 0 1", "a1b2")
+    assert (bare.reward, bare.terminated, bare.termination) == (0.5, 1, "insufficient_material")
+    seventyfive = tasks.environment_step("8/8/8/4k3/8/8/4K3/4R3 w - - 149 120", "e1d1")
+    assert (seventyfive.reward, seventyfive.terminated, seventyfive.termination) == (0.5, 1, "seventyfive_moves")
+
+
+@pytest.mark.parametrize("fen, move, kind", [
+    (START, "e2e5", "illegal"),  # not a pawn move
+    (START, "e7e5", "illegal"),  # the opponent's pawn
+    ("4k3/8/8/8/8/8/4r3/4K3 w - - 0 1", "e1e2x", "unparseable"),
+    ("4k3/4r3/8/8/8/8/4N3/4K3 w - - 0 1", "e2c3", "illegal"),  # pinned knight
+    ("4k3/8/8/8/8/8/3r4/4K3 w - - 0 1", "e1d1", "illegal"),  # into the rook's file
+    ("k7/4P3/8/8/8/8/8/4K3 w - - 0 1", "e7e8", "illegal"),  # promotion needs a piece
+    ("k7/4P3/8/8/8/8/8/4K3 w - - 0 1", "e7e8n", "legal"),
+    (START, "Nf3", "unparseable"),
+    (START, "0000", "unparseable"),  # the UCI null move is not a move of the task
+    ("r3k2r/8/8/8/8/8/8/R3K2R w - - 0 1", "e1g1", "illegal"),  # no castling right
+])
+def test_env_illegal_and_unparseable_moves(fen, move, kind):
+    tr = tasks.environment_step(fen, move)
+    assert tr.kind == kind
+    if kind != "legal":
+        assert (tr.new_fen, tr.reward, tr.terminated, tr.truncated) == (fen, -1.0, 0, 1)
+        assert tr.completion == f"{fen}+-1.0+0+1"
+
+
+def test_legality_uses_is_legal_not_push():
+    board = chess.Board("4k3/4r3/8/8/8/8/4N3/4K3 w - - 0 1")
+    pinned = chess.Move.from_uci("e2c3")
+    assert pinned in board.pseudo_legal_moves and not board.is_legal(pinned)
+    board.copy().push(pinned)  # push accepts it silently ...
+    assert tasks.environment_step(board.fen(), "e2c3").kind == "illegal"  # ... the task does not
+
+
+def test_env_en_passant_and_castling():
+    b = _after("e2e4", "a7a6", "e4e5", "d7d5")
+    tr = tasks.environment_step(tasks.canonical_fen(b), "e5d6")
+    assert tr.kind == "legal" and "3p4" not in tr.new_fen.split()[0].split("/")[3]
+    assert chess.Board(tr.new_fen).piece_at(chess.D5) is None
+    castle = tasks.environment_step("r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1", "e1g1")
+    assert castle.new_fen.startswith("r3k2r/8/8/8/8/8/8/R4RK1 b kq")
+
+
+def test_env_history_is_capped_at_ten():
+    prev = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3
+    tr = tasks.environment_step(START, "e2e4", prev)
+    assert len(tr.history) == 10 and tr.history[-1] == "e2e4"
+    with pytest.raises(ValueError, match="end with the current move"):
+        tasks.env_prompt(START, "e2e4", ["d2d4"])
+    with pytest.raises(ValueError, match="'\\+'"):
+        tasks.environment_step(START, "e2e4+")
+
+
+@pytest.mark.parametrize("completion, expect", [
+    ("x", "expected 4"),
+    (f"{START}+0.001+0", "expected 4"),
+    (f"{START}+abc+0+0", "reward is not a number"),
+    (f"{START}+0.001+2+0", "terminated is not 0/1"),
+    (f"{START}+0.001+0+yes", "truncated is not 0/1"),
+    ("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBN w KQkq - 0 1+0.001+0+0", "new FEN"),
+])
+def test_env_parser_names_the_problem(completion, expect):
+    p = tasks.parse_env_completion(completion)
+    assert not p.ok and any(expect in e for e in p.errors), p.errors
+
+
+@pytest.mark.parametrize("prompt, expect", [
+    ("P: x", "does not start"),
+    (f"A: {START}+e2e4+", "must be"),
+    (f"A: {START}+e2e4+d2d4+", "history does not end"),
+    ("A: nonsense+e2e4+e2e4+", "FEN"),
+])
+def test_env_prompt_parser_names_the_problem(prompt, expect):
+    p = tasks.parse_env_prompt(prompt)
+    assert not p.ok and any(expect in e for e in p.errors), p.errors
+
+
+def test_fen_error_cases():
+    assert tasks.fen_error(START) is None
+    assert "6 space-separated" in tasks.fen_error("8/8/8/8/8/8/8/8 w - -")
+    assert "legal chess position" in tasks.fen_error("8/8/8/8/8/8/8/8 w - - 0 1")  # no kings
+    assert tasks.fen_error("rnbqkbnr/pppppppp/44/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1") is not None
+    assert "canonical" in tasks.fen_error("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 00 1")
+    assert tasks.fen_error(" " + START) is not None
+    assert tasks.task_of("P: x") == "P" and tasks.task_of("A: x") == "A" and tasks.task_of("B: x") is None
