@@ -16,20 +16,26 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import math
 import random
+import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import grpo
+from . import checkpoint as ckpt_lib
+from . import distributed, grpo
 from .model import GPT
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
+from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, WarmupCosineSchedule, add_config_arguments,
+                          build_adamw, clip_grad_norm, config_kwargs_from_args, setup_runtime)
+
+METRICS_FILE = "grpo_metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,16 @@ class GRPOTrainConfig:
     max_refill_rounds: int = 3  # extra sampling rounds allowed per step when refilling
     loss: grpo.GRPOConfig = field(default_factory=grpo.GRPOConfig)  # the loss (clip, aggregation, KL, ...)
     max_nonfinite_in_a_row: int = 5  # stop after this many consecutive non-finite losses
-    checkpoint_interval: int = 0  # steps between checkpoints (0 = only at the end, if out_dir)
-    out_dir: str | None = None  # metrics.jsonl and checkpoints go here (None = nowhere)
+    rollout_chunks: int = 1  # prompts of a step are sampled in this many chunks (bounds memory; the unit
+    #                          of work a rank takes under torchrun; each chunk has its own seed)
+    dtype: str = "fp32"  # "fp32", "bf16" (autocast on CUDA) or "auto"
+    checkpoint_interval: int = 0  # steps between checkpoints (0 = only where the run stops), with out_dir
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    out_dir: str | None = None  # grpo_metrics.jsonl and checkpoints/ go here (None = keep nothing)
+    resume: bool = True  # continue from out_dir/checkpoints when it holds a checkpoint of this run
     seed: int = 0  # seeds prompt order and sampling
-    device: str = "cpu"  # "cpu" or "cuda"
+    device: str = "cpu"  # "cpu", "cuda" or "auto"
+    progress: bool = True  # show a tqdm bar
 
     def __post_init__(self):
         positive = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "minibatch_size",
@@ -87,7 +99,11 @@ class GRPOTrainConfig:
             raise ValueError(f"GRPOTrainConfig.lr must be > 0, got {self.lr!r}")
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"GRPOTrainConfig.scale_rewards must be group, batch or none, got {self.scale_rewards!r}")
-        for name in ("warmup_steps", "checkpoint_interval", "max_refill_rounds"):
+        if not isinstance(self.rollout_chunks, int) or not 1 <= self.rollout_chunks <= self.prompts_per_step:
+            raise ValueError(f"GRPOTrainConfig.rollout_chunks must be in 1..prompts_per_step, got {self.rollout_chunks!r}")
+        if self.dtype not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"GRPOTrainConfig.dtype must be fp32, bf16 or auto, got {self.dtype!r}")
+        for name in ("warmup_steps", "checkpoint_interval", "max_refill_rounds", "keep_checkpoints"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"GRPOTrainConfig.{name} must be an integer >= 0, got {v!r}")
@@ -115,16 +131,6 @@ def default_reward(item: PromptItem, completion: str) -> float:
     if item.truth is not None:
         return float(score(item.prompt, completion, truth=item.truth))
     return float(score(item.prompt, completion))
-
-
-def lr_at(step: int, cfg: GRPOTrainConfig) -> float:
-    """Linear warm-up, then cosine decay to lr * min_lr_ratio at the last step."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    span = max(1, cfg.steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * progress))
 
 
 class PromptSampler:
@@ -171,24 +177,6 @@ class RolloutBatch:
     generated_tokens: int = 0
 
 
-def collect_rollouts(model: GPT, items: list[PromptItem], cfg: GRPOTrainConfig, reward_fn: RewardFn,
-                     tokenizer, seed: int, timings: dict) -> RolloutBatch:
-    t0 = time.perf_counter()
-    prompt_ids = [encode(i.prompt, tokenizer) for i in items]
-    rollout = generate(model, prompt_ids, SamplingConfig(
-        max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-        num_samples=cfg.group_size, seed=seed))
-    t1 = time.perf_counter()
-    completions = rollout.completions(tokenizer)
-    rows = [item for item in items for _ in range(cfg.group_size)]
-    rewards = torch.tensor([reward_fn(item, text) for item, text in zip(rows, completions)], dtype=torch.float32)
-    t2 = time.perf_counter()
-    timings["sampling"] += t1 - t0
-    timings["scoring"] += t2 - t1
-    return RolloutBatch(rows, rollout.prompt_ids, rollout.tokens, rollout.logprobs, rollout.mask,
-                        rollout.truncated, rewards, completions, int(rollout.stats["generated_tokens"]))
-
-
 def _concat(batches: list[RolloutBatch]) -> RolloutBatch:
     L = max(b.tokens.size(1) for b in batches)
 
@@ -218,39 +206,138 @@ def group_std(rewards: torch.Tensor, G: int) -> torch.Tensor:
 
 
 class GRPOTrainer:
-    """Holds the policy, the optional frozen reference, the optimizer and the loop state."""
+    """Holds the policy, the optional frozen reference, the optimizer and the loop state.
+
+    Built with cfg.out_dir holding a checkpoint of the same run (and cfg.resume), it continues that
+    run. Under torchrun (WORLD_SIZE > 1) each rank samples and scores its share of the rollout
+    chunks; the rollouts are then gathered so that every rank holds the same global batch,
+    advantages are computed per group on it, and each minibatch is split across the ranks, whose
+    gradients DistributedDataParallel averages. With explicit global normalisation counts, the
+    update is the same whatever the world size.
+    """
 
     def __init__(self, model: GPT, items: list[PromptItem], cfg: GRPOTrainConfig,
                  reward_fn: RewardFn = default_reward, on_step: Callable[[dict], None] | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
-            cfg.loss = dataclasses.replace(cfg.loss, temperature=cfg.temperature)
+            cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
         self.cfg = cfg
-        self.device = torch.device(cfg.device)
-        self.model = model.to(self.device)
+        self.runtime = setup_runtime(cfg.device, cfg.dtype)
+        self.dist = distributed.init_from_env(self.runtime.device.type)
+        W = self.dist.world_size
+        if W > 1:
+            n = cfg.prompts_per_step * cfg.group_size
+            if cfg.dynamic_sampling:
+                raise ValueError("dynamic_sampling is not supported under torchrun (ranks would hold unequal batches)")
+            if cfg.minibatch_size % W or n % W:
+                raise ValueError(f"under torchrun, minibatch_size ({cfg.minibatch_size}) and prompts_per_step * "
+                                 f"group_size ({n}) must be multiples of the world size {W}")
+        self.model = model.to(self.runtime.device)
         self.ref = None
         if cfg.loss.beta > 0:
-            self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        fused = self.device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.99),
-                                           fused=fused, foreach=None if fused else True)
+            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99),
+                                     device_type=self.runtime.device.type)
+        self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row)
         self.prompts = PromptSampler(items, cfg.policy_fraction, cfg.seed)
         self.reward_fn = reward_fn
         self.tokenizer = get_tokenizer()
         self.on_step = on_step
         self.step = 0
-        self.nonfinite_in_a_row = 0
-        self.skipped_updates = 0
         self.history: list[dict] = []
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
+        self.last_checkpoint: Path | None = None
+        self.out_dir = Path(cfg.out_dir) if cfg.out_dir else None
+        self.resumed_from = self._maybe_resume()
+        self.policy = self.model
+        if W > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # -- one step ---------------------------------------------------------------------------
+            ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
+            self.policy = DDP(self.model, device_ids=ids)
+
+    @property
+    def skipped_updates(self) -> int:
+        return self.guard.total
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _maybe_resume(self) -> Path | None:
+        if self.out_dir is None:
+            return None
+        ckpt_dir = self.out_dir / CHECKPOINT_DIR
+        latest = ckpt_lib.latest_checkpoint(ckpt_dir)
+        if latest is None:
+            return None
+        if not self.cfg.resume:
+            raise ValueError(f"{ckpt_dir} already holds checkpoints (latest {latest.name}); resume=True continues "
+                             "that run; to start over choose another out_dir or delete it")
+        ckpt = ckpt_lib.load_checkpoint(latest)
+        self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
+                                                    scheduler=self.schedule, data=self.prompts)
+        self.guard.load_state_dict(ckpt["extra"]["guard"])
+        if self.ref is not None:
+            self.ref.load_state_dict(ckpt["extra"]["ref"], strict=True)
+        self.last_checkpoint = latest
+        return latest
+
+    def save(self) -> Path | None:
+        """Checkpoint at a step boundary (rank 0 writes; other ranks wait)."""
+        if self.out_dir is None:
+            return None
+        if self.dist.is_main:
+            extra = {"guard": self.guard.state_dict()}
+            if self.ref is not None:
+                extra["ref"] = self.ref.state_dict()
+            cfg = dataclasses.asdict(self.cfg)
+            state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
+                                            scheduler=self.schedule, data=self.prompts, config=cfg, extra=extra,
+                                            kind="grpo")
+            self.last_checkpoint = ckpt_lib.save_checkpoint(self.out_dir / CHECKPOINT_DIR, state,
+                                                            keep_last=self.cfg.keep_checkpoints)
+        distributed.barrier()
+        return self.last_checkpoint
+
+    def export(self, directory: str | Path | None = None) -> Path:
+        """The policy in Hugging Face GPT-2 format (default <out_dir>/final)."""
+        if directory is None:
+            if self.out_dir is None:
+                raise ValueError("export needs a directory when the trainer has no out_dir")
+            directory = self.out_dir / "final"
+        return ckpt_lib.export_hf(self.model, directory)
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    def collect(self, items: list[PromptItem], seed: int, timings: dict) -> RolloutBatch:
+        """Sample and score `items` in cfg.rollout_chunks chunks, this rank's share, then gather."""
+        cfg, G = self.cfg, self.cfg.group_size
+        k = min(cfg.rollout_chunks, len(items))
+        bounds = [round(i * len(items) / k) for i in range(k + 1)]
+        mine = []
+        for c in range(self.dist.rank, k, self.dist.world_size):
+            chunk = items[bounds[c]:bounds[c + 1]]
+            t0 = time.perf_counter()
+            rollout = generate(self.model, [encode(i.prompt, self.tokenizer) for i in chunk], SamplingConfig(
+                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                num_samples=G, seed=seed * 10_007 + c))
+            t1 = time.perf_counter()
+            completions = rollout.completions(self.tokenizer)
+            rows = [item for item in chunk for _ in range(G)]
+            rewards = torch.tensor([self.reward_fn(i, t) for i, t in zip(rows, completions)], dtype=torch.float32)
+            timings["sampling"] += t1 - t0
+            timings["scoring"] += time.perf_counter() - t1
+            mine.append((c, RolloutBatch(rows, rollout.prompt_ids, rollout.tokens.cpu(), rollout.logprobs.cpu(),
+                                         rollout.mask.cpu(), rollout.truncated.cpu(), rewards, completions,
+                                         int(rollout.stats["generated_tokens"]))))
+        parts = sorted((p for rank_parts in distributed.all_gather_objects(mine) for p in rank_parts),
+                       key=lambda cp: cp[0])
+        return _concat([b for _, b in parts])
 
     def rollout(self, timings: dict) -> tuple[RolloutBatch, dict]:
         cfg, G = self.cfg, self.cfg.group_size
         seed = cfg.seed * 1_000_003 + self.step
-        batch = collect_rollouts(self.model, self.prompts.draw(cfg.prompts_per_step), cfg, self.reward_fn,
-                                 self.tokenizer, seed, timings)
+        batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
         info = {"frac_reward_zero_std": float((group_std(batch.rewards, G) < 1e-6).float().mean()), "refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
@@ -259,82 +346,83 @@ class GRPOTrainer:
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
-            more = collect_rollouts(self.model, self.prompts.draw(cfg.prompts_per_step), cfg, self.reward_fn,
-                                    self.tokenizer, seed + 7919 * (round_ + 1), timings)
+            more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
             generated += more.generated_tokens
             kept = _concat([kept, _select_groups(more, group_std(more.rewards, G) >= 1e-6, G)])
             info["refill_rounds"] = round_ + 1
-        if not kept.items:  # every group tied: fall back to the original batch (zero gradient, logged)
+        if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info
         n = min(len(kept.items), cfg.prompts_per_step * G)
         kept = _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G)
         kept.generated_tokens = generated
         return kept, info
 
+    # -- one step ---------------------------------------------------------------------------
+
     def train_step(self) -> dict:
-        cfg, G = self.cfg, self.cfg.group_size
+        cfg, G, rt = self.cfg, self.cfg.group_size, self.runtime
+        W, rank = self.dist.world_size, self.dist.rank
         self.model.eval()  # dropout off for sampling, scoring and the update (see module docstring)
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}
         t_start = time.perf_counter()
         batch, info = self.rollout(timings)
         adv, adv_stats = grpo.group_advantages(batch.rewards, G, scale=cfg.scale_rewards)
-        adv = adv.to(self.device)
         self.last_batch, self.last_advantages = batch, adv  # kept for inspection in notebooks and tests
+        dev = rt.device
+        tokens, old_lp, mask = batch.tokens.to(dev), batch.old_logprobs.to(dev), batch.mask.to(dev)
+        truncated, adv = batch.truncated.to(dev), adv.to(dev)
 
         t0 = time.perf_counter()
         ref_lp = None
         if self.ref is not None:
-            with torch.no_grad():
-                ref_lp = sequence_logprobs(self.ref, batch.prompt_ids, batch.tokens, cfg.temperature)
-        lr = lr_at(self.step, cfg)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            with torch.no_grad(), rt.autocast():
+                ref_lp = sequence_logprobs(self.ref, batch.prompt_ids, tokens, cfg.temperature).float()
+        lr = self.schedule.apply(self.optimizer, self.step)
         n = len(batch.items)
+        effective = grpo.effective_mask(mask, truncated, cfg.loss)
         loss_metrics, grad_norms, losses = [], [], []
-        gen = torch.Generator().manual_seed(cfg.seed + self.step)
+        gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         for _ in range(cfg.mu):
-            order = torch.randperm(n, generator=gen)
+            order = torch.randperm(n, generator=gen)  # the same on every rank
             for start in range(0, n, cfg.minibatch_size):
-                rows = order[start:start + cfg.minibatch_size]
-                r = rows.tolist()
-                lp, logits = sequence_logprobs(self.model, [batch.prompt_ids[i] for i in r], batch.tokens[rows],
-                                               cfg.temperature, return_logits=True)
+                global_rows = order[start:start + cfg.minibatch_size]
+                rows = global_rows[rank::W].to(dev)
+                with rt.autocast():
+                    lp, logits = sequence_logprobs(self.policy, [batch.prompt_ids[i] for i in rows.tolist()],
+                                                   tokens[rows], cfg.temperature, return_logits=True)
+                # Normalise by the whole minibatch's counts (all ranks), then undo DDP's mean over ranks.
                 loss, metrics = grpo.grpo_loss(
-                    lp, batch.old_logprobs[rows], adv[rows], batch.mask[rows],
-                    ref_logprobs=None if ref_lp is None else ref_lp[rows], config=cfg.loss,
-                    logits=logits, truncated=batch.truncated[rows], group_stats=adv_stats)
-                if not torch.isfinite(loss):
-                    self.nonfinite_in_a_row += 1
-                    self.skipped_updates += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if self.nonfinite_in_a_row >= cfg.max_nonfinite_in_a_row:
-                        raise FloatingPointError(
-                            f"GRPO stopped at step {self.step}: {self.nonfinite_in_a_row} non-finite losses in a row "
-                            f"(checkpoints already written in {cfg.out_dir} are intact)")
-                    continue
+                    lp.float(), old_lp[rows], adv[rows], mask[rows],
+                    ref_logprobs=None if ref_lp is None else ref_lp[rows], config=cfg.loss, logits=logits,
+                    truncated=truncated[rows], group_stats=adv_stats,
+                    num_items_in_batch=float(effective[global_rows.to(dev)].sum()),
+                    num_completions_in_batch=len(global_rows))
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                      cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-                if not torch.isfinite(norm):
-                    self.nonfinite_in_a_row += 1
-                    self.skipped_updates += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    continue
-                self.optimizer.step()
-                self.nonfinite_in_a_row = 0
-                grad_norms.append(norm.item())
-                losses.append(loss.item())
-                loss_metrics.append(metrics)
+                (loss * W).backward()
+                norm = clip_grad_norm(self.model, cfg.grad_clip)
+                global_loss = distributed.all_reduce_sum(loss.item())
+                if self.guard.observe(global_loss, norm):
+                    self.optimizer.step()
+                    grad_norms.append(norm.item())
+                    losses.append(global_loss)
+                    loss_metrics.append(metrics)
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.guard.tripped:
+                    where = f"the latest checkpoint is {self.last_checkpoint}" if self.last_checkpoint else \
+                        "no checkpoint had been saved yet"
+                    raise NonFiniteError(
+                        f"GRPO stopped at step {self.step}: {self.guard.describe()}; skipped updates leave the "
+                        f"parameters untouched; {where}")
         timings["update"] += time.perf_counter() - t0
         elapsed = time.perf_counter() - t_start
 
-        record = {"step": self.step, "lr": lr}
-        for key in (loss_metrics[0] if loss_metrics else {}):
-            record[key] = _mean([m[key] for m in loss_metrics])
+        record = {"step": self.step + 1, "lr": lr}
+        gathered = [m for ms in distributed.all_gather_objects(loss_metrics) for m in ms]
+        for key in (gathered[0] if gathered else {}):
+            record[key] = _mean([m[key] for m in gathered])
         # info last: frac_reward_zero_std is measured before dynamic sampling drops tied groups
-        record.update({"loss": _mean(losses), "grad_norm": _mean(grad_norms),
-                       "skipped_updates": self.skipped_updates, **info})
+        record.update({"loss": _mean(losses), "grad_norm": _mean(grad_norms), "skipped_updates": self.guard.total,
+                       **info})
         record.update({f"group_{k}": v for k, v in adv_stats.as_metrics().items()})
         for task in ("P", "A"):
             sel = torch.tensor([i.task == task for i in batch.items])
@@ -342,31 +430,44 @@ class GRPOTrainer:
                 record[f"reward_mean_{task}"] = batch.rewards[sel].mean().item()
                 record[f"reward_std_{task}"] = batch.rewards[sel].std(unbiased=False).item()
         lengths = batch.mask.sum(1).float()
+        sampling_s = distributed.all_reduce_sum(timings["sampling"]) / W
         record.update({"reward_mean": batch.rewards.mean().item(), "completion_len_mean": lengths.mean().item(),
                        "completion_len_max": lengths.max().item(), "frac_truncated": batch.truncated.float().mean().item(),
                        "time_sampling": timings["sampling"], "time_scoring": timings["scoring"],
                        "time_update": timings["update"], "time_step": elapsed,
-                       "generated_tokens_per_s": batch.generated_tokens / max(timings["sampling"], 1e-9)})
+                       "generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
+                       "world_size": W})
         self.step += 1
         self.history.append(record)
-        if self.cfg.out_dir:
-            out = Path(self.cfg.out_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            with open(out / "grpo_metrics.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-        if self.on_step:
+        if self.on_step and self.dist.is_main:
             self.on_step(record)
         return record
 
-    def train(self, progress: bool = True) -> list[dict]:
+    def train(self, until: int | None = None) -> list[dict]:
+        """Run to cfg.steps (or stop after step `until`), logging and checkpointing on rank 0."""
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=self.cfg.steps, initial=self.step, desc="GRPO", disable=not progress)
-        while self.step < self.cfg.steps:
-            rec = self.train_step()
-            bar.update(1)
-            bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", kl=f"{rec.get('kl', 0.0):.4f}")
-        bar.close()
+        cfg = self.cfg
+        target = cfg.steps if until is None else min(until, cfg.steps)
+        logger = None
+        if self.out_dir is not None and self.dist.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            fresh = self.resumed_from is None and self.step == 0
+            logger = MetricsLogger(self.out_dir / METRICS_FILE, fresh=fresh, resume_step=None if fresh else self.step)
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="GRPO", disable=not (cfg.progress and self.dist.is_main))
+        try:
+            while self.step < target:
+                rec = self.train_step()
+                if logger is not None:
+                    logger.log(rec)
+                bar.update(1)
+                bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", kl=f"{rec.get('kl', 0.0):.4f}")
+                if (cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0) or self.step == target:
+                    self.save()
+        finally:
+            bar.close()
+            if logger is not None:
+                logger.close()
         return self.history
 
 
@@ -375,36 +476,48 @@ def _mean(values):
     return sum(values) / len(values) if values else float("nan")
 
 
-def cli(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rookworld grpo", description="GRPO on chess with verifiable rewards.")
-    ap.add_argument("--init-from", required=True, help="Hugging Face GPT-2 directory (our export or RookWorld-LM)")
-    ap.add_argument("--data-dir", default=None, help="directory of rookworld datagen output (default data/)")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="rookworld grpo",
+        description="GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
+                    "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out-dir>/checkpoints.",
+        epilog="example: rookworld grpo --init-from runs/sft-cpu/final --out-dir runs/grpo-cpu --steps 50; "
+               "add --nproc 2 to run two processes under torchrun (gloo on CPU, NCCL on GPU)")
+    ap.add_argument("--init-from", required=True, metavar="DIR",
+                    help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
+    ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
     ap.add_argument("--layout", default="compact", choices=["compact", "original"],
                     help="P: prompt layout (original for a pretrained RookWorld-LM)")
-    ap.add_argument("--out", required=True, help="output directory (metrics, checkpoints, final model)")
-    for f in fields(GRPOTrainConfig):
-        if f.name in ("loss", "out_dir"):
-            continue
-        default = f.default
-        kind = type(default) if not isinstance(default, bool) else None
-        if isinstance(default, bool):
-            ap.add_argument(f"--{f.name.replace('_', '-')}", action=argparse.BooleanOptionalAction, default=default)
-        else:
-            ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=default)
-    ap.add_argument("--beta", type=float, default=0.0, help="KL coefficient (0 = no reference model)")
-    ap.add_argument("--loss-type", default="grpo", help="grpo | bnpo | dr_grpo | dapo")
-    args = ap.parse_args(argv)
+    ap.add_argument("--nproc", type=int, default=0, help="processes on this machine, via torchrun (0 = this process)")
+    add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"})
+    add_config_arguments(ap, grpo.GRPOConfig, skip=("temperature", "max_completion_length"))
+    return ap
+
+
+def cli(argv: list[str] | None = None) -> int:
+    argv = list(argv or [])
+    nproc, rest = distributed.strip_nproc(argv)
+    if nproc > 1:
+        return distributed.torchrun("grpo", rest, nproc)
+    args = build_parser().parse_args(rest)
     from .data import load_split
 
-    values = {f.name: getattr(args, f.name) for f in fields(GRPOTrainConfig) if f.name not in ("loss", "out_dir")}
-    cfg = GRPOTrainConfig(**values, out_dir=args.out,
-                          loss=grpo.GRPOConfig(beta=args.beta, loss_type=args.loss_type,
-                                               max_completion_length=args.max_new_tokens))
-    model = GPT.from_pretrained(args.init_from)
-    records = load_split("P", "train", args.data_dir).records + load_split("A", "train", args.data_dir).records
-    trainer = GRPOTrainer(model, prompt_items(records, args.layout), cfg)
-    trainer.train()
-    model.save_pretrained(Path(args.out) / "final")
-    Path(args.out, "grpo_config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
-    print(f"GRPO finished: {cfg.steps} steps; model in {Path(args.out) / 'final'}")
+    try:
+        loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args,
+                                                         skip=("temperature", "max_completion_length")),
+                               max_completion_length=args.max_new_tokens, temperature=args.temperature)
+        cfg = GRPOTrainConfig(**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)), loss=loss)
+        if not cfg.out_dir:
+            raise ValueError("give an output directory: --out-dir DIR")
+        records = load_split("P", "train", args.data_dir).records + load_split("A", "train", args.data_dir).records
+        trainer = GRPOTrainer(GPT.from_pretrained(args.init_from), prompt_items(records, args.layout), cfg)
+        trainer.train()
+        if trainer.dist.is_main:
+            final = trainer.export()
+            print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / METRICS_FILE}; model in {final}")
+    except (ValueError, ckpt_lib.CheckpointError, NonFiniteError) as exc:
+        print(f"rookworld grpo: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        distributed.cleanup()
     return 0

@@ -4,7 +4,7 @@ import torch
 from rookworld_lib import grpo
 from rookworld_lib.model import GPT, GPTConfig
 from rookworld_lib.sampling import sequence_logprobs
-from rookworld_lib.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, lr_at
+from rookworld_lib.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
 
 def toy_items():
@@ -21,7 +21,7 @@ def make(cfg_kw=None, reward=toy_reward):
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=64))
     kw = dict(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=3e-3, minibatch_size=16,
-              loss=grpo.GRPOConfig(beta=0.0), seed=1)
+              loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
     kw.update(cfg_kw or {})
     return GRPOTrainer(model, toy_items(), GRPOTrainConfig(**kw), reward_fn=reward)
 
@@ -74,7 +74,7 @@ def test_nonfinite_loss_skipped_counted_and_stops_after_k(monkeypatch):
     monkeypatch.setattr(grpo, "grpo_loss", nan_loss)
     trainer = make({"max_nonfinite_in_a_row": 2, "steps": 3, "minibatch_size": 16})
     before = [p.detach().clone() for p in trainer.model.parameters()]
-    with pytest.raises(FloatingPointError, match="non-finite losses in a row"):
+    with pytest.raises(FloatingPointError, match="non-finite losses/gradient norms in a row"):
         trainer.train()
     assert trainer.skipped_updates >= 2
     assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
@@ -93,14 +93,49 @@ def test_dynamic_sampling_drops_tied_groups():
     assert all(i.task == "A" for i in trainer.last_batch.items)
 
 
-def test_lr_schedule_warmup_and_cosine():
-    cfg = GRPOTrainConfig(steps=10, warmup_steps=2, lr=1.0, min_lr_ratio=0.1)
-    assert lr_at(0, cfg) == 0.5 and lr_at(1, cfg) == 1.0
-    assert abs(lr_at(2, cfg) - 1.0) < 1e-12 and abs(lr_at(10, cfg) - 0.1) < 1e-12
-
-
 @pytest.mark.parametrize("field,value", [("group_size", 1), ("policy_fraction", 1.5), ("scale_rewards", "z"),
                                          ("mu", 0), ("temperature", 0.0)])
 def test_config_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOTrainConfig(**{field: value})
+
+
+def test_kill_and_resume_gives_identical_parameters(tmp_path):
+    cfg = {"steps": 3, "minibatch_size": 8, "mu": 2, "loss": grpo.GRPOConfig(beta=0.04)}
+    straight = make({**cfg, "out_dir": str(tmp_path / "a")})
+    straight.train()
+    first = make({**cfg, "out_dir": str(tmp_path / "b")})
+    first.train(until=1)  # checkpoint written where it stops, as after a kill
+    del first
+    resumed = make({**cfg, "out_dir": str(tmp_path / "b")})
+    assert resumed.step == 1 and resumed.resumed_from is not None
+    resumed.train()
+    for (name, a), b in zip(straight.model.named_parameters(), resumed.model.parameters()):
+        assert torch.equal(a, b), name
+    lines = (tmp_path / "b" / "grpo_metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3  # one record per step, none repeated after the resume
+
+
+def test_export_writes_hugging_face_format(tmp_path):
+    trainer = make({"out_dir": str(tmp_path)})
+    trainer.train()
+    out = trainer.export()
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    reloaded = GPT.from_pretrained(out)
+    for a, b in zip(trainer.model.parameters(), reloaded.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_single_nan_is_skipped_counted_and_run_goes_on(monkeypatch):
+    real, calls = grpo.grpo_loss, {"n": 0}
+
+    def first_nan(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == 1 else loss), metrics
+
+    monkeypatch.setattr(grpo, "grpo_loss", first_nan)
+    trainer = make({"steps": 2, "minibatch_size": 16})
+    history = trainer.train()
+    assert trainer.skipped_updates == 1 and len(history) == 2
+    assert history[0]["skipped_updates"] == 1 and history[1]["grad_norm"] > 0
