@@ -1,0 +1,203 @@
+"""perf: FLOP counts against PyTorch's FlopCounterMode, peak tables, MFU guard, timing helpers."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rookworld_lib import perf
+from rookworld_lib.model import GPT, GPTConfig, KVCache, lm_loss
+
+# Several shapes: the tiny preset, a wider/deeper one with a padded vocabulary, and small-vocab
+# shapes where attention is a large share of the FLOPs (so a wrong attention term shows).
+SHAPES = [
+    (GPTConfig.preset("tiny", attn_impl="math"), [16, 96]),
+    (GPTConfig(n_layer=3, n_head=4, n_embd=96, block_size=256, pad_vocab_to_multiple=64, attn_impl="math"), [32, 200]),
+    (GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=512, vocab_size=512, attn_impl="math"), [8, 256, 512]),
+    (GPTConfig(n_layer=1, n_head=3, n_embd=48, block_size=128, vocab_size=1000, bias=False, attn_impl="math"), [128]),
+]
+CASES = [(cfg, T) for cfg, seq_lens in SHAPES for T in seq_lens]
+
+
+def _ids(cfg, B, T):
+    return torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("cfg,T", CASES, ids=[f"L{c.n_layer}C{c.n_embd}V{c.vocab_size}T{t}" for c, t in CASES])
+def test_forward_and_train_flops_match_flop_counter(cfg, T):
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    B = 2
+    idx = _ids(cfg, B, T + 1)
+    fwd = perf.count_flops(lambda: model(idx[:, :-1]))
+    assert perf.flops_per_token(cfg, T, "forward") * B * T == pytest.approx(fwd, rel=0.02)
+    train = perf.count_flops(lambda: lm_loss(model(idx[:, :-1]), idx[:, 1:]).backward())
+    assert perf.flops_per_token(cfg, T, "train") * B * T == pytest.approx(train, rel=0.02)
+
+
+@pytest.mark.parametrize("context", [1, 17, 100])
+def test_decode_flops_match_flop_counter(context):
+    cfg = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=128, vocab_size=700, attn_impl="math")
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    B = 3
+    idx = _ids(cfg, B, context)
+    cache = KVCache(cfg, B, context, "cpu", torch.float32)
+    with torch.no_grad():
+        if context > 1:
+            model(idx[:, :-1], cache=cache, start=0)
+        counted = perf.count_flops(lambda: model(idx[:, -1:], cache=cache, start=context - 1))
+    # one new token per row attending to `context` keys, its own included
+    assert perf.flops_per_token(cfg, context, "decode") * B == pytest.approx(counted, rel=0.02)
+
+
+def test_train_is_three_forwards_and_breakdown_sums():
+    cfg = GPTConfig()
+    parts = perf.flops_breakdown(cfg, 1024)
+    fwd = perf.flops_per_token(cfg, 1024, "forward")
+    assert sum(parts.values()) == fwd
+    assert perf.flops_per_token(cfg, 1024, "train") == 3 * fwd
+    # GPT-2 124M at T=1024: 6N-style estimate (N without position embeddings) plus attention
+    n_matmul = cfg.n_layer * 12 * cfg.n_embd**2 + cfg.n_embd * cfg.vocab_size
+    assert perf.flops_per_token(cfg, 1024, "train") == 6 * n_matmul + 12 * cfg.n_layer * cfg.n_embd * 1024
+    assert parts["lm_head"] == 2 * 768 * 50257
+    assert perf.flops_breakdown(GPTConfig(pad_vocab_to_multiple=64), 8)["lm_head"] == 2 * 768 * 50304
+
+
+def test_flops_bad_arguments():
+    with pytest.raises(ValueError, match="kind"):
+        perf.flops_per_token(GPTConfig(), 16, "backward")
+    with pytest.raises(ValueError, match="seq_len"):
+        perf.flops_per_token(GPTConfig(), 0, "train")
+
+
+@pytest.mark.parametrize("name,key,bf16", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4),
+    ("NVIDIA H100 SXM5 80GB", "H100 SXM", 989.4),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.0),
+    ("NVIDIA H200", "H200", 989.4),
+    ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100", 312.0),
+    ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2),
+])
+def test_peak_table_by_device_name(name, key, bf16):
+    assert perf.table_entry(name) == key
+    assert perf.table_peak(name, "bf16") == bf16
+    assert 0 < perf.table_peak(name, "fp32") <= perf.table_peak(name, "tf32") <= perf.table_peak(name, "bf16")
+
+
+def test_no_table_peak_for_cpus_or_unknown_gpus():
+    assert perf.table_peak("AMD EPYC 7B13 (2 threads)", "fp32") is None
+    assert perf.table_peak("NVIDIA Tesla T4", "bf16") is None
+    peak = perf.get_peak("cpu", "fp32", measure=False)
+    assert peak.table_tflops is None and peak.measured_tflops is None
+    with pytest.raises(ValueError, match="precision"):
+        perf.table_peak("NVIDIA H100", "int8")
+
+
+def test_mfu_against_both_peaks_and_refuses_above_100_percent():
+    peak = perf.Peak(device="NVIDIA H100 80GB HBM3", precision="bf16", table_tflops=989.4, measured_tflops=700.0)
+    ok = perf.mfu(flops=400e12, seconds=1.0, peak=peak)
+    assert ok.achieved_tflops == pytest.approx(400.0)
+    assert ok.vs_table == pytest.approx(400 / 989.4) and ok.vs_measured == pytest.approx(400 / 700)
+    with pytest.raises(perf.MFUError, match="measured"):
+        perf.mfu(flops=800e12, seconds=1.0, peak=peak)
+    with pytest.raises(perf.MFUError, match="data-sheet"):
+        perf.mfu(flops=1000e12, seconds=1.0, peak=peak)
+    with pytest.raises(ValueError):
+        perf.mfu(flops=1.0, seconds=0.0, peak=peak)
+
+
+def test_the_17381_percent_bug_is_refused():
+    """Counting training FLOPs (3x forward) over a forward-only timing inflates MFU 3x."""
+    cfg, T, B = GPTConfig(), 1024, 16
+    peak = perf.Peak(device="NVIDIA GeForce RTX 4090", precision="bf16", table_tflops=165.2, measured_tflops=None)
+    true_forward_mfu = 0.5794  # a plausible, honest forward-pass MFU
+    forward_flops = perf.flops_per_token(cfg, T, "forward") * B * T
+    forward_seconds = forward_flops / (true_forward_mfu * 165.2e12)
+    assert perf.mfu(forward_flops, forward_seconds, peak).vs_table == pytest.approx(true_forward_mfu)
+    wrong_flops = perf.flops_per_token(cfg, T, "train") * B * T  # 3x too many for a forward timing
+    with pytest.raises(perf.MFUError, match="173.8"):
+        perf.mfu(wrong_flops, forward_seconds, peak)
+
+
+def test_measured_peak_and_cpu_mfu_are_sane():
+    peak = perf.get_peak("cpu", "fp32", n=256, warmup=1, repeats=3)
+    assert peak.table_tflops is None
+    assert math.isfinite(peak.measured_tflops) and peak.measured_tflops > 0
+    m = perf.mfu(peak.measured_tflops * 1e12 * 0.5, 1.0, peak)
+    assert m.vs_table is None and m.vs_measured == pytest.approx(0.5)
+
+
+def test_benchmark_warms_up_repeats_and_syncs():
+    calls, syncs = [], []
+    t = perf.benchmark(lambda: calls.append(1), warmup=3, repeats=7, sync=lambda: syncs.append(1))
+    assert len(calls) == 10
+    assert len(syncs) == 1 + 7  # once after warm-up, once per timed call
+    assert len(t.times_s) == 7
+    assert t.min_s <= t.p10_s <= t.median_s <= t.p90_s
+    assert t.per_second(100) == pytest.approx(100 / t.median_s)
+    json.dumps(t.as_dict())
+    with pytest.raises(ValueError):
+        perf.benchmark(lambda: None, warmup=0, repeats=0)
+
+
+def test_benchmark_interleaved_alternates():
+    order = []
+    res = perf.benchmark_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                     warmup=1, repeats=3, sync=False)
+    assert order == ["a", "b"] * 4
+    assert set(res) == {"a", "b"} and len(res["a"].times_s) == 3
+
+
+def test_quantiles():
+    t = perf.summarize_times([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert t.median_s == 3.0 and t.min_s == 1.0
+    assert t.p10_s == pytest.approx(1.4) and t.p90_s == pytest.approx(4.6)
+    assert t.spread == pytest.approx((4.6 - 1.4) / 3.0)
+
+
+def test_utilization_sampler_records_cpu():
+    with perf.UtilizationSampler(interval_s=0.05) as util:
+        a = torch.randn(256, 256)
+        end = perf.time.perf_counter() + 0.4
+        while perf.time.perf_counter() < end:
+            a @ a
+    s = util.summary()
+    assert s["n_samples"] >= 2
+    assert s["process_cpu_pct"]["max"] > 0
+
+
+def test_profile_phases_memory_trace_and_top_ops(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = _ids(model.config, 2, 33)
+
+    def step():
+        with perf.phase("forward"):
+            loss = lm_loss(model(idx[:, :-1]), idx[:, 1:])
+        with perf.phase("backward"):
+            loss.backward()
+        with perf.phase("optimizer"):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    res = perf.profile_phases(step, trace_path=tmp_path / "trace.json", device="cpu")
+    assert (tmp_path / "trace.json").stat().st_size > 0
+    assert [m["phase"] for m in res.memory_by_phase] == ["forward", "backward", "optimizer"]
+    fwd, bwd, optm = res.memory_by_phase
+    logits_mb = 2 * 32 * 50257 * 4 / 2**20
+    assert fwd["peak_extra_mb"] >= logits_mb  # the logits alone are live at the end of forward
+    # first step: AdamW allocates its two moments (8 bytes per parameter)
+    n = sum(p.numel() for p in model.parameters())
+    assert optm["end_mb"] - optm["start_mb"] >= 0.9 * 8 * n / 2**20 - 4 * n / 2**20  # + moments - freed grads
+    assert res.top_ops and res.top_ops[0]["self_ms"] >= res.top_ops[-1]["self_ms"]
+    assert abs(sum(r["self_pct"] for r in res.top_ops)) <= 100.0 + 1e-6
+
+
+def test_environment_info_is_json():
+    info = perf.environment_info("cpu")
+    assert info["torch"] == torch.__version__ and info["device_type"] == "cpu"
+    json.dumps(info)

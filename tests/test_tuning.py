@@ -1,0 +1,165 @@
+"""The tuning matrix: loss parity catches result-changing rows; unsupported rows are reported."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rookworld_lib import perf, tuning
+from rookworld_lib.model import GPT, GPTConfig
+
+# Small enough for CI: tiny model, 2 x 16 tokens, 3 steps.
+BASE = tuning.TuneConfig(model="tiny", batch_size=2, seq_len=16, steps=3, timed_from=1, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    variants = [
+        tuning.Variant("baseline", "baseline"),
+        # a planted change that alters the result: 30x the learning rate
+        tuning.Variant("planted-lr", "lr", {"lr": 0.03}),
+        # changes that must not alter the result
+        tuning.Variant("attn_impl=math", "attn_impl", {"attn_impl": "math"}),
+        tuning.Variant("pad_vocab_to_multiple=64", "pad_vocab_to_multiple", {"pad_vocab_to_multiple": 64}),
+        tuning.Variant("grad_accum=2", "grad_accum", {"grad_accum": 2}),
+        tuning.Variant("gradient_checkpointing=True", "gradient_checkpointing", {"gradient_checkpointing": True}),
+        tuning.Variant("optimizer=fused", "optimizer", {"optimizer": "fused"}),
+        tuning.Variant("batch_size=4", "batch_size", {"batch_size": 4}, expect_parity=False),
+        # unsupported here: reported, not dropped
+        tuning.Variant("precision=tf32", "precision", {"precision": "tf32"}),
+        tuning.Variant("offload_optimizer=True", "offload_optimizer", {"offload_optimizer": True}),
+        tuning.Variant("grad_accum=3", "grad_accum", {"grad_accum": 3}),
+    ]
+    return tuning.run_matrix(BASE, variants, profile_memory=False, progress=False)
+
+
+def test_planted_change_is_caught(matrix):
+    planted = matrix.row("planted-lr")
+    assert planted["status"] == "ok"
+    assert planted["changes_result"] is True
+    assert abs(planted["loss_delta"]) > matrix.tolerance
+    assert "planted-lr" in matrix.flagged()
+
+
+@pytest.mark.parametrize("name", ["attn_impl=math", "pad_vocab_to_multiple=64", "grad_accum=2",
+                                  "gradient_checkpointing=True", "optimizer=fused"])
+def test_equivalent_rows_keep_the_result(matrix, name):
+    row = matrix.row(name)
+    assert row["status"] == "ok", row["reason"]
+    assert row["changes_result"] is False
+    assert abs(row["loss_delta"]) < 1e-3  # all fp32: equal up to rounding
+    assert name not in matrix.flagged()
+
+
+def test_rows_with_different_data_are_not_flagged(matrix):
+    row = matrix.row("batch_size=4")
+    assert row["status"] == "ok" and row["expect_parity"] is False
+    assert "batch_size=4" not in matrix.flagged()
+
+
+def test_unsupported_rows_are_reported_with_reasons(matrix):
+    assert "no CPU equivalent" in matrix.row("precision=tf32")["reason"]
+    assert "CPU memory" in matrix.row("offload_optimizer=True")["reason"]
+    assert "micro-batches" in matrix.row("grad_accum=3")["reason"]
+    for name in ("precision=tf32", "offload_optimizer=True", "grad_accum=3"):
+        assert matrix.row(name)["status"] == "skipped"
+    assert len(matrix.rows) == 11  # nothing silently dropped
+
+
+def test_rows_carry_speed_mfu_and_memory(matrix):
+    base = matrix.row("baseline")
+    assert base["speedup"] == 1.0 and base["loss_delta"] == 0.0
+    for row in matrix.ok_rows():
+        assert row["tokens_per_s"] > 0 and row["step_time_s"] > 0
+        assert row["step_time_p10_s"] <= row["step_time_s"] <= row["step_time_p90_s"]
+        assert 0 < row["mfu_measured"] <= 1
+        assert row["mfu_table"] is None  # CPU: no data-sheet peak
+        assert len(row["losses"]) == BASE.steps
+    assert base["tokens_per_step"] == 2 * 16
+    json.dumps(matrix.as_dict())
+    table = matrix.table()
+    assert list(table["name"]) == [r["name"] for r in matrix.rows]
+
+
+def test_scaling_and_figures(matrix):
+    pts = matrix.scaling("batch_size")
+    assert [p["value"] for p in pts] == [2, 4]
+    assert len(tuning.speedup_figure(matrix).data) == 1
+    assert len(tuning.scaling_figure(matrix).data) == 4
+
+
+def test_run_config_profiles_memory_by_phase(tmp_path):
+    row = tuning.run_config(replace(BASE, steps=2, timed_from=1), trace_path=tmp_path / "t.json")
+    assert row["status"] == "ok"
+    assert [m["phase"] for m in row["memory_by_phase"]] == ["forward", "backward", "optimizer"]
+    assert row["peak_mem_mb"] > row["state_mb"]["params_mb"]
+    assert row["top_ops"] and (tmp_path / "t.json").exists()
+
+
+def test_default_variants_cover_the_issue_list():
+    variants = tuning.default_variants(tuning.TuneConfig(), allow_compile=False)
+    variables = {v.variable for v in variants}
+    assert variables >= {"baseline", "precision", "compile", "batch_size", "seq_len", "attn_impl", "optimizer",
+                         "pad_vocab_to_multiple", "gradient_checkpointing", "grad_accum", "offload_optimizer"}
+    compile_rows = [v for v in variants if v.variable == "compile"]
+    assert {v.overrides["compile"] for v in compile_rows} == {"default", "max-autotune"}
+    assert all(v.skip_reason for v in compile_rows)
+
+
+def test_cpu_offload_adamw_matches_adamw():
+    torch.manual_seed(0)
+    a = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=300))
+    b = GPT(a.config)
+    b.load_state_dict(a.state_dict())
+    oa = torch.optim.AdamW(a.param_groups(0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    ob = tuning.CPUOffloadAdamW(b.param_groups(0.1), lr=1e-2)
+    x = torch.randint(0, 300, (2, 17))
+    for _ in range(3):
+        for m, o in ((a, oa), (b, ob)):
+            from rookworld_lib.model import lm_loss
+
+            lm_loss(m(x[:, :-1]), x[:, 1:]).backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+    for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_padded_vocab_gets_the_same_initial_weights():
+    state = tuning.initial_state(BASE)
+    padded = GPT(GPTConfig.preset("tiny", pad_vocab_to_multiple=64))
+    tuning.load_initial_state(padded, state)
+    wte = padded.transformer.wte.weight
+    assert wte.shape[0] == 50304
+    torch.testing.assert_close(wte[:50257], state["transformer.wte.weight"])
+    assert wte[50257:].abs().sum() == 0
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="TuneConfig.precision"):
+        tuning.TuneConfig(precision="fp8")
+    with pytest.raises(ValueError, match="TuneConfig.compile"):
+        tuning.TuneConfig(compile="reduce-overhead")
+    with pytest.raises(ValueError, match="TuneConfig.timed_from"):
+        tuning.TuneConfig(steps=2, timed_from=2)
+    with pytest.raises(ValueError, match="TuneConfig.model"):
+        tuning.TuneConfig(model="gpt5")
+
+
+def test_batches_from_tokens():
+    stream = torch.arange(1000)
+    batches = tuning.batches_from_tokens(stream, n=2, batch_size=3, seq_len=10)
+    x, y = batches[1]
+    assert x.shape == y.shape == (3, 10)
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    with pytest.raises(ValueError, match="token stream"):
+        tuning.batches_from_tokens(stream, n=100, batch_size=3, seq_len=10)
+
+
+def test_mfu_recheck_remeasures_a_low_peak():
+    peaks = {"fp32": perf.Peak(device="cpu", precision="fp32", table_tflops=None, measured_tflops=1e-9)}
+    real = perf.measure_peak_tflops("cpu", "fp32", n=256)
+    util = tuning.checked_mfu(real * 1e12 * 0.01, 1.0, peaks, torch.device("cpu"), "fp32")
+    assert 0 < util.vs_measured <= 1
+    assert peaks["fp32"].measured_tflops > 1e-9
