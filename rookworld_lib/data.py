@@ -975,6 +975,66 @@ def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Audits (re-derive labels; used by the tests and notebook 00)
+# --------------------------------------------------------------------------------------------
+
+def _audit_multipv(rec: dict) -> int:
+    # multipv is not stored: fewer candidates than legal moves means multipv = len(moves); a full
+    # list means any multipv >= n_legal, which Stockfish treats as n_legal
+    n = len(rec["moves"])
+    return n if n < rec["n_legal"] else tasks.MAX_CANDIDATES
+
+
+def audit_policy_labels(records: list[dict], *, workers: int | None = None, progress: bool = False) -> list[dict]:
+    """Re-run Stockfish at each P: record's recorded limit and report every difference in the
+    candidate moves or evals (an empty list: every label, B: included, is reproduced)."""
+    from .engine import EnginePool, EngineSettings, parse_limit_key
+
+    problems = []
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for rec in records:
+        groups.setdefault((rec["limit"], _audit_multipv(rec)), []).append(rec)
+    for (limit, multipv), recs in groups.items():
+        lim = parse_limit_key(limit)
+        settings = EngineSettings(depth=lim.depth, nodes=lim.nodes, time=lim.time, multipv=multipv)
+        with EnginePool(settings, size=workers, cache=False) as pool:
+            version = pool.version
+            analyses = pool.analyse_many([r["fen"] for r in recs], progress=progress, desc="audit")
+        for rec, a in zip(recs, analyses):
+            got = {"engine": version, "best": a.best, "moves": list(a.moves),
+                   "evals": [tasks.format_eval(e) for e in a.evals]}
+            for key, value in got.items():
+                if rec[key] != value:
+                    problems.append({"id": rec["id"], "field": key, "expected": rec[key], "got": value})
+    return problems
+
+
+def audit_env_samples(records: list[dict]) -> list[dict]:
+    """Replay every A: record with python-chess (`tasks.environment_step`, legality by
+    `board.is_legal`) and report every field that differs."""
+    problems = []
+    for rec in records:
+        tr = tasks.environment_step(rec["fen"], rec["move"], rec["history"][:-1])
+        got = {"new_fen": tr.new_fen, "reward": tr.reward, "terminated": tr.terminated, "truncated": tr.truncated,
+               "kind": tr.kind, "termination": tr.termination, "history": list(tr.history), "prompt": tr.prompt,
+               "completion": tr.completion}
+        for key, value in got.items():
+            if rec[key] != value:
+                problems.append({"id": rec["id"], "field": key, "expected": rec[key], "got": value})
+    return problems
+
+
+def audit_mate_in_one(records: list[dict]) -> list[dict]:
+    """Check that every M1 record lists exactly the moves that mate at once."""
+    problems = []
+    for rec in records:
+        got = mating_moves(chess.Board(rec["fen"]))
+        if got != rec["mating_moves"]:
+            problems.append({"id": rec["id"], "field": "mating_moves", "expected": rec["mating_moves"], "got": got})
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
 # Summaries (the data card's numbers)
 # --------------------------------------------------------------------------------------------
 
@@ -1115,5 +1175,6 @@ __all__ = [
     "SPLITS", "SCHEMA", "DatagenConfig", "DatagenReport", "generate", "split_of_game", "game_plan", "play_game",
     "select_samples", "position_tags", "move_tags", "mating_moves", "wrong_move", "policy_record", "env_record",
     "mate_record", "DataFormatError", "LineError", "LoadedData", "validate_record", "load_jsonl", "data_file",
-    "load_split", "load_mate_in_one", "record_text", "summarize", "render_card_tables", "cli", "WorkDirMismatch",
+    "load_split", "load_mate_in_one", "record_text", "audit_policy_labels", "audit_env_samples",
+    "audit_mate_in_one", "summarize", "render_card_tables", "cli", "WorkDirMismatch",
 ]

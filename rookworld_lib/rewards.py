@@ -428,7 +428,7 @@ def _score_policy_inner(board, completion, truth, source, weights, pool) -> Poli
             for m in legal_m if m in true_eval and m in pred_eval]
     evals_acc = sum(accs) / len(accs) if accs else 0.0
     if best_move is None:
-        total = ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * fmt
+        total = round(ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * fmt, 12)
         why = "B: missing" if parse.best is None else "B: is not a legal move"
         return PolicyScore(total=total, format=fmt, moves_legal=moves_legal, moves_overlap=overlap,
                            evals_accuracy=evals_acc, truth_source=source, errors=parse.errors + (why,))
@@ -446,8 +446,8 @@ def _score_policy_inner(board, completion, truth, source, weights, pool) -> Poli
     else:
         loss = float(max(0, best_eval.to_cp() - move_eval.to_cp()))
         quality = quality_from_cp(best_eval.to_cp(), move_eval.to_cp())
-    total = (weights.best_quality * quality + weights.format * fmt + weights.moves_legal * moves_legal
-             + weights.moves_overlap * overlap + weights.evals_accuracy * evals_acc)
+    total = _wsum((weights.best_quality, quality), (weights.format, fmt), (weights.moves_legal, moves_legal),
+                  (weights.moves_overlap, overlap), (weights.evals_accuracy, evals_acc))
     return PolicyScore(total=min(1.0, max(0.0, total)), format=fmt, best_legal=1.0, best_quality=quality,
                        cp_loss=loss, moves_legal=moves_legal, moves_overlap=overlap, evals_accuracy=evals_acc,
                        best_rank=rank, truth_source=source, estimated=estimated, errors=parse.errors)
@@ -466,6 +466,11 @@ def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
             raise  # the machine, not the text: a silent constant reward would be worse
         log.error("internal error in score_policy: %r", exc)
         return GARBAGE
+
+
+def _wsum(*pairs: tuple[float, float]) -> float:
+    """Weighted sum, rounded to 12 decimals so that a perfect answer scores exactly 1.0."""
+    return round(math.fsum(w * v for w, v in pairs), 12)
 
 
 def _finite(x: float) -> float:
@@ -564,8 +569,8 @@ def _score_env(completion, t: EnvTruth, source: str, weights: EnvWeights) -> Env
     rew = float(parse.reward is not None and abs(parse.reward - t.reward) < 1e-9)
     term = float(parse.terminated == t.terminated)
     trunc = float(parse.truncated == t.truncated)
-    total = (weights.format * fmt + weights.fen_exact * exact + weights.fen_fields * partial
-             + weights.reward * rew + weights.terminated * term + weights.truncated * trunc)
+    total = _wsum((weights.format, fmt), (weights.fen_exact, exact), (weights.fen_fields, partial),
+                  (weights.reward, rew), (weights.terminated, term), (weights.truncated, trunc))
     return EnvScore(total=min(1.0, max(0.0, total)), format=fmt, fen_exact=exact, fen_fields=partial, reward=rew,
                     terminated=term, truncated=trunc, truth_source=source, errors=parse.errors)
 
@@ -608,14 +613,18 @@ def score_batch(prompts: list[str], completions: list[str], truths: list | None 
 
 
 def _prefetch(prompts, completions, truths, engine) -> None:
+    """Warm the analysis cache on all engines in parallel: first the multipv analyses of positions
+    without a truth, then the restricted searches of legal B: moves outside the candidates."""
     pool = _resolve_engine(engine)
     if pool is None:
         return
+    import concurrent.futures
+
     from .engine import parse_limit_key
 
-    jobs = []  # (board, root move or None, limit)
+    items = []  # (fen, board, truth or None, completion)
     for p, c, t in zip(prompts, completions, truths):
-        if tasks.task_of(p) != "P":
+        if tasks.task_of(p) != "P" or not isinstance(c, str):
             continue
         pp = tasks.parse_policy_prompt(p)
         if not pp.ok:
@@ -627,28 +636,122 @@ def _prefetch(prompts, completions, truths, engine) -> None:
             tr = policy_truth(t) if t is not None else _POLICY_TRUTH.get(tasks.position_key(pp.fen))
         except Exception:
             continue
-        if tr is None:
-            jobs.append((pp.fen, None, None))
-            continue
-        cp = tasks.parse_policy_completion(c)
-        if cp.best and cp.best not in tr.moves and tasks.legal_move(board, cp.best) is not None:
-            jobs.append((pp.fen, cp.best, tr.limit))
-    if not jobs:
-        return
-    import concurrent.futures
+        items.append((pp.fen, board, tr, c))
 
-    def run(job):
+    def run(fn, jobs):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=pool.size) as ex:
+            return list(ex.map(fn, jobs))
+
+    def analyse(fen):
+        try:
+            a = pool.analyse(fen)
+            return PolicyTruth(a.fen, a.moves, a.evals, a.limit)
+        except ValueError as exc:
+            log.warning("prefetch failed for %s: %s", fen, exc)
+            return None
+
+    missing = list(dict.fromkeys(fen for fen, _, tr, _ in items if tr is None))
+    found = dict(zip(missing, run(analyse, missing)))
+    roots = []
+    for fen, board, tr, c in items:
+        tr = tr or found.get(fen)
+        best = tasks.parse_policy_completion(c).best
+        if tr is not None and best and best not in tr.moves and tasks.legal_move(board, best) is not None:
+            roots.append((fen, best, tr.limit))
+
+    def root(job):
         fen, move, limit = job
         try:
-            if move is None:
-                pool.analyse(fen)
-            else:
-                pool.analyse(fen, multipv=1, limit=parse_limit_key(limit), root_moves=[move])
-        except Exception as exc:
+            pool.analyse(fen, multipv=1, limit=parse_limit_key(limit), root_moves=[move])
+        except ValueError as exc:
             log.warning("prefetch failed for %s %s: %s", fen, move, exc)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=pool.size) as ex:
-        list(ex.map(run, dict.fromkeys(jobs)))
+    run(root, list(dict.fromkeys(roots)))
+
+
+# --------------------------------------------------------------------------------------------
+# Example completions (notebook 00, robustness checks)
+# --------------------------------------------------------------------------------------------
+
+_MUTATION_ALPHABET = "abcdefgh12345678qrbnkpPNBRQK/ -+.M:E0"
+
+
+def mutate_text(text: str, rng, edits: int = 1) -> str:
+    """`text` with `edits` random character edits (replace, insert, delete, swap): a garbled answer."""
+    chars = list(text)
+    for _ in range(edits):
+        op = rng.choice("rids")
+        i = rng.randrange(len(chars) + 1)
+        if op == "r" and chars:
+            chars[min(i, len(chars) - 1)] = rng.choice(_MUTATION_ALPHABET)
+        elif op == "i":
+            chars.insert(i, rng.choice(_MUTATION_ALPHABET))
+        elif op == "d" and chars:
+            del chars[min(i, len(chars) - 1)]
+        elif op == "s" and len(chars) > 1:
+            j = min(i, len(chars) - 2)
+            chars[j], chars[j + 1] = chars[j + 1], chars[j]
+    return "".join(chars)
+
+
+def policy_examples(rec, seed: int = 0) -> dict[str, str]:
+    """Completions of graded quality for one P: record, keyed by category: the record's M:/E: with
+    B: = best, 2nd, 5th candidate, a random legal move outside them, an illegal move; a garbled
+    copy of the true completion (3-8 character edits); and random garbage."""
+    import random as _random
+
+    rng = _random.Random(f"{seed}:{rec['id']}")
+    board = chess.Board(rec["fen"])
+    head = f" M: {' '.join(rec['moves'])} E: {' '.join(rec['evals'])} B: "
+    out = {"best": head + rec["moves"][0]}
+    if len(rec["moves"]) > 1:
+        out["2nd"] = head + rec["moves"][1]
+    if len(rec["moves"]) > 4:
+        out["5th"] = head + rec["moves"][4]
+    others = sorted(m.uci() for m in board.legal_moves if m.uci() not in rec["moves"])
+    if others:
+        out["random legal"] = head + rng.choice(others)
+    while True:
+        m = chess.Move(rng.choice(chess.SQUARES), rng.choice(chess.SQUARES))
+        if m.from_square != m.to_square and not board.is_legal(m):
+            out["illegal"] = head + m.uci()
+            break
+    out["garbled"] = mutate_text(rec["completion"], rng, rng.randint(3, 8))
+    out["garbage"] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 .,!?") for _ in range(rng.randint(5, 40)))
+    return out
+
+
+def env_examples(rec, seed: int = 0) -> dict[str, str]:
+    """Completions for one A: record: exact, one FEN character off, wrong flags, garbled, garbage."""
+    import random as _random
+
+    rng = _random.Random(f"{seed}:{rec['id']}")
+    fen, rest = rec["completion"].split("+", 1)
+    while True:
+        i = rng.randrange(len(fen))
+        c = rng.choice("pnbrqkPNBRQK12345678/wb-")
+        if c != fen[i]:
+            break
+    flags = rest.split("+")
+    flags[1] = "1" if flags[1] == "0" else "0"
+    return {"exact": rec["completion"], "one FEN char off": fen[:i] + c + fen[i + 1:] + "+" + rest,
+            "wrong terminated flag": fen + "+" + "+".join(flags),
+            "garbled": mutate_text(rec["completion"], rng, rng.randint(3, 8)),
+            "garbage": "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 .,!?") for _ in range(rng.randint(5, 40)))}
+
+
+def reward_distribution(policy_records=(), env_records=(), seed: int = 0) -> list[dict]:
+    """One row per (record, example category): task, category, reward, id (for tables and plots)."""
+    rows = []
+    for rec in policy_records:
+        for cat, completion in policy_examples(rec, seed).items():
+            rows.append({"task": "P", "category": cat, "reward": score_policy(rec["prompt"], completion, truth=rec),
+                         "id": rec["id"]})
+    for rec in env_records:
+        for cat, completion in env_examples(rec, seed).items():
+            rows.append({"task": "A", "category": cat,
+                         "reward": score_environment(rec["prompt"], completion, truth=rec), "id": rec["id"]})
+    return rows
 
 
 def cache_info() -> dict:
@@ -673,5 +776,6 @@ __all__ = [
     "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
     "env_truth", "register_truth", "clear_truth", "registered_truth_counts", "PolicyScore", "EnvScore",
     "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed", "score_environment",
-    "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache",
+    "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",
+    "policy_examples", "env_examples", "reward_distribution",
 ]

@@ -1,0 +1,319 @@
+"""Verifiable rewards: ranking on held-out positions, components, truth sources, cache, fuzzing."""
+
+import math
+import random
+
+import chess
+import pytest
+from helpers_chess import corrupt_one_char, mutate, needs_stockfish, policy_completion_for, shipped
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rookworld_lib import engine, rewards, tasks
+
+FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                         HealthCheck.function_scoped_fixture])
+LO, HI = rewards.POLICY_RANGE
+
+
+@pytest.fixture(scope="module")
+def val_policy():
+    return shipped("P", "val")
+
+
+@pytest.fixture(scope="module")
+def val_env():
+    return shipped("A", "val")
+
+
+def _in_range(x):
+    return isinstance(x, float) and math.isfinite(x) and LO <= x <= HI
+
+
+def _illegal_uci(board: chess.Board, rng: random.Random) -> str:
+    while True:
+        m = chess.Move(rng.choice(chess.SQUARES), rng.choice(chess.SQUARES))
+        if m.from_square != m.to_square and not board.is_legal(m):
+            return m.uci()
+
+
+def _garbage(rng: random.Random) -> str:
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 .,;!?/-_=()[]{}"
+    return "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60)))
+
+
+# ------------------------------------------------------------------------------------------
+# Ranking (acceptance)
+# ------------------------------------------------------------------------------------------
+
+@needs_stockfish
+def test_policy_reward_ranks_best_2nd_5th_random_illegal_garbage(val_policy):
+    rng = random.Random(0)
+    pool = [r for r in val_policy if len(r["moves"]) == 5 and r["n_legal"] > 5]
+    assert len(pool) >= 200
+    recs = rng.sample(pool, 200)
+    rand_moves = []
+    for r in recs:
+        board = chess.Board(r["fen"])
+        rand_moves.append(rng.choice(sorted(m.uci() for m in board.legal_moves if m.uci() not in r["moves"])))
+    # the random legal moves are outside the candidates: the engine evaluates them (in parallel)
+    prompts = [r["prompt"] for r in recs]
+    rand_scores = rewards.score_batch(prompts, [policy_completion_for(r, m) for r, m in zip(recs, rand_moves)], recs)
+    ok, failures = 0, []
+    for r, m, s_rand in zip(recs, rand_moves, rand_scores):
+        board = chess.Board(r["fen"])
+        s = [rewards.score_policy(r["prompt"], policy_completion_for(r, r["moves"][k]), truth=r) for k in (0, 1, 4)]
+        s_illegal = rewards.score_policy(r["prompt"], policy_completion_for(r, _illegal_uci(board, rng)), truth=r)
+        s_garbage = rewards.score_policy(r["prompt"], _garbage(rng), truth=r)
+        cps = [tasks.parse_eval(r["evals"][k]).to_cp() for k in (0, 1, 4)]
+        d_rand = rewards.score_policy_detailed(r["prompt"], policy_completion_for(r, m), truth=r)
+        rand_cp = cps[0] - d_rand.cp_loss
+
+        def ge(a, b, cp_a, cp_b):  # >=, and strictly > where the evals differ
+            return a > b if cp_a != cp_b else a >= b
+
+        chain = (ge(s[0], s[1], cps[0], cps[1]) and ge(s[1], s[2], cps[1], cps[2])
+                 and ge(s[2], s_rand, cps[2], rand_cp) and s_rand > s_illegal > s_garbage)
+        ok += chain
+        if not chain:
+            failures.append((r["id"], s, s_rand, s_illegal, s_garbage))
+        assert not d_rand.estimated and d_rand.best_rank is None
+    assert ok / len(recs) >= 0.95, failures[:5]
+
+
+def test_environment_reward_ranks_exact_corrupted_garbage(val_env):
+    rng = random.Random(1)
+    for r in val_env:
+        exact = rewards.score_environment(r["prompt"], r["completion"], truth=r)
+        fen, rest = r["completion"].split("+", 1)
+        corrupted = rewards.score_environment(r["prompt"], corrupt_one_char(fen, rng) + "+" + rest, truth=r)
+        garbage = rewards.score_environment(r["prompt"], _garbage(rng), truth=r)
+        assert exact == 1.0 > corrupted > garbage, (r["id"], exact, corrupted, garbage)
+
+
+def test_environment_reward_without_truth_replays_the_prompt(val_env):
+    for r in val_env[:100]:
+        d = rewards.score_environment_detailed(r["prompt"], r["completion"])
+        assert d.truth_source == "replay" and d.total == 1.0
+
+
+# ------------------------------------------------------------------------------------------
+# Components
+# ------------------------------------------------------------------------------------------
+
+def test_policy_components_on_a_worked_example(val_policy):
+    r = next(x for x in val_policy if len(x["moves"]) == 5 and x["n_legal"] > 5
+             and tasks.parse_eval(x["evals"][0]).to_cp() - tasks.parse_eval(x["evals"][4]).to_cp() > 30)
+    prompt, best = r["prompt"], r["best"]
+    perfect = rewards.score_policy_detailed(prompt, r["completion"], truth=r)
+    assert perfect.total == 1.0 and perfect.best_rank == 1 and perfect.cp_loss == 0 and perfect.errors == ()
+    # only B: present: legal best move, no candidates or evals
+    only_b = rewards.score_policy_detailed(prompt, f" B: {best}", truth=r)
+    assert only_b.best_quality == 1.0 and only_b.moves_overlap == 0 and 0 < only_b.total < perfect.total
+    # wrong evals cost eval accuracy only
+    bad_e = policy_completion_for(r, best).replace(" E: ", " E: 9.0 ", 1)
+    bad_e = bad_e.replace(" " + r["evals"][-1] + " B:", " B:")
+    d = rewards.score_policy_detailed(prompt, bad_e, truth=r)
+    assert d.evals_accuracy < 1 and d.best_quality == 1.0 and d.total < 1.0
+    # an illegal M: candidate costs move legality and overlap
+    board = chess.Board(r["fen"])
+    bad_m = f" M: {_illegal_uci(board, random.Random(2))} {' '.join(r['moves'][1:])} E: {' '.join(r['evals'])} B: {r['moves'][1]}"
+    d = rewards.score_policy_detailed(prompt, bad_m, truth=r)
+    assert d.moves_legal == 0.8 and d.moves_overlap == 0.8 and d.best_rank == 2
+    # B: missing or illegal: in [-0.5, -0.25], above garbage
+    missing = rewards.score_policy(prompt, f" M: {best} E: 0.1", truth=r)
+    illegal = rewards.score_policy(prompt, policy_completion_for(r, _illegal_uci(board, random.Random(3))), truth=r)
+    assert -0.5 <= missing <= -0.25 and -0.5 <= illegal <= -0.25 and missing < illegal
+    assert rewards.score_policy(prompt, "", truth=r) == -1.0
+
+
+def test_layouts_score_alike(val_policy):
+    for r in val_policy[:30]:
+        compact = rewards.score_policy(r["prompt"], r["completion"], truth=r)
+        prompt, completion = tasks.policy_text(r["fen"], r["moves"], r["evals"], r["best"], "original")
+        assert rewards.score_policy(prompt, completion, truth=r) == compact == 1.0
+
+
+def test_quality_is_graded_by_centipawn_loss():
+    q = [rewards.quality_from_cp(50, 50 - loss) for loss in (0, 10, 50, 100, 300, 900, 5000)]
+    assert q[0] == 1.0 and all(a > b for a, b in zip(q, q[1:])) and q[-1] < 0.1
+    # mate in 1 beats mate in 3 even where both win probabilities round to 1.0
+    assert rewards.quality_from_cp(tasks.Eval(mate=1).to_cp(), tasks.Eval(mate=3).to_cp()) < 1.0
+    assert rewards.move_accuracy(0.0) == 1.0 and rewards.move_accuracy(1.0) == 0.0
+
+
+def test_rewards_vary_with_the_answer_not_a_constant(val_policy):
+    """The pitfall of a reward that is the same for every legal answer (ground truth dropped)."""
+    values = set()
+    for r in val_policy[:60]:
+        for k in range(len(r["moves"])):
+            values.add(round(rewards.score_policy(r["prompt"], policy_completion_for(r, r["moves"][k]), truth=r), 6))
+    assert len(values) > 40
+
+
+def test_environment_components():
+    fen = chess.STARTING_FEN
+    tr = tasks.environment_step(fen, "g1f3")
+    prompt, good = tr.prompt, tr.completion
+    full = rewards.score_environment_detailed(prompt, good)
+    assert full.total == 1.0 and full.fen_exact == 1.0
+    wrong_reward = rewards.score_environment_detailed(prompt, good.replace("+0.001+", "+1.0+"))
+    assert wrong_reward.reward == 0 and wrong_reward.total == pytest.approx(0.9)
+    wrong_flags = rewards.score_environment_detailed(prompt, good[:-3] + "1+1")
+    assert wrong_flags.terminated == 0 and wrong_flags.truncated == 0 and wrong_flags.total == pytest.approx(0.8)
+    side = rewards.score_environment_detailed(prompt, good.replace(" b KQkq", " w KQkq"))
+    assert side.fen_exact == 0 and side.fen_fields == pytest.approx(0.9)
+    assert rewards.score_environment(prompt, good + "+") == 1.0  # the original data's trailing '+'
+    assert rewards.score_environment(prompt, good + tasks.EOT) == 1.0
+    assert rewards.score_environment(prompt, "") == -1.0
+    illegal = tasks.environment_step(fen, "e2e5")
+    assert rewards.score_environment(illegal.prompt, illegal.completion) == 1.0
+    assert rewards.score_environment(illegal.prompt, good) < 0.5
+
+
+def test_fen_field_credit():
+    t = chess.STARTING_FEN
+    assert rewards.fen_field_credit(t, t) == pytest.approx(1.0)
+    one_square = t.replace("RNBQKBNR", "RNBQKBN1", 1)
+    assert rewards.fen_field_credit(one_square, t) == pytest.approx(0.5 * 63 / 64 + 0.5)
+    assert rewards.fen_field_credit("", t) == 0.0
+    assert rewards.fen_field_credit("x y z", t) < 0.1
+
+
+@pytest.mark.parametrize("cls, kwargs, field", [
+    (rewards.PolicyWeights, dict(best_quality=-0.1, format=0.7), "best_quality"),
+    (rewards.PolicyWeights, dict(unlisted_margin_cp=-5), "unlisted_margin_cp"),
+    (rewards.EnvWeights, dict(reward=float("nan")), "reward"),
+])
+def test_weights_are_validated(cls, kwargs, field):
+    with pytest.raises(ValueError, match=f"{cls.__name__}.{field}"):
+        cls(**kwargs)
+    with pytest.raises(ValueError, match="sum to 1"):
+        rewards.PolicyWeights(format=0.5)
+
+
+# ------------------------------------------------------------------------------------------
+# Truth sources, cache, determinism
+# ------------------------------------------------------------------------------------------
+
+@needs_stockfish
+def test_live_engine_truth_matches_the_data_set(val_policy):
+    rewards.clear_truth()
+    for r in val_policy[:6]:
+        for move in r["moves"][:3]:
+            c = policy_completion_for(r, move)
+            live = rewards.score_policy_detailed(r["prompt"], c)
+            assert live.truth_source == "engine"
+            assert live.total == rewards.score_policy(r["prompt"], c, truth=r)
+
+
+def test_registered_truth_is_used_without_the_argument(val_policy, val_env):
+    rewards.clear_truth()
+    try:
+        assert rewards.register_truth(val_policy[:20] + val_env[:20]) == 40
+        r = val_policy[3]
+        d = rewards.score_policy_detailed(r["prompt"], r["completion"], engine=None)
+        assert d.truth_source == "registered" and d.total == 1.0
+        e = val_env[3]
+        assert rewards.score_environment_detailed(e["prompt"], e["completion"]).truth_source == "registered"
+    finally:
+        rewards.clear_truth()
+    assert rewards.score_policy_detailed(r["prompt"], r["completion"], engine=None).truth_source == "none"
+
+
+def test_offline_scoring_estimates_unlisted_moves(val_policy):
+    r = next(x for x in val_policy if len(x["moves"]) == 5 and x["n_legal"] > 5)
+    board = chess.Board(r["fen"])
+    other = next(m.uci() for m in board.legal_moves if m.uci() not in r["moves"])
+    d = rewards.score_policy_detailed(r["prompt"], policy_completion_for(r, other), truth=r, engine=None)
+    fifth = rewards.score_policy(r["prompt"], policy_completion_for(r, r["moves"][4]), truth=r, engine=None)
+    assert d.estimated and d.best_rank is None and d.total < fifth
+
+
+def test_no_truth_and_no_stockfish_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "missing"))
+    rewards.clear_truth()
+    prompt = tasks.policy_prompt("4k3/8/8/8/8/8/3PP3/4K3 w - - 0 1")
+    with pytest.raises(engine.StockfishNotFoundError, match="apt-get install -y stockfish"):
+        rewards.score_policy(prompt, " M: e1f1 E: 0.1 B: e1f1")
+    # the environment reward needs no engine
+    tr = tasks.environment_step("4k3/8/8/8/8/8/3PP3/4K3 w - - 0 1", "e1f1")
+    assert rewards.score_environment(tr.prompt, tr.completion) == 1.0
+
+
+def test_cache_hits_and_determinism(val_policy):
+    r = val_policy[10]
+    c = policy_completion_for(r, r["moves"][2])
+    rewards.clear_cache()
+    first = rewards.score_policy(r["prompt"], c, truth=r)
+    before = rewards.cache_info()["policy"]["hits"]
+    assert rewards.score_policy(r["prompt"], c, truth=r) == first
+    assert rewards.cache_info()["policy"]["hits"] == before + 1
+    assert rewards.score_policy(r["prompt"], c, truth=r, cache=False) == first
+    rewards.clear_cache(analyses=True)
+    assert rewards.score_policy(r["prompt"], c, truth=r) == first
+
+
+def test_dispatch_and_batches(val_policy, val_env):
+    p, a = val_policy[0], val_env[0]
+    assert rewards.score(p["prompt"], p["completion"], truth=p) == 1.0
+    assert rewards.score(a["prompt"], a["completion"], truth=a, engine=None) == 1.0
+    assert rewards.score("Q: what", "x") == -1.0
+    assert rewards.score_batch([p["prompt"], a["prompt"]], [p["completion"], a["completion"]], [p, a]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="same length"):
+        rewards.score_batch([p["prompt"]], [], None)
+
+
+# ------------------------------------------------------------------------------------------
+# Fuzzing: never raise, always a finite value in range
+# ------------------------------------------------------------------------------------------
+
+@FUZZ
+@given(completion=st.text(max_size=200), idx=st.integers(0, 10_000))
+def test_fuzz_arbitrary_policy_completions(val_policy, completion, idx):
+    r = val_policy[idx % len(val_policy)]
+    x = rewards.score_policy(r["prompt"], completion, truth=r, engine=None)
+    assert _in_range(x)
+    d = rewards.score_policy_detailed(r["prompt"], completion, truth=r, engine=None)
+    assert d.total == x and not any(e.startswith("internal") for e in d.errors)
+
+
+@FUZZ
+@given(completion=st.text(max_size=200), idx=st.integers(0, 10_000))
+def test_fuzz_arbitrary_environment_completions(val_env, completion, idx):
+    r = val_env[idx % len(val_env)]
+    assert _in_range(rewards.score_environment(r["prompt"], completion, truth=r))
+    d = rewards.score_environment_detailed(r["prompt"], completion)
+    assert _in_range(d.total) and not any(e.startswith("internal") for e in d.errors)
+
+
+@FUZZ
+@given(prompt=st.text(max_size=120), completion=st.text(max_size=80))
+def test_fuzz_arbitrary_prompts(prompt, completion):
+    assert _in_range(rewards.score_environment(prompt, completion))
+    assert _in_range(rewards.score_policy(prompt, completion, engine=None))
+    assert _in_range(rewards.score("P: " + prompt, completion, engine=None))
+
+
+@FUZZ
+@given(st.one_of(st.none(), st.integers(), st.binary(max_size=20), st.lists(st.text(max_size=5), max_size=3)))
+def test_fuzz_non_string_inputs(value):
+    assert rewards.score_environment(value, value) == -1.0
+    assert rewards.score_policy(value, value, engine=None) == -1.0
+
+
+@needs_stockfish
+def test_mutated_real_completions_with_the_live_engine(val_policy, val_env):
+    rng = random.Random(5)
+    n = 0
+    for r in rng.sample(val_policy, 40):
+        for _ in range(8):
+            m = mutate(r["completion"], rng, edits=rng.randint(1, 3))
+            assert _in_range(rewards.score_policy(r["prompt"], m, truth=r))
+            n += 1
+    for r in rng.sample(val_env, 60):
+        for _ in range(8):
+            m = mutate(r["completion"], rng, edits=rng.randint(1, 3))
+            assert _in_range(rewards.score_environment(r["prompt"], m))
+            n += 1
+    assert n == 800
