@@ -1,0 +1,747 @@
+"""Supervised pretraining (SFT) on task text: packed P:/A: samples, AdamW, warm-up + cosine.
+
+The loop, in the order a step runs it (`SFTTrainer.train_step`):
+1. set the learning rate for this step (linear warm-up, cosine decay to min_lr);
+2. for each of `grad_accum` micro-batches: take `batch_size` packed sequences of `block_size`
+   tokens, run the forward pass (bf16 autocast on CUDA), backward on loss / grad_accum;
+3. clip the global gradient norm;
+4. if the loss and the norm are finite, step AdamW; otherwise skip the update and count it
+   (after `max_nonfinite_in_a_row` skips in a row the run stops, keeping every checkpoint);
+5. every `eval_interval` steps measure the val loss, every `checkpoint_interval` steps save.
+Each step appends one line to `<out_dir>/metrics.jsonl`; a tqdm bar shows progress.
+
+Packing (`PackedStream`). Each sample is tokenized once and stored as [EOT] + tokens, so the
+stream reads  EOT s_0 EOT s_1 EOT s_2 ...  A batch is the next batch_size * block_size + 1 tokens,
+cut into rows of block_size + 1 (input = row[:-1], target = row[1:]); consecutive batches
+overlap by one token, so every token is a target exactly once. Attention runs across sample
+boundaries, as in GPT-2 pretraining; the EOT in front of each sample tells the model that a new,
+unrelated sample starts. Which task comes next is drawn with probability `policy_fraction` for
+P: (None keeps the data's own mix); within a task, samples go in a fresh permutation every epoch.
+All randomness is a pure function of (seed, sample index), so the position in the stream is three
+numbers (sample, token offset, samples drawn per task) and a resumed run reads the same tokens.
+
+Resume. `<out_dir>/checkpoints` holds atomic checkpoints (see checkpoint.py) with the model,
+optimizer, schedule, data position, RNG states and NaN-guard counters. A trainer built on an
+out_dir with a checkpoint continues from it (resume=True); on CPU with deterministic=True the
+final parameters are bit-identical to an uninterrupted run's, however often the run was killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt_lib
+from .model import GPT, PRESETS, GPTConfig, lm_loss
+from .paths import RUNS_DIR
+from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
+from .train_utils import (
+    DTYPES,
+    MetricsLogger,
+    NonFiniteError,
+    NonFiniteGuard,
+    WarmupCosineSchedule,
+    add_config_arguments,
+    bad_field,
+    build_adamw,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    clip_grad_norm,
+    config_kwargs_from_args,
+    maybe_compile,
+    seed_everything,
+    setup_runtime,
+)
+
+log = logging.getLogger(__name__)
+
+TASKS = ("P", "A")
+LAYOUTS = ("compact", "original")
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+FINAL_DIR = "final"
+# One metrics record per step (JSON line), in this order. step: optimizer steps done; loss: mean
+# training loss of the step (null when non-finite); val_loss: null except at eval steps (and at
+# step 0, before training); lr: the step's learning rate; grad_norm: global norm before clipping;
+# tokens_per_s / step_time_s: throughput and wall time of the step (data, forward, backward,
+# optimizer; not eval or checkpointing); tokens: training tokens consumed so far; skipped: the
+# update was skipped as non-finite; nonfinite / nonfinite_in_a_row: skipped updates in total / in a row.
+RECORD_KEYS = ("step", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "tokens", "skipped",
+               "nonfinite", "nonfinite_in_a_row")
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Settings of one SFT run. Bad values fail at construction with a message naming the field."""
+
+    # model
+    model: str = "cpu-small"  # GPTConfig preset for a scratch start: tiny, cpu-small, cpu-medium, gpt2, ...
+    model_overrides: dict = field(default_factory=dict)  # GPTConfig fields to override, e.g. dropout=0.1
+    init_from: str = "scratch"  # "scratch" (random init of the preset) or a Hugging Face GPT-2 directory
+    # data
+    train_data: tuple[str, ...] = ()  # JSONL training files: data.py P:/A: records or {"text": ...} lines
+    val_data: tuple[str, ...] = ()  # JSONL files for the val loss; empty: hold out val_fraction of train
+    layout: str = "compact"  # how data.py P: records are rendered: "compact" or "original" (RookWorld widths)
+    policy_fraction: float | None = 0.5  # share of P: samples in the packed stream; None keeps the data's mix
+    val_fraction: float = 0.05  # share of training samples held out for val when there is no val data (0 = none)
+    # batch
+    block_size: int = 256  # tokens per packed sequence (at most the model's block_size)
+    batch_size: int = 8  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step (tokens/step = batch_size*grad_accum*block_size)
+    # optimizer and schedule
+    lr: float = 6e-4  # peak learning rate
+    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    warmup_steps: int = 100  # steps of linear warm-up from lr/warmup_steps to lr
+    max_steps: int = 1000  # optimizer steps in the run
+    weight_decay: float = 0.1  # AdamW decoupled weight decay on 2-D weights (not biases, LayerNorms)
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW (beta1, beta2)
+    grad_clip: float = 1.0  # clip the global grad norm to this (0 = no clipping, norm still logged)
+    max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) updates
+    # system
+    device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
+    dtype: str = "auto"  # "auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"
+    compile: bool = False  # torch.compile the model (faster on GPU after a slow first step)
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    deterministic: bool = False  # deterministic algorithms: bit-identical reruns and resumes on CPU
+    seed: int = 1337  # seeds the init, dropout, the val split and the data order
+    # evaluation, logging, checkpoints
+    eval_interval: int = 100  # steps between val-loss measurements (0 = never)
+    eval_steps: int = 20  # val batches per measurement (the same batches every time)
+    checkpoint_interval: int = 500  # steps between checkpoints (0 = only at the end)
+    keep_checkpoints: int = 2  # checkpoints kept on disk, newest first (0 = all)
+    out_dir: str = str(RUNS_DIR / "sft")  # metrics.jsonl, checkpoints/ and final/ (HF export) go here
+    resume: bool = True  # continue from out_dir's latest checkpoint when there is one
+    export_hf: bool = True  # at the end, write the model in Hugging Face format to <out_dir>/final
+    progress: bool = True  # show a tqdm progress bar
+
+    def __post_init__(self):
+        name = type(self).__name__
+        check_choice(self, "model", sorted(PRESETS))
+        if not isinstance(self.model_overrides, dict):
+            bad_field(name, "model_overrides", self.model_overrides, "must be a dict of GPTConfig fields")
+        known = {f.name for f in dataclasses.fields(GPTConfig)}
+        unknown = sorted(set(self.model_overrides) - known)
+        if unknown:
+            bad_field(name, "model_overrides", self.model_overrides, f"has unknown GPTConfig field(s) {unknown}")
+        if "gradient_checkpointing" in self.model_overrides:
+            bad_field(name, "model_overrides", self.model_overrides,
+                      "must not set gradient_checkpointing (use SFTConfig.activation_checkpointing)")
+        if not isinstance(self.init_from, str) or not self.init_from:
+            bad_field(name, "init_from", self.init_from, 'must be "scratch" or a Hugging Face GPT-2 directory')
+        if self.init_from != "scratch" and not (Path(self.init_from) / "config.json").is_file():
+            bad_field(name, "init_from", self.init_from,
+                      'must be "scratch" or a directory with config.json + model.safetensors (none found there)')
+        try:
+            model_config = self.model_config()
+        except ValueError as exc:
+            bad_field(name, "model_overrides", self.model_overrides, f"gives an invalid model ({exc})")
+        for fname in ("train_data", "val_data"):
+            value = getattr(self, fname)
+            if isinstance(value, (str, os.PathLike)):
+                value = (value,)
+            if not isinstance(value, (tuple, list)) or not all(isinstance(p, (str, os.PathLike)) for p in value):
+                bad_field(name, fname, value, "must be a list of JSONL file paths")
+            object.__setattr__(self, fname, tuple(str(p) for p in value))  # lists -> tuple (frozen)
+            missing = [p for p in getattr(self, fname) if not Path(p).is_file()]
+            if missing:
+                bad_field(name, fname, value, f"names file(s) that do not exist: {missing}")
+        check_choice(self, "layout", LAYOUTS)
+        if self.policy_fraction is not None:
+            check_number(self, "policy_fraction", min=0.0, max=1.0)
+        check_number(self, "val_fraction", min=0.0, max=1.0, max_open=True)
+        for fname in ("block_size", "batch_size", "grad_accum", "max_steps", "max_nonfinite_in_a_row", "eval_steps"):
+            check_int(self, fname, min=1)
+        for fname in ("warmup_steps", "eval_interval", "checkpoint_interval", "keep_checkpoints", "seed"):
+            check_int(self, fname, min=0)
+        if self.init_from == "scratch" and self.block_size > model_config.block_size:
+            bad_field(name, "block_size", self.block_size,
+                      f"must be <= the model's block_size {model_config.block_size} (raise it with "
+                      f"model_overrides={{'block_size': {self.block_size}}})")
+        check_number(self, "lr", min=0.0, min_open=True)
+        check_number(self, "min_lr", min=0.0, max=self.lr)
+        if self.warmup_steps > self.max_steps:
+            bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
+        check_number(self, "weight_decay", min=0.0)
+        betas = self.betas
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
+            bad_field(name, "betas", betas, "must be two numbers in [0, 1)")
+        object.__setattr__(self, "betas", tuple(float(b) for b in betas))
+        check_number(self, "grad_clip", min=0.0)
+        if not isinstance(self.device, str):
+            bad_field(name, "device", self.device, "must be a string such as 'auto', 'cpu' or 'cuda'")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                bad_field(name, "device", self.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
+        check_choice(self, "dtype", DTYPES)
+        for fname in ("compile", "activation_checkpointing", "deterministic", "resume", "export_hf", "progress"):
+            check_bool(self, fname)
+        if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
+            bad_field(name, "out_dir", self.out_dir, "must be a directory path")
+
+    def model_config(self) -> GPTConfig:
+        """The model shape of a scratch start (a Hugging Face start reads its config.json instead)."""
+        return GPTConfig.preset(self.model, **self.model_overrides, gradient_checkpointing=self.activation_checkpointing)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.grad_accum * self.block_size
+
+
+# Fields that may change when a run resumes: they do not change the math of the steps taken.
+# max_steps may grow (the schedule stretches; a warning says so). Everything else must match.
+RESUME_MAY_CHANGE = frozenset({
+    "train_data", "val_data", "max_steps", "max_nonfinite_in_a_row", "device", "compile", "activation_checkpointing",
+    "eval_interval", "eval_steps", "checkpoint_interval", "keep_checkpoints", "out_dir", "resume", "export_hf",
+    "progress",
+})
+
+
+def config_differences(saved: dict, cfg: SFTConfig) -> dict[str, tuple]:
+    """Fields whose saved value differs from cfg's and that may not change across a resume."""
+    now = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as stored
+    saved = json.loads(json.dumps(saved))
+    return {k: (saved.get(k), v) for k, v in now.items() if k not in RESUME_MAY_CHANGE and saved.get(k) != v}
+
+
+# --------------------------------------------------------------------------------------------
+# Reading sample texts
+# --------------------------------------------------------------------------------------------
+
+def task_of(text: str) -> str | None:
+    """ "P" or "A" from a sample's prefix, or None for any other text."""
+    head = text.lstrip()[:2]
+    return head[0] if head in ("P:", "A:") else None
+
+
+def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -> list[str]:
+    """Full training strings (prompt + completion, no EOT) from JSONL files, in file order.
+
+    Two line formats, decided per file by its first record:
+    - records of `rookworld datagen` (`data.py`: fields task, prompt, completion, ...), loaded and
+      validated by `data.load_jsonl`; P: records are rendered in `layout`;
+    - {"text": "P: ... B: e2e4"} lines, for any other source of text.
+    A bad line raises ValueError (data.DataFormatError) as "file:line: reason".
+    """
+    texts: list[str] = []
+    for path in paths:
+        path = Path(path)
+        first = _first_record(path)
+        if isinstance(first, dict) and "task" in first and "text" not in first:
+            texts.extend(_texts_from_records(path, layout))
+        else:
+            texts.extend(_texts_from_text_lines(path))
+    return texts
+
+
+def _data_format_error():
+    try:
+        from .data import DataFormatError
+        return DataFormatError
+    except ImportError:  # pragma: no cover - data.py always ships with the package
+        return ValueError
+
+
+def _first_record(path: Path):
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        return json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise _data_format_error()(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+    except OSError as exc:
+        raise _data_format_error()(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise _data_format_error()(f"{path}: not UTF-8 ({exc.reason})") from None
+    raise _data_format_error()(f"{path}: no samples (the file is empty)")
+
+
+def _texts_from_records(path: Path, layout: str) -> list[str]:
+    from . import data
+
+    out = []
+    for rec in data.load_jsonl(path):
+        if rec["task"] not in TASKS:
+            raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), "
+                                       "not P:/A: training samples")
+        prompt, completion = data.record_text(rec, layout)
+        out.append(prompt + completion)
+    return out
+
+
+def _texts_from_text_lines(path: Path) -> list[str]:
+    error = _data_format_error()
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise error(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
+                raise error(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
+            out.append(rec["text"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Packing
+# --------------------------------------------------------------------------------------------
+
+_TASK_BLOCK = 4096  # task draws are made in blocks of this many samples
+
+
+class PackedStream:
+    """An endless, shuffled, packed token stream over sample texts, with a resumable position.
+
+    texts: full sample strings ("P: ... B: e2e4", "A: ...+0.001+0+0"); a trailing <|endoftext|>
+    is dropped (each sample gets one in front). policy_fraction: chance that the next sample is
+    a P: one (then every text must start with "P:" or "A:"); None: one pool, the data's own mix.
+    """
+
+    def __init__(self, texts: Sequence[str], *, seed: int, policy_fraction: float | None = None,
+                 name: str = "train", tokenizer=None):
+        if len(texts) == 0:
+            raise ValueError(f"{name} data is empty: no samples to train on")
+        self.name, self.seed, self.policy_fraction = name, int(seed), policy_fraction
+        if policy_fraction is None:
+            groups = {"all": list(range(len(texts)))}
+        else:
+            groups = {t: [] for t in TASKS}
+            for i, text in enumerate(texts):
+                task = task_of(text)
+                if task is None:
+                    raise ValueError(f"{name} sample {i} starts with {text.lstrip()[:24]!r}: with policy_fraction "
+                                     "set, every sample must start with 'P:' or 'A:' (or set policy_fraction=None)")
+                groups[task].append(i)
+            if policy_fraction > 0 and not groups["P"]:
+                raise ValueError(f"policy_fraction={policy_fraction} needs P: samples, but the {name} data has none")
+            if policy_fraction < 1 and not groups["A"]:
+                raise ValueError(f"policy_fraction={policy_fraction} needs A: samples, but the {name} data has none")
+        self.pool_names = list(groups)
+        enc = tokenizer or get_tokenizer()
+        cleaned = []
+        for i, text in enumerate(texts):
+            t = text[: -len(EOT_TOKEN)] if text.endswith(EOT_TOKEN) else text
+            if not t.strip():
+                raise ValueError(f"{name} sample {i} is empty")
+            cleaned.append(t)
+        self.pools: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, offsets) per pool
+        for members in groups.values():
+            parts, lengths = [], []
+            for start in range(0, len(members), 8192):  # bounded memory: Python int lists are big
+                chunk = enc.encode_batch([cleaned[i] for i in members[start: start + 8192]],
+                                         allowed_special={EOT_TOKEN})
+                for ids in chunk:
+                    parts.append(np.array([EOT_ID, *ids], dtype=np.int32))
+                    lengths.append(len(ids) + 1)
+            offsets = np.zeros(len(members) + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            tokens = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)  # an unused pool may be empty
+            self.pools.append((tokens, offsets))
+        self.n_tokens = sum(len(t) for t, _ in self.pools)
+        self.n_samples = len(texts)
+        self.fingerprint = self._fingerprint()
+        self._perm_cache: dict[tuple[int, int], np.ndarray] = {}
+        self._task_cache: dict[int, np.ndarray] = {}
+        self.reset()
+
+    # -- position ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Back to the start of the stream."""
+        self._cursor = (0, 0, (0,) * len(self.pools))  # (sample index, token offset, draws per pool)
+
+    @property
+    def samples_started(self) -> int:
+        return self._cursor[0]
+
+    def state_dict(self) -> dict:
+        sample, offset, counts = self._cursor
+        return {"sample": sample, "offset": offset, "counts": list(counts), "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("fingerprint") != self.fingerprint:
+            raise ValueError(
+                f"the {self.name} data differ from the data of the checkpoint (seed, policy_fraction, samples or "
+                "their tokens changed), so resuming would not continue the same run; restore the original data "
+                "or start a new run in another out_dir")
+        self._cursor = (int(state["sample"]), int(state["offset"]), tuple(int(c) for c in state["counts"]))
+
+    def _fingerprint(self) -> str:
+        h = hashlib.sha256(json.dumps([self.seed, self.policy_fraction, self.pool_names]).encode())
+        for tokens, offsets in self.pools:
+            h.update(offsets.tobytes())
+            h.update(tokens.tobytes())
+        return h.hexdigest()[:32]
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _pool_of(self, sample: int) -> int:
+        if len(self.pools) == 1:
+            return 0
+        block = sample // _TASK_BLOCK
+        draws = self._task_cache.get(block)
+        if draws is None:
+            u = np.random.default_rng([self.seed, 0x5F7, block]).random(_TASK_BLOCK)
+            draws = (u >= self.policy_fraction).astype(np.int8)  # 0 = P, 1 = A
+            self._task_cache = {block: draws}
+        return int(draws[sample % _TASK_BLOCK])
+
+    def _sample_tokens(self, pool: int, k: int) -> np.ndarray:
+        """The k-th sample drawn from a pool: epoch k // n, in that epoch's permutation."""
+        tokens, offsets = self.pools[pool]
+        n = len(offsets) - 1
+        epoch, j = divmod(k, n)
+        perm = self._perm_cache.get((pool, epoch))
+        if perm is None:
+            perm = np.random.default_rng([self.seed, 1 + pool, epoch]).permutation(n)
+            self._perm_cache = {key: v for key, v in self._perm_cache.items() if key[0] != pool}
+            self._perm_cache[(pool, epoch)] = perm
+        i = perm[j]
+        return tokens[offsets[i]: offsets[i + 1]]
+
+    def _read(self, n: int, cursor):
+        out = np.empty(n, dtype=np.int64)
+        sample, offset, counts = cursor[0], cursor[1], list(cursor[2])
+        filled = 0
+        while filled < n:
+            pool = self._pool_of(sample)
+            toks = self._sample_tokens(pool, counts[pool])
+            take = min(n - filled, len(toks) - offset)
+            out[filled: filled + take] = toks[offset: offset + take]
+            filled += take
+            offset += take
+            if offset == len(toks):
+                sample, offset = sample + 1, 0
+                counts[pool] += 1
+        return out, (sample, offset, tuple(counts))
+
+    def next_batch(self, batch_size: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (batch_size, block_size) int64 on CPU, y = x shifted by one token."""
+        body, after = self._read(batch_size * block_size, self._cursor)
+        last, _ = self._read(1, after)
+        self._cursor = after
+        buf = torch.from_numpy(np.concatenate([body, last]))
+        x = buf[:-1].view(batch_size, block_size)
+        y = buf[1:].view(batch_size, block_size)
+        return x, y
+
+
+def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """(train, val): a seeded random `fraction` of the samples (at least one) held out for val."""
+    n_val = max(1, round(len(texts) * fraction))
+    if n_val >= len(texts):
+        raise ValueError(f"cannot hold out {n_val} val samples from {len(texts)}: give val data or lower val_fraction")
+    order = np.random.default_rng([seed, 0x7A1]).permutation(len(texts))
+    val_idx = set(order[:n_val].tolist())
+    return ([t for i, t in enumerate(texts) if i not in val_idx], [t for i, t in enumerate(texts) if i in val_idx])
+
+
+# --------------------------------------------------------------------------------------------
+# The trainer
+# --------------------------------------------------------------------------------------------
+
+class SFTTrainer:
+    """One SFT run: model, optimizer, schedule, data streams and loop state, resumable.
+
+    Built on an out_dir that holds a checkpoint (and resume=True), it continues that run.
+    `train()` runs to max_steps (or `until`); `train_step()` and `evaluate()` are the pieces.
+    """
+
+    def __init__(self, cfg: SFTConfig, *, train_texts: Sequence[str] | None = None,
+                 val_texts: Sequence[str] | None = None,
+                 on_step: Callable[[dict], None] | None = None):
+        self.cfg = cfg
+        self.on_step = on_step
+        self.out_dir = Path(cfg.out_dir)
+        self.ckpt_dir = self.out_dir / CHECKPOINT_DIR
+        self.runtime = setup_runtime(cfg.device, cfg.dtype, deterministic=cfg.deterministic)
+        self.history: list[dict] = []
+        self.last_checkpoint: Path | None = None
+
+        # data
+        if train_texts is None:
+            if not cfg.train_data:
+                raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
+            train_texts = load_texts(cfg.train_data, layout=cfg.layout)
+        if val_texts is None and cfg.val_data:
+            val_texts = load_texts(cfg.val_data, layout=cfg.layout)
+        if val_texts is None:
+            if cfg.val_fraction > 0:  # held out whether or not eval is on, so the training data never depend on it
+                train_texts, val_texts = split_val(train_texts, cfg.val_fraction, cfg.seed)
+            elif cfg.eval_interval > 0:
+                raise ValueError("eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0")
+        self.train_stream = PackedStream(train_texts, seed=cfg.seed, policy_fraction=cfg.policy_fraction, name="train")
+        self.val_stream = None
+        if val_texts and cfg.eval_interval > 0:
+            mix = cfg.policy_fraction
+            if mix is not None and {task_of(t) for t in val_texts} != set(TASKS):
+                mix = None  # val data with one task only: measure it as it is
+            self.val_stream = PackedStream(val_texts, seed=cfg.seed, policy_fraction=mix, name="val")
+
+        # resume or start
+        resume_from = ckpt_lib.latest_checkpoint(self.ckpt_dir)
+        ckpt = None
+        if resume_from is not None and not cfg.resume:
+            raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {resume_from.name}); "
+                             "resume=True continues it; to start over, delete that directory or choose another out_dir")
+        if resume_from is not None:
+            ckpt = ckpt_lib.load_checkpoint(self.ckpt_dir)
+            diff = config_differences(ckpt.get("config") or {}, cfg)
+            if diff:
+                changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+                raise ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
+                                 "same settings to resume it, or another out_dir for a new run")
+
+        seed_everything(cfg.seed)
+        if ckpt is not None:
+            model_config = dataclasses.replace(GPTConfig(**ckpt["model_config"]),
+                                               gradient_checkpointing=cfg.activation_checkpointing)
+            model = GPT(model_config)
+        elif cfg.init_from == "scratch":
+            model = GPT(cfg.model_config())
+        else:
+            model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
+                                        gradient_checkpointing=cfg.activation_checkpointing)
+        if cfg.block_size > model.config.block_size:
+            raise ValueError(f"SFTConfig.block_size {cfg.block_size} exceeds the model's block_size "
+                             f"{model.config.block_size}")
+        self.model = model.to(self.runtime.device)
+        self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
+                                     device_type=self.runtime.device.type)
+        self.schedule = WarmupCosineSchedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row)
+        self.step = 0
+        if ckpt is not None:
+            self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
+                                                        scheduler=self.schedule, data=self.train_stream)
+            self.guard.load_state_dict(ckpt["extra"]["guard"])
+            self.last_checkpoint = resume_from
+            log.info("resumed from %s at step %d", resume_from, self.step)
+        self.resumed_from = resume_from
+        self.compiled = maybe_compile(self.model, cfg.compile)
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
+        """One optimizer step; returns its metrics record.
+
+        batch: an (x, y) pair to use for every micro-batch instead of the data stream (which then
+        does not advance), e.g. to check that the model can overfit one batch.
+        """
+        cfg, rt = self.cfg, self.runtime
+        t0 = time.perf_counter()
+        model = self.compiled
+        model.train()
+        lr = self.schedule.apply(self.optimizer, self.step)
+        loss_sum = torch.zeros((), device=rt.device)
+        for _ in range(cfg.grad_accum):
+            x, y = batch if batch is not None else self.train_stream.next_batch(cfg.batch_size, cfg.block_size)
+            x, y = rt.to_device(x), rt.to_device(y)
+            with rt.autocast():
+                logits = model(x)
+            loss = lm_loss(logits, y) / cfg.grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        grad_norm = clip_grad_norm(self.model, cfg.grad_clip)
+        applied = self.guard.observe(loss_sum, grad_norm)  # host sync: the step needs the answer
+        if applied:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        rt.synchronize()
+        dt = time.perf_counter() - t0
+        tokens = cfg.tokens_per_step
+        record = {"step": self.step, "loss": loss_sum.item(), "val_loss": None, "lr": lr,
+                  "grad_norm": grad_norm.item(), "tokens_per_s": tokens / dt, "step_time_s": dt,
+                  "tokens": self.step * tokens, "skipped": not applied, "nonfinite": self.guard.total,
+                  "nonfinite_in_a_row": self.guard.in_a_row}
+        assert tuple(record) == RECORD_KEYS
+        return record
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean loss over the first eval_steps val batches (the same batches every call)."""
+        if self.val_stream is None:
+            return None
+        cfg, rt = self.cfg, self.runtime
+        model = self.compiled
+        model.eval()
+        self.val_stream.reset()
+        total = torch.zeros((), device=rt.device)
+        for _ in range(cfg.eval_steps):
+            x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
+            with rt.autocast():
+                logits = model(rt.to_device(x))
+            total += lm_loss(logits, rt.to_device(y))
+        model.train()
+        return (total / cfg.eval_steps).item()
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        """Checkpoint the run as it stands (a step boundary); returns the file written."""
+        state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
+                                        scheduler=self.schedule, data=self.train_stream, config=self.cfg,
+                                        extra={"guard": self.guard.state_dict()}, kind="sft")
+        self.last_checkpoint = ckpt_lib.save_checkpoint(self.ckpt_dir, state, keep_last=self.cfg.keep_checkpoints)
+        return self.last_checkpoint
+
+    def export(self, directory: str | os.PathLike | None = None) -> Path:
+        """The model in Hugging Face GPT-2 format, by default in <out_dir>/final."""
+        return ckpt_lib.export_hf(self.model, directory or self.out_dir / FINAL_DIR)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def train(self, until: int | None = None) -> list[dict]:
+        """Train to max_steps, or stop after step `until` (a checkpoint is saved where it stops).
+
+        Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row; the metrics
+        of every step and all checkpoints saved before then stay on disk.
+        """
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        target = cfg.max_steps if until is None else min(until, cfg.max_steps)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        fresh = self.step == 0 and self.resumed_from is None and not self.history
+
+        def eval_due(s: int) -> bool:
+            return cfg.eval_interval > 0 and (s % cfg.eval_interval == 0 or s == cfg.max_steps)
+
+        def save_due(s: int) -> bool:  # where the run stops is always saved
+            return (cfg.checkpoint_interval > 0 and s % cfg.checkpoint_interval == 0) or s == target
+
+        metrics_path = self.out_dir / METRICS_FILE
+        with self.runtime.backend_flags(), \
+                MetricsLogger(metrics_path, fresh=fresh, resume_step=None if fresh else self.step) as metrics, \
+                tqdm(total=cfg.max_steps, initial=self.step, desc="SFT", disable=not cfg.progress,
+                     dynamic_ncols=True) as bar:
+            if fresh and cfg.eval_interval > 0 and self.step < target:
+                self._record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "val_loss": self.evaluate(),
+                                       "tokens": 0, "nonfinite": 0, "nonfinite_in_a_row": 0})
+            while self.step < target:
+                rec = self.train_step()
+                if eval_due(self.step):
+                    rec["val_loss"] = self.evaluate()
+                rec = self._record(metrics, rec)
+                bar.update(1)
+                bar.set_postfix_str(self._postfix(rec), refresh=False)
+                if self.guard.tripped:
+                    where = f"the latest checkpoint is {self.last_checkpoint}" if self.last_checkpoint else \
+                        "no checkpoint had been saved yet"
+                    raise NonFiniteError(
+                        f"SFT stopped at step {self.step}: {self.guard.describe()}. Skipped updates leave the "
+                        f"parameters untouched and nothing was saved after them; {where}; metrics are in "
+                        f"{metrics_path}. Lower lr, check the data, or try dtype='fp32'.")
+                if save_due(self.step):
+                    self.save()
+        if self.step >= cfg.max_steps and cfg.export_hf:
+            self.export()
+        return self.history
+
+    def _record(self, metrics: MetricsLogger, rec: dict) -> dict:
+        rec = metrics.log(rec)
+        self.history.append(rec)
+        if self.on_step is not None and rec["step"] > 0:
+            self.on_step(rec)
+        return rec
+
+    @staticmethod
+    def _postfix(rec: dict) -> str:
+        parts = [f"loss {rec['loss']:.4f}" if rec["loss"] is not None else "loss nan"]
+        if rec.get("val_loss") is not None:
+            parts.append(f"val {rec['val_loss']:.4f}")
+        parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_s']:.0f} tok/s"]
+        if rec["nonfinite"]:
+            parts.append(f"skipped {rec['nonfinite']}")
+        return ", ".join(parts)
+
+
+@dataclass
+class SFTResult:
+    """What `train_sft` returns."""
+
+    model: GPT  # the trained model (on its training device, in train mode)
+    step: int  # optimizer steps completed
+    history: list[dict]  # the metrics records written by this call
+    checkpoint: Path | None  # the last checkpoint saved
+    final_dir: Path | None  # the Hugging Face export, if written
+    out_dir: Path
+
+
+def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_texts: Sequence[str] | None = None,
+              until: int | None = None, on_step: Callable[[dict], None] | None = None) -> SFTResult:
+    """Run (or resume) SFT as configured. Texts given here replace cfg.train_data / cfg.val_data.
+
+    on_step(record) is called after every step's metrics are written (e.g. to update a live plot).
+    """
+    trainer = SFTTrainer(cfg, train_texts=train_texts, val_texts=val_texts, on_step=on_step)
+    history = trainer.train(until=until)
+    final = trainer.out_dir / FINAL_DIR
+    done = trainer.step >= cfg.max_steps and cfg.export_hf
+    return SFTResult(trainer.model, trainer.step, history, trainer.last_checkpoint, final if done else None,
+                     trainer.out_dir)
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="rookworld sft",
+        description="Supervised pretraining on P:/A: task text: packed samples, AdamW, warm-up + cosine, "
+                    "periodic val loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
+        epilog="example: rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl "
+               "--val-data data/policy_val.jsonl data/env_val.jsonl --model cpu-small --max-steps 300 "
+               "--out-dir runs/sft-cpu")
+    add_config_arguments(ap, SFTConfig, metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR",
+                                                  "out_dir": "DIR"})
+    return ap
+
+
+def cli(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = SFTConfig(**config_kwargs_from_args(SFTConfig, args))
+        if not cfg.train_data:
+            raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL, e.g. data/policy_train.jsonl "
+                             "data/env_train.jsonl from `rookworld datagen`)")
+        result = train_sft(cfg)
+    except (ValueError, ckpt_lib.CheckpointError, NonFiniteError) as exc:
+        print(f"rookworld sft: error: {exc}", file=sys.stderr)
+        return 1
+    last = result.history[-1] if result.history else {}
+    val = [r["val_loss"] for r in result.history if r.get("val_loss") is not None]
+    print(f"SFT finished at step {result.step}: loss {last.get('loss')}, val loss {val[-1] if val else None}; "
+          f"checkpoint {result.checkpoint}; metrics {result.out_dir / METRICS_FILE}"
+          + (f"; Hugging Face model in {result.final_dir}" if result.final_dir else ""))
+    return 0

@@ -1,0 +1,428 @@
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import chess
+import pytest
+import torch
+
+from rookworld_lib import checkpoint as ck
+from rookworld_lib import train_sft as sft
+from rookworld_lib.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
+from rookworld_lib.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
+from rookworld_lib.train_utils import NonFiniteError, read_metrics
+
+TINY_MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 64}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on 2 cores shared with other work, 2 threads spin-wait for each other
+    and run several times slower. Every run in a test (and its subprocesses) uses the same count,
+    which bit-identical comparisons need."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def chess_texts(n: int = 12, seed: int = 0) -> list[str]:
+    """n P: and n A: samples in the task formats, from a seeded random game."""
+    rng, board, out = random.Random(seed), chess.Board(), []
+    for _ in range(n):
+        if board.is_game_over():
+            board = chess.Board()
+        fen, moves = board.fen(), sorted(m.uci() for m in board.legal_moves)[:5]
+        evals = " ".join(f"0.{k}" for k in range(len(moves)))
+        out.append(f"P: {fen} M: {' '.join(moves)} E: {evals} B: {moves[0]}")
+        move = rng.choice(list(board.legal_moves))
+        board.push(move)
+        out.append(f"A: {fen}+{move.uci()}+{move.uci()}+{board.fen()}+0.001+0+0")
+    return out
+
+
+TEXTS = chess_texts()
+
+
+def tiny_cfg(out_dir, **kw) -> SFTConfig:
+    base = dict(model="tiny", model_overrides=TINY_MODEL, block_size=32, batch_size=2, max_steps=6, warmup_steps=2,
+                lr=3e-3, min_lr=3e-4, eval_interval=0, checkpoint_interval=2, out_dir=str(out_dir), progress=False,
+                export_hf=False, deterministic=True, seed=0, device="cpu")
+    return SFTConfig(**{**base, **kw})
+
+
+def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), f"{k} differs"
+
+
+def math_fields(records):
+    keep = ("step", "loss", "val_loss", "lr", "grad_norm", "skipped", "nonfinite")
+    return [{k: r.get(k) for k in keep} for r in records]
+
+
+# ---- config -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(model="huge"), r"SFTConfig\.model must be one of"),
+    (dict(model_overrides={"n_layers": 2}), r"SFTConfig\.model_overrides .*unknown GPTConfig field.*n_layers"),
+    (dict(model_overrides={"n_head": 3}), r"SFTConfig\.model_overrides .*invalid model"),
+    (dict(model_overrides={"gradient_checkpointing": True}), r"SFTConfig\.model_overrides .*activation_checkpointing"),
+    (dict(init_from="/no/such/dir"), r"SFTConfig\.init_from"),
+    (dict(train_data=("/no/such/file.jsonl",)), r"SFTConfig\.train_data .*do not exist"),
+    (dict(layout="wide"), r"SFTConfig\.layout must be one of"),
+    (dict(policy_fraction=1.5), r"SFTConfig\.policy_fraction must be a finite number in \[0\.0, 1\.0\]"),
+    (dict(val_fraction=1.0), r"SFTConfig\.val_fraction"),
+    (dict(block_size=1024), r"SFTConfig\.block_size must be <= the model's block_size 256"),
+    (dict(batch_size=0), r"SFTConfig\.batch_size must be an integer >= 1, got 0"),
+    (dict(grad_accum=1.5), r"SFTConfig\.grad_accum must be an integer"),
+    (dict(lr=0.0), r"SFTConfig\.lr must be a finite number in \(0\.0"),
+    (dict(lr=float("nan")), r"SFTConfig\.lr"),
+    (dict(lr=1e-3, min_lr=1e-2), r"SFTConfig\.min_lr"),
+    (dict(warmup_steps=50, max_steps=10), r"SFTConfig\.warmup_steps must be <= max_steps \(10\)"),
+    (dict(weight_decay=-0.1), r"SFTConfig\.weight_decay"),
+    (dict(betas=(0.9,)), r"SFTConfig\.betas must be two numbers"),
+    (dict(betas=(0.9, 1.0)), r"SFTConfig\.betas"),
+    (dict(grad_clip=-1.0), r"SFTConfig\.grad_clip"),
+    (dict(max_nonfinite_in_a_row=0), r"SFTConfig\.max_nonfinite_in_a_row"),
+    (dict(device="gpu please"), r"SFTConfig\.device"),
+    (dict(dtype="fp16"), r"SFTConfig\.dtype must be one of \('auto', 'fp32', 'bf16'\)"),
+    (dict(compile="yes"), r"SFTConfig\.compile must be True or False"),
+    (dict(eval_interval=-1), r"SFTConfig\.eval_interval"),
+    (dict(eval_steps=0), r"SFTConfig\.eval_steps"),
+    (dict(checkpoint_interval=-5), r"SFTConfig\.checkpoint_interval"),
+    (dict(seed=-1), r"SFTConfig\.seed"),
+])
+def test_config_rejects_bad_values_naming_the_field(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SFTConfig(**kw)
+
+
+def test_config_defaults_are_valid_and_lists_become_tuples(tmp_path):
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"text": "P: x"}\n')
+    cfg = SFTConfig(train_data=[str(f)], betas=[0.9, 0.99])
+    assert cfg.train_data == (str(f),) and cfg.betas == (0.9, 0.99)
+    assert cfg.tokens_per_step == cfg.batch_size * cfg.grad_accum * cfg.block_size
+    assert set(sft.RESUME_MAY_CHANGE) <= {f.name for f in dataclasses.fields(SFTConfig)}
+
+
+# ---- packing ----------------------------------------------------------------------------------
+
+def stream_tokens(stream, n_batches, B=2, T=16):
+    xs, ys = zip(*(stream.next_batch(B, T) for _ in range(n_batches)))
+    return torch.cat([x.flatten() for x in xs]), torch.cat([y.flatten() for y in ys])
+
+
+def test_packing_puts_an_eot_before_every_sample_and_targets_every_token_once():
+    stream = PackedStream(TEXTS, seed=0, policy_fraction=None)
+    n = stream.n_tokens
+    x, y = stream_tokens(stream, n_batches=n // 32 + 2)
+    assert torch.equal(x[1:], y[:-1])  # y is x shifted by one, across rows and batches
+    assert x[0].item() == EOT_ID
+    enc = get_tokenizer()
+    pieces = enc.decode(x.tolist()).split(EOT_TOKEN)
+    assert pieces[0] == ""
+    first_epoch = pieces[1: len(TEXTS) + 1]
+    assert sorted(first_epoch) == sorted(TEXTS)  # every sample once per epoch, in a shuffled order
+    assert first_epoch != TEXTS
+
+
+def test_packing_is_deterministic_given_the_seed():
+    a = stream_tokens(PackedStream(TEXTS, seed=1, policy_fraction=0.5), 6)[0]
+    b = stream_tokens(PackedStream(TEXTS, seed=1, policy_fraction=0.5), 6)[0]
+    c = stream_tokens(PackedStream(TEXTS, seed=2, policy_fraction=0.5), 6)[0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_packing_follows_the_task_mix():
+    texts = [f"P: p{i}" for i in range(5)] + [f"A: a{i}" for i in range(50)]
+    stream = PackedStream(texts, seed=3, policy_fraction=0.8)
+    x, _ = stream_tokens(stream, 60, B=4, T=64)
+    samples = [s for s in get_tokenizer().decode(x.tolist()).split(EOT_TOKEN)[1:-1]]
+    share = sum(s.startswith("P:") for s in samples) / len(samples)
+    assert len(samples) > 1000 and abs(share - 0.8) < 0.05  # not the data's 5/55 = 9%
+
+
+def test_packing_position_saves_and_restores_exactly():
+    stream = PackedStream(TEXTS, seed=0, policy_fraction=0.5)
+    stream_tokens(stream, 7, T=24)
+    state = json.loads(json.dumps(stream.state_dict()))  # plain data
+    expected = stream_tokens(stream, 5, T=24)
+    other = PackedStream(TEXTS, seed=0, policy_fraction=0.5)
+    other.load_state_dict(state)
+    got = stream_tokens(other, 5, T=24)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
+        PackedStream(TEXTS[:-1], seed=0, policy_fraction=0.5).load_state_dict(state)
+    with pytest.raises(ValueError, match="differ"):
+        PackedStream(TEXTS, seed=1, policy_fraction=0.5).load_state_dict(state)
+
+
+def test_packing_input_errors():
+    with pytest.raises(ValueError, match=r"train sample 1 starts with 'hello world'.*'P:' or 'A:'"):
+        PackedStream(["P: x", "hello world"], seed=0, policy_fraction=0.5)
+    with pytest.raises(ValueError, match="needs A: samples"):
+        PackedStream(["P: x"], seed=0, policy_fraction=0.5)
+    with pytest.raises(ValueError, match="train data is empty"):
+        PackedStream([], seed=0)
+    PackedStream(["P: x"], seed=0, policy_fraction=1.0)  # all-P is fine without A:
+    s = PackedStream(["P: x" + EOT_TOKEN], seed=0)  # a trailing EOT is not doubled
+    assert s.next_batch(1, 4)[0].tolist()[0].count(EOT_ID) == 1
+
+
+# ---- reading data -----------------------------------------------------------------------------
+
+A_RECORD = {  # a data.py environment record, as `rookworld datagen` writes it
+    "id": "A-00000-000", "task": "A", "split": "train", "game": 0, "ply": 0, "source": "random",
+    "fen": "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", "move": "e2e4", "history": ["e2e4"],
+    "new_fen": "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1", "reward": 0.001, "terminated": 0,
+    "truncated": 0, "kind": "legal", "termination": None, "tags": [],
+    "prompt": "A: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1+e2e4+e2e4+",
+    "completion": "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+0.001+0+0"}
+
+
+def test_load_texts_reads_text_lines_and_datagen_records(tmp_path):
+    lines = tmp_path / "texts.jsonl"
+    lines.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:3]) + "\n")
+    records = tmp_path / "env_train.jsonl"
+    records.write_text(json.dumps(A_RECORD) + "\n")
+    assert sft.load_texts([lines, records]) == TEXTS[:3] + [A_RECORD["prompt"] + A_RECORD["completion"]]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "P: x"}\n{"txt": "oops"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected an object with a non-empty string field 'text'"):
+        sft.load_texts([bad])
+    bad.write_text('{"text": "P: x"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: invalid JSON"):
+        sft.load_texts([bad])
+    broken = tmp_path / "broken_env.jsonl"
+    broken.write_text(json.dumps({**A_RECORD, "reward": 7.0}) + "\n")
+    with pytest.raises(ValueError, match=r"broken_env\.jsonl:1: .*reward"):
+        sft.load_texts([broken])
+
+
+# ---- training -----------------------------------------------------------------------------------
+
+def test_sft_overfits_a_small_batch_to_near_zero_loss(tmp_path):
+    cfg = tiny_cfg(tmp_path, max_steps=200, warmup_steps=0, lr=2e-2, min_lr=2e-2, weight_decay=0.0)
+    trainer = SFTTrainer(cfg, train_texts=TEXTS)
+    batch = trainer.train_stream.next_batch(cfg.batch_size, cfg.block_size)  # 64 tokens, ~3 samples
+    losses = [trainer.train_step(batch)["loss"] for _ in range(60)]
+    assert losses[0] > 9.0  # about ln(50257) = 10.8 at init
+    assert losses[-1] < 0.05, losses[-10:]
+
+
+def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
+    seen = []
+    cfg = tiny_cfg(tmp_path, max_steps=4, eval_interval=2, eval_steps=1, checkpoint_interval=3, export_hf=True,
+                   grad_accum=2)
+    result = train_sft(cfg, train_texts=TEXTS, on_step=seen.append)
+    records = read_metrics(Path(cfg.out_dir) / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert records[0]["val_loss"] > 0 and records[0]["loss"] is None  # the val loss before training
+    assert all(tuple(r) == sft.RECORD_KEYS for r in records)
+    assert [r["val_loss"] is not None for r in records[1:]] == [False, True, False, True]
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "nonfinite", "tokens", "skipped"):
+        assert records[-1][key] is not None, key
+    assert records[-1]["tokens"] == 4 * 2 * 2 * 32 and records[-1]["nonfinite"] == 0
+    assert records[1]["lr"] == pytest.approx(1.5e-3) and records[-1]["lr"] == pytest.approx(3e-4)
+    assert [r["step"] for r in seen] == [1, 2, 3, 4]
+    assert [s for s, _ in ck.list_checkpoints(Path(cfg.out_dir) / "checkpoints")] == [3, 4]
+    assert result.step == 4 and result.checkpoint.name == "step_00000004.pt"
+    from rookworld_lib.model import GPT
+
+    hf = GPT.from_pretrained(result.final_dir).eval()
+    x = torch.randint(0, 50257, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x), result.model.eval()(x))
+    saved = ck.load_checkpoint(result.checkpoint)
+    assert saved["config"]["lr"] == cfg.lr and saved["data"]["sample"] > 0 and saved["extra"]["guard"]["total"] == 0
+
+
+def test_resume_in_process_is_bit_identical(tmp_path):
+    kw = dict(max_steps=6, grad_accum=2, model_overrides={**TINY_MODEL, "dropout": 0.1}, eval_interval=3,
+              eval_steps=1, checkpoint_interval=2)
+    reference = train_sft(tiny_cfg(tmp_path / "ref", **kw), train_texts=TEXTS)
+
+    cfg = tiny_cfg(tmp_path / "run", **kw)
+    SFTTrainer(cfg, train_texts=TEXTS).train(until=3)  # stops after step 3 and saves there
+    torch.manual_seed(12345)  # disturb every generator: the checkpoint's states must be used
+    random.seed(1)
+    resumed = SFTTrainer(cfg, train_texts=TEXTS)
+    assert resumed.step == 3
+    resumed.train()
+    assert_same_parameters(reference.model, resumed.model)
+    assert math_fields(read_metrics(Path(cfg.out_dir) / "metrics.jsonl")) == \
+        math_fields(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+
+def test_resume_refuses_other_settings_and_never_starts_over_silently(tmp_path):
+    SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS).train(until=2)
+    with pytest.raises(ValueError, match=r"other settings \(lr: 0\.003 -> 0\.001\)"):
+        SFTTrainer(tiny_cfg(tmp_path, lr=1e-3), train_texts=TEXTS)
+    with pytest.raises(ValueError, match="train data differ"):
+        SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS[:-2])
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        SFTTrainer(tiny_cfg(tmp_path, resume=False), train_texts=TEXTS)
+    more = SFTTrainer(tiny_cfg(tmp_path, max_steps=8, checkpoint_interval=4), train_texts=TEXTS)  # may change
+    assert more.step == 2
+
+
+KILLABLE_RUN = textwrap.dedent("""
+    import json, sys, time, torch
+    torch.set_num_threads(int(sys.argv[2]))
+    from rookworld_lib.train_sft import SFTConfig, train_sft
+    kwargs = json.loads(sys.argv[1])
+    texts = json.loads(open(sys.argv[3]).read())
+    def pace(rec):  # slow enough for the parent to kill us somewhere in steps 3-6
+        time.sleep(0.05 if rec["step"] < 6 else 600)
+    train_sft(SFTConfig(**kwargs), train_texts=texts, on_step=pace)
+""")
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
+    kw = dict(max_steps=8, model_overrides={**TINY_MODEL, "dropout": 0.1}, checkpoint_interval=2, eval_interval=4,
+              eval_steps=1)
+    cfg = tiny_cfg(tmp_path / "run", **kw)
+    texts_file = tmp_path / "texts.json"
+    texts_file.write_text(json.dumps(TEXTS))
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE_RUN, json.dumps(dataclasses.asdict(cfg)),
+                             str(torch.get_num_threads()), str(texts_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = Path(cfg.out_dir) / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and any(r.get("step", 0) >= 3 for r in read_metrics(metrics)):
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.communicate()[1]
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, err
+    killed_at = max(r["step"] for r in read_metrics(metrics))
+    assert 3 <= killed_at <= 6
+
+    resumed = SFTTrainer(cfg, train_texts=TEXTS)
+    assert 2 <= resumed.step <= killed_at
+    resumed.train()
+    reference = train_sft(tiny_cfg(tmp_path / "ref", **kw), train_texts=TEXTS)
+    assert_same_parameters(reference.model, resumed.model)
+    records = read_metrics(metrics)
+    assert [r["step"] for r in records] == list(range(0, 9))  # nothing lost, nothing doubled
+    assert math_fields(records) == math_fields(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+
+
+def test_activation_checkpointing_and_bf16_autocast_paths(tmp_path):
+    kw = dict(max_steps=2, model_overrides={**TINY_MODEL, "dropout": 0.1}, grad_accum=2)
+    plain = train_sft(tiny_cfg(tmp_path / "a", **kw), train_texts=TEXTS)
+    ckpt = train_sft(tiny_cfg(tmp_path / "b", activation_checkpointing=True, **kw), train_texts=TEXTS)
+    assert ckpt.model.config.gradient_checkpointing and not plain.model.config.gradient_checkpointing
+    assert_same_parameters(plain.model, ckpt.model)  # recomputation (dropout masks included) changes nothing
+    bf16 = SFTTrainer(tiny_cfg(tmp_path / "c", dtype="bf16", eval_interval=1, eval_steps=1, **kw), train_texts=TEXTS)
+    assert bf16.runtime.amp_dtype == torch.bfloat16
+    bf16.train()
+    records = read_metrics(tmp_path / "c" / "metrics.jsonl")
+    assert all(math.isfinite(r["val_loss"]) for r in records) and records[-1]["loss"] < records[1]["loss"] + 1.0
+    assert next(bf16.model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+# ---- non-finite losses --------------------------------------------------------------------------
+
+def nan_loss_on(monkeypatch, bad_calls):
+    """Make lm_loss (as train_sft calls it) return NaN on the given 1-based call numbers."""
+    real, calls = sft.lm_loss, {"n": 0}
+
+    def flaky(logits, targets, **kw):
+        calls["n"] += 1
+        loss = real(logits, targets, **kw)
+        return loss * float("nan") if bad_calls(calls["n"]) else loss
+
+    monkeypatch.setattr(sft, "lm_loss", flaky)
+
+
+def test_an_injected_nan_is_skipped_and_counted(tmp_path, monkeypatch):
+    nan_loss_on(monkeypatch, lambda n: n == 3)  # the forward pass of step 3 (eval off, no accumulation)
+    snapshots = {}
+
+    def snapshot(rec):
+        model = trainer.model
+        opt_state = trainer.optimizer.state[model.transformer.wte.weight]
+        snapshots[rec["step"]] = ({k: v.clone() for k, v in model.state_dict().items()}, opt_state["step"].item())
+
+    trainer = SFTTrainer(tiny_cfg(tmp_path, max_steps=5), train_texts=TEXTS, on_step=snapshot)
+    trainer.train()
+    records = read_metrics(Path(trainer.cfg.out_dir) / "metrics.jsonl")
+    assert [r["skipped"] for r in records] == [False, False, True, False, False]
+    assert records[2]["loss"] is None and [r["nonfinite"] for r in records] == [0, 0, 1, 1, 1]
+    assert records[2]["nonfinite_in_a_row"] == 1 and records[3]["nonfinite_in_a_row"] == 0
+    (params2, opt2), (params3, opt3), (params4, opt4) = snapshots[2], snapshots[3], snapshots[4]
+    assert all(torch.equal(params2[k], params3[k]) for k in params2)  # the update of step 3 was skipped
+    assert opt3 == opt2 == 2 and opt4 == 3  # and the optimizer state was not advanced
+    assert not all(torch.equal(params3[k], params4[k]) for k in params3)  # training went on
+    assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
+    assert ck.load_checkpoint(trainer.ckpt_dir)["extra"]["guard"] == {"in_a_row": 0, "total": 1}
+
+
+def test_k_nonfinite_in_a_row_stops_the_run_and_keeps_what_was_saved(tmp_path, monkeypatch):
+    nan_loss_on(monkeypatch, lambda n: n >= 4)  # every step from step 4 on
+    cfg = tiny_cfg(tmp_path, max_steps=10, max_nonfinite_in_a_row=3, checkpoint_interval=2, export_hf=True)
+    trainer = SFTTrainer(cfg, train_texts=TEXTS)
+    with pytest.raises(NonFiniteError) as info:
+        trainer.train()
+    msg = str(info.value)
+    assert "SFT stopped at step 6" in msg and "3 non-finite losses/gradient norms in a row (limit 3)" in msg
+    assert "step_00000004.pt" in msg
+    assert [s for s, _ in ck.list_checkpoints(trainer.ckpt_dir)] == [2, 4]  # nothing saved at or after the stop
+    saved = ck.load_checkpoint(trainer.ckpt_dir)
+    assert saved["step"] == 4
+    model_at_3 = saved["model"]  # step 4 was skipped, so the weights are those after step 3
+    assert all(torch.equal(model_at_3[k], v) for k, v in trainer.model.state_dict().items())
+    records = read_metrics(Path(cfg.out_dir) / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["skipped"] for r in records] == [False] * 3 + [True] * 3 and records[-1]["nonfinite"] == 3
+    assert not (Path(cfg.out_dir) / "final").exists()
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+def test_cli_trains_from_a_jsonl_file(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    out = tmp_path / "run"
+    argv = ["--train-data", str(data), "--model", "tiny", "--model-overrides", "n_layer=1",
+            "--model-overrides", "n_embd=32", "--model-overrides", "n_head=2", "--block-size", "32",
+            "--batch-size", "2", "--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "2", "--eval-steps", "1",
+            "--out-dir", str(out), "--no-progress", "--device", "cpu", "--val-fraction", "0.1"]
+    assert sft.cli(argv) == 0
+    printed = capsys.readouterr().out
+    assert "SFT finished at step 2" in printed and str(out / "final") in printed
+    assert (out / "final" / "model.safetensors").is_file() and (out / "checkpoints" / "latest").is_file()
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+
+    assert sft.cli(argv[:-2] + ["--batch-size", "0"]) == 1
+    assert "SFTConfig.batch_size must be an integer >= 1" in capsys.readouterr().err
+    assert sft.cli(["--model", "tiny"]) == 1
+    assert "--train-data" in capsys.readouterr().err
+
+
+def test_cli_help():
+    with pytest.raises(SystemExit) as info:
+        sft.build_parser().parse_args(["--help"])
+    assert info.value.code == 0
+    text = sft.build_parser().format_help()
+    assert text.startswith("usage: rookworld sft") and "--max-nonfinite-in-a-row" in text and "--no-resume" in text
