@@ -1,0 +1,69 @@
+"""`rookworld bench`: runs at a tiny size and prints one JSON object last. Never asserts on speed."""
+
+import json
+import math
+import os
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from rookworld_lib import bench  # noqa: E402
+
+
+def _positive_finite(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_quick_json_bench_at_tiny_size(capsys):
+    rc = bench.cli(["--quick", "--json", "--model", "tiny", "--repeats", "1", "--warmup", "0", "--no-trl"])
+    assert rc == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])  # the last line is the one JSON object
+    for key in ("sampling_speedup_vs_transformers", "train_step_speedup_vs_transformers"):
+        assert _positive_finite(result[key]), key
+    ts, sm = result["train_step"], result["sampling"]
+    for part in (ts, sm):
+        for who in ("ours", "transformers"):
+            assert _positive_finite(part[who]["tokens_per_s"])
+            assert _positive_finite(part[who]["median_s"])
+    assert ts["initial_logits_max_abs_diff"] < 1e-3  # same weights in both models
+    assert sm["generated_tokens"] == sm["rows"] * sm["new_tokens_per_row"]
+    assert result["settings"]["model"] == "tiny"
+    assert result["grpo_step"]["status"] == "skipped" and "--no-trl" in result["grpo_step"]["reason"]
+    assert result["grpo_step_speedup_vs_trl"] is None
+    assert result["environment"]["torch"]
+
+
+def test_hf_tokenizer_matches_tiktoken():
+    from rookworld_lib.tokenizer import get_tokenizer
+
+    hf = bench.hf_gpt2_tokenizer()
+    enc = get_tokenizer()
+    for text in bench.grpo_prompt_texts(bench.QUICK, 3) + [" M: e2e4 d2d4 E: 0.31 -0.2 B: e2e4<|endoftext|>"]:
+        assert hf(text)["input_ids"] == enc.encode(text, allowed_special="all")
+
+
+def test_bench_config_validation():
+    with pytest.raises(ValueError, match="BenchConfig.repeats"):
+        bench.BenchConfig(repeats=0)
+    with pytest.raises(ValueError, match="block_size"):
+        bench.BenchConfig(model="tiny", train_seq_len=1000)
+
+
+def test_cli_rejects_unknown_model():
+    with pytest.raises(SystemExit) as exc:
+        bench.cli(["--model", "gpt5"])
+    assert exc.value.code == 2
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(os.environ.get("ROOKWORLD_HEAVY") != "1", reason="heavy: set ROOKWORLD_HEAVY=1")
+def test_grpo_step_against_trl(tmp_path):
+    """Heavy (ROOKWORLD_HEAVY=1): needs trl installed; checks the GRPO comparison runs and reports."""
+    pytest.importorskip("trl")
+    cfg = bench.BenchConfig(model="tiny", grpo_prompts=1, group_size=2, grpo_new_tokens=4, grpo_steps=1, device="cpu")
+    bench.make_models(cfg, tmp_path, bench.perf.resolve_device("cpu"))  # writes the shared weights
+    res = bench.bench_grpo(cfg, tmp_path, bench.perf.resolve_device("cpu"))
+    assert res["status"] == "ok", res.get("reason")
+    assert _positive_finite(res["speedup"])
