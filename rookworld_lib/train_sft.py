@@ -29,6 +29,7 @@ final parameters are bit-identical to an uninterrupted run's, however often the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -171,9 +172,17 @@ class SFTConfig:
             check_int(self, fname, min=1)
         for fname in ("warmup_steps", "eval_interval", "checkpoint_interval", "keep_checkpoints", "seed"):
             check_int(self, fname, min=0)
-        if self.init_from == "scratch" and self.block_size > model_config.block_size:
+        if self.init_from == "scratch":
+            model_block = model_config.block_size
+        else:
+            try:
+                hf = json.loads((Path(self.init_from) / "config.json").read_text())
+                model_block = int(self.model_overrides.get("block_size", hf.get("n_positions", 1024)))
+            except (OSError, ValueError, TypeError) as exc:
+                bad_field(name, "init_from", self.init_from, f"has an unreadable config.json ({exc})")
+        if self.block_size > model_block:
             bad_field(name, "block_size", self.block_size,
-                      f"must be <= the model's block_size {model_config.block_size} (raise it with "
+                      f"must be <= the model's block_size {model_block} (raise it with "
                       f"model_overrides={{'block_size': {self.block_size}}})")
         check_number(self, "lr", min=0.0, min_open=True)
         check_number(self, "min_lr", min=0.0, max=self.lr)
@@ -497,6 +506,8 @@ class SFTTrainer:
             elif cfg.eval_interval > 0:
                 raise ValueError("eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0")
         self.train_stream = PackedStream(train_texts, seed=cfg.seed, policy_fraction=cfg.policy_fraction, name="train")
+        log.info("SFT data: %d train samples (%d tokens with EOTs)%s", self.train_stream.n_samples,
+                 self.train_stream.n_tokens, f", {len(val_texts)} val samples" if val_texts else "")
         self.val_stream = None
         if val_texts and cfg.eval_interval > 0:
             mix = cfg.policy_fraction
@@ -625,6 +636,7 @@ class SFTTrainer:
         of every step and all checkpoints saved before then stay on disk.
         """
         from tqdm.auto import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
         cfg = self.cfg
         target = cfg.max_steps if until is None else min(until, cfg.max_steps)
@@ -639,10 +651,14 @@ class SFTTrainer:
             return (cfg.checkpoint_interval > 0 and s % cfg.checkpoint_interval == 0) or s == target
 
         metrics_path = self.out_dir / METRICS_FILE
-        with self.runtime.backend_flags(), \
-                MetricsLogger(metrics_path, fresh=fresh, resume_step=None if fresh else self.step) as metrics, \
-                tqdm(total=cfg.max_steps, initial=self.step, desc="SFT", disable=not cfg.progress,
-                     dynamic_ncols=True) as bar:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.runtime.backend_flags())
+            metrics = stack.enter_context(MetricsLogger(metrics_path, fresh=fresh,
+                                                        resume_step=None if fresh else self.step))
+            bar = stack.enter_context(tqdm(total=cfg.max_steps, initial=self.step, desc="SFT",
+                                           disable=not cfg.progress, dynamic_ncols=True))
+            if cfg.progress:
+                stack.enter_context(logging_redirect_tqdm())  # log lines above the bar, not through it
             if fresh and cfg.eval_interval > 0 and self.step < target:
                 self._record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "val_loss": self.evaluate(),
                                        "tokens": 0, "nonfinite": 0, "nonfinite_in_a_row": 0})
@@ -722,19 +738,36 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl "
                "--val-data data/policy_val.jsonl data/env_val.jsonl --model cpu-small --max-steps 300 "
                "--out-dir runs/sft-cpu")
-    add_config_arguments(ap, SFTConfig, metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR",
-                                                  "out_dir": "DIR"})
+    docs = {"train_data": "JSONL training files: data.py P:/A: records or {\"text\": ...} lines (default: the "
+                          "shipped data/policy_train.jsonl and data/env_train.jsonl)",
+            "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
+                        "not given, else val_fraction of the training samples)"}
+    add_config_arguments(ap, SFTConfig, help_overrides=docs,
+                         metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR", "out_dir": "DIR"})
     return ap
+
+
+def _shipped(split: str) -> tuple[str, ...]:
+    from .paths import DATA_DIR
+
+    files = [DATA_DIR / f"{name}_{split}.jsonl" for name in ("policy", "env")]
+    return tuple(str(f) for f in files if f.is_file())
 
 
 def cli(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        cfg = SFTConfig(**config_kwargs_from_args(SFTConfig, args))
-        if not cfg.train_data:
-            raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL, e.g. data/policy_train.jsonl "
-                             "data/env_train.jsonl from `rookworld datagen`)")
+        kwargs = config_kwargs_from_args(SFTConfig, args)
+        if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
+            kwargs["train_data"] = _shipped("train")
+            if not kwargs["val_data"]:
+                kwargs["val_data"] = _shipped("val")
+            if not kwargs["train_data"]:
+                raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
+                                 "writes data/policy_train.jsonl and data/env_train.jsonl)")
+            log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
+        cfg = SFTConfig(**kwargs)
         result = train_sft(cfg)
     except (ValueError, ckpt_lib.CheckpointError, NonFiniteError) as exc:
         print(f"rookworld sft: error: {exc}", file=sys.stderr)

@@ -250,6 +250,20 @@ def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
     assert saved["config"]["lr"] == cfg.lr and saved["data"]["sample"] > 0 and saved["extra"]["guard"]["total"] == 0
 
 
+def test_init_from_a_hugging_face_directory(tmp_path):
+    from rookworld_lib.model import GPT, GPTConfig
+
+    torch.manual_seed(5)
+    source = GPT(GPTConfig.preset("tiny", **TINY_MODEL))
+    source.save_pretrained(tmp_path / "hf")
+    trainer = SFTTrainer(tiny_cfg(tmp_path / "run", init_from=str(tmp_path / "hf"), model="gpt2",
+                                  model_overrides={"dropout": 0.1}), train_texts=TEXTS)
+    assert trainer.model.config.n_embd == 32 and trainer.model.config.dropout == 0.1  # shape from config.json
+    assert_same_parameters(source, trainer.model)
+    with pytest.raises(ValueError, match=r"SFTConfig\.block_size must be <= the model's block_size 64"):
+        tiny_cfg(tmp_path / "run", init_from=str(tmp_path / "hf"), block_size=128, model_overrides={})
+
+
 def test_resume_in_process_is_bit_identical(tmp_path):
     kw = dict(max_steps=6, grad_accum=2, model_overrides={**TINY_MODEL, "dropout": 0.1}, eval_interval=3,
               eval_steps=1, checkpoint_interval=2)
@@ -400,7 +414,7 @@ def test_k_nonfinite_in_a_row_stops_the_run_and_keeps_what_was_saved(tmp_path, m
 
 # ---- command line -------------------------------------------------------------------------------
 
-def test_cli_trains_from_a_jsonl_file(tmp_path, capsys):
+def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     out = tmp_path / "run"
@@ -416,8 +430,12 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys):
 
     assert sft.cli(argv[:-2] + ["--batch-size", "0"]) == 1
     assert "SFTConfig.batch_size must be an integer >= 1" in capsys.readouterr().err
+    monkeypatch.setattr(sft, "_shipped", lambda split: ())  # as before `rookworld datagen` has run
     assert sft.cli(["--model", "tiny"]) == 1
     assert "--train-data" in capsys.readouterr().err
+    monkeypatch.setattr(sft, "_shipped", lambda split: (str(data),) if split == "train" else ())
+    assert sft.cli(argv[2:] + ["--max-steps", "3"]) == 0  # no --train-data: the shipped files, resumed here
+    assert "SFT finished at step 3" in capsys.readouterr().out
 
 
 def test_cli_help():
