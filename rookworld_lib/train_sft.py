@@ -523,6 +523,8 @@ class SFTTrainer:
                              "resume=True continues it; to start over, delete that directory or choose another out_dir")
         if resume_from is not None:
             ckpt = ckpt_lib.load_checkpoint(self.ckpt_dir)
+            if ckpt.get("kind") != "sft":
+                raise ValueError(f"{resume_from} is a {ckpt.get('kind')!r} checkpoint, not an SFT one; use another out_dir")
             diff = config_differences(ckpt.get("config") or {}, cfg)
             if diff:
                 changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
