@@ -51,6 +51,7 @@ run: setup
 	$(VENV)/bin/rookworld run --profile $(PROFILE)
 
 lab: setup
+	$(VENV)/bin/nbstripout --install --attributes .gitattributes
 	$(PY) -m ipykernel install --user --name rookworld --display-name "RookWorld (.venv)"
 	$(VENV)/bin/jupyter lab notebooks/
 
