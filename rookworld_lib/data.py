@@ -15,14 +15,17 @@ Generation (``rookworld datagen``, :func:`generate`)
        A position (FEN without clocks) belongs to the split of the first game that reaches it;
        later visits from other splits are dropped, so no position is in two splits. Within a
        split, duplicate positions (P:) and duplicate (position, move) pairs (A:) are removed.
-    3. *Samples*: a share of each game's positions becomes ``P:`` samples (three times more for
-       positions with a check or a legal castling, all with a legal en-passant capture or
-       promotion, a quarter as many from random games); a share of its moves becomes ``A:``
-       samples (all en-passant captures and promotions), always including the game's last move (mates, stalemates,
-       insufficient material, 75-move rule), plus illegal and unparseable moves at the same
-       positions (moves into check, pinned pieces, opponent's pieces, castling without the right,
-       promotions without a piece, the null move; SAN, off-board squares, truncated moves).
-       Every position of a val/test game with a mate in one becomes a mate-in-one sample.
+    3. *Samples*: a share (``policy_rate``) of each game's positions becomes ``P:`` samples:
+       three times more for positions with a check or a legal castling, all positions with a
+       legal en-passant capture or promotion, a quarter as many from random games. A share
+       (``env_rate``) of its moves becomes ``A:`` samples: three times more castlings, all
+       en-passant captures and promotions, half as many from random games, and always the
+       game's last move (mates, stalemates, insufficient material, 75-move rule). With
+       probability ``illegal_rate`` an ``A:`` sample gets a sibling at the same position with an
+       illegal move (into check, a pinned piece, an opponent's piece, castling without the right,
+       a promotion without a piece) or an unparseable one (SAN, off-board squares, truncated
+       moves, the null move ``0000``, words). Every position of a val/test game with a mate in
+       one becomes a mate-in-one sample, labelled with every mating move (brute force).
     4. *Labels*: multipv-5 Stockfish analysis of every ``P:`` position (one thread, cleared hash,
        a depth limit: reproducible, so the label audit can re-run it), in parallel on ``workers``
        engine processes. ``A:`` labels come from a python-chess replay (`tasks.environment_step`).
@@ -593,14 +596,14 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False,
 
     out = Path(cfg.out_dir)
     work = cfg.work_path()
-    if fresh and work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
     settings = EngineSettings(depth=cfg.depth, nodes=cfg.nodes, multipv=cfg.multipv, path=cfg.stockfish)
     seconds: dict[str, float] = {}
-    pool = EnginePool(settings, size=cfg.workers, cache=False)
+    pool = EnginePool(settings, size=cfg.workers, cache=False)  # finds Stockfish first: no stray dirs
     try:
+        if fresh and work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         engine_name = pool.version
         state = {"config": cfg.content_key(), "engine": engine_name}
         cfg_path = work / "config.json"

@@ -275,25 +275,22 @@ def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
 
 def close_all_engines() -> None:
     """Close every engine of every live pool (also run automatically at interpreter exit)."""
-    global _EXITING
-    _EXITING = True
     with _LIVE_LOCK:
         pools = list(_LIVE_POOLS)
     for pool in pools:
         with contextlib.suppress(Exception):
             pool.close()
-    _EXITING = False
 
 
 def _at_thread_shutdown() -> None:
     global _EXITING
+    _EXITING = True  # from here on no pool starts or restarts an engine
     close_all_engines()
-    _EXITING = True  # any pool used after this point is refused
 
 
-try:  # runs in threading._shutdown(), i.e. *before* non-daemon threads are joined
+try:  # runs in threading._shutdown(), i.e. *before* the non-daemon engine threads are joined
     threading._register_atexit(_at_thread_shutdown)  # type: ignore[attr-defined]
-except (AttributeError, RuntimeError):  # pragma: no cover - very old/new Pythons
+except (AttributeError, RuntimeError):  # pragma: no cover - a Python without the hook
     pass
 atexit.register(close_all_engines)  # belt and braces (too late for hung joins, fine for the rest)
 

@@ -1,37 +1,44 @@
 """Verifiable rewards for the policy task ``P:`` and the environment task ``A:``.
 
 Both scorers take the prompt and the sampled completion, return a float in ``[-1, 1]`` and never
-raise, whatever the completion (or prompt) holds. The ``*_detailed`` variants return every
+raise because of what the completion (or the prompt) holds. The ``*_detailed`` variants return every
 component for logging and notebooks.
 
 Ground truth
-    ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``, a ``PolicyRecord`` /
-    ``EnvRecord``), a :class:`PolicyTruth` / :class:`EnvTruth`, or an ``engine.Analysis``.
+    ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``, as ``data.load_split``
+    returns them), a :class:`PolicyTruth` / :class:`EnvTruth`, or an ``engine.Analysis``.
     Without it, a truth registered with :func:`register_truth` for the prompt's position is used
-    (GRPO registers its prompt set once); otherwise the policy truth comes from live Stockfish
-    (multipv-5 at the default :class:`~rookworld_lib.engine.EngineSettings`) and the environment
-    truth from a python-chess replay of the prompt (exact, no engine needed).
+    (GRPO can register its prompt set once); otherwise the policy truth comes from live Stockfish
+    (multipv-5 at the default :class:`~rookworld_lib.engine.EngineSettings`, depth 8 like the
+    shipped data) and the environment truth from a python-chess replay of the prompt (exact, no
+    engine needed). A policy reward that has no truth and may not use the engine is an error of the
+    set-up, not a low score: StockfishNotFoundError (no engine installed) or MissingTruthError
+    (``engine=None``) - never a silent constant.
 
 Policy reward (``score_policy``), range [-1, 1]:
     ========================  ==============================================================
     garbage                   -1.0: none of the ``M:``/``E:``/``B:`` fields is present
+                              (or the prompt is not ``P: <valid FEN>``)
     ``B:`` missing/illegal    -0.5 + 0.25 * format, in [-0.5, -0.25]
-    ``B:`` legal              sum of weighted components in [0, 1] (weights: PolicyWeights)
+    ``B:`` legal              weighted sum of the components, in [0, 1] (:class:`PolicyWeights`:
+                              0.5 best_quality, 0.1 format, 0.1 moves_legal,
+                              0.15 moves_overlap, 0.15 evals_accuracy)
     ========================  ==============================================================
     components, each in [0, 1]:
-    - ``format``: fraction of checks passed (three fields in order; 1-5 distinct UCI moves; as
-      many parseable evals as moves; one UCI move in ``B:`` that is among the candidates;
-      nothing else);
-    - ``best_quality``: 1 - 0.75 * (W(best) - W(move)) - 0.25 * min(cp_loss, 1000) / 1000, with W
-      the logistic win probability of an eval and cp_loss the centipawn loss of ``B:`` against the
-      engine's best (mates as +-(100000 - n) cp). A legal move outside the truth's candidates is
+    - ``format``: fraction of five checks passed (the three fields, in order; 1-5 distinct UCI
+      moves; as many parseable evals as moves; ``B:`` one UCI move among the candidates; no
+      other text);
+    - ``best_quality`` (:func:`quality_from_cp`): 0.9 * Lichess move accuracy of the drop in win
+      probability from the engine's best move to ``B:``, plus 0.1 * (1 - min(cp_loss, 1000) /
+      1000), so it is graded by centipawn loss and still separates mate in 1 from mate in 3
+      (mates count as +-(100000 - n) cp). A legal move outside the truth's candidates is
       evaluated by Stockfish restricted to that move, at the truth's limit, and capped at the
-      last candidate's eval (multipv says it is no better); with no engine at hand its eval is
+      last candidate's eval (multipv ranked it no better); with no engine at hand its eval is
       estimated as the last candidate's minus ``unlisted_margin_cp`` (``PolicyScore.estimated``);
     - ``moves_legal``: fraction of ``M:`` entries that are legal and distinct;
     - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
     - ``evals_accuracy``: mean over ``M:`` moves that are truth candidates of
-      1 - |W(predicted eval) - W(true eval)| (0 when none is).
+      1 - |W(predicted eval) - W(true eval)|, W the logistic win probability (0 when none is).
 
 Environment reward (``score_environment``), range [-1, 1]:
     -1.0 when no field is well-formed (garbage); otherwise a weighted sum in [0, 1] of
@@ -60,6 +67,10 @@ from . import tasks
 from .tasks import Eval
 
 log = logging.getLogger(__name__)
+
+class MissingTruthError(ValueError):
+    """A policy reward was asked for a position with no ground truth while the engine was disabled."""
+
 
 POLICY_RANGE = (-1.0, 1.0)
 ENV_RANGE = (-1.0, 1.0)
@@ -357,10 +368,10 @@ def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="a
     """Every component of the policy reward. `engine`: "auto" (the shared pool when Stockfish is
     installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves).
 
-    Never raises because of the prompt or completion. It raises only for the machine: without
-    any truth (none given or registered) and without Stockfish, StockfishNotFoundError naming the
-    install commands; when the engine keeps dying, EngineFailedError. A reward silently computed
-    without ground truth would be worse than a stop.
+    Never raises because of the prompt or completion. It raises only for the set-up, where a
+    reward silently computed without ground truth would be worse than a stop: no truth (none given
+    or registered) and no Stockfish: StockfishNotFoundError naming the install commands; no truth
+    and engine=None: MissingTruthError; an engine that keeps dying: EngineFailedError.
     """
     weights = weights or DEFAULT_POLICY_WEIGHTS
     try:
@@ -391,7 +402,8 @@ def _policy_uncached(prompt, completion, truth, engine, weights) -> PolicyScore:
         return PolicyScore(total=GARBAGE, errors=("prompt: the position has no legal moves",))
     truth_obj, source, pool = _policy_truth_for(board, truth, engine)
     if truth_obj is None:
-        return PolicyScore(total=GARBAGE, errors=("no ground truth: pass truth=, register_truth(), or allow the engine",))
+        raise MissingTruthError(f"no ground truth for {pp.fen!r} and engine=None: pass truth=, call "
+                                "register_truth() with the data set, or allow the engine")
     return _score_policy(board, completion, truth_obj, source, weights, pool)
 
 
@@ -401,7 +413,7 @@ def _score_policy(board: chess.Board, completion, truth: PolicyTruth, source: st
 
     try:
         return _score_policy_inner(board, completion, truth, source, weights, pool)
-    except (EngineFailedError, StockfishNotFoundError):
+    except (EngineFailedError, StockfishNotFoundError, MissingTruthError):
         raise
     except Exception as exc:  # pragma: no cover - safety net; the fuzz tests assert it never fires
         log.error("internal error scoring a policy completion: %r", exc)
@@ -462,8 +474,8 @@ def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
     except Exception as exc:
         from .engine import EngineFailedError, StockfishNotFoundError
 
-        if isinstance(exc, (StockfishNotFoundError, EngineFailedError)):
-            raise  # the machine, not the text: a silent constant reward would be worse
+        if isinstance(exc, (StockfishNotFoundError, EngineFailedError, MissingTruthError)):
+            raise  # the set-up, not the text: a silent constant reward would be worse
         log.error("internal error in score_policy: %r", exc)
         return GARBAGE
 
@@ -773,7 +785,7 @@ def clear_cache(analyses: bool = False) -> None:
 
 
 __all__ = [
-    "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
+    "MissingTruthError", "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
     "env_truth", "register_truth", "clear_truth", "registered_truth_counts", "PolicyScore", "EnvScore",
     "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed", "score_environment",
     "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",

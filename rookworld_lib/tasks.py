@@ -30,6 +30,10 @@ Environment::
   the 75-move rule. Repetition draws are *not* part of the task, because ten moves of history do
   not determine earlier positions (captures are invisible in UCI).
 
+FENs are standard FEN (:func:`canonical_fen`): the en-passant square is written after every
+double pawn push, as the FEN standard, Stockfish and the original RookWorld data do (python-chess
+writes it only when a capture is possible, unless asked).
+
 Eval text (:func:`format_eval` / :func:`parse_eval`)::
 
     0.35   -1.2   0.0     pawns, up to two decimals, side to move's point of view

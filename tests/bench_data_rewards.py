@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import random
+import resource
 import tempfile
 import time
 
@@ -22,14 +23,23 @@ import chess
 from rookworld_lib import data, engine, rewards, tasks
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # reaped children: the engines of closed pools
+    return ru.ru_utime + ru.ru_stime
+
+
 def bench_datagen(games: int, workers: int) -> dict:
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out:
         cfg = data.DatagenConfig(out_dir=out, games=games, mate_games=0, workers=workers)
-        t0 = time.perf_counter()
+        c0, t0 = _children_cpu(), time.perf_counter()
         rep = data.generate(cfg, progress=False)
-        wall = time.perf_counter() - t0
+        wall, engine_cpu = time.perf_counter() - t0, _children_cpu() - c0
     samples = sum(rep.counts.values())
-    return {"workers": workers, "games": games, "positions_labelled": rep.positions_labelled,
+    return {"workers": workers, "games": games, "loadavg_1min_before": round(load, 2),
+            "engine_cpu_seconds": round(engine_cpu, 2),
+            "positions_per_engine_cpu_second": round(rep.positions_labelled / max(engine_cpu, 1e-9), 2),
+            "positions_labelled": rep.positions_labelled,
             "label_seconds": round(rep.seconds["label"], 2),
             "label_positions_per_s": round(rep.label_positions_per_s, 2),
             "games_seconds": round(rep.seconds["games"], 2), "total_seconds": round(wall, 2),
@@ -37,12 +47,19 @@ def bench_datagen(games: int, workers: int) -> dict:
             "p_positions_per_s_end_to_end": round(rep.positions_labelled / wall, 2)}
 
 
-def _rate(fn, items, repeat=1) -> float:
-    t0 = time.perf_counter()
-    for _ in range(repeat):
-        for it in items:
-            fn(*it)
-    return len(items) * repeat / (time.perf_counter() - t0)
+def _rate(fn, items, repeat=1, best_of=3, reset=None) -> float:
+    """Items per second, the best of `best_of` timings (the least disturbed by other processes);
+    `reset` runs before each timing (e.g. to empty a cache)."""
+    best = 0.0
+    for _ in range(best_of):
+        if reset is not None:
+            reset()
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            for it in items:
+                fn(*it)
+        best = max(best, len(items) * repeat / (time.perf_counter() - t0))
+    return best
 
 
 def bench_rewards(n: int = 400) -> dict:
@@ -63,27 +80,23 @@ def bench_rewards(n: int = 400) -> dict:
     out = {}
     # policy, ground truth from the data set
     out["policy_truth_uncached_per_s"] = round(_rate(lambda p, c, t: rewards.score_policy(p, c, truth=t, cache=False), pol_items), 1)
-    rewards.clear_cache()
-    _rate(lambda p, c, t: rewards.score_policy(p, c, truth=t), pol_items)  # fill
+    _rate(lambda p, c, t: rewards.score_policy(p, c, truth=t), pol_items, best_of=1, reset=rewards.clear_cache)  # fill
     out["policy_truth_cached_per_s"] = round(_rate(lambda p, c, t: rewards.score_policy(p, c, truth=t), pol_items, 5), 1)
     # policy, live Stockfish (no truth): a cold analysis cache means one search per position
     rewards.clear_truth()
-    rewards.clear_cache(analyses=True)
     pool = engine.get_pool()
     pool.analyse(chess.STARTING_FEN)  # start the engines outside the timing
-    rewards.clear_cache(analyses=True)
-    out["policy_live_engine_cold_per_s"] = round(_rate(lambda p, c: rewards.score_policy(p, c), pol_live), 1)
-    rewards.clear_cache()  # reward cache cold, analysis cache warm
-    out["policy_live_engine_analysis_cached_per_s"] = round(_rate(lambda p, c: rewards.score_policy(p, c), pol_live), 1)
+    cold = lambda: rewards.clear_cache(analyses=True)  # noqa: E731
+    out["policy_live_engine_cold_per_s"] = round(_rate(lambda p, c: rewards.score_policy(p, c), pol_live, reset=cold), 1)
+    out["policy_live_engine_analysis_cached_per_s"] = round(
+        _rate(lambda p, c: rewards.score_policy(p, c), pol_live, reset=rewards.clear_cache), 1)
     out["policy_live_engine_fully_cached_per_s"] = round(_rate(lambda p, c: rewards.score_policy(p, c), pol_live, 20), 1)
-    rewards.clear_cache(analyses=True)
-    t0 = time.perf_counter()
-    rewards.score_batch([p for p, _ in pol_live], [c for _, c in pol_live])
-    out["policy_live_engine_score_batch_cold_per_s"] = round(len(pol_live) / (time.perf_counter() - t0), 1)
+    batch = [([p for p, _ in pol_live], [c for _, c in pol_live])]
+    out["policy_live_engine_score_batch_cold_per_s"] = round(
+        _rate(lambda ps, cs: rewards.score_batch(ps, cs), batch, reset=cold) * len(pol_live), 1)
     # environment (truth by replay)
     out["env_uncached_per_s"] = round(_rate(lambda p, c: rewards.score_environment(p, c, cache=False), env_items), 1)
-    rewards.clear_cache()
-    _rate(lambda p, c: rewards.score_environment(p, c), env_items)
+    _rate(lambda p, c: rewards.score_environment(p, c), env_items, best_of=1, reset=rewards.clear_cache)
     out["env_cached_per_s"] = round(_rate(lambda p, c: rewards.score_environment(p, c), env_items, 5), 1)
     out["pool_size"] = pool.size
     return out

@@ -183,6 +183,7 @@ def _good_records():
     return p, a
 
 
+@pytest.mark.fault
 def test_malformed_lines_give_file_line_reason_or_are_skipped_and_counted(tmp_path):
     (p1, p2), (a1, a2) = _good_records()
     bad_best = {**p1, "best": p1["moves"][-1], "id": "bad-best"}
@@ -233,6 +234,7 @@ def test_env_record_validation_catches_wrong_transitions():
     assert "kind" in data.validate_record({**a1, "kind": "weird"})
 
 
+@pytest.mark.fault
 def test_unreadable_and_non_utf8_files(tmp_path):
     with pytest.raises(data.DataFormatError, match="cannot read"):
         data.load_jsonl(tmp_path / "missing.jsonl")
@@ -310,6 +312,7 @@ def reference_run(tmp_path_factory):
     return out, report
 
 
+@pytest.mark.fault
 @needs_stockfish
 def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run, tmp_path):
     ref_dir, ref = reference_run
@@ -328,6 +331,7 @@ def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run,
         data.load_jsonl(f)
 
 
+@pytest.mark.fault
 @needs_stockfish
 def test_sigkilled_generation_resumes(reference_run, tmp_path):
     """A real kill -9 of `rookworld datagen` mid-run, then the same command again."""

@@ -44,6 +44,7 @@ def test_settings_need_a_limit_and_describe_it():
     assert not EngineSettings(threads=2).reproducible
 
 
+@pytest.mark.fault
 def test_missing_stockfish_names_the_install_commands(monkeypatch, tmp_path):
     monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "no-such-stockfish"))
     with pytest.raises(engine.StockfishNotFoundError) as err:
@@ -146,6 +147,7 @@ def test_root_moves_evaluates_a_single_move(pool):
 # Faults and cleanup
 # ------------------------------------------------------------------------------------------
 
+@pytest.mark.fault
 def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
     fens = [b.fen() for b in random_positions(24, seed=21, max_plies=60)]
     with EnginePool(EngineSettings(depth=8), size=1, cache=False) as ref:
@@ -196,6 +198,7 @@ def test_concurrent_callers_share_the_pool_safely():
         assert sum(len(v) for v in out.values()) == len(fens)
 
 
+@pytest.mark.fault
 def test_session_reproducible_and_recovers(monkeypatch):
     board = chess.Board()
     with EnginePool(EngineSettings(depth=1), size=1, cache=False) as pool:
@@ -230,6 +233,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.fault
 def test_script_scoring_completions_exits_by_itself(tmp_path):
     script = tmp_path / "score_and_exit.py"
     script.write_text(SCRIPT)

@@ -218,7 +218,8 @@ def test_registered_truth_is_used_without_the_argument(val_policy, val_env):
         assert rewards.score_environment_detailed(e["prompt"], e["completion"]).truth_source == "registered"
     finally:
         rewards.clear_truth()
-    assert rewards.score_policy_detailed(r["prompt"], r["completion"], engine=None).truth_source == "none"
+    with pytest.raises(rewards.MissingTruthError, match="no ground truth"):
+        rewards.score_policy(r["prompt"], r["completion"], engine=None)
 
 
 def test_offline_scoring_estimates_unlisted_moves(val_policy):
@@ -230,6 +231,7 @@ def test_offline_scoring_estimates_unlisted_moves(val_policy):
     assert d.estimated and d.best_rank is None and d.total < fifth
 
 
+@pytest.mark.fault
 def test_no_truth_and_no_stockfish_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "missing"))
     rewards.clear_truth()
@@ -302,6 +304,7 @@ def test_fuzz_non_string_inputs(value):
     assert rewards.score_policy(value, value, engine=None) == -1.0
 
 
+@pytest.mark.fault
 @needs_stockfish
 def test_mutated_real_completions_with_the_live_engine(val_policy, val_env):
     rng = random.Random(5)
