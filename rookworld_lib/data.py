@@ -1042,16 +1042,21 @@ def audit_mate_in_one(records: list[dict]) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 def summarize(data_dir=None) -> dict:
-    """Counts per file, colour balance, features and terminations of a data directory."""
+    """Counts per file, colour balance, features and terminations of a data directory, and the
+    number of positions two splits share (``shared_positions``, 0 by construction)."""
     base = Path(data_dir) if data_dir is not None else DATA_DIR
     out: dict = {"files": {}}
     names = [TASK_FILES[t].format(split=s) for t in ("P", "A") for s in SPLITS] + [MATE_FILE]
+    keys: dict[str, set] = {s: set() for s in SPLITS}
     for name in names:
         path = base / name
         if not path.exists():
             continue
         data = load_jsonl(path)
         recs = data.records
+        if recs and recs[0]["task"] in ("P", "A"):
+            for r in recs:
+                keys[r["split"]].add(tasks.position_key(r["fen"]))
         info = {"records": len(recs), "bytes": path.stat().st_size,
                 "white_to_move": sum(" w " in r["fen"] for r in recs),
                 "black_to_move": sum(" b " in r["fen"] for r in recs),
@@ -1066,6 +1071,9 @@ def summarize(data_dir=None) -> dict:
             info["limit"] = sorted({r["limit"] for r in recs})
             info["engine"] = sorted({r["engine"] for r in recs})
         out["files"][name] = info
+    # positions (FEN without clocks) of P:/A: prompts that two splits share: 0 by construction
+    out["shared_positions"] = {f"{a}/{b}": len(keys[a] & keys[b])
+                               for i, a in enumerate(SPLITS) for b in SPLITS[i + 1:]}
     return out
 
 

@@ -376,4 +376,5 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     summary = data.summarize(tmp_path)
     n = len(data.load_split("P", "train", tmp_path))
     assert summary["files"]["policy_train.jsonl"]["records"] == n
+    assert set(summary["shared_positions"].values()) == {0}
     assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)
