@@ -13,7 +13,7 @@ Ground truth
     shipped data) and the environment truth from a python-chess replay of the prompt (exact, no
     engine needed). A policy reward that has no truth and may not use the engine is an error of the
     set-up, not a low score: StockfishNotFoundError (no engine installed) or MissingTruthError
-    (``engine=None``) - never a silent constant.
+    (``engine=None``) - never a silent constant. So is a truth for another position (TruthError).
 
 Policy reward (``score_policy``), range [-1, 1]:
     ========================  ==============================================================
@@ -68,7 +68,11 @@ from .tasks import Eval
 
 log = logging.getLogger(__name__)
 
-class MissingTruthError(ValueError):
+class TruthError(ValueError):
+    """The ground truth handed to a scorer cannot be used: not a P: truth, or another position."""
+
+
+class MissingTruthError(TruthError):
     """A policy reward was asked for a position with no ground truth while the engine was disabled."""
 
 
@@ -348,6 +352,9 @@ def _mate_shift(e: Eval) -> Eval:
 def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine) -> tuple[PolicyTruth | None, str, object]:
     pool = _resolve_engine(engine)
     if truth is not None:
+        fen = board.fen(en_passant="fen")
+        if not isinstance(truth.fen, str) or truth.fen.split(" ")[:3] != fen.split(" ")[:3]:
+            raise TruthError(f"the truth is for {truth.fen!r}, not for the prompt's position {fen!r}")
         return truth, "given", pool
     with _REGISTRY_LOCK:
         t = _POLICY_TRUTH.get(tasks.position_key(tasks.canonical_fen(board)))
@@ -371,14 +378,15 @@ def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="a
     Never raises because of the prompt or completion. It raises only for the set-up, where a
     reward silently computed without ground truth would be worse than a stop: no truth (none given
     or registered) and no Stockfish: StockfishNotFoundError naming the install commands; no truth
-    and engine=None: MissingTruthError; an engine that keeps dying: EngineFailedError.
+    and engine=None: MissingTruthError; a truth for another position, or not a P: truth:
+    TruthError; an engine that keeps dying: EngineFailedError.
     """
     weights = weights or DEFAULT_POLICY_WEIGHTS
     try:
         t = policy_truth(truth) if truth is not None else None
     except Exception as exc:
-        log.error("unusable policy truth %r: %s", truth, exc)
-        return PolicyScore(total=GARBAGE, errors=(f"truth: {type(exc).__name__}: {exc}",))
+        raise TruthError(f"unusable policy truth ({type(exc).__name__}: {exc}); pass a P: record, "
+                         "a PolicyTruth or an engine.Analysis") from None
     if cache and isinstance(prompt, str) and isinstance(completion, str):
         try:
             return _cached_policy(prompt, completion, t, engine, weights, _REGISTRY_VERSION[0])
@@ -413,7 +421,7 @@ def _score_policy(board: chess.Board, completion, truth: PolicyTruth, source: st
 
     try:
         return _score_policy_inner(board, completion, truth, source, weights, pool)
-    except (EngineFailedError, StockfishNotFoundError, MissingTruthError):
+    except (EngineFailedError, StockfishNotFoundError, TruthError):
         raise
     except Exception as exc:  # pragma: no cover - safety net; the fuzz tests assert it never fires
         log.error("internal error scoring a policy completion: %r", exc)
@@ -474,7 +482,7 @@ def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
     except Exception as exc:
         from .engine import EngineFailedError, StockfishNotFoundError
 
-        if isinstance(exc, (StockfishNotFoundError, EngineFailedError, MissingTruthError)):
+        if isinstance(exc, (StockfishNotFoundError, EngineFailedError, TruthError)):
             raise  # the set-up, not the text: a silent constant reward would be worse
         log.error("internal error in score_policy: %r", exc)
         return GARBAGE
@@ -785,7 +793,7 @@ def clear_cache(analyses: bool = False) -> None:
 
 
 __all__ = [
-    "MissingTruthError", "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
+    "TruthError", "MissingTruthError", "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
     "env_truth", "register_truth", "clear_truth", "registered_truth_counts", "PolicyScore", "EnvScore",
     "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed", "score_environment",
     "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",

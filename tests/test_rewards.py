@@ -222,6 +222,14 @@ def test_registered_truth_is_used_without_the_argument(val_policy, val_env):
         rewards.score_policy(r["prompt"], r["completion"], engine=None)
 
 
+def test_truth_for_another_position_is_a_clear_error(val_policy, val_env):
+    a, b = val_policy[0], val_policy[1]
+    with pytest.raises(rewards.TruthError, match="not for the prompt's position"):
+        rewards.score_policy(a["prompt"], a["completion"], truth=b)
+    with pytest.raises(rewards.TruthError, match="unusable policy truth"):
+        rewards.score_policy(a["prompt"], a["completion"], truth=val_env[0])
+
+
 def test_offline_scoring_estimates_unlisted_moves(val_policy):
     r = next(x for x in val_policy if len(x["moves"]) == 5 and x["n_legal"] > 5)
     board = chess.Board(r["fen"])
