@@ -297,6 +297,42 @@ def test_fuzz_arbitrary_environment_completions(val_env, completion, idx):
     assert _in_range(d.total) and not any(e.startswith("internal") for e in d.errors)
 
 
+_EDITS = st.lists(st.tuples(st.sampled_from("rids"), st.integers(0, 400),
+                            st.sampled_from(list("abcdefgh12345678qrbnkpPNBRQK/ -+.M:E0#\n"))), min_size=1, max_size=6)
+
+
+def _apply(text, edits):
+    chars = list(text)
+    for op, i, c in edits:
+        i = min(i, len(chars))
+        if op == "r" and chars:
+            chars[min(i, len(chars) - 1)] = c
+        elif op == "i":
+            chars.insert(i, c)
+        elif op == "d" and chars:
+            del chars[min(i, len(chars) - 1)]
+        elif op == "s" and len(chars) > 1:
+            j = min(i, len(chars) - 2)
+            chars[j], chars[j + 1] = chars[j + 1], chars[j]
+    return "".join(chars)
+
+
+@FUZZ
+@given(idx=st.integers(0, 10_000), edits=_EDITS)
+def test_fuzz_mutated_real_completions(val_policy, val_env, idx, edits):
+    p = val_policy[idx % len(val_policy)]
+    d = rewards.score_policy_detailed(p["prompt"], _apply(p["completion"], edits), truth=p, engine=None)
+    assert _in_range(d.total) and not any(e.startswith("internal") for e in d.errors)
+    a = val_env[idx % len(val_env)]
+    mutated = _apply(a["completion"], edits)
+    e = rewards.score_environment_detailed(a["prompt"], mutated)
+    assert _in_range(e.total) and not any(x.startswith("internal") for x in e.errors)
+    if e.total == 1.0:  # full marks only for an answer that still says exactly the truth
+        parsed = tasks.parse_env_completion(mutated)
+        assert (parsed.new_fen, parsed.reward, parsed.terminated, parsed.truncated) == \
+            (a["new_fen"], a["reward"], a["terminated"], a["truncated"])
+
+
 @FUZZ
 @given(prompt=st.text(max_size=120), completion=st.text(max_size=80))
 def test_fuzz_arbitrary_prompts(prompt, completion):
