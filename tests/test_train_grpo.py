@@ -101,7 +101,8 @@ def test_config_validation_names_field(field, value):
 
 
 def test_kill_and_resume_gives_identical_parameters(tmp_path):
-    cfg = {"steps": 3, "minibatch_size": 8, "mu": 2, "loss": grpo.GRPOConfig(beta=0.04)}
+    cfg = {"steps": 3, "prompts_per_step": 2, "max_new_tokens": 5, "minibatch_size": 4, "mu": 2,
+           "loss": grpo.GRPOConfig(beta=0.04)}
     straight = make({**cfg, "out_dir": str(tmp_path / "a")})
     straight.train()
     first = make({**cfg, "out_dir": str(tmp_path / "b")})
