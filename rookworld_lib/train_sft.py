@@ -24,6 +24,16 @@ Resume. `<out_dir>/checkpoints` holds atomic checkpoints (see checkpoint.py) wit
 optimizer, schedule, data position, RNG states and NaN-guard counters. A trainer built on an
 out_dir with a checkpoint continues from it (resume=True); on CPU with deterministic=True the
 final parameters are bit-identical to an uninterrupted run's, however often the run was killed.
+
+Distributed (torchrun; `rookworld sft --nproc N` on one machine). With WORLD_SIZE > 1 the
+trainer joins the process group (gloo on CPU, NCCL on GPU) and wraps the model in
+DistributedDataParallel. Every rank reads the same packed stream; of each global micro-batch of
+`batch_size` rows, rank r trains on rows r, r + W, r + 2W, ... (batch_size must be a multiple of
+the world size W). DDP averages the gradients, so a step is the step of one process on the whole
+micro-batch: the global batch, the data order and the checkpoints do not depend on W, and a run
+resumes at another world size. Losses are averaged over ranks before they are logged and
+before the NaN guard sees them (all ranks skip the same updates). Only rank 0 writes metrics,
+checkpoints and the export; each rank's RNG state (dropout) goes into the checkpoint.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt_lib
+from . import distributed
 from .model import GPT, PRESETS, GPTConfig, lm_loss
 from .paths import RUNS_DIR
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
@@ -64,8 +75,11 @@ from .train_utils import (
     clip_grad_norm,
     config_kwargs_from_args,
     maybe_compile,
+    rng_state,
     seed_everything,
+    set_rng_state,
     setup_runtime,
+    to_jsonable,
 )
 
 log = logging.getLogger(__name__)
@@ -490,6 +504,16 @@ class SFTTrainer:
         self.out_dir = Path(cfg.out_dir)
         self.ckpt_dir = self.out_dir / CHECKPOINT_DIR
         self.runtime = setup_runtime(cfg.device, cfg.dtype, deterministic=cfg.deterministic)
+        self.dist = distributed.init_from_env(self.runtime.device.type)
+        W = self.dist.world_size
+        if W > 1:
+            if self.runtime.device.type == "cuda":  # one GPU per process: cuda:LOCAL_RANK
+                self.runtime = dataclasses.replace(self.runtime,
+                                                   device=torch.device("cuda", self.dist.local_rank))
+            if cfg.batch_size % W:
+                raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
+                                 "under torchrun: each rank trains on batch_size / world_size rows of every "
+                                 "micro-batch, so the global batch stays the same whatever the world size")
         self.history: list[dict] = []
         self.last_checkpoint: Path | None = None
 
@@ -517,6 +541,12 @@ class SFTTrainer:
 
         # resume or start
         resume_from = ckpt_lib.latest_checkpoint(self.ckpt_dir)
+        if W > 1:  # every rank must resume from the same file: out_dir on a filesystem all nodes see
+            main_sees = distributed.broadcast_object(None if resume_from is None else resume_from.name)
+            mine = None if resume_from is None else resume_from.name
+            if mine != main_sees:
+                raise ValueError(f"rank {self.dist.rank} sees latest checkpoint {mine} in {self.ckpt_dir}, rank 0 sees "
+                                 f"{main_sees}: under torchrun out_dir must be on a filesystem that every node shares")
         ckpt = None
         if resume_from is not None and not cfg.resume:
             raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {resume_from.name}); "
@@ -555,9 +585,34 @@ class SFTTrainer:
                                                         scheduler=self.schedule, data=self.train_stream)
             self.guard.load_state_dict(ckpt["extra"]["guard"])
             self.last_checkpoint = resume_from
-            log.info("resumed from %s at step %d", resume_from, self.step)
+            log.info("resumed from %s at step %d%s", resume_from, self.step,
+                     "" if ckpt["extra"].get("world_size", 1) == W else
+                     f" (saved at world size {ckpt['extra'].get('world_size', 1)}, now {W})")
+        if W > 1 and self.dist.rank > 0:
+            self._seed_rank(ckpt)
         self.resumed_from = resume_from
-        self.compiled = maybe_compile(self.model, cfg.compile)
+        self.ddp = None
+        if W > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
+            # broadcast_buffers=False: the model's buffers are constants (no batch norm), and eval
+            # passes then need no collective
+            self.ddp = DDP(self.model, device_ids=ids, broadcast_buffers=False)
+        self.compiled = maybe_compile(self.ddp or self.model, cfg.compile)
+
+    def _seed_rank(self, ckpt: dict | None) -> None:
+        """Give ranks > 0 their own RNG stream (dropout masks differ across ranks' rows).
+
+        Rank 0 continues the single-process stream (seed, or the checkpoint's state). A checkpoint
+        saved at this world size holds every rank's state, so such a resume is exact; otherwise
+        the stream is derived from (seed, step, rank).
+        """
+        saved = (ckpt or {}).get("extra", {}).get("rank_rng")
+        if saved is not None and len(saved) == self.dist.world_size:
+            set_rng_state(saved[self.dist.rank])
+        else:
+            torch.manual_seed(self.cfg.seed * 1_000_003 + self.step * 7_919 + self.dist.rank)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -573,16 +628,21 @@ class SFTTrainer:
         model.train()
         lr = self.schedule.apply(self.optimizer, self.step)
         loss_sum = torch.zeros((), device=rt.device)
-        for _ in range(cfg.grad_accum):
+        for micro in range(cfg.grad_accum):
             x, y = batch if batch is not None else self.train_stream.next_batch(cfg.batch_size, cfg.block_size)
-            x, y = rt.to_device(x), rt.to_device(y)
-            with rt.autocast():
-                logits = model(x)
-            loss = lm_loss(logits, y) / cfg.grad_accum
-            loss.backward()
+            x, y = rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y))
+            # under DDP, gradients are all-reduced once, in the backward of the last micro-batch
+            sync = self.ddp is None or micro == cfg.grad_accum - 1
+            with contextlib.nullcontext() if sync else self.ddp.no_sync():
+                with rt.autocast():
+                    logits = model(x)
+                loss = lm_loss(logits, y) / cfg.grad_accum
+                loss.backward()
             loss_sum += loss.detach()
-        grad_norm = clip_grad_norm(self.model, cfg.grad_clip)
-        applied = self.guard.observe(loss_sum, grad_norm)  # host sync: the step needs the answer
+        grad_norm = clip_grad_norm(self.model, cfg.grad_clip)  # DDP-averaged: the same on every rank
+        # the mean over ranks (the loss of the global batch); a host sync, which the step needs anyway
+        loss_value = distributed.all_reduce_sum(loss_sum.item()) / self.dist.world_size
+        applied = self.guard.observe(loss_value, grad_norm)  # every rank decides alike
         if applied:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -590,12 +650,17 @@ class SFTTrainer:
         rt.synchronize()
         dt = time.perf_counter() - t0
         tokens = cfg.tokens_per_step
-        record = {"step": self.step, "loss": loss_sum.item(), "val_loss": None, "lr": lr,
+        record = {"step": self.step, "loss": loss_value, "val_loss": None, "lr": lr,
                   "grad_norm": grad_norm.item(), "tokens_per_s": tokens / dt, "step_time_s": dt,
                   "tokens": self.step * tokens, "skipped": not applied, "nonfinite": self.guard.total,
                   "nonfinite_in_a_row": self.guard.in_a_row}
         assert tuple(record) == RECORD_KEYS
         return record
+
+    def _my_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global micro-batch (all of them in a single process)."""
+        W = self.dist.world_size
+        return t if W == 1 else t[self.dist.rank::W].contiguous()
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -610,24 +675,48 @@ class SFTTrainer:
         for _ in range(cfg.eval_steps):
             x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
             with rt.autocast():
-                logits = model(rt.to_device(x))
-            total += lm_loss(logits, rt.to_device(y))
+                logits = model(rt.to_device(self._my_rows(x)))
+            total += lm_loss(logits, rt.to_device(self._my_rows(y)))
         model.train()
-        return (total / cfg.eval_steps).item()
+        return distributed.all_reduce_sum((total / cfg.eval_steps).item()) / self.dist.world_size
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Checkpoint the run as it stands (a step boundary); returns the file written."""
-        state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
-                                        scheduler=self.schedule, data=self.train_stream, config=self.cfg,
-                                        extra={"guard": self.guard.state_dict()}, kind="sft")
-        self.last_checkpoint = ckpt_lib.save_checkpoint(self.ckpt_dir, state, keep_last=self.cfg.keep_checkpoints)
-        return self.last_checkpoint
+        """Checkpoint the run as it stands (a step boundary); returns the file written.
+
+        Under torchrun every rank calls it (their RNG states are gathered); rank 0 writes, and a
+        failed write (disk full, ...) raises CheckpointSaveError on every rank.
+        """
+        W = self.dist.world_size
+        extra = {"guard": self.guard.state_dict(), "world_size": W}
+        if W > 1:
+            extra["rank_rng"] = distributed.all_gather_objects(rng_state())
+        error, path = None, ckpt_lib.checkpoint_path(self.ckpt_dir, self.step)
+        if self.dist.is_main:
+            state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
+                                            scheduler=self.schedule, data=self.train_stream, config=self.cfg,
+                                            extra=extra, kind="sft")
+            try:
+                path = ckpt_lib.save_checkpoint(self.ckpt_dir, state, keep_last=self.cfg.keep_checkpoints)
+            except ckpt_lib.CheckpointSaveError as exc:
+                error = exc
+        if W > 1:
+            message = distributed.broadcast_object(None if error is None else str(error))
+            if message is not None and error is None:
+                error = ckpt_lib.CheckpointSaveError(f"rank 0: {message}")
+        if error is not None:
+            raise error
+        self.last_checkpoint = path
+        return path
 
     def export(self, directory: str | os.PathLike | None = None) -> Path:
-        """The model in Hugging Face GPT-2 format, by default in <out_dir>/final."""
-        return ckpt_lib.export_hf(self.model, directory or self.out_dir / FINAL_DIR)
+        """The model in Hugging Face GPT-2 format, by default in <out_dir>/final (rank 0 writes)."""
+        directory = Path(directory or self.out_dir / FINAL_DIR)
+        if self.dist.is_main:
+            ckpt_lib.export_hf(self.model, directory)
+        distributed.barrier()
+        return directory
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -642,8 +731,10 @@ class SFTTrainer:
 
         cfg = self.cfg
         target = cfg.max_steps if until is None else min(until, cfg.max_steps)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        main = self.dist.is_main
+        if main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         fresh = self.step == 0 and self.resumed_from is None and not self.history
 
         def eval_due(s: int) -> bool:
@@ -656,10 +747,11 @@ class SFTTrainer:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.runtime.backend_flags())
             metrics = stack.enter_context(MetricsLogger(metrics_path, fresh=fresh,
-                                                        resume_step=None if fresh else self.step))
+                                                        resume_step=None if fresh else self.step)) \
+                if main else _NoMetrics()
             bar = stack.enter_context(tqdm(total=cfg.max_steps, initial=self.step, desc="SFT",
-                                           disable=not cfg.progress, dynamic_ncols=True))
-            if cfg.progress:
+                                           disable=not (cfg.progress and main), dynamic_ncols=True))
+            if cfg.progress and main:
                 stack.enter_context(logging_redirect_tqdm())  # log lines above the bar, not through it
             if fresh and cfg.eval_interval > 0 and self.step < target:
                 self._record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "val_loss": self.evaluate(),
@@ -687,7 +779,7 @@ class SFTTrainer:
     def _record(self, metrics: MetricsLogger, rec: dict) -> dict:
         rec = metrics.log(rec)
         self.history.append(rec)
-        if self.on_step is not None and rec["step"] > 0:
+        if self.on_step is not None and rec["step"] > 0 and self.dist.is_main:
             self.on_step(rec)
         return rec
 
@@ -700,6 +792,13 @@ class SFTTrainer:
         if rec["nonfinite"]:
             parts.append(f"skipped {rec['nonfinite']}")
         return ", ".join(parts)
+
+
+class _NoMetrics:
+    """What ranks other than 0 log to: the record as rank 0 writes it, kept in memory only."""
+
+    def log(self, record: dict) -> dict:
+        return to_jsonable(record)
 
 
 @dataclass
@@ -739,7 +838,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "periodic val loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
         epilog="example: rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl "
                "--val-data data/policy_val.jsonl data/env_val.jsonl --model cpu-small --max-steps 300 "
-               "--out-dir runs/sft-cpu")
+               "--out-dir runs/sft-cpu; add --nproc 2 to run two processes under torchrun (DDP: gloo on CPU, "
+               "NCCL on GPU; the same global batch, split across the processes)")
+    ap.add_argument("--nproc", type=int, default=0, metavar="N",
+                    help="processes on this machine, via torchrun (0 = this process; --batch-size must be a "
+                         "multiple of N)")
     docs = {"train_data": "JSONL training files: data.py P:/A: records or {\"text\": ...} lines (default: the "
                           "shipped data/policy_train.jsonl and data/env_train.jsonl)",
             "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
@@ -757,8 +860,14 @@ def _shipped(split: str) -> tuple[str, ...]:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from .tokenizer import TokenizerFileError
+
+    nproc, rest = distributed.strip_nproc(list(sys.argv[1:] if argv is None else argv))
+    if nproc > 1:
+        return distributed.torchrun("sft", rest, nproc)
+    args = build_parser().parse_args(rest)
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs and reports
+    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
     try:
         kwargs = config_kwargs_from_args(SFTConfig, args)
         if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
@@ -771,9 +880,13 @@ def cli(argv: list[str] | None = None) -> int:
             log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
         cfg = SFTConfig(**kwargs)
         result = train_sft(cfg)
-    except (ValueError, ckpt_lib.CheckpointError, NonFiniteError) as exc:
+    except (ValueError, ckpt_lib.CheckpointError, NonFiniteError, TokenizerFileError) as exc:
         print(f"rookworld sft: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        distributed.cleanup()
+    if not main_rank:
+        return 0
     last = result.history[-1] if result.history else {}
     val = [r["val_loss"] for r in result.history if r.get("val_loss") is not None]
     print(f"SFT finished at step {result.step}: loss {last.get('loss')}, val loss {val[-1] if val else None}; "

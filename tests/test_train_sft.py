@@ -1,74 +1,19 @@
 import dataclasses
 import json
 import math
-import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
-import time
 from pathlib import Path
 
-import chess
 import pytest
 import torch
+from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
+                         sigkill, start_sft_child, tiny_cfg, wait_for)
 
 from rookworld_lib import checkpoint as ck
 from rookworld_lib import train_sft as sft
 from rookworld_lib.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from rookworld_lib.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
 from rookworld_lib.train_utils import NonFiniteError, read_metrics
-
-TINY_MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 64}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on 2 cores shared with other work, 2 threads spin-wait for each other
-    and run several times slower. Every run in a test (and its subprocesses) uses the same count,
-    which bit-identical comparisons need."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def chess_texts(n: int = 12, seed: int = 0) -> list[str]:
-    """n P: and n A: samples in the task formats, from a seeded random game."""
-    rng, board, out = random.Random(seed), chess.Board(), []
-    for _ in range(n):
-        if board.is_game_over():
-            board = chess.Board()
-        fen, moves = board.fen(), sorted(m.uci() for m in board.legal_moves)[:5]
-        evals = " ".join(f"0.{k}" for k in range(len(moves)))
-        out.append(f"P: {fen} M: {' '.join(moves)} E: {evals} B: {moves[0]}")
-        move = rng.choice(list(board.legal_moves))
-        board.push(move)
-        out.append(f"A: {fen}+{move.uci()}+{move.uci()}+{board.fen()}+0.001+0+0")
-    return out
-
-
-TEXTS = chess_texts()
-
-
-def tiny_cfg(out_dir, **kw) -> SFTConfig:
-    base = dict(model="tiny", model_overrides=TINY_MODEL, block_size=32, batch_size=2, max_steps=6, warmup_steps=2,
-                lr=3e-3, min_lr=3e-4, eval_interval=0, checkpoint_interval=2, out_dir=str(out_dir), progress=False,
-                export_hf=False, deterministic=True, seed=0, device="cpu")
-    return SFTConfig(**{**base, **kw})
-
-
-def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module):
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), f"{k} differs"
-
-
-def math_fields(records):
-    keep = ("step", "loss", "val_loss", "lr", "grad_norm", "skipped", "nonfinite")
-    return [{k: r.get(k) for k in keep} for r in records]
 
 
 # ---- config -----------------------------------------------------------------------------------
@@ -293,42 +238,17 @@ def test_resume_refuses_other_settings_and_never_starts_over_silently(tmp_path):
     assert more.step == 2
 
 
-KILLABLE_RUN = textwrap.dedent("""
-    import json, sys, time, torch
-    torch.set_num_threads(int(sys.argv[2]))
-    from rookworld_lib.train_sft import SFTConfig, train_sft
-    kwargs = json.loads(sys.argv[1])
-    texts = json.loads(open(sys.argv[3]).read())
-    def pace(rec):  # slow enough for the parent to kill us somewhere in steps 3-6
-        time.sleep(0.05 if rec["step"] < 6 else 600)
-    train_sft(SFTConfig(**kwargs), train_texts=texts, on_step=pace)
-""")
-
-
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
     kw = dict(max_steps=8, model_overrides={**TINY_MODEL, "dropout": 0.1}, checkpoint_interval=2, eval_interval=4,
               eval_steps=1)
     cfg = tiny_cfg(tmp_path / "run", **kw)
     texts_file = tmp_path / "texts.json"
     texts_file.write_text(json.dumps(TEXTS))
-    proc = subprocess.Popen([sys.executable, "-c", KILLABLE_RUN, json.dumps(dataclasses.asdict(cfg)),
-                             str(torch.get_num_threads()), str(texts_file)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = Path(cfg.out_dir) / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.exists() and any(r.get("step", 0) >= 3 for r in read_metrics(metrics)):
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, proc.communicate()[1]
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        _, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, err
-    killed_at = max(r["step"] for r in read_metrics(metrics))
+    proc = start_sft_child(cfg, texts_file, pace=0.05, hold_at=6)  # killed somewhere in steps 3-6
+    wait_for(proc, lambda: last_step(metrics) >= 3, timeout=120, poll=0.01)
+    sigkill(proc)
+    killed_at = last_step(metrics)
     assert 3 <= killed_at <= 6
 
     resumed = SFTTrainer(cfg, train_texts=TEXTS)

@@ -1,0 +1,131 @@
+"""SFT under torchrun (gloo on CPU): 2 processes train the parameters of 1 process on the same global
+batch, and a checkpoint resumes at another world size (1 -> 2 and 2 -> 1).
+
+The tolerance is 1e-5 with lr 5e-4: the two runs sum gradients in another order (rows split over
+ranks, then all-reduced), and AdamW's first steps scale each update to about lr whatever the
+gradient's size, so an element whose gradient is near AdamW's eps (1e-8) moves by a
+slightly different amount (about 1% of lr) - summation noise, not a difference in the math.
+
+Every run goes through the command line (`rookworld sft`, `--nproc 2` for torchrun), so the
+launcher, rank-0-only writing and the exported model are covered too. One thread per process.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from sft_helpers import TEXTS, one_thread  # noqa: F401  (one_thread: autouse fixture)
+
+from rookworld_lib import checkpoint as ck
+from rookworld_lib import distributed
+from rookworld_lib import train_sft as sft
+from rookworld_lib.train_utils import read_metrics
+
+TOL = 1e-5
+ARGS = ["--model", "tiny", "--block-size", "32", "--batch-size", "4", "--grad-accum", "2", "--max-steps", "4",
+        "--warmup-steps", "1", "--lr", "5e-4", "--min-lr", "5e-5", "--checkpoint-interval", "2",
+        "--keep-checkpoints", "0", "--eval-interval", "2", "--eval-steps", "1", "--val-fraction", "0.1",
+        "--deterministic", "--device", "cpu", "--no-progress", "--seed", "0"]
+
+
+def argv(data: Path, out: Path) -> list[str]:
+    return ["--train-data", str(data), *ARGS, "--out-dir", str(out)]
+
+
+def torchrun_sft(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    """`rookworld sft --nproc N ...` as a user would type it (the CLI re-launches itself under torchrun)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rookworld_lib.cli", "sft", "--nproc", str(nproc), *args],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def params_at(out: Path, step: int) -> dict:
+    return ck.load_checkpoint(ck.checkpoint_path(out / "checkpoints", step))["model"]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def copy_checkpoint(src: Path, step: int, dst: Path) -> None:
+    """Start a run directory from one checkpoint of another run (as if that run had stopped there)."""
+    ck.save_checkpoint(dst / "checkpoints", ck.load_checkpoint(ck.checkpoint_path(src / "checkpoints", step)))
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return path
+
+
+def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_file, capsys):
+    torch.set_num_threads(1)
+    # 1 process, in this process: the reference, with checkpoints at steps 2 and 4
+    ref = tmp_path / "one"
+    assert sft.cli(argv(data_file, ref)) == 0
+    assert "SFT finished at step 4" in capsys.readouterr().out
+
+    # the same run as 2 processes under torchrun, fresh
+    two = tmp_path / "two"
+    proc = torchrun_sft(argv(data_file, two))
+    assert proc.stdout.count("SFT finished at step 4") == 1  # rank 0 reports; rank 1 stays quiet
+    worst = max_diff(params_at(ref, 4), params_at(two, 4))
+    print(f"max |1 process - 2 processes| = {worst:.2e}")
+    assert worst <= TOL, worst
+    moved = max_diff(params_at(ref, 4), params_at(ref, 2))
+    assert moved > 1e-4, moved  # training did move the weights, far beyond the tolerance
+
+    # 1-process checkpoint at step 2, resumed by 2 processes
+    resumed = tmp_path / "one-then-two"
+    copy_checkpoint(ref, 2, resumed)
+    torchrun_sft(argv(data_file, resumed))
+    worst = max_diff(params_at(ref, 4), params_at(resumed, 4))
+    print(f"max |1 process - resumed 1 -> 2| = {worst:.2e}")
+    assert worst <= TOL, worst
+
+    # what rank 0 alone wrote: one metrics line per step, checkpoints, the export
+    ref_records, two_records = read_metrics(ref / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [r["step"] for r in two_records] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl")] == [3, 4]
+    for a, b in zip(ref_records, two_records):  # losses reduced across ranks = the global batch's loss
+        for key in ("loss", "val_loss", "grad_norm"):
+            assert (a[key] is None) == (b[key] is None) and (a[key] is None or abs(a[key] - b[key]) < 1e-4), key
+        assert a["tokens"] == b["tokens"] and a["lr"] == b["lr"]
+    saved = ck.load_checkpoint(two / "checkpoints")
+    assert saved["extra"]["world_size"] == 2 and len(saved["extra"]["rank_rng"]) == 2
+    assert saved["data"] == ck.load_checkpoint(ref / "checkpoints")["data"]  # the same stream position
+    assert (two / "final" / "model.safetensors").is_file()
+
+    # and back: the 2-process checkpoint at step 2, resumed by 1 process
+    back = tmp_path / "two-then-one"
+    copy_checkpoint(two, 2, back)
+    assert sft.cli(argv(data_file, back)) == 0
+    worst = max_diff(params_at(ref, 4), params_at(back, 4))
+    print(f"max |1 process - resumed 2 -> 1| = {worst:.2e}")
+    assert worst <= TOL, worst
+    shutil.rmtree(tmp_path)
+
+
+def test_batch_size_must_divide_by_the_world_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(sft.distributed, "init_from_env", lambda device_type: distributed.DistInfo(0, 2, 0))
+    cfg = sft.SFTConfig(model="tiny", block_size=32, batch_size=3, max_steps=2, warmup_steps=0, eval_interval=0,
+                        out_dir=str(tmp_path), progress=False, device="cpu")
+    with pytest.raises(ValueError, match=r"SFTConfig\.batch_size \(3\) must be a multiple of the world size 2"):
+        sft.SFTTrainer(cfg, train_texts=TEXTS)
+
+
+def test_nproc_is_in_the_help_and_wraps_torchrun(monkeypatch):
+    assert "--nproc N" in sft.build_parser().format_help()
+    calls = []
+    monkeypatch.setattr(sft.distributed, "torchrun", lambda sub, args, n: calls.append((sub, args, n)) or 0)
+    assert sft.cli(["--nproc", "2", "--max-steps", "3"]) == 0
+    assert calls == [("sft", ["--max-steps", "3"], 2)]
