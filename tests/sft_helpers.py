@@ -9,8 +9,9 @@ it is the child that those tests SIGKILL:
 --pace sleeps S seconds after every step (so a kill can land anywhere in a step, its eval or its
 checkpoint); --hold-at sleeps for good once STEP is done (the run cannot finish before the
 kill); --pause-in-save stops inside the K-th checkpoint write of this process, after FRACTION of
-the file's bytes are on disk, creates MARKER and waits to be killed; --pause-at-pointer does the
-same after the K-th checkpoint file is complete but before the `latest` pointer names it.
+the file's bytes are on disk, writes MARKER ({"pid", "step"}: the step being saved) and waits to be
+killed; --pause-at-pointer does the same after the K-th checkpoint file is complete but before the
+`latest` pointer names it.
 """
 
 from __future__ import annotations
@@ -148,8 +149,8 @@ def _child_main(argv: list[str]) -> None:
     from rookworld_lib import checkpoint as ck
     from rookworld_lib.train_sft import SFTConfig, train_sft
 
-    def wait_to_be_killed(marker: str) -> None:
-        Path(marker).write_text(str(os.getpid()))
+    def wait_to_be_killed(marker: str, step: int) -> None:
+        Path(marker).write_text(json.dumps({"pid": os.getpid(), "step": step}))
         time.sleep(3600)
 
     if a.pause_in_save:
@@ -166,7 +167,7 @@ def _child_main(argv: list[str]) -> None:
             f.write(data[: int(len(data) * fraction)])  # part of the checkpoint is on disk...
             f.flush()
             os.fsync(f.fileno())
-            wait_to_be_killed(marker)  # ...when the SIGKILL comes
+            wait_to_be_killed(marker, int(obj["step"]))  # ...when the SIGKILL comes
 
         ck.torch.save = torn_save
     if a.pause_at_pointer:
@@ -177,7 +178,10 @@ def _child_main(argv: list[str]) -> None:
             if os.path.basename(path) == ck.POINTER:
                 calls[0] += 1
                 if calls[0] >= k:
-                    wait_to_be_killed(marker)  # the new file is whole; `latest` still names the old one
+                    buf = io.BytesIO()
+                    write(buf)
+                    # the new file is whole; `latest` still names the old one
+                    wait_to_be_killed(marker, json.loads(buf.getvalue())["step"])
             return real_write(path, write)
 
         ck.atomic_write = slow_pointer
