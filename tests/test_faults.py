@@ -135,6 +135,25 @@ def test_heavy_sigkill_twenty_times(tmp_path):
     kill_and_resume(tmp_path, kills=20, seed=7, **{**KILL_KW, "max_steps": 60})
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of a process (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 @pytest.mark.heavy
 @pytest.mark.skipif(not HEAVY, reason="heavy: set ROOKWORLD_HEAVY=1")
 def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path):
@@ -143,20 +162,22 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
     data_file = tmp_path / "train.jsonl"
     data_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     args = ["--train-data", str(data_file), "--model", "tiny", "--block-size", "32", "--batch-size", "4",
-            "--max-steps", "12", "--warmup-steps", "1", "--lr", "5e-4", "--min-lr", "5e-5", "--checkpoint-interval", "2",
+            "--max-steps", "30", "--warmup-steps", "1", "--lr", "5e-4", "--min-lr", "5e-5", "--checkpoint-interval", "2",
             "--eval-interval", "0", "--val-fraction", "0", "--deterministic", "--device", "cpu", "--no-progress"]
     run = tmp_path / "two"
     cmd = [sys.executable, "-m", "rookworld_lib.cli", "sft", "--nproc", "2", *args, "--out-dir", str(run)]
-    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and last_step(metrics) < 5 and proc.poll() is None:
+    while time.monotonic() < deadline and last_step(metrics) < 6 and proc.poll() is None:
         time.sleep(0.005)
     assert proc.poll() is None, proc.communicate()[1][-3000:]
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both workers at once
+    victims = [proc.pid, *descendants(proc.pid)]  # torchrun starts its workers in sessions of their own
+    assert len(victims) >= 3, victims
+    for pid in victims:  # the launcher and both workers, at once
+        os.kill(pid, signal.SIGKILL)
     proc.communicate(timeout=60)
-    assert last_step(metrics) < 12
+    assert last_step(metrics) < 30
     import shutil
 
     shutil.copytree(run, tmp_path / "one")
@@ -169,7 +190,9 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
     want = ck.load_checkpoint(ref / "checkpoints")["model"]
     for out in (run, tmp_path / "one"):
         got = ck.load_checkpoint(out / "checkpoints")["model"]
-        assert max((want[k] - got[k]).abs().max().item() for k in want) <= 1e-5
+        worst = max((want[k] - got[k]).abs().max().item() for k in want)
+        print(f"{out.name}: max |difference| to 1 process = {worst:.2e}")
+        assert worst <= 1e-5, worst
 
 
 # =====================================================================================
