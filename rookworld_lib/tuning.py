@@ -517,8 +517,13 @@ class MatrixResult:
 
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
                allow_compile: bool = True, measure_peak: bool = True, profile_memory: bool = True,
-               trace_dir: str | Path | None = None, batches: list | None = None, progress: bool = True) -> MatrixResult:
+               trace_dir: str | Path | None = None, batches: list | None = None, progress: bool = True,
+               repeat_baseline: bool = False) -> MatrixResult:
     """Run the baseline and each variant; fill in speedup, loss_delta and changes_result.
+
+    repeat_baseline appends a second run of the baseline ("baseline (repeat)"): its speedup
+    against the first run is the run-to-run noise of this machine, the yardstick for reading the
+    other rows' speedups.
 
     Every row starts from the same initial weights and trains on the same batches (re-cut for
     rows that change batch_size or seq_len). trace_dir, if given, receives the baseline's
@@ -527,6 +532,8 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     variants = variants if variants is not None else default_variants(base, allow_compile)
     if not variants or variants[0].variable != "baseline":
         variants = [Variant("baseline", "baseline")] + list(variants)
+    if repeat_baseline:
+        variants = list(variants) + [Variant("baseline (repeat)", "baseline-repeat")]
     device = perf.resolve_device(base.device)
     init = initial_state(base)
     peaks: dict = {}

@@ -31,7 +31,7 @@ def matrix():
         tuning.Variant("offload_optimizer=True", "offload_optimizer", {"offload_optimizer": True}),
         tuning.Variant("grad_accum=3", "grad_accum", {"grad_accum": 3}),
     ]
-    return tuning.run_matrix(BASE, variants, profile_memory=False, progress=False)
+    return tuning.run_matrix(BASE, variants, profile_memory=False, progress=False, repeat_baseline=True)
 
 
 def test_planted_change_is_caught(matrix):
@@ -52,6 +52,11 @@ def test_equivalent_rows_keep_the_result(matrix, name):
     assert name not in matrix.flagged()
 
 
+def test_repeated_baseline_reproduces_the_loss(matrix):
+    row = matrix.row("baseline (repeat)")
+    assert row["status"] == "ok" and row["loss_delta"] == 0.0 and row["speedup"] > 0
+
+
 def test_rows_with_different_data_are_not_flagged(matrix):
     row = matrix.row("batch_size=4")
     assert row["status"] == "ok" and row["expect_parity"] is False
@@ -64,7 +69,7 @@ def test_unsupported_rows_are_reported_with_reasons(matrix):
     assert "micro-batches" in matrix.row("grad_accum=3")["reason"]
     for name in ("precision=tf32", "offload_optimizer=True", "grad_accum=3"):
         assert matrix.row(name)["status"] == "skipped"
-    assert len(matrix.rows) == 11  # nothing silently dropped
+    assert len(matrix.rows) == 12  # nothing silently dropped (11 variants + the repeated baseline)
 
 
 def test_rows_carry_speed_mfu_and_memory(matrix):
