@@ -197,8 +197,9 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if exclude_positions else n
 
-    def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None, start: int = 0):
-        """Logits (B, T, vocab_size) for token ids idx (B, T).
+    def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None, start: int = 0,
+                last_only: bool = False):
+        """Logits (B, T, vocab_size) for token ids idx (B, T); (B, 1, vocab_size) with last_only.
 
         position_ids (B, T) default to 0..T-1 (shifted by `start` when decoding with a cache);
         attn_mask is a boolean (B, 1, T, T_total) mask, True = may attend, used for left-padded
@@ -216,6 +217,8 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, attn_mask, None, i, start, use_reentrant=False)
             else:
                 x = block(x, attn_mask, cache, i, start)
+        if last_only:
+            x = x[:, -1:]
         logits = self.lm_head(self.transformer.ln_f(x))
         return logits[..., : self.config.vocab_size]  # drop padding rows, never sampled or scored
 

@@ -134,6 +134,47 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+_CDF_BLOCK = 256  # vocabulary entries per block in sample_categorical's two-level search
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of probs (N, V) by inverse CDF in float64; returns (N,) long.
+
+    torch.multinomial draws one random number per vocabulary entry per row, which was most of a
+    small model's decode step; this draws one uniform number per row. The search is two-level
+    (sums of blocks of 256 entries, then the cumulative sum inside the chosen block) so the
+    float64 cumulative sums stay short and accurate. A token of zero probability is never drawn:
+    the search picks the first entry whose cumulative sum exceeds u, and a zero entry does not
+    raise it; a u that rounds past the total falls back to the last entry with mass.
+    Rows need not be normalised but must have a positive, finite sum.
+    """
+    N, V = probs.shape
+    p = probs.double()
+    pad = (-V) % _CDF_BLOCK
+    if pad:
+        p = torch.nn.functional.pad(p, (0, pad))
+    blocks = p.view(N, -1, _CDF_BLOCK)
+    block_mass = blocks.sum(dim=-1)  # (N, nb)
+    block_cdf = block_mass.cumsum(dim=-1)
+    total = block_cdf[:, -1:]
+    u = torch.rand((N, 1), dtype=torch.float64, device=probs.device, generator=generator) * total
+    nb = block_mass.size(1)
+    last_block = _last_positive(block_mass)
+    b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)
+    b = torch.minimum(b, last_block)
+    inside = blocks.gather(1, b[:, :, None].expand(N, 1, _CDF_BLOCK))[:, 0]  # (N, 256)
+    offset = u - (block_cdf.gather(1, b) - block_mass.gather(1, b))
+    j = torch.searchsorted(inside.cumsum(dim=-1), offset, right=True).clamp(max=_CDF_BLOCK - 1)
+    j = torch.minimum(j, _last_positive(inside))
+    return (b * _CDF_BLOCK + j)[:, 0]
+
+
+def _last_positive(x: torch.Tensor) -> torch.Tensor:
+    """(N, 1) index of the last positive entry of each row of x (N, K)."""
+    idx = torch.arange(x.size(1), device=x.device).expand_as(x)
+    return torch.where(x > 0, idx, torch.zeros_like(idx)).amax(dim=1, keepdim=True)
+
+
 @torch.no_grad()
 def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = SamplingConfig()) -> Rollout:
     """Sample `config.num_samples` completions for each prompt in one batched, KV-cached pass."""
@@ -158,7 +199,8 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         cache = KVCache(model.config, N, P + L, device, dtype)
         valid_all = torch.cat([valid, torch.zeros(N, L, dtype=torch.bool, device=device)], dim=1)
         real_len = valid.sum(dim=1)  # next position id per row
-        logits = model(ids, position_ids_from_valid(valid), padded_attention_mask(valid, P), cache, 0)[:, -1]
+        logits = model(ids, position_ids_from_valid(valid), padded_attention_mask(valid, P), cache, 0,
+                       last_only=True)[:, -1]
 
         tokens = torch.full((N, L), config.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((N, L), dtype=torch.float32, device=device)
@@ -175,10 +217,9 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
                 lp_full = token_logprobs(logits[:, None], next_tok[:, None], 1.0)[:, 0]
                 lp_samp = lp_full
             else:
-                scaled = logits / config.temperature
+                scaled = logits if config.temperature == 1 else logits / config.temperature
                 filtered = filter_logits(scaled, config.top_k, config.top_p) if filtering else scaled
-                probs = filtered.softmax(dim=-1)
-                next_tok = torch.multinomial(probs, 1, generator=generator)[:, 0]
+                next_tok = sample_categorical(filtered.softmax(dim=-1), generator)
                 lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
                 lp_samp = token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0] if filtering else lp_full
             active = ~finished

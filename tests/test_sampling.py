@@ -154,3 +154,55 @@ def test_prompt_too_long_for_block_size():
     model = sharp_model()
     with pytest.raises(ValueError, match="block_size"):
         generate(model, [[1] * 120], SamplingConfig(max_new_tokens=20))
+
+
+def test_sample_categorical_matches_probabilities_chi_square():
+    from rookworld_lib.sampling import sample_categorical
+
+    g = torch.Generator().manual_seed(7)
+    # 600 categories spread over three 256-blocks, including zeros and a dominant entry
+    probs = torch.rand(600, generator=g) ** 4
+    probs[::7] = 0.0
+    probs[300] = 5.0
+    probs = probs / probs.sum()
+    n = 200_000
+    draws = sample_categorical(probs.expand(n, -1).contiguous(), torch.Generator().manual_seed(1))
+    counts = torch.bincount(draws, minlength=600).double()
+    assert counts[probs == 0].sum() == 0, "a zero-probability token was drawn"
+    expected = probs.double() * n
+    keep = expected >= 5  # the usual chi-square validity rule; pool the rest into one cell
+    stat = (((counts[keep] - expected[keep]) ** 2) / expected[keep]).sum()
+    rest_obs, rest_exp = counts[~keep].sum(), expected[~keep].sum()
+    stat += (rest_obs - rest_exp) ** 2 / rest_exp
+    dof = int(keep.sum())  # cells - 1, with the pooled cell counted
+    # Wilson-Hilferty: chi2 quantile at 1 - 1e-6 (z = 4.75), so the test fails by chance once in a million
+    z = 4.75
+    crit = dof * (1 - 2 / (9 * dof) + z * (2 / (9 * dof)) ** 0.5) ** 3
+    assert stat < crit, (float(stat), crit)
+
+
+def test_sample_categorical_edges():
+    from rookworld_lib.sampling import sample_categorical
+
+    one_hot = torch.zeros(3, 50257)
+    one_hot[0, 0] = 1.0
+    one_hot[1, 50256] = 1.0
+    one_hot[2, 12345] = 1e-30  # unnormalised, tiny mass
+    assert sample_categorical(one_hot).tolist() == [0, 50256, 12345]
+    # a row that is all mass on its last block's last real entry, drawn many times
+    probs = torch.zeros(1000, 257)
+    probs[:, 256] = 3.0
+    probs[:, 3] = 1.0
+    d = sample_categorical(probs, torch.Generator().manual_seed(0))
+    assert set(d.tolist()) == {3, 256}
+    assert 0.70 < (d == 256).double().mean() < 0.80
+
+
+def test_last_only_forward_equals_full_forward_last_position():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 50257, (2, 9))
+    full = m(idx)[:, -1:]
+    last = m(idx, last_only=True)
+    assert last.shape == (2, 1, 50257)
+    torch.testing.assert_close(last, full, rtol=0, atol=1e-5)
