@@ -38,7 +38,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rookworld: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.cli(rest) or 0)
+    try:
+        return int(module.cli(rest) or 0)
+    except Exception as exc:
+        if not isinstance(exc, user_facing_errors()):
+            raise
+        # These errors already say what is wrong and how to fix it; a traceback would bury that.
+        print(f"rookworld {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def user_facing_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message names the problem and its fix (bad input, missing files or engine)."""
+    from .checkpoint import CheckpointError
+    from .checkpoint_hf import CheckpointFormatError
+    from .data import DataFormatError
+    from .engine import StockfishNotFoundError
+    from .nbparams import ParameterError
+    from .tokenizer import TokenizerFileError
+
+    return (TokenizerFileError, StockfishNotFoundError, DataFormatError, CheckpointError,
+            CheckpointFormatError, ParameterError)
 
 
 if __name__ == "__main__":

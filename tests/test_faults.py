@@ -443,11 +443,6 @@ def test_missing_stockfish_says_how_to_install_it(tmp_path, how):
         assert str(tmp_path / "no-stockfish") in datagen["err"]
 
 
-TOKENIZER_CLI_TRACEBACK = pytest.mark.xfail(
-    reason="this CLI lets TokenizerFileError escape as a traceback; fix: catch tokenizer.TokenizerFileError "
-           "next to ValueError in its cli() (or once in rookworld_lib.cli.main)", strict=False)
-
-
 @pytest.fixture(scope="module")
 def tokenizer_results(tmp_path_factory, tiny_hf):
     tmp = tmp_path_factory.mktemp("tok")
@@ -468,8 +463,7 @@ def tokenizer_results(tmp_path_factory, tiny_hf):
 
 
 @pytest.mark.parametrize("state", ["missing", "corrupt"])
-@pytest.mark.parametrize("name", ["sft", pytest.param("grpo", marks=TOKENIZER_CLI_TRACEBACK),
-                                  pytest.param("eval", marks=TOKENIZER_CLI_TRACEBACK), "library"])
+@pytest.mark.parametrize("name", ["sft", "grpo", "eval", "library"])
 def test_missing_or_corrupt_rank_file_names_the_fix(tokenizer_results, state, name):
     path, result = tokenizer_results[(state, name)]
     why = "cannot be read" if state == "missing" else "is corrupt: sha256"
