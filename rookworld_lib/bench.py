@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from . import perf
-from .model import GPT, GPTConfig, PRESETS, lm_loss
+from .model import GPT, GPTConfig, PRESETS
 
 EOT_ID = 50256
 NEVER_EOS = -1  # an id no token has: rows never stop early, so every row decodes max_new_tokens
@@ -144,7 +144,7 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, device: torch.device) 
     opt_ours, opt_theirs = _adamw(ours.parameters()), _adamw(theirs.parameters())
 
     def step_ours():
-        loss = lm_loss(ours(x), y)
+        loss = ours(x, targets=y)  # our training path: the fused LM head + loss
         loss.backward()
         opt_ours.step()
         opt_ours.zero_grad(set_to_none=True)

@@ -17,6 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .lm_head_loss import linear_cross_entropy
+
 ATTN_IMPLS = ("sdpa", "math")
 
 
@@ -198,8 +200,12 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if exclude_positions else n
 
     def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None, start: int = 0,
-                last_only: bool = False):
+                last_only: bool = False, targets: torch.Tensor | None = None):
         """Logits (B, T, vocab_size) for token ids idx (B, T); (B, 1, vocab_size) with last_only.
+
+        With targets (B, T) it returns instead the mean next-token cross-entropy (targets equal to
+        -1 ignored), equal to `lm_loss(model(idx), targets)` but computed by the fused, chunked
+        LM head + loss of `lm_head_loss`, which never materialises the logits.
 
         position_ids (B, T) default to 0..T-1 (shifted by `start` when decoding with a cache);
         attn_mask is a boolean (B, 1, T, T_total) mask, True = may attend, used for left-padded
@@ -217,6 +223,9 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, attn_mask, None, i, start, use_reentrant=False)
             else:
                 x = block(x, attn_mask, cache, i, start)
+        if targets is not None:
+            weight = self.lm_head.weight[: self.config.vocab_size]  # padded rows are never targets
+            return linear_cross_entropy(self.transformer.ln_f(x), weight, targets)
         if last_only:
             x = x[:, -1:]
         logits = self.lm_head(self.transformer.ln_f(x))

@@ -56,7 +56,7 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
-from .model import GPT, PRESETS, GPTConfig, lm_loss
+from .model import GPT, PRESETS, GPTConfig
 from .paths import RUNS_DIR
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from .train_utils import (
@@ -489,6 +489,12 @@ def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[st
 # The trainer
 # --------------------------------------------------------------------------------------------
 
+def batch_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss of a batch, through the fused LM head + loss (`lm_head_loss`), so the
+    (rows, vocab) logits are never materialised. Called through the DDP/compiled wrapper."""
+    return model(x, targets=y)
+
+
 class SFTTrainer:
     """One SFT run: model, optimizer, schedule, data streams and loop state, resumable.
 
@@ -635,8 +641,7 @@ class SFTTrainer:
             sync = self.ddp is None or micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with rt.autocast():
-                    logits = model(x)
-                loss = lm_loss(logits, y) / cfg.grad_accum
+                    loss = batch_loss(model, x, y) / cfg.grad_accum
                 loss.backward()
             loss_sum += loss.detach()
         grad_norm = clip_grad_norm(self.model, cfg.grad_clip)  # DDP-averaged: the same on every rank
@@ -675,8 +680,7 @@ class SFTTrainer:
         for _ in range(cfg.eval_steps):
             x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
             with rt.autocast():
-                logits = model(rt.to_device(self._my_rows(x)))
-            total += lm_loss(logits, rt.to_device(self._my_rows(y)))
+                total += batch_loss(model, rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)))
         model.train()
         return distributed.all_reduce_sum((total / cfg.eval_steps).item()) / self.dist.world_size
 

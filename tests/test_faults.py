@@ -520,8 +520,8 @@ def snapshot(model, optimizer):
 def test_sft_nan_update_is_skipped_counted_and_the_run_goes_on(tmp_path, monkeypatch, where):
     nan = NaNAt({3})  # step 3 (no eval, no accumulation: one forward and one backward per step)
     if where == "loss":
-        real = sft.lm_loss
-        monkeypatch.setattr(sft, "lm_loss", lambda logits, targets, **kw: nan(real(logits, targets, **kw)))
+        real = sft.batch_loss
+        monkeypatch.setattr(sft, "batch_loss", lambda model, x, y: nan(real(model, x, y)))
     snaps = {}
     trainer = SFTTrainer(tiny_cfg(tmp_path, max_steps=5), train_texts=TEXTS,
                          on_step=lambda rec: snaps.__setitem__(rec["step"], snapshot(trainer.model, trainer.optimizer)))

@@ -278,15 +278,15 @@ def test_activation_checkpointing_and_bf16_autocast_paths(tmp_path):
 # ---- non-finite losses --------------------------------------------------------------------------
 
 def nan_loss_on(monkeypatch, bad_calls):
-    """Make lm_loss (as train_sft calls it) return NaN on the given 1-based call numbers."""
-    real, calls = sft.lm_loss, {"n": 0}
+    """Make batch_loss (as train_sft calls it) return NaN on the given 1-based call numbers."""
+    real, calls = sft.batch_loss, {"n": 0}
 
-    def flaky(logits, targets, **kw):
+    def flaky(model, x, y):
         calls["n"] += 1
-        loss = real(logits, targets, **kw)
+        loss = real(model, x, y)
         return loss * float("nan") if bad_calls(calls["n"]) else loss
 
-    monkeypatch.setattr(sft, "lm_loss", flaky)
+    monkeypatch.setattr(sft, "batch_loss", flaky)
 
 
 def test_an_injected_nan_is_skipped_and_counted(tmp_path, monkeypatch):

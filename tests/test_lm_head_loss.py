@@ -1,0 +1,84 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rookworld_lib.lm_head_loss import linear_cross_entropy
+from rookworld_lib.model import GPT, GPTConfig, lm_loss
+
+
+def reference(hidden, weight, targets):
+    return F.cross_entropy((hidden @ weight.t()).reshape(-1, weight.size(0)).double(),
+                           targets.reshape(-1), ignore_index=-1)
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 7, 64, 1000])
+def test_loss_and_gradients_match_float64_reference(chunk_rows):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 11, 16, generator=g, dtype=torch.float64)
+    weight = torch.randn(300, 16, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 300, (3, 11), generator=g)
+    targets[0, :4] = -1  # ignored positions
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ours = linear_cross_entropy(h1.float(), w1.float(), targets, chunk_rows=chunk_rows)
+    ref = reference(h2, w2, targets)
+    (ours * 2.5).backward()
+    (ref * 2.5).backward()
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_all_ignored_is_nan_like_cross_entropy():
+    loss = linear_cross_entropy(torch.randn(2, 4, requires_grad=True), torch.randn(5, 4),
+                                torch.full((2,), -1))
+    assert torch.isnan(loss)
+    assert torch.isnan(F.cross_entropy(torch.randn(2, 5), torch.full((2,), -1), ignore_index=-1))
+
+
+def test_shape_mismatch_is_named():
+    with pytest.raises(ValueError, match="disagree"):
+        linear_cross_entropy(torch.randn(2, 3, 4), torch.randn(5, 4), torch.zeros(2, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pad", [1, 64])
+def test_gpt_forward_with_targets_equals_lm_loss_and_its_gradients(pad):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny", pad_vocab_to_multiple=pad))
+    idx = torch.randint(0, 50257, (2, 17))
+    x, y = idx[:, :-1], idx[:, 1:]
+    fused = m(x, targets=y)
+    fused.backward()
+    fused_grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    plain = lm_loss(m(x), y)
+    plain.backward()
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(fused_grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_bf16_autocast_close_to_fp32():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny"))
+    idx = torch.randint(0, 50257, (2, 9))
+    ref = m(idx[:, :-1], targets=idx[:, 1:]).item()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = m(idx[:, :-1], targets=idx[:, 1:])
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - ref) < 0.05
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+def test_bf16_inputs_without_autocast():
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 8, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(40, 8, generator=g).bfloat16().requires_grad_()
+    t = torch.randint(0, 40, (6,), generator=g)
+    loss = linear_cross_entropy(h, w, t, chunk_rows=4)
+    loss.backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
+    ref = reference(h.detach().double(), w.detach().double(), t)
+    assert abs(loss.item() - ref.item()) < 0.05
