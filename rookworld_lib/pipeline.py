@@ -30,6 +30,27 @@ def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
     return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
 
 
+def declared_parameters(notebook: Path) -> set[str]:
+    """Names assigned at top level in the notebook's `parameters` cell.
+
+    Read with Python's own parser: papermill's inspector gives up on lines whose comments hold
+    quotes or parentheses, and a parameter it cannot read would silently not be passed.
+    """
+    import ast
+
+    import nbformat
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        return set()
+    names = set()
+    for node in ast.parse(cells[0].source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
@@ -39,7 +60,7 @@ def _git_commit() -> str:
 
 
 def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
-                 extra_parameters: dict | None = None) -> Path:
+                 extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
     import papermill as pm
     import torch
@@ -53,16 +74,20 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     run_dir = Path(out_root) / stamp
     figures = run_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    notebooks = [p for p in numbered_notebooks() if not only or any(p.name.startswith(o) for o in only)]
+    notebooks = [p for p in numbered_notebooks(notebooks_dir) if not only or any(p.name.startswith(o) for o in only)]
     if not notebooks:
-        raise ValueError(f"no notebooks selected from {NOTEBOOKS_DIR} (only={only})")
+        raise ValueError(f"no notebooks selected from {notebooks_dir} (only={only})")
     offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
+    declared = {nb: declared_parameters(nb) for nb in notebooks}
+    unknown = set(extra_parameters or {}) - set().union(*declared.values())
+    if unknown:
+        raise ValueError(f"parameter(s) {sorted(unknown)} are declared by none of the selected notebooks "
+                         f"({', '.join(nb.name for nb in notebooks)})")
 
     results = []
     failure = None
     for nb in tqdm(notebooks, desc=f"rookworld run ({profile})", unit="notebook"):
-        declared = pm.inspect_notebook(str(nb))
-        params = {k: v for k, v in offered.items() if k in declared}
+        params = {k: v for k, v in offered.items() if k in declared[nb]}
         start = time.perf_counter()
         try:
             pm.execute_notebook(str(nb), str(run_dir / nb.name), parameters=params, kernel_name="python3",
