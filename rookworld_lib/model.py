@@ -200,8 +200,12 @@ class GPT(nn.Module):
         return n - self.transformer.wpe.weight.numel() if exclude_positions else n
 
     def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None, start: int = 0,
-                last_only: bool = False, targets: torch.Tensor | None = None):
+                last_only: bool = False, targets: torch.Tensor | None = None, logits_from: int = 0):
         """Logits (B, T, vocab_size) for token ids idx (B, T); (B, 1, vocab_size) with last_only.
+
+        logits_from skips the LM head on positions before it (they still feed attention): the logits
+        are (B, T - logits_from, vocab_size). Scoring completions needs no logits over the prompt,
+        and the head is a large share of a small model's cost.
 
         With targets (B, T) it returns instead the mean next-token cross-entropy (targets equal to
         -1 ignored), equal to `lm_loss(model(idx), targets)` but computed by the fused, chunked
@@ -228,6 +232,8 @@ class GPT(nn.Module):
             return linear_cross_entropy(self.transformer.ln_f(x), weight, targets)
         if last_only:
             x = x[:, -1:]
+        elif logits_from:
+            x = x[:, logits_from:]
         logits = self.lm_head(self.transformer.ln_f(x))
         return logits[..., : self.config.vocab_size]  # drop padding rows, never sampled or scored
 

@@ -265,7 +265,8 @@ def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens
     L = completion_tokens.size(1)
     full = torch.cat([ids, completion_tokens], dim=1)
     full_valid = torch.cat([valid, torch.ones_like(completion_tokens, dtype=torch.bool)], dim=1)
-    logits = model(full, position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L))
-    completion_logits = logits[:, P - 1 : P + L - 1]
+    logits = model(full, position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L),
+                   logits_from=P - 1)  # the head runs only where a completion token is predicted
+    completion_logits = logits[:, :L]
     lp = token_logprobs(completion_logits, completion_tokens, temperature)
     return (lp, completion_logits) if return_logits else lp

@@ -381,6 +381,7 @@ class GRPOTrainer:
         n = len(batch.items)
         effective = grpo.effective_mask(mask, truncated, cfg.loss)
         loss_metrics, grad_norms, losses = [], [], []
+        first_minibatch = None  # scored before any update of this step: its ratio must be 1
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         for _ in range(cfg.mu):
             order = torch.randperm(n, generator=gen)  # the same on every rank
@@ -397,6 +398,8 @@ class GRPOTrainer:
                     truncated=truncated[rows], group_stats=adv_stats,
                     num_items_in_batch=float(effective[global_rows.to(dev)].sum()),
                     num_completions_in_batch=len(global_rows))
+                if first_minibatch is None:
+                    first_minibatch = metrics
                 self.optimizer.zero_grad(set_to_none=True)
                 (loss * W).backward()
                 norm = clip_grad_norm(self.model, cfg.grad_clip)
@@ -420,6 +423,12 @@ class GRPOTrainer:
         gathered = [m for ms in distributed.all_gather_objects(loss_metrics) for m in ms]
         for key in (gathered[0] if gathered else {}):
             record[key] = _mean([m[key] for m in gathered])
+        # The ratios above average over minibatches, later ones after updates (off-policy). The first
+        # minibatch is scored by the same weights that sampled: any deviation of its ratio from 1 is
+        # a sampler/trainer log-prob mismatch (precision, temperature, masking), not learning.
+        firsts = [m for m in distributed.all_gather_objects(first_minibatch) if m is not None]
+        record["onpolicy_ratio_dev"] = max((max(m["ratio_max"] - 1.0, 1.0 - m["ratio_min"]) for m in firsts
+                                            if m["ratio_max"] == m["ratio_max"]), default=float("nan"))
         # info last: frac_reward_zero_std is measured before dynamic sampling drops tied groups
         record.update({"loss": _mean(losses), "grad_norm": _mean(grad_norms), "skipped_updates": self.guard.total,
                        **info})

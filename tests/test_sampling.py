@@ -206,3 +206,13 @@ def test_last_only_forward_equals_full_forward_last_position():
     last = m(idx, last_only=True)
     assert last.shape == (2, 1, 50257)
     torch.testing.assert_close(last, full, rtol=0, atol=1e-5)
+
+
+def test_logits_from_equals_full_forward_tail():
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 50257, (2, 9))
+    full = m(idx)
+    tail = m(idx, logits_from=4)
+    assert tail.shape == (2, 5, 50257)
+    torch.testing.assert_close(tail, full[:, 4:], rtol=0, atol=1e-5)

@@ -55,6 +55,16 @@ def test_on_policy_first_pass_has_ratio_one():
     rec = trainer.train_step()
     assert abs(rec["ratio_mean"] - 1.0) < 1e-4
     assert rec["clip_frac_region"] == 0.0
+    assert rec["onpolicy_ratio_dev"] < 1e-4
+
+
+def test_onpolicy_ratio_dev_isolates_the_first_minibatch():
+    # Four minibatches: the later three are scored after updates, so the step's mean ratio moves
+    # away from 1, while the first minibatch (same weights as the sampler) stays at ratio 1.
+    trainer = make({"minibatch_size": 4, "lr": 3e-2})
+    rec = trainer.train_step()
+    assert rec["onpolicy_ratio_dev"] < 1e-4
+    assert max(rec["ratio_max"] - 1.0, 1.0 - rec["ratio_min"]) > 1e-2
 
 
 def test_reference_model_and_kl_logged_when_beta_positive():
