@@ -16,6 +16,11 @@ Each comparison alternates the two contenders (perf.benchmark_interleaved), so a
 slows both. Speedups are ours over theirs in throughput (> 1: ours is faster). With --json the
 last line printed is one JSON object holding the speedups, the absolute figures and the settings.
 Speed targets live here (and in notebook 04), never in timed tests.
+
+Shapes: `QUICK` (--quick), `FULL` (CPU default) and `GPU` (the default on a CUDA device: GPT-2
+124M in bf16 autocast on both sides, a 16 x 1024 training batch, 256 rollout rows of 128 tokens).
+--rollout-sweep adds our sampler's tokens/s against rollout batch size for each decode mode
+(dynamic, static, CUDA graph), the figure behind the GRPO-rollout throughput target.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class BenchConfig:
     seed: int = 0
     device: str = "auto"
     trl: bool = True  # attempt the TRL comparison when trl is importable
+    precision: str = "fp32"  # fp32, or bf16: autocast on both sides (TRL gets bf16=True)
 
     def __post_init__(self):
         if self.model not in PRESETS:
@@ -83,6 +89,8 @@ class BenchConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"BenchConfig.{name} must be a positive integer, got {v!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"BenchConfig.precision must be 'fp32' or 'bf16', got {self.precision!r}")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"BenchConfig.warmup must be an integer >= 0, got {self.warmup!r}")
         block = PRESETS[self.model].block_size
@@ -94,6 +102,19 @@ FULL = BenchConfig()
 QUICK = BenchConfig(model="cpu-small", train_batch=4, train_seq_len=64, sample_prompts=2, group_size=8,
                     prompt_len=32, new_tokens=24, grpo_prompts=2, grpo_new_tokens=12, warmup=1, repeats=3,
                     grpo_steps=2)
+# The default on a GPU: GPT-2 124M, bf16, a training batch of 16 x 1024, 256 rollout rows.
+GPU = BenchConfig(model="gpt2", train_batch=16, train_seq_len=1024, sample_prompts=32, group_size=8, prompt_len=64,
+                  new_tokens=128, grpo_prompts=8, grpo_new_tokens=64, warmup=2, repeats=5, grpo_steps=3,
+                  precision="bf16")
+# Rollout rows (prompts x group) measured by --rollout-sweep on a GPU; the CPU gets the first two.
+SWEEP_ROWS = (64, 256, 1024, 2048)
+
+
+def _amp(cfg: BenchConfig, device: torch.device):
+    """bf16 autocast for both contenders when cfg.precision says so."""
+    if cfg.precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _quiet_transformers():
@@ -144,14 +165,16 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, device: torch.device) 
     opt_ours, opt_theirs = _adamw(ours.parameters()), _adamw(theirs.parameters())
 
     def step_ours():
-        loss = ours(x, targets=y)  # our training path: the fused LM head + loss
+        with _amp(cfg, device):
+            loss = ours(x, targets=y)  # our training path: the fused LM head + loss
         loss.backward()
         opt_ours.step()
         opt_ours.zero_grad(set_to_none=True)
 
     def step_theirs():
         # The usual transformers path: labels = inputs, shifted inside the model (T-1 targets).
-        loss = theirs(input_ids=x, labels=x).loss
+        with _amp(cfg, device):
+            loss = theirs(input_ids=x, labels=x).loss
         loss.backward()
         opt_theirs.step()
         opt_theirs.zero_grad(set_to_none=True)
@@ -195,11 +218,12 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, device: torch.device) ->
     counts = {}
 
     def sample_ours():
-        ro = generate(ours, prompts, scfg)
+        with _amp(cfg, device):
+            ro = generate(ours, prompts, scfg)
         counts["ours"] = ro.stats["generated_tokens"]
 
     def sample_theirs():
-        with torch.no_grad():
+        with torch.no_grad(), _amp(cfg, device):
             out = theirs.generate(input_ids=ids, attention_mask=valid.long(), do_sample=True, temperature=1.0,
                                   top_k=0, top_p=1.0, max_new_tokens=L, min_new_tokens=L, pad_token_id=EOT_ID,
                                   eos_token_id=EOT_ID, use_cache=True)
@@ -222,6 +246,37 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, device: torch.device) ->
                          "decode_tflops": decode_flops / t["transformers"].median_s / 1e12},
         "speedup": _speedup(t["ours"], t["transformers"]),
     }
+
+
+def rollout_sweep(cfg: BenchConfig, model: GPT, device: torch.device, rows: tuple[int, ...] = SWEEP_ROWS,
+                  modes: tuple[str, ...] | None = None) -> list[dict]:
+    """Our sampler's generated tokens/s against rollout batch size (prompts x group), per decode mode.
+
+    Same prompt lengths and new-token budget as (b); every row decodes the full budget. This is the
+    GRPO rollout's throughput as the batch grows, where a GPU leaves the launch-bound regime.
+    """
+    from .sampling import SamplingConfig, generate
+
+    model.eval()
+    modes = modes or (("dynamic", "static", "cuda_graph") if device.type == "cuda" else ("dynamic", "static"))
+    out = []
+    for n_rows in rows:
+        n_prompts = max(1, n_rows // cfg.group_size)
+        prompts = rollout_prompts(replace(cfg, sample_prompts=n_prompts))
+        for mode in modes:
+            scfg = SamplingConfig(max_new_tokens=cfg.new_tokens, num_samples=cfg.group_size, eos_id=NEVER_EOS,
+                                  pad_id=EOT_ID, seed=cfg.seed, decode=mode)
+
+            def sample():
+                with _amp(cfg, device):
+                    generate(model, prompts, scfg)
+
+            t = perf.benchmark(sample, warmup=1, repeats=max(2, cfg.repeats // 2), sync=device)
+            n_tokens = n_prompts * cfg.group_size * cfg.new_tokens
+            out.append({"rows": n_prompts * cfg.group_size, "decode": mode, "new_tokens_per_row": cfg.new_tokens,
+                        **t.as_dict(), "tokens_per_s": t.per_second(n_tokens),
+                        "peak_memory_mb": perf.max_memory_mb(device)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,12 +324,15 @@ def _our_grpo_step_fn(cfg: BenchConfig, model: GPT, device: torch.device):
         batch = [prompt_ids[(i * cfg.grpo_prompts + k) % len(prompt_ids)] for k in range(cfg.grpo_prompts)]
         state["i"] += 1
         model.eval()
-        ro = generate(model, batch, SamplingConfig(max_new_tokens=L, num_samples=G, eos_id=NEVER_EOS, pad_id=EOT_ID))
+        with _amp(cfg, device):
+            ro = generate(model, batch, SamplingConfig(max_new_tokens=L, num_samples=G, eos_id=NEVER_EOS,
+                                                       pad_id=EOT_ID))
         rewards = [vowel_reward(t) for t in ro.completions(enc)]
         adv, stats = grpo.group_advantages(rewards, G)
         model.train()
-        lp = sequence_logprobs(model, ro.prompt_ids, ro.tokens)
-        loss, _ = grpo.grpo_loss(lp, ro.logprobs, adv.to(device), ro.mask, config=gcfg, group_stats=stats)
+        with _amp(cfg, device):
+            lp = sequence_logprobs(model, ro.prompt_ids, ro.tokens)
+        loss, _ = grpo.grpo_loss(lp.float(), ro.logprobs, adv.to(device), ro.mask, config=gcfg, group_stats=stats)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -314,7 +372,7 @@ def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> li
         max_completion_length=L, generation_kwargs={"min_new_tokens": L}, temperature=1.0, top_k=0, top_p=1.0,
         beta=0.0, learning_rate=1e-6, max_steps=n_steps, gradient_accumulation_steps=1, steps_per_generation=1,
         num_iterations=1, logging_steps=10**6, save_strategy="no", report_to="none", disable_tqdm=True,
-        use_cpu=device.type == "cpu", bf16=False, fp16=False, dataloader_num_workers=0, seed=cfg.seed,
+        use_cpu=device.type == "cpu", bf16=cfg.precision == "bf16", fp16=False, dataloader_num_workers=0, seed=cfg.seed,
         shuffle_dataset=False, log_completions=False,
         gradient_checkpointing=False,  # TRL turns it on by default; ours does not recompute, so neither may TRL
     )
@@ -327,7 +385,8 @@ def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> li
 
 def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
     settings = {"prompts_per_step": cfg.grpo_prompts, "group_size": cfg.group_size,
-                "completion_tokens": cfg.grpo_new_tokens, "loss_type": "dapo", "beta": 0.0, "timed_steps": cfg.grpo_steps}
+                "completion_tokens": cfg.grpo_new_tokens, "loss_type": "dapo", "beta": 0.0, "timed_steps": cfg.grpo_steps,
+        "precision": cfg.precision}
     try:
         from . import grpo
 
@@ -368,8 +427,8 @@ def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_bench(cfg: BenchConfig = QUICK, progress=print) -> dict:
-    """Run (a), (b), (c); return the result object that --json prints."""
+def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> dict:
+    """Run (a), (b), (c) and, with sweep, the rollout sweep; return the object --json prints."""
     _quiet_transformers()
     device = perf.resolve_device(cfg.device)
     t_start = time.perf_counter()
@@ -388,7 +447,14 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print) -> dict:
         out["sampling"] = bench_sampling(cfg, ours, theirs, device)
         progress(f"[bench]     ours {out['sampling']['ours']['tokens_per_s']:.0f} tok/s, transformers "
                  f"{out['sampling']['transformers']['tokens_per_s']:.0f} tok/s, speedup {out['sampling']['speedup']:.2f}x")
-        del ours, theirs
+        del theirs
+        if sweep:
+            rows = SWEEP_ROWS if device.type == "cuda" else SWEEP_ROWS[:2]
+            progress(f"[bench] rollout sweep: rows {rows} x {cfg.new_tokens} tokens")
+            out["rollout_sweep"] = rollout_sweep(cfg, ours, device, rows)
+            for r in out["rollout_sweep"]:
+                progress(f"[bench]     {r['rows']:5d} rows, {r['decode']:10s}: {r['tokens_per_s']:,.0f} tok/s")
+        del ours
         progress(f"[bench] (c) GRPO step: {cfg.grpo_prompts} prompts x {cfg.group_size} x {cfg.grpo_new_tokens} tokens")
         out["grpo_step"] = bench_grpo(cfg, workdir, device)
         g = out["grpo_step"]
@@ -416,6 +482,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="both contenders' precision (default: fp32; "
+                   "bf16 with the GPU shapes)")
+    p.add_argument("--rollout-sweep", action="store_true", help="also measure our sampler's tokens/s against rollout "
+                   f"batch size {SWEEP_ROWS} (first two on CPU) and decode mode")
     p.add_argument("--out", type=Path, help="also write the JSON result to this file")
     return p
 
@@ -423,7 +493,11 @@ def build_parser() -> argparse.ArgumentParser:
 def cli(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = QUICK if args.quick else FULL
+    if not args.quick and perf.resolve_device(args.device).type == "cuda":
+        cfg = GPU
     over = {"device": args.device, "trl": not args.no_trl}
+    if args.precision:
+        over["precision"] = args.precision
     if args.model:
         over["model"] = args.model
     if args.repeats is not None:
@@ -438,7 +512,7 @@ def cli(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    result = run_bench(cfg, progress=log)
+    result = run_bench(cfg, progress=log, sweep=args.rollout_sweep)
     if args.out:
         perf.to_json(result, args.out)
     if args.json:

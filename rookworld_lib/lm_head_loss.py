@@ -23,12 +23,13 @@ DEFAULT_CHUNK_ROWS = 512
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, ignore_index, chunk_rows):
-        # hidden (M, C), weight (V, C), targets (M,)
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_rows, grad_enabled):
+        # hidden (M, C), weight (V, C), targets (M,); grad_enabled: the caller's grad mode (forward
+        # itself always runs with grad off, and needs_input_grad ignores torch.no_grad)
         n_valid = (targets != ignore_index).sum()
         denom = n_valid.clamp(min=1).to(torch.float32)
         loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        need_grad = grad_enabled and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         grad_hidden = torch.zeros_like(hidden, dtype=torch.float32) if need_grad else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
         for start in range(0, hidden.size(0), chunk_rows):
@@ -63,7 +64,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         h_dtype, w_dtype = ctx.input_dtypes
         gh = (grad_hidden * grad_loss).to(h_dtype) if ctx.needs_input_grad[0] else None
         gw = (grad_weight * grad_loss).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None
+        return gh, gw, None, None, None, None
 
 
 # torch.compile leaves this function to eager mode: the chunk loop and the in-place accumulation
@@ -82,4 +83,4 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     if chunk_rows < 1:
         raise ValueError(f"linear_cross_entropy: chunk_rows must be >= 1, got {chunk_rows}")
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1),
-                                     ignore_index, chunk_rows)
+                                     ignore_index, chunk_rows, torch.is_grad_enabled())

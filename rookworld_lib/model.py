@@ -95,7 +95,14 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
 
-    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+    def update(self, layer: int, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        if isinstance(start, torch.Tensor):
+            # Static-shape decode: the write position is a device tensor (no host sync, so the step
+            # can be captured as a CUDA graph) and attention runs over the whole buffer, whose
+            # unwritten slots the caller's mask hides.
+            self.k[layer].index_copy_(2, start, k.to(self.k.dtype))
+            self.v[layer].index_copy_(2, start, v.to(self.v.dtype))
+            return self.k[layer], self.v[layer]
         end = start + k.size(2)
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
@@ -199,7 +206,8 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.transformer.wpe.weight.numel() if exclude_positions else n
 
-    def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None, start: int = 0,
+    def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None,
+                start: int | torch.Tensor = 0,
                 last_only: bool = False, targets: torch.Tensor | None = None, logits_from: int = 0):
         """Logits (B, T, vocab_size) for token ids idx (B, T); (B, 1, vocab_size) with last_only.
 
@@ -213,12 +221,16 @@ class GPT(nn.Module):
 
         position_ids (B, T) default to 0..T-1 (shifted by `start` when decoding with a cache);
         attn_mask is a boolean (B, 1, T, T_total) mask, True = may attend, used for left-padded
-        batches; without it attention is plain causal.
+        batches; without it attention is plain causal. `start` is where idx goes in the cache: an
+        int, or a (1,) device tensor for static-shape decoding over the whole cache (CUDA graphs).
         """
         B, T = idx.shape
-        if position_ids is None:
+        if isinstance(start, torch.Tensor):  # static-shape decode (see KVCache.update)
+            if position_ids is None or attn_mask is None:
+                raise ValueError("a tensor `start` (static-shape decode) needs explicit position_ids and attn_mask")
+        elif position_ids is None:
             position_ids = torch.arange(start, start + T, device=idx.device).unsqueeze(0)
-        if start + T > self.config.block_size:
+        if not isinstance(start, torch.Tensor) and start + T > self.config.block_size:
             raise ValueError(f"sequence of length {start + T} exceeds block_size {self.config.block_size}")
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(position_ids))
         use_ckpt = self.config.gradient_checkpointing and self.training and cache is None

@@ -15,6 +15,7 @@ Two log-probs are returned per sampled token:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,14 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return grpo.token_logprobs(logits, tokens, temperature)
 
 
+# How each decode step runs. dynamic: attention over the cache prefix written so far (shapes grow
+# by one per token; cheapest in eager mode). static: fixed shapes, attention over the whole cache
+# with unwritten slots masked, the write position a device tensor. cuda_graph: the static step
+# captured once per call as a CUDA graph and replayed per token, so the GPU is not left waiting
+# on hundreds of Python-issued kernel launches per token. All three give the same tokens.
+DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How completions are drawn."""
@@ -42,6 +51,7 @@ class SamplingConfig:
     eos_id: int = EOT_ID  # token that ends a completion (included in the mask)
     pad_id: int = EOT_ID  # token emitted after EOS and used for left padding
     seed: int | None = None  # seeds a private torch.Generator; None draws from the global RNG
+    decode: str = "auto"  # dynamic | static | cuda_graph | auto (cuda_graph on CUDA, dynamic elsewhere); see DECODE_MODES
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -54,6 +64,8 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
             raise ValueError(f"SamplingConfig.num_samples must be a positive integer, got {self.num_samples!r}")
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"SamplingConfig.decode must be one of {DECODE_MODES}, got {self.decode!r}")
 
 
 @dataclass
@@ -180,6 +192,8 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     """Sample `config.num_samples` completions for each prompt in one batched, KV-cached pass."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
+    if torch.is_autocast_enabled(device.type):  # keys and values come out of autocast's matmuls
+        dtype = torch.get_autocast_dtype(device.type)
     G = config.num_samples
     rows = [list(p) for p in prompts for _ in range(G)]
     ids, valid = left_pad(rows, config.pad_id, device)
@@ -209,6 +223,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         finished = torch.zeros(N, dtype=torch.bool, device=device)
         filtering = config.top_k > 0 or config.top_p < 1.0
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
+        decode_step = _decode_step(model, cache, valid_all, P, L, _decode_mode(config.decode, device))
         steps = 0
         for t in range(L):
             logits = logits.float()
@@ -232,9 +247,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
             if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
                 break
             valid_all[:, P + t] = True
-            positions = (real_len + t)[:, None]
-            attn = padded_attention_mask(valid_all[:, : P + t + 1], 1)
-            logits = model(tokens[:, t : t + 1], positions, attn, cache, P + t)[:, -1]
+            logits = decode_step(tokens[:, t : t + 1], (real_len + t)[:, None], t)
     finally:
         model.train(was_training)
 
@@ -249,6 +262,76 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         eos_id=config.eos_id,
         stats={"prefill_tokens": int(valid.sum()), "generated_tokens": int(mask.sum()), "decode_steps": steps},
     )
+
+
+def _decode_mode(mode: str, device: torch.device) -> str:
+    if mode == "auto":
+        return "cuda_graph" if device.type == "cuda" else "dynamic"
+    if mode == "cuda_graph" and device.type != "cuda":
+        raise ValueError(f"SamplingConfig.decode='cuda_graph' needs a CUDA device, the model is on {device}")
+    return mode
+
+
+def _decode_step(model: GPT, cache: KVCache, valid_all: torch.Tensor, P: int, L: int, mode: str):
+    """A function (tokens (N, 1), positions (N, 1), t) -> logits (N, V) of the next token, which
+    writes token t's keys and values at cache slot P + t. valid_all (N, P + L) marks the slots a
+    row may attend to; the caller sets column P + t before the call."""
+    if mode == "dynamic":
+        def step(tok, pos, t):
+            attn = padded_attention_mask(valid_all[:, : P + t + 1], 1)
+            return model(tok, pos, attn, cache, P + t)[:, -1]
+        return step
+    mask = valid_all[:, None, None, :]  # a view: it sees every column the caller validates
+    if mode == "static":
+        start = torch.zeros(1, dtype=torch.long, device=valid_all.device)
+
+        def step(tok, pos, t):
+            start.fill_(P + t)
+            return model(tok, pos, mask, cache, start)[:, -1]
+        return step
+    if L < 2:  # no decode step follows the prefill
+        return None
+    return _GraphedDecodeStep(model, cache, mask, P, spare_slot=P + L - 1)
+
+
+def _graph_safe_autocast(device: torch.device):
+    """The caller's autocast, with its weight-cast cache off: a cast cached while capturing would
+    be freed when autocast exits, and the graph would then read freed memory."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, dtype=torch.get_autocast_dtype(device.type), cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+class _GraphedDecodeStep:
+    """The static decode step captured as a CUDA graph, replayed once per token.
+
+    Inputs are copied into the graph's own buffers before each replay; the logits come back in the
+    graph's output buffer, valid until the next replay. Warm-up and capture write their keys and
+    values to the cache's last slot, which no decode step writes or attends to.
+    """
+
+    def __init__(self, model: GPT, cache: KVCache, mask: torch.Tensor, P: int, spare_slot: int):
+        dev, n = mask.device, mask.size(0)
+        self.tok = torch.zeros((n, 1), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((n, 1), dtype=torch.long, device=dev)
+        self.start = torch.full((1,), spare_slot, dtype=torch.long, device=dev)
+        self.P = P
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side), _graph_safe_autocast(dev):
+            for _ in range(2):  # warm-up: kernel selection and allocations happen outside the graph
+                model(self.tok, self.pos, mask, cache, self.start)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), _graph_safe_autocast(dev):
+            self.logits = model(self.tok, self.pos, mask, cache, self.start)[:, -1]
+
+    def __call__(self, tok: torch.Tensor, pos: torch.Tensor, t: int) -> torch.Tensor:
+        self.tok.copy_(tok)
+        self.pos.copy_(pos)
+        self.start.fill_(self.P + t)
+        self.graph.replay()
+        return self.logits
 
 
 def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens: torch.Tensor,

@@ -318,9 +318,12 @@ class GRPOTrainer:
         for c in range(self.dist.rank, k, self.dist.world_size):
             chunk = items[bounds[c]:bounds[c + 1]]
             t0 = time.perf_counter()
-            rollout = generate(self.model, [encode(i.prompt, self.tokenizer) for i in chunk], SamplingConfig(
-                max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                num_samples=G, seed=seed * 10_007 + c))
+            # Sample under the same autocast as scoring: old and new log-probs then round alike,
+            # and the on-policy ratio stays at 1 up to summation order.
+            with self.runtime.autocast():
+                rollout = generate(self.model, [encode(i.prompt, self.tokenizer) for i in chunk], SamplingConfig(
+                    max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
+                    top_p=cfg.top_p, num_samples=G, seed=seed * 10_007 + c))
             t1 = time.perf_counter()
             completions = rollout.completions(self.tokenizer)
             rows = [item for item in chunk for _ in range(G)]

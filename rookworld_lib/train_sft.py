@@ -56,7 +56,7 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
-from .model import GPT, PRESETS, GPTConfig
+from .model import GPT, PRESETS, GPTConfig, lm_loss
 from .paths import RUNS_DIR
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from .train_utils import (
@@ -134,6 +134,7 @@ class SFTConfig:
     device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
     dtype: str = "auto"  # "auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"
     compile: bool = False  # torch.compile the model (faster on GPU after a slow first step)
+    loss_impl: str = "auto"  # LM head + loss: "fused" (chunked, logits never stored), "plain" (logits, then cross-entropy), "auto" (see LOSS_IMPLS)
     activation_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     deterministic: bool = False  # deterministic algorithms: bit-identical reruns and resumes on CPU
     seed: int = 1337  # seeds the init, dropout, the val split and the data order
@@ -217,6 +218,7 @@ class SFTConfig:
             except (RuntimeError, ValueError):
                 bad_field(name, "device", self.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
         check_choice(self, "dtype", DTYPES)
+        check_choice(self, "loss_impl", LOSS_IMPLS)
         for fname in ("compile", "activation_checkpointing", "deterministic", "resume", "export_hf", "progress"):
             check_bool(self, fname)
         if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
@@ -489,9 +491,23 @@ def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[st
 # The trainer
 # --------------------------------------------------------------------------------------------
 
-def batch_loss(model, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss of a batch, through the fused LM head + loss (`lm_head_loss`), so the
-    (rows, vocab) logits are never materialised. Called through the DDP/compiled wrapper."""
+# "fused" (lm_head_loss: logits never materialised, gradients formed chunk by chunk) is faster on a
+# CPU and needs far less memory; "plain" (logits, then F.cross_entropy) lets torch.compile fuse
+# head, softmax and loss on a GPU. "auto" picks by device; docs/perf.md has the measurements.
+LOSS_IMPLS = ("auto", "fused", "plain")
+
+
+def resolve_loss_impl(impl: str, device: torch.device) -> str:
+    if impl == "auto":
+        return "plain" if device.type == "cuda" else "fused"
+    return impl
+
+
+def batch_loss(model, x: torch.Tensor, y: torch.Tensor, impl: str = "fused") -> torch.Tensor:
+    """Mean next-token loss of a batch (impl: "fused" or "plain", see LOSS_IMPLS). Called through
+    the DDP/compiled wrapper."""
+    if impl == "plain":
+        return lm_loss(model(x), y)
     return model(x, targets=y)
 
 
@@ -520,6 +536,7 @@ class SFTTrainer:
                 raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
                                  "under torchrun: each rank trains on batch_size / world_size rows of every "
                                  "micro-batch, so the global batch stays the same whatever the world size")
+        self.loss_impl = resolve_loss_impl(cfg.loss_impl, self.runtime.device)
         self.history: list[dict] = []
         self.last_checkpoint: Path | None = None
 
@@ -641,7 +658,7 @@ class SFTTrainer:
             sync = self.ddp is None or micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if sync else self.ddp.no_sync():
                 with rt.autocast():
-                    loss = batch_loss(model, x, y) / cfg.grad_accum
+                    loss = batch_loss(model, x, y, impl=self.loss_impl) / cfg.grad_accum
                 loss.backward()
             loss_sum += loss.detach()
         grad_norm = clip_grad_norm(self.model, cfg.grad_clip)  # DDP-averaged: the same on every rank
@@ -680,7 +697,8 @@ class SFTTrainer:
         for _ in range(cfg.eval_steps):
             x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
             with rt.autocast():
-                total += batch_loss(model, rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)))
+                total += batch_loss(model, rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)),
+                                    impl=self.loss_impl)
         model.train()
         return distributed.all_reduce_sum((total / cfg.eval_steps).item()) / self.dist.world_size
 

@@ -32,6 +32,7 @@ from .model import GPT, GPTConfig, PRESETS, lm_loss
 COMPILE_MODES = ("off", "default", "max-autotune")
 OPTIMIZERS = ("foreach", "fused")
 TUNE_PRECISIONS = ("fp32", "tf32", "bf16")
+LOSS_IMPLS = ("plain", "fused")
 PARITY_TOLERANCE = 0.05
 
 
@@ -50,6 +51,7 @@ class TuneConfig:
     gradient_checkpointing: bool = False  # recompute block activations in backward
     grad_accum: int = 1  # micro-batches per optimizer step (batch_size is split between them)
     offload_optimizer: bool = False  # keep AdamW state and master weights in CPU memory
+    loss_impl: str = "plain"  # LM head + loss: plain (logits, then F.cross_entropy) or fused (lm_head_loss, chunked)
     lr: float = 1e-3  # AdamW learning rate (constant)
     weight_decay: float = 0.1  # AdamW weight decay on 2-D weights
     steps: int = 6  # optimizer steps per row; the loss after the last one is the parity check
@@ -71,6 +73,8 @@ class TuneConfig:
             raise ValueError(f"TuneConfig.compile must be one of {COMPILE_MODES}, got {self.compile!r}")
         if self.attn_impl not in ("sdpa", "math"):
             raise ValueError(f"TuneConfig.attn_impl must be 'sdpa' or 'math', got {self.attn_impl!r}")
+        if self.loss_impl not in LOSS_IMPLS:
+            raise ValueError(f"TuneConfig.loss_impl must be one of {LOSS_IMPLS}, got {self.loss_impl!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"TuneConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if not isinstance(self.timed_from, int) or not 0 <= self.timed_from < self.steps:
@@ -216,8 +220,9 @@ class TrainStep:
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, precision: str = "fp32", grad_accum: int = 1,
-                 forward_model: torch.nn.Module | None = None):
+                 forward_model: torch.nn.Module | None = None, loss_impl: str = "plain"):
         self.model = model
+        self.loss_impl = loss_impl
         self.forward_model = forward_model or model  # e.g. torch.compile(model)
         self.optimizer = optimizer
         self.precision = precision
@@ -231,6 +236,8 @@ class TrainStep:
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with perf.phase("forward"), self.autocast():
+            if self.loss_impl == "fused":
+                return self.forward_model(x, targets=y)
             return lm_loss(self.forward_model(x), y)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -378,7 +385,8 @@ def run_config(cfg: TuneConfig, *, init_state: dict | None = None, batches: list
         optimizer = make_optimizer(model, cfg)
         fwd_model = model if cfg.compile == "off" else torch.compile(
             model, mode=None if cfg.compile == "default" else cfg.compile)
-        step = TrainStep(model, optimizer, cfg.precision, cfg.grad_accum, forward_model=fwd_model)
+        step = TrainStep(model, optimizer, cfg.precision, cfg.grad_accum, forward_model=fwd_model,
+                         loss_impl=cfg.loss_impl)
         tf32 = perf.tf32_matmuls(cfg.precision == "tf32") if device.type == "cuda" else nullcontext()
         losses, times = [], []
         perf.reset_max_memory(device)
@@ -455,6 +463,7 @@ def default_variants(base: TuneConfig, allow_compile: bool = True) -> list[Varia
     alt("gradient_checkpointing", not base.gradient_checkpointing)
     alt("grad_accum", 2 if base.grad_accum == 1 else 1)
     alt("offload_optimizer", not base.offload_optimizer)
+    alt("loss_impl", "fused" if base.loss_impl == "plain" else "plain")
     return rows
 
 

@@ -113,6 +113,19 @@ def onpolicy_ratio_tolerance(p: Profile) -> float:
     return 0.1 if half else 1e-3
 
 
+GRPO_SUMMARY_COLUMNS = ("step", "reward_mean", "kl", "entropy", "clip_frac_region", "frac_reward_zero_std",
+                        "completion_len_mean", "onpolicy_ratio_dev", "time_sampling", "time_scoring", "time_update")
+
+
+def grpo_summary(history: list[dict], last: int = 10):
+    """The last GRPO steps' key metrics as a table. Columns a run does not log are left out: `kl`
+    exists only with a reference model (beta > 0), `entropy` only when logits are scored."""
+    import pandas as pd
+
+    frame = pd.DataFrame(history)
+    return frame[[c for c in GRPO_SUMMARY_COLUMNS if c in frame.columns]].tail(last)
+
+
 class StageTimer:
     """Wall time per named stage: `with timer("SFT"): ...`; `timer.seconds` keeps the record."""
 

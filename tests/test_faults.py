@@ -521,7 +521,7 @@ def test_sft_nan_update_is_skipped_counted_and_the_run_goes_on(tmp_path, monkeyp
     nan = NaNAt({3})  # step 3 (no eval, no accumulation: one forward and one backward per step)
     if where == "loss":
         real = sft.batch_loss
-        monkeypatch.setattr(sft, "batch_loss", lambda model, x, y: nan(real(model, x, y)))
+        monkeypatch.setattr(sft, "batch_loss", lambda model, x, y, **kw: nan(real(model, x, y, **kw)))
     snaps = {}
     trainer = SFTTrainer(tiny_cfg(tmp_path, max_steps=5), train_texts=TEXTS,
                          on_step=lambda rec: snaps.__setitem__(rec["step"], snapshot(trainer.model, trainer.optimizer)))

@@ -82,3 +82,23 @@ def test_bf16_inputs_without_autocast():
     assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
     ref = reference(h.detach().double(), w.detach().double(), t)
     assert abs(loss.item() - ref.item()) < 0.05
+
+
+def test_no_grad_skips_the_gradient_work(monkeypatch):
+    # Under torch.no_grad (validation losses) the chunk loop must not form logit gradients.
+    calls = []
+    real_scatter = torch.Tensor.scatter_add_
+
+    def counting(self, *a, **k):
+        calls.append(1)
+        return real_scatter(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "scatter_add_", counting)
+    h = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(50, 8, requires_grad=True)
+    t = torch.randint(0, 50, (6,))
+    with torch.no_grad():
+        no_grad_loss = linear_cross_entropy(h, w, t, chunk_rows=4)
+    assert calls == []
+    torch.testing.assert_close(no_grad_loss, linear_cross_entropy(h, w, t, chunk_rows=4).detach())
+    assert calls  # with grad on, the gradient path ran

@@ -216,3 +216,61 @@ def test_logits_from_equals_full_forward_tail():
     tail = m(idx, logits_from=4)
     assert tail.shape == (2, 5, 50257)
     torch.testing.assert_close(tail, full[:, 4:], rtol=0, atol=1e-5)
+
+
+def _decode_parity(device, mode, autocast_dtype=None, atol=1e-4):
+    model = sharp_model().to(device)
+    prompts = mixed_prompts()
+    cfg = dict(max_new_tokens=24, num_samples=3, seed=5)
+    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else torch.autocast(device.type,
+                                                                                                   enabled=False)
+    with ctx:
+        ref = generate(model, prompts, SamplingConfig(decode="dynamic", **cfg))
+        got = generate(model, prompts, SamplingConfig(decode=mode, **cfg))
+    assert torch.equal(got.mask, ref.mask)
+    assert torch.equal(got.tokens, ref.tokens)
+    assert ((got.logprobs - ref.logprobs) * ref.mask).abs().max().item() <= atol
+    return ref, got
+
+
+def test_static_decode_equals_dynamic_decode():
+    # fixed shapes, attention over the whole cache with unwritten slots masked, tensor write index
+    _decode_parity(torch.device("cpu"), "static")
+
+
+def test_cuda_graph_decode_needs_cuda():
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        generate(sharp_model(), [[1, 2, 3]], SamplingConfig(max_new_tokens=4, decode="cuda_graph"))
+    with pytest.raises(ValueError, match="decode"):
+        SamplingConfig(decode="graph")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", ["static", "cuda_graph"])
+def test_gpu_decode_modes_equal_dynamic(mode):
+    _decode_parity(torch.device("cuda"), mode)
+
+
+def _bf16_onpolicy_gap(device, mode):
+    """Largest |sampled log-prob - rescored log-prob| under bf16 autocast. Rounding differs between
+    the cached decode and the full pass, so tokens can differ from an fp32 run; what GRPO needs is
+    that the sampler's log-probs match a scoring pass of the same tokens."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=128)).to(device).eval()
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        ro = generate(model, mixed_prompts(), SamplingConfig(max_new_tokens=24, num_samples=3, seed=5, decode=mode))
+        full = sequence_logprobs(model, ro.prompt_ids, ro.tokens)
+    assert ro.mask.any()
+    return ((full.float() - ro.logprobs) * ro.mask).abs().max().item()
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_cpu_bf16_autocast_sampled_logprobs_match_scoring(mode):
+    assert _bf16_onpolicy_gap(torch.device("cpu"), mode) < 0.05
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", ["dynamic", "static", "cuda_graph"])
+def test_gpu_bf16_autocast_sampled_logprobs_match_scoring(mode):
+    # cuda_graph: replays reuse casts made inside the graph (autocast's cache is off while capturing)
+    assert _bf16_onpolicy_gap(torch.device("cuda"), mode) < 0.05

@@ -168,6 +168,22 @@ def test_sft_overfits_a_small_batch_to_near_zero_loss(tmp_path):
     assert losses[-1] < 0.05, losses[-10:]
 
 
+def test_fused_and_plain_loss_train_alike(tmp_path):
+    # The two LM-head + loss implementations are the same math; only float summation order differs.
+    runs = {}
+    for impl in ("fused", "plain"):
+        cfg = tiny_cfg(tmp_path / impl, max_steps=5, warmup_steps=0, loss_impl=impl, eval_interval=0)
+        trainer = SFTTrainer(cfg, train_texts=TEXTS)
+        assert trainer.loss_impl == impl
+        runs[impl] = [r["loss"] for r in train_sft(cfg, train_texts=TEXTS).history if r.get("loss") is not None]
+    assert len(runs["fused"]) == 5
+    assert runs["fused"] == pytest.approx(runs["plain"], rel=1e-4)
+    assert sft.resolve_loss_impl("auto", torch.device("cpu")) == "fused"
+    assert sft.resolve_loss_impl("auto", torch.device("cuda")) == "plain"
+    with pytest.raises(ValueError, match="loss_impl"):
+        tiny_cfg(tmp_path, loss_impl="chunked")
+
+
 def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
     seen = []
     cfg = tiny_cfg(tmp_path, max_steps=4, eval_interval=2, eval_steps=1, checkpoint_interval=3, export_hf=True,
@@ -281,9 +297,9 @@ def nan_loss_on(monkeypatch, bad_calls):
     """Make batch_loss (as train_sft calls it) return NaN on the given 1-based call numbers."""
     real, calls = sft.batch_loss, {"n": 0}
 
-    def flaky(model, x, y):
+    def flaky(model, x, y, **kw):
         calls["n"] += 1
-        loss = real(model, x, y)
+        loss = real(model, x, y, **kw)
         return loss * float("nan") if bad_calls(calls["n"]) else loss
 
     monkeypatch.setattr(sft, "batch_loss", flaky)

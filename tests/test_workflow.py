@@ -1,0 +1,40 @@
+import math
+
+import pytest
+
+from rookworld_lib import workflow
+from rookworld_lib.evaluate import Estimate
+
+
+def history(with_kl: bool):
+    rec = {"step": 1, "reward_mean": 0.1, "entropy": 2.0, "clip_frac_region": 0.0, "frac_reward_zero_std": 0.25,
+           "completion_len_mean": 40.0, "onpolicy_ratio_dev": 0.0, "time_sampling": 1.0, "time_scoring": 0.1,
+           "time_update": 2.0, "loss": -0.01}
+    if with_kl:
+        rec["kl"] = 0.002
+    return [dict(rec, step=i) for i in range(1, 13)]
+
+
+def test_grpo_summary_keeps_only_logged_columns():
+    # beta = 0 (the cpu profile) runs without a reference model, so no kl is logged
+    no_kl = workflow.grpo_summary(history(False))
+    assert "kl" not in no_kl.columns and len(no_kl) == 10 and list(no_kl["step"]) == list(range(3, 13))
+    assert list(no_kl.columns) == [c for c in workflow.GRPO_SUMMARY_COLUMNS if c != "kl"]
+    assert "kl" in workflow.grpo_summary(history(True), last=3).columns
+
+
+def test_onpolicy_tolerance_by_precision():
+    assert workflow.onpolicy_ratio_tolerance(workflow.resolve("cpu")) == 1e-3
+    assert workflow.onpolicy_ratio_tolerance(workflow.resolve("cpu", dtype="bf16")) == 0.1
+
+
+def test_improvement_verdict_reads_the_interval():
+    assert "excludes zero" in workflow.improvement_verdict(Estimate(0.05, 0.01, 0.09, 100))
+    assert "lowered" in workflow.improvement_verdict(Estimate(-0.05, -0.09, -0.01, 100))
+    assert "includes zero" in workflow.improvement_verdict(Estimate(0.01, -0.02, 0.04, 100))
+    assert "No held-out reward" in workflow.improvement_verdict(Estimate(math.nan, math.nan, math.nan, 0))
+
+
+def test_unknown_profile_is_named():
+    with pytest.raises(ValueError, match="unknown profile 'tpu'"):
+        workflow.resolve("tpu")
