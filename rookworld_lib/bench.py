@@ -450,8 +450,14 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
         del theirs
         if sweep:
             rows = SWEEP_ROWS if device.type == "cuda" else SWEEP_ROWS[:2]
-            progress(f"[bench] rollout sweep: rows {rows} x {cfg.new_tokens} tokens")
-            out["rollout_sweep"] = rollout_sweep(cfg, ours, device, rows)
+            # On a GPU the sweep runs the padded vocabulary (50304 rows), as GRPO there does: the same
+            # logits, with the LM head on fast matmul kernels.
+            pad = 64 if device.type == "cuda" else 1
+            progress(f"[bench] rollout sweep: rows {rows} x {cfg.new_tokens} tokens, vocab padded to x{pad}")
+            sweep_model = GPT.from_pretrained(workdir, pad_vocab_to_multiple=pad).to(device)
+            out["rollout_sweep"] = rollout_sweep(cfg, sweep_model, device, rows)
+            out["rollout_sweep_pad_vocab_to_multiple"] = pad
+            del sweep_model
             for r in out["rollout_sweep"]:
                 progress(f"[bench]     {r['rows']:5d} rows, {r['decode']:10s}: {r['tokens_per_s']:,.0f} tok/s")
         del ours

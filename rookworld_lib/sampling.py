@@ -161,12 +161,14 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     Rows need not be normalised but must have a positive, finite sum.
     """
     N, V = probs.shape
-    p = probs.double()
-    pad = (-V) % _CDF_BLOCK
-    if pad:
-        p = torch.nn.functional.pad(p, (0, pad))
-    blocks = p.view(N, -1, _CDF_BLOCK)
-    block_mass = blocks.sum(dim=-1)  # (N, nb)
+    B = _CDF_BLOCK
+    full = V // B
+    # Block sums accumulate in float64 straight from the input (no full-size float64 copy, no
+    # padding copy): on a GPU the decode step is memory-bound and each (N, V) pass costs.
+    block_mass = probs[:, : full * B].unflatten(1, (full, B)).sum(dim=-1, dtype=torch.float64)
+    if V % B:
+        tail = probs[:, full * B :].sum(dim=-1, dtype=torch.float64, keepdim=True)
+        block_mass = torch.cat([block_mass, tail], dim=1)  # (N, nb)
     block_cdf = block_mass.cumsum(dim=-1)
     total = block_cdf[:, -1:]
     u = torch.rand((N, 1), dtype=torch.float64, device=probs.device, generator=generator) * total
@@ -174,11 +176,12 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
     last_block = _last_positive(block_mass)
     b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)
     b = torch.minimum(b, last_block)
-    inside = blocks.gather(1, b[:, :, None].expand(N, 1, _CDF_BLOCK))[:, 0]  # (N, 256)
+    cols = b * B + torch.arange(B, device=probs.device)  # (N, B); past V only in the last block
+    inside = probs.gather(1, cols.clamp(max=V - 1)).double().masked_fill_(cols >= V, 0.0)
     offset = u - (block_cdf.gather(1, b) - block_mass.gather(1, b))
-    j = torch.searchsorted(inside.cumsum(dim=-1), offset, right=True).clamp(max=_CDF_BLOCK - 1)
+    j = torch.searchsorted(inside.cumsum(dim=-1), offset, right=True).clamp(max=B - 1)
     j = torch.minimum(j, _last_positive(inside))
-    return (b * _CDF_BLOCK + j)[:, 0]
+    return (b * B + j)[:, 0]
 
 
 def _last_positive(x: torch.Tensor) -> torch.Tensor:

@@ -522,7 +522,11 @@ def cli(argv: list[str] | None = None) -> int:
         if not cfg.out_dir:
             raise ValueError("give an output directory: --out-dir DIR")
         records = load_split("P", "train", args.data_dir).records + load_split("A", "train", args.data_dir).records
-        trainer = GRPOTrainer(GPT.from_pretrained(args.init_from), prompt_items(records, args.layout), cfg)
+        # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
+        # logits and every result are unchanged (docs/perf.md).
+        pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
+        trainer = GRPOTrainer(GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad),
+                              prompt_items(records, args.layout), cfg)
         trainer.train()
         if trainer.dist.is_main:
             final = trainer.export()

@@ -223,7 +223,9 @@ class TrainStep:
                  forward_model: torch.nn.Module | None = None, loss_impl: str = "plain"):
         self.model = model
         self.loss_impl = loss_impl
-        self.forward_model = forward_model or model  # e.g. torch.compile(model)
+        # e.g. torch.compile(model). Not `forward_model or model`: a compiled module proxies len()
+        # to the wrapped one, so its truth value raises TypeError.
+        self.forward_model = model if forward_model is None else forward_model
         self.optimizer = optimizer
         self.precision = precision
         self.grad_accum = grad_accum

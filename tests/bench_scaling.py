@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu (1 vs N processes) or cuda (one GPU, one process)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--compile", action="store_true", help="torch.compile for SFT")
+    ap.add_argument("--pad-vocab", type=int, default=1, help="pad the vocabulary to a multiple of this (64 on GPU)")
     ap.add_argument("--sft-steps", type=int, default=8)
     ap.add_argument("--sft-batch-size", type=int, default=8)
     ap.add_argument("--block-size", type=int, default=256)
@@ -72,10 +73,12 @@ def main() -> None:
                str(args.block_size), "--max-steps", str(args.sft_steps), "--warmup-steps", "1", "--eval-interval", "0",
                "--checkpoint-interval", "0", "--no-progress", "--device", args.device, "--dtype", args.dtype]
         sft += ["--compile"] if args.compile else []
+        sft += ["--model-overrides", f"pad_vocab_to_multiple={args.pad_vocab}"] if args.pad_vocab > 1 else []
         run(sft + ["--out-dir", str(tmp / "sft1"), "--export-hf"], threads=cores)
         s1 = median_after_warmup(tmp / "sft1" / "metrics.jsonl", "tokens_per_s")
         out["sft"] = {"settings": f"batch {args.sft_batch_size} x {args.block_size} tokens (global), dtype "
-                                  f"{args.dtype}, compile {args.compile}", "tokens_per_s_1": s1}
+                                  f"{args.dtype}, compile {args.compile}, vocab padded to a multiple of "
+                                  f"{args.pad_vocab}", "tokens_per_s_1": s1}
         if gpu:
             from rookworld_lib import perf
             from rookworld_lib.model import GPTConfig

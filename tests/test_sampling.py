@@ -196,6 +196,15 @@ def test_sample_categorical_edges():
     d = sample_categorical(probs, torch.Generator().manual_seed(0))
     assert set(d.tolist()) == {3, 256}
     assert 0.70 < (d == 256).double().mean() < 0.80
+    # a vocabulary shorter than one block, and mass only in the partial last block of 50257
+    small = torch.tensor([[0.0, 2.0, 0.0, 2.0, 0.0]]).expand(2000, -1).contiguous()
+    ds = sample_categorical(small, torch.Generator().manual_seed(2))
+    assert set(ds.tolist()) == {1, 3} and 0.45 < (ds == 1).double().mean() < 0.55
+    tail = torch.zeros(500, 50257)
+    tail[:, 50180] = 1.0
+    tail[:, 50250] = 1.0
+    dt = sample_categorical(tail, torch.Generator().manual_seed(3))
+    assert set(dt.tolist()) == {50180, 50250}
 
 
 def test_last_only_forward_equals_full_forward_last_position():

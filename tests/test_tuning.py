@@ -168,3 +168,12 @@ def test_mfu_recheck_remeasures_a_low_peak():
     util = tuning.checked_mfu(real * 1e12 * 0.01, 1.0, peaks, torch.device("cpu"), "fp32")
     assert 0 < util.vs_measured <= 1
     assert peaks["fp32"].measured_tflops > 1e-9
+
+
+def test_train_step_accepts_a_compiled_model_without_calling_it():
+    # torch.compile's wrapper proxies len() to the module, so `compiled or model` raised TypeError
+    # on a GPU run; building the step must not touch the wrapper's truth value.
+    model = GPT(GPTConfig.preset("tiny"))
+    compiled = torch.compile(model)  # lazy: nothing is compiled until the first call
+    step = tuning.TrainStep(model, tuning.make_optimizer(model, tuning.TuneConfig()), forward_model=compiled)
+    assert step.forward_model is compiled
