@@ -22,7 +22,7 @@ for part in $parts; do
       tail -n 25 "$out/bench_gpu.log" | grep '^\[bench\]' ;;
     scaling)  # one-GPU SFT tokens/s (with MFU) and GRPO samples/s
       $py tests/bench_scaling.py --device cuda --model gpt2 --sft-batch-size 16 --block-size 1024 --compile \
-        --sft-steps 12 --prompts 64 --group-size 8 --max-new-tokens 96 --json "$out/scaling_gpu.json" \
+        --sft-steps 12 --pad-vocab 64 --prompts 64 --group-size 8 --max-new-tokens 96 --json "$out/scaling_gpu.json" \
         || status=1 ;;
     matrix)   # notebook 04 at the GPT-2 124M scale, compile rows included
       $py -m papermill notebooks/04_mfu_tuning.ipynb "$out/04_mfu_tuning_gpu.ipynb" --cwd notebooks \
