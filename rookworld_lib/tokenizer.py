@@ -1,9 +1,9 @@
 """GPT-2 byte-pair encoding through tiktoken, fully offline.
 
-tiktoken's `get_encoding("gpt2")` downloads its rank file on first use, which fails on machines
-without internet. We ship the identical rank file in `data/gpt2.tiktoken` and build the same
-`tiktoken.Encoding` from it, after checking its sha256 so a truncated or edited file can never
-silently change token ids.
+tiktoken's named-encoding registry fetches its rank files over the network on first use, which
+fails on machines without internet, so this module never goes through it. We ship the identical
+rank file in `data/gpt2.tiktoken` and construct the `tiktoken.Encoding` directly from it, after
+checking its sha256 so a truncated or edited file can never silently change token ids.
 """
 
 from __future__ import annotations
