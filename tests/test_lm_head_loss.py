@@ -2,7 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rookworld_lib.lm_head_loss import linear_cross_entropy
+from rookworld_lib.lm_head_loss import (CPU_CHUNK_ROWS, DEVICE_CHUNK_ROWS, default_chunk_rows,
+                                         linear_cross_entropy)
 from rookworld_lib.model import GPT, GPTConfig, lm_loss
 
 
@@ -102,3 +103,25 @@ def test_no_grad_skips_the_gradient_work(monkeypatch):
     assert calls == []
     torch.testing.assert_close(no_grad_loss, linear_cross_entropy(h, w, t, chunk_rows=4).detach())
     assert calls  # with grad on, the gradient path ran
+
+
+def test_default_chunking_spans_several_chunks_and_matches_reference():
+    # The CPU default (CPU_CHUNK_ROWS) must split this batch, so the gradient of the head weight
+    # is accumulated across chunks; ignored targets straddle a chunk boundary.
+    assert default_chunk_rows(torch.device("cpu")) == CPU_CHUNK_ROWS
+    assert default_chunk_rows(torch.device("meta")) == DEVICE_CHUNK_ROWS
+    rows = 2 * CPU_CHUNK_ROWS + 37
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(rows, 12, generator=g, dtype=torch.float64)
+    weight = torch.randn(90, 12, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, 90, (rows,), generator=g)
+    targets[CPU_CHUNK_ROWS - 5:CPU_CHUNK_ROWS + 5] = -1
+    h1, w1 = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ours = linear_cross_entropy(h1, w1, targets)
+    ref = reference(h2, w2, targets)
+    ours.backward()
+    ref.backward()
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(h1.grad.double(), h2.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-6)
