@@ -43,6 +43,7 @@ import torch
 
 from . import perf
 from .model import GPT, GPTConfig, PRESETS
+from .train_sft import batch_loss, resolve_loss_impl
 
 EOT_ID = 50256
 NEVER_EOS = -1  # an id no token has: rows never stop early, so every row decodes max_new_tokens
@@ -163,10 +164,13 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, device: torch.device) 
     ours.train()
     theirs.train()
     opt_ours, opt_theirs = _adamw(ours.parameters()), _adamw(theirs.parameters())
+    # Our loss as SFT computes it by default: the fused chunked LM head + loss on CPU, the plain
+    # one on CUDA (SFTConfig.loss_impl="auto"; docs/perf.md has both measured).
+    loss_impl = resolve_loss_impl("auto", device)
 
     def step_ours():
         with _amp(cfg, device):
-            loss = ours(x, targets=y)  # our training path: the fused LM head + loss
+            loss = batch_loss(ours, x, y, impl=loss_impl)
         loss.backward()
         opt_ours.step()
         opt_ours.zero_grad(set_to_none=True)
@@ -184,6 +188,7 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, device: torch.device) 
     tokens = cfg.train_batch * cfg.train_seq_len
     return {
         "tokens_per_step": tokens,
+        "loss_impl": loss_impl,
         "initial_logits_max_abs_diff": diff,
         "ours": {**t["ours"].as_dict(), "tokens_per_s": t["ours"].per_second(tokens)},
         "transformers": {**t["transformers"].as_dict(), "tokens_per_s": t["transformers"].per_second(tokens)},

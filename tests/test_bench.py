@@ -28,6 +28,7 @@ def test_quick_json_bench_at_tiny_size(capsys):
             assert _positive_finite(part[who]["tokens_per_s"])
             assert _positive_finite(part[who]["median_s"])
     assert ts["initial_logits_max_abs_diff"] < 1e-3  # same weights in both models
+    assert ts["loss_impl"] == "fused"  # what SFT runs on a CPU (SFTConfig.loss_impl="auto")
     assert sm["generated_tokens"] == sm["rows"] * sm["new_tokens_per_row"]
     assert result["settings"]["model"] == "tiny"
     assert result["grpo_step"]["status"] == "skipped" and "--no-trl" in result["grpo_step"]["reason"]
