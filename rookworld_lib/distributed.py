@@ -85,6 +85,12 @@ def barrier() -> None:
 
 
 def cleanup() -> None:
+    """Destroy the process group.
+
+    Drop DDP wrappers first (`GRPOTrainer.close()`; `train_sft` drops its own): one that outlives
+    the group can hang the process at exit under gloo. No barrier here: on an error path the
+    peers may be inside another collective, and a rank that exits lets torchrun stop them.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

@@ -251,11 +251,25 @@ class GRPOTrainer:
         self.out_dir = Path(cfg.out_dir) if cfg.out_dir else None
         self.resumed_from = self._maybe_resume()
         self.policy = self.model
+        self.closed = False
         if W > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
             self.policy = DDP(self.model, device_ids=ids)
+
+    def close(self) -> None:
+        """Drop the DistributedDataParallel wrapper; call it before `distributed.cleanup()`.
+
+        With gloo, a DDP wrapper that outlives `destroy_process_group` holds the last reference to
+        the process group, and its destructor joins gloo's worker threads while holding the GIL; a
+        worker still releasing a finished all-reduce needs the GIL, so the process hangs at exit
+        (seen in about 1 run in 5 of tests/test_distributed.py with torch 2.13). Dropped while the
+        group is still registered, the wrapper frees nothing but itself. Idempotent; a closed
+        multi-process trainer refuses to train (its gradients would no longer be averaged).
+        """
+        self.policy = self.model
+        self.closed = True
 
     @property
     def skipped_updates(self) -> int:
@@ -460,6 +474,8 @@ class GRPOTrainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
+        if self.closed and self.dist.world_size > 1:
+            raise RuntimeError("GRPOTrainer.train: this trainer was closed (its DDP wrapper is gone); make a new one")
         target = cfg.steps if until is None else min(until, cfg.steps)
         logger = None
         if self.out_dir is not None and self.dist.is_main:
@@ -514,6 +530,7 @@ def cli(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(rest)
     from .data import load_split
 
+    trainer = None
     try:
         loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args,
                                                          skip=("temperature", "max_completion_length")),
@@ -535,5 +552,7 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"rookworld grpo: error: {exc}", file=sys.stderr)
         return 1
     finally:
+        if trainer is not None:
+            trainer.close()  # before the group goes (see GRPOTrainer.close)
         distributed.cleanup()
     return 0

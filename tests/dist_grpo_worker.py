@@ -29,6 +29,7 @@ def main(out_path: str, loss_type: str) -> None:
     trainer.train()
     if trainer.dist.is_main:
         torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, out_path)
+    trainer.close()  # drop the DDP wrapper before the group goes (GRPOTrainer.close)
     distributed.cleanup()
 
 

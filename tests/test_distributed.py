@@ -21,7 +21,11 @@ def run(nproc: int, out: Path, loss_type: str) -> None:
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(WORKER), str(out), loss_type]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # A run takes about 10 s; the limit turns a hang at exit (GRPOTrainer.close) into a quick failure.
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{nproc}-process GRPO run did not finish in 180 s:\n{exc.stderr}") from exc
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

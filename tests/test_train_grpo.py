@@ -150,3 +150,16 @@ def test_single_nan_is_skipped_counted_and_run_goes_on(monkeypatch):
     history = trainer.train()
     assert trainer.skipped_updates == 1 and len(history) == 2
     assert history[0]["skipped_updates"] == 1 and history[1]["grad_norm"] > 0
+
+
+def test_close_drops_the_wrapper_and_a_closed_multiprocess_trainer_refuses_to_train():
+    trainer = make()
+    sentinel = object()
+    trainer.policy = sentinel  # stands in for the DDP wrapper of a multi-process run
+    trainer.close()
+    trainer.close()  # idempotent
+    assert trainer.policy is trainer.model and trainer.closed
+    assert len(trainer.train()) == 1  # one process: nothing to average, training goes on
+    trainer.dist = type(trainer.dist)(rank=0, world_size=2, local_rank=0)
+    with pytest.raises(RuntimeError, match="closed"):
+        trainer.train()
