@@ -264,7 +264,7 @@ class GRPOTrainer:
         With gloo, a DDP wrapper that outlives `destroy_process_group` holds the last reference to
         the process group, and its destructor joins gloo's worker threads while holding the GIL; a
         worker still releasing a finished all-reduce needs the GIL, so the process hangs at exit
-        (seen in about 1 run in 5 of tests/test_distributed.py with torch 2.13). Dropped while the
+        (seen in 5 of 30 runs of the two-process job of tests/test_distributed.py, torch 2.13). Dropped while the
         group is still registered, the wrapper frees nothing but itself. Idempotent; a closed
         multi-process trainer refuses to train (its gradients would no longer be averaged).
         """
