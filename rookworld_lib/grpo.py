@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 ADVANTAGE_SCALES = ("group", "batch", "none")
@@ -117,72 +117,155 @@ class GroupStats:
 
     num_groups: int  # number of prompts (groups) in the batch
     group_size: int  # G, completions per prompt
-    frac_reward_zero_std: float  # fraction of groups whose rewards are all equal (they carry no signal)
-    reward_mean: float  # mean reward over the batch
-    reward_std: float  # standard deviation of the rewards over the batch (Bessel-corrected; 0 if N == 1)
+    frac_reward_zero_std: float  # TRL's: fraction of completions whose scaling std (group's, or the batch's) is ~0
+    reward_mean: float  # mean reward over the scorable completions (weighted sum over reward functions)
+    reward_std: float  # standard deviation of those rewards over the batch (Bessel-corrected; 0 if N == 1)
     reward_group_std_mean: float  # mean over groups of the within-group std (Bessel-corrected)
+    num_unscorable: int = 0  # completions whose every reward is NaN (advantage 0, left out of the means)
 
     def as_metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
 
 
-def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-4) -> tuple[Tensor, GroupStats]:
-    """Group-relative advantages: returns (advantages [N], GroupStats).
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
-    rewards: N = num_groups * group_size values (list or tensor), laid out group by group.
-    Each reward is centred on its group's mean, then divided according to `scale` (TRL's
-    `scale_rewards`):
 
-    - "group": by the group's standard deviation + eps (DeepSeekMath GRPO, TRL's default);
-    - "batch": by the standard deviation of all N rewards + eps (group mean, batch std: PPO-Lite);
-    - "none":  not at all: only centred (Dr. GRPO, which removes the std's difficulty bias).
+def _nanstd(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """Bessel-corrected std ignoring NaN; NaN where fewer than two values are present (TRL's nanstd)."""
+    dims = dim if dim is not None else tuple(range(x.dim()))
+    mean = torch.nanmean(x, dim=dims, keepdim=True)
+    var = torch.nanmean((x - mean) ** 2, dim=dims, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=dims, keepdim=True).to(x.dtype)
+    var = torch.where(count > 1, var * count / (count - 1).clamp(min=1), torch.full_like(var, float("nan")))
+    std = var.sqrt()
+    return std if keepdim else std.squeeze(dims) if dim is not None else std.reshape(())
 
-    Std convention: Bessel-corrected sample std (torch.std, divisor G-1), as TRL; a group of one
-    has std 0. eps (default 1e-4, TRL's) is *added* to the std, so scale invariance is exact only
-    up to eps/std: rewards with std 1e-3 lose ~10% of their magnitude.
 
-    A group whose rewards are exactly equal gets advantages of exactly 0 (not ~1e-13 from rounding
-    in the mean), so it contributes exactly zero policy gradient. `GroupStats.frac_reward_zero_std`
-    is the fraction of such groups (always measured within groups, whatever `scale`).
-    Computed in float64; returned in the rewards' floating dtype (float32 for lists / int tensors).
+def _tied(g: Tensor, dim: int) -> Tensor:
+    """True where the non-NaN values along `dim` are all equal (or fewer than two are present)."""
+    nan = torch.isnan(g)
+    hi = torch.where(nan, torch.full_like(g, -math.inf), g).amax(dim=dim)
+    lo = torch.where(nan, torch.full_like(g, math.inf), g).amin(dim=dim)
+    return (hi == lo) | ((~nan).sum(dim=dim) <= 1)
+
+
+def _rewards_tensor(rewards) -> tuple[Tensor, torch.dtype]:
+    if torch.is_tensor(rewards):
+        out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+        return rewards.detach().to(torch.float64), out_dtype
+
+    def fix(v):  # TRL's convention: a reward function returns None for a completion it cannot score
+        if isinstance(v, (list, tuple)):
+            return [fix(u) for u in v]
+        return float("nan") if v is None else v
+
+    try:
+        return torch.as_tensor(fix(list(rewards)), dtype=torch.float64), torch.float32
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"group_advantages: rewards must be numbers (or None / NaN for unscorable), "
+                         f"one per completion or one list per completion; {exc}") from None
+
+
+def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-4, *,
+                     reward_weights=None, multi_objective_aggregation: str = "sum_then_normalize",
+                     ) -> tuple[Tensor, GroupStats]:
+    """Group-relative advantages: returns (advantages [N], GroupStats). TRL's GRPOTrainer advantages.
+
+    rewards: N = num_groups * group_size values (list or tensor), laid out group by group, or an
+    [N, K] table with one column per reward function (TRL's `rewards_per_func`). NaN (or None in a
+    list) marks a reward that could not be computed; a completion whose every reward is NaN is
+    *unscorable*: it is left out of every mean and std and gets advantage 0 (TRL's rule). inf raises.
+
+    multi_objective_aggregation (TRL's option of the same name), with weights w_k
+    (`reward_weights`, default all 1; TRL's `reward_weights`):
+
+    - "sum_then_normalize" (default): r_i = sum_k w_k r_ik (NaN entries skipped), centred on its
+      group's mean, then divided according to `scale` (TRL's `scale_rewards`):
+      "group": by the group's std + eps (DeepSeekMath GRPO, TRL's default); "batch": by the std of
+      all N rewards + eps (group mean, batch std: PPO-Lite); "none": not at all (Dr. GRPO).
+    - "normalize_then_sum" (GDPO, 2601.05242): each reward function is z-scored within each group
+      ((r_ik - mean) / (std + eps)), the weighted sum is taken, then centred and scaled by the
+      *batch* mean and std (+ eps). `scale` is ignored here, as in TRL.
+
+    Std convention: Bessel-corrected sample std over the scorable values, as TRL's nanstd; a group
+    of one has std 0. eps (default 1e-4, TRL's) is *added* to the std, so scale invariance is exact
+    only up to eps/std: rewards with std 1e-3 lose ~10% of their magnitude.
+
+    A group whose scorable rewards are exactly equal gets advantages of exactly 0 (TRL can leave
+    rounding noise of order ulp / eps there), so it contributes exactly zero policy gradient.
+    `GroupStats.frac_reward_zero_std` is TRL's: the fraction of completions whose scaling std is 0
+    (torch.isclose): under "group" / "none" the group's std, under "batch" (and normalize_then_sum)
+    the batch's, so there it is 0 or 1. Computed in float64 (TRL: float32); returned in the rewards'
+    floating dtype (float32 for lists / int tensors).
     """
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(f"group_advantages: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
+    if multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
+        raise ValueError(f"group_advantages: multi_objective_aggregation must be one of "
+                         f"{MULTI_OBJECTIVE_AGGREGATIONS}, got {multi_objective_aggregation!r}")
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
         raise ValueError(f"group_advantages: group_size must be a positive integer, got {group_size!r}")
-    if not (isinstance(eps, (int, float)) and eps >= 0):
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
         raise ValueError(f"group_advantages: eps must be a number >= 0, got {eps!r}")
-    if torch.is_tensor(rewards):
-        r = rewards
-        out_dtype = r.dtype if r.is_floating_point() else torch.float32
-    else:
-        r = torch.as_tensor(rewards, dtype=torch.float64)
-        out_dtype = torch.float32
-    r = r.detach().to(torch.float64).reshape(-1)
-    N = r.numel()
-    if N == 0 or N % group_size:
+    r, out_dtype = _rewards_tensor(rewards)
+    if r.dim() not in (1, 2) or r.numel() == 0:
+        raise ValueError(f"group_advantages: rewards must be [N] or [N, num_reward_functions], got shape {tuple(r.shape)}")
+    R = r.reshape(-1, 1) if r.dim() == 1 else r  # [N, K]
+    N, K = R.shape
+    if N % group_size:
         raise ValueError(f"group_advantages: got {N} rewards, which is not a positive multiple of group_size={group_size}")
-    if not torch.isfinite(r).all():
-        raise ValueError("group_advantages: rewards contain NaN or inf")
-    g = r.view(-1, group_size)
-    tied = g.max(dim=1).values == g.min(dim=1).values  # [num_groups]
-    centred = g - g.mean(dim=1, keepdim=True)
-    group_std = g.std(dim=1) if group_size > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
-    batch_std = r.std() if N > 1 else r.new_zeros(())
-    if scale == "group":
-        adv = centred / (group_std[:, None] + eps)
-    elif scale == "batch":
-        adv = centred / (batch_std + eps)
+    if torch.isinf(R).any():
+        raise ValueError("group_advantages: rewards contain inf (NaN or None marks an unscorable completion; inf is an error)")
+    if reward_weights is None:
+        w = torch.ones(K, dtype=torch.float64)
     else:
-        adv = centred
-    adv = torch.where(tied[:, None], torch.zeros_like(adv), adv).reshape(-1)
+        w = torch.as_tensor(reward_weights, dtype=torch.float64).reshape(-1)
+        if w.numel() != K or not torch.isfinite(w).all():
+            raise ValueError(f"group_advantages: reward_weights must be {K} finite numbers (one per reward function), "
+                             f"got {reward_weights!r}")
+    w = w.to(R.device)
+    G = group_size
+    unscorable = torch.isnan(R).all(dim=1)  # [N]
+    raw = torch.nansum(R * w, dim=1).masked_fill(unscorable, float("nan"))  # TRL's logged `reward`
+    zeros = torch.zeros(N, dtype=torch.float64, device=R.device)
+    if multi_objective_aggregation == "sum_then_normalize":
+        x = raw
+        g = x.view(-1, G)
+        centred = g - torch.nanmean(g, dim=1, keepdim=True)
+        group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
+        if scale == "batch":
+            std = _nanstd(x).expand(N) if N > 1 else zeros
+        else:
+            std = group_std.repeat_interleave(G)
+        adv = centred.reshape(-1)
+        if scale != "none":
+            adv = adv / (std + eps)
+        tied = _tied(g, dim=1).repeat_interleave(G)  # exact ties within the group: advantage exactly 0
+        if scale == "batch":
+            tied = tied | _tied(x, dim=0)
+    else:  # normalize_then_sum
+        grouped = R.view(-1, G, K)
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = _nanstd(grouped, dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean_k)
+        z = (grouped - mean_k) / (std_k + eps)
+        z = torch.where(_tied(grouped, dim=1)[:, None, :] & ~torch.isnan(grouped), torch.zeros_like(z), z)
+        x = torch.nansum(z.reshape(N, K) * w, dim=1).masked_fill(unscorable, float("nan"))
+        std = _nanstd(x).expand(N) if N > 1 else zeros
+        adv = (x - torch.nanmean(x)) / (std + eps)
+        tied = _tied(x, dim=0).expand(N)
+        g = raw.view(-1, G)
+        group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
+    adv = torch.where(tied | torch.isnan(adv), torch.zeros_like(adv), adv)
+    is_std_zero = torch.isclose(std, torch.zeros_like(std))
+    scorable = raw[~unscorable]
     stats = GroupStats(
-        num_groups=g.size(0),
-        group_size=group_size,
-        frac_reward_zero_std=float(tied.double().mean()),
-        reward_mean=float(r.mean()),
-        reward_std=float(batch_std),
-        reward_group_std_mean=float(group_std.mean()),
+        num_groups=N // G,
+        group_size=G,
+        frac_reward_zero_std=float(is_std_zero.double().mean()),
+        reward_mean=float(scorable.mean()) if scorable.numel() else float("nan"),
+        reward_std=float(scorable.std()) if scorable.numel() > 1 else 0.0,
+        reward_group_std_mean=float(torch.nanmean(group_std)) if G > 1 else 0.0,
+        num_unscorable=int(unscorable.sum()),
     )
     return adv.to(out_dtype), stats
 
@@ -237,11 +320,16 @@ class GRPOConfig:
     importance_sampling_level: str = "token"  # "token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion
     beta: float = 0.04  # KL coefficient; the KL term is added only when ref_logprobs is given and beta > 0
     kl_estimator: str = "k3"  # per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r
-    entropy_coef: float = 0.0  # entropy bonus: subtract entropy_coef * H_t per token (needs logits); 0 = off
+    use_bias_correction_kl: bool = False  # multiply the per-token KL by the importance ratio (TRL's option; TRL defaults to True)
+    entropy_coef: float = 0.0  # entropy bonus, as TRL: subtract entropy_coef * (mean token entropy) * N / N_glob (needs logits); 0 = off
     temperature: float = 1.0  # temperature at which the entropy of `logits` is measured (the one used for logprobs)
     mask_truncated_completions: bool = False  # drop completions that hit the length budget (no EOS) from the loss (DAPO)
     max_completion_length: int | None = None  # the sampler's max_new_tokens; the dr_grpo constant (required for dr_grpo)
     log_ratio_clamp: float | None = 20.0  # clamp log-ratios (importance and KL) to [-c, c] before exp; None = off
+    vespo_k_pos: float = 2.0  # vespo: power k of the Gamma weight for advantages >= 0 (TRL's vespo_k_pos)
+    vespo_lambda_pos: float = 3.0  # vespo: decay lambda of the Gamma weight for advantages >= 0 (TRL's vespo_lambda_pos)
+    vespo_k_neg: float = 3.0  # vespo: power k for advantages < 0 (TRL's vespo_k_neg)
+    vespo_lambda_neg: float = 2.0  # vespo: decay lambda for advantages < 0 (TRL's vespo_lambda_neg)
 
     def __post_init__(self):
         def fail(name, want):
@@ -266,6 +354,11 @@ class GRPOConfig:
             fail("kl_estimator", f"one of {KL_ESTIMATORS}")
         if not (number(self.entropy_coef) and self.entropy_coef >= 0):
             fail("entropy_coef", "a number >= 0")
+        if not isinstance(self.use_bias_correction_kl, bool):
+            fail("use_bias_correction_kl", "True or False")
+        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+            if not (number(getattr(self, name)) and getattr(self, name) >= 0):
+                fail(name, "a number >= 0")
         if not (number(self.temperature) and self.temperature > 0):
             fail("temperature", "a number > 0")
         if not isinstance(self.mask_truncated_completions, bool):
@@ -323,7 +416,7 @@ def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_item
     """Per-token weights w [N, T] with loss = sum_it w_it * l_it (zero on masked tokens).
 
     The d loss / d l_it of each aggregation mode (see GRPOConfig): grpo 1/(N_glob |o_i|),
-    bnpo 1/(N_glob/N * sum m), dr_grpo 1/(N_glob * max_completion_length), dapo 1/K.
+    bnpo 1/(N_glob/N * sum m), dr_grpo 1/(N_glob * max_completion_length), dapo and vespo 1/K.
     """
     config = config or GRPOConfig()
     m = mask.bool()
@@ -339,7 +432,7 @@ def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_item
         return mf * (N / n_glob) / mf.sum().clamp(min=1.0)
     if lt == "dr_grpo":
         return mf / (n_glob * config.max_completion_length)
-    # dapo
+    # dapo, and vespo (TRL normalises vespo as dapo)
     k = float(num_items_in_batch) if num_items_in_batch is not None else float(mf.sum())
     if num_items_in_batch is not None and k < float(mf.sum()):
         raise ValueError(f"grpo: num_items_in_batch={num_items_in_batch} is smaller than this micro-batch's "
@@ -386,6 +479,34 @@ def policy_objective(ratio: Tensor, advantages: Tensor, config: GRPOConfig | Non
     clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
     unclipped = ratio.clamp(max=config.delta) if config.delta is not None else ratio
     return torch.minimum(unclipped * advantages, clipped * advantages)
+
+
+VESPO_LOG_RATIO_CLAMP = 20.0  # TRL's per-token and per-sequence upper clamp of the vespo log-ratio
+VESPO_MIN_WEIGHT = 1e-8  # TRL's lower clamp of the sequence ratio (log 1e-8 ~ -18.4)
+
+
+@torch.no_grad()
+def vespo_weights(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
+                  config: GRPOConfig | None = None) -> Tensor:
+    """VESPO's Gamma weights phi(w) [N, 1] (2602.10693; TRL's `get_gamma_weights`), detached.
+
+    w = exp(sum_t m_it clamp(logprobs_it - old_logprobs_it, -20, 20)), the *sequence* ratio (a sum,
+    not GSPO's mean), clamped to [1e-8, e^20]; phi(w) = exp(lambda + k log w - lambda w) = e^lambda
+    w^k e^(-lambda w), normalised so phi(1) = 1, with (k, lambda) = (vespo_k_pos, vespo_lambda_pos)
+    where A >= 0 and (vespo_k_neg, vespo_lambda_neg) where A < 0 (lambda floored at 1e-4); NaN or
+    inf become 0. The vespo loss per token is -phi_i * A_i * logprobs_it: phi only scales the gradient.
+    """
+    config = config or GRPOConfig()
+    m = mask.bool()
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    lr = torch.where(m, (logprobs - old_logprobs).clamp(-VESPO_LOG_RATIO_CLAMP, VESPO_LOG_RATIO_CLAMP), zero)
+    log_w = lr.sum(dim=1, keepdim=True).clamp(math.log(VESPO_MIN_WEIGHT), VESPO_LOG_RATIO_CLAMP)
+    a = advantages.reshape(-1, 1).to(logprobs.dtype)
+    nonneg = a >= 0
+    k = torch.where(nonneg, config.vespo_k_pos, config.vespo_k_neg).to(logprobs.dtype)
+    lam = torch.where(nonneg, config.vespo_lambda_pos, config.vespo_lambda_neg).to(logprobs.dtype).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w - lam * log_w.exp())
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -468,7 +589,12 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
     ratio = log_w.exp()  # [N, T] or [N, 1]
     a = adv[:, None]
-    pg_tok = -policy_objective(ratio, a, config).expand(N, T)
+    phi = None
+    if config.loss_type == "vespo":
+        phi = vespo_weights(logprobs.detach(), old, adv, m, config)  # [N, 1], no gradient
+        pg_tok = -(phi * a) * torch.where(m, logprobs, zero)
+    else:
+        pg_tok = -policy_objective(ratio, a, config).expand(N, T)
     pg_tok = torch.where(m, pg_tok, zero)
     per_tok = pg_tok
 
@@ -480,17 +606,21 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         if config.log_ratio_clamp is not None:
             log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
         kl_tok = torch.where(m, kl_estimate(-log_r, zero, config.kl_estimator), zero)
+        if config.use_bias_correction_kl:  # TRL: KL times the (differentiable) importance ratio
+            kl_tok = torch.where(m, kl_tok * ratio, zero)
         if config.beta > 0:
             per_tok = per_tok + config.beta * kl_tok
 
-    # --- entropy bonus
+    loss = (per_tok * w).sum()
+
+    # --- entropy bonus (TRL's): the micro-batch's mean token entropy, scaled for accumulation only
     ent_tok = None
     if logits is not None:
         ent_tok = torch.where(m, entropy_from_logits(logits, config.temperature).to(dtype), zero)
         if config.entropy_coef > 0:
-            per_tok = per_tok - config.entropy_coef * ent_tok
-
-    loss = (per_tok * w).sum()
+            n_glob = float(num_completions_in_batch) if num_completions_in_batch is not None else float(N)
+            mean_ent = ent_tok.sum() / mf.sum().clamp(min=1.0)
+            loss = loss - config.entropy_coef * mean_ent * (N / n_glob)
 
     # --- metrics (no grad; one host sync)
     with torch.no_grad():
@@ -502,13 +632,17 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
 
         if config.importance_sampling_level == "sequence":
             unit = (m.sum(dim=1, keepdim=True) > 0)  # [N, 1]: completions with tokens
+            clip_unit = torch.ones_like(unit)  # TRL counts every completion, empty ones too
         else:
-            unit = m
-        unit_f = unit.to(dtype)
-        n_unit = unit_f.sum()
+            unit = clip_unit = m
+        unit_f, clip_f = unit.to(dtype), clip_unit.to(dtype)
+        n_unit, n_clip = unit_f.sum(), clip_f.sum()
 
         def unit_mean(x):
             return torch.where(n_unit > 0, (x * unit_f).sum() / n_unit.clamp(min=1), nan)
+
+        def clip_mean(x):
+            return torch.where(n_clip > 0, (x * clip_f).sum() / n_clip.clamp(min=1), nan)
 
         r = ratio.detach()
         low = (r < 1.0 - config.clip_eps_low) & (a < 0)
@@ -525,9 +659,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
             unit_mean(r),
             torch.where(n_unit > 0, torch.where(unit, r, big).min(), nan),
             torch.where(n_unit > 0, torch.where(unit, r, -big).max(), nan),
-            unit_mean(low.to(dtype)),
-            unit_mean(high.to(dtype)),
-            unit_mean((low | high).to(dtype)),
+            clip_mean(low.to(dtype)),
+            clip_mean(high.to(dtype)),
+            clip_mean((low | high).to(dtype)),
             tok_mean(torch.expm1(tok_lr) - tok_lr),
             adv.mean(),
             adv.std(correction=0),
@@ -540,6 +674,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         if ent_tok is not None:
             names.append("entropy")
             values.append(tok_mean(ent_tok.detach()))
+        if phi is not None:
+            names.append("vespo_phi_mean")
+            values.append(phi.mean())
         metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
         metrics["num_tokens"] = float(round(metrics["num_tokens"]))
         metrics["num_completions"] = float(N)
@@ -603,5 +740,5 @@ __all__ = [
     "ADVANTAGE_SCALES", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LOSS_TYPES",
     "GRPOConfig", "GroupStats", "aggregation_weights", "effective_mask", "entropy_from_logits", "group_advantages",
     "grpo_loss", "importance_log_weights", "importance_ratios", "kl_estimate", "logprob_gradient", "micro_batch_gradient",
-    "policy_objective", "token_logprobs",
+    "MULTI_OBJECTIVE_AGGREGATIONS", "policy_objective", "token_logprobs", "vespo_weights",
 ]

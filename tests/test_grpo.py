@@ -49,10 +49,25 @@ def _entropy_scalar(logit_row, temperature):
     return h
 
 
+def _vespo_phi(lp_row, old_row, toks, A, k_pos=2.0, lam_pos=3.0, k_neg=3.0, lam_neg=2.0):
+    """VESPO's Gamma weight of one completion (2602.10693 as TRL implements it), a plain float."""
+    s = sum(min(max(float(lp_row[t].detach()) - float(old_row[t]), -20.0), 20.0) for t in toks)
+    log_w = min(max(s, math.log(1e-8)), 20.0)
+    k, lam = (k_pos, lam_pos) if A >= 0 else (k_neg, lam_neg)
+    return math.exp(lam + k * log_w - lam * math.exp(log_w))
+
+
 def reference_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", eps_low=0.2, eps_high=0.2, level="token",
                    beta=0.0, estimator="k3", delta=None, logits=None, entropy_coef=0.0, temperature=1.0,
-                   max_len=None, clamp=None, truncated=None, mask_truncated=False, n_items=None, n_completions=None):
-    """The GRPO loss for one (micro-)batch, term by term."""
+                   max_len=None, clamp=None, truncated=None, mask_truncated=False, n_items=None, n_completions=None,
+                   bias_kl=False):
+    """The GRPO loss for one (micro-)batch, term by term.
+
+    entropy_coef follows TRL: minus entropy_coef times the mean token entropy of this call, scaled
+    by its share N / n_completions of the accumulated batch; bias_kl multiplies each token's KL by
+    the importance ratio (TRL's use_bias_correction_kl); loss_type "vespo" weights -A * logprob by
+    the completion's Gamma weight (a constant) and normalises as dapo.
+    """
     N, T = lp.shape
     tokens = []
     for i in range(N):
@@ -70,20 +85,24 @@ def reference_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", eps_low=0.
                 s = s + (lp[i][t] - float(old[i][t]))
             seq_ratio = torch.exp(_clamp_scalar(s / L, clamp))
         row = 0.0
+        phi = _vespo_phi(lp[i], old[i], tokens[i], A) if loss_type == "vespo" else None
         for t in tokens[i]:
             if level == "token":
                 r = torch.exp(_clamp_scalar(lp[i][t] - float(old[i][t]), clamp))
             else:
                 r = seq_ratio
-            if r < 1 - eps_low:
+            if phi is not None:
+                term = -phi * A * lp[i][t]
+            elif r < 1 - eps_low:
                 r_clip = r * 0 + (1 - eps_low)
             elif r > 1 + eps_high:
                 r_clip = r * 0 + (1 + eps_high)
             else:
                 r_clip = r
-            r_unclip = r if (delta is None or r <= delta) else r * 0 + delta
-            surr1, surr2 = r_unclip * A, r_clip * A
-            term = -(surr1 if surr1 <= surr2 else surr2)  # pessimistic (min) bound
+            if phi is None:
+                r_unclip = r if (delta is None or r <= delta) else r * 0 + delta
+                surr1, surr2 = r_unclip * A, r_clip * A
+                term = -(surr1 if surr1 <= surr2 else surr2)  # pessimistic (min) bound
             if ref is not None and beta > 0:
                 log_r = _clamp_scalar(float(ref[i][t]) - lp[i][t], clamp)  # log pi_ref / pi_theta
                 if estimator == "k1":
@@ -92,22 +111,26 @@ def reference_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", eps_low=0.
                     kl = 0.5 * log_r * log_r
                 else:
                     kl = torch.exp(log_r) - 1 - log_r
+                if bias_kl:
+                    kl = kl * r
                 term = term + beta * kl
-            if entropy_coef:
-                term = term - entropy_coef * _entropy_scalar(logits[i][t], temperature)
             row = row + term
         row_sums.append(row)
         lengths.append(L)
     n_glob = n_completions if n_completions is not None else N
     total_tokens = sum(lengths)
+    bonus = 0.0
+    if entropy_coef:  # TRL: the mean token entropy of this call, scaled for accumulation only
+        ents = [_entropy_scalar(logits[i][t], temperature) for i in range(N) for t in tokens[i]]
+        bonus = entropy_coef * (sum(ents) / max(len(ents), 1)) * (N / n_glob)
     if loss_type == "grpo":  # 1/G sum_i 1/|o_i| sum_t
-        return sum(row / L for row, L in zip(row_sums, lengths) if L) / n_glob
+        return sum(row / L for row, L in zip(row_sums, lengths) if L) / n_glob - bonus
     if loss_type == "bnpo":  # local token mean (scaled by this micro-batch's share of completions)
-        return sum(row_sums) / max(total_tokens, 1) * (N / n_glob)
+        return sum(row_sums) / max(total_tokens, 1) * (N / n_glob) - bonus
     if loss_type == "dr_grpo":  # 1/(G * max_len) sum_i sum_t
-        return sum(row_sums) / (n_glob * max_len)
-    if loss_type == "dapo":  # 1/sum_i |o_i| sum_i sum_t, over the whole accumulated batch
-        return sum(row_sums) / (n_items if n_items is not None else max(total_tokens, 1))
+        return sum(row_sums) / (n_glob * max_len) - bonus
+    if loss_type in ("dapo", "vespo"):  # 1/sum_i |o_i| sum_i sum_t, over the whole accumulated batch
+        return sum(row_sums) / (n_items if n_items is not None else max(total_tokens, 1)) - bonus
     raise AssertionError(loss_type)
 
 
@@ -115,6 +138,7 @@ def reference_metrics(lp, old, adv, mask, eps_low, eps_high, level):
     """Clip fractions and ratio range, counted one token (or completion) at a time."""
     N, T = lp.shape
     units = []  # (ratio, A)
+    empty = 0  # completions without tokens: TRL counts them in sequence-level clip fractions (never clipped)
     for i in range(N):
         toks = [t for t in range(T) if bool(mask[i][t])]
         if level == "token":
@@ -122,13 +146,16 @@ def reference_metrics(lp, old, adv, mask, eps_low, eps_high, level):
         elif toks:
             s = sum(float(lp[i][t]) - float(old[i][t]) for t in toks) / len(toks)
             units.append((math.exp(s), float(adv[i])))
+        else:
+            empty += 1
     n = len(units)
     low = sum(1 for r, a in units if r < 1 - eps_low and a < 0)
     high = sum(1 for r, a in units if r > 1 + eps_high and a > 0)
+    n_clip = n + empty
     return {
-        "clip_frac_low": low / n,
-        "clip_frac_high": high / n,
-        "clip_frac_region": (low + high) / n,
+        "clip_frac_low": low / n_clip,
+        "clip_frac_high": high / n_clip,
+        "clip_frac_region": (low + high) / n_clip,
         "ratio_mean": sum(r for r, _ in units) / n,
         "ratio_min": min(r for r, _ in units),
         "ratio_max": max(r for r, _ in units),
@@ -488,7 +515,7 @@ def test_group_advantages_known_values():
     (dict(rewards=[1.0, 2.0, 3.0], group_size=2), "multiple"),
     (dict(rewards=[1.0, 2.0], group_size=0), "group_size"),
     (dict(rewards=[1.0, 2.0], group_size=2, scale="std"), "scale"),
-    (dict(rewards=[1.0, float("nan")], group_size=2), "NaN"),
+    (dict(rewards=[1.0, float("inf")], group_size=2), "inf"),
     (dict(rewards=[1.0, 2.0], group_size=2, eps=-1.0), "eps"),
 ])
 def test_group_advantages_rejects_bad_input(bad, match):
@@ -523,7 +550,8 @@ def test_property_tied_group_has_exactly_zero_advantage(data, scale, tie_value):
     rewards = [tie_value] * g + rewards  # prepend a tied group
     adv, stats = group_advantages(torch.tensor(rewards, dtype=F64), g, scale=scale)
     assert torch.all(adv[:g] == 0)
-    assert stats.frac_reward_zero_std >= 1 / stats.num_groups
+    if scale != "batch":  # TRL's frac_reward_zero_std: the std that scales, so under "batch" the batch's (0 or 1)
+        assert stats.frac_reward_zero_std >= 1 / stats.num_groups
 
 
 @settings(max_examples=60, deadline=None)
