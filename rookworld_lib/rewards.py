@@ -799,3 +799,140 @@ __all__ = [
     "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",
     "policy_examples", "env_examples", "reward_distribution",
 ]
+
+
+
+# ============================================================================================
+# TRL reward functions: `GRPOTrainer(reward_funcs=...)`
+# (an appended section: everything above is the library's own scoring, used unchanged here)
+# ============================================================================================
+#
+# TRL calls a reward function as f(prompts=..., completions=..., completion_ids=..., **columns),
+# where `columns` holds every other column of the data set, one value per completion, plus its own
+# extras (trainer_state, log_extra, log_metric). The functions below read the ground truth from
+# the columns our data records carry (data/*.jsonl): a P: record's `fen`, `moves`, `evals`
+# (and `limit`), an A: record's `new_fen`, `reward`, `terminated`, `truncated`; so a
+# `datasets.Dataset` made from `data.load_split(...)` records works as it is. They return one
+# float per completion and never raise; None (TRL's "not applicable / unscorable", which TRL turns
+# into NaN and leaves out of the advantages) where a completion cannot be scored: a prompt of the
+# other task (for the single-task functions), a prompt of neither task, or a P: prompt with no
+# truth in its columns, none registered and no engine (each logged once as a warning).
+
+POLICY_TRUTH_COLUMNS = ("fen", "moves", "evals")  # plus the optional "limit"
+ENV_TRUTH_COLUMNS = ("new_fen", "reward", "terminated", "truncated")
+_TRL_WARNED: set = set()
+
+
+def _trl_warn(key: str, message: str) -> None:
+    if key not in _TRL_WARNED:
+        _TRL_WARNED.add(key)
+        log.warning("%s", message)
+
+
+def _content_text(content) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):  # multimodal content: [{"type": "text", "text": ...}, ...]
+        parts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        return "".join(parts) if parts else None
+    return None
+
+
+def trl_text(x, role: str | None = None) -> str | None:
+    """The plain text of a TRL prompt or completion: a string as it is; a conversation (a list of
+    {"role", "content"} messages, TRL's conversational format) as the content of its last message
+    with `role` (prompts: "user") or, for role=None, of all its messages joined (completions)."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, Mapping):
+        return _content_text(x.get("content"))
+    if isinstance(x, (list, tuple)):
+        msgs = [m for m in x if isinstance(m, Mapping)]
+        if not msgs:
+            return None
+        if role is not None:
+            picked = [m for m in msgs if m.get("role") == role] or msgs
+            return _content_text(picked[-1].get("content"))
+        texts = [_content_text(m.get("content")) for m in msgs]
+        return "".join(t for t in texts if t is not None)
+    return None
+
+
+def _column_values(columns: Mapping, i: int, names: tuple[str, ...]) -> dict | None:
+    out = {}
+    for name in names:
+        col = columns.get(name)
+        if col is None or isinstance(col, str):
+            return None
+        try:
+            v = col[i]
+        except (IndexError, KeyError, TypeError):
+            return None
+        if v is None:
+            return None
+        out[name] = v
+    return out
+
+
+def _trl_score_one(task, prompt, completion, columns, i, engine, policy_weights, env_weights):
+    p = trl_text(prompt, role="user")
+    if p is None:
+        _trl_warn("prompt", f"TRL reward: a prompt of type {type(prompt).__name__} has no readable text; scored None")
+        return None
+    c = trl_text(completion)
+    c = "" if c is None else c  # an empty or unreadable answer is scored as garbage
+    kind = tasks.task_of(p)
+    if task is not None and kind != task:
+        return None  # the other task's prompt: not this function's to score
+    if kind == "P":
+        row = _column_values(columns, i, POLICY_TRUTH_COLUMNS)
+        truth = None
+        if row is not None:
+            limit = _column_values(columns, i, ("limit",))
+            truth = policy_truth({**row, **(limit or {})})
+        return score_policy(p, c, truth=truth, engine=engine, weights=policy_weights)
+    if kind == "A":
+        row = _column_values(columns, i, ENV_TRUTH_COLUMNS)
+        # without truth columns the environment truth is replayed from the prompt (exact)
+        return score_environment(p, c, truth=env_truth(row) if row is not None else None, weights=env_weights)
+    _trl_warn("task", f"TRL reward: prompt {p[:40]!r} is neither a P: nor an A: prompt; scored None")
+    return None
+
+
+def trl_reward_function(task: str | None = None, *, engine=None, policy_weights: PolicyWeights | None = None,
+                        env_weights: EnvWeights | None = None):
+    """A reward function with TRL's signature, `f(prompts, completions, **columns) -> list[float | None]`.
+
+    task: "P" (policy only; None for A: prompts), "A" (environment only; None for P: prompts) or
+    None (both, by each prompt's prefix). engine: as `score_policy`'s; the default None keeps
+    scoring offline and deterministic (a legal B: move outside the truth's candidates gets an
+    estimated eval); "auto" uses Stockfish when installed. Prompts and completions may be strings
+    or TRL conversations. See this section's header for the truth columns and the None cases.
+    """
+    if task not in (None, "P", "A"):
+        raise ValueError(f"trl_reward_function: task must be 'P', 'A' or None, got {task!r}")
+    name = {None: "rookworld_reward", "P": "rookworld_policy_reward", "A": "rookworld_env_reward"}[task]
+
+    def reward(prompts, completions, **columns) -> list:
+        out = []
+        prompts = list(prompts) if prompts is not None else []
+        for i, completion in enumerate(list(completions or [])):
+            try:
+                prompt = prompts[i] if i < len(prompts) else None
+                out.append(_trl_score_one(task, prompt, completion, columns, i, engine, policy_weights, env_weights))
+            except Exception as exc:  # set-up errors (no truth and no engine, a truth for another position)
+                _trl_warn(type(exc).__name__, f"TRL reward ({name}): {type(exc).__name__}: {exc}; such completions "
+                          "are scored None (TRL leaves them out of the advantages)")
+                out.append(None)
+        return out
+
+    reward.__name__ = reward.__qualname__ = name
+    return reward
+
+
+trl_reward = trl_reward_function(None)  # P: and A: prompts, by prefix
+trl_policy_reward = trl_reward_function("P")
+trl_env_reward = trl_reward_function("A")
+
+__all__ += ["trl_reward_function", "trl_reward", "trl_policy_reward", "trl_env_reward", "trl_text",
+            "POLICY_TRUTH_COLUMNS", "ENV_TRUTH_COLUMNS"]
