@@ -33,6 +33,33 @@ class CheckpointFormatError(ValueError):
     """A Hugging Face GPT-2 directory that cannot be loaded faithfully."""
 
 
+# The P: layout a model was trained on travels in its config.json under this key (transformers
+# ignores unknown keys). A GPT-2 directory without it is taken as an original RookWorld model,
+# which reads and writes the original fixed-width layout (rookworld_lib.tasks).
+LAYOUT_KEY = "rookworld_layout"
+LAYOUTS = ("compact", "original")  # = tasks.LAYOUTS (not imported: keeps this module free of python-chess)
+
+
+def read_layout(directory: str | Path) -> tuple[str, str]:
+    """(layout, why) of a Hugging Face GPT-2 directory: its recorded layout, or "original" when
+    config.json records none (a model that is not ours: RookWorld-LM-124M and its kin)."""
+    path = Path(directory) / "config.json"
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointFormatError(f"{path}: cannot read ({exc})") from None
+    return _layout_of(d, path)
+
+
+def _layout_of(d: dict, path: Path) -> tuple[str, str]:
+    if LAYOUT_KEY not in d:
+        return "original", f"{path} records no {LAYOUT_KEY!r}: taken as an original RookWorld model"
+    layout = d[LAYOUT_KEY]
+    if layout not in LAYOUTS:
+        raise CheckpointFormatError(f"{path}: {LAYOUT_KEY} is {layout!r}, expected one of {LAYOUTS}")
+    return layout, f"{path} records {LAYOUT_KEY}={layout!r}"
+
+
 def hf_config_dict(config: GPTConfig) -> dict:
     return {
         "architectures": ["GPT2LMHeadModel"],
@@ -95,7 +122,9 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
             raise CheckpointFormatError(
                 f"{path} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors"
             )
-    config = config_from_hf(json.loads(config_path.read_text()), config_path, **config_overrides)
+    hf = json.loads(config_path.read_text())
+    config = config_from_hf(hf, config_path, **config_overrides)
+    layout, _ = _layout_of(hf, config_path)
     state = load_file(str(weights_path))
     # Checkpoints saved from GPT2Model (no LM head) have no "transformer." prefix.
     state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v for k, v in state.items()}
@@ -129,6 +158,7 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
         converted[key] = tensor.to(own[key].dtype)
     converted["lm_head.weight"] = converted["transformer.wte.weight"]  # the same tied parameter
     model.load_state_dict(converted, strict=True)
+    model.layout = layout
     return model
 
 
@@ -148,4 +178,7 @@ def save_hf_gpt2(model, directory: Path) -> None:
     tmp = directory / "model.safetensors.tmp"
     save_file(state, str(tmp), metadata={"format": "pt"})
     tmp.replace(directory / "model.safetensors")
-    (directory / "config.json").write_text(json.dumps(hf_config_dict(config), indent=2) + "\n")
+    layout = getattr(model, "layout", "compact")
+    if layout not in LAYOUTS:
+        raise ValueError(f"model.layout must be one of {LAYOUTS}, got {layout!r}")
+    (directory / "config.json").write_text(json.dumps({**hf_config_dict(config), LAYOUT_KEY: layout}, indent=2) + "\n")

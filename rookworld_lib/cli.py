@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMANDS = {
     "datagen": ("rookworld_lib.data", "generate Stockfish-labelled P:/A: data and eval sets"),
+    "convert": ("rookworld_lib.convert", "convert original RookWorld data (text, JSON lines, Parquet, Arrow) into records"),
     "sft": ("rookworld_lib.train_sft", "supervised pretraining on task text"),
     "grpo": ("rookworld_lib.train_grpo", "GRPO with verifiable chess rewards"),
     "eval": ("rookworld_lib.evaluate", "evaluate a checkpoint on held-out chess tasks"),

@@ -74,6 +74,7 @@ SPLITS = ("train", "val", "test")
 TASK_FILES = {"P": "policy_{split}.jsonl", "A": "env_{split}.jsonl"}
 MATE_FILE = "mate_in_one.jsonl"
 GAME_KINDS = ("random", "opening", "selfplay")
+ORIGINAL_SOURCE = "original"  # records converted from the original RookWorld data (rookworld convert)
 SELFPLAY_NODES = (1, 8, 32, 128, 512, 2048)
 SELFPLAY_NOISE = (0.0, 0.05, 0.15, 0.3)
 ENV_KINDS = ("legal", "illegal", "unparseable")
@@ -786,6 +787,9 @@ _FIELDS = {
           "truncated": int, "kind": str, "termination": (str, type(None)), "tags": list, "completion": str},
     "M1": {**_COMMON, "mating_moves": list},
 }
+# Optional fields: converted original P: lines keep their B: label, which for black is the original
+# generator's worst candidate (rookworld_lib.convert), beside our best (= moves[0]).
+_OPTIONAL = {"P": {"original_best": str}}
 _SPLITS_OF = {"P": SPLITS, "A": SPLITS, "M1": ("val", "test")}
 
 
@@ -811,13 +815,13 @@ def _validate(rec, task):
         v = rec[name]
         if isinstance(v, bool) and typ is not bool or not isinstance(v, typ):
             return f"field {name!r} has type {type(v).__name__}"
-    extra = set(rec) - set(_FIELDS[t])
+    extra = set(rec) - set(_FIELDS[t]) - set(_OPTIONAL.get(t, {}))
     if extra:
         return f"unknown field(s) {sorted(extra)}"
     if rec["split"] not in _SPLITS_OF[t]:
         return f"field 'split' must be one of {_SPLITS_OF[t]}, got {rec['split']!r}"
-    if rec["source"] not in GAME_KINDS:
-        return f"field 'source' must be one of {GAME_KINDS}, got {rec['source']!r}"
+    if rec["source"] not in (*GAME_KINDS, ORIGINAL_SOURCE):
+        return f"field 'source' must be one of {(*GAME_KINDS, ORIGINAL_SOURCE)}, got {rec['source']!r}"
     if rec["game"] < 0 or rec["ply"] < 0:
         return "fields 'game' and 'ply' must be >= 0"
     board, err = tasks.checked_board(rec["fen"])
@@ -846,6 +850,8 @@ def _validate_policy(rec, board):
             return f"eval {e!r} is not in the eval format (pawns like '0.35', mates like 'M3' / '-M2')"
     if rec["best"] != moves[0]:
         return f"field 'best' {rec['best']!r} is not moves[0] {moves[0]!r}"
+    if "original_best" in rec and (not isinstance(rec["original_best"], str) or rec["original_best"] not in moves):
+        return f"field 'original_best' {rec['original_best']!r} is not among 'moves'"
     if rec["n_legal"] != board.legal_moves.count():
         return f"field 'n_legal' is {rec['n_legal']}, the position has {board.legal_moves.count()} legal moves"
     prompt, completion = tasks.policy_text(rec["fen"], moves, evals, rec["best"])
@@ -971,10 +977,15 @@ def load_mate_in_one(data_dir=None, *, on_error: str = "raise") -> LoadedData:
 
 
 def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
-    """(prompt, completion) of a P: or A: record; P: records can be rendered in the original layout."""
-    if rec["task"] == "P" and layout != "compact":
+    """(prompt, completion) of a P: or A: record in `layout`: the record's own texts for compact;
+    for original, the fixed-width P: sample and A: texts whose FENs are spelled as python-chess's
+    ``board.fen()`` (see tasks), as a pretrained RookWorld-LM reads and writes them."""
+    if layout == "compact":
+        return rec["prompt"], rec["completion"]
+    if rec["task"] == "P":
         return tasks.policy_text(rec["fen"], rec["moves"], rec["evals"], rec["best"], layout)
-    return rec["prompt"], rec["completion"]
+    return (tasks.env_prompt(tasks.original_fen(rec["fen"]), rec["move"], rec["history"]),
+            tasks.env_completion(tasks.original_fen(rec["new_fen"]), rec["reward"], rec["terminated"], rec["truncated"]))
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,9 +2,16 @@
 
 Every rate comes with a Wilson 95% interval and every mean with a normal-approximation 95%
 interval, so a before/after difference can be read against its noise. Completions are decoded in
-batches by the same sampler GRPO uses (greedy by default). The reference column holds the figures
-reported for the original RookWorld-LM-124M, for a user to set ours beside (they were measured on
-other data: the BIG-bench mate-in-one set and the original test split).
+batches by the same sampler GRPO uses (greedy by default), in the model's own layout (``model.layout``,
+recorded in its config.json; an original RookWorld model records none) unless told otherwise.
+
+Positions are compared as positions (:func:`tasks.same_position`), never as strings, so a next FEN in
+either en-passant convention is right. ``policy/best_move_accuracy`` is agreement with Stockfish's best
+move; on converted original data (``rookworld convert``) ``policy/original_label_agreement`` is agreement
+with the original ``B:`` label, which for black is the worst of the five listed moves: that is what
+RookWorld's own best-move figure measured. The reference column holds RookWorld's reported figures, each
+on the row of what it measured (:data:`REFERENCE_MEASURED`); they come from other data (the BIG-bench
+mate-in-one set, the original validation splits).
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import argparse
 import json
 import math
 import random
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import chess
@@ -25,13 +33,22 @@ from .model import GPT
 from .sampling import SamplingConfig, generate
 from .tokenizer import encode, get_tokenizer
 
-# Reported for RookWorld-LM-124M (policy on its own test set; mate-in-one on BIG-bench's set).
+# Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
+# the metric that measures the same thing; REFERENCE_MEASURED says what and on which data.
+REFERENCE_NAME = "RookWorld 7M x 3E (reported)"
 REFERENCE_ROOKWORLD_LM_124M = {
-    "policy/best_move_accuracy": 0.166,
+    "policy/original_label_agreement": 0.166,
     "policy/top5_overlap": 0.392,
     "mate_in_one/accuracy": 0.137,
     "self_play/legal_half_moves": 36.3,
     "env/next_fen_exact": 0.9961,
+}
+REFERENCE_MEASURED = {
+    "policy/original_label_agreement": "B: equal to the original label (for black the worst listed move), rook val set",
+    "policy/top5_overlap": "M: moves shared with the original label's five, rook val set",
+    "mate_in_one/accuracy": "BIG-bench checkmate-in-one",
+    "self_play/legal_half_moves": "sampled (top-k 5, temperature 0.6) self-play from the start",
+    "env/next_fen_exact": "next FEN string equal (python-chess's board.fen() on both sides), arbiter test set",
 }
 
 
@@ -99,13 +116,13 @@ class EvalConfig:
 
     decoding: str = "greedy"  # "greedy" or "sampled"
     temperature: float = 1.0  # for sampled decoding
-    max_new_tokens: int = 96  # completion budget (a P: completion is ~60 tokens, an A: one ~40)
+    max_new_tokens: int | None = None  # completion budget; None: the layout's (tasks.COMPLETION_BUDGET)
     batch_size: int = 32  # prompts decoded together
     max_policy: int | None = None  # cap on P: records evaluated (None = all)
     max_env: int | None = None  # cap on A: records evaluated (None = all)
     selfplay_games: int = 8  # self-play games (0 = skip)
     selfplay_max_plies: int = 100  # a self-play game stops here even if all moves were legal
-    layout: str = "compact"  # P: prompt layout the model was trained on ("original" for RookWorld-LM)
+    layout: str | None = None  # prompt layout; None: the model's own (model.layout; "original" for RookWorld-LM)
     seed: int = 0  # sampling seed and self-play opening randomisation
 
     def __post_init__(self):
@@ -113,17 +130,25 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.decoding must be 'greedy' or 'sampled', got {self.decoding!r}")
         for name in ("max_new_tokens", "batch_size", "selfplay_max_plies"):
             v = getattr(self, name)
+            if name == "max_new_tokens" and v is None:
+                continue
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"EvalConfig.{name} must be a positive integer, got {v!r}")
         if not isinstance(self.selfplay_games, int) or self.selfplay_games < 0:
             raise ValueError(f"EvalConfig.selfplay_games must be an integer >= 0, got {self.selfplay_games!r}")
-        if self.layout not in tasks.LAYOUTS:
-            raise ValueError(f"EvalConfig.layout must be one of {tasks.LAYOUTS}, got {self.layout!r}")
+        if self.layout is not None and self.layout not in tasks.LAYOUTS:
+            raise ValueError(f"EvalConfig.layout must be one of {tasks.LAYOUTS} or None, got {self.layout!r}")
+
+    def for_model(self, model) -> EvalConfig:
+        """This config with the layout and budget resolved: given values win, else the model's."""
+        layout = self.layout or getattr(model, "layout", "compact")
+        return replace(self, layout=layout, max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
 
 
 def complete(model: GPT, prompts: list[str], cfg: EvalConfig, tokenizer=None) -> list[str]:
     """Decode one completion per prompt, in batches, with the GRPO sampler."""
     tokenizer = tokenizer or get_tokenizer()
+    cfg = cfg.for_model(model)
     out = []
     budget = model.config.block_size
     for start in range(0, len(prompts), cfg.batch_size):
@@ -144,13 +169,31 @@ def policy_prompt_of(rec, layout: str) -> str:
     return tasks.policy_prompt(_get(rec, "fen"), layout=layout)
 
 
+def env_prompt_of(rec, layout: str) -> str:
+    """The A: prompt of a record in `layout` (python-chess's FEN spelling for original)."""
+    if _get(rec, "fen") is None:  # a bare {"prompt": ...} record
+        p = tasks.parse_env_prompt(_get(rec, "prompt"))
+        fen, move, history = (p.fen, p.move, p.history) if p.ok else (None, None, None)
+        if layout == "compact" or fen is None:
+            return _get(rec, "prompt")
+    else:
+        fen, move, history = _get(rec, "fen"), _get(rec, "move"), _get(rec, "history")
+    return tasks.env_prompt(tasks.fen_for_layout(fen, layout), move, history)
+
+
+def prompt_of(rec, layout: str) -> str:
+    return policy_prompt_of(rec, layout) if _get(rec, "task", "P") == "P" else env_prompt_of(rec, layout)
+
+
 def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
-    """Valid, legal-best, best-move accuracy, top-5 overlap and centipawn loss on P: records."""
+    """Valid, legal-best, best-move accuracy (against Stockfish's best), top-5 overlap and centipawn
+    loss on P: records; on converted original records also agreement with the original B: label."""
+    cfg = cfg.for_model(model)
     records = list(records)[: cfg.max_policy]
     prompts = [policy_prompt_of(r, cfg.layout) for r in records]
     completions = completions if completions is not None else complete(model, prompts, cfg)
     valid = legal = correct = 0
-    overlaps, cp_losses = [], []
+    overlaps, cp_losses, agree = [], [], []
     for rec, prompt, text in zip(records, prompts, completions):
         parse = tasks.parse_policy_completion(text)
         valid += parse.ok
@@ -158,17 +201,23 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
         legal += score.best_legal >= 1.0
         truth_moves = list(_get(rec, "moves"))
         correct += parse.best is not None and parse.best == truth_moves[0]
+        if _get(rec, "original_best") is not None:
+            agree.append(parse.best is not None and parse.best == _get(rec, "original_best"))
         overlaps.append(score.moves_overlap)
         if score.cp_loss is not None:
             cp_losses.append(score.cp_loss)
     n = len(records)
-    return {"policy/valid": wilson(valid, n), "policy/legal_best_move": wilson(legal, n),
-            "policy/best_move_accuracy": wilson(correct, n), "policy/top5_overlap": mean_interval(overlaps),
-            "policy/cp_loss": mean_interval(cp_losses)}
+    out = {"policy/valid": wilson(valid, n), "policy/legal_best_move": wilson(legal, n),
+           "policy/best_move_accuracy": wilson(correct, n), "policy/top5_overlap": mean_interval(overlaps),
+           "policy/cp_loss": mean_interval(cp_losses)}
+    if agree:
+        out["policy/original_label_agreement"] = wilson(sum(agree), len(agree))
+    return out
 
 
 def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Share of mate-in-one positions where B: is a mating move (checked by python-chess)."""
+    cfg = cfg.for_model(model)
     records = list(records)
     prompts = [policy_prompt_of(r, cfg.layout) for r in records]
     completions = complete(model, prompts, cfg)
@@ -184,10 +233,11 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
 
 
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
-    """Valid, exact next FEN, FEN similarity, reward and flag accuracy on A: records."""
+    """Valid, next position right (:func:`tasks.same_position`), FEN similarity (both FENs in one
+    en-passant convention), reward and flag accuracy on A: records."""
+    cfg = cfg.for_model(model)
     records = list(records)[: cfg.max_env]
-    prompts = [_get(r, "prompt") or tasks.env_prompt(_get(r, "fen"), _get(r, "move"), _get(r, "history"))
-               for r in records]
+    prompts = [env_prompt_of(r, cfg.layout) for r in records]
     completions = complete(model, prompts, cfg)
     valid = exact = reward_ok = term_ok = trunc_ok = 0
     sims = []
@@ -195,8 +245,9 @@ def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
         p = tasks.parse_env_completion(text)
         valid += p.ok
         true_fen = _get(rec, "new_fen")
-        exact += p.new_fen == true_fen
-        sims.append(similarity(p.new_fen or "", true_fen))
+        exact += tasks.same_position(p.new_fen, true_fen)
+        pred = p.new_fen or ""
+        sims.append(similarity(tasks.normalized_fen(pred) or pred, tasks.normalized_fen(true_fen) or true_fen))
         reward_ok += p.reward is not None and abs(p.reward - float(_get(rec, "reward"))) < 1e-9
         term_ok += p.terminated == int(_get(rec, "terminated"))
         trunc_ok += p.truncated == int(_get(rec, "truncated"))
@@ -210,6 +261,7 @@ def self_play(model: GPT, cfg: EvalConfig) -> dict:
     """The policy plays both sides, python-chess referees; count legal half-moves before the first
     illegal or unparseable B: (games that end by the rules or hit the ply cap count all their moves).
     Games start from the initial position after 0-3 random opening plies, for variety."""
+    cfg = cfg.for_model(model)
     rng = random.Random(cfg.seed)
     boards = []
     for _ in range(cfg.selfplay_games):
@@ -250,8 +302,10 @@ def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: Eva
     return out
 
 
-def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M):
-    """A pandas DataFrame: one row per metric, one column per named result, plus the reference."""
+def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M,
+                     measured: dict = REFERENCE_MEASURED):
+    """A pandas DataFrame: one row per metric, one column per named result, then the reference and
+    what the reference measured (so no row sets unlike things side by side without saying so)."""
     import pandas as pd
 
     metrics = sorted({m for res in columns.values() for m in res})
@@ -261,7 +315,8 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
         for name, res in columns.items():
             row[name] = str(res[m]) if m in res else ""
         ref = reference.get(m)
-        row["RookWorld-LM-124M (reported)"] = "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}")
+        row[REFERENCE_NAME] = "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}")
+        row["reference measured"] = measured.get(m, "") if ref is not None else ""
         rows.append(row)
     return pd.DataFrame(rows).set_index("metric")
 
@@ -279,8 +334,9 @@ def difference(before: Estimate, after: Estimate, z: float = 1.959964) -> Estima
 def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[float]:
     """The verifiable reward of the model's completion for each P:/A: record (the GRPO objective,
     measured on held-out prompts with ground truth from the record)."""
+    cfg = cfg.for_model(model)
     records = list(records)
-    prompts = [policy_prompt_of(r, cfg.layout) if r["task"] == "P" else r["prompt"] for r in records]
+    prompts = [prompt_of(r, cfg.layout) for r in records]
     completions = complete(model, prompts, cfg)
     out = []
     for rec, prompt, text in zip(records, prompts, completions):
@@ -303,11 +359,16 @@ def results_to_json(results: dict) -> dict:
 def cli(argv: list[str] | None = None) -> int:
     from . import data
 
-    ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.")
+    ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
+                                 epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
+                                        "(after rookworld convert; the layout comes from the model)")
     ap.add_argument("model", help="Hugging Face GPT-2 directory (ours or RookWorld-LM)")
-    ap.add_argument("--data-dir", default=None, help="directory with the test split and mate-in-one set (default data/)")
+    ap.add_argument("--data-dir", default=None, help="directory with policy_test.jsonl / env_test.jsonl / mate_in_one.jsonl "
+                                                     "(default data/; a missing file skips its suite)")
     ap.add_argument("--decoding", default="greedy", choices=["greedy", "sampled"])
-    ap.add_argument("--layout", default="compact", choices=list(tasks.LAYOUTS))
+    ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
+                    help="prompt layout (default: the model's; a GPT-2 directory without our record is original)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion budget (default: the layout's)")
     ap.add_argument("--max-policy", type=int, default=200)
     ap.add_argument("--max-env", type=int, default=200)
     ap.add_argument("--selfplay-games", type=int, default=8)
@@ -316,14 +377,29 @@ def cli(argv: list[str] | None = None) -> int:
     model = GPT.from_pretrained(args.model).eval()
     if torch.cuda.is_available():
         model = model.cuda()
-    cfg = EvalConfig(decoding=args.decoding, layout=args.layout, max_policy=args.max_policy,
-                     max_env=args.max_env, selfplay_games=args.selfplay_games)
-    policy = data.load_split("P", "test", args.data_dir).records
-    env = data.load_split("A", "test", args.data_dir).records
-    mate = [r for r in data.load_mate_in_one(args.data_dir).records if r["split"] == "test"]
-    results = evaluate_all(model, policy, env, mate, cfg)
+    cfg = EvalConfig(decoding=args.decoding, layout=args.layout, max_policy=args.max_policy, max_new_tokens=args.max_new_tokens,
+                     max_env=args.max_env, selfplay_games=args.selfplay_games).for_model(model)
+    print(f"layout: {cfg.layout} ({'--layout' if args.layout else describe_layout(args.model)}); "
+          f"max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
+    base = Path(args.data_dir) if args.data_dir else data.DATA_DIR
+    suites = {}
+    for key, path in (("P", data.data_file("P", "test", base)), ("A", data.data_file("A", "test", base)),
+                      ("M1", data.data_file("M1", None, base))):
+        if path.exists():
+            suites[key] = data.load_jsonl(path, task=key).records
+        else:
+            print(f"{path}: not found, its suite is skipped", file=sys.stderr)
+    mate = [r for r in suites.get("M1", []) if r["split"] == "test"]
+    results = evaluate_all(model, suites.get("P", []), suites.get("A", []), mate, cfg)
     if args.json:
         print(json.dumps(results_to_json(results)))
     else:
         print(comparison_table({Path(args.model).name: results}).to_string())
     return 0
+
+
+def describe_layout(model_dir) -> str:
+    """Where a model directory's layout comes from, in words."""
+    from .checkpoint_hf import read_layout
+
+    return read_layout(model_dir)[1]

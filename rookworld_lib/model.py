@@ -185,6 +185,9 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
+        # The P: layout the model reads and writes (tasks.LAYOUTS); saved in config.json and read
+        # back by from_pretrained ("original" for a GPT-2 directory that records none).
+        self.layout = "compact"
         self.apply(self._init_weights)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth.

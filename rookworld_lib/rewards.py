@@ -42,10 +42,12 @@ Policy reward (``score_policy``), range [-1, 1]:
 
 Environment reward (``score_environment``), range [-1, 1]:
     -1.0 when no field is well-formed (garbage); otherwise a weighted sum in [0, 1] of
-    ``format`` (fraction of the four fields well-formed, and exactly four), ``fen_exact``,
-    ``fen_fields`` (partial credit per FEN field: the placement by matching squares, then side
-    to move, castling, en passant, halfmove clock and fullmove number), ``reward`` (equal to the
-    truth's), ``terminated`` and ``truncated`` (each equal to the truth's).
+    ``format`` (fraction of the four fields well-formed, and exactly four), ``fen_exact`` (the
+    same position as the truth's by :func:`tasks.same_position`: either en-passant convention
+    counts), ``fen_fields`` (partial credit per FEN field, on both FENs in one convention: the
+    placement by matching squares, then side to move, castling, en passant, halfmove clock and
+    fullmove number), ``reward`` (equal to the truth's), ``terminated`` and ``truncated`` (each
+    equal to the truth's). Any FEN of another position scores strictly less than a correct one.
 
 Rewards are deterministic: truths are exact (replay) or come from reproducible engine searches
 (one thread, cleared hash, depth limit), and results are memoised in an LRU cache keyed by
@@ -205,7 +207,7 @@ def register_truth(records: Iterable) -> int:
             task = get("task")
             if task == "P":
                 t = policy_truth(rec)
-                _POLICY_TRUTH[tasks.position_key(t.fen)] = t
+                _POLICY_TRUTH[_policy_key(t.fen)] = t
             elif task == "A":
                 _ENV_TRUTH[get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))] = env_truth(rec)
             else:
@@ -213,6 +215,11 @@ def register_truth(records: Iterable) -> int:
             n += 1
         _REGISTRY_VERSION[0] += 1
     return n
+
+
+def _policy_key(fen: str) -> str:
+    # one key per position whatever the en-passant spelling (original prompts may differ from ours)
+    return tasks.position_key(tasks.normalized_fen(fen) or fen)
 
 
 def clear_truth() -> None:
@@ -357,7 +364,7 @@ def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine) -> 
             raise TruthError(f"the truth is for {truth.fen!r}, not for the prompt's position {fen!r}")
         return truth, "given", pool
     with _REGISTRY_LOCK:
-        t = _POLICY_TRUTH.get(tasks.position_key(tasks.canonical_fen(board)))
+        t = _POLICY_TRUTH.get(_policy_key(board.fen()))
     if t is not None:
         return t, "registered", pool
     if pool is None:
@@ -518,7 +525,10 @@ def _expand_placement(placement: str) -> list[str]:
 
 def fen_field_credit(pred: str, truth: str) -> float:
     """Partial credit in [0, 1]: placement (0.5, by matching squares), then 0.1 each for side to
-    move, castling, en passant, halfmove clock and fullmove number."""
+    move, castling, en passant, halfmove clock and fullmove number. Valid FENs are compared in one
+    en-passant convention (:func:`tasks.normalized_fen`), so the spelling costs nothing."""
+    truth = tasks.normalized_fen(truth) or truth
+    pred = tasks.normalized_fen(pred) or pred
     p = pred.split(" ")
     t = truth.split(" ")
     if not p or not t:
@@ -584,7 +594,7 @@ def _score_env(completion, t: EnvTruth, source: str, weights: EnvWeights) -> Env
         return EnvScore(total=GARBAGE, truth_source=source, errors=parse.errors)
     fmt = (sum(good) + (parse.fields == 4)) / 5
     pred_fen = parse.new_fen or ""
-    exact = float(pred_fen == t.new_fen)
+    exact = float(tasks.same_position(pred_fen, t.new_fen))
     partial = 1.0 if exact else fen_field_credit(pred_fen, t.new_fen)
     rew = float(parse.reward is not None and abs(parse.reward - t.reward) < 1e-9)
     term = float(parse.terminated == t.terminated)
@@ -653,7 +663,7 @@ def _prefetch(prompts, completions, truths, engine) -> None:
         if not any(board.legal_moves):
             continue
         try:
-            tr = policy_truth(t) if t is not None else _POLICY_TRUTH.get(tasks.position_key(pp.fen))
+            tr = policy_truth(t) if t is not None else _POLICY_TRUTH.get(_policy_key(pp.fen))
         except Exception:
             continue
         items.append((pp.fen, board, tr, c))
@@ -799,7 +809,6 @@ __all__ = [
     "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",
     "policy_examples", "env_examples", "reward_distribution",
 ]
-
 
 
 # ============================================================================================

@@ -9,13 +9,20 @@ Policy (compact layout, the default)::
 - evals (see :class:`Eval`) are from the side to move's point of view;
 - prompt = ``P: <FEN>``; completion = `` M: ... B: <best>`` (then EOT, appended by the trainer).
 
-The original RookWorld layout pads each field to a fixed width (FEN 90, M 30, E 40 characters,
-left-justified) and shuffles the (move, eval) pairs, so ``B:`` is not always the first candidate::
+The original RookWorld layout (what a pretrained RookWorld-LM reads and writes) pads each field to
+a fixed width (FEN 90 characters in its generator and the model's output, 89 in some original
+files; M 30, E 40; left-justified), shuffles the (move, eval) pairs, writes evals as Python floats
+of ``score(mate_score=100000) / 100`` (``999.85`` = mate in 15 for the side to move, ``-999.97`` =
+mated in 3) and the FENs of ``A:`` samples as python-chess's ``board.fen()`` (an en-passant
+square only when a legal en-passant capture exists)::
 
     P: <FEN padded to 90>M: <moves padded to 30>E: <evals padded to 40>B: <best>
 
 Its prompt keeps all but the last padding space: GPT-2's BPE attaches that space to the ``M``
 that follows, so cutting there keeps tokens(prompt) + tokens(completion) == tokens(text).
+Parsers read both layouts and both spellings; builders write the one asked for. The original
+generator's ``B:`` for black is the *worst* of its candidates (it reversed the multipv list);
+:mod:`rookworld_lib.convert` keeps that label apart (``original_best``) and uses Stockfish's best.
 
 Environment::
 
@@ -30,15 +37,22 @@ Environment::
   the 75-move rule. Repetition draws are *not* part of the task, because ten moves of history do
   not determine earlier positions (captures are invisible in UCI).
 
-FENs are standard FEN (:func:`canonical_fen`): the en-passant square is written after every
-double pawn push, as the FEN standard, Stockfish and the original RookWorld data do (python-chess
-writes it only when a capture is possible, unless asked).
+FENs, by layout: the compact layout writes the standard FEN (:func:`canonical_fen`: the en-passant
+square after every double pawn push, as the FEN standard and Stockfish do); the original layout
+writes the FENs of ``A:`` samples as python-chess's ``board.fen()`` (:func:`original_fen`: only
+when a legal en-passant capture exists), as the original arbiter data and RookWorld-LM do, and
+``P:`` FENs as given (the original rook sets hold both conventions, taken from their sources).
+Parsers accept both, and every comparison of positions (rewards, metrics) uses
+:func:`same_position`: placement, side to move, castling rights, clocks and the *legal* en-passant
+captures, whatever the spelling.
 
 Eval text (:func:`format_eval` / :func:`parse_eval`)::
 
     0.35   -1.2   0.0     pawns, up to two decimals, side to move's point of view
     M3                    the side to move mates in 3 (moves, as UCI "score mate 3")
     -M2                   the side to move is mated in 2
+    999.97  -999.98       the original layout's mates: |v| >= 900 pawns is mate in
+                          round(100000 - |v| * 100) (here mate in 3, mated in 2)
 
 Builders raise ``ValueError`` on bad arguments (caller bugs). Parsers accept *any* string and never
 raise: they return a result whose ``errors`` name everything that is wrong and whose ``ok`` is
@@ -66,6 +80,9 @@ LAYOUTS = ("compact", "original")
 ORIGINAL_FEN_WIDTH = 90
 ORIGINAL_MOVES_WIDTH = 30
 ORIGINAL_EVALS_WIDTH = 40
+# New-token budget of a completion (EOT included) by layout: the longest P:/A: completion of the
+# shipped data is 72 tokens compact and 78 original (an A: one, a padded P: one): room to spare.
+COMPLETION_BUDGET = {"compact": 96, "original": 128}
 
 REWARD_LEGAL = 0.001
 REWARD_WIN = 1.0
@@ -78,6 +95,7 @@ _REWARD_TEXT = {REWARD_LEGAL: "0.001", REWARD_WIN: "1.0", REWARD_DRAW: "0.5", RE
 # centipawn score (|cp| < 32000 * 100 / 208), so every mate ranks above every material eval.
 MATE_CP = 100_000
 MAX_PAWNS = 500.0  # |eval| <= 500 pawns (= MATE_CP // 2 centipawns)
+ORIGINAL_MATE_PAWNS = 900.0  # original layout: |eval| >= 900 pawns spells a mate (MATE_CP - n) / 100
 # Lichess's win-probability model: W(cp) = 1 / (1 + exp(-0.00368208 cp)).
 WIN_PROB_SLOPE = 0.00368208
 
@@ -161,6 +179,39 @@ def canonical_fen(board: chess.Board) -> str:
     return board.fen(en_passant="fen")
 
 
+def original_fen(fen: str) -> str:
+    """`fen` as the original RookWorld data write it: python-chess's ``board.fen()``, which keeps the
+    en-passant square only when a legal en-passant capture exists. `fen` must be valid."""
+    board, err = _checked_board(fen) if isinstance(fen, str) else (None, "not a string")
+    if err:
+        raise ValueError(f"original_fen: {err}: {fen!r}")
+    return board.fen(en_passant="legal")
+
+
+def fen_for_layout(fen: str, layout: str) -> str:
+    """The FEN spelling a layout uses: as given for compact, :func:`original_fen` for original."""
+    _check_layout(layout)
+    return fen if layout == "compact" else original_fen(fen)
+
+
+@functools.lru_cache(maxsize=65536)
+def normalized_fen(fen: str) -> str | None:
+    """One spelling per position: python-chess's FEN with the en-passant square only when a legal
+    capture exists; None when `fen` is not a valid FEN. Two FENs describe the same position
+    (placement, side, castling, clocks, legal en-passant captures) exactly when these agree."""
+    if not isinstance(fen, str):
+        return None
+    board, err = _checked_board(fen)
+    return None if err else board.fen(en_passant="legal")
+
+
+def same_position(a: str, b: str) -> bool:
+    """True when FENs `a` and `b` are valid and describe the same position, whatever convention
+    each uses for the en-passant square. Never raises."""
+    na = normalized_fen(a)
+    return na is not None and na == normalized_fen(b)
+
+
 def position_key(fen: str) -> str:
     """The FEN's first four fields (placement, turn, castling, en passant): a position, not a clock."""
     return " ".join(fen.split(" ")[:4])
@@ -219,8 +270,13 @@ def win_prob(cp: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def format_eval(e: Eval) -> str:
-    """``0.35``, ``-1.2``, ``0.0`` (pawns, at most 2 decimals), ``M3`` or ``-M2``."""
+def format_eval(e: Eval, layout: str = "compact") -> str:
+    """Compact: ``0.35``, ``-1.2``, ``0.0`` (pawns, at most 2 decimals), ``M3`` or ``-M2``.
+    Original: Python's float text of ``score(mate_score=100000) / 100``, as the original generator
+    wrote it: the same pawns, and mates as ``999.97`` (mate in 3) or ``-999.98`` (mated in 2)."""
+    if layout != "compact":
+        _check_layout(layout)
+        return str(e.to_cp() / 100)
     if e.mate is not None:
         return f"M{e.mate}" if e.mate > 0 else f"-M{-e.mate}"
     text = f"{e.cp / 100:.2f}"
@@ -232,7 +288,8 @@ def format_eval(e: Eval) -> str:
 
 
 def parse_eval(text: str) -> Eval | None:
-    """The Eval spelled by `text`, or None. Accepts the :func:`format_eval` forms (and ``#3``)."""
+    """The Eval spelled by `text`, or None. Accepts both layouts' :func:`format_eval` forms (and
+    ``#3``): pawns up to 500, mates as ``M3`` / ``-M2`` or as the original's ``+-9xx.xx``."""
     if not isinstance(text, str) or len(text) > 12:
         return None
     return _parse_eval(text)
@@ -246,7 +303,12 @@ def _parse_eval(text: str) -> Eval | None:
         return Eval(mate=-n if m.group(1) == "-" else n)
     if _PAWNS_RE.fullmatch(text):
         value = float(text)
-        if not math.isfinite(value) or abs(value) > MAX_PAWNS:
+        if not math.isfinite(value):
+            return None
+        if abs(value) >= ORIGINAL_MATE_PAWNS:  # original spelling of a mate: +-(MATE_CP - n) / 100
+            n = MATE_CP - int(round(abs(value) * 100))
+            return Eval(mate=n if value > 0 else -n) if 1 <= n <= 999 else None
+        if abs(value) > MAX_PAWNS:
             return None
         return Eval(cp=int(round(value * 100)))
     return None
@@ -265,16 +327,18 @@ def _as_eval(e: Eval | str) -> Eval:
 # Policy task: builders
 # --------------------------------------------------------------------------------------------
 
-def policy_prompt(fen: str, layout: str = "compact") -> str:
-    """``P: <FEN>`` (compact) or the fixed-width original prompt (FEN padded to 90, minus one space)."""
+def policy_prompt(fen: str, layout: str = "compact", *, fen_width: int = ORIGINAL_FEN_WIDTH) -> str:
+    """``P: <FEN>`` (compact) or the fixed-width original prompt: the FEN padded to `fen_width`
+    (90; 89 in some original files), minus the last space (it belongs to `` M:``). The FEN is
+    written as given in both layouts: the original P: sets took their FENs from their sources,
+    with either en-passant convention."""
     _check_layout(layout)
     err = fen_error(fen)
     if err:
         raise ValueError(f"policy_prompt: {err}: {fen!r}")
     if layout == "compact":
         return POLICY_PREFIX + fen
-    width = max(ORIGINAL_FEN_WIDTH, len(fen) + 1)
-    return POLICY_PREFIX + fen.ljust(width)[:-1]
+    return POLICY_PREFIX + fen.ljust(max(fen_width, len(fen) + 1))[:-1]
 
 
 def _shuffle_seed(moves: Sequence[str]) -> int:
@@ -282,9 +346,11 @@ def _shuffle_seed(moves: Sequence[str]) -> int:
 
 
 def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: str,
-                      layout: str = "compact", *, shuffle_seed: int | None = None) -> str:
-    """`` M: ... E: ... B: <best>`` (no EOT). The original layout shuffles (move, eval) pairs with
-    `shuffle_seed` (default: derived from the moves, so the same sample always renders the same)."""
+                      layout: str = "compact", *, shuffle_seed: int | None = None, shuffle: bool = True) -> str:
+    """`` M: ... E: ... B: <best>`` (no EOT). The original layout writes evals in its own spelling
+    and shuffles the (move, eval) pairs with `shuffle_seed` (default: derived from the moves, so the
+    same sample always renders the same); ``shuffle=False`` keeps the given order (to write an
+    original line back as it was)."""
     _check_layout(layout)
     moves, evals = list(moves), [_as_eval(e) for e in evals]
     if not 1 <= len(moves) <= MAX_CANDIDATES:
@@ -298,11 +364,12 @@ def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: s
         raise ValueError(f"policy_completion: duplicate moves {moves}")
     if best not in moves:
         raise ValueError(f"policy_completion: best move {best!r} is not among the candidates {moves}")
-    texts = [format_eval(e) for e in evals]
+    texts = [format_eval(e, layout) for e in evals]
     if layout == "compact":
         return f" M: {' '.join(moves)} E: {' '.join(texts)} B: {best}"
     pairs = list(zip(moves, texts))
-    random.Random(_shuffle_seed(moves) if shuffle_seed is None else shuffle_seed).shuffle(pairs)
+    if shuffle:
+        random.Random(_shuffle_seed(moves) if shuffle_seed is None else shuffle_seed).shuffle(pairs)
     m_field = " ".join(p[0] for p in pairs)
     e_field = " ".join(p[1] for p in pairs)
     m_field = m_field.ljust(max(ORIGINAL_MOVES_WIDTH, len(m_field) + 1))
@@ -311,9 +378,11 @@ def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: s
 
 
 def policy_text(fen: str, moves: Sequence[str], evals: Sequence[Eval | str], best: str,
-                layout: str = "compact", *, shuffle_seed: int | None = None) -> tuple[str, str]:
+                layout: str = "compact", *, shuffle_seed: int | None = None, shuffle: bool = True,
+                fen_width: int = ORIGINAL_FEN_WIDTH) -> tuple[str, str]:
     """(prompt, completion) for one policy sample."""
-    return policy_prompt(fen, layout), policy_completion(moves, evals, best, layout, shuffle_seed=shuffle_seed)
+    return (policy_prompt(fen, layout, fen_width=fen_width),
+            policy_completion(moves, evals, best, layout, shuffle_seed=shuffle_seed, shuffle=shuffle))
 
 
 def _check_layout(layout: str) -> None:
@@ -763,7 +832,8 @@ def task_of(prompt: str) -> str | None:
 
 
 __all__ = [
-    "EOT", "POLICY_PREFIX", "ENV_PREFIX", "MAX_CANDIDATES", "HISTORY_LEN", "LAYOUTS",
+    "EOT", "POLICY_PREFIX", "ENV_PREFIX", "MAX_CANDIDATES", "HISTORY_LEN", "LAYOUTS", "COMPLETION_BUDGET",
+    "original_fen", "fen_for_layout", "normalized_fen", "same_position",
     "REWARD_LEGAL", "REWARD_WIN", "REWARD_DRAW", "REWARD_ILLEGAL", "ENV_REWARDS", "MATE_CP",
     "Eval", "format_eval", "parse_eval", "win_prob", "is_uci_syntax", "fen_error",
     "legal_move", "canonical_fen", "position_key", "checked_board",

@@ -28,7 +28,9 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed, grpo
+from .checkpoint_hf import CheckpointFormatError, read_layout
 from .model import GPT
+from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, WarmupCosineSchedule, add_config_arguments,
@@ -504,6 +506,18 @@ def _mean(values):
     return sum(values) / len(values) if values else float("nan")
 
 
+def train_records(data_dir=None) -> list[dict]:
+    """The P: and A: training records of a data directory; either file may be absent (a converted
+    original set may hold one task only), not both."""
+    from .data import data_file, load_jsonl
+
+    paths = [data_file(task, "train", data_dir) for task in ("P", "A")]
+    if not any(p.exists() for p in paths):
+        raise ValueError(f"no training data: neither {paths[0]} nor {paths[1]} exists "
+                         "(rookworld datagen or rookworld convert --split train writes them)")
+    return [r for task, p in zip(("P", "A"), paths) if p.exists() for r in load_jsonl(p, task=task).records]
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="rookworld grpo",
@@ -514,10 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--init-from", required=True, metavar="DIR",
                     help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
     ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
-    ap.add_argument("--layout", default="compact", choices=["compact", "original"],
-                    help="P: prompt layout (original for a pretrained RookWorld-LM)")
+    ap.add_argument("--layout", default=None, choices=list(LAYOUTS),
+                    help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
+                         "without our record, such as RookWorld-LM-124M, is original)")
     ap.add_argument("--nproc", type=int, default=0, help="processes on this machine, via torchrun (0 = this process)")
-    add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"})
+    add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
+                         help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
+                                         + " / ".join(f"{v} {k}" for k, v in COMPLETION_BUDGET.items()) + ")"})
+    ap.set_defaults(max_new_tokens=None)
     add_config_arguments(ap, grpo.GRPOConfig, skip=("temperature", "max_completion_length"))
     return ap
 
@@ -528,27 +546,30 @@ def cli(argv: list[str] | None = None) -> int:
     if nproc > 1:
         return distributed.torchrun("grpo", rest, nproc)
     args = build_parser().parse_args(rest)
-    from .data import load_split
 
     trainer = None
     try:
+        layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
+        args.max_new_tokens = args.max_new_tokens or COMPLETION_BUDGET[layout]
+        print(f"layout: {layout} ({why}); max_new_tokens {args.max_new_tokens}", file=sys.stderr)
         loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args,
                                                          skip=("temperature", "max_completion_length")),
                                max_completion_length=args.max_new_tokens, temperature=args.temperature)
         cfg = GRPOTrainConfig(**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)), loss=loss)
         if not cfg.out_dir:
             raise ValueError("give an output directory: --out-dir DIR")
-        records = load_split("P", "train", args.data_dir).records + load_split("A", "train", args.data_dir).records
+        records = train_records(args.data_dir)
         # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
         # logits and every result are unchanged (docs/perf.md).
         pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
-        trainer = GRPOTrainer(GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad),
-                              prompt_items(records, args.layout), cfg)
+        model = GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad)
+        model.layout = layout  # what this run trains on; the export records it
+        trainer = GRPOTrainer(model, prompt_items(records, layout), cfg)
         trainer.train()
         if trainer.dist.is_main:
             final = trainer.export()
             print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / METRICS_FILE}; model in {final}")
-    except (ValueError, ckpt_lib.CheckpointError, NonFiniteError) as exc:
+    except (ValueError, ckpt_lib.CheckpointError, CheckpointFormatError, NonFiniteError) as exc:
         print(f"rookworld grpo: error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -56,6 +56,7 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
+from .checkpoint_hf import read_layout
 from .model import GPT, PRESETS, GPTConfig, lm_loss
 from .paths import RUNS_DIR
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
@@ -114,7 +115,7 @@ class SFTConfig:
     # data
     train_data: tuple[str, ...] = ()  # JSONL training files: data.py P:/A: records or {"text": ...} lines
     val_data: tuple[str, ...] = ()  # JSONL files for the val loss; empty: hold out val_fraction of train
-    layout: str = "compact"  # how data.py P: records are rendered: "compact" or "original" (RookWorld widths)
+    layout: str | None = None  # how records are rendered: "compact" or "original"; None: init_from's own (compact from scratch)
     policy_fraction: float | None = 0.5  # share of P: samples in the packed stream; None keeps the data's mix
     val_fraction: float = 0.05  # share of training samples held out for val when there is no val data (0 = none)
     # batch
@@ -179,7 +180,8 @@ class SFTConfig:
             missing = [p for p in getattr(self, fname) if not Path(p).is_file()]
             if missing:
                 bad_field(name, fname, value, f"names file(s) that do not exist: {missing}")
-        check_choice(self, "layout", LAYOUTS)
+        if self.layout is not None:
+            check_choice(self, "layout", LAYOUTS)
         if self.policy_fraction is not None:
             check_number(self, "policy_fraction", min=0.0, max=1.0)
         check_number(self, "val_fraction", min=0.0, max=1.0, max_open=True)
@@ -537,6 +539,9 @@ class SFTTrainer:
                                  "under torchrun: each rank trains on batch_size / world_size rows of every "
                                  "micro-batch, so the global batch stays the same whatever the world size")
         self.loss_impl = resolve_loss_impl(cfg.loss_impl, self.runtime.device)
+        # the layout records are rendered in, and the one the export records (checkpoint_hf.LAYOUT_KEY)
+        self.layout = cfg.layout or ("compact" if cfg.init_from == "scratch" else read_layout(cfg.init_from)[0])
+        log.info("SFT layout: %s", self.layout)
         self.history: list[dict] = []
         self.last_checkpoint: Path | None = None
 
@@ -544,9 +549,9 @@ class SFTTrainer:
         if train_texts is None:
             if not cfg.train_data:
                 raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
-            train_texts = load_texts(cfg.train_data, layout=cfg.layout)
+            train_texts = load_texts(cfg.train_data, layout=self.layout)
         if val_texts is None and cfg.val_data:
-            val_texts = load_texts(cfg.val_data, layout=cfg.layout)
+            val_texts = load_texts(cfg.val_data, layout=self.layout)
         if val_texts is None:
             if cfg.val_fraction > 0:  # held out whether or not eval is on, so the training data never depend on it
                 train_texts, val_texts = split_val(train_texts, cfg.val_fraction, cfg.seed)
@@ -597,6 +602,7 @@ class SFTTrainer:
         if cfg.block_size > model.config.block_size:
             raise ValueError(f"SFTConfig.block_size {cfg.block_size} exceeds the model's block_size "
                              f"{model.config.block_size}")
+        model.layout = self.layout
         self.model = model.to(self.runtime.device)
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
                                      device_type=self.runtime.device.type)

@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 
 from . import grpo
+from .checkpoint_hf import read_layout
 from .evaluate import EvalConfig, Estimate
+from .tasks import COMPLETION_BUDGET
 from .train_grpo import GRPOTrainConfig
 from .train_sft import SFTConfig
 
@@ -89,16 +91,30 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str
                      model_overrides={"pad_vocab_to_multiple": p.pad_vocab_to_multiple})
 
 
-def grpo_config(p: Profile, out_dir: Path, seed: int) -> GRPOTrainConfig:
+def layout_for(init_from: str | None) -> tuple[str, str]:
+    """(layout, why) of a run: compact when SFT starts from scratch, else the init model's own
+    (its config.json's record; none means an original RookWorld model, which reads the original layout)."""
+    if not init_from:
+        return "compact", "SFT from scratch trains the compact layout"
+    return read_layout(init_from)
+
+
+def _budget(p: Profile, layout: str) -> int:
+    # the profile's budget, raised to what an original-layout completion needs (tasks.COMPLETION_BUDGET)
+    return p.grpo_max_new_tokens if layout == "compact" else max(p.grpo_max_new_tokens, COMPLETION_BUDGET[layout])
+
+
+def grpo_config(p: Profile, out_dir: Path, seed: int, layout: str = "compact") -> GRPOTrainConfig:
+    budget = _budget(p, layout)
     return GRPOTrainConfig(steps=p.grpo_steps, prompts_per_step=p.grpo_prompts, group_size=p.grpo_group,
-                           policy_fraction=p.grpo_policy_fraction, max_new_tokens=p.grpo_max_new_tokens,
+                           policy_fraction=p.grpo_policy_fraction, max_new_tokens=budget,
                            mu=p.grpo_mu, minibatch_size=p.grpo_minibatch, lr=p.grpo_lr, warmup_steps=0,
                            dtype=p.dtype, device=p.device, seed=seed, out_dir=str(out_dir), resume=False,
-                           loss=grpo.GRPOConfig(beta=p.grpo_beta, max_completion_length=p.grpo_max_new_tokens))
+                           loss=grpo.GRPOConfig(beta=p.grpo_beta, max_completion_length=budget))
 
 
 def eval_config(p: Profile, seed: int, layout: str = "compact") -> EvalConfig:
-    return EvalConfig(max_new_tokens=p.grpo_max_new_tokens + 24, max_policy=p.eval_policy, max_env=p.eval_env,
+    return EvalConfig(max_new_tokens=_budget(p, layout) + 24, max_policy=p.eval_policy, max_env=p.eval_env,
                       selfplay_games=p.selfplay_games, selfplay_max_plies=p.selfplay_max_plies, layout=layout,
                       seed=seed)
 

@@ -71,7 +71,7 @@ def test_end_to_end_small_model_runs_every_suite():
     for key in ("policy/valid", "env/next_fen_exact", "mate_in_one/accuracy", "self_play/legal_half_moves"):
         assert key in res and res[key].n >= 1
     table = ev.comparison_table({"init": res})
-    assert "RookWorld-LM-124M (reported)" in table.columns
+    assert ev.REFERENCE_NAME in table.columns and "reference measured" in table.columns
 
 
 def test_config_validation():
