@@ -1,0 +1,407 @@
+"""Parity with TRL's GRPOTrainer: TRL's *own* code, run on the same tensors as ours.
+
+- The loss: `GRPOTrainer._compute_loss` is called with a stand-in `self` whose per-token log-prob
+  function returns fixed tensors (TRL's `_get_per_token_logps_and_entropies` replaced; the
+  entropies come from TRL's own `entropy_from_logits`), so loss, gradients (to the log-probs and to
+  the logits) and the logged metrics are TRL's, to be matched by `grpo.grpo_loss`.
+- The advantages: the block of `GRPOTrainer._generate_and_score_completions` that turns the
+  rewards table into advantages (from `unscorable_mask = ...` to `nan_to_num(advantages)`) is cut
+  out of TRL's installed source and executed on the same rewards, to be matched by
+  `grpo.group_advantages`.
+
+Every documented difference (GRPOConfig's docstring, docs/grpo_options.md) is pinned at the end.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+import textwrap
+import types
+from collections import defaultdict
+
+import pytest
+import torch
+
+trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="trl is in the dev extras (make setup installs it)")
+from trl.trainer.utils import entropy_from_logits as trl_entropy_from_logits  # noqa: E402
+
+from rookworld_lib import grpo  # noqa: E402
+from rookworld_lib.grpo import GRPOConfig, group_advantages, grpo_loss  # noqa: E402
+
+GRPOTrainer = trl_grpo.GRPOTrainer
+F64 = torch.float64
+N, T, V = 8, 7, 6
+
+
+# ------------------------------------------------------------------------------------------
+# TRL's loss on fixed tensors
+# ------------------------------------------------------------------------------------------
+
+class _OneProcess:
+    """accelerate.Accelerator as seen by _compute_loss on one process."""
+
+    num_processes = 1
+    sync_gradients = True
+
+    def gather(self, x):
+        return x
+
+    gather_for_metrics = gather
+
+    def reduce(self, x, reduction="sum"):
+        return x
+
+
+def trl_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", beta=0.0, eps_low=0.2, eps_high=0.2, delta=None,
+             level="token", logits=None, temperature=1.0, entropy_coef=0.0, bias_kl=True, steps=1, num_items=None,
+             max_len=T, vespo=(2.0, 3.0, 3.0, 2.0)):
+    """TRL's GRPOTrainer._compute_loss on one micro-batch: (loss, metrics dict of floats)."""
+    entropies = None
+    if logits is not None:
+        entropies = trl_entropy_from_logits(logits / temperature)  # TRL scores at logits / temperature
+    metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    args = types.SimpleNamespace(
+        use_bias_correction_kl=bias_kl, delta=delta, steps_per_generation=steps,
+        vespo_k_pos=vespo[0], vespo_lambda_pos=vespo[1], vespo_k_neg=vespo[2], vespo_lambda_neg=vespo[3],
+        entropy_target=0.2, entropy_coef_delta=0.0, entropy_coef_min=0.0, entropy_coef_max=1.0)
+    stub = types.SimpleNamespace(
+        args=args, loss_type=loss_type, beta=beta, epsilon_low=eps_low, epsilon_high=eps_high,
+        importance_sampling_level=level, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        use_vllm=False, vllm_importance_sampling_correction=False, aux_loss_enabled=False,
+        model=types.SimpleNamespace(training=True), current_gradient_accumulation_steps=steps,
+        max_completion_length=max_len, accelerator=_OneProcess(), entropy_coef=entropy_coef,
+        use_adaptive_entropy=False, _entropy_bonus_enabled=entropy_coef != 0.0, _metrics=metrics,
+        _last_world_entropy=float("inf"), _entropy_window_stats=None,
+        get_gamma_weights=GRPOTrainer.get_gamma_weights, get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+        get_high_entropy_mask=lambda *a, **k: None)
+    stub._get_per_token_logps_and_entropies = lambda *a, **k: (lp, entropies if entropies is not None
+                                                               else torch.zeros_like(lp), None)
+    n = lp.shape[0]
+    inputs = {
+        "prompt_ids": torch.zeros(n, 1, dtype=torch.long), "prompt_mask": torch.ones(n, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(n, lp.shape[1], dtype=torch.long), "completion_mask": mask.to(lp.dtype),
+        "advantages": adv, "old_per_token_logps": old,
+        "num_items_in_batch": torch.tensor(float(num_items if num_items is not None else mask.sum())),
+    }
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
+    loss = GRPOTrainer._compute_loss(stub, None, inputs)
+    return loss, {k: v[-1] for k, v in metrics["train"].items()}
+
+
+def make_batch(seed=0):
+    """Ragged rows (one empty, one full), off-policy by enough to clip on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([3, T, 0, 5, 1, 6, 4, 2])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    old = -torch.rand(N, T, generator=g, dtype=F64) * 3 - 0.1
+    shift = torch.tensor([0.45, -0.45, 0.3, -0.3, 0.2, 0.05, -0.25, 0.35], dtype=F64)[:, None]
+    lp = old + shift + 0.15 * torch.randn(N, T, generator=g, dtype=F64)
+    ref = old + 0.3 * torch.randn(N, T, generator=g, dtype=F64)
+    adv = torch.tensor([1.0, -0.7, -1.2, 0.4, -0.9, -0.3, 0.6, -0.8], dtype=F64)
+    logits = torch.randn(N, T, V, generator=g, dtype=F64) * 2
+    return lp, old, adv, mask, ref, logits
+
+
+def ours(lp, old, adv, mask, ref, cfg, logits=None, **kw):
+    return grpo_loss(lp, old, adv, mask, ref, cfg, logits=logits, **kw)
+
+
+def _leaves(*xs):
+    return [None if x is None else x.detach().clone().requires_grad_(True) for x in xs]
+
+
+def _grads(loss, leaves):
+    live = [x for x in leaves if x is not None]
+    gs = torch.autograd.grad(loss, live, allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for x, g in zip(live, gs)]
+
+
+LOSS_METRICS = {"clip_ratio/low_mean": "clip_frac_low", "clip_ratio/high_mean": "clip_frac_high",
+                "clip_ratio/region_mean": "clip_frac_region", "kl": "kl", "entropy": "entropy",
+                "vespo/phi_seq_mean": "vespo_phi_mean"}
+
+
+def check_against_trl(loss_type, level, beta, bias_kl, entropy_coef, steps, clip=(0.2, 0.2), delta=None,
+                      temperature=1.0, seed=0):
+    """One configuration: `steps` equal micro-batches, each through TRL and through grpo_loss."""
+    lp, old, adv, mask, ref, logits = make_batch(seed)
+    cfg = GRPOConfig(loss_type=loss_type, importance_sampling_level=level, beta=beta, clip_eps_low=clip[0],
+                     clip_eps_high=clip[1], delta=delta, use_bias_correction_kl=bias_kl, entropy_coef=entropy_coef,
+                     temperature=temperature, max_completion_length=T, log_ratio_clamp=None)
+    use_logits = entropy_coef > 0
+    ref_in = ref if beta > 0 else None
+    a_lp, a_lg = _leaves(lp, logits if use_logits else None)
+    b_lp, b_lg = _leaves(lp, logits if use_logits else None)
+    num_items = int(mask.sum())
+    size = N // steps
+    for s in range(0, N, size):
+        sl = slice(s, s + size)
+        t_loss, t_m = trl_loss(a_lp[sl], old[sl], adv[sl], mask[sl], None if ref_in is None else ref_in[sl],
+                               loss_type=loss_type, beta=beta, eps_low=clip[0], eps_high=clip[1], delta=delta,
+                               level=level, logits=None if a_lg is None else a_lg[sl], temperature=temperature,
+                               entropy_coef=entropy_coef, bias_kl=bias_kl, steps=steps, num_items=num_items)
+        o_loss, o_m = ours(b_lp[sl], old[sl], adv[sl], mask[sl], None if ref_in is None else ref_in[sl], cfg,
+                           logits=None if b_lg is None else b_lg[sl], num_items_in_batch=num_items,
+                           num_completions_in_batch=N)
+        torch.testing.assert_close(o_loss, t_loss, rtol=1e-10, atol=1e-12)
+        for trl_name, our_name in LOSS_METRICS.items():
+            if trl_name in t_m and (trl_name != "entropy" or use_logits):
+                assert o_m[our_name] == pytest.approx(t_m[trl_name], rel=1e-6, abs=1e-7), (trl_name, s)
+        t_loss.backward()
+        o_loss.backward()
+    torch.testing.assert_close(b_lp.grad, a_lp.grad, rtol=1e-10, atol=1e-12)
+    if use_logits:
+        torch.testing.assert_close(b_lg.grad, a_lg.grad, rtol=1e-10, atol=1e-12)
+
+
+SHARED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
+
+
+@pytest.mark.parametrize("loss_type", SHARED_LOSS_TYPES)
+def test_loss_gradient_and_metrics_match_trl_over_the_option_grid(loss_type):
+    """level x beta x use_bias_correction_kl x entropy_coef x accumulation (1 or 2 micro-batches)."""
+    grid = itertools.product(grpo.IMPORTANCE_SAMPLING_LEVELS, (0.0, 0.1), (False, True), (0.0, 0.05), (1, 2))
+    for level, beta, bias_kl, entropy_coef, steps in grid:
+        if beta == 0.0 and bias_kl:
+            continue  # no KL term: the flag has nothing to act on
+        check_against_trl(loss_type, level, beta, bias_kl, entropy_coef, steps)
+
+
+@pytest.mark.parametrize("clip, delta", [((0.2, 0.28), None), ((0.2, 0.2), 1.5), ((0.1, 0.3), 1.4)])
+@pytest.mark.parametrize("level", grpo.IMPORTANCE_SAMPLING_LEVELS)
+def test_clip_higher_and_two_sided_clipping_match_trl(clip, delta, level):
+    for loss_type in ("grpo", "dapo"):
+        check_against_trl(loss_type, level, 0.04, True, 0.0, 2, clip=clip, delta=delta, seed=1)
+
+
+def test_entropy_bonus_at_a_temperature_matches_trl():
+    for loss_type in SHARED_LOSS_TYPES:
+        check_against_trl(loss_type, "token", 0.0, False, 0.1, 4, temperature=0.7, seed=2)
+
+
+def test_on_policy_matches_trl():
+    lp, _, adv, mask, ref, _ = make_batch(3)
+    for loss_type, bias_kl in itertools.product(SHARED_LOSS_TYPES, (False, True)):
+        cfg = GRPOConfig(loss_type=loss_type, beta=0.1, use_bias_correction_kl=bias_kl, max_completion_length=T)
+        (a,), (b,) = _leaves(lp), _leaves(lp)
+        t_loss, _ = trl_loss(a, a.detach(), adv, mask, ref, loss_type=loss_type, beta=0.1, bias_kl=bias_kl)
+        o_loss, _ = grpo_loss(b, b.detach(), adv, mask, ref, cfg)
+        torch.testing.assert_close(o_loss, t_loss, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(_grads(o_loss, [b])[0], _grads(t_loss, [a])[0], rtol=1e-10, atol=1e-12)
+
+
+def test_mask_truncated_completions_matches_trl():
+    """TRL zeroes truncated rows of completion_mask upstream; ours takes the flag and `truncated`."""
+    lp, old, adv, mask, ref, _ = make_batch(4)
+    truncated = torch.tensor([False, True, False, False, True, False, False, False])
+    eff = mask & ~truncated[:, None]
+    for loss_type, level in itertools.product(SHARED_LOSS_TYPES, grpo.IMPORTANCE_SAMPLING_LEVELS):
+        cfg = GRPOConfig(loss_type=loss_type, importance_sampling_level=level, mask_truncated_completions=True,
+                         beta=0.05, use_bias_correction_kl=True, max_completion_length=T, log_ratio_clamp=None)
+        t_loss, t_m = trl_loss(lp, old, adv, eff, ref, loss_type=loss_type, level=level, beta=0.05)
+        o_loss, o_m = grpo_loss(lp, old, adv, mask, ref, cfg, truncated=truncated)
+        torch.testing.assert_close(o_loss, t_loss, rtol=1e-10, atol=1e-12)
+        if "clip_ratio/region_mean" in t_m:
+            assert o_m["clip_frac_region"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
+
+
+def test_sequence_clip_fraction_counts_empty_rows_as_trl():
+    """Issue item 2: with a fully masked row, TRL divides by all rows; so do we now."""
+    lp, old, adv, mask, _, _ = make_batch(0)
+    assert not mask[2].any()
+    _, t_m = trl_loss(lp, old, adv, mask, level="sequence")
+    _, o_m = grpo_loss(lp, old, adv, mask, config=GRPOConfig(importance_sampling_level="sequence"))
+    assert t_m["clip_ratio/region_mean"] > 0
+    assert o_m["clip_frac_region"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
+    assert o_m["clip_frac_region"] * N == pytest.approx(round(o_m["clip_frac_region"] * N))  # out of all 8 rows
+
+
+# ------------------------------------------------------------------------------------------
+# TRL's advantages on the same rewards
+# ------------------------------------------------------------------------------------------
+
+def _trl_advantage_block() -> str:
+    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    start = src.index("unscorable_mask = torch.isnan(rewards_per_func)")
+    start = src.rindex("\n", 0, start) + 1
+    stop_text = "advantages = torch.nan_to_num(advantages, nan=0.0)"
+    stop = src.index(stop_text, start) + len(stop_text)
+    return textwrap.dedent(src[start:stop])
+
+
+TRL_ADVANTAGE_CODE = compile(_trl_advantage_block(), "<trl advantages>", "exec")
+
+
+def trl_advantages(rewards_per_func: torch.Tensor, G: int, scale: str = "group",
+                   aggregation: str = "sum_then_normalize", weights=None):
+    """(advantages, frac_reward_zero_std) from TRL's own code (float32, as TRL)."""
+    K = rewards_per_func.shape[1]
+    stub = types.SimpleNamespace(
+        multi_objective_aggregation=aggregation, scale_rewards=scale, reward_funcs=[None] * K,
+        reward_weights=torch.tensor(weights if weights is not None else [1.0] * K, dtype=torch.float32))
+    ns = {"torch": torch, "nanstd": trl_grpo.nanstd, "self": stub, "device": "cpu",
+          "rewards_per_func": rewards_per_func.float(), "num_generations": G}
+    exec(TRL_ADVANTAGE_CODE, ns)
+    return ns["advantages"], ns["is_std_zero"].float().mean().item()
+
+
+def reward_tables():
+    """[N, K] rewards: plain, ties, NaN here and there, unscorable rows and a whole unscorable group."""
+    g = torch.Generator().manual_seed(7)
+    plain = torch.rand(12, 1, generator=g)
+    tied = plain.clone()
+    tied[0:4] = 0.5  # an exactly tied group
+    nan1 = tied.clone()
+    nan1[5, 0] = float("nan")  # one unscorable completion
+    nan1[9:11, 0] = float("nan")  # a group with two left
+    lone = plain.clone()
+    lone[4:7, 0] = float("nan")  # a group with a single scorable completion
+    allnan = plain.clone()
+    allnan[8:12, 0] = float("nan")  # a whole group unscorable
+    two = torch.rand(12, 2, generator=g)
+    two[0:4, 1] = 0.25  # function 1 tied in group 0
+    two[3, 0] = float("nan")  # partially scored
+    two[6, :] = float("nan")  # unscorable: both functions NaN
+    two[8:12, 0] = float("nan")  # function 0 never applies to group 2
+    return {"plain": plain, "tied": tied, "nan": nan1, "lone": lone, "allnan": allnan, "two": two}
+
+
+@pytest.mark.parametrize("aggregation", grpo.MULTI_OBJECTIVE_AGGREGATIONS)
+@pytest.mark.parametrize("scale", grpo.ADVANTAGE_SCALES)
+def test_advantages_and_frac_reward_zero_std_match_trl(scale, aggregation):
+    for name, table in reward_tables().items():
+        weights = [1.0, 0.5] if table.shape[1] == 2 else None
+        for G in (4, 2):
+            want, want_frac = trl_advantages(table, G, scale, aggregation, weights)
+            rewards = table[:, 0] if table.shape[1] == 1 and G == 4 else table  # [N] and [N, 1] alike
+            got, stats = group_advantages(rewards, G, scale=scale, reward_weights=weights,
+                                          multi_objective_aggregation=aggregation)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5, msg=f"{name} G={G}")
+            assert stats.frac_reward_zero_std == pytest.approx(want_frac), (name, G)
+            assert stats.num_unscorable == int(torch.isnan(table).all(1).sum())
+
+
+def test_frac_reward_zero_std_under_batch_scaling_is_trls():
+    """Issue item 3: under scale="batch" TRL measures the batch std: 0 unless the whole batch ties."""
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.25, 0.75])
+    _, frac = trl_advantages(rewards[:, None], 2, "batch")
+    _, stats = group_advantages(rewards, 2, scale="batch")
+    assert frac == stats.frac_reward_zero_std == 0.0
+    _, stats = group_advantages(rewards, 2, scale="group")
+    assert stats.frac_reward_zero_std == trl_advantages(rewards[:, None], 2, "group")[1] == 0.5
+    _, stats = group_advantages(torch.full((4,), 0.3), 2, scale="batch")
+    assert stats.frac_reward_zero_std == 1.0
+
+
+def test_none_rewards_are_unscorable_as_in_trl():
+    """A reward function returning None (TRL: NaN) leaves the completion out, with advantage 0."""
+    got, stats = group_advantages([1.0, None, 0.0, 0.5], 4)
+    want, _ = trl_advantages(torch.tensor([[1.0], [float("nan")], [0.0], [0.5]]), 4)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got[1] == 0 and stats.num_unscorable == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Documented differences, pinned
+# ------------------------------------------------------------------------------------------
+
+def test_difference_defaults():
+    """Defaults differ (DeepSeekMath here, TRL's own there); every option exists under both names."""
+    ours_cfg = GRPOConfig()
+    trl_cfg = pytest.importorskip("trl").GRPOConfig(output_dir="/tmp/unused-trl-out", report_to="none", use_cpu=True)
+    assert (ours_cfg.loss_type, trl_cfg.loss_type) == ("grpo", "dapo")
+    assert (ours_cfg.beta, trl_cfg.beta) == (0.04, 0.0)
+    assert (ours_cfg.use_bias_correction_kl, trl_cfg.use_bias_correction_kl) == (False, True)
+    assert (ours_cfg.clip_eps_low, ours_cfg.clip_eps_high) == (trl_cfg.epsilon, 0.2)
+    assert trl_cfg.epsilon_high is None  # TRL's trainer then uses epsilon, as our clip_eps_high default 0.2
+    assert ours_cfg.entropy_coef == trl_cfg.entropy_coef == 0.0
+    assert ours_cfg.importance_sampling_level == trl_cfg.importance_sampling_level == "token"
+    assert ours_cfg.mask_truncated_completions == trl_cfg.mask_truncated_completions is False
+    assert ours_cfg.delta is None and trl_cfg.delta is None
+    assert trl_cfg.scale_rewards == "group" and trl_cfg.multi_objective_aggregation == "sum_then_normalize"
+    assert (ours_cfg.vespo_k_pos, ours_cfg.vespo_lambda_pos, ours_cfg.vespo_k_neg, ours_cfg.vespo_lambda_neg) == \
+        (trl_cfg.vespo_k_pos, trl_cfg.vespo_lambda_pos, trl_cfg.vespo_k_neg, trl_cfg.vespo_lambda_neg)
+    sig = inspect.signature(group_advantages)
+    assert sig.parameters["scale"].default == "group" and sig.parameters["eps"].default == 1e-4
+    assert sig.parameters["multi_objective_aggregation"].default == "sum_then_normalize"
+
+
+def test_difference_log_ratio_clamp():
+    """Ours clamps log-ratios at +-20 by default; TRL exponentiates unclamped. Equal within the clamp."""
+    lp, old, adv, mask, ref, _ = make_batch(5)
+    big = lp.clone()
+    big[0, 0] = old[0, 0] + 25.0  # beyond the clamp
+    cfg = GRPOConfig(loss_type="dapo", beta=0.0)
+    t_loss, _ = trl_loss(big, old, adv, mask, loss_type="dapo")
+    o_clamped, _ = grpo_loss(big, old, adv, mask, config=cfg)
+    o_free, _ = grpo_loss(big, old, adv, mask, config=GRPOConfig(loss_type="dapo", beta=0.0, log_ratio_clamp=None))
+    torch.testing.assert_close(o_free, t_loss, rtol=1e-10, atol=1e-12)
+    # A = +1 on row 0: the ratio is clipped at 1 + eps either way, so the value agrees; its metric differs
+    torch.testing.assert_close(o_clamped, t_loss, rtol=1e-10, atol=1e-12)
+    _, m = grpo_loss(big, old, adv, mask, config=cfg)
+    assert m["ratio_max"] == pytest.approx(math.exp(20.0))
+
+
+def test_difference_kl_estimators_and_metric_without_beta():
+    """TRL has only k3 and logs `kl` only when beta != 0; ours offers k1/k2 and logs kl whenever ref is given."""
+    lp, old, adv, mask, ref, _ = make_batch(6)
+    _, t_m = trl_loss(lp, old, adv, mask, ref, beta=0.0)
+    _, o_m = grpo_loss(lp, old, adv, mask, ref, GRPOConfig(beta=0.0))
+    assert "kl" not in t_m and "kl" in o_m
+    t_loss, _ = trl_loss(lp, old, adv, mask, ref, beta=0.1, bias_kl=False)
+    for est in ("k1", "k2"):
+        o_loss, _ = grpo_loss(lp, old, adv, mask, ref, GRPOConfig(beta=0.1, kl_estimator=est, log_ratio_clamp=None))
+        assert not torch.allclose(o_loss, t_loss)
+
+
+def test_difference_unequal_micro_batches():
+    """TRL divides grpo / bnpo / dr_grpo losses and the entropy bonus by the accumulation steps;
+    ours scales by the micro-batch's share N / num_completions_in_batch: equal for equal-sized
+    micro-batches (tested above), exact (TRL is not) for unequal ones."""
+    lp, old, adv, mask, _, logits = make_batch(7)
+    cfg = GRPOConfig(loss_type="dr_grpo", max_completion_length=T, entropy_coef=0.05)
+    full, _ = grpo_loss(lp, old, adv, mask, config=cfg, logits=logits)
+    ours_sum = sum(grpo_loss(lp[sl], old[sl], adv[sl], mask[sl], config=cfg, logits=logits[sl],
+                             num_completions_in_batch=N)[0] for sl in (slice(0, 2), slice(2, 8)))
+    trl_sum = sum(trl_loss(lp[sl], old[sl], adv[sl], mask[sl], loss_type="dr_grpo", logits=logits[sl],
+                           entropy_coef=0.05, steps=2)[0] for sl in (slice(0, 2), slice(2, 8)))
+    # the policy term: ours is exact; the entropy bonus (a per-micro-batch mean) is exact in neither
+    pg = GRPOConfig(loss_type="dr_grpo", max_completion_length=T)
+    pg_full, _ = grpo_loss(lp, old, adv, mask, config=pg)
+    pg_ours = sum(grpo_loss(lp[sl], old[sl], adv[sl], mask[sl], config=pg, num_completions_in_batch=N)[0]
+                  for sl in (slice(0, 2), slice(2, 8)))
+    pg_trl = sum(trl_loss(lp[sl], old[sl], adv[sl], mask[sl], loss_type="dr_grpo", steps=2)[0]
+                 for sl in (slice(0, 2), slice(2, 8)))
+    torch.testing.assert_close(pg_ours, pg_full, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(pg_trl, pg_full)
+    assert not torch.allclose(ours_sum, trl_sum) and torch.isfinite(full)
+
+
+def test_difference_exact_zero_for_tied_groups():
+    """A tied group: exactly 0 here; TRL's float32 (x - mean) / (0 + 1e-4) can leave rounding noise."""
+    rewards = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.2, 0.9])
+    got, _ = group_advantages(rewards, 3)
+    want, _ = trl_advantages(rewards[:, None], 3)
+    assert torch.all(got[:3] == 0)
+    assert want[:3].abs().max() < 1e-2  # 3 * 0.1 / 3 != 0.1 in float32: noise of order ulp / eps
+    torch.testing.assert_close(got[3:], want[3:], rtol=1e-5, atol=1e-5)
+
+
+def test_difference_inf_rewards_raise():
+    """TRL lets inf through to NaN advantages; ours refuses it (NaN / None mark unscorable)."""
+    with pytest.raises(ValueError, match="inf"):
+        group_advantages([1.0, float("inf")], 2)
+
+
+def test_difference_not_implemented_options_are_absent():
+    """TRL options with no counterpart here (docs/grpo_options.md lists them)."""
+    names = {f.name for f in __import__("dataclasses").fields(GRPOConfig)}
+    for trl_only in ("top_entropy_quantile", "off_policy_mask_threshold", "use_adaptive_entropy",
+                     "sapo_temperature_pos", "vllm_importance_sampling_correction"):
+        assert trl_only not in names
+    for loss_type in ("cispo", "sapo", "luspo"):
+        with pytest.raises(ValueError, match="loss_type"):
+            GRPOConfig(loss_type=loss_type)
