@@ -1,0 +1,356 @@
+"""The original RookWorld formats and `rookworld convert`, on fixtures written here by the original
+generators' rules (jorahn/RookWorld dev/data: rook/generate_*.py, arbiter/generate_rollouts.py and
+make_dataset.py, rookworld.py), with an independent parser in the style of its evaluation scripts."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import chess
+import chess.engine
+import pytest
+
+from rookworld_lib import convert, data, evaluate, rewards, tasks
+from rookworld_lib.tokenizer import get_tokenizer
+
+ENC = get_tokenizer()
+
+
+# --------------------------------------------------------------------------------------------
+# Fixtures, written as the original generators wrote them (f-strings, python-chess, no library code)
+# --------------------------------------------------------------------------------------------
+
+def original_policy_line(board: chess.Board, rng: random.Random, fen_width: int = 90, mate: int | None = None) -> str:
+    """A rook line: multipv-ordered candidates (best first for the side to move), evals as
+    str(score(mate_score=100000) / 100), pairs shuffled, B: = first for white, last for black."""
+    legal = sorted(m.uci() for m in board.legal_moves)
+    moves = rng.sample(legal, min(5, len(legal)))
+    scores = sorted((rng.randint(-900, 900) for _ in moves), reverse=True)
+    povs = [chess.engine.Cp(s) for s in scores]
+    if mate is not None:
+        povs[0] = chess.engine.Mate(mate)
+        povs.sort(key=lambda s: s.score(mate_score=100000), reverse=True)
+    evals = [str(s.score(mate_score=100000) / 100) for s in povs]
+    fen = board.fen(en_passant="fen") if rng.random() < 0.5 else board.fen()  # both conventions occur
+    combined = list(zip(moves, evals))
+    rng.shuffle(combined)
+    shuffled_moves, shuffled_evals = zip(*combined)
+    best = moves[-1] if board.turn == chess.BLACK else moves[0]
+    fen_part = f"P: {fen:{fen_width}}"
+    return fen_part + f"M: {' '.join(shuffled_moves):30}" + f"E: {' '.join(shuffled_evals):40}" + f"B: {best}"
+
+
+def original_env_line(board: chess.Board, action: str, recent: list[str], prefix: bool) -> str:
+    """An arbiter row: board.fen() before and after, board.push without a legality check,
+    reward 1.0 / 0.5 / 0.001 / -1.0 from outcome(), flags as ints; rookworld sets add 'A: '."""
+    previous_state = board.fen()
+    board = board.copy()
+    illegal = False
+    try:
+        board.push(chess.Move.from_uci(action))
+    except (ValueError, AssertionError):
+        illegal = True
+    outcome = board.outcome()
+    reward = (1.0 if outcome.winner is not None else 0.5) if outcome is not None else 0.001
+    reward = -1.0 if illegal else reward
+    text = f"{previous_state}+{action}+{' '.join(recent)}+{board.fen()}+{reward}+{int(board.is_game_over())}+{int(illegal)}"
+    return ("A: " + text) if prefix else text
+
+
+def independent_policy_parse(line: str) -> tuple[str, list[str], list[float], str]:
+    """As the original rook_accuracy.py splits a line."""
+    p, m = line.split("M: ", 1)
+    m, e = m.split("E: ", 1)
+    e, b = e.split("B: ", 1)
+    return p.split("P: ")[1].strip(), m.split(), [float(x) for x in e.split()], b.strip()
+
+
+def random_board(rng: random.Random, plies: int) -> chess.Board:
+    board = chess.Board()
+    for _ in range(plies):
+        if board.is_game_over():
+            break
+        board.push(rng.choice(list(board.legal_moves)))
+    return board
+
+
+def policy_fixtures() -> list[str]:
+    rng = random.Random(7)
+    lines = []
+    for k in range(24):
+        board = random_board(rng, rng.randint(0, 40))
+        if board.is_game_over():
+            continue
+        lines.append(original_policy_line(board, rng, fen_width=90 if k % 2 else 89,
+                                          mate=[None, 15, -3, 1][k % 4]))
+    return lines
+
+
+# A double push with a legal en-passant capture (e5 pawn can take d6) and one without.
+EP_POSSIBLE = chess.Board("rnbqkbnr/1ppppppp/p7/4P3/8/8/PPPP1PPP/RNBQKBNR b KQkq - 0 2")  # ...d7d5, then e5xd6 is legal
+EP_IMPOSSIBLE = chess.Board()  # 1. c2c4: no black pawn can take
+
+
+def env_fixtures() -> list[tuple[str, bool]]:
+    """(line, expected to convert)."""
+    out = []
+    for prefix in (True, False):
+        out.append((original_env_line(EP_POSSIBLE, "d7d5", ["e4e5", "d7d5"], prefix), True))
+        out.append((original_env_line(EP_IMPOSSIBLE, "c2c4", ["c2c4"], prefix), True))
+        mate = chess.Board("6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1")
+        out.append((original_env_line(mate, "a1a8", ["a1a8"], prefix), True))
+        out.append((original_env_line(chess.Board(), "e2e5", ["e2e5"], prefix), False))  # illegal, pushed anyway
+    out.append(("4k3/8/8/8/8/8/8/8 w - - 0 1+a2a3+a2a3+4k3/8/8/8/8/8/8/8 b - - 0 1+0.001+0+0", False))  # no king
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Evals
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,mate", [("999.85", 15), ("-999.97", -3), ("999.99", 1), ("-999.99", -1), ("999.0", 100)])
+def test_original_mate_spelling_is_read_and_written(text, mate):
+    e = tasks.parse_eval(text)
+    assert e == tasks.Eval(mate=mate)
+    assert tasks.format_eval(e, "original") == text
+    assert tasks.format_eval(e) == (f"M{mate}" if mate > 0 else f"-M{-mate}")
+    # the original generator's own arithmetic
+    assert str(chess.engine.Mate(mate).score(mate_score=100000) / 100) == text
+
+
+def test_original_pawns_equal_python_float_text_and_impossible_values_are_refused():
+    for cp in (-230, 360, 408, 0, 7, -1, 12345):
+        assert tasks.format_eval(tasks.Eval(cp=cp), "original") == str(cp / 100)
+        assert tasks.parse_eval(str(cp / 100)) == tasks.Eval(cp=cp)
+    assert tasks.parse_eval("600.0") is None  # neither pawns (> 500) nor a mate (< 900)
+    assert tasks.parse_eval("-1000.0") is None  # "mated in 0": not a candidate eval
+
+
+# --------------------------------------------------------------------------------------------
+# P: lines
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line", policy_fixtures())
+def test_policy_line_parses_writes_back_and_tokenizes(line):
+    ours = convert.parse_policy_line(line)
+    assert not isinstance(ours, str), ours
+    fen, moves, evals, best = independent_policy_parse(line)
+    assert (ours.fen, list(ours.moves), ours.best) == (fen, moves, best)
+    assert [tasks.parse_eval(e).to_cp() / 100 for e in ours.evals] == evals
+    assert ours.fen_width == line.index("M: ") - 3
+    assert ours.text() == line  # the original layout written back, byte for byte
+    prompt, completion = tasks.split_policy_text(line)
+    assert ENC.encode_ordinary(prompt) + ENC.encode_ordinary(completion) == ENC.encode_ordinary(line)
+    assert prompt == tasks.policy_prompt(fen, "original", fen_width=ours.fen_width)
+
+
+@pytest.mark.parametrize("line", policy_fixtures()[:8])
+def test_policy_record_orders_candidates_by_eval_and_keeps_the_original_label(line):
+    fen, moves, evals, best = independent_policy_parse(line)
+    rec = convert.convert_line(line, ident="t", split="test")
+    assert data.validate_record(rec, "P") is None
+    by_eval = [m for _, m in sorted(zip(evals, moves), key=lambda p: -p[0])]
+    assert rec["moves"][0] == by_eval[0] and rec["best"] == by_eval[0]
+    assert rec["original_best"] == best
+    black = fen.split()[1] == "b"
+    # the original label is the worst listed move for black, the best for white
+    assert best == (by_eval[-1] if black else by_eval[0]) or evals[moves.index(best)] == (min(evals) if black else max(evals))
+    # the record renders back in either layout, tokenization-safe
+    for layout in tasks.LAYOUTS:
+        p, c = data.record_text(rec, layout)
+        assert ENC.encode_ordinary(p) + ENC.encode_ordinary(c) == ENC.encode_ordinary(p + c)
+        assert tasks.parse_policy(p + c).ok
+
+
+# --------------------------------------------------------------------------------------------
+# A: lines
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("line,ok", env_fixtures())
+def test_env_line_converts_or_says_why(line, ok):
+    res = convert.convert_line(line, ident="t")
+    if not ok:
+        assert isinstance(res, str) and res
+        return
+    assert isinstance(res, dict), res
+    assert data.validate_record(res, "A") is None
+    parts = line.removeprefix("A: ").split("+")  # independent parse
+    assert (res["fen"], res["move"], " ".join(res["history"])) == tuple(parts[:3])
+    assert tasks.same_position(res["new_fen"], parts[3])
+    assert (res["reward"], res["terminated"], res["truncated"]) == (float(parts[4]), int(parts[5]), int(parts[6]))
+    parsed = convert.parse_env_line(line)
+    assert parsed.text() == line  # written back as the original did
+    prompt, completion = data.record_text(res, "original")
+    full = "A: " + line.removeprefix("A: ")
+    assert prompt + completion == full
+    assert ENC.encode_ordinary(prompt) + ENC.encode_ordinary(completion) == ENC.encode_ordinary(full)
+
+
+def test_impossible_rows_name_their_reason():
+    no_king = env_fixtures()[-1][0]
+    assert convert.convert_line(no_king).startswith("impossible position")
+    illegal = original_env_line(chess.Board(), "e2e5", ["e2e5"], True)
+    assert "legality" in convert.convert_line(illegal)
+
+
+# --------------------------------------------------------------------------------------------
+# Positions, not strings
+# --------------------------------------------------------------------------------------------
+
+def _after(board: chess.Board, uci: str) -> chess.Board:
+    b = board.copy()
+    b.push_uci(uci)
+    return b
+
+
+def test_same_position_ignores_only_the_en_passant_spelling():
+    no_capture = _after(EP_IMPOSSIBLE, "c2c4")
+    assert no_capture.fen() != no_capture.fen(en_passant="fen")
+    assert tasks.same_position(no_capture.fen(), no_capture.fen(en_passant="fen"))
+    capture = _after(EP_POSSIBLE, "d7d5")
+    assert capture.fen() == capture.fen(en_passant="fen")  # d6 is written either way
+    without = capture.fen().replace(" d6 ", " - ")
+    assert not tasks.same_position(capture.fen(), without)  # the capture right differs: another position
+    assert not tasks.same_position("garbage", "garbage")
+
+
+def _env_case(board: chess.Board, move: str):
+    t = tasks.environment_step(board.fen(en_passant="fen"), move, [])
+    after = _after(board, move)
+    wrong = _after(board, next(m.uci() for m in board.legal_moves if m.uci() != move))
+    truth_spellings = [after.fen(), after.fen(en_passant="fen")]
+    return t, truth_spellings, wrong
+
+
+@pytest.mark.parametrize("board,move", [(EP_IMPOSSIBLE, "c2c4"), (EP_POSSIBLE, "d7d5"), (chess.Board(), "g1f3")])
+def test_env_reward_full_credit_for_either_convention_and_less_for_other_positions(board, move):
+    t, spellings, wrong = _env_case(board, move)
+    for truth in (t, {"new_fen": t.new_fen.replace(" c3 ", " - "), "reward": t.reward,
+                      "terminated": t.terminated, "truncated": t.truncated}):
+        for fen in spellings:
+            assert rewards.score_environment(t.prompt, f"{fen}+0.001+0+0", truth=truth) == 1.0
+        others = [wrong.fen(), wrong.fen(en_passant="fen")]
+        if spellings[0].split()[3] != "-":  # where a legal capture exists, dropping it is another position
+            others.append(spellings[0].replace(f" {spellings[0].split()[3]} ", " - "))
+        for fen in others:
+            assert rewards.score_environment(t.prompt, f"{fen}+0.001+0+0", truth=truth) < 1.0
+
+
+def test_next_fen_exact_metric_counts_positions(monkeypatch):
+    t, spellings, wrong = _env_case(EP_IMPOSSIBLE, "c2c4")
+    rec = {"task": "A", "fen": t.fen, "move": t.move, "history": list(t.history), "new_fen": t.new_fen,
+           "reward": t.reward, "terminated": 0, "truncated": 0}
+    completions = [f"{fen}+0.001+0+0" for fen in spellings] + [f"{wrong.fen()}+0.001+0+0"]
+    monkeypatch.setattr(evaluate, "complete", lambda model, prompts, cfg: completions[: len(prompts)])
+    res = evaluate.evaluate_environment(None, [rec, rec, rec], evaluate.EvalConfig(layout="compact"))
+    assert res["env/next_fen_exact"].value == pytest.approx(2 / 3)
+
+
+# --------------------------------------------------------------------------------------------
+# Files and the command
+# --------------------------------------------------------------------------------------------
+
+def write_original_files(tmp_path):
+    pol = tmp_path / "rook_val.txt"
+    pol.write_text("\n".join(policy_fixtures()) + "\n")
+    env = tmp_path / "arbiter_test.jsonl"  # a data set's JSON lines export, 'text' column
+    env.write_text("".join(json.dumps({"text": line}) + "\n" for line, _ in env_fixtures()))
+    return pol, env
+
+
+def test_convert_files_writes_loadable_records_and_reports_every_bad_line(tmp_path):
+    pol, env = write_original_files(tmp_path)
+    out = tmp_path / "converted"
+    report = convert.convert([pol, env], out, split="test", workers=2, chunk_lines=3)
+    n_env_ok = sum(ok for _, ok in env_fixtures())
+    assert report.written == {"P": len(policy_fixtures()), "A": n_env_ok}
+    assert report.lines == len(policy_fixtures()) + len(env_fixtures())
+    assert report.errors == len(env_fixtures()) - n_env_ok and sum(report.reasons.values()) == report.errors
+    errors = (out / "convert_errors_test.txt").read_text().splitlines()
+    assert len(errors) == report.errors and all(e.startswith(f"{env}:") for e in errors)
+    assert data.load_split("P", "test", out).records[0]["source"] == "original"
+    assert len(data.load_split("A", "test", out)) == n_env_ok
+
+
+def test_convert_reads_parquet_and_arrow(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    lines = policy_fixtures()[:5]
+    table = pa.table({"text": lines})
+    pq.write_table(table, tmp_path / "rook.parquet")
+    with pa.ipc.new_stream(str(tmp_path / "rook.arrow"), table.schema) as w:
+        w.write_table(table)
+    for name in ("rook.parquet", "rook.arrow"):
+        assert list(convert.iter_lines(tmp_path / name)) == lines
+
+
+def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
+    pol, env = write_original_files(tmp_path)
+    assert convert.cli([str(pol), str(env), "--out", str(tmp_path / "o"), "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "not converted" in out and "impossible position" in out and "legality" in out
+    assert convert.cli([str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# A stand-in for the real checkpoint: trained here on original-layout text, exported without our
+# layout key (as a RookWorld-LM-124M download is), then evaluated and GRPO-trained with no flag
+# --------------------------------------------------------------------------------------------
+
+def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_layout(tmp_path, capfd):
+    import torch
+
+    from rookworld_lib import train_grpo
+    from rookworld_lib.checkpoint_hf import LAYOUT_KEY
+    from rookworld_lib.model import GPT
+    from rookworld_lib.train_sft import SFTConfig, train_sft
+
+    pol, env = write_original_files(tmp_path)
+    for split in ("train", "test"):
+        convert.convert([pol, env], tmp_path / "orig", split=split)
+    sft = train_sft(SFTConfig(model="tiny", model_overrides={"n_layer": 1, "n_embd": 32, "n_head": 2},
+                              train_data=(str(tmp_path / "orig/policy_train.jsonl"), str(tmp_path / "orig/env_train.jsonl")),
+                              layout="original", block_size=256, batch_size=2, max_steps=2, warmup_steps=0,
+                              eval_interval=0, val_fraction=0.0, checkpoint_interval=0, device="cpu",
+                              out_dir=str(tmp_path / "sft"), progress=False))
+    config = json.loads((sft.final_dir / "config.json").read_text())
+    assert config[LAYOUT_KEY] == "original"
+    del config[LAYOUT_KEY]  # what a downloaded RookWorld-LM-124M looks like
+    (sft.final_dir / "config.json").write_text(json.dumps(config))
+    assert GPT.from_pretrained(sft.final_dir).layout == "original"
+    capfd.readouterr()
+
+    assert evaluate.cli([str(sft.final_dir), "--data-dir", str(tmp_path / "orig"), "--max-policy", "2",
+                         "--max-env", "2", "--selfplay-games", "0", "--json"]) == 0
+    out, err = capfd.readouterr()
+    assert "layout: original" in err and f"max_new_tokens {tasks.COMPLETION_BUDGET['original']}" in err
+    results = json.loads(out.strip().splitlines()[-1])
+    assert "policy/original_label_agreement" in results and "env/next_fen_exact" in results
+
+    seen = []
+    real = train_grpo.GRPOTrainer.__init__
+
+    def spy(self, model, items, cfg, **kw):
+        seen.extend(items)
+        seen.append(cfg)
+        real(self, model, items, cfg, **kw)
+
+    torch.manual_seed(0)
+    import unittest.mock as mock
+
+    with mock.patch.object(train_grpo.GRPOTrainer, "__init__", spy):
+        assert train_grpo.cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
+                               "--out-dir", str(tmp_path / "grpo"), "--steps", "1", "--prompts-per-step", "2",
+                               "--group-size", "2", "--minibatch-size", "4", "--device", "cpu"]) == 0
+    err = capfd.readouterr().err
+    assert "layout: original" in err
+    items, cfg = seen[:-1], seen[-1]
+    assert cfg.max_new_tokens == tasks.COMPLETION_BUDGET["original"]
+    for item in items:  # the prompts are the original layout's
+        want = data.record_text(item.truth, "original")[0]
+        assert item.prompt == want
+        if item.task == "P":
+            assert len(item.prompt) == len("P: ") + tasks.ORIGINAL_FEN_WIDTH - 1  # padded, minus the space before M:
+    assert json.loads((tmp_path / "grpo/final/config.json").read_text())[LAYOUT_KEY] == "original"
