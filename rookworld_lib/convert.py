@@ -105,7 +105,7 @@ def parse_policy_line(text: str) -> OriginalPolicyLine | str:
     width = text.index(" M:") + 1 - len(tasks.POLICY_PREFIX)
     if parse.layout != "original":
         return "not the original fixed-width layout (FEN 89/90, M 30, E 40 characters)"
-    board = chess.Board(parse.fen)
+    board = tasks.checked_board(parse.fen)[0]
     for m in parse.moves:
         if tasks.legal_move(board, m) is None:
             return f"M: move {m!r} is not legal in this position"
@@ -182,7 +182,7 @@ def policy_record(line: OriginalPolicyLine, split: str, ident: str, number: int 
     order = sorted(range(len(line.moves)), key=lambda i: -evals[i].to_cp())
     moves = [line.moves[i] for i in order]
     texts = [tasks.format_eval(evals[i]) for i in order]
-    board = chess.Board(line.fen)
+    board = tasks.checked_board(line.fen)[0]
     tags = position_tags(board) + (["mate"] if evals[order[0]].mate is not None else [])
     prompt, completion = tasks.policy_text(line.fen, moves, texts, moves[0])
     return {"id": ident, "task": "P", "split": split, "game": number, "ply": 0, "source": ORIGINAL_SOURCE,
@@ -193,7 +193,7 @@ def policy_record(line: OriginalPolicyLine, split: str, ident: str, number: int 
 
 def env_record(line: OriginalEnvLine, ref: tasks.EnvTransition, split: str, ident: str, number: int = 0) -> dict:
     """Our A: record from a row that python-chess's replay confirms."""
-    board = chess.Board(line.fen)
+    board = tasks.checked_board(line.fen)[0]
     move = tasks.legal_move(board, line.move)
     return {"id": ident, "task": "A", "split": split, "game": number, "ply": 0, "source": ORIGINAL_SOURCE,
             "fen": ref.fen, "move": ref.move, "history": list(ref.history), "new_fen": ref.new_fen,

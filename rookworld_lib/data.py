@@ -89,7 +89,7 @@ SCHEMA: dict[str, dict[str, str]] = {
         "split": "train | val | test",
         "game": "int, index of the source game (splits are by game)",
         "ply": "int, half-moves played in that game before this position",
-        "source": "random | opening | selfplay (how the game was played)",
+        "source": "random | opening | selfplay (how the game was played) | original (rookworld convert)",
         "fen": "str, the position (standard FEN)",
         "moves": "list of 1-5 UCI moves, Stockfish multipv order, best first for the side to move",
         "evals": "list of eval texts, one per move, side to move's view: pawns '0.35' or mates 'M3' / '-M2'",
@@ -100,6 +100,7 @@ SCHEMA: dict[str, dict[str, str]] = {
         "limit": "str, search limit, e.g. 'depth=8' (one thread, hash cleared per search)",
         "prompt": "str, 'P: <fen>' (compact layout)",
         "completion": "str, ' M: ... E: ... B: <best>' (compact layout, without EOT)",
+        "original_best": "optional str: a converted original line's own B: (for black its worst listed move)",
     },
     "A": {
         "id": "str, unique: A-<game>-<ply>[-x<k>]",

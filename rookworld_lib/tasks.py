@@ -668,7 +668,7 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
         raise ValueError(f"environment_step: {err}: {fen!r}")
     _check_env_move_text(move, "environment_step: move")
     history = make_history(previous_moves, move)
-    board = chess.Board(fen)
+    board = _checked_board(fen)[0].copy(stack=False)  # the cached parse: a copy costs less than a parse
     if not is_uci_syntax(move):
         return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, "unparseable")
     mv = chess.Move.from_uci(move)

@@ -540,8 +540,13 @@ class SFTTrainer:
                                  "micro-batch, so the global batch stays the same whatever the world size")
         self.loss_impl = resolve_loss_impl(cfg.loss_impl, self.runtime.device)
         # the layout records are rendered in, and the one the export records (checkpoint_hf.LAYOUT_KEY)
-        self.layout = cfg.layout or ("compact" if cfg.init_from == "scratch" else read_layout(cfg.init_from)[0])
-        log.info("SFT layout: %s", self.layout)
+        if cfg.layout:
+            self.layout, why = cfg.layout, "SFTConfig.layout"
+        elif cfg.init_from == "scratch":
+            self.layout, why = "compact", "a scratch start trains the compact layout"
+        else:
+            self.layout, why = read_layout(cfg.init_from)
+        log.info("layout: %s (%s)", self.layout, why)
         self.history: list[dict] = []
         self.last_checkpoint: Path | None = None
 
