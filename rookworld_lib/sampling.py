@@ -16,6 +16,7 @@ Two log-probs are returned per sampled token:
 from __future__ import annotations
 
 import contextlib
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,11 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.num_samples must be a positive integer, got {self.num_samples!r}")
         if self.decode not in DECODE_MODES:
             raise ValueError(f"SamplingConfig.decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        for name in ("eos_id", "pad_id"):
+            v = getattr(self, name)
+            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"SamplingConfig.{name} must be a token id (an integer >= 0 and below the model's "
+                                 f"vocabulary size), got {v!r}")
 
 
 @dataclass
@@ -132,18 +138,78 @@ def position_ids_from_valid(valid: torch.Tensor) -> torch.Tensor:
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus to -inf (the most likely token always survives)."""
+    """Set logits outside the top-k, then outside the nucleus, to -inf: transformers' TopKLogitsWarper
+    followed by TopPLogitsWarper (min_tokens_to_keep=1), the same operations in the same order, so
+    the kept sets agree token for token (the most likely token always survives).
+
+    Top-p sums the probabilities from the *least* likely token up and drops those whose running
+    sum stays <= 1 - top_p. Summing from the most likely token down (the obvious way) rounds the
+    running mass upwards in float32 and drops a boundary token transformers keeps in ~2% of rows
+    at top_p 0.9-0.99.
+    """
     if top_k and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        sorted_logits, order = torch.sort(logits, descending=False)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token when the mass before it already reaches top_p
-        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        drop_sorted = cum <= (1 - top_p)
+        drop_sorted[..., -1:] = False  # keep the most likely token
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def _integer_dtype(dtype) -> bool:
+    if isinstance(dtype, torch.dtype):
+        return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    return getattr(dtype, "kind", "") in ("i", "u")  # numpy: signed / unsigned integers
+
+
+def _token_rows(prompts, vocab_size: int) -> list[list[int]]:
+    """prompts as lists of Python ints, each checked: integer ids in [0, vocab_size); clear errors otherwise."""
+    where = "generate: prompts"
+    if isinstance(prompts, (str, bytes)):
+        raise ValueError(f"{where} is a string; pass token ids, one list per prompt "
+                        "(e.g. [tokenizer.encode(text)]), not text")
+    if torch.is_tensor(prompts):
+        if prompts.dim() != 2 or prompts.is_floating_point() or prompts.is_complex() or prompts.dtype == torch.bool:
+            raise ValueError(f"{where} as a tensor must be 2-D (num_prompts, length) of integer ids, got "
+                            f"shape {tuple(prompts.shape)} and dtype {prompts.dtype}")
+        prompts = prompts.tolist()
+    try:
+        prompts = list(prompts)
+    except TypeError:
+        raise ValueError(f"{where} must be a list of token-id lists, got {type(prompts).__name__}") from None
+    if not prompts:
+        raise ValueError(f"{where} is empty; pass at least one prompt")
+    rows = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)):
+            raise ValueError(f"{where}[{i}] is a string ({p[:30]!r}); pass token ids (tokenizer.encode(text)), not text")
+        if hasattr(p, "dtype") and hasattr(p, "tolist"):  # a torch tensor or a numpy array
+            if not _integer_dtype(p.dtype):
+                raise ValueError(f"{where}[{i}] has dtype {p.dtype}; token ids must be integers")
+            p = p.tolist()
+        if isinstance(p, numbers.Integral):
+            raise ValueError(f"{where}[{i}] is a single id ({p!r}); pass one list of token ids per prompt")
+        try:
+            ids = list(p)
+        except TypeError:
+            raise ValueError(f"{where}[{i}] must be a list of token ids, got {type(p).__name__}") from None
+        if not ids:
+            raise ValueError(f"{where}[{i}] is empty; every prompt needs at least one token")
+        for j, t in enumerate(ids):
+            if hasattr(t, "dtype") and hasattr(t, "item") and getattr(t, "ndim", 1) == 0 and _integer_dtype(t.dtype):
+                t = t.item()  # a 0-d integer tensor or numpy scalar
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise ValueError(f"{where}[{i}][{j}] is {t!r} ({type(t).__name__}); token ids must be integers "
+                                f"in [0, {vocab_size}) (floats are not truncated)")
+            if not 0 <= t < vocab_size:
+                raise ValueError(f"{where}[{i}][{j}] = {t} is outside the model's vocabulary: token ids must be "
+                                 f"in [0, {vocab_size})")
+        rows.append([int(t) for t in ids])
+    return rows
 
 
 _CDF_BLOCK = 256  # vocabulary entries per block in sample_categorical's two-level search
@@ -198,12 +264,19 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     if torch.is_autocast_enabled(device.type):  # keys and values come out of autocast's matmuls
         dtype = torch.get_autocast_dtype(device.type)
     G = config.num_samples
-    rows = [list(p) for p in prompts for _ in range(G)]
+    vocab = model.config.vocab_size
+    for name in ("eos_id", "pad_id"):
+        if getattr(config, name) >= vocab:
+            raise ValueError(f"SamplingConfig.{name} = {getattr(config, name)} is outside the model's vocabulary: "
+                             f"it must be in [0, {vocab})")
+    rows = [p for p in _token_rows(prompts, vocab) for _ in range(G)]
     ids, valid = left_pad(rows, config.pad_id, device)
     N, P = ids.shape
     L = config.max_new_tokens
-    if P + L > model.config.block_size:
-        raise ValueError(f"prompt length {P} + max_new_tokens {L} exceeds block_size {model.config.block_size}")
+    block = model.config.block_size
+    if P + L - 1 > block:  # the last new token is never fed back: P + L - 1 positions are run
+        raise ValueError(f"the longest prompt ({P} tokens) + max_new_tokens ({L}) - 1 = {P + L - 1} positions exceed "
+                         f"the model's block_size {block}; allowed: prompt length + max_new_tokens <= {block + 1}")
 
     generator = None
     if config.seed is not None:
@@ -213,8 +286,10 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     was_training = model.training
     model.eval()  # dropout off while sampling
     try:
-        cache = KVCache(model.config, N, P + L, device, dtype)
-        valid_all = torch.cat([valid, torch.zeros(N, L, dtype=torch.bool, device=device)], dim=1)
+        # P + L - 1 slots are written; one more, where the block allows it, is the CUDA graph's spare
+        cache_len = min(P + L, block)
+        cache = KVCache(model.config, N, cache_len, device, dtype)
+        valid_all = torch.cat([valid, torch.zeros(N, cache_len - P, dtype=torch.bool, device=device)], dim=1)
         real_len = valid.sum(dim=1)  # next position id per row
         logits = model(ids, position_ids_from_valid(valid), padded_attention_mask(valid, P), cache, 0,
                        last_only=True)[:, -1]
@@ -277,8 +352,9 @@ def _decode_mode(mode: str, device: torch.device) -> str:
 
 def _decode_step(model: GPT, cache: KVCache, valid_all: torch.Tensor, P: int, L: int, mode: str):
     """A function (tokens (N, 1), positions (N, 1), t) -> logits (N, V) of the next token, which
-    writes token t's keys and values at cache slot P + t. valid_all (N, P + L) marks the slots a
-    row may attend to; the caller sets column P + t before the call."""
+    writes token t's keys and values at cache slot P + t. valid_all (N, cache length: P + L, or
+    P + L - 1 at a full block) marks the slots a row may attend to; the caller sets column P + t
+    before the call."""
     if mode == "dynamic":
         def step(tok, pos, t):
             attn = padded_attention_mask(valid_all[:, : P + t + 1], 1)
@@ -294,7 +370,9 @@ def _decode_step(model: GPT, cache: KVCache, valid_all: torch.Tensor, P: int, L:
         return step
     if L < 2:  # no decode step follows the prefill
         return None
-    return _GraphedDecodeStep(model, cache, mask, P, spare_slot=P + L - 1)
+    # the slot after the last written one; at a full block, the last decode step's own slot, which
+    # no step attends to before that step overwrites it
+    return _GraphedDecodeStep(model, cache, mask, P, spare_slot=valid_all.size(1) - 1)
 
 
 def _graph_safe_autocast(device: torch.device):
@@ -310,7 +388,7 @@ class _GraphedDecodeStep:
 
     Inputs are copied into the graph's own buffers before each replay; the logits come back in the
     graph's output buffer, valid until the next replay. Warm-up and capture write their keys and
-    values to the cache's last slot, which no decode step writes or attends to.
+    values to the cache's last slot, which no decode step attends to before a step writes it.
     """
 
     def __init__(self, model: GPT, cache: KVCache, mask: torch.Tensor, P: int, spare_slot: int):
@@ -349,9 +427,10 @@ def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens
     ids, valid = left_pad(prompt_ids, pad_id, device)
     P = ids.size(1)
     L = completion_tokens.size(1)
-    full = torch.cat([ids, completion_tokens], dim=1)
-    full_valid = torch.cat([valid, torch.ones_like(completion_tokens, dtype=torch.bool)], dim=1)
-    logits = model(full, position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L),
+    # the last completion token is predicted, never fed: P + L - 1 positions (as in sampling)
+    full = torch.cat([ids, completion_tokens[:, :-1]], dim=1)
+    full_valid = torch.cat([valid, torch.ones_like(completion_tokens[:, :-1], dtype=torch.bool)], dim=1)
+    logits = model(full, position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L - 1),
                    logits_from=P - 1)  # the head runs only where a completion token is predicted
     completion_logits = logits[:, :L]
     lp = token_logprobs(completion_logits, completion_tokens, temperature)

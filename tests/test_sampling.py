@@ -283,3 +283,105 @@ def test_cpu_bf16_autocast_sampled_logprobs_match_scoring(mode):
 def test_gpu_bf16_autocast_sampled_logprobs_match_scoring(mode):
     # cuda_graph: replays reuse casts made inside the graph (autocast's cache is off while capturing)
     assert _bf16_onpolicy_gap(torch.device("cuda"), mode) < 0.05
+
+
+# ------------------------------------------------------------------------------------------
+# Top-k / top-p against transformers' logits processors
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("top_k", [0, 50, 1000])
+def test_filter_logits_keeps_exactly_what_transformers_warpers_keep(top_k):
+    """TopKLogitsWarper then TopPLogitsWarper (generate's order) on a full GPT-2 vocabulary: the
+    same tokens survive in every row. Summing the nucleus mass from the top in float32 dropped a
+    boundary token transformers keeps (2-15% of rows at top_p 0.9-0.95, nearly all at 0.99 here)."""
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    g = torch.Generator().manual_seed(top_k)
+    logits = torch.randn(32, 50257, generator=g) * 4.0
+    logits[:8] = logits[:8] * 0.25  # flatter rows: long nuclei
+    logits[8:12, :3] = 30.0  # near one-hot rows, with ties at the top
+    for top_p in (0.5, 0.9, 0.95, 0.99, 1.0):
+        want = logits
+        if top_k:
+            want = lp.TopKLogitsWarper(top_k)(None, want)
+        if top_p < 1.0:
+            want = lp.TopPLogitsWarper(top_p)(None, want)
+        got = filter_logits(logits, top_k, top_p)
+        assert torch.equal(torch.isfinite(got), torch.isfinite(want)), (top_k, top_p)
+        torch.testing.assert_close(got[torch.isfinite(got)], logits[torch.isfinite(got)], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------------------
+# Bad sampler input: what is wrong, which argument, the allowed range
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompts, match", [
+    ([[1, 2, 50257]], r"prompts\[0\]\[2\] = 50257 is outside the model's vocabulary: token ids must be in \[0, 50257\)"),
+    ([[5], [3, -1]], r"prompts\[1\]\[1\] = -1 is outside .* \[0, 50257\)"),
+    ("P: 8/8/8/8/8/8/8/8 w - - 0 1", r"prompts is a string; pass token ids"),
+    (["P: 8/8/8"], r"prompts\[0\] is a string .* pass token ids"),
+    ([[1.0, 2.7]], r"prompts\[0\]\[0\] is 1.0 \(float\); token ids must be integers in \[0, 50257\)"),
+    ([torch.tensor([1.0, 2.0])], r"prompts\[0\] has dtype torch.float32; token ids must be integers"),
+    (torch.ones(2, 3), r"2-D \(num_prompts, length\) of integer ids"),
+    ([[1, True]], r"prompts\[0\]\[1\] is True"),
+    ([3, 4], r"prompts\[0\] is a single id"),
+    ([], r"prompts is empty"),
+    ([[1], []], r"prompts\[1\] is empty"),
+])
+def test_bad_prompts_get_a_clear_message(prompts, match):
+    with pytest.raises(ValueError, match=match):
+        generate(sharp_model(), prompts, SamplingConfig(max_new_tokens=2))
+
+
+def test_prompts_as_tensors_and_numpy_are_accepted():
+    np = pytest.importorskip("numpy")
+    model = sharp_model()
+    cfg = SamplingConfig(max_new_tokens=3, temperature=0)
+    want = generate(model, [[1, 2, 3], [4, 5, 6]], cfg).tokens
+    for prompts in (torch.tensor([[1, 2, 3], [4, 5, 6]]), [torch.tensor([1, 2, 3]), np.array([4, 5, 6])],
+                    [[torch.tensor(1), np.int64(2), 3], (4, 5, 6)]):
+        assert torch.equal(generate(model, prompts, cfg).tokens, want)
+
+
+@pytest.mark.parametrize("field", ["eos_id", "pad_id"])
+def test_token_ids_of_the_config_must_lie_in_the_vocabulary(field):
+    with pytest.raises(ValueError, match=rf"SamplingConfig.{field} = 50300 is outside the model's vocabulary: "
+                                         r"it must be in \[0, 50257\)"):
+        generate(sharp_model(), [[1, 2]], SamplingConfig(max_new_tokens=2, **{field: 50300}))
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match=f"SamplingConfig.{field} must be a token id"):
+            SamplingConfig(**{field: bad})
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_prompt_plus_new_tokens_may_fill_block_size_plus_one(mode):
+    """The last new token is never fed back, so prompt + max_new_tokens = block_size + 1 fits (as in
+    transformers' generate); the rescoring pass runs the same block_size positions."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32)).eval()
+    prompts = [list(range(1, 21)), list(range(5, 12))]  # longest prompt: 20 tokens
+    ro = generate(model, prompts, SamplingConfig(max_new_tokens=13, seed=0, eos_id=50000, decode=mode))
+    assert ro.tokens.shape == (2, 13) and ro.mask.all()
+    with torch.no_grad():
+        full = sequence_logprobs(model, ro.prompt_ids, ro.tokens)
+    assert ((full - ro.logprobs) * ro.mask).abs().max().item() <= 1e-4
+    with pytest.raises(ValueError, match=r"20 tokens\) \+ max_new_tokens \(14\) - 1 = 33 positions exceed the "
+                                         r"model's block_size 32; allowed: prompt length \+ max_new_tokens <= 33"):
+        generate(model, prompts, SamplingConfig(max_new_tokens=14, decode=mode))
+
+
+def test_full_block_greedy_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(8.0)
+    model.eval().save_pretrained(tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    prompt = list(range(100, 120))
+    ours = generate(model, [prompt], SamplingConfig(max_new_tokens=13, temperature=0, eos_id=50000))
+    with torch.no_grad():
+        out = hf.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, 20, dtype=torch.long),
+                          do_sample=False, max_new_tokens=13, pad_token_id=50256, eos_token_id=50000)
+    assert out.shape[1] == 33  # transformers generates up to block_size + 1 tokens
+    n = int(ours.mask[0].sum())
+    assert ours.tokens[0, :n].tolist() == out[0, 20:20 + n].tolist()
