@@ -427,6 +427,8 @@ def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens
     ids, valid = left_pad(prompt_ids, pad_id, device)
     P = ids.size(1)
     L = completion_tokens.size(1)
+    if L == 0:
+        raise ValueError("sequence_logprobs: completion_tokens has no columns; there is nothing to score")
     # the last completion token is predicted, never fed: P + L - 1 positions (as in sampling)
     full = torch.cat([ids, completion_tokens[:, :-1]], dim=1)
     full_valid = torch.cat([valid, torch.ones_like(completion_tokens[:, :-1], dtype=torch.bool)], dim=1)

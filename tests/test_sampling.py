@@ -352,12 +352,16 @@ def test_token_ids_of_the_config_must_lie_in_the_vocabulary(field):
             SamplingConfig(**{field: bad})
 
 
-@pytest.mark.parametrize("mode", ["dynamic", "static"])
+@pytest.mark.parametrize("mode", ["dynamic", "static", pytest.param("cuda_graph", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a GPU"))])
 def test_prompt_plus_new_tokens_may_fill_block_size_plus_one(mode):
     """The last new token is never fed back, so prompt + max_new_tokens = block_size + 1 fits (as in
-    transformers' generate); the rescoring pass runs the same block_size positions."""
+    transformers' generate); the rescoring pass runs the same block_size positions. (cuda_graph:
+    the capture's spare slot is then the last decode step's own slot.)"""
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=32)).eval()
+    if mode == "cuda_graph":
+        model = model.cuda()
     prompts = [list(range(1, 21)), list(range(5, 12))]  # longest prompt: 20 tokens
     ro = generate(model, prompts, SamplingConfig(max_new_tokens=13, seed=0, eos_id=50000, decode=mode))
     assert ro.tokens.shape == (2, 13) and ro.mask.all()
