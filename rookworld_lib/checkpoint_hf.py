@@ -8,6 +8,7 @@ leaves a layer at its random init and the model still runs, just badly.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -87,6 +88,32 @@ def hf_config_dict(config: GPTConfig) -> dict:
     }
 
 
+HF_DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")  # transformers' three GPT-2 dropout rates
+
+
+def dropout_from_hf(d: dict, source) -> float:
+    """GPTConfig.dropout from a GPT-2 config.json's three rates (each 0.0 when absent).
+
+    Our GPT applies one rate to the embeddings, the attention weights and the residual branches.
+    When config.json's resid_pdrop, embd_pdrop and attn_pdrop agree (every GPT-2 release, and every
+    export of ours) that is the rate; when they differ no single rate is faithful: the largest is
+    used and a warning names all three (pass dropout=... to GPT.from_pretrained to choose).
+    """
+    rates = {}
+    for key in HF_DROPOUTS:
+        v = d.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise CheckpointFormatError(f"{source}: {key}={v!r} is not a dropout rate in [0, 1)")
+        rates[key] = float(v)
+    if len(set(rates.values())) > 1:
+        chosen = max(rates.values())
+        listed = ", ".join(f"{k}={v}" for k, v in rates.items())
+        warnings.warn(f"{source}: {listed} differ, but this GPT has one dropout rate for embeddings, attention and "
+                      f"residual paths; using the largest, {chosen} (pass dropout=... to choose)", stacklevel=3)
+        return chosen
+    return rates["resid_pdrop"]
+
+
 def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
     if d.get("model_type", "gpt2") != "gpt2":
         raise CheckpointFormatError(f"{source}: model_type is {d.get('model_type')!r}, expected 'gpt2'")
@@ -107,7 +134,7 @@ def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
             n_head=d["n_head"],
             n_embd=d["n_embd"],
             layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-            dropout=float(d.get("resid_pdrop", 0.0)),
+            dropout=overrides["dropout"] if "dropout" in overrides else dropout_from_hf(d, source),
         )
     except KeyError as exc:
         raise CheckpointFormatError(f"{source}: config.json lacks the field {exc.args[0]!r}") from None
