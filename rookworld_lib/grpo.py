@@ -14,16 +14,23 @@ under the frozen reference. ``mask`` [N, T] marks real completion tokens (1) aga
 The objective (DeepSeekMath, arXiv:2402.03300, eq. 3), as a loss to minimise::
 
     l_it  = -min(r_it * A_i, clip(r_it, 1 - eps_low, 1 + eps_high) * A_i)      policy term
-            + beta * KL_it                                                      (if a reference is given)
-            - entropy_coef * H_it                                               (if logits are given)
+            + beta * KL_it [* r_it if use_bias_correction_kl]                  (if a reference is given)
     r_it  = exp(logprobs_it - old_logprobs_it)                 importance_sampling_level="token"
     r_i   = exp(sum_t m_it (logprobs_it - old_logprobs_it) / |o_i|)   "sequence" (GSPO, 2507.18071)
     loss  = sum_it w_it * m_it * l_it                          w from `aggregation_weights`
+            - entropy_coef * (sum_it m_it H_it / sum_it m_it) * N / N_glob     (if logits are given)
+
+(loss_type="vespo" replaces the clipped policy term by -phi_i * A_i * logprobs_it, see `vespo_weights`.)
+The entropy bonus is TRL's: the mean token entropy of the call, whatever the loss type, scaled only
+for accumulation (TRL divides by the accumulation steps; N / N_glob is the same for equal micro-batches).
 
 Names follow TRL's GRPOConfig where TRL has the option (``loss_type``, ``beta``,
 ``importance_sampling_level``, ``mask_truncated_completions``, ``delta``, ``max_completion_length``,
-``num_items_in_batch``); ``epsilon`` / ``epsilon_high`` are called ``clip_eps_low`` /
-``clip_eps_high`` here. Differences from TRL are listed in `GRPOConfig`'s docstring.
+``entropy_coef``, ``use_bias_correction_kl``, ``vespo_*``, ``num_items_in_batch``; and in
+`group_advantages` ``scale_rewards`` as ``scale``, ``reward_weights``, ``multi_objective_aggregation``)
+with TRL's meaning, checked against TRL's own code (tests/test_trl_parity.py); ``epsilon`` /
+``epsilon_high`` are called ``clip_eps_low`` / ``clip_eps_high`` here. Differences from TRL are
+listed in `GRPOConfig`'s docstring; docs/grpo_options.md has the option-by-option table.
 
 Signs, for the impatient: the loss is *minus* the advantage-weighted ratio, so a batch whose
 positive-advantage completions became more likely has a negative loss. On the first inner
@@ -297,23 +304,47 @@ class GRPOConfig:
                  (`effective_mask(...).sum()` summed over them) and the sum of the micro-batch
                  losses equals the one-batch loss exactly.
 
+    - "vespo":   VESPO (2602.10693; TRL's "vespo"): per token -phi_i * A_i * logprobs_it, phi_i a
+                 detached Gamma weight of the completion's sequence ratio (`vespo_weights`), no
+                 clipping; aggregated as "dapo".
+
     Rows with no effective token count in N (they add 0), as in TRL. `aggregation_weights` returns
     the per-token weight w_it of each mode (the length-bias picture).
 
-    Differences from TRL's GRPOTrainer (as of TRL 0.2x):
-    - default loss_type is "grpo" (DeepSeekMath); TRL now defaults to "dapo".
-    - default beta is 0.04 (DeepSeekMath); TRL defaults to 0.0. In both, no KL term is formed
-      without a reference: here, unless `ref_logprobs` is passed *and* beta > 0.
-    - TRL has only the k3 estimator; here k1 / k2 / k3 (`kl_estimator`).
-    - `log_ratio_clamp` has no TRL counterpart (TRL exponentiates unclamped).
-    - accumulation: TRL divides grpo / bnpo / dr_grpo losses by the number of accumulation steps;
-      here pass `num_completions_in_batch`, which is the same for equal-sized micro-batches and exact
-      for unequal ones.
-    - not implemented: loss types cispo / sapo / luspo, top_entropy_quantile, off-policy masking,
-      vLLM importance-sampling correction, use_bias_correction_kl.
+    Same as TRL's GRPOTrainer (TRL 1.16, tested against its own code in tests/test_trl_parity.py):
+    loss, gradient and clip / kl / entropy metrics for loss types grpo, bnpo, dr_grpo, dapo, vespo;
+    beta with the k3 estimator, use_bias_correction_kl, epsilon / epsilon_high (clip_eps_low /
+    clip_eps_high), delta, importance_sampling_level, mask_truncated_completions, entropy_coef,
+    max_completion_length, num_items_in_batch; in `group_advantages`: scale_rewards ("group",
+    "batch", "none"), reward_weights, multi_objective_aggregation, unscorable (NaN / None) rewards,
+    frac_reward_zero_std.
+
+    Differences from TRL's GRPOTrainer (TRL 1.16; each pinned by a test in tests/test_trl_parity.py):
+    - defaults: loss_type "grpo" (DeepSeekMath; TRL: "dapo"), beta 0.04 (TRL: 0.0),
+      use_bias_correction_kl False (TRL: True; ours keeps the plain k3 gradient unless asked).
+      In both, no KL term is formed without a reference: here, unless `ref_logprobs` is passed
+      *and* beta > 0.
+    - TRL has only the k3 estimator; here k1 / k2 / k3 (`kl_estimator`). TRL logs `kl` only when
+      beta != 0; here whenever `ref_logprobs` is given.
+    - `log_ratio_clamp` (default 20) has no TRL counterpart (TRL exponentiates unclamped); set it to
+      None for TRL's behaviour. Within +-20 the two agree.
+    - accumulation: TRL divides grpo / bnpo / dr_grpo losses and the entropy bonus by the number of
+      accumulation steps; here pass `num_completions_in_batch` (N_glob): identical for equal-sized
+      micro-batches, exact (TRL is not) for unequal ones. "dapo" / "vespo": TRL's num_items_in_batch
+      over the generation batch, rescaled to one accumulation window; here `num_items_in_batch` counts
+      the accumulated batch's effective tokens directly.
+    - entropy_coef must be >= 0 here (TRL accepts any value); TRL's adaptive entropy control
+      (use_adaptive_entropy, entropy_target, entropy_coef_min / _max / _delta) is not implemented:
+      it is a controller over optimizer steps that belongs in a training loop.
+    - group_advantages: a tied group's advantages are exactly 0 (TRL's float32 can leave noise of
+      order ulp / 1e-4); computed in float64 (TRL: float32); inf rewards raise (TRL: NaN advantages).
+    - metrics: ratio_mean / min / max, approx_kl, pg_loss and adv_* have no TRL counterpart; TRL's
+      clip_ratio/low_min and high_max (per-sequence extremes) are not computed.
+    - not implemented: loss types cispo / sapo / luspo, top_entropy_quantile, off-policy masking
+      (off_policy_mask_threshold), vLLM importance-sampling correction, MoE router aux loss.
     """
 
-    loss_type: str = "grpo"  # aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" (see class docstring)
+    loss_type: str = "grpo"  # aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" | "vespo" (see class docstring)
     clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low (TRL `epsilon`)
     clip_eps_high: float = 0.2  # ratio clipped above at 1 + clip_eps_high (TRL `epsilon_high`; DAPO clip-higher uses 0.28)
     delta: float | None = None  # two-sided clipping (INTELLECT-2): unclipped ratio capped at delta (> 1 + clip_eps_high); None = off
@@ -535,7 +566,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
 
     Keyword-only:
     logits [N, T, V]: the policy's raw logits at the completion positions; gives the `entropy` metric
-        (at config.temperature) and, with config.entropy_coef > 0, the entropy bonus (grads flow).
+        (at config.temperature) and, with config.entropy_coef > 0, the entropy bonus (grads flow):
+        entropy_coef * (mean token entropy over the effective mask) * N / num_completions_in_batch.
     truncated [N] bool: completions that hit the length budget; required with mask_truncated_completions.
     num_items_in_batch: effective tokens in the whole accumulated batch ("dapo" normaliser).
     num_completions_in_batch: completions in the whole accumulated batch ("grpo", "bnpo", "dr_grpo").
@@ -543,15 +575,18 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     group_stats: from `group_advantages`; its fields are copied into the metrics.
 
     Metrics (floats; NaN where undefined, e.g. no effective tokens). Token means run over the
-    effective mask; with importance_sampling_level="sequence", ratio and clip metrics run over
-    completions with at least one token:
+    effective mask; with importance_sampling_level="sequence", ratio metrics run over completions
+    with at least one token and clip fractions over all N completions (TRL's convention: an empty
+    completion counts, unclipped):
     loss, pg_loss (policy term alone, same aggregation), kl (mean per-token estimate, when
     ref_logprobs given), entropy (when logits given), ratio_mean / ratio_min / ratio_max,
     clip_frac_low (ratio < 1 - eps_low where A < 0: the clipped branch is active and the gradient
     is zero), clip_frac_high (ratio > 1 + eps_high where A > 0), clip_frac_region (either),
     approx_kl (k3 estimate of KL(pi_old || pi_theta) from the token log-ratios), adv_mean, adv_std
-    (population std over completions), num_tokens, num_completions, and frac_reward_zero_std etc.
-    from group_stats.
+    (population std over completions), num_tokens, num_completions, vespo_phi_mean (loss_type
+    "vespo": mean Gamma weight over completions, TRL's vespo/phi_seq_mean), and
+    frac_reward_zero_std etc. from group_stats. `kl` is the per-token KL as it enters the loss (times
+    the ratio under use_bias_correction_kl, as TRL logs it).
     """
     config = config or GRPOConfig()
     if not torch.is_tensor(logprobs) or logprobs.dim() != 2:

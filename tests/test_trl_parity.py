@@ -223,29 +223,34 @@ def test_sequence_clip_fraction_counts_empty_rows_as_trl():
 # TRL's advantages on the same rewards
 # ------------------------------------------------------------------------------------------
 
-def _trl_advantage_block() -> str:
+def _trl_block(first: str, last: str) -> str:
+    """The lines of _generate_and_score_completions from the one holding `first` to the one holding `last`."""
     src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
-    start = src.index("unscorable_mask = torch.isnan(rewards_per_func)")
-    start = src.rindex("\n", 0, start) + 1
-    stop_text = "advantages = torch.nan_to_num(advantages, nan=0.0)"
-    stop = src.index(stop_text, start) + len(stop_text)
+    start = src.rindex("\n", 0, src.index(first)) + 1
+    stop = src.index("\n", src.index(last, start))
     return textwrap.dedent(src[start:stop])
 
 
-TRL_ADVANTAGE_CODE = compile(_trl_advantage_block(), "<trl advantages>", "exec")
+TRL_ADVANTAGE_CODE = compile(_trl_block("unscorable_mask = torch.isnan(rewards_per_func)",
+                                        "advantages = torch.nan_to_num(advantages, nan=0.0)"), "<trl advantages>", "exec")
+TRL_REWARD_METRICS_CODE = compile(_trl_block(
+    "rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)",
+    '["frac_reward_zero_std"].append('), "<trl reward metrics>", "exec")
 
 
 def trl_advantages(rewards_per_func: torch.Tensor, G: int, scale: str = "group",
                    aggregation: str = "sum_then_normalize", weights=None):
-    """(advantages, frac_reward_zero_std) from TRL's own code (float32, as TRL)."""
+    """(advantages, logged metrics: frac_reward_zero_std, reward, reward_std) from TRL's own code (float32)."""
     K = rewards_per_func.shape[1]
     stub = types.SimpleNamespace(
         multi_objective_aggregation=aggregation, scale_rewards=scale, reward_funcs=[None] * K,
-        reward_weights=torch.tensor(weights if weights is not None else [1.0] * K, dtype=torch.float32))
-    ns = {"torch": torch, "nanstd": trl_grpo.nanstd, "self": stub, "device": "cpu",
+        reward_weights=torch.tensor(weights if weights is not None else [1.0] * K, dtype=torch.float32),
+        _metrics={"train": defaultdict(list)})
+    ns = {"torch": torch, "nanstd": trl_grpo.nanstd, "self": stub, "device": "cpu", "mode": "train",
           "rewards_per_func": rewards_per_func.float(), "num_generations": G}
     exec(TRL_ADVANTAGE_CODE, ns)
-    return ns["advantages"], ns["is_std_zero"].float().mean().item()
+    exec(TRL_REWARD_METRICS_CODE, ns)
+    return ns["advantages"], {k: v[-1] for k, v in stub._metrics["train"].items()}
 
 
 def reward_tables():
@@ -275,23 +280,25 @@ def test_advantages_and_frac_reward_zero_std_match_trl(scale, aggregation):
     for name, table in reward_tables().items():
         weights = [1.0, 0.5] if table.shape[1] == 2 else None
         for G in (4, 2):
-            want, want_frac = trl_advantages(table, G, scale, aggregation, weights)
+            want, trl_m = trl_advantages(table, G, scale, aggregation, weights)
             rewards = table[:, 0] if table.shape[1] == 1 and G == 4 else table  # [N] and [N, 1] alike
             got, stats = group_advantages(rewards, G, scale=scale, reward_weights=weights,
                                           multi_objective_aggregation=aggregation)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5, msg=f"{name} G={G}")
-            assert stats.frac_reward_zero_std == pytest.approx(want_frac), (name, G)
+            assert stats.frac_reward_zero_std == pytest.approx(trl_m["frac_reward_zero_std"]), (name, G)
+            assert stats.reward_mean == pytest.approx(trl_m["reward"], rel=1e-6, abs=1e-6), (name, G)
+            assert stats.reward_std == pytest.approx(trl_m["reward_std"], rel=1e-5, abs=1e-6), (name, G)
             assert stats.num_unscorable == int(torch.isnan(table).all(1).sum())
 
 
 def test_frac_reward_zero_std_under_batch_scaling_is_trls():
     """Issue item 3: under scale="batch" TRL measures the batch std: 0 unless the whole batch ties."""
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.25, 0.75])
-    _, frac = trl_advantages(rewards[:, None], 2, "batch")
+    frac = trl_advantages(rewards[:, None], 2, "batch")[1]["frac_reward_zero_std"]
     _, stats = group_advantages(rewards, 2, scale="batch")
     assert frac == stats.frac_reward_zero_std == 0.0
     _, stats = group_advantages(rewards, 2, scale="group")
-    assert stats.frac_reward_zero_std == trl_advantages(rewards[:, None], 2, "group")[1] == 0.5
+    assert stats.frac_reward_zero_std == trl_advantages(rewards[:, None], 2, "group")[1]["frac_reward_zero_std"] == 0.5
     _, stats = group_advantages(torch.full((4,), 0.3), 2, scale="batch")
     assert stats.frac_reward_zero_std == 1.0
 
