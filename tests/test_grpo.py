@@ -420,12 +420,13 @@ def test_padding_may_hold_garbage():
     dirty = [x.clone() for x in (lp, old, ref)]
     for x, fill in zip(dirty, (float("nan"), float("-inf"), float("inf"))):
         x[~mask] = fill
-    cfg = GRPOConfig(beta=0.1, importance_sampling_level="sequence")
-    clean, (g_clean,) = _value_and_grad(lambda x, _: grpo_loss(x, old, adv, mask, ref, cfg)[0], lp)
-    got, (g_got,) = _value_and_grad(lambda x, _: grpo_loss(x, dirty[1], adv, mask, dirty[2], cfg)[0], dirty[0])
-    assert torch.isfinite(got) and torch.isfinite(g_got).all()
-    torch.testing.assert_close(got, clean)
-    torch.testing.assert_close(g_got, g_clean)
+    for cfg in (GRPOConfig(beta=0.1, importance_sampling_level="sequence"),
+                GRPOConfig(loss_type="vespo", beta=0.1, use_bias_correction_kl=True)):
+        clean, (g_clean,) = _value_and_grad(lambda x, _: grpo_loss(x, old, adv, mask, ref, cfg)[0], lp)
+        got, (g_got,) = _value_and_grad(lambda x, _: grpo_loss(x, dirty[1], adv, mask, dirty[2], cfg)[0], dirty[0])
+        assert torch.isfinite(got) and torch.isfinite(g_got).all()
+        torch.testing.assert_close(got, clean)
+        torch.testing.assert_close(g_got, g_clean)
 
 
 def test_empty_batch_mask_gives_zero_loss_and_nan_stats():
@@ -730,3 +731,53 @@ def test_one_sgd_step_on_tiny_gpt_follows_advantages():
     with torch.no_grad():
         delta = (seq_logprobs() - lp.detach()).sum(1)
     assert torch.all(delta[adv > 0] > 0) and torch.all(delta[adv < 0] < 0)
+
+
+# ------------------------------------------------------------------------------------------
+# TRL's options (their TRL parity is in tests/test_trl_parity.py; these hold without TRL)
+# ------------------------------------------------------------------------------------------
+
+def test_unscorable_rewards_get_zero_advantage_and_leave_the_baseline():
+    adv, stats = group_advantages([1.0, float("nan"), 0.0, None], group_size=4, scale="none")
+    torch.testing.assert_close(adv, torch.tensor([0.5, 0.0, -0.5, 0.0]))
+    assert stats.num_unscorable == 2 and stats.reward_mean == 0.5
+    adv, _ = group_advantages([float("nan")] * 2 + [1.0, 0.0], group_size=2)
+    assert adv[:2].tolist() == [0.0, 0.0] and adv[2] > 0 > adv[3]
+
+
+def test_reward_weights_and_normalize_then_sum():
+    table = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 1.0]], dtype=F64)
+    summed, _ = group_advantages(table, 2, scale="none", reward_weights=[1.0, 2.0])
+    torch.testing.assert_close(summed, torch.tensor([0.5, -0.5, 0.5, -0.5], dtype=F64))
+    gdpo, stats = group_advantages(table, 2, reward_weights=[1.0, 2.0], multi_objective_aggregation="normalize_then_sum")
+    # per function z-scores within groups (function 1 is tied in both groups: 0), summed, then batch-normalised
+    z = 0.5 / (math.sqrt(0.5) + 1e-4)
+    x = torch.tensor([z, -z, z, -z], dtype=F64)
+    torch.testing.assert_close(gdpo, x / (x.std() + 1e-4))
+    assert stats.frac_reward_zero_std == 0.0
+    with pytest.raises(ValueError, match="reward_weights"):
+        group_advantages(table, 2, reward_weights=[1.0])
+    with pytest.raises(ValueError, match="multi_objective_aggregation"):
+        group_advantages(table, 2, multi_objective_aggregation="sum")
+
+
+def test_vespo_weight_is_one_on_policy_and_scales_the_gradient():
+    lp, _, adv, mask, _, _ = make_batch()
+    phi = grpo.vespo_weights(lp, lp, adv, mask)
+    torch.testing.assert_close(phi, torch.ones(N, 1, dtype=F64))  # phi(1) = e^lam * 1 * e^-lam
+    cfg = GRPOConfig(loss_type="vespo")
+    g = grpo.logprob_gradient(lp, lp, adv, mask, config=cfg)
+    n_tok = int(mask.sum())
+    torch.testing.assert_close(g, torch.where(mask, -adv[:, None] / n_tok, torch.zeros_like(lp)))
+    off = grpo.vespo_weights(lp + 0.5 * mask, lp, adv, mask)  # sequence ratios far from 1: damped
+    assert torch.all(off[mask.any(1)] < 1)
+
+
+def test_bias_corrected_kl_is_kl_times_ratio():
+    lp, old, adv, mask, ref, _ = make_batch()
+    _, plain = grpo_loss(lp, old, adv, mask, ref, GRPOConfig(beta=0.1, log_ratio_clamp=None))
+    _, corrected = grpo_loss(lp, old, adv, mask, ref, GRPOConfig(beta=0.1, use_bias_correction_kl=True,
+                                                                 log_ratio_clamp=None))
+    kl = grpo.kl_estimate(lp, ref) * (lp - old).exp()
+    assert corrected["kl"] == pytest.approx(float(kl[mask].mean()), rel=1e-12)
+    assert corrected["kl"] != plain["kl"]
