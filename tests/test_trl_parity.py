@@ -14,6 +14,7 @@ Every documented difference (GRPOConfig's docstring, docs/grpo_options.md) is pi
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import math
@@ -316,10 +317,10 @@ def test_none_rewards_are_unscorable_as_in_trl():
 # ------------------------------------------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers 5 renames TRL still calls
-def test_difference_defaults():
+def test_difference_defaults(tmp_path):
     """Defaults differ (DeepSeekMath here, TRL's own there); every option exists under both names."""
     ours_cfg = GRPOConfig()
-    trl_cfg = pytest.importorskip("trl").GRPOConfig(output_dir="/tmp/unused-trl-out", report_to="none", use_cpu=True)
+    trl_cfg = pytest.importorskip("trl").GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     assert (ours_cfg.loss_type, trl_cfg.loss_type) == ("grpo", "dapo")
     assert (ours_cfg.beta, trl_cfg.beta) == (0.04, 0.0)
     assert (ours_cfg.use_bias_correction_kl, trl_cfg.use_bias_correction_kl) == (False, True)
@@ -406,7 +407,7 @@ def test_difference_inf_rewards_raise():
 
 def test_difference_not_implemented_options_are_absent():
     """TRL options with no counterpart here (docs/grpo_options.md lists them)."""
-    names = {f.name for f in __import__("dataclasses").fields(GRPOConfig)}
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
     for trl_only in ("top_entropy_quantile", "off_policy_mask_threshold", "use_adaptive_entropy",
                      "sapo_temperature_pos", "vllm_importance_sampling_correction"):
         assert trl_only not in names
