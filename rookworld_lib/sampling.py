@@ -38,6 +38,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 # captured once per call as a CUDA graph and replayed per token, so the GPU is not left waiting
 # on hundreds of Python-issued kernel launches per token. All three give the same tokens.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
+NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class SamplingConfig:
     top_k: int = 0  # keep only the k most likely tokens (0 = off)
     top_p: float = 1.0  # nucleus sampling: smallest set with cumulative probability >= top_p (1 = off)
     num_samples: int = 1  # completions per prompt (GRPO group size G); rows are laid out group by group
-    eos_id: int = EOT_ID  # token that ends a completion (included in the mask)
+    eos_id: int | None = EOT_ID  # token ending a completion (in the mask); None or NO_EOS (-1): never stop early
     pad_id: int = EOT_ID  # token emitted after EOS and used for left padding
     seed: int | None = None  # seeds a private torch.Generator; None draws from the global RNG
     decode: str = "auto"  # dynamic | static | cuda_graph | auto (cuda_graph on CUDA, dynamic elsewhere); see DECODE_MODES
@@ -67,11 +68,13 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.num_samples must be a positive integer, got {self.num_samples!r}")
         if self.decode not in DECODE_MODES:
             raise ValueError(f"SamplingConfig.decode must be one of {DECODE_MODES}, got {self.decode!r}")
-        for name in ("eos_id", "pad_id"):
-            v = getattr(self, name)
-            if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"SamplingConfig.{name} must be a token id (an integer >= 0 and below the model's "
-                                 f"vocabulary size), got {v!r}")
+        if self.eos_id is not None and (not isinstance(self.eos_id, numbers.Integral) or isinstance(self.eos_id, bool)
+                                        or self.eos_id < NO_EOS):
+            raise ValueError(f"SamplingConfig.eos_id must be a token id (an integer >= 0 and below the model's "
+                             f"vocabulary size), or None / {NO_EOS} for no EOS, got {self.eos_id!r}")
+        if not isinstance(self.pad_id, numbers.Integral) or isinstance(self.pad_id, bool) or self.pad_id < 0:
+            raise ValueError(f"SamplingConfig.pad_id must be a token id (an integer >= 0 and below the model's "
+                             f"vocabulary size), got {self.pad_id!r}")
 
 
 @dataclass
@@ -266,9 +269,11 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     G = config.num_samples
     vocab = model.config.vocab_size
     for name in ("eos_id", "pad_id"):
-        if getattr(config, name) >= vocab:
-            raise ValueError(f"SamplingConfig.{name} = {getattr(config, name)} is outside the model's vocabulary: "
-                             f"it must be in [0, {vocab})")
+        v = getattr(config, name)
+        if v is not None and v >= vocab:
+            raise ValueError(f"SamplingConfig.{name} = {v} is outside the model's vocabulary: it must be in "
+                             f"[0, {vocab})" + (f", or None / {NO_EOS} for no EOS" if name == "eos_id" else ""))
+    eos_id = NO_EOS if config.eos_id is None else int(config.eos_id)  # NO_EOS: no sampled token equals it
     rows = [p for p in _token_rows(prompts, vocab) for _ in range(G)]
     ids, valid = left_pad(rows, config.pad_id, device)
     N, P = ids.shape
@@ -320,7 +325,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
             logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))
             sampling_logprobs[:, t] = torch.where(active, lp_samp, torch.zeros_like(lp_samp))
             mask[:, t] = active
-            finished = finished | (active & (next_tok == config.eos_id))
+            finished = finished | (active & (next_tok == eos_id))
             steps = t + 1
             if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
                 break
@@ -337,7 +342,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         mask=mask[:, :steps],
         finished=finished,
         group_size=G,
-        eos_id=config.eos_id,
+        eos_id=eos_id,
         stats={"prefill_tokens": int(valid.sum()), "generated_tokens": int(mask.sum()), "decode_steps": steps},
     )
 

@@ -347,9 +347,20 @@ def test_token_ids_of_the_config_must_lie_in_the_vocabulary(field):
     with pytest.raises(ValueError, match=rf"SamplingConfig.{field} = 50300 is outside the model's vocabulary: "
                                          r"it must be in \[0, 50257\)"):
         generate(sharp_model(), [[1, 2]], SamplingConfig(max_new_tokens=2, **{field: 50300}))
-    for bad in (-1, 2.0, True):
+    for bad in (-2 if field == "eos_id" else -1, 2.0, True):
         with pytest.raises(ValueError, match=f"SamplingConfig.{field} must be a token id"):
             SamplingConfig(**{field: bad})
+
+
+@pytest.mark.parametrize("eos_id", [None, -1])
+def test_no_eos_decodes_every_row_to_the_budget(eos_id):
+    """eos_id None (or sampling.NO_EOS = -1, the benchmarks' choice) is the one way to say "never stop"."""
+    model = sharp_model()
+    greedy = generate(model, mixed_prompts(), SamplingConfig(max_new_tokens=12, temperature=0))
+    first = greedy.tokens[0, 0].item()  # make row 0's first greedy token the EOS: with it, row 0 stops at once
+    assert generate(model, mixed_prompts(), SamplingConfig(max_new_tokens=12, temperature=0, eos_id=first)).finished[0]
+    ro = generate(model, mixed_prompts(), SamplingConfig(max_new_tokens=12, temperature=0, eos_id=eos_id))
+    assert ro.mask.all() and not ro.finished.any() and ro.tokens.shape == (5, 12)
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static", pytest.param("cuda_graph", marks=pytest.mark.skipif(
