@@ -8,7 +8,6 @@ leaves a layer at its random init and the model still runs, just badly.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import torch
@@ -75,8 +74,8 @@ def hf_config_dict(config: GPTConfig) -> dict:
         "vocab_size": config.vocab_size,
         "layer_norm_epsilon": config.layer_norm_epsilon,
         "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
+        "embd_pdrop": config.embd_pdrop,
+        "attn_pdrop": config.attn_pdrop,
         "bos_token_id": 50256,
         "eos_token_id": 50256,
         "tie_word_embeddings": True,
@@ -88,30 +87,21 @@ def hf_config_dict(config: GPTConfig) -> dict:
     }
 
 
-HF_DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop")  # transformers' three GPT-2 dropout rates
+# transformers' three GPT-2 dropout rates -> our GPTConfig fields; 0.1 each when absent, as in
+# transformers' GPT2Config (every GPT-2 release writes them).
+HF_DROPOUTS = {"resid_pdrop": "dropout", "embd_pdrop": "embd_dropout", "attn_pdrop": "attn_dropout"}
+HF_DEFAULT_PDROP = 0.1
 
 
-def dropout_from_hf(d: dict, source) -> float:
-    """GPTConfig.dropout from a GPT-2 config.json's three rates (each 0.0 when absent).
-
-    Our GPT applies one rate to the embeddings, the attention weights and the residual branches.
-    When config.json's resid_pdrop, embd_pdrop and attn_pdrop agree (every GPT-2 release, and every
-    export of ours) that is the rate; when they differ no single rate is faithful: the largest is
-    used and a warning names all three (pass dropout=... to GPT.from_pretrained to choose).
-    """
-    rates = {}
-    for key in HF_DROPOUTS:
-        v = d.get(key, 0.0)
+def dropouts_from_hf(d: dict, source) -> dict:
+    """GPTConfig's dropout, embd_dropout and attn_dropout from a config.json's three rates."""
+    out = {}
+    for key, name in HF_DROPOUTS.items():
+        v = d.get(key, HF_DEFAULT_PDROP)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
             raise CheckpointFormatError(f"{source}: {key}={v!r} is not a dropout rate in [0, 1)")
-        rates[key] = float(v)
-    if len(set(rates.values())) > 1:
-        chosen = max(rates.values())
-        listed = ", ".join(f"{k}={v}" for k, v in rates.items())
-        warnings.warn(f"{source}: {listed} differ, but this GPT has one dropout rate for embeddings, attention and "
-                      f"residual paths; using the largest, {chosen} (pass dropout=... to choose)", stacklevel=3)
-        return chosen
-    return rates["resid_pdrop"]
+        out[name] = float(v)
+    return out
 
 
 def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
@@ -134,10 +124,12 @@ def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
             n_head=d["n_head"],
             n_embd=d["n_embd"],
             layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-            dropout=overrides["dropout"] if "dropout" in overrides else dropout_from_hf(d, source),
+            **dropouts_from_hf(d, source),
         )
     except KeyError as exc:
         raise CheckpointFormatError(f"{source}: config.json lacks the field {exc.args[0]!r}") from None
+    if "dropout" in overrides:  # dropout=... sets every rate unless they are given too
+        base.update(embd_dropout=None, attn_dropout=None)
     base.update(overrides)
     return GPTConfig(**base)
 

@@ -31,7 +31,9 @@ class GPTConfig:
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
     n_embd: int = 768  # residual stream width
-    dropout: float = 0.0  # embedding, attention and residual dropout while training; off in eval
+    dropout: float = 0.0  # residual (attention output, MLP) dropout while training; off in eval (GPT-2's resid_pdrop)
+    embd_dropout: float | None = None  # dropout on the embeddings (embd_pdrop); None: = dropout
+    attn_dropout: float | None = None  # dropout on the attention weights (attn_pdrop); None: = dropout
     bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
     layer_norm_epsilon: float = 1e-5  # GPT-2's LayerNorm epsilon
     pad_vocab_to_multiple: int = 1  # pad the embedding rows to a multiple (64 -> 50304) for faster matmuls
@@ -45,12 +47,25 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "embd_dropout", "attn_dropout"):
+            value = getattr(self, name)
+            if name != "dropout" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"GPTConfig.{name} must be a number in [0, 1){'' if name == 'dropout' else ' or None'}, "
+                                 f"got {value!r}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"GPTConfig.attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if not self.layer_norm_epsilon > 0:
             raise ValueError(f"GPTConfig.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}")
+
+    @property
+    def embd_pdrop(self) -> float:
+        return self.dropout if self.embd_dropout is None else self.embd_dropout
+
+    @property
+    def attn_pdrop(self) -> float:
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
 
     @property
     def padded_vocab_size(self) -> int:
@@ -124,7 +139,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, start, k, v)
-        dropout_p = self.config.dropout if self.training else 0.0
+        dropout_p = self.config.attn_pdrop if self.training else 0.0
         is_causal = attn_mask is None
         if self.config.attn_impl == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -178,7 +193,7 @@ class GPT(nn.Module):
             dict(
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
                 wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
+                drop=nn.Dropout(config.embd_pdrop),
                 h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
                 ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon, bias=config.bias),
             )

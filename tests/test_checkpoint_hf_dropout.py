@@ -1,9 +1,10 @@
-"""checkpoint_hf: transformers' three GPT-2 dropout rates (resid_pdrop, embd_pdrop, attn_pdrop)."""
+"""checkpoint_hf: transformers' three GPT-2 dropout rates (resid_pdrop, embd_pdrop, attn_pdrop), each
+read into its own GPTConfig field, applied where transformers applies it, and written back."""
 
 import json
-import warnings
 
 import pytest
+import torch
 
 from rookworld_lib.checkpoint_hf import CheckpointFormatError
 from rookworld_lib.model import GPT, GPTConfig
@@ -15,43 +16,64 @@ def _with_rates(tmp_path, **rates):
     GPT(GPTConfig.preset("tiny", **TINY)).save_pretrained(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.update(rates)
+    for key in [k for k, v in rates.items() if v is None]:
+        del cfg[key]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     return tmp_path
 
 
-def test_equal_rates_round_trip_without_warning(tmp_path):
-    GPT(GPTConfig.preset("tiny", dropout=0.1, **TINY)).save_pretrained(tmp_path)
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["resid_pdrop"] == cfg["embd_pdrop"] == cfg["attn_pdrop"] == 0.1
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert GPT.from_pretrained(tmp_path).config.dropout == 0.1
+def _applied(model: GPT) -> dict:
+    """The rates the modules use: embeddings, attention weights, residual and MLP outputs."""
+    block = model.transformer.h[0]
+    return {"embd": model.transformer.drop.p, "attn": model.config.attn_pdrop,
+            "resid": block.attn.resid_dropout.p, "mlp": block.mlp.dropout.p}
 
 
-def test_each_rate_is_read_not_only_resid_pdrop(tmp_path):
-    for key in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
-        rates = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, key: 0.2}
-        _with_rates(tmp_path, **rates)
-        with pytest.warns(UserWarning, match=r"resid_pdrop=.*embd_pdrop=.*attn_pdrop=.* differ.*using the largest, 0.2"):
-            assert GPT.from_pretrained(tmp_path).config.dropout == 0.2
+def test_each_rate_is_read_into_its_own_field_and_written_back(tmp_path):
+    _with_rates(tmp_path, resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.3)
+    model = GPT.from_pretrained(tmp_path)
+    assert _applied(model) == {"embd": 0.2, "attn": 0.3, "resid": 0.1, "mlp": 0.1}
+    out = tmp_path / "again"
+    model.save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["resid_pdrop"], cfg["embd_pdrop"], cfg["attn_pdrop"]) == (0.1, 0.2, 0.3)
 
 
-def test_explicit_dropout_override_wins_silently(tmp_path):
-    _with_rates(tmp_path, resid_pdrop=0.1, embd_pdrop=0.0, attn_pdrop=0.3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert GPT.from_pretrained(tmp_path, dropout=0.05).config.dropout == 0.05
-
-
-def test_transformers_config_rates_are_honoured(tmp_path):
+def test_rates_match_transformers_modules(tmp_path):
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=32,
-                                                              resid_pdrop=0.15, embd_pdrop=0.15, attn_pdrop=0.15))
+                                                              resid_pdrop=0.15, embd_pdrop=0.05, attn_pdrop=0.25))
     hf.save_pretrained(tmp_path)
-    assert GPT.from_pretrained(tmp_path).config.dropout == 0.15
+    ours = _applied(GPT.from_pretrained(tmp_path))
+    theirs = {"embd": hf.transformer.drop.p, "attn": hf.transformer.h[0].attn.attn_dropout.p,
+              "resid": hf.transformer.h[0].attn.resid_dropout.p, "mlp": hf.transformer.h[0].mlp.dropout.p}
+    assert ours == pytest.approx(theirs)
+
+
+def test_absent_rates_default_to_transformers_0_1(tmp_path):
+    _with_rates(tmp_path, resid_pdrop=None, embd_pdrop=None, attn_pdrop=None)
+    assert set(_applied(GPT.from_pretrained(tmp_path)).values()) == {0.1}
+
+
+def test_dropout_override_sets_every_rate_unless_they_are_given(tmp_path):
+    _with_rates(tmp_path, resid_pdrop=0.1, embd_pdrop=0.0, attn_pdrop=0.3)
+    assert set(_applied(GPT.from_pretrained(tmp_path, dropout=0.05)).values()) == {0.05}
+    assert _applied(GPT.from_pretrained(tmp_path, dropout=0.0, attn_dropout=0.2))["attn"] == 0.2
+
+
+def test_attention_dropout_acts_in_training_only(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", **TINY, dropout=0.0, attn_dropout=0.5))
+    idx = torch.randint(0, 50257, (2, 16))
+    model.eval()
+    assert torch.equal(model(idx), model(idx))
+    model.train()
+    assert not torch.equal(model(idx), model(idx))
 
 
 def test_bad_rate_names_the_field(tmp_path):
     _with_rates(tmp_path, attn_pdrop="0.1")
     with pytest.raises(CheckpointFormatError, match="attn_pdrop='0.1' is not a dropout rate"):
         GPT.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="GPTConfig.embd_dropout"):
+        GPTConfig(embd_dropout=1.5)
