@@ -357,7 +357,9 @@ class GRPOTrainer:
         cfg, G = self.cfg, self.cfg.group_size
         seed = cfg.seed * 1_000_003 + self.step
         batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
-        info = {"frac_reward_zero_std": float((group_std(batch.rewards, G) < 1e-6).float().mean()), "refill_rounds": 0}
+        # TRL's frac_reward_zero_std (on the std that scale_rewards uses), before dynamic sampling drops groups
+        zero_std = grpo.group_advantages(batch.rewards, G, scale=cfg.scale_rewards)[1].frac_reward_zero_std
+        info = {"frac_reward_zero_std": zero_std, "refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
         kept = _select_groups(batch, group_std(batch.rewards, G) >= 1e-6, G)
