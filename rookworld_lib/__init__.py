@@ -1,7 +1,20 @@
 """rookworld_lib: a thin, inspectable library for GRPO on chess with GPT-2 language models.
 
-Modules, one job each: tokenizer, model, sampling, tasks, engine, data, rewards, grpo, train,
-evaluate, perf, checkpoint, plots, cli. Nothing here downloads anything at run time.
+Modules in pipeline order (each does one job; nothing here downloads anything at run time):
+
+- data: ``engine`` (Stockfish pool) -> ``data`` (labelled P:/A: samples, the validating loader);
+  ``convert`` (original RookWorld data into the same records); ``tasks`` (the P:/A: formats).
+- tokens: ``tokenizer`` (offline GPT-2 BPE).
+- model: ``model`` (GPT-2), ``checkpoint_hf`` (Hugging Face format), ``lm_head_loss`` (fused head
+  and loss), ``health`` (forward-pass checks).
+- SFT: ``train_sft``, with ``train_utils``, ``checkpoint`` and ``distributed``.
+- rollouts: ``sampling`` (batched, KV-cached generation and log-probs).
+- rewards: ``rewards`` (verifiable policy and environment rewards, TRL reward functions).
+- loss: ``grpo`` (GRPO math), ``train_grpo`` (the GRPO loop).
+- evaluation: ``evaluate`` (chess metrics with intervals).
+- speed: ``perf`` (FLOPs, MFU), ``tuning`` (notebook 04's matrix), ``bench`` (against transformers/TRL).
+- figures and runs: ``plots``, ``workflow`` (notebook 05's profiles), ``nbparams``, ``pipeline``,
+  ``paths``, ``cli`` (the ``rookworld`` command).
 """
 
 __version__ = "0.1.0"

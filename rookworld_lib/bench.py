@@ -29,9 +29,6 @@ import argparse
 import contextlib
 import io
 import json
-import logging
-import math
-import os
 import sys
 import tempfile
 import time

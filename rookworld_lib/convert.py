@@ -46,7 +46,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import chess
 
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags

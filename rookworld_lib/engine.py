@@ -31,7 +31,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import chess
 import chess.engine
@@ -330,7 +330,6 @@ class EnginePool:
         self._closed = False
         self._version: str | None = None
         self.restarts = 0
-        self.searches = 0
         self._finalizer = weakref.finalize(self, _close_engines, self._engines, self._lock)
         with _LIVE_LOCK:
             _LIVE_POOLS.add(self)
@@ -468,7 +467,6 @@ class EnginePool:
                 return eng.analyse(board, limit, multipv=multipv, game=game, root_moves=root_objs)
 
             infos = self._run("analyse", search)
-            self.searches += 1
             result = _to_analysis(fen, board.turn, infos, limit_key(limit))
         if self.cache is not None:
             self.cache.put(key, result)
@@ -517,7 +515,6 @@ class EnginePool:
             return eng.play(board, limit, game=game)
 
         result = self._run("play", go)
-        self.searches += 1
         if result.move is None:
             raise EngineFailedError(f"Stockfish returned no move for {board.fen()!r}")
         return result.move
@@ -593,7 +590,6 @@ class EngineSession:
             self.dead = True
             self.pool.restarts += 1
             raise EngineSessionLost(f"Stockfish died during a session ({type(exc).__name__}: {exc})") from None
-        self.pool.searches += 1
         if result.move is None:
             raise EngineFailedError(f"Stockfish returned no move for {board.fen()!r}")
         return result.move

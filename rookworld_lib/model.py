@@ -9,7 +9,7 @@ transformers is never imported here.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -292,10 +292,6 @@ class GPT(nn.Module):
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:
     """Mean next-token cross-entropy; positions whose target is ignore_index do not count."""
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index)
-
-
-def config_to_dict(config: GPTConfig) -> dict:
-    return asdict(config)
 
 
 def config_from_dict(d: dict) -> GPTConfig:

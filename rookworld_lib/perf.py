@@ -609,17 +609,6 @@ def reset_max_memory(device: str | torch.device | None = None) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def rss_mb() -> float | None:
-    """This process's resident memory (MB), or None where it cannot be read."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return float(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Provenance
 # ---------------------------------------------------------------------------------------------

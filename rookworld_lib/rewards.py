@@ -61,7 +61,7 @@ import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import chess
 
@@ -227,10 +227,6 @@ def clear_truth() -> None:
         _POLICY_TRUTH.clear()
         _ENV_TRUTH.clear()
         _REGISTRY_VERSION[0] += 1
-
-
-def registered_truth_counts() -> dict:
-    return {"P": len(_POLICY_TRUTH), "A": len(_ENV_TRUTH)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -804,7 +800,7 @@ def clear_cache(analyses: bool = False) -> None:
 
 __all__ = [
     "TruthError", "MissingTruthError", "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
-    "env_truth", "register_truth", "clear_truth", "registered_truth_counts", "PolicyScore", "EnvScore",
+    "env_truth", "register_truth", "clear_truth", "PolicyScore", "EnvScore",
     "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed", "score_environment",
     "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",
     "policy_examples", "env_examples", "reward_distribution",

@@ -247,9 +247,6 @@ class Eval:
         cp = score.score()
         return cls(cp=max(-MATE_CP // 2, min(MATE_CP // 2, int(cp))))
 
-    def to_text(self) -> str:
-        return format_eval(self)
-
     def to_cp(self) -> int:
         """Centipawns with mates mapped to +-(MATE_CP - n): monotone in how good the position is."""
         if self.mate is not None:

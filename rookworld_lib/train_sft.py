@@ -403,10 +403,6 @@ class PackedStream:
         """Back to the start of the stream."""
         self._cursor = (0, 0, (0,) * len(self.pools))  # (sample index, token offset, draws per pool)
 
-    @property
-    def samples_started(self) -> int:
-        return self._cursor[0]
-
     def state_dict(self) -> dict:
         sample, offset, counts = self._cursor
         return {"sample": sample, "offset": offset, "counts": list(counts), "fingerprint": self.fingerprint}
