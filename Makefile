@@ -36,8 +36,10 @@ stockfish:
 	  exit 1; \
 	fi
 
-# Library tests plus every numbered notebook under nbval, in one pytest run.
+# Lint (ruff, configured in pyproject.toml), then the library tests plus every numbered notebook
+# under nbval, in one pytest run.
 test: setup
+	$(VENV)/bin/ruff check rookworld_lib tests notebooks
 	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
 
 test-fast: setup

@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import chess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_convert import original_env_line, original_policy_line, random_board  # noqa: E402

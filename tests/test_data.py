@@ -17,7 +17,7 @@ from helpers_chess import needs_stockfish, random_positions, shipped
 
 from rookworld_lib import data, tasks
 from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key, wait_gone
-from rookworld_lib.paths import DATA_DIR, REPO_ROOT
+from rookworld_lib.paths import DATA_DIR
 
 
 @pytest.fixture(scope="module")
