@@ -49,6 +49,7 @@ from pathlib import Path
 
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
+from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
 ORIGINAL_LIMIT = "unknown"
@@ -78,21 +79,19 @@ class OriginalPolicyLine:
 
 @dataclass(frozen=True)
 class OriginalEnvLine:
-    """An ``A:`` line as written."""
+    """An ``A:`` line as written: its prompt fields, its answer (an EnvTruth) and its prefix."""
 
     fen: str
     move: str
     history: tuple[str, ...]
-    new_fen: str
-    reward: float
-    terminated: int
-    truncated: int
+    answer: EnvTruth  # the next FEN, reward and flags the line states
     prefixed: bool  # the line starts with "A: " (rookworld text sets) or not (arbiter sets)
 
     def text(self) -> str:
         """The line written back as the original did: python-chess's FENs, the same prefix."""
+        a = self.answer
         prompt = tasks.env_prompt(tasks.original_fen(self.fen), self.move, self.history)
-        completion = tasks.env_completion(tasks.original_fen(self.new_fen), self.reward, self.terminated, self.truncated)
+        completion = tasks.env_completion(tasks.original_fen(a.new_fen), a.reward, a.terminated, a.truncated)
         return (prompt if self.prefixed else prompt[len(tasks.ENV_PREFIX):]) + completion
 
 
@@ -138,21 +137,22 @@ def parse_env_line(text: str) -> OriginalEnvLine | str:
         return f"reward {reward!r} is not one of {tasks.ENV_REWARDS}"
     if terminated not in ("0", "1") or truncated not in ("0", "1"):
         return "terminated/truncated are not 0/1"
-    return OriginalEnvLine(fen, move, history, new_fen, value, int(terminated), int(truncated), prefixed)
+    return OriginalEnvLine(fen, move, history, EnvTruth(new_fen, value, int(terminated), int(truncated)), prefixed)
 
 
 def _disagreement(line: OriginalEnvLine, ref: tasks.EnvTransition) -> str | None:
     """Why the original row differs from python-chess's transition, or None when it agrees."""
-    if (tasks.same_position(line.new_fen, ref.new_fen) and line.reward == ref.reward
-            and line.terminated == ref.terminated and line.truncated == ref.truncated):
+    a = line.answer
+    same_fen = tasks.same_position(a.new_fen, ref.new_fen)
+    diff = [name for name, x, y in (("reward", a.reward, ref.reward), ("terminated", a.terminated, ref.terminated),
+                                    ("truncated", a.truncated, ref.truncated)) if x != y]
+    if same_fen and not diff:
         return None
-    if ref.kind == "illegal" and line.truncated == 0:
+    if ref.kind == "illegal" and a.truncated == 0:
         return "illegal move pushed without a legality check (the original generator's board.push)"
-    if line.terminated and not ref.terminated and line.reward == tasks.REWARD_DRAW:
+    if a.terminated and not ref.terminated and a.reward == tasks.REWARD_DRAW:
         return "a repetition ending: the position and ten moves of history do not decide it"
-    diff = [name for name, a, b in (("reward", line.reward, ref.reward), ("terminated", line.terminated, ref.terminated),
-                                    ("truncated", line.truncated, ref.truncated)) if a != b]
-    if not tasks.same_position(line.new_fen, ref.new_fen):
+    if not same_fen:
         diff.insert(0, "new FEN")
     return f"transition disagrees with python-chess: {', '.join(diff)}"
 

@@ -47,7 +47,6 @@ Loading (:func:`load_jsonl`, :func:`load_split`)
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -687,25 +686,10 @@ def _diff(old: dict, new: dict) -> str:
 
 
 def _parallel(fn, items: list, workers: int, progress: bool, desc: str) -> Iterator:
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(items), desc=desc, unit=desc.rstrip("s") or "item")
-    try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rookworld-datagen") as ex:
-            futures = [ex.submit(fn, it) for it in items]
-            try:
-                for fut in concurrent.futures.as_completed(futures):
-                    yield fut.result()
-                    if bar is not None:
-                        bar.update(1)
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-    finally:
-        if bar is not None:
-            bar.close()
+    from .engine import threaded
+
+    for _, result in threaded(fn, items, workers, progress, desc, unit=desc.rstrip("s") or "item"):
+        yield result
 
 
 class _LabelView:

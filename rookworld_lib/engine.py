@@ -22,6 +22,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -30,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import chess
@@ -302,6 +303,35 @@ _RETRYABLE = (chess.engine.EngineTerminatedError, chess.engine.EngineError, asyn
               TimeoutError, BrokenPipeError, ConnectionResetError, concurrent.futures.CancelledError)
 
 
+def threaded(fn: Callable, items: list, workers: int, progress: bool = False, desc: str = "",
+             unit: str = "item") -> Iterator[tuple[int, object]]:
+    """(index, fn(item)) as each call completes, on up to `workers` threads, with an optional
+    progress bar. An exception (or Ctrl-C) cancels the calls not yet started and propagates."""
+    if not items:
+        return
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(items), desc=desc, unit=unit)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(items)),
+                                                   thread_name_prefix="rookworld") as ex:
+            futures = {ex.submit(fn, it): i for i, it in enumerate(items)}
+            try:
+                for fut in concurrent.futures.as_completed(futures):
+                    yield futures[fut], fut.result()
+                    if bar is not None:
+                        bar.update(1)
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 class EnginePool:
     """Up to `size` Stockfish processes, each used by one thread at a time.
 
@@ -479,31 +509,11 @@ class EnginePool:
         `on_result(index, analysis)` is called (in the calling thread) as each one completes."""
         positions = list(positions)
         results: list[Analysis | None] = [None] * len(positions)
-        if not positions:
-            return []
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(positions), desc=desc, unit="pos")
-        workers = min(self.size, len(positions))
-        try:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rookworld-engine") as ex:
-                futures = {ex.submit(self.analyse, p, multipv=multipv, limit=limit): i for i, p in enumerate(positions)}
-                try:
-                    for fut in concurrent.futures.as_completed(futures):
-                        i = futures[fut]
-                        results[i] = fut.result()
-                        if on_result is not None:
-                            on_result(i, results[i])
-                        if bar is not None:
-                            bar.update(1)
-                except BaseException:
-                    for f in futures:
-                        f.cancel()
-                    raise
-        finally:
-            if bar is not None:
-                bar.close()
+        analyse = functools.partial(self.analyse, multipv=multipv, limit=limit)
+        for i, result in threaded(analyse, positions, self.size, progress, desc, unit="pos"):
+            results[i] = result
+            if on_result is not None:
+                on_result(i, result)
         return results  # type: ignore[return-value]
 
     def play(self, position: chess.Board | str, limit: chess.engine.Limit) -> chess.Move:

@@ -451,16 +451,21 @@ def parse_policy_completion(completion: str) -> PolicyParse:
         return PolicyParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
 
 
+def _before_eot(text: str, errors: list[str]) -> str:
+    """The text before one <|endoftext|> (an EOT ends a completion); text after it is an error."""
+    eot = text.find(EOT)
+    if eot == -1:
+        return text
+    if text[eot + len(EOT):].strip():
+        errors.append("text after <|endoftext|>")
+    return text[:eot]
+
+
 def _parse_policy_completion(completion) -> PolicyParse:
     if not isinstance(completion, str):
         return PolicyParse(errors=(f"completion must be a string, got {type(completion).__name__}",))
     errors: list[str] = []
-    text = completion
-    eot = text.find(EOT)
-    if eot != -1:
-        if text[eot + len(EOT):].strip():
-            errors.append("text after <|endoftext|>")
-        text = text[:eot]
+    text = _before_eot(completion, errors)
     # locate the markers in order; a missing one is reported and the rest still parsed
     pos, found = 0, {}
     for marker in _MARKERS:
@@ -758,12 +763,7 @@ def _parse_env_completion(completion) -> EnvParse:
     if not isinstance(completion, str):
         return EnvParse(errors=(f"completion must be a string, got {type(completion).__name__}",))
     errors: list[str] = []
-    text = completion
-    eot = text.find(EOT)
-    if eot != -1:
-        if text[eot + len(EOT):].strip():
-            errors.append("text after <|endoftext|>")
-        text = text[:eot]
+    text = _before_eot(completion, errors)
     if text.endswith("+"):
         text = text[:-1]
     parts = text.split("+")
