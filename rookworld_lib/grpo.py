@@ -550,6 +550,96 @@ def _as_float(x, name: str, like: Tensor) -> Tensor:
     return x.to(device=like.device, dtype=like.dtype)
 
 
+def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, logits, config: GRPOConfig) -> None:
+    """grpo_loss's argument checks: one ValueError naming the argument and the shape it needs."""
+    if not torch.is_tensor(logprobs) or logprobs.dim() != 2:
+        raise ValueError(f"grpo_loss: logprobs must be an [N, T] tensor, got "
+                         f"{tuple(logprobs.shape) if torch.is_tensor(logprobs) else type(logprobs).__name__}")
+    if not logprobs.is_floating_point():
+        raise ValueError(f"grpo_loss: logprobs must be floating point, got {logprobs.dtype}")
+    N, T = logprobs.shape
+    if N == 0 or T == 0:
+        raise ValueError(f"grpo_loss: need at least one completion and one position, got logprobs of shape {(N, T)}")
+    for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
+        if x is not None and (not torch.is_tensor(x) or x.shape != logprobs.shape):
+            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+            raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {shape}")
+    if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
+        shape = tuple(advantages.shape) if torch.is_tensor(advantages) else type(advantages).__name__
+        raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {shape}")
+    if logits is not None and (not torch.is_tensor(logits) or logits.dim() != 3 or logits.shape[:2] != (N, T)):
+        shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
+        raise ValueError(f"grpo_loss: logits must have shape ({N}, {T}, V), got {shape}")
+    if config.entropy_coef > 0 and logits is None:
+        raise ValueError("grpo_loss: config.entropy_coef > 0 needs `logits` to compute the entropy bonus")
+
+
+def _loss_metrics(config: GRPOConfig, loss, pg_tok, w, ratio, m, adv, logprobs, old, kl_tok, ent_tok, phi) -> dict:
+    """grpo_loss's metrics as plain floats (see its docstring), with one host sync; call under no_grad."""
+    N = logprobs.shape[0]
+    dtype = logprobs.dtype
+    mf = m.to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
+    a = adv[:, None]
+    n_tok = mf.sum()
+    nan = torch.tensor(float("nan"), dtype=dtype, device=logprobs.device)
+
+    def tok_mean(x):
+        return torch.where(n_tok > 0, (x * mf).sum() / n_tok.clamp(min=1), nan)
+
+    if config.importance_sampling_level == "sequence":
+        unit = (m.sum(dim=1, keepdim=True) > 0)  # [N, 1]: completions with tokens
+        clip_unit = torch.ones_like(unit)  # TRL counts every completion, empty ones too
+    else:
+        unit = clip_unit = m
+    unit_f, clip_f = unit.to(dtype), clip_unit.to(dtype)
+    n_unit, n_clip = unit_f.sum(), clip_f.sum()
+
+    def unit_mean(x):
+        return torch.where(n_unit > 0, (x * unit_f).sum() / n_unit.clamp(min=1), nan)
+
+    def clip_mean(x):
+        return torch.where(n_clip > 0, (x * clip_f).sum() / n_clip.clamp(min=1), nan)
+
+    r = ratio.detach()
+    low = (r < 1.0 - config.clip_eps_low) & (a < 0)
+    high = (r > 1.0 + config.clip_eps_high) & (a > 0)
+    big = torch.tensor(float("inf"), dtype=dtype, device=logprobs.device)
+    tok_lr = torch.where(m, logprobs.detach() - old, zero)
+    if config.log_ratio_clamp is not None:
+        tok_lr = tok_lr.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    names = ["loss", "pg_loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high",
+             "clip_frac_region", "approx_kl", "adv_mean", "adv_std", "num_tokens", "num_completions"]
+    values = [
+        loss.detach(),
+        (pg_tok.detach() * w).sum(),
+        unit_mean(r),
+        torch.where(n_unit > 0, torch.where(unit, r, big).min(), nan),
+        torch.where(n_unit > 0, torch.where(unit, r, -big).max(), nan),
+        clip_mean(low.to(dtype)),
+        clip_mean(high.to(dtype)),
+        clip_mean((low | high).to(dtype)),
+        tok_mean(torch.expm1(tok_lr) - tok_lr),
+        adv.mean(),
+        adv.std(correction=0),
+        n_tok,
+        torch.tensor(float(N), dtype=dtype, device=logprobs.device),
+    ]
+    if kl_tok is not None:
+        names.append("kl")
+        values.append(tok_mean(kl_tok.detach()))
+    if ent_tok is not None:
+        names.append("entropy")
+        values.append(tok_mean(ent_tok.detach()))
+    if phi is not None:
+        names.append("vespo_phi_mean")
+        values.append(phi.mean())
+    metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
+    metrics["num_tokens"] = float(round(metrics["num_tokens"]))
+    metrics["num_completions"] = float(N)
+    return metrics
+
+
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
               ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None, *,
               logits: Tensor | None = None, truncated: Tensor | None = None,
@@ -589,28 +679,10 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     the ratio under use_bias_correction_kl, as TRL logs it).
     """
     config = config or GRPOConfig()
-    if not torch.is_tensor(logprobs) or logprobs.dim() != 2:
-        raise ValueError(f"grpo_loss: logprobs must be an [N, T] tensor, got "
-                         f"{tuple(logprobs.shape) if torch.is_tensor(logprobs) else type(logprobs).__name__}")
-    if not logprobs.is_floating_point():
-        raise ValueError(f"grpo_loss: logprobs must be floating point, got {logprobs.dtype}")
+    _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, logits, config)
     if logprobs.dtype in (torch.float16, torch.bfloat16):
         logprobs = logprobs.float()
     N, T = logprobs.shape
-    if N == 0 or T == 0:
-        raise ValueError(f"grpo_loss: need at least one completion and one position, got logprobs of shape {(N, T)}")
-    for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
-        if x is not None and (not torch.is_tensor(x) or x.shape != logprobs.shape):
-            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-            raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {shape}")
-    if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
-        shape = tuple(advantages.shape) if torch.is_tensor(advantages) else type(advantages).__name__
-        raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {shape}")
-    if logits is not None and (not torch.is_tensor(logits) or logits.dim() != 3 or logits.shape[:2] != (N, T)):
-        shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
-        raise ValueError(f"grpo_loss: logits must have shape ({N}, {T}, V), got {shape}")
-    if config.entropy_coef > 0 and logits is None:
-        raise ValueError("grpo_loss: config.entropy_coef > 0 needs `logits` to compute the entropy bonus")
 
     dtype = logprobs.dtype
     old = _as_float(old_logprobs, "old_logprobs", logprobs).detach()
@@ -657,64 +729,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
             mean_ent = ent_tok.sum() / mf.sum().clamp(min=1.0)
             loss = loss - config.entropy_coef * mean_ent * (N / n_glob)
 
-    # --- metrics (no grad; one host sync)
     with torch.no_grad():
-        n_tok = mf.sum()
-        nan = torch.tensor(float("nan"), dtype=dtype, device=logprobs.device)
-
-        def tok_mean(x):
-            return torch.where(n_tok > 0, (x * mf).sum() / n_tok.clamp(min=1), nan)
-
-        if config.importance_sampling_level == "sequence":
-            unit = (m.sum(dim=1, keepdim=True) > 0)  # [N, 1]: completions with tokens
-            clip_unit = torch.ones_like(unit)  # TRL counts every completion, empty ones too
-        else:
-            unit = clip_unit = m
-        unit_f, clip_f = unit.to(dtype), clip_unit.to(dtype)
-        n_unit, n_clip = unit_f.sum(), clip_f.sum()
-
-        def unit_mean(x):
-            return torch.where(n_unit > 0, (x * unit_f).sum() / n_unit.clamp(min=1), nan)
-
-        def clip_mean(x):
-            return torch.where(n_clip > 0, (x * clip_f).sum() / n_clip.clamp(min=1), nan)
-
-        r = ratio.detach()
-        low = (r < 1.0 - config.clip_eps_low) & (a < 0)
-        high = (r > 1.0 + config.clip_eps_high) & (a > 0)
-        big = torch.tensor(float("inf"), dtype=dtype, device=logprobs.device)
-        tok_lr = torch.where(m, logprobs.detach() - old, zero)
-        if config.log_ratio_clamp is not None:
-            tok_lr = tok_lr.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-        names = ["loss", "pg_loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high",
-                 "clip_frac_region", "approx_kl", "adv_mean", "adv_std", "num_tokens", "num_completions"]
-        values = [
-            loss.detach(),
-            (pg_tok.detach() * w).sum(),
-            unit_mean(r),
-            torch.where(n_unit > 0, torch.where(unit, r, big).min(), nan),
-            torch.where(n_unit > 0, torch.where(unit, r, -big).max(), nan),
-            clip_mean(low.to(dtype)),
-            clip_mean(high.to(dtype)),
-            clip_mean((low | high).to(dtype)),
-            tok_mean(torch.expm1(tok_lr) - tok_lr),
-            adv.mean(),
-            adv.std(correction=0),
-            n_tok,
-            torch.tensor(float(N), dtype=dtype, device=logprobs.device),
-        ]
-        if kl_tok is not None:
-            names.append("kl")
-            values.append(tok_mean(kl_tok.detach()))
-        if ent_tok is not None:
-            names.append("entropy")
-            values.append(tok_mean(ent_tok.detach()))
-        if phi is not None:
-            names.append("vespo_phi_mean")
-            values.append(phi.mean())
-        metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
-        metrics["num_tokens"] = float(round(metrics["num_tokens"]))
-        metrics["num_completions"] = float(N)
+        metrics = _loss_metrics(config, loss, pg_tok, w, ratio, m, adv, logprobs, old, kl_tok, ent_tok, phi)
     if group_stats is not None:
         metrics.update(group_stats.as_metrics())
     return loss, metrics
