@@ -28,7 +28,6 @@ import os
 import queue
 import shutil
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -659,36 +658,10 @@ def engine_version(path: str | None = None) -> str:
         return pool.version
 
 
-def wait_gone(pids: Iterable[int], timeout: float = 10.0) -> list[int]:
-    """Wait until none of `pids` is a live (non-zombie) process; return those still alive."""
-    deadline = time.monotonic() + timeout
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
-        if alive:
-            time.sleep(0.05)
-    return alive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # pragma: no cover - no /proc
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-
 __all__ = [
     "DEFAULT_DEPTH", "INSTALL_HINT", "StockfishNotFoundError", "EngineFailedError", "EngineSessionLost",
     "EngineSession", "find_stockfish",
     "stockfish_available", "usable_cores", "EngineSettings", "limit_key", "parse_limit_key", "Candidate",
     "Analysis", "AnalysisCache", "SHARED_CACHE", "EnginePool", "get_pool", "shutdown", "close_all_engines",
-    "engine_version", "wait_gone",
+    "engine_version",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import time
 
 import chess
 import pytest
@@ -82,3 +84,29 @@ def a_legal_position_with(tag: str, records: list[dict]) -> dict:
 
 __all__ = ["needs_stockfish", "random_positions", "shipped", "mutate", "corrupt_one_char", "policy_completion_for",
            "a_legal_position_with", "tasks"]
+
+
+def wait_gone(pids, timeout: float = 10.0) -> list[int]:
+    """Wait until none of `pids` is a live (non-zombie) process; return those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
+    return alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False

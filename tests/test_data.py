@@ -13,10 +13,10 @@ from pathlib import Path
 import chess
 import chess.engine
 import pytest
-from helpers_chess import needs_stockfish, random_positions, shipped
+from helpers_chess import needs_stockfish, random_positions, shipped, wait_gone
 
 from rookworld_lib import data, tasks
-from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key, wait_gone
+from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key
 from rookworld_lib.paths import DATA_DIR
 
 

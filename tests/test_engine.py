@@ -10,7 +10,7 @@ import time
 
 import chess
 import pytest
-from helpers_chess import needs_stockfish, random_positions
+from helpers_chess import needs_stockfish, random_positions, wait_gone
 
 from rookworld_lib import engine
 from rookworld_lib.engine import EnginePool, EngineSettings
@@ -167,7 +167,7 @@ def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
     assert results[:6] == expected  # retried results are the real ones
     seen = pool.pids() + killed
     pool.close()
-    assert engine.wait_gone(seen, timeout=10) == []
+    assert wait_gone(seen, timeout=10) == []
 
 
 def test_close_is_idempotent_and_refuses_new_work():
@@ -176,7 +176,7 @@ def test_close_is_idempotent_and_refuses_new_work():
     pids = pool.pids()
     pool.close()
     pool.close()
-    assert engine.wait_gone(pids) == []
+    assert wait_gone(pids) == []
     with pytest.raises(engine.EngineFailedError, match="closed"):
         pool.analyse(chess.STARTING_FEN)
 
@@ -245,4 +245,4 @@ def test_script_scoring_completions_exits_by_itself(tmp_path):
     assert all(-1.0 <= s <= 1.0 for s in scores) and scores[0] > scores[-1]
     pids = [int(p) for p in lines[-1].split()[1:]]
     assert pids, "the script should have started engines"
-    assert engine.wait_gone(pids, timeout=10) == []
+    assert wait_gone(pids, timeout=10) == []
