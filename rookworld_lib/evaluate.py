@@ -338,11 +338,7 @@ def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[floa
     records = list(records)
     prompts = [prompt_of(r, cfg.layout) for r in records]
     completions = complete(model, prompts, cfg)
-    out = []
-    for rec, prompt, text in zip(records, prompts, completions):
-        score = rewards.score_policy if rec["task"] == "P" else rewards.score_environment
-        out.append(float(score(prompt, text, truth=rec)))
-    return out
+    return [float(rewards.score(prompt, text, truth=rec)) for rec, prompt, text in zip(records, prompts, completions)]
 
 
 def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estimate:

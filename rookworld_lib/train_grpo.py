@@ -129,10 +129,7 @@ def default_reward(item: PromptItem, completion: str) -> float:
     """The chess rewards: policy or environment scorer by task, with ground truth when present."""
     from . import rewards
 
-    score = rewards.score_policy if item.task == "P" else rewards.score_environment
-    if item.truth is not None:
-        return float(score(item.prompt, completion, truth=item.truth))
-    return float(score(item.prompt, completion))
+    return float(rewards.score(item.prompt, completion, truth=item.truth))
 
 
 class PromptSampler:
