@@ -33,14 +33,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 
+from .paths import TMP_PREFIX, atomic_write
 from .train_utils import rng_state, set_rng_state, unwrap
 
 log = logging.getLogger(__name__)
@@ -49,7 +47,6 @@ FORMAT = "rookworld-checkpoint"
 VERSION = 1
 POINTER = "latest"
 _NAME = re.compile(r"^step_(\d+)\.pt$")
-_TMP_PREFIX = ".tmp-"
 
 
 class CheckpointError(RuntimeError):
@@ -68,40 +65,6 @@ class CheckpointLoadError(CheckpointError, ValueError):
 # Atomic files
 # --------------------------------------------------------------------------------------------
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable. Not every platform can open a directory (Windows): skip there."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Write a file so that readers see either its old content or the complete new one.
-
-    `write(f)` fills a temporary file in the same directory (same filesystem, so the rename is
-    atomic); it is flushed, fsynced and renamed over `path`, then the directory is fsynced. On
-    any error the temporary file is removed and the error propagates; `path` is untouched.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{_TMP_PREFIX}{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,7 +149,7 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
 
 def _remove_stale_temporaries(directory: Path) -> None:
     """Temporary files left by a save that was killed (one writer per directory is assumed)."""
-    for p in directory.glob(f"{_TMP_PREFIX}*"):
+    for p in directory.glob(f"{TMP_PREFIX}*"):
         with contextlib.suppress(OSError):
             p.unlink()
 

@@ -65,7 +65,7 @@ import chess
 import chess.engine
 
 from . import tasks
-from .paths import DATA_DIR
+from .paths import DATA_DIR, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -546,15 +546,15 @@ def _read_work_lines(path: Path) -> list[dict]:
 
 
 def _atomic_write_jsonl(path: Path, records: Iterable[dict]) -> int:
-    tmp = path.with_name(f".{path.name}.tmp")
     n = 0
-    with open(tmp, "w", encoding="utf-8") as fh:
+
+    def write(fh):
+        nonlocal n
         for rec in records:
-            fh.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=True) + "\n")
+            fh.write((json.dumps(rec, separators=(",", ":"), ensure_ascii=True) + "\n").encode())
             n += 1
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+
+    atomic_write(path, write)
     return n
 
 

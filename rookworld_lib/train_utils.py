@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .paths import atomic_write
+
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "fp32", "bf16")
@@ -354,9 +356,7 @@ class MetricsLogger:
             self.path.write_text("")
         elif resume_step is not None and self.path.exists():
             keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-            os.replace(tmp, self.path)
+            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in keep).encode()))
         self._fh = open(self.path, "a", encoding="utf-8")
 
     def log(self, record: dict) -> dict:
