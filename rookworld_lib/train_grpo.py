@@ -34,7 +34,7 @@ from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, WarmupCosineSchedule, add_config_arguments,
-                          build_adamw, clip_grad_norm, config_kwargs_from_args, setup_runtime)
+                          build_adamw, check_number, clip_grad_norm, config_kwargs_from_args, setup_runtime)
 
 METRICS_FILE = "grpo_metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
@@ -93,12 +93,14 @@ class GRPOTrainConfig:
                 raise ValueError(f"GRPOTrainConfig.{name} must be a positive integer, got {v!r}")
         if self.group_size < 2:
             raise ValueError(f"GRPOTrainConfig.group_size must be >= 2 (a group of one has no baseline), got {self.group_size}")
-        if not 0.0 <= self.policy_fraction <= 1.0:
-            raise ValueError(f"GRPOTrainConfig.policy_fraction must be in [0, 1], got {self.policy_fraction!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"GRPOTrainConfig.temperature must be > 0, got {self.temperature!r}")
-        if not self.lr > 0:
-            raise ValueError(f"GRPOTrainConfig.lr must be > 0, got {self.lr!r}")
+        # finite numbers in range, with SFT's messages (an inf learning rate must not train)
+        check_number(self, "policy_fraction", min=0.0, max=1.0)
+        check_number(self, "temperature", min=0.0, min_open=True)
+        check_number(self, "top_p", min=0.0, max=1.0, min_open=True)
+        check_number(self, "lr", min=0.0, min_open=True)
+        check_number(self, "min_lr_ratio", min=0.0, max=1.0)
+        check_number(self, "grad_clip", min=0.0)
+        check_number(self, "weight_decay", min=0.0)
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"GRPOTrainConfig.scale_rewards must be group, batch or none, got {self.scale_rewards!r}")
         if not isinstance(self.rollout_chunks, int) or not 1 <= self.rollout_chunks <= self.prompts_per_step:
@@ -109,10 +111,6 @@ class GRPOTrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"GRPOTrainConfig.{name} must be an integer >= 0, got {v!r}")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("GRPOTrainConfig.grad_clip and weight_decay must be >= 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"GRPOTrainConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
 
 
 RewardFn = Callable[[PromptItem, str], float]

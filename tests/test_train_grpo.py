@@ -104,10 +104,22 @@ def test_dynamic_sampling_drops_tied_groups():
 
 
 @pytest.mark.parametrize("field,value", [("group_size", 1), ("policy_fraction", 1.5), ("scale_rewards", "z"),
-                                         ("mu", 0), ("temperature", 0.0)])
+                                         ("mu", 0), ("temperature", 0.0), ("lr", float("inf")),
+                                         ("weight_decay", float("nan")), ("grad_clip", float("nan")),
+                                         ("min_lr_ratio", float("nan")), ("top_p", 0.0), ("lr", "1e-5")])
 def test_config_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOTrainConfig(**{field: value})
+
+
+def test_cli_refuses_non_finite_settings_in_one_line(tmp_path, capsys):
+    from rookworld_lib import train_grpo
+
+    for flag in ("--lr", "--weight-decay", "--grad-clip"):
+        code = train_grpo.cli(["--init-from", str(tmp_path / "none"), "--out-dir", str(tmp_path / "o"), flag, "nan",
+                               "--layout", "compact"])
+        err = capsys.readouterr().err
+        assert code == 1 and "must be a finite number" in err and "Traceback" not in err, err
 
 
 def test_kill_and_resume_gives_identical_parameters(tmp_path):
