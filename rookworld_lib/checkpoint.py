@@ -12,7 +12,9 @@ A checkpoint is one `torch.save` file, `<dir>/step_00000100.pt`, holding a dict:
     config               the run's config as a plain dict
     extra                anything else the loop needs to continue exactly (e.g. NaN-guard counters)
 
-`<dir>/latest` is a small JSON pointer {"file", "step", "bytes"} to the newest complete checkpoint.
+`<dir>/latest` is a small JSON pointer {"file", "step", "bytes", "sha256"} to the newest complete
+checkpoint, and every checkpoint has a `<file>.sha256` beside it: a load hashes the file and refuses
+one whose bytes changed since it was saved (a flipped bit, a disk error, another writer), naming it.
 
 Atomicity. Every file is written to a temporary name in the same directory, flushed and fsynced,
 then renamed over its final name with os.replace (atomic on POSIX), and the directory is fsynced.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -128,8 +131,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
         _remove_stale_temporaries(directory)
         t0 = time.perf_counter()
         atomic_write(path, lambda f: torch.save(state, f))
-        size = path.stat().st_size
-        pointer = json.dumps({"file": path.name, "step": step, "bytes": size}) + "\n"
+        size, digest = path.stat().st_size, file_sha256(path)
+        atomic_write(_digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
+        pointer = json.dumps({"file": path.name, "step": step, "bytes": size, "sha256": digest}) + "\n"
         atomic_write(directory / POINTER, lambda f: f.write(pointer.encode()))
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports I/O failures as RuntimeError
         kept = f"the previous checkpoint {previous} is intact and still the latest" if previous and previous.exists() \
@@ -144,7 +148,30 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
             if old != path:
                 with contextlib.suppress(OSError):
                     old.unlink()
+                with contextlib.suppress(OSError):
+                    _digest_path(old).unlink()
     return path
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(4 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _saved_digest(path: Path) -> str | None:
+    """The SHA-256 recorded when `path` was saved (its .sha256 file), or None for older checkpoints."""
+    try:
+        return _digest_path(path).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
@@ -176,6 +203,10 @@ def load_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> dict:
     if expected_bytes is not None and size != expected_bytes:
         raise CheckpointLoadError(f"{path}: {size} bytes on disk, {expected_bytes} when it was saved: the file "
                                   f"was truncated or overwritten{_others(path)}")
+    saved = _saved_digest(path)
+    if saved is not None and file_sha256(path) != saved:
+        raise CheckpointLoadError(f"{path}: its bytes changed since it was saved (SHA-256 differs from "
+                                  f"{_digest_path(path).name}): a corrupted file, not loaded{_others(path)}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # zip/pickle errors come in many types; all mean the same here

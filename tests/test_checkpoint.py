@@ -49,7 +49,7 @@ def test_round_trip_restores_everything(tmp_path):
     path = ck.save_checkpoint(tmp_path, state)
     assert path.name == "step_00000003.pt"
     pointer = json.loads((tmp_path / "latest").read_text())
-    assert pointer == {"file": path.name, "step": 3, "bytes": path.stat().st_size}
+    assert pointer == {"file": path.name, "step": 3, "bytes": path.stat().st_size, "sha256": ck.file_sha256(path)}
     loaded = ck.load_checkpoint(tmp_path)  # a directory resolves to its latest checkpoint
     assert loaded["kind"] == "sft" and loaded["config"] == {"lr": 1e-2} and loaded["extra"]["guard"] == {"n": 1}
 
@@ -164,8 +164,11 @@ def test_corrupt_and_partial_checkpoints_give_a_clear_error_naming_the_file(tmp_
     path.write_bytes(good[: len(good) // 2])  # truncated behind our back: the pointer's size disagrees
     with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: .*bytes on disk.*truncated"):
         ck.load_checkpoint(tmp_path)
+    with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: its bytes changed since it was saved"):
+        ck.load_checkpoint(path)  # the file itself, without the pointer's size: its .sha256 disagrees
+    (tmp_path / "step_00000001.pt.sha256").unlink()  # an older checkpoint without a digest
     with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: corrupt or incomplete"):
-        ck.load_checkpoint(path)  # the file itself, without the pointer's size
+        ck.load_checkpoint(path)
 
     path.write_bytes(b"\x00" * 1000)
     with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: corrupt or incomplete"):
@@ -185,6 +188,21 @@ def test_corrupt_and_partial_checkpoints_give_a_clear_error_naming_the_file(tmp_
     (tmp_path / "latest").write_text("{not json")
     with pytest.raises(ck.CheckpointLoadError, match="latest.*unreadable"):
         ck.load_checkpoint(tmp_path)
+
+
+def test_flipped_bytes_are_refused_by_their_checksum(tmp_path):
+    *_, state = trained_state()
+    ck.save_checkpoint(tmp_path, {**state, "step": 1})
+    path = ck.save_checkpoint(tmp_path, {**state, "step": 2}, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_00000002.pt", "step_00000002.pt.sha256"]
+    assert json.loads((tmp_path / "latest").read_text())["sha256"] == ck.file_sha256(path)
+    data = bytearray(path.read_bytes())
+    for k in (len(data) // 2, len(data) // 2 + 7, len(data) // 2 + 99):  # three bytes inside the tensor data
+        data[k] ^= 0x5A
+    path.write_bytes(bytes(data))  # same size: the pointer's byte count cannot see it
+    for target in (tmp_path, path):
+        with pytest.raises(ck.CheckpointLoadError, match=r"step_00000002\.pt: its bytes changed .*not loaded"):
+            ck.load_checkpoint(target)
 
 
 KILL_DURING_SAVE = textwrap.dedent("""
