@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import math
 import random
 import sys
@@ -34,7 +35,8 @@ from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, WarmupCosineSchedule, add_config_arguments,
-                          build_adamw, check_number, clip_grad_norm, config_kwargs_from_args, setup_runtime)
+                          build_adamw, check_number, clip_grad_norm, config_differences, config_kwargs_from_args,
+                          resume_mismatch, setup_runtime)
 
 METRICS_FILE = "grpo_metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
@@ -114,6 +116,9 @@ class GRPOTrainConfig:
 
 
 RewardFn = Callable[[PromptItem, str], float]
+# Settings a resume may change (the rest must match the checkpoint's run): how long, where, how shown.
+RESUME_MAY_CHANGE = frozenset({"steps", "max_nonfinite_in_a_row", "checkpoint_interval", "keep_checkpoints",
+                               "out_dir", "resume", "device", "progress"})
 
 
 def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
@@ -152,6 +157,15 @@ class PromptSampler:
     def draw(self, n: int) -> list[PromptItem]:
         n_policy = round(n * self.fraction)
         return [self._next("P") for _ in range(n_policy)] + [self._next("A") for _ in range(n - n_policy)]
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the prompt pools (task and text, in order): a resume must draw from the same."""
+        h = hashlib.sha256()
+        for t in ("P", "A"):
+            for item in self.pools[t]:
+                h.update(f"{t}\x00{item.prompt}\x00".encode())
+        return h.hexdigest()
 
     def state_dict(self):
         return {"rng": self.rng.getstate(), "order": copy.deepcopy(self.order)}
@@ -214,10 +228,12 @@ class GRPOTrainer:
     """
 
     def __init__(self, model: GPT, items: list[PromptItem], cfg: GRPOTrainConfig,
-                 reward_fn: RewardFn = default_reward, on_step: Callable[[dict], None] | None = None):
+                 reward_fn: RewardFn = default_reward, on_step: Callable[[dict], None] | None = None,
+                 init_from: str | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
         self.cfg = cfg
+        self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         self.runtime = setup_runtime(cfg.device, cfg.dtype)
         self.dist = distributed.init_from_env(self.runtime.device.type)
         W = self.dist.world_size
@@ -285,6 +301,7 @@ class GRPOTrainer:
             raise ValueError(f"{ckpt_dir} already holds checkpoints (latest {latest.name}); resume=True continues "
                              "that run; to start over choose another out_dir or delete it")
         ckpt = ckpt_lib.load_checkpoint(latest)
+        self._check_resumable(ckpt, latest)
         self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
                                                     scheduler=self.schedule, data=self.prompts)
         self.guard.load_state_dict(ckpt["extra"]["guard"])
@@ -293,12 +310,25 @@ class GRPOTrainer:
         self.last_checkpoint = latest
         return latest
 
+    def _check_resumable(self, ckpt: dict, latest: Path) -> None:
+        """The checkpoint is this run's: a GRPO checkpoint with the same settings, model source and prompts."""
+        if ckpt.get("kind") != "grpo":
+            raise ValueError(f"{latest} is a {ckpt.get('kind')!r} checkpoint, not a GRPO one; use another out_dir")
+        diff = config_differences(ckpt.get("config") or {}, self.cfg, RESUME_MAY_CHANGE)
+        extra = ckpt.get("extra") or {}
+        if self.init_from is not None and extra.get("init_from") not in (None, self.init_from):
+            diff["init_from"] = (extra["init_from"], self.init_from)
+        if extra.get("prompts") not in (None, self.prompts.fingerprint):
+            diff["prompts"] = ("another prompt set", "this data")
+        if diff:
+            raise resume_mismatch(latest.parent, diff)
+
     def save(self) -> Path | None:
         """Checkpoint at a step boundary (rank 0 writes; other ranks wait)."""
         if self.out_dir is None:
             return None
         if self.dist.is_main:
-            extra = {"guard": self.guard.state_dict()}
+            extra = {"guard": self.guard.state_dict(), "init_from": self.init_from, "prompts": self.prompts.fingerprint}
             if self.ref is not None:
                 extra["ref"] = self.ref.state_dict()
             cfg = dataclasses.asdict(self.cfg)
@@ -561,7 +591,7 @@ def cli(argv: list[str] | None = None) -> int:
         pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
         model = GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad)
         model.layout = layout  # what this run trains on; the export records it
-        trainer = GRPOTrainer(model, prompt_items(records, layout), cfg)
+        trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, init_from=args.init_from)
         trainer.train()
         if trainer.dist.is_main:
             final = trainer.export()

@@ -74,8 +74,10 @@ from .train_utils import (
     check_int,
     check_number,
     clip_grad_norm,
+    config_differences,
     config_kwargs_from_args,
     maybe_compile,
+    resume_mismatch,
     rng_state,
     seed_everything,
     set_rng_state,
@@ -242,13 +244,6 @@ RESUME_MAY_CHANGE = frozenset({
     "eval_interval", "eval_steps", "checkpoint_interval", "keep_checkpoints", "out_dir", "resume", "export_hf",
     "progress",
 })
-
-
-def config_differences(saved: dict, cfg: SFTConfig) -> dict[str, tuple]:
-    """Fields whose saved value differs from cfg's and that may not change across a resume."""
-    now = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as stored
-    saved = json.loads(json.dumps(saved))
-    return {k: (saved.get(k), v) for k, v in now.items() if k not in RESUME_MAY_CHANGE and saved.get(k) != v}
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,11 +579,9 @@ class SFTTrainer:
             ckpt = ckpt_lib.load_checkpoint(self.ckpt_dir)
             if ckpt.get("kind") != "sft":
                 raise ValueError(f"{resume_from} is a {ckpt.get('kind')!r} checkpoint, not an SFT one; use another out_dir")
-            diff = config_differences(ckpt.get("config") or {}, cfg)
+            diff = config_differences(ckpt.get("config") or {}, cfg, RESUME_MAY_CHANGE)
             if diff:
-                changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-                raise ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
-                                 "same settings to resume it, or another out_dir for a new run")
+                raise resume_mismatch(self.ckpt_dir, diff)
 
         seed_everything(cfg.seed)
         if ckpt is not None:

@@ -469,6 +469,21 @@ def check_int(cfg, name: str, *, min: int | None = None) -> None:
         bad_field(type(cfg).__name__, name, value, "must be an integer" + (f" >= {min}" if min is not None else ""))
 
 
+def config_differences(saved: dict, cfg, may_change: frozenset = frozenset()) -> dict[str, tuple]:
+    """Fields (nested dataclasses as dicts) whose saved value differs from cfg's and that may not
+    change across a resume: {name: (saved, now)}."""
+    now = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as stored
+    saved = json.loads(json.dumps(saved))
+    return {k: (saved.get(k), v) for k, v in now.items() if k not in may_change and saved.get(k) != v}
+
+
+def resume_mismatch(where, diff: dict[str, tuple]) -> ValueError:
+    """The one message for a resume whose settings differ from the saved run's."""
+    changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+    return ValueError(f"{where} holds a checkpoint of a run with other settings ({changes}); use the same settings "
+                      "to resume it, or another out_dir for a new run")
+
+
 def check_number(cfg, name: str, *, min: float | None = None, max: float | None = None,
                  min_open: bool = False, max_open: bool = False) -> None:
     value = getattr(cfg, name)

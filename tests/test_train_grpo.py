@@ -175,3 +175,38 @@ def test_close_drops_the_wrapper_and_a_closed_multiprocess_trainer_refuses_to_tr
     trainer.dist = type(trainer.dist)(rank=0, world_size=2, local_rank=0)
     with pytest.raises(RuntimeError, match="closed"):
         trainer.train()
+
+
+def test_resume_refuses_another_run_naming_what_differs(tmp_path):
+    from rookworld_lib import checkpoint as ck
+
+    out = str(tmp_path / "run")
+    cfg = {"steps": 1, "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "out_dir": out}
+    make(cfg).train()
+    assert make({**cfg, "steps": 2}).resumed_from is not None  # a longer run of the same settings resumes
+    for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"),
+                         ({"loss": grpo.GRPOConfig(beta=0.0, loss_type="dr_grpo", max_completion_length=4)}, "loss")):
+        with pytest.raises(ValueError, match=rf"other settings \({name}: "):
+            make({**cfg, **change})
+    torch.manual_seed(0)
+    other_prompts = [PromptItem("P", "P: another prompt"), PromptItem("A", "A: another+e2e4+")]
+    with pytest.raises(ValueError, match=r"other settings \(prompts: "):
+        GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), other_prompts,
+                    GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
+                                       "loss": grpo.GRPOConfig(beta=0.0)}), reward_fn=toy_reward)
+    # a checkpoint of another kind (here: relabelled as SFT) is refused by kind
+    path = ck.latest_checkpoint(tmp_path / "run" / "checkpoints")
+    state = ck.load_checkpoint(path)
+    ck.save_checkpoint(tmp_path / "run" / "checkpoints", {**state, "kind": "sft", "step": state["step"] + 1})
+    with pytest.raises(ValueError, match="not a GRPO one"):
+        make(cfg)
+
+
+def test_resume_refuses_another_init_model(tmp_path):
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=4, max_new_tokens=4, minibatch_size=8,
+                          loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False, out_dir=str(tmp_path / "run"))
+    model = GPT(GPTConfig.preset("tiny", block_size=64))
+    GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "a")).train()
+    with pytest.raises(ValueError, match=r"other settings \(init_from: "):
+        GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "b"))
+    assert GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "a")).resumed_from
