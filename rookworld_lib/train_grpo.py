@@ -14,6 +14,7 @@ never perturbs the log-probs that the ratio compares (TRL's `disable_dropout`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -36,7 +37,7 @@ from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, WarmupCosineSchedule, add_config_arguments,
                           build_adamw, check_number, clip_grad_norm, config_differences, config_kwargs_from_args,
-                          resume_mismatch, setup_runtime)
+                          resume_mismatch, run_lock, setup_runtime)
 
 METRICS_FILE = "grpo_metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
@@ -499,7 +500,13 @@ class GRPOTrainer:
         return record
 
     def train(self, until: int | None = None) -> list[dict]:
-        """Run to cfg.steps (or stop after step `until`), logging and checkpointing on rank 0."""
+        """Run to cfg.steps (or stop after step `until`), logging and checkpointing on rank 0, which
+        holds out_dir's lock meanwhile (RunDirBusyError when another run holds it)."""
+        locked = self.out_dir is not None and self.dist.is_main
+        with run_lock(self.out_dir) if locked else contextlib.nullcontext():
+            return self._train(until)
+
+    def _train(self, until: int | None) -> list[dict]:
         from tqdm.auto import tqdm
 
         cfg = self.cfg

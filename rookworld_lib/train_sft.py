@@ -79,6 +79,7 @@ from .train_utils import (
     maybe_compile,
     resume_mismatch,
     rng_state,
+    run_lock,
     seed_everything,
     set_rng_state,
     setup_runtime,
@@ -746,8 +747,13 @@ class SFTTrainer:
         """Train to max_steps, or stop after step `until` (a checkpoint is saved where it stops).
 
         Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row; the metrics
-        of every step and all checkpoints saved before then stay on disk.
+        of every step and all checkpoints saved before then stay on disk. Rank 0 holds out_dir's
+        lock meanwhile (RunDirBusyError when another run holds it).
         """
+        with run_lock(self.out_dir) if self.dist.is_main else contextlib.nullcontext():
+            return self._train(until)
+
+    def _train(self, until: int | None) -> list[dict]:
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 

@@ -210,3 +210,14 @@ def test_resume_refuses_another_init_model(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(init_from: "):
         GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "b"))
     assert GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "a")).resumed_from
+
+
+def test_grpo_refuses_a_run_dir_another_run_is_writing(tmp_path):
+    from rookworld_lib.train_utils import RunDirBusyError, run_lock
+
+    trainer = make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8})
+    with run_lock(tmp_path), pytest.raises(RunDirBusyError, match="being written by another run"):
+        trainer.train()
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "grpo_metrics.jsonl").exists()
+    trainer.train()  # the lock is gone with its holder
+    assert (tmp_path / "grpo_metrics.jsonl").exists()

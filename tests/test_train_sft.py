@@ -380,3 +380,18 @@ def test_cli_help():
     assert info.value.code == 0
     text = sft.build_parser().format_help()
     assert text.startswith("usage: rookworld sft") and "--max-nonfinite-in-a-row" in text and "--no-resume" in text
+
+
+def test_a_second_writer_into_the_same_out_dir_stops_at_once(tmp_path):
+    """Two runs into one out_dir (issue: their checkpoints and metrics mixed): the second gets one
+    clear error before it writes anything, and the first run's files are untouched."""
+    from rookworld_lib.train_utils import RunDirBusyError, run_lock
+
+    train_sft(tiny_cfg(tmp_path, max_steps=2), train_texts=TEXTS)
+    before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    with run_lock(tmp_path):  # the first run, still writing
+        with pytest.raises(RunDirBusyError, match=rf"{tmp_path} is being written by another run \(pid \d+"):
+            train_sft(tiny_cfg(tmp_path, max_steps=4), train_texts=TEXTS)
+    after = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert after == before
+    assert train_sft(tiny_cfg(tmp_path, max_steps=4), train_texts=TEXTS).step == 4  # free again: it resumes
