@@ -8,6 +8,7 @@ single process. Only rank 0 writes logs and checkpoints (`is_main`).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -104,7 +105,27 @@ def torchrun(subcommand: str, argv: list[str], nproc: int) -> int:
     env = dict(os.environ)
     # each process gets its share of the cores; oversubscribed threads slow everything down
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    return subprocess.call(cmd, env=env)
+    # torchrun dies with this launcher, even a SIGKILLed one (the kernel sends it SIGTERM, and it
+    # stops its workers): no orphans keep writing into the out_dir. Ctrl-C and SIGTERM are passed on.
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_terminate_with_parent)
+    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _terminate_with_parent() -> None:
+    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (elsewhere: nothing)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def strip_nproc(argv: list[str]) -> tuple[int, list[str]]:

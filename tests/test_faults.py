@@ -154,6 +154,33 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_path):
+    """`kill -9` of `rookworld sft --nproc 2` used to orphan torchrun and both workers, which kept
+    writing into the out_dir; now they are gone within seconds."""
+    from helpers_chess import wait_gone
+
+    data_file = tmp_path / "train.jsonl"
+    data_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    args = ["--train-data", str(data_file), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
+            "--max-steps", "100000", "--warmup-steps", "1", "--checkpoint-interval", "1", "--eval-interval", "0",
+            "--val-fraction", "0", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path / "run")]
+    cmd = [sys.executable, "-m", "rookworld_lib.cli", "sft", "--nproc", "2", *args]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and last_step(metrics) < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    workers = descendants(proc.pid)
+    assert len(workers) >= 3, workers  # torchrun and its two workers
+    proc.kill()  # the launcher only, as `kill -9 <pid>` does
+    proc.wait()
+    assert wait_gone(workers, timeout=60) == [], "torchrun or a worker outlived its launcher"
+    step = last_step(metrics)
+    time.sleep(1.0)
+    assert last_step(metrics) == step  # nothing writes into the out_dir any more
+
+
 @pytest.mark.heavy
 @pytest.mark.skipif(not HEAVY, reason="heavy: set ROOKWORLD_HEAVY=1")
 def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path):
