@@ -8,12 +8,14 @@ leaves a layer at its random init and the model still runs, just badly.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from .model import GPTConfig
+from .tasks import LAYOUTS
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # Causal-mask buffers that older transformers versions saved with the weights; they hold no learned
@@ -37,7 +39,6 @@ class CheckpointFormatError(ValueError):
 # ignores unknown keys). A GPT-2 directory without it is taken as an original RookWorld model,
 # which reads and writes the original fixed-width layout (rookworld_lib.tasks).
 LAYOUT_KEY = "rookworld_layout"
-LAYOUTS = ("compact", "original")  # = tasks.LAYOUTS (not imported: keeps this module free of python-chess)
 
 
 def read_layout(directory: str | Path) -> tuple[str, str]:
@@ -49,6 +50,14 @@ def read_layout(directory: str | Path) -> tuple[str, str]:
     except (OSError, ValueError) as exc:
         raise CheckpointFormatError(f"{path}: cannot read ({exc})") from None
     return _layout_of(d, path)
+
+
+def layout_for(init_from: str | os.PathLike | None) -> tuple[str, str]:
+    """(layout, why) of a run starting from `init_from`: compact from scratch (None or "scratch"),
+    else the init model's own (read_layout)."""
+    if not init_from or init_from == "scratch":
+        return "compact", "a scratch start trains the compact layout"
+    return read_layout(init_from)
 
 
 def _layout_of(d: dict, path: Path) -> tuple[str, str]:

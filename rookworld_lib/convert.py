@@ -222,7 +222,8 @@ def _text_batches(table_batches, path: Path) -> Iterator[str]:
 
 def iter_lines(path: str | os.PathLike) -> Iterator[str]:
     """The text lines of one input file, streamed: .txt (any other suffix too) one line each,
-    .jsonl/.json a ``text`` field per JSON line, .parquet and .arrow a ``text`` column."""
+    .jsonl/.json a ``text`` field per JSON line (a ValueError in place of an unreadable one),
+    .parquet and .arrow a ``text`` column."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -243,15 +244,14 @@ def iter_lines(path: str | os.PathLike) -> Iterator[str]:
             yield from _text_batches(reader, path)
     elif suffix in (".jsonl", ".json"):
         with open(path, encoding="utf-8") as fh:
-            for lineno, raw in enumerate(fh, 1):
+            for raw in fh:  # one item per line, blank ones too, so line numbers hold
                 if not raw.strip():
                     yield ""
                     continue
                 try:
-                    obj = json.loads(raw)
-                    yield obj["text"]
+                    yield json.loads(raw)["text"]
                 except (ValueError, KeyError, TypeError):
-                    yield f"\x00{path}:{lineno}: not a JSON object with a 'text' field"
+                    yield ValueError("not a JSON object with a 'text' field")  # reported as this line's reason
     else:
         with open(path, encoding="utf-8", errors="replace") as fh:
             yield from fh
@@ -291,10 +291,8 @@ def _reason_kind(reason: str) -> str:
 def _convert_chunk(chunk: list[tuple[str, int, str]], split: str) -> list[tuple[int, dict | str]]:
     out = []
     for ident, number, text in chunk:
-        if text.startswith("\x00"):
-            out.append((number, text[1:].split(": ", 1)[1]))
-        else:
-            out.append((number, convert_line(text, split=split, ident=ident, number=number)))
+        bad = isinstance(text, ValueError)
+        out.append((number, str(text) if bad else convert_line(text, split=split, ident=ident, number=number)))
     return out
 
 
@@ -302,9 +300,9 @@ def _chunks(inputs: list[Path], size: int) -> Iterator[tuple[Path, list[tuple[st
     for k, path in enumerate(inputs):
         chunk = []
         for lineno, text in enumerate(iter_lines(path), 1):
-            if text is None or not str(text).strip():
+            if text is None or isinstance(text, str) and not text.strip():
                 continue
-            chunk.append((f"{k}-{lineno}", lineno, str(text)))
+            chunk.append((f"{k}-{lineno}", lineno, text if isinstance(text, ValueError) else str(text)))
             if len(chunk) == size:
                 yield path, chunk
                 chunk = []

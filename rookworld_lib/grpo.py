@@ -235,11 +235,11 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
     unscorable = torch.isnan(R).all(dim=1)  # [N]
     raw = torch.nansum(R * w, dim=1).masked_fill(unscorable, float("nan"))  # TRL's logged `reward`
     zeros = torch.zeros(N, dtype=torch.float64, device=R.device)
+    g = raw.view(-1, G)  # the weighted rewards by group (logged stats; the input of sum_then_normalize)
+    group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
     if multi_objective_aggregation == "sum_then_normalize":
         x = raw
-        g = x.view(-1, G)
         centred = g - torch.nanmean(g, dim=1, keepdim=True)
-        group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
         if scale == "batch":
             std = _nanstd(x).expand(N) if N > 1 else zeros
         else:
@@ -260,8 +260,6 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
         std = _nanstd(x).expand(N) if N > 1 else zeros
         adv = (x - torch.nanmean(x)) / (std + eps)
         tied = _tied(x, dim=0).expand(N)
-        g = raw.view(-1, G)
-        group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
     adv = torch.where(tied | torch.isnan(adv), torch.zeros_like(adv), adv)
     is_std_zero = torch.isclose(std, torch.zeros_like(std))
     scorable = raw[~unscorable]

@@ -56,9 +56,10 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
-from .checkpoint_hf import read_layout
+from .checkpoint_hf import layout_for
 from .model import GPT, PRESETS, GPTConfig, lm_loss
 from .paths import RUNS_DIR
+from .tasks import LAYOUTS
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from .train_utils import (
     DTYPES,
@@ -89,7 +90,6 @@ from .train_utils import (
 log = logging.getLogger(__name__)
 
 TASKS = ("P", "A")
-LAYOUTS = ("compact", "original")
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoints"
 FINAL_DIR = "final"
@@ -532,12 +532,7 @@ class SFTTrainer:
                                  "micro-batch, so the global batch stays the same whatever the world size")
         self.loss_impl = resolve_loss_impl(cfg.loss_impl, self.runtime.device)
         # the layout records are rendered in, and the one the export records (checkpoint_hf.LAYOUT_KEY)
-        if cfg.layout:
-            self.layout, why = cfg.layout, "SFTConfig.layout"
-        elif cfg.init_from == "scratch":
-            self.layout, why = "compact", "a scratch start trains the compact layout"
-        else:
-            self.layout, why = read_layout(cfg.init_from)
+        self.layout, why = (cfg.layout, "SFTConfig.layout") if cfg.layout else layout_for(cfg.init_from)
         log.info("layout: %s (%s)", self.layout, why)
         self.history: list[dict] = []
         self.last_checkpoint: Path | None = None

@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from . import grpo
-from .checkpoint_hf import read_layout
 from .evaluate import EvalConfig, Estimate
 from .tasks import COMPLETION_BUDGET
 from .train_grpo import GRPOTrainConfig
@@ -89,14 +88,6 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str
                      compile=p.compile, seed=seed, eval_interval=max(1, p.sft_steps // 10), eval_steps=4,
                      checkpoint_interval=0, out_dir=str(out_dir), resume=False, export_hf=True, progress=True,
                      model_overrides={"pad_vocab_to_multiple": p.pad_vocab_to_multiple})
-
-
-def layout_for(init_from: str | None) -> tuple[str, str]:
-    """(layout, why) of a run: compact when SFT starts from scratch, else the init model's own
-    (its config.json's record; none means an original RookWorld model, which reads the original layout)."""
-    if not init_from:
-        return "compact", "SFT from scratch trains the compact layout"
-    return read_layout(init_from)
 
 
 def _budget(p: Profile, layout: str) -> int:

@@ -354,3 +354,13 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
         if item.task == "P":
             assert len(item.prompt) == len("P: ") + tasks.ORIGINAL_FEN_WIDTH - 1  # padded, minus the space before M:
     assert json.loads((tmp_path / "grpo/final/config.json").read_text())[LAYOUT_KEY] == "original"
+
+
+def test_an_unreadable_json_line_is_reported_with_its_line_number(tmp_path):
+    src = tmp_path / "set.jsonl"
+    good = policy_fixtures()[0]
+    src.write_text(json.dumps({"text": good}) + "\n\n{broken\n" + json.dumps({"txt": good}) + "\n")
+    report = convert.convert([src], tmp_path / "out", workers=1)
+    assert report.written == {"P": 1} and report.lines == 3
+    assert report.first_errors == [f"{src}:3: not a JSON object with a 'text' field",
+                                   f"{src}:4: not a JSON object with a 'text' field"]
