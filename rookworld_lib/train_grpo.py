@@ -14,11 +14,12 @@ never perturbs the log-probs that the ratio compares (TRL's `disable_dropout`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import dataclasses
 import hashlib
+import logging
 import math
+import os
 import random
 import sys
 import time
@@ -35,12 +36,12 @@ from .model import GPT
 from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
-from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, WarmupCosineSchedule, add_config_arguments,
-                          build_adamw, check_number, clip_grad_norm, config_differences, config_kwargs_from_args,
-                          resume_mismatch, run_lock, setup_runtime)
+from .trainer import Trainer
+from .train_utils import (NonFiniteError, WarmupCosineSchedule, add_config_arguments,
+                          build_adamw, check_number, clip_grad_norm, config_kwargs_from_args,
+                          setup_runtime)
 
 METRICS_FILE = "grpo_metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
 
 
 @dataclass(frozen=True)
@@ -217,26 +218,28 @@ def group_std(rewards: torch.Tensor, G: int) -> torch.Tensor:
     return rewards.view(-1, G).std(dim=1, unbiased=False)
 
 
-class GRPOTrainer:
+class GRPOTrainer(Trainer):
     """Holds the policy, the optional frozen reference, the optimizer and the loop state.
 
     Built with cfg.out_dir holding a checkpoint of the same run (and cfg.resume), it continues that
-    run. Under torchrun (WORLD_SIZE > 1) each rank samples and scores its share of the rollout
-    chunks; the rollouts are then gathered so that every rank holds the same global batch,
-    advantages are computed per group on it, and each minibatch is split across the ranks, whose
-    gradients DistributedDataParallel averages. With explicit global normalisation counts, the
-    update is the same whatever the world size.
+    run (trainer.Trainer checks that it is this run's). Under torchrun (WORLD_SIZE > 1) each rank
+    samples and scores its share of the rollout chunks; the rollouts are then gathered so that
+    every rank holds the same global batch, advantages are computed per group on it, and each
+    minibatch is split across the ranks, whose gradients DistributedDataParallel averages. With
+    explicit global normalisation counts, the update is the same whatever the world size.
     """
+
+    kind, name, metrics_file = "grpo", "GRPO", METRICS_FILE
+    resume_may_change = RESUME_MAY_CHANGE
+    stop_hint = "Lower lr, or check the rewards and the model."
 
     def __init__(self, model: GPT, items: list[PromptItem], cfg: GRPOTrainConfig,
                  reward_fn: RewardFn = default_reward, on_step: Callable[[dict], None] | None = None,
                  init_from: str | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
-        self.cfg = cfg
+        super().__init__(cfg, out_dir=cfg.out_dir, device=cfg.device, dtype=cfg.dtype, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
-        self.runtime = setup_runtime(cfg.device, cfg.dtype)
-        self.dist = distributed.init_from_env(self.runtime.device.type)
         W = self.dist.world_size
         if W > 1:
             n = cfg.prompts_per_step * cfg.group_size
@@ -252,102 +255,55 @@ class GRPOTrainer:
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99),
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
-        self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row)
         self.prompts = PromptSampler(items, cfg.policy_fraction, cfg.seed)
         self.reward_fn = reward_fn
         self.tokenizer = get_tokenizer()
-        self.on_step = on_step
-        self.step = 0
-        self.history: list[dict] = []
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
-        self.last_checkpoint: Path | None = None
-        self.out_dir = Path(cfg.out_dir) if cfg.out_dir else None
-        self.resumed_from = self._maybe_resume()
-        self.policy = self.model
-        self.closed = False
-        if W > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        ckpt = self.find_checkpoint()
+        if ckpt is not None:
+            self.restore(ckpt)
+        self.wrap_ddp(self.model)
 
-            ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
-            self.policy = DDP(self.model, device_ids=ids)
-
-    def close(self) -> None:
-        """Drop the DistributedDataParallel wrapper; call it before `distributed.cleanup()`.
-
-        With gloo, a DDP wrapper that outlives `destroy_process_group` holds the last reference to
-        the process group, and its destructor joins gloo's worker threads while holding the GIL; a
-        worker still releasing a finished all-reduce needs the GIL, so the process hangs at exit
-        (seen in 5 of 30 runs of the two-process job of tests/test_distributed.py, torch 2.13). Dropped while the
-        group is still registered, the wrapper frees nothing but itself. Idempotent; a closed
-        multi-process trainer refuses to train (its gradients would no longer be averaged).
-        """
-        self.policy = self.model
-        self.closed = True
+    @property
+    def policy(self) -> torch.nn.Module:
+        """What the loss runs through: the DDP wrapper under torchrun, else the model."""
+        return self.ddp or self.model
 
     @property
     def skipped_updates(self) -> int:
         return self.guard.total
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- what the scaffold asks -----------------------------------------------------------
 
-    def _maybe_resume(self) -> Path | None:
-        if self.out_dir is None:
-            return None
-        ckpt_dir = self.out_dir / CHECKPOINT_DIR
-        latest = ckpt_lib.latest_checkpoint(ckpt_dir)
-        if latest is None:
-            return None
-        if not self.cfg.resume:
-            raise ValueError(f"{ckpt_dir} already holds checkpoints (latest {latest.name}); resume=True continues "
-                             "that run; to start over choose another out_dir or delete it")
-        ckpt = ckpt_lib.load_checkpoint(latest)
-        self._check_resumable(ckpt, latest)
-        self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
-                                                    scheduler=self.schedule, data=self.prompts)
-        self.guard.load_state_dict(ckpt["extra"]["guard"])
+    def total_steps(self) -> int:
+        return self.cfg.steps
+
+    def data_state(self):
+        return self.prompts
+
+    def checkpoint_extra(self) -> dict:
+        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint}
         if self.ref is not None:
-            self.ref.load_state_dict(ckpt["extra"]["ref"], strict=True)
-        self.last_checkpoint = latest
-        return latest
+            extra["ref"] = self.ref.state_dict()
+        return extra
 
-    def _check_resumable(self, ckpt: dict, latest: Path) -> None:
-        """The checkpoint is this run's: a GRPO checkpoint with the same settings, model source and prompts."""
-        if ckpt.get("kind") != "grpo":
-            raise ValueError(f"{latest} is a {ckpt.get('kind')!r} checkpoint, not a GRPO one; use another out_dir")
-        diff = config_differences(ckpt.get("config") or {}, self.cfg, RESUME_MAY_CHANGE)
-        extra = ckpt.get("extra") or {}
+    def restore_extra(self, extra: dict) -> None:
+        if self.ref is not None:
+            self.ref.load_state_dict(extra["ref"], strict=True)
+
+    def resume_differences(self, ckpt: dict) -> dict[str, tuple]:
+        """The model a run starts from and its prompt set must be the checkpoint's too."""
+        extra, diff = ckpt.get("extra") or {}, {}
         if self.init_from is not None and extra.get("init_from") not in (None, self.init_from):
             diff["init_from"] = (extra["init_from"], self.init_from)
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
-        if diff:
-            raise resume_mismatch(latest.parent, diff)
+        return diff
 
-    def save(self) -> Path | None:
-        """Checkpoint at a step boundary (rank 0 writes; other ranks wait)."""
-        if self.out_dir is None:
-            return None
-        if self.dist.is_main:
-            extra = {"guard": self.guard.state_dict(), "init_from": self.init_from, "prompts": self.prompts.fingerprint}
-            if self.ref is not None:
-                extra["ref"] = self.ref.state_dict()
-            cfg = dataclasses.asdict(self.cfg)
-            state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
-                                            scheduler=self.schedule, data=self.prompts, config=cfg, extra=extra,
-                                            kind="grpo")
-            self.last_checkpoint = ckpt_lib.save_checkpoint(self.out_dir / CHECKPOINT_DIR, state,
-                                                            keep_last=self.cfg.keep_checkpoints)
-        distributed.barrier()
-        return self.last_checkpoint
-
-    def export(self, directory: str | Path | None = None) -> Path:
-        """The policy in Hugging Face GPT-2 format (default <out_dir>/final)."""
-        if directory is None:
-            if self.out_dir is None:
-                raise ValueError("export needs a directory when the trainer has no out_dir")
-            directory = self.out_dir / "final"
-        return ckpt_lib.export_hf(self.model, directory)
+    def postfix(self, rec: dict) -> str:
+        kl = rec.get("kl")
+        return f"reward {rec['reward_mean']:.3f}" + (f", kl {kl:.4f}" if kl is not None else "")
 
     # -- rollouts ---------------------------------------------------------------------------
 
@@ -407,28 +363,41 @@ class GRPOTrainer:
     # -- one step ---------------------------------------------------------------------------
 
     def train_step(self) -> dict:
-        cfg, G, rt = self.cfg, self.cfg.group_size, self.runtime
-        W, rank = self.dist.world_size, self.dist.rank
+        """One GRPO step: sample and score a rollout batch, group advantages, `mu` passes of
+        minibatch updates; returns the step's metrics record."""
+        cfg = self.cfg
         self.model.eval()  # dropout off for sampling, scoring and the update (see module docstring)
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}
         t_start = time.perf_counter()
         batch, info = self.rollout(timings)
-        adv, adv_stats = grpo.group_advantages(batch.rewards, G, scale=cfg.scale_rewards)
+        adv, adv_stats = grpo.group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale_rewards)
         self.last_batch, self.last_advantages = batch, adv  # kept for inspection in notebooks and tests
+        lr = self.schedule.apply(self.optimizer, self.step)
+        t0 = time.perf_counter()
+        updates = self._update(batch, adv, adv_stats)
+        timings["update"] += time.perf_counter() - t0
+        record = {"step": self.step + 1, "lr": lr, **self._loss_record(updates)}
+        # info after the loss metrics: frac_reward_zero_std is measured before dynamic sampling drops groups
+        record.update(info)
+        record.update({f"group_{k}": v for k, v in adv_stats.as_metrics().items()})
+        record.update(self._batch_record(batch, timings, time.perf_counter() - t_start))
+        self.step += 1
+        return record
+
+    def _update(self, batch: RolloutBatch, adv: torch.Tensor, adv_stats) -> dict:
+        """`mu` passes over the batch in minibatches, each an optimizer step on grpo_loss (skipped,
+        and counted by the guard, when non-finite; the loop stops once the guard trips)."""
+        cfg, rt, W, rank = self.cfg, self.runtime, self.dist.world_size, self.dist.rank
         dev = rt.device
         tokens, old_lp, mask = batch.tokens.to(dev), batch.old_logprobs.to(dev), batch.mask.to(dev)
         truncated, adv = batch.truncated.to(dev), adv.to(dev)
-
-        t0 = time.perf_counter()
         ref_lp = None
         if self.ref is not None:
             with torch.no_grad(), rt.autocast():
                 ref_lp = sequence_logprobs(self.ref, batch.prompt_ids, tokens, cfg.temperature).float()
-        lr = self.schedule.apply(self.optimizer, self.step)
         n = len(batch.items)
         effective = grpo.effective_mask(mask, truncated, cfg.loss)
-        loss_metrics, grad_norms, losses = [], [], []
-        first_minibatch = None  # scored before any update of this step: its ratio must be 1
+        out = {"metrics": [], "grad_norms": [], "losses": [], "first": None}
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         for _ in range(cfg.mu):
             order = torch.randperm(n, generator=gen)  # the same on every rank
@@ -445,47 +414,47 @@ class GRPOTrainer:
                     truncated=truncated[rows], group_stats=adv_stats,
                     num_items_in_batch=float(effective[global_rows.to(dev)].sum()),
                     num_completions_in_batch=len(global_rows))
-                if first_minibatch is None:
-                    first_minibatch = metrics
+                out["first"] = out["first"] or metrics  # scored before any update: its ratio must be 1
                 self.optimizer.zero_grad(set_to_none=True)
                 (loss * W).backward()
                 norm = clip_grad_norm(self.model, cfg.grad_clip)
                 global_loss = distributed.all_reduce_sum(loss.item())
-                if self.guard.observe(global_loss, norm):
+                if self.guard.observe(global_loss, norm):  # every rank decides alike
                     self.optimizer.step()
-                    grad_norms.append(norm.item())
-                    losses.append(global_loss)
-                    loss_metrics.append(metrics)
+                    out["grad_norms"].append(norm.item())
+                    out["losses"].append(global_loss)
+                    out["metrics"].append(metrics)
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.guard.tripped:
-                    where = f"the latest checkpoint is {self.last_checkpoint}" if self.last_checkpoint else \
-                        "no checkpoint had been saved yet"
-                    raise NonFiniteError(
-                        f"GRPO stopped at step {self.step}: {self.guard.describe()}; skipped updates leave the "
-                        f"parameters untouched; {where}")
-        timings["update"] += time.perf_counter() - t0
-        elapsed = time.perf_counter() - t_start
+                    return out
+        return out
 
-        record = {"step": self.step + 1, "lr": lr}
-        gathered = [m for ms in distributed.all_gather_objects(loss_metrics) for m in ms]
+    def _loss_record(self, updates: dict) -> dict:
+        """The loss metrics averaged over the step's applied updates (all ranks)."""
+        record = {}
+        gathered = [m for ms in distributed.all_gather_objects(updates["metrics"]) for m in ms]
         for key in (gathered[0] if gathered else {}):
             record[key] = _mean([m[key] for m in gathered])
         # The ratios above average over minibatches, later ones after updates (off-policy). The first
         # minibatch is scored by the same weights that sampled: any deviation of its ratio from 1 is
         # a sampler/trainer log-prob mismatch (precision, temperature, masking), not learning.
-        firsts = [m for m in distributed.all_gather_objects(first_minibatch) if m is not None]
+        firsts = [m for m in distributed.all_gather_objects(updates["first"]) if m is not None]
         record["onpolicy_ratio_dev"] = max((max(m["ratio_max"] - 1.0, 1.0 - m["ratio_min"]) for m in firsts
                                             if m["ratio_max"] == m["ratio_max"]), default=float("nan"))
-        # info last: frac_reward_zero_std is measured before dynamic sampling drops tied groups
-        record.update({"loss": _mean(losses), "grad_norm": _mean(grad_norms), "skipped_updates": self.guard.total,
-                       **info})
-        record.update({f"group_{k}": v for k, v in adv_stats.as_metrics().items()})
+        record.update({"loss": _mean(updates["losses"]), "grad_norm": _mean(updates["grad_norms"]),
+                       "skipped_updates": self.guard.total})
+        return record
+
+    def _batch_record(self, batch: RolloutBatch, timings: dict, elapsed: float) -> dict:
+        """Rewards per task, completion lengths, truncation and timings of the step's rollout batch."""
+        record = {}
         for task in ("P", "A"):
             sel = torch.tensor([i.task == task for i in batch.items])
             if sel.any():
                 record[f"reward_mean_{task}"] = batch.rewards[sel].mean().item()
                 record[f"reward_std_{task}"] = batch.rewards[sel].std(unbiased=False).item()
         lengths = batch.mask.sum(1).float()
+        W = self.dist.world_size
         sampling_s = distributed.all_reduce_sum(timings["sampling"]) / W
         record.update({"reward_mean": batch.rewards.mean().item(), "completion_len_mean": lengths.mean().item(),
                        "completion_len_max": lengths.max().item(), "frac_truncated": batch.truncated.float().mean().item(),
@@ -493,46 +462,7 @@ class GRPOTrainer:
                        "time_update": timings["update"], "time_step": elapsed,
                        "generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
                        "world_size": W})
-        self.step += 1
-        self.history.append(record)
-        if self.on_step and self.dist.is_main:
-            self.on_step(record)
         return record
-
-    def train(self, until: int | None = None) -> list[dict]:
-        """Run to cfg.steps (or stop after step `until`), logging and checkpointing on rank 0, which
-        holds out_dir's lock meanwhile (RunDirBusyError when another run holds it)."""
-        locked = self.out_dir is not None and self.dist.is_main
-        with run_lock(self.out_dir) if locked else contextlib.nullcontext():
-            return self._train(until)
-
-    def _train(self, until: int | None) -> list[dict]:
-        from tqdm.auto import tqdm
-
-        cfg = self.cfg
-        if self.closed and self.dist.world_size > 1:
-            raise RuntimeError("GRPOTrainer.train: this trainer was closed (its DDP wrapper is gone); make a new one")
-        target = cfg.steps if until is None else min(until, cfg.steps)
-        logger = None
-        if self.out_dir is not None and self.dist.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            fresh = self.resumed_from is None and self.step == 0
-            logger = MetricsLogger(self.out_dir / METRICS_FILE, fresh=fresh, resume_step=None if fresh else self.step)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="GRPO", disable=not (cfg.progress and self.dist.is_main))
-        try:
-            while self.step < target:
-                rec = self.train_step()
-                if logger is not None:
-                    logger.log(rec)
-                bar.update(1)
-                bar.set_postfix(reward=f"{rec['reward_mean']:.3f}", kl=f"{rec.get('kl', 0.0):.4f}")
-                if (cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0) or self.step == target:
-                    self.save()
-        finally:
-            bar.close()
-            if logger is not None:
-                logger.close()
-        return self.history
 
 
 def _mean(values):
@@ -580,7 +510,8 @@ def cli(argv: list[str] | None = None) -> int:
     if nproc > 1:
         return distributed.torchrun("grpo", rest, nproc)
     args = build_parser().parse_args(rest)
-
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs ("resumed from ...")
+    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
     trainer = None
     try:
         layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
@@ -600,8 +531,8 @@ def cli(argv: list[str] | None = None) -> int:
         model.layout = layout  # what this run trains on; the export records it
         trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, init_from=args.init_from)
         trainer.train()
+        final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier
         if trainer.dist.is_main:
-            final = trainer.export()
             print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / METRICS_FILE}; model in {final}")
     except (ValueError, ckpt_lib.CheckpointError, CheckpointFormatError, NonFiniteError) as exc:
         print(f"rookworld grpo: error: {exc}", file=sys.stderr)

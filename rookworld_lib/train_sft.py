@@ -61,11 +61,10 @@ from .model import GPT, PRESETS, GPTConfig, lm_loss
 from .paths import RUNS_DIR
 from .tasks import LAYOUTS
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
+from .trainer import FINAL_DIR, Trainer
 from .train_utils import (
     DTYPES,
-    MetricsLogger,
     NonFiniteError,
-    NonFiniteGuard,
     WarmupCosineSchedule,
     add_config_arguments,
     bad_field,
@@ -75,24 +74,15 @@ from .train_utils import (
     check_int,
     check_number,
     clip_grad_norm,
-    config_differences,
     config_kwargs_from_args,
     maybe_compile,
-    resume_mismatch,
-    rng_state,
-    run_lock,
     seed_everything,
-    set_rng_state,
-    setup_runtime,
-    to_jsonable,
 )
 
 log = logging.getLogger(__name__)
 
 TASKS = ("P", "A")
 METRICS_FILE = "metrics.jsonl"
-CHECKPOINT_DIR = "checkpoints"
-FINAL_DIR = "final"
 # One metrics record per step (JSON line), in this order. step: optimizer steps done; loss: mean
 # training loss of the step (null when non-finite); val_loss: null except at eval steps (and at
 # step 0, before training); lr: the step's learning rate; grad_norm: global norm before clipping;
@@ -505,39 +495,47 @@ def batch_loss(model, x: torch.Tensor, y: torch.Tensor, impl: str = "fused") -> 
     return model(x, targets=y)
 
 
-class SFTTrainer:
+class SFTTrainer(Trainer):
     """One SFT run: model, optimizer, schedule, data streams and loop state, resumable.
 
     Built on an out_dir that holds a checkpoint (and resume=True), it continues that run.
-    `train()` runs to max_steps (or `until`); `train_step()` and `evaluate()` are the pieces.
+    `train()` (trainer.Trainer's loop) runs to max_steps (or `until`); `train_step()` and
+    `evaluate()` are the pieces.
     """
+
+    kind, name, metrics_file = "sft", "SFT", METRICS_FILE
+    resume_may_change = RESUME_MAY_CHANGE
+    stop_hint = "Lower lr, check the data, or try dtype='fp32'."
 
     def __init__(self, cfg: SFTConfig, *, train_texts: Sequence[str] | None = None,
                  val_texts: Sequence[str] | None = None,
                  on_step: Callable[[dict], None] | None = None):
-        self.cfg = cfg
-        self.on_step = on_step
-        self.out_dir = Path(cfg.out_dir)
-        self.ckpt_dir = self.out_dir / CHECKPOINT_DIR
-        self.runtime = setup_runtime(cfg.device, cfg.dtype, deterministic=cfg.deterministic)
-        self.dist = distributed.init_from_env(self.runtime.device.type)
+        super().__init__(cfg, out_dir=cfg.out_dir, device=cfg.device, dtype=cfg.dtype,
+                         deterministic=cfg.deterministic, on_step=on_step)
         W = self.dist.world_size
-        if W > 1:
-            if self.runtime.device.type == "cuda":  # one GPU per process: cuda:LOCAL_RANK
-                self.runtime = dataclasses.replace(self.runtime,
-                                                   device=torch.device("cuda", self.dist.local_rank))
-            if cfg.batch_size % W:
-                raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
-                                 "under torchrun: each rank trains on batch_size / world_size rows of every "
-                                 "micro-batch, so the global batch stays the same whatever the world size")
+        if W > 1 and cfg.batch_size % W:
+            raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
+                             "under torchrun: each rank trains on batch_size / world_size rows of every "
+                             "micro-batch, so the global batch stays the same whatever the world size")
         self.loss_impl = resolve_loss_impl(cfg.loss_impl, self.runtime.device)
         # the layout records are rendered in, and the one the export records (checkpoint_hf.LAYOUT_KEY)
         self.layout, why = (cfg.layout, "SFTConfig.layout") if cfg.layout else layout_for(cfg.init_from)
         log.info("layout: %s (%s)", self.layout, why)
-        self.history: list[dict] = []
-        self.last_checkpoint: Path | None = None
+        self._load_data(train_texts, val_texts)
 
-        # data
+        ckpt = self.find_checkpoint()
+        seed_everything(cfg.seed)
+        self.model = self._build_model(ckpt).to(self.runtime.device)
+        self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
+                                     device_type=self.runtime.device.type)
+        self.schedule = WarmupCosineSchedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
+        if ckpt is not None:
+            self.restore(ckpt)
+        self.seed_rank(ckpt, cfg.seed)
+        self.compiled = maybe_compile(self.wrap_ddp(self.model), cfg.compile)
+
+    def _load_data(self, train_texts, val_texts) -> None:
+        cfg = self.cfg
         if train_texts is None:
             if not cfg.train_data:
                 raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
@@ -559,31 +557,12 @@ class SFTTrainer:
                 mix = None  # val data with one task only: measure it as it is
             self.val_stream = PackedStream(val_texts, seed=cfg.seed, policy_fraction=mix, name="val")
 
-        # resume or start
-        resume_from = ckpt_lib.latest_checkpoint(self.ckpt_dir)
-        if W > 1:  # every rank must resume from the same file: out_dir on a filesystem all nodes see
-            main_sees = distributed.broadcast_object(None if resume_from is None else resume_from.name)
-            mine = None if resume_from is None else resume_from.name
-            if mine != main_sees:
-                raise ValueError(f"rank {self.dist.rank} sees latest checkpoint {mine} in {self.ckpt_dir}, rank 0 sees "
-                                 f"{main_sees}: under torchrun out_dir must be on a filesystem that every node shares")
-        ckpt = None
-        if resume_from is not None and not cfg.resume:
-            raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {resume_from.name}); "
-                             "resume=True continues it; to start over, delete that directory or choose another out_dir")
-        if resume_from is not None:
-            ckpt = ckpt_lib.load_checkpoint(self.ckpt_dir)
-            if ckpt.get("kind") != "sft":
-                raise ValueError(f"{resume_from} is a {ckpt.get('kind')!r} checkpoint, not an SFT one; use another out_dir")
-            diff = config_differences(ckpt.get("config") or {}, cfg, RESUME_MAY_CHANGE)
-            if diff:
-                raise resume_mismatch(self.ckpt_dir, diff)
-
-        seed_everything(cfg.seed)
+    def _build_model(self, ckpt: dict | None) -> GPT:
+        """The checkpoint's model shape, a scratch preset, or a Hugging Face start."""
+        cfg = self.cfg
         if ckpt is not None:
-            model_config = dataclasses.replace(GPTConfig(**ckpt["model_config"]),
-                                               gradient_checkpointing=cfg.activation_checkpointing)
-            model = GPT(model_config)
+            model = GPT(dataclasses.replace(GPTConfig(**ckpt["model_config"]),
+                                            gradient_checkpointing=cfg.activation_checkpointing))
         elif cfg.init_from == "scratch":
             model = GPT(cfg.model_config())
         else:
@@ -593,45 +572,43 @@ class SFTTrainer:
             raise ValueError(f"SFTConfig.block_size {cfg.block_size} exceeds the model's block_size "
                              f"{model.config.block_size}")
         model.layout = self.layout
-        self.model = model.to(self.runtime.device)
-        self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
-                                     device_type=self.runtime.device.type)
-        self.schedule = WarmupCosineSchedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, cfg.max_steps)
-        self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row)
-        self.step = 0
-        if ckpt is not None:
-            self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
-                                                        scheduler=self.schedule, data=self.train_stream)
-            self.guard.load_state_dict(ckpt["extra"]["guard"])
-            self.last_checkpoint = resume_from
-            log.info("resumed from %s at step %d%s", resume_from, self.step,
-                     "" if ckpt["extra"].get("world_size", 1) == W else
-                     f" (saved at world size {ckpt['extra'].get('world_size', 1)}, now {W})")
-        if W > 1 and self.dist.rank > 0:
-            self._seed_rank(ckpt)
-        self.resumed_from = resume_from
-        self.ddp = None
-        if W > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
+        return model
 
-            ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
-            # broadcast_buffers=False: the model's buffers are constants (no batch norm), and eval
-            # passes then need no collective
-            self.ddp = DDP(self.model, device_ids=ids, broadcast_buffers=False)
-        self.compiled = maybe_compile(self.ddp or self.model, cfg.compile)
+    # -- what the scaffold asks -----------------------------------------------------------
 
-    def _seed_rank(self, ckpt: dict | None) -> None:
-        """Give ranks > 0 their own RNG stream (dropout masks differ across ranks' rows).
+    def total_steps(self) -> int:
+        return self.cfg.max_steps
 
-        Rank 0 continues the single-process stream (seed, or the checkpoint's state). A checkpoint
-        saved at this world size holds every rank's state, so such a resume is exact; otherwise
-        the stream is derived from (seed, step, rank).
-        """
-        saved = (ckpt or {}).get("extra", {}).get("rank_rng")
-        if saved is not None and len(saved) == self.dist.world_size:
-            set_rng_state(saved[self.dist.rank])
-        else:
-            torch.manual_seed(self.cfg.seed * 1_000_003 + self.step * 7_919 + self.dist.rank)
+    def data_state(self):
+        return self.train_stream
+
+    @property
+    def export_at_end(self) -> bool:
+        return self.cfg.export_hf
+
+    def start(self, metrics) -> None:
+        """Write the settings beside the metrics; a fresh run logs the val loss before step 1."""
+        cfg = self.cfg
+        if self.dist.is_main:
+            (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        fresh = self.step == 0 and self.resumed_from is None and not self.history
+        if fresh and cfg.eval_interval > 0:
+            self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "val_loss": self.evaluate(),
+                                  "tokens": 0, "nonfinite": 0, "nonfinite_in_a_row": 0})
+
+    def after_step(self, record: dict) -> None:
+        cfg = self.cfg
+        if cfg.eval_interval > 0 and (self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps):
+            record["val_loss"] = self.evaluate()
+
+    def postfix(self, rec: dict) -> str:
+        parts = [f"loss {rec['loss']:.4f}" if rec["loss"] is not None else "loss nan"]
+        if rec.get("val_loss") is not None:
+            parts.append(f"val {rec['val_loss']:.4f}")
+        parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_s']:.0f} tok/s"]
+        if rec["nonfinite"]:
+            parts.append(f"skipped {rec['nonfinite']}")
+        return ", ".join(parts)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -697,131 +674,6 @@ class SFTTrainer:
                                     impl=self.loss_impl)
         model.train()
         return distributed.all_reduce_sum((total / cfg.eval_steps).item()) / self.dist.world_size
-
-    # -- checkpoints ------------------------------------------------------------------------
-
-    def save(self) -> Path:
-        """Checkpoint the run as it stands (a step boundary); returns the file written.
-
-        Under torchrun every rank calls it (their RNG states are gathered); rank 0 writes, and a
-        failed write (disk full, ...) raises CheckpointSaveError on every rank.
-        """
-        W = self.dist.world_size
-        extra = {"guard": self.guard.state_dict(), "world_size": W}
-        if W > 1:
-            extra["rank_rng"] = distributed.all_gather_objects(rng_state())
-        error, path = None, ckpt_lib.checkpoint_path(self.ckpt_dir, self.step)
-        if self.dist.is_main:
-            state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
-                                            scheduler=self.schedule, data=self.train_stream, config=self.cfg,
-                                            extra=extra, kind="sft")
-            try:
-                path = ckpt_lib.save_checkpoint(self.ckpt_dir, state, keep_last=self.cfg.keep_checkpoints)
-            except ckpt_lib.CheckpointSaveError as exc:
-                error = exc
-        if W > 1:
-            message = distributed.broadcast_object(None if error is None else str(error))
-            if message is not None and error is None:
-                error = ckpt_lib.CheckpointSaveError(f"rank 0: {message}")
-        if error is not None:
-            raise error
-        self.last_checkpoint = path
-        return path
-
-    def export(self, directory: str | os.PathLike | None = None) -> Path:
-        """The model in Hugging Face GPT-2 format, by default in <out_dir>/final (rank 0 writes)."""
-        directory = Path(directory or self.out_dir / FINAL_DIR)
-        if self.dist.is_main:
-            ckpt_lib.export_hf(self.model, directory)
-        distributed.barrier()
-        return directory
-
-    # -- the loop ---------------------------------------------------------------------------
-
-    def train(self, until: int | None = None) -> list[dict]:
-        """Train to max_steps, or stop after step `until` (a checkpoint is saved where it stops).
-
-        Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row; the metrics
-        of every step and all checkpoints saved before then stay on disk. Rank 0 holds out_dir's
-        lock meanwhile (RunDirBusyError when another run holds it).
-        """
-        with run_lock(self.out_dir) if self.dist.is_main else contextlib.nullcontext():
-            return self._train(until)
-
-    def _train(self, until: int | None) -> list[dict]:
-        from tqdm.auto import tqdm
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
-        cfg = self.cfg
-        target = cfg.max_steps if until is None else min(until, cfg.max_steps)
-        main = self.dist.is_main
-        if main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        fresh = self.step == 0 and self.resumed_from is None and not self.history
-
-        def eval_due(s: int) -> bool:
-            return cfg.eval_interval > 0 and (s % cfg.eval_interval == 0 or s == cfg.max_steps)
-
-        def save_due(s: int) -> bool:  # where the run stops is always saved
-            return (cfg.checkpoint_interval > 0 and s % cfg.checkpoint_interval == 0) or s == target
-
-        metrics_path = self.out_dir / METRICS_FILE
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(self.runtime.backend_flags())
-            metrics = stack.enter_context(MetricsLogger(metrics_path, fresh=fresh,
-                                                        resume_step=None if fresh else self.step)) \
-                if main else _NoMetrics()
-            bar = stack.enter_context(tqdm(total=cfg.max_steps, initial=self.step, desc="SFT",
-                                           disable=not (cfg.progress and main), dynamic_ncols=True))
-            if cfg.progress and main:
-                stack.enter_context(logging_redirect_tqdm())  # log lines above the bar, not through it
-            if fresh and cfg.eval_interval > 0 and self.step < target:
-                self._record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "val_loss": self.evaluate(),
-                                       "tokens": 0, "nonfinite": 0, "nonfinite_in_a_row": 0})
-            while self.step < target:
-                rec = self.train_step()
-                if eval_due(self.step):
-                    rec["val_loss"] = self.evaluate()
-                rec = self._record(metrics, rec)
-                bar.update(1)
-                bar.set_postfix_str(self._postfix(rec), refresh=False)
-                if self.guard.tripped:
-                    where = f"the latest checkpoint is {self.last_checkpoint}" if self.last_checkpoint else \
-                        "no checkpoint had been saved yet"
-                    raise NonFiniteError(
-                        f"SFT stopped at step {self.step}: {self.guard.describe()}. Skipped updates leave the "
-                        f"parameters untouched and nothing was saved after them; {where}; metrics are in "
-                        f"{metrics_path}. Lower lr, check the data, or try dtype='fp32'.")
-                if save_due(self.step):
-                    self.save()
-        if self.step >= cfg.max_steps and cfg.export_hf:
-            self.export()
-        return self.history
-
-    def _record(self, metrics: MetricsLogger, rec: dict) -> dict:
-        rec = metrics.log(rec)
-        self.history.append(rec)
-        if self.on_step is not None and rec["step"] > 0 and self.dist.is_main:
-            self.on_step(rec)
-        return rec
-
-    @staticmethod
-    def _postfix(rec: dict) -> str:
-        parts = [f"loss {rec['loss']:.4f}" if rec["loss"] is not None else "loss nan"]
-        if rec.get("val_loss") is not None:
-            parts.append(f"val {rec['val_loss']:.4f}")
-        parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_s']:.0f} tok/s"]
-        if rec["nonfinite"]:
-            parts.append(f"skipped {rec['nonfinite']}")
-        return ", ".join(parts)
-
-
-class _NoMetrics:
-    """What ranks other than 0 log to: the record as rank 0 writes it, kept in memory only."""
-
-    def log(self, record: dict) -> dict:
-        return to_jsonable(record)
 
 
 @dataclass

@@ -167,7 +167,8 @@ def test_single_nan_is_skipped_counted_and_run_goes_on(monkeypatch):
 def test_close_drops_the_wrapper_and_a_closed_multiprocess_trainer_refuses_to_train():
     trainer = make()
     sentinel = object()
-    trainer.policy = sentinel  # stands in for the DDP wrapper of a multi-process run
+    trainer.ddp = sentinel  # stands in for the DDP wrapper of a multi-process run
+    assert trainer.policy is sentinel
     trainer.close()
     trainer.close()  # idempotent
     assert trainer.policy is trainer.model and trainer.closed

@@ -1,0 +1,324 @@
+"""The training scaffold SFT and GRPO share (minGPT's trainer: one loop, extended by subclasses).
+
+A subclass sets `model`, `optimizer` and `schedule`, supplies the step and says what its
+checkpoints hold; the scaffold does the rest:
+
+    class MyTrainer(Trainer):
+        kind, name, metrics_file = "sft", "SFT", "metrics.jsonl"
+        def train_step(self) -> dict: ...          # one optimizer-level step, its metrics record
+        def total_steps(self) -> int: ...           # where train() stops
+        def data_state(self): ...                   # anything with state_dict() (the data position)
+
+What `Trainer` owns, identically for every loop:
+- runtime and torchrun: device and precision (`setup_runtime`), the process group, one GPU per
+  rank, the DistributedDataParallel wrapper and its teardown (`close`);
+- resume: the latest checkpoint (the same file on every rank), `resume=False` refused on a used
+  out_dir, the checkpoint kind, settings that must match (`resume_may_change` lists the others),
+  a subclass's own checks (`resume_differences`), and "resumed from ... at step N" in the log;
+- save (rank 0 writes, every rank's RNG state gathered, a failed write raised on every rank) and
+  export (rank 0 writes, the others wait at a barrier);
+- the loop: out_dir's lock, the metrics file (one JSON line per step, rank 0), a tqdm bar, the
+  `on_step` callback, checkpoints every `checkpoint_interval` steps and where the run stops, the
+  non-finite stop (after `max_nonfinite_in_a_row` skipped updates, with where the last checkpoint
+  is) and the final export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import checkpoint as ckpt_lib
+from . import distributed
+from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, config_differences, resume_mismatch,
+                          rng_state, run_lock, set_rng_state, setup_runtime, to_jsonable)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+FINAL_DIR = "final"
+
+
+class Trainer:
+    """State and loop every training run shares; subclasses add the model, data and step."""
+
+    kind = ""  # checkpoint kind ("sft", "grpo"): a resume refuses another kind's checkpoint
+    name = ""  # shown in the progress bar and messages
+    metrics_file = "metrics.jsonl"
+    resume_may_change: frozenset = frozenset()  # config fields a resume may change
+    stop_hint = ""  # what to try after a non-finite stop
+
+    def __init__(self, cfg, *, out_dir, device: str, dtype: str, deterministic: bool = False,
+                 on_step: Callable[[dict], None] | None = None):
+        self.cfg = cfg
+        self.on_step = on_step
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.ckpt_dir = self.out_dir / CHECKPOINT_DIR if self.out_dir else None
+        self.runtime = setup_runtime(device, dtype, deterministic=deterministic)
+        self.dist = distributed.init_from_env(self.runtime.device.type)
+        if self.dist.world_size > 1 and self.runtime.device.type == "cuda":  # one GPU per process
+            self.runtime = dataclasses.replace(self.runtime, device=torch.device("cuda", self.dist.local_rank))
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row)
+        self.step = 0
+        self.history: list[dict] = []
+        self.last_checkpoint: Path | None = None
+        self.resumed_from: Path | None = None
+        self.ddp = None
+        self.closed = False
+
+    # -- what a subclass provides ---------------------------------------------------------
+
+    def train_step(self) -> dict:
+        raise NotImplementedError
+
+    def total_steps(self) -> int:
+        raise NotImplementedError
+
+    def data_state(self):
+        """The object whose state_dict() holds the data position (None: nothing to restore)."""
+        return None
+
+    def checkpoint_extra(self) -> dict:
+        """What this loop adds to a checkpoint's `extra` (restored by `restore_extra`)."""
+        return {}
+
+    def restore_extra(self, extra: dict) -> None:
+        pass
+
+    def resume_differences(self, ckpt: dict) -> dict[str, tuple]:
+        """Further {what: (saved, now)} that forbid resuming `ckpt` (beyond the config's fields)."""
+        return {}
+
+    def after_step(self, record: dict) -> None:
+        """Runs after each step, before its record is logged (SFT measures the val loss here)."""
+
+    def postfix(self, record: dict) -> str:
+        return ""
+
+    @property
+    def export_at_end(self) -> bool:
+        return False
+
+    # -- resume -----------------------------------------------------------------------------
+
+    def find_checkpoint(self) -> dict | None:
+        """The checkpoint this run continues from, checked to be this run's; None for a fresh start.
+
+        Every rank must see the same latest file (out_dir on a filesystem all nodes share).
+        """
+        if self.ckpt_dir is None:
+            return None
+        latest = ckpt_lib.latest_checkpoint(self.ckpt_dir)
+        if self.dist.world_size > 1:
+            main_sees = distributed.broadcast_object(None if latest is None else latest.name)
+            mine = None if latest is None else latest.name
+            if mine != main_sees:
+                raise ValueError(f"rank {self.dist.rank} sees latest checkpoint {mine} in {self.ckpt_dir}, rank 0 "
+                                 f"sees {main_sees}: under torchrun out_dir must be on a filesystem that every node "
+                                 "shares")
+        if latest is None:
+            return None
+        if not self.cfg.resume:
+            raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {latest.name}); "
+                             "resume=True continues it; to start over, delete that directory or choose another "
+                             "out_dir")
+        ckpt = ckpt_lib.load_checkpoint(latest)
+        if ckpt.get("kind") != self.kind:
+            raise ValueError(f"{latest} is a {ckpt.get('kind')!r} checkpoint, not a {self.name} one; use another "
+                             "out_dir")
+        diff = config_differences(ckpt.get("config") or {}, self.cfg, self.resume_may_change)
+        diff.update(self.resume_differences(ckpt))
+        if diff:
+            raise resume_mismatch(self.ckpt_dir, diff)
+        ckpt["path"] = latest
+        return ckpt
+
+    def restore(self, ckpt: dict) -> None:
+        """Continue from `ckpt` (see find_checkpoint): weights, optimizer, schedule, data, RNGs."""
+        self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
+                                                    scheduler=self.schedule, data=self.data_state())
+        extra = ckpt["extra"]
+        self.guard.load_state_dict(extra["guard"])
+        self.restore_extra(extra)
+        self.last_checkpoint = self.resumed_from = ckpt["path"]
+        saved_w, W = extra.get("world_size", 1), self.dist.world_size
+        log.info("%s resumed from %s at step %d%s", self.name, ckpt["path"], self.step,
+                 "" if saved_w == W else f" (saved at world size {saved_w}, now {W})")
+
+    def seed_rank(self, ckpt: dict | None, seed: int) -> None:
+        """Give ranks > 0 their own RNG stream (dropout masks differ across ranks' rows).
+
+        Rank 0 continues the single-process stream. A checkpoint saved at this world size holds
+        every rank's state, so such a resume is exact; otherwise the stream is derived from
+        (seed, step, rank).
+        """
+        if self.dist.rank == 0:
+            return
+        saved = (ckpt or {}).get("extra", {}).get("rank_rng")
+        if saved is not None and len(saved) == self.dist.world_size:
+            set_rng_state(saved[self.dist.rank])
+        else:
+            torch.manual_seed(seed * 1_000_003 + self.step * 7_919 + self.dist.rank)
+
+    # -- torchrun -------------------------------------------------------------------------
+
+    def wrap_ddp(self, model: torch.nn.Module) -> torch.nn.Module:
+        """model wrapped in DistributedDataParallel under torchrun (itself otherwise).
+
+        broadcast_buffers=False: the model's buffers are constants (no batch norm), so eval passes
+        need no collective.
+        """
+        if self.dist.world_size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
+        self.ddp = DDP(model, device_ids=ids, broadcast_buffers=False)
+        return self.ddp
+
+    def close(self) -> None:
+        """Drop the DistributedDataParallel wrapper; call it before `distributed.cleanup()`.
+
+        With gloo, a DDP wrapper that outlives `destroy_process_group` holds the last reference to
+        the process group, and its destructor joins gloo's worker threads while holding the GIL; a
+        worker still releasing a finished all-reduce needs the GIL, so the process hangs at exit
+        (seen in 5 of 30 runs of tests/test_distributed.py's two-process job, torch 2.13). Dropped
+        while the group is still registered, the wrapper frees nothing but itself. Idempotent; a
+        closed multi-process trainer refuses to train (its gradients would no longer be averaged).
+        """
+        self.ddp = None
+        self.closed = True
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def save(self) -> Path | None:
+        """Checkpoint the run at a step boundary; returns the file written (None without out_dir).
+
+        Every rank calls it (their RNG states are gathered); rank 0 writes, and a failed write
+        (disk full, ...) raises CheckpointSaveError on every rank.
+        """
+        if self.ckpt_dir is None:
+            return None
+        W = self.dist.world_size
+        extra = {"guard": self.guard.state_dict(), "world_size": W, **self.checkpoint_extra()}
+        if W > 1:
+            extra["rank_rng"] = distributed.all_gather_objects(rng_state())
+        error, path = None, ckpt_lib.checkpoint_path(self.ckpt_dir, self.step)
+        if self.dist.is_main:
+            state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
+                                            scheduler=self.schedule,
+                                            data=self.data_state(), config=self.cfg, extra=extra, kind=self.kind)
+            try:
+                path = ckpt_lib.save_checkpoint(self.ckpt_dir, state, keep_last=self.cfg.keep_checkpoints)
+            except ckpt_lib.CheckpointSaveError as exc:
+                error = exc
+        if W > 1:
+            message = distributed.broadcast_object(None if error is None else str(error))
+            if message is not None and error is None:
+                error = ckpt_lib.CheckpointSaveError(f"rank 0: {message}")
+        if error is not None:
+            raise error
+        self.last_checkpoint = path
+        return path
+
+    def export(self, directory: str | os.PathLike | None = None) -> Path:
+        """The model in Hugging Face GPT-2 format, by default <out_dir>/final (rank 0 writes)."""
+        if directory is None:
+            if self.out_dir is None:
+                raise ValueError(f"{self.name} export needs a directory when the trainer has no out_dir")
+            directory = self.out_dir / FINAL_DIR
+        directory = Path(directory)
+        if self.dist.is_main:
+            ckpt_lib.export_hf(self.model, directory)
+        distributed.barrier()
+        return directory
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def train(self, until: int | None = None) -> list[dict]:
+        """Train to total_steps(), or stop after step `until` (a checkpoint is saved where it stops).
+
+        Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row; the metrics
+        of every step and all checkpoints saved before then stay on disk. Rank 0 holds out_dir's
+        lock meanwhile (RunDirBusyError when another run holds it).
+        """
+        if self.closed and self.dist.world_size > 1:
+            raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "
+                               "make a new one")
+        locked = self.out_dir is not None and self.dist.is_main
+        with run_lock(self.out_dir) if locked else contextlib.nullcontext():
+            return self._loop(until)
+
+    def start(self, metrics) -> None:
+        """Runs once before the first step of a call to train() (SFT logs its step-0 val loss)."""
+
+    def _loop(self, until: int | None) -> list[dict]:
+        from tqdm.auto import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        total = self.total_steps()
+        target = total if until is None else min(until, total)
+        main, show = self.dist.is_main, self.cfg.progress and self.dist.is_main
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.runtime.backend_flags())
+            metrics = stack.enter_context(self._metrics_logger()) if main and self.out_dir else _NoMetrics()
+            bar = stack.enter_context(tqdm(total=total, initial=self.step, desc=self.name, disable=not show,
+                                           dynamic_ncols=True))
+            if show:
+                stack.enter_context(logging_redirect_tqdm())  # log lines above the bar, not through it
+            if self.step < target:
+                self.start(metrics)
+            while self.step < target:
+                record = self.train_step()
+                self.after_step(record)
+                record = self.record(metrics, record)
+                bar.update(1)
+                bar.set_postfix_str(self.postfix(record), refresh=False)
+                if self.guard.tripped:
+                    raise self._nonfinite_error()
+                interval = self.cfg.checkpoint_interval
+                if (interval > 0 and self.step % interval == 0) or self.step == target:
+                    self.save()
+        if self.step >= total and self.export_at_end:
+            self.export()
+        return self.history
+
+    def _metrics_logger(self) -> MetricsLogger:
+        fresh = self.step == 0 and self.resumed_from is None and not self.history
+        return MetricsLogger(self.out_dir / self.metrics_file, fresh=fresh, resume_step=None if fresh else self.step)
+
+    def record(self, metrics, record: dict) -> dict:
+        """Log a step's record (rank 0 writes it), keep it in history, call on_step."""
+        record = metrics.log(record)
+        self.history.append(record)
+        if self.on_step is not None and record["step"] > 0 and self.dist.is_main:
+            self.on_step(record)
+        return record
+
+    def _nonfinite_error(self) -> NonFiniteError:
+        where = (f"the latest checkpoint is {self.last_checkpoint}" if self.last_checkpoint
+                 else "no checkpoint had been saved yet")
+        metrics = f"; metrics are in {self.out_dir / self.metrics_file}" if self.out_dir else ""
+        return NonFiniteError(f"{self.name} stopped at step {self.step}: {self.guard.describe()}. Skipped updates "
+                              f"leave the parameters untouched and nothing was saved after them; {where}{metrics}. "
+                              f"{self.stop_hint}".rstrip())
+
+
+
+class _NoMetrics:
+    """What ranks other than 0 (and runs without out_dir) log to: the record as rank 0 writes it."""
+
+    def log(self, record: dict) -> dict:
+        return to_jsonable(record)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
