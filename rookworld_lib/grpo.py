@@ -48,6 +48,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .train_utils import bad_field, check_number, option, validate
+
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -342,63 +344,31 @@ class GRPOConfig:
       (off_policy_mask_threshold), vLLM importance-sampling correction, MoE router aux loss.
     """
 
-    loss_type: str = "grpo"  # aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" | "vespo" (see class docstring)
-    clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low (TRL `epsilon`)
-    clip_eps_high: float = 0.2  # ratio clipped above at 1 + clip_eps_high (TRL `epsilon_high`; DAPO clip-higher uses 0.28)
-    delta: float | None = None  # two-sided clipping (INTELLECT-2): unclipped ratio capped at delta (> 1 + clip_eps_high); None = off
-    importance_sampling_level: str = "token"  # "token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion
-    beta: float = 0.04  # KL coefficient; the KL term is added only when ref_logprobs is given and beta > 0
-    kl_estimator: str = "k3"  # per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r
-    use_bias_correction_kl: bool = False  # multiply the per-token KL by the importance ratio (TRL's option; TRL defaults to True)
-    entropy_coef: float = 0.0  # entropy bonus, as TRL: subtract entropy_coef * (mean token entropy) * N / N_glob (needs logits); 0 = off
-    temperature: float = 1.0  # temperature at which the entropy of `logits` is measured (the one used for logprobs)
-    mask_truncated_completions: bool = False  # drop completions that hit the length budget (no EOS) from the loss (DAPO)
-    max_completion_length: int | None = None  # the sampler's max_new_tokens; the dr_grpo constant (required for dr_grpo)
-    log_ratio_clamp: float | None = 20.0  # clamp log-ratios (importance and KL) to [-c, c] before exp; None = off
-    vespo_k_pos: float = 2.0  # vespo: power k of the Gamma weight for advantages >= 0 (TRL's vespo_k_pos)
-    vespo_lambda_pos: float = 3.0  # vespo: decay lambda of the Gamma weight for advantages >= 0 (TRL's vespo_lambda_pos)
-    vespo_k_neg: float = 3.0  # vespo: power k for advantages < 0 (TRL's vespo_k_neg)
-    vespo_lambda_neg: float = 2.0  # vespo: decay lambda for advantages < 0 (TRL's vespo_lambda_neg)
+    loss_type: str = option("grpo", 'aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" | "vespo" (see class docstring)', choices=LOSS_TYPES)
+    clip_eps_low: float = option(0.2, "ratio clipped below at 1 - clip_eps_low (TRL `epsilon`)", min=0.0, max=1.0, max_open=True)
+    clip_eps_high: float = option(0.2, "ratio clipped above at 1 + clip_eps_high (TRL `epsilon_high`; DAPO clip-higher uses 0.28)", min=0.0)
+    delta: float | None = option(None, "two-sided clipping (INTELLECT-2): unclipped ratio capped at delta (> 1 + clip_eps_high); None = off")
+    importance_sampling_level: str = option("token", '"token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion', choices=IMPORTANCE_SAMPLING_LEVELS)
+    beta: float = option(0.04, "KL coefficient; the KL term is added only when ref_logprobs is given and beta > 0", min=0.0)
+    kl_estimator: str = option("k3", "per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r", choices=KL_ESTIMATORS)
+    use_bias_correction_kl: bool = option(False, "multiply the per-token KL by the importance ratio (TRL's option; TRL defaults to True)")
+    entropy_coef: float = option(0.0, "entropy bonus, as TRL: subtract entropy_coef * (mean token entropy) * N / N_glob (needs logits); 0 = off", min=0.0)
+    temperature: float = option(1.0, "temperature at which the entropy of `logits` is measured (the one used for logprobs)", min=0.0, min_open=True)
+    mask_truncated_completions: bool = option(False, "drop completions that hit the length budget (no EOS) from the loss (DAPO)")
+    max_completion_length: int | None = option(None, "the sampler's max_new_tokens; the dr_grpo constant (required for dr_grpo)", min=1)
+    log_ratio_clamp: float | None = option(20.0, "clamp log-ratios (importance and KL) to [-c, c] before exp; None = off", min=0.0, min_open=True)
+    vespo_k_pos: float = option(2.0, "vespo: power k of the Gamma weight for advantages >= 0 (TRL's vespo_k_pos)", min=0.0)
+    vespo_lambda_pos: float = option(3.0, "vespo: decay lambda of the Gamma weight for advantages >= 0 (TRL's vespo_lambda_pos)", min=0.0)
+    vespo_k_neg: float = option(3.0, "vespo: power k for advantages < 0 (TRL's vespo_k_neg)", min=0.0)
+    vespo_lambda_neg: float = option(2.0, "vespo: decay lambda for advantages < 0 (TRL's vespo_lambda_neg)", min=0.0)
 
     def __post_init__(self):
-        def fail(name, want):
-            raise ValueError(f"GRPOConfig.{name} must be {want}, got {getattr(self, name)!r}")
-
-        def number(v):
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        if self.loss_type not in LOSS_TYPES:
-            fail("loss_type", f"one of {LOSS_TYPES}")
-        if not (number(self.clip_eps_low) and 0 <= self.clip_eps_low < 1):
-            fail("clip_eps_low", "a number in [0, 1)")
-        if not (number(self.clip_eps_high) and self.clip_eps_high >= 0):
-            fail("clip_eps_high", "a number >= 0")
-        if self.delta is not None and not (number(self.delta) and self.delta > 1 + self.clip_eps_high):
-            fail("delta", f"None or a number > 1 + clip_eps_high = {1 + self.clip_eps_high}")
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            fail("importance_sampling_level", f"one of {IMPORTANCE_SAMPLING_LEVELS}")
-        if not (number(self.beta) and self.beta >= 0):
-            fail("beta", "a number >= 0")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            fail("kl_estimator", f"one of {KL_ESTIMATORS}")
-        if not (number(self.entropy_coef) and self.entropy_coef >= 0):
-            fail("entropy_coef", "a number >= 0")
-        if not isinstance(self.use_bias_correction_kl, bool):
-            fail("use_bias_correction_kl", "True or False")
-        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
-            if not (number(getattr(self, name)) and getattr(self, name) >= 0):
-                fail(name, "a number >= 0")
-        if not (number(self.temperature) and self.temperature > 0):
-            fail("temperature", "a number > 0")
-        if not isinstance(self.mask_truncated_completions, bool):
-            fail("mask_truncated_completions", "True or False")
-        m = self.max_completion_length
-        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
-            fail("max_completion_length", "None or a positive integer")
-        if self.loss_type == "dr_grpo" and m is None:
-            fail("max_completion_length", "set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
-        if self.log_ratio_clamp is not None and not (number(self.log_ratio_clamp) and self.log_ratio_clamp > 0):
-            fail("log_ratio_clamp", "None or a number > 0")
+        validate(self)  # types, ranges and choices of every field (the option() checks above)
+        if self.delta is not None:
+            check_number(self, "delta", min=1 + self.clip_eps_high, min_open=True)
+        if self.loss_type == "dr_grpo" and self.max_completion_length is None:
+            bad_field("GRPOConfig", "max_completion_length", None,
+                      "must be set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
 
 
 # --------------------------------------------------------------------------------------------

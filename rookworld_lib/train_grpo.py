@@ -23,7 +23,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -37,9 +37,8 @@ from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .trainer import Trainer
-from .train_utils import (NonFiniteError, WarmupCosineSchedule, add_config_arguments,
-                          build_adamw, check_number, clip_grad_norm, config_kwargs_from_args,
-                          setup_runtime)
+from .train_utils import (NonFiniteError, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
+                          clip_grad_norm, config_kwargs_from_args, option, setup_runtime, validate)
 
 METRICS_FILE = "grpo_metrics.jsonl"
 
@@ -57,64 +56,42 @@ class PromptItem:
 class GRPOTrainConfig:
     """Settings of the GRPO loop (the loss itself is configured by `loss`, a grpo.GRPOConfig)."""
 
-    steps: int = 20  # optimizer-level GRPO steps (each = one rollout batch)
-    prompts_per_step: int = 8  # prompts per rollout batch
-    group_size: int = 4  # completions per prompt (G)
-    policy_fraction: float = 0.5  # share of P: prompts; the rest are A: prompts
-    max_new_tokens: int = 96  # completion budget; longer completions are truncated
-    temperature: float = 1.0  # sampling temperature (also used to score log-probs)
-    top_k: int = 0  # sampler top-k (0 = off; GRPO scores the full distribution)
-    top_p: float = 1.0  # sampler nucleus (1 = off)
-    mu: int = 1  # inner passes over each rollout batch (1 = strictly on-policy)
-    minibatch_size: int = 16  # completions per optimizer step inside a pass
-    lr: float = 1e-5  # peak learning rate
-    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
-    warmup_steps: int = 0  # linear warm-up steps
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global grad norm (0 = off)
-    scale_rewards: str = "group"  # advantage scaling: "group", "batch" or "none" (Dr. GRPO)
-    dynamic_sampling: bool = False  # drop zero-variance groups and refill (DAPO)
-    max_refill_rounds: int = 3  # extra sampling rounds allowed per step when refilling
-    loss: grpo.GRPOConfig = field(default_factory=grpo.GRPOConfig)  # the loss (clip, aggregation, KL, ...)
-    max_nonfinite_in_a_row: int = 5  # stop after this many consecutive non-finite losses
-    rollout_chunks: int = 1  # prompts of a step are sampled in this many chunks (bounds memory; the unit
-    #                          of work a rank takes under torchrun; each chunk has its own seed)
-    dtype: str = "fp32"  # "fp32", "bf16" (autocast on CUDA) or "auto"
-    checkpoint_interval: int = 0  # steps between checkpoints (0 = only where the run stops), with out_dir
-    keep_checkpoints: int = 2  # newest checkpoints kept on disk
-    out_dir: str | None = None  # grpo_metrics.jsonl and checkpoints/ go here (None = keep nothing)
-    resume: bool = True  # continue from out_dir/checkpoints when it holds a checkpoint of this run
-    seed: int = 0  # seeds prompt order and sampling
-    device: str = "cpu"  # "cpu", "cuda" or "auto"
-    progress: bool = True  # show a tqdm bar
+    steps: int = option(20, "optimizer-level GRPO steps (each = one rollout batch)", min=1)
+    prompts_per_step: int = option(8, "prompts per rollout batch", min=1)
+    group_size: int = option(4, "completions per prompt (G)", min=2)
+    policy_fraction: float = option(0.5, "share of P: prompts; the rest are A: prompts", min=0.0, max=1.0)
+    max_new_tokens: int = option(96, "completion budget; longer completions are truncated", min=1)
+    temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=0.0, min_open=True)
+    top_k: int = option(0, "sampler top-k (0 = off; GRPO scores the full distribution)", min=0)
+    top_p: float = option(1.0, "sampler nucleus (1 = off)", min=0.0, max=1.0, min_open=True)
+    mu: int = option(1, "inner passes over each rollout batch (1 = strictly on-policy)", min=1)
+    minibatch_size: int = option(16, "completions per optimizer step inside a pass", min=1)
+    lr: float = option(1e-5, "peak learning rate", min=0.0, min_open=True)
+    min_lr_ratio: float = option(0.1, "cosine floor as a fraction of lr", min=0.0, max=1.0)
+    warmup_steps: int = option(0, "linear warm-up steps", min=0)
+    weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
+    grad_clip: float = option(1.0, "max global grad norm (0 = off)", min=0.0)
+    scale_rewards: str = option("group", 'advantage scaling: "group", "batch" or "none" (Dr. GRPO)', choices=("group", "batch", "none"))
+    dynamic_sampling: bool = option(False, "drop zero-variance groups and refill (DAPO)")
+    max_refill_rounds: int = option(3, "extra sampling rounds allowed per step when refilling", min=0)
+    loss: grpo.GRPOConfig = option(factory=grpo.GRPOConfig, help="the loss (clip, aggregation, KL, ...)")
+    max_nonfinite_in_a_row: int = option(5, "stop after this many consecutive non-finite losses", min=1)
+    rollout_chunks: int = option(1, "prompts of a step are sampled in this many chunks (bounds memory; the unit of work a rank takes under torchrun; each chunk has its own seed)")
+    dtype: str = option("fp32", '"fp32", "bf16" (autocast on CUDA) or "auto"', choices=("fp32", "bf16", "auto"))
+    checkpoint_interval: int = option(0, "steps between checkpoints (0 = only where the run stops), with out_dir", min=0)
+    keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=0)
+    out_dir: str | None = option(None, "grpo_metrics.jsonl and checkpoints/ go here (None = keep nothing)")
+    resume: bool = option(True, "continue from out_dir/checkpoints when it holds a checkpoint of this run")
+    seed: int = option(0, "seeds prompt order and sampling", min=0)
+    device: str = option("cpu", '"cpu", "cuda" or "auto"')
+    progress: bool = option(True, "show a tqdm bar")
 
     def __post_init__(self):
-        positive = ("steps", "prompts_per_step", "group_size", "max_new_tokens", "mu", "minibatch_size",
-                    "max_nonfinite_in_a_row")
-        for name in positive:
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"GRPOTrainConfig.{name} must be a positive integer, got {v!r}")
-        if self.group_size < 2:
-            raise ValueError(f"GRPOTrainConfig.group_size must be >= 2 (a group of one has no baseline), got {self.group_size}")
-        # finite numbers in range, with SFT's messages (an inf learning rate must not train)
-        check_number(self, "policy_fraction", min=0.0, max=1.0)
-        check_number(self, "temperature", min=0.0, min_open=True)
-        check_number(self, "top_p", min=0.0, max=1.0, min_open=True)
-        check_number(self, "lr", min=0.0, min_open=True)
-        check_number(self, "min_lr_ratio", min=0.0, max=1.0)
-        check_number(self, "grad_clip", min=0.0)
-        check_number(self, "weight_decay", min=0.0)
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ValueError(f"GRPOTrainConfig.scale_rewards must be group, batch or none, got {self.scale_rewards!r}")
-        if not isinstance(self.rollout_chunks, int) or not 1 <= self.rollout_chunks <= self.prompts_per_step:
-            raise ValueError(f"GRPOTrainConfig.rollout_chunks must be in 1..prompts_per_step, got {self.rollout_chunks!r}")
-        if self.dtype not in ("fp32", "bf16", "auto"):
-            raise ValueError(f"GRPOTrainConfig.dtype must be fp32, bf16 or auto, got {self.dtype!r}")
-        for name in ("warmup_steps", "checkpoint_interval", "max_refill_rounds", "keep_checkpoints"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"GRPOTrainConfig.{name} must be an integer >= 0, got {v!r}")
+        validate(self)  # types, ranges and choices of every field (the option() checks above)
+        if not 1 <= self.rollout_chunks <= self.prompts_per_step:
+            bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
+        if not isinstance(self.loss, grpo.GRPOConfig):
+            bad_field(type(self).__name__, "loss", self.loss, "must be a grpo.GRPOConfig")
 
 
 RewardFn = Callable[[PromptItem, str], float]

@@ -48,7 +48,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -62,22 +62,9 @@ from .paths import RUNS_DIR
 from .tasks import LAYOUTS
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from .trainer import FINAL_DIR, Trainer
-from .train_utils import (
-    DTYPES,
-    NonFiniteError,
-    WarmupCosineSchedule,
-    add_config_arguments,
-    bad_field,
-    build_adamw,
-    check_bool,
-    check_choice,
-    check_int,
-    check_number,
-    clip_grad_norm,
-    config_kwargs_from_args,
-    maybe_compile,
-    seed_everything,
-)
+from .train_utils import (DTYPES, NonFiniteError, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
+                          check_number, clip_grad_norm, config_kwargs_from_args, maybe_compile, option,
+                          seed_everything, validate)
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +80,12 @@ RECORD_KEYS = ("step", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "s
                "nonfinite", "nonfinite_in_a_row")
 
 
+# "fused" (lm_head_loss: logits never materialised, gradients formed chunk by chunk) is faster on a
+# CPU and needs far less memory; "plain" (logits, then F.cross_entropy) lets torch.compile fuse
+# head, softmax and loss on a GPU. "auto" picks by device; docs/perf.md has the measurements.
+LOSS_IMPLS = ("auto", "fused", "plain")
+
+
 # --------------------------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------------------------
@@ -102,49 +95,49 @@ class SFTConfig:
     """Settings of one SFT run. Bad values fail at construction with a message naming the field."""
 
     # model
-    model: str = "cpu-small"  # GPTConfig preset for a scratch start: tiny, cpu-small, cpu-medium, gpt2, ...
-    model_overrides: dict = field(default_factory=dict)  # GPTConfig fields to override, e.g. dropout=0.1
-    init_from: str = "scratch"  # "scratch" (random init of the preset) or a Hugging Face GPT-2 directory
+    model: str = option("cpu-small", "GPTConfig preset for a scratch start: tiny, cpu-small, cpu-medium, gpt2, ...", choices=tuple(sorted(PRESETS)))
+    model_overrides: dict = option(factory=dict, help="GPTConfig fields to override, e.g. dropout=0.1")
+    init_from: str = option("scratch", '"scratch" (random init of the preset) or a Hugging Face GPT-2 directory')
     # data
-    train_data: tuple[str, ...] = ()  # JSONL training files: data.py P:/A: records or {"text": ...} lines
-    val_data: tuple[str, ...] = ()  # JSONL files for the val loss; empty: hold out val_fraction of train
-    layout: str | None = None  # how records are rendered: "compact" or "original"; None: init_from's own (compact from scratch)
-    policy_fraction: float | None = 0.5  # share of P: samples in the packed stream; None keeps the data's mix
-    val_fraction: float = 0.05  # share of training samples held out for val when there is no val data (0 = none)
+    train_data: tuple[str, ...] = option((), 'JSONL training files: data.py P:/A: records or {"text": ...} lines')
+    val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
+    layout: str | None = option(None, "how records are rendered: \"compact\" or \"original\"; None: init_from's own (compact from scratch)", choices=LAYOUTS)
+    policy_fraction: float | None = option(0.5, "share of P: samples in the packed stream; None keeps the data's mix", min=0.0, max=1.0)
+    val_fraction: float = option(0.05, "share of training samples held out for val when there is no val data (0 = none)", min=0.0, max=1.0, max_open=True)
     # batch
-    block_size: int = 256  # tokens per packed sequence (at most the model's block_size)
-    batch_size: int = 8  # sequences per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step (tokens/step = batch_size*grad_accum*block_size)
+    block_size: int = option(256, "tokens per packed sequence (at most the model's block_size)", min=1)
+    batch_size: int = option(8, "sequences per micro-batch", min=1)
+    grad_accum: int = option(1, "micro-batches per optimizer step (tokens/step = batch_size*grad_accum*block_size)", min=1)
     # optimizer and schedule
-    lr: float = 6e-4  # peak learning rate
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
-    warmup_steps: int = 100  # steps of linear warm-up from lr/warmup_steps to lr
-    max_steps: int = 1000  # optimizer steps in the run
-    weight_decay: float = 0.1  # AdamW decoupled weight decay on 2-D weights (not biases, LayerNorms)
-    betas: tuple[float, float] = (0.9, 0.95)  # AdamW (beta1, beta2)
-    grad_clip: float = 1.0  # clip the global grad norm to this (0 = no clipping, norm still logged)
-    max_nonfinite_in_a_row: int = 5  # stop after this many consecutive skipped (non-finite) updates
+    lr: float = option(6e-4, "peak learning rate", min=0.0, min_open=True)
+    min_lr: float = option(6e-5, "learning rate at the end of the cosine decay", min=0.0)
+    warmup_steps: int = option(100, "steps of linear warm-up from lr/warmup_steps to lr", min=0)
+    max_steps: int = option(1000, "optimizer steps in the run", min=1)
+    weight_decay: float = option(0.1, "AdamW decoupled weight decay on 2-D weights (not biases, LayerNorms)", min=0.0)
+    betas: tuple[float, float] = option((0.9, 0.95), "AdamW (beta1, beta2)")
+    grad_clip: float = option(1.0, "clip the global grad norm to this (0 = no clipping, norm still logged)", min=0.0)
+    max_nonfinite_in_a_row: int = option(5, "stop after this many consecutive skipped (non-finite) updates", min=1)
     # system
-    device: str = "auto"  # "auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...
-    dtype: str = "auto"  # "auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"
-    compile: bool = False  # torch.compile the model (faster on GPU after a slow first step)
-    loss_impl: str = "auto"  # LM head + loss: "fused" (chunked, logits never stored), "plain" (logits, then cross-entropy), "auto" (see LOSS_IMPLS)
-    activation_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
-    deterministic: bool = False  # deterministic algorithms: bit-identical reruns and resumes on CPU
-    seed: int = 1337  # seeds the init, dropout, the val split and the data order
+    device: str = option("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
+    dtype: str = option("auto", '"auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"', choices=DTYPES)
+    compile: bool = option(False, "torch.compile the model (faster on GPU after a slow first step)")
+    loss_impl: str = option("auto", 'LM head + loss: "fused" (chunked, logits never stored), "plain" (logits, then cross-entropy), "auto" (see LOSS_IMPLS)', choices=LOSS_IMPLS)
+    activation_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% slower")
+    deterministic: bool = option(False, "deterministic algorithms: bit-identical reruns and resumes on CPU")
+    seed: int = option(1337, "seeds the init, dropout, the val split and the data order", min=0)
     # evaluation, logging, checkpoints
-    eval_interval: int = 100  # steps between val-loss measurements (0 = never)
-    eval_steps: int = 20  # val batches per measurement (the same batches every time)
-    checkpoint_interval: int = 500  # steps between checkpoints (0 = only at the end)
-    keep_checkpoints: int = 2  # checkpoints kept on disk, newest first (0 = all)
-    out_dir: str = str(RUNS_DIR / "sft")  # metrics.jsonl, checkpoints/ and final/ (HF export) go here
-    resume: bool = True  # continue from out_dir's latest checkpoint when there is one
-    export_hf: bool = True  # at the end, write the model in Hugging Face format to <out_dir>/final
-    progress: bool = True  # show a tqdm progress bar
+    eval_interval: int = option(100, "steps between val-loss measurements (0 = never)", min=0)
+    eval_steps: int = option(20, "val batches per measurement (the same batches every time)", min=1)
+    checkpoint_interval: int = option(500, "steps between checkpoints (0 = only at the end)", min=0)
+    keep_checkpoints: int = option(2, "checkpoints kept on disk, newest first (0 = all)", min=0)
+    out_dir: str = option(str(RUNS_DIR / "sft"), "metrics.jsonl, checkpoints/ and final/ (HF export) go here")
+    resume: bool = option(True, "continue from out_dir's latest checkpoint when there is one")
+    export_hf: bool = option(True, "at the end, write the model in Hugging Face format to <out_dir>/final")
+    progress: bool = option(True, "show a tqdm progress bar")
 
     def __post_init__(self):
+        validate(self)  # types, ranges and choices of every field (see the option() checks above)
         name = type(self).__name__
-        check_choice(self, "model", sorted(PRESETS))
         if not isinstance(self.model_overrides, dict):
             bad_field(name, "model_overrides", self.model_overrides, "must be a dict of GPTConfig fields")
         known = {f.name for f in dataclasses.fields(GPTConfig)}
@@ -164,27 +157,9 @@ class SFTConfig:
         except ValueError as exc:
             bad_field(name, "model_overrides", self.model_overrides, f"gives an invalid model ({exc})")
         for fname in ("train_data", "val_data"):
-            value = getattr(self, fname)
-            if isinstance(value, (str, os.PathLike)):
-                value = (value,)
-            if not isinstance(value, (tuple, list)) or not all(isinstance(p, (str, os.PathLike)) for p in value):
-                bad_field(name, fname, value, "must be a list of JSONL file paths")
-            object.__setattr__(self, fname, tuple(str(p) for p in value))  # lists -> tuple (frozen)
-            missing = [p for p in getattr(self, fname) if not Path(p).is_file()]
-            if missing:
-                bad_field(name, fname, value, f"names file(s) that do not exist: {missing}")
-        if self.layout is not None:
-            check_choice(self, "layout", LAYOUTS)
-        if self.policy_fraction is not None:
-            check_number(self, "policy_fraction", min=0.0, max=1.0)
-        check_number(self, "val_fraction", min=0.0, max=1.0, max_open=True)
-        for fname in ("block_size", "batch_size", "grad_accum", "max_steps", "max_nonfinite_in_a_row", "eval_steps"):
-            check_int(self, fname, min=1)
-        for fname in ("warmup_steps", "eval_interval", "checkpoint_interval", "keep_checkpoints", "seed"):
-            check_int(self, fname, min=0)
-        if self.init_from == "scratch":
-            model_block = model_config.block_size
-        else:
+            self._check_files(fname)
+        model_block = model_config.block_size
+        if self.init_from != "scratch":
             try:
                 hf = json.loads((Path(self.init_from) / "config.json").read_text())
                 model_block = int(self.model_overrides.get("block_size", hf.get("n_positions", 1024)))
@@ -194,30 +169,33 @@ class SFTConfig:
             bad_field(name, "block_size", self.block_size,
                       f"must be <= the model's block_size {model_block} (raise it with "
                       f"model_overrides={{'block_size': {self.block_size}}})")
-        check_number(self, "lr", min=0.0, min_open=True)
         check_number(self, "min_lr", min=0.0, max=self.lr)
         if self.warmup_steps > self.max_steps:
             bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
-        check_number(self, "weight_decay", min=0.0)
         betas = self.betas
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
                 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
             bad_field(name, "betas", betas, "must be two numbers in [0, 1)")
         object.__setattr__(self, "betas", tuple(float(b) for b in betas))
-        check_number(self, "grad_clip", min=0.0)
-        if not isinstance(self.device, str):
-            bad_field(name, "device", self.device, "must be a string such as 'auto', 'cpu' or 'cuda'")
         if self.device != "auto":
             try:
                 torch.device(self.device)
-            except (RuntimeError, ValueError):
+            except (RuntimeError, ValueError, TypeError):
                 bad_field(name, "device", self.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
-        check_choice(self, "dtype", DTYPES)
-        check_choice(self, "loss_impl", LOSS_IMPLS)
-        for fname in ("compile", "activation_checkpointing", "deterministic", "resume", "export_hf", "progress"):
-            check_bool(self, fname)
         if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
             bad_field(name, "out_dir", self.out_dir, "must be a directory path")
+
+    def _check_files(self, fname: str) -> None:
+        """A list of existing JSONL files (a single path is accepted; lists become tuples)."""
+        value = getattr(self, fname)
+        if isinstance(value, (str, os.PathLike)):
+            value = (value,)
+        if not isinstance(value, (tuple, list)) or not all(isinstance(p, (str, os.PathLike)) for p in value):
+            bad_field(type(self).__name__, fname, value, "must be a list of JSONL file paths")
+        object.__setattr__(self, fname, tuple(str(p) for p in value))  # lists -> tuple (frozen)
+        missing = [p for p in getattr(self, fname) if not Path(p).is_file()]
+        if missing:
+            bad_field(type(self).__name__, fname, value, f"names file(s) that do not exist: {missing}")
 
     def model_config(self) -> GPTConfig:
         """The model shape of a scratch start (a Hugging Face start reads its config.json instead)."""
@@ -475,10 +453,6 @@ def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[st
 # The trainer
 # --------------------------------------------------------------------------------------------
 
-# "fused" (lm_head_loss: logits never materialised, gradients formed chunk by chunk) is faster on a
-# CPU and needs far less memory; "plain" (logits, then F.cross_entropy) lets torch.compile fuse
-# head, softmax and loss on a GPU. "auto" picks by device; docs/perf.md has the measurements.
-LOSS_IMPLS = ("auto", "fused", "plain")
 
 
 def resolve_loss_impl(impl: str, device: torch.device) -> str:

@@ -31,14 +31,12 @@ import argparse
 import contextlib
 import dataclasses
 import inspect
-import io
 import json
 import logging
 import math
 import os
 import random
 import time
-import tokenize
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -443,20 +441,53 @@ def _as_python_rng_state(s):
 # Config dataclasses <-> argparse
 # --------------------------------------------------------------------------------------------
 
+def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, **checks) -> Any:
+    """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line.
+
+    checks are what `validate` enforces beyond the annotation: min / max (with min_open /
+    max_open for open bounds) for numbers, choices for strings.
+    """
+    assert set(checks) <= {"min", "max", "min_open", "max_open", "choices"}, checks
+    kw = {"default_factory": factory} if factory is not None else {"default": default}
+    return dataclasses.field(metadata={"help": help, **checks}, **kw)
+
+
 def field_docs(cls) -> dict[str, str]:
-    """The trailing `# comment` of each field line in a dataclass's source: its one-line doc."""
-    try:
-        source = inspect.getsource(cls)
-    except (OSError, TypeError):
-        return {}
-    docs, names = {}, {f.name for f in dataclasses.fields(cls)}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            line = tok.line.strip()
-            name = line.split(":", 1)[0].strip()
-            if name in names and name not in docs:
-                docs[name] = tok.string.lstrip("#").strip()
-    return docs
+    """Each field's help text (metadata["help"], as `option` and TRL's configs write it)."""
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
+
+
+def _optional_of(hint) -> tuple[Any, bool]:
+    """(T, True) for `T | None`, (hint, False) otherwise."""
+    import types
+    import typing
+
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        return next(a for a in args if a is not type(None)), True
+    return hint, False
+
+
+def validate(cfg) -> None:
+    """Check every field of a config against its annotation and its `option` checks; the first bad
+    one raises ValueError `Cls.field must ..., got value` (None passes where the type allows it)."""
+    import typing
+
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        hint, optional = _optional_of(hints[f.name])
+        value, meta = getattr(cfg, f.name), f.metadata
+        if optional and value is None:
+            continue
+        if "choices" in meta:
+            check_choice(cfg, f.name, meta["choices"])
+        elif hint is bool:
+            check_bool(cfg, f.name)
+        elif hint is int:
+            check_int(cfg, f.name, min=meta.get("min"), max=meta.get("max"))
+        elif hint is float:
+            check_number(cfg, f.name, min=meta.get("min"), max=meta.get("max"),
+                         min_open=meta.get("min_open", False), max_open=meta.get("max_open", False))
 
 
 def bad_field(cls_name: str, name: str, value: Any, why: str):
@@ -464,10 +495,13 @@ def bad_field(cls_name: str, name: str, value: Any, why: str):
     raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
 
 
-def check_int(cfg, name: str, *, min: int | None = None) -> None:
+def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None) -> None:
     value = getattr(cfg, name)
-    if not isinstance(value, int) or isinstance(value, bool) or (min is not None and value < min):
-        bad_field(type(cfg).__name__, name, value, "must be an integer" + (f" >= {min}" if min is not None else ""))
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or (min is not None and value < min) or (max is not None and value > max):
+        want = {(False, False): "", (True, False): f" >= {min}", (False, True): f" <= {max}",
+                (True, True): f" in {min}..{max}"}[(min is not None, max is not None)]
+        bad_field(type(cfg).__name__, name, value, "must be an integer" + want)
 
 
 LOCK_FILE = ".lock"
@@ -568,13 +602,12 @@ def _optional(kind):
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
                          metavars=None) -> None:
     """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by
-    the field's comment, defaulting to the field's default.
+    the field's metadata["help"], defaulting to the field's default (choices from `option`).
 
     bool -> --x/--no-x; tuple[float, float] -> --x A B; tuple[str, ...] -> --x A B C;
     dict -> --x KEY=VALUE (repeatable, VALUE parsed as JSON where it can be); T | None -> also
     accepts "none".
     """
-    import types
     import typing
 
     hints = typing.get_type_hints(cls)
@@ -586,12 +619,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         hint = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         kw: dict[str, Any] = {"default": default, "dest": f.name}
-        args = typing.get_args(hint)
-        origin = typing.get_origin(hint)
-        optional = origin in (typing.Union, types.UnionType) and type(None) in args
-        if optional:
-            hint = next(a for a in args if a is not type(None))
-            origin, args = typing.get_origin(hint), typing.get_args(hint)
+        hint, optional = _optional_of(hint)
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
         if hint is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif origin is tuple:
@@ -602,6 +631,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
             kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
         elif hint in (int, float, str):
             kw["type"] = _optional(hint) if optional else hint
+            if "choices" in f.metadata and not optional:
+                kw["choices"] = list(f.metadata["choices"])
         else:
             continue
         if metavars and f.name in metavars:
