@@ -3,11 +3,26 @@
 Each subcommand lives in the module that does the work, as `cli(argv) -> int` with its own
 argparse parser (so `rookworld <sub> --help` is that module's help). This file only dispatches,
 and imports a module only when its subcommand runs, so `rookworld --help` stays fast.
+
+Errors. `main` is the one place that turns an error a user can cause into one line,
+`rookworld <command>: error: <what is wrong, and where>`, and exit status 1 (130 for Ctrl-C), with
+no traceback. Which errors count as the user's is decided by `user_error_message`: bad input
+(ValueError and our named error classes), the file system (an OSError with an errno: a missing
+file, a permission, a full disk), a corrupt safetensors file, running out of memory. Anything else
+(AttributeError, TypeError, KeyError, ... from our own code) is a bug and keeps its traceback; so
+does every error with ROOKWORLD_TRACEBACK=1 in the environment.
+
+Under `--nproc N` every worker would print the same line; when the launcher
+(`distributed.torchrun`) names a directory in ROOKWORLD_ERRORS_DIR, a worker writes its line
+there instead, and the launcher prints each distinct line once.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
+import json
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -19,13 +34,18 @@ SUBCOMMANDS = {
     "bench": ("rookworld_lib.bench", "side-by-side speed benchmarks against transformers/TRL"),
     "run": ("rookworld_lib.pipeline", "execute the numbered notebooks headless into runs/<timestamp>/"),
 }
+TRACEBACK_ENV = "ROOKWORLD_TRACEBACK"  # =1: let every error through with its traceback (debugging)
+ERRORS_DIR_ENV = "ROOKWORLD_ERRORS_DIR"  # set by distributed.torchrun for its workers
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+RESUMABLE = ("sft", "grpo")  # commands that continue from their latest checkpoint when run again
 
 
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     lines = ["usage: rookworld <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
-    lines += ["", "`rookworld <command> --help` describes each command's options."]
+    lines += ["", "`rookworld <command> --help` describes each command's options.",
+              f"Errors a user can cause end in one line and exit status 1; {TRACEBACK_ENV}=1 shows their tracebacks."]
     return "\n".join(lines)
 
 
@@ -38,28 +58,94 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"rookworld: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    debug = os.environ.get(TRACEBACK_ENV) == "1"
     try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
         return int(module.cli(rest) or 0)
-    except Exception as exc:
-        if not isinstance(exc, user_facing_errors()):
+    except KeyboardInterrupt:
+        if debug:
             raise
-        # These errors already say what is wrong and how to fix it; a traceback would bury that.
-        print(f"rookworld {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        resume = "; the same command resumes from the latest checkpoint" if name in RESUMABLE else ""
+        return report(name, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
+    except Exception as exc:
+        message = None if debug else user_error_message(exc)
+        if message is None:
+            raise  # a bug: its traceback is what a report needs
+        return report(name, message, 1)
 
 
-def user_facing_errors() -> tuple[type[Exception], ...]:
-    """Errors whose message names the problem and its fix (bad input, missing files or engine)."""
+def report(command: str, message: str, code: int, kind: str = "error: ") -> int:
+    """Print `rookworld <command>: error: <message>` (one line) and return `code`; a torchrun
+    worker hands the line to its launcher instead (see the module doc)."""
+    line = f"rookworld {command}: {kind}{' '.join(message.split())}"
+    errors_dir = os.environ.get(ERRORS_DIR_ENV)
+    if errors_dir and os.environ.get("RANK") is not None:
+        try:
+            with open(os.path.join(errors_dir, f"rank{int(os.environ['RANK']):05d}.json"), "w") as f:
+                json.dump({"line": line, "code": code}, f)
+            return code
+        except (OSError, ValueError):
+            pass  # the launcher is gone or the directory with it: say it here
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass  # stderr closed (a pipe whose reader is gone): nothing left to tell
+    return code
+
+
+def user_error_message(exc: BaseException) -> str | None:
+    """The one-line message for an error a user can cause, or None for a bug (see the module doc)."""
+    if isinstance(exc, user_facing_errors()):
+        return str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return os_error_message(exc)
+    if isinstance(exc, MemoryError) or _is_out_of_memory(exc):
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return (f"out of memory{f' ({first})' if first else ''}: lower --batch-size (or raise --grad-accum, which "
+                "keeps the tokens per step), or use a smaller model")
+    if type(exc).__name__ == "SafetensorError":
+        return f"unreadable safetensors file ({exc})"
+    return None
+
+
+def os_error_message(exc: OSError) -> str:
+    """`<what>: <path>` for an OSError: "No space left on device: /runs/x/final/model.safetensors"."""
+    what = exc.strerror or os.strerror(exc.errno or 0) or type(exc).__name__
+    if exc.errno == errno.ENOSPC:
+        what = "No space left on device"
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)) or exc.errno in (
+            errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "; choose a directory you can write to" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+    elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        hint = "; free some space (or choose another --out-dir) and run the same command again"
+    else:
+        hint = ""
+    return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    """torch reports a failed allocation as torch.OutOfMemoryError (CUDA) or a RuntimeError (CPU)."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("can't allocate memory", "out of memory"))
+
+
+def user_facing_errors() -> tuple[type[BaseException], ...]:
+    """Errors whose message names the problem and where: bad input, bad settings, missing files or
+    engine, corrupt checkpoints. ValueError is the library's "bad value" error (every config check
+    raises it, naming the field), json.JSONDecodeError and our *Error classes derive from it or are
+    listed here."""
     from .checkpoint import CheckpointError
     from .checkpoint_hf import CheckpointFormatError
-    from .data import DataFormatError
-    from .engine import StockfishNotFoundError
+    from .data import DataFormatError, WorkDirMismatch
+    from .engine import EngineFailedError, StockfishNotFoundError
     from .nbparams import ParameterError
     from .tokenizer import TokenizerFileError
+    from .train_utils import NonFiniteError
 
-    return (TokenizerFileError, StockfishNotFoundError, DataFormatError, CheckpointError,
-            CheckpointFormatError, ParameterError)
+    return (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, DataFormatError,
+            WorkDirMismatch, CheckpointError, CheckpointFormatError, ParameterError, NonFiniteError)
 
 
 if __name__ == "__main__":
