@@ -7,14 +7,19 @@ leaves a layer at its random init and the model still runs, just badly.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .model import GPTConfig
+from .paths import atomic_write
 from .tasks import LAYOUTS
 
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -45,11 +50,36 @@ def read_layout(directory: str | Path) -> tuple[str, str]:
     """(layout, why) of a Hugging Face GPT-2 directory: its recorded layout, or "original" when
     config.json records none (a model that is not ours: RookWorld-LM-124M and its kin)."""
     path = Path(directory) / "config.json"
+    return _layout_of(read_config_json(path), path)
+
+
+def read_config_json(path: Path) -> dict:
+    """A config.json as a dict; CheckpointFormatError naming the file when it is missing, unreadable,
+    not JSON or not a JSON object."""
     try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        d = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointFormatError(f"{path} not found: a Hugging Face GPT-2 directory needs config.json and "
+                                    "model.safetensors") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointFormatError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointFormatError(f"{path}: cannot read ({exc})") from None
-    return _layout_of(d, path)
+    if not isinstance(d, dict):
+        raise CheckpointFormatError(f"{path}: expected a JSON object of GPT-2 settings, got {type(d).__name__}")
+    return d
+
+
+def read_safetensors(path: Path) -> dict:
+    """The tensors of a .safetensors file; CheckpointFormatError naming the file when it is truncated,
+    corrupt or unreadable (safetensors' own SafetensorError names no file)."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as exc:
+        raise CheckpointFormatError(f"{path}: truncated or corrupt safetensors file ({exc}); copy or export "
+                                    "the model again") from None
+    except OSError as exc:
+        raise CheckpointFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
 def layout_for(init_from: str | os.PathLike | None) -> tuple[str, str]:
@@ -119,28 +149,36 @@ def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
     act = d.get("activation_function", "gelu_new")
     if act not in TANH_GELUS:
         raise CheckpointFormatError(f"{source}: activation_function {act!r} is not GPT-2's tanh GELU {TANH_GELUS}")
+    missing = [k for k in ("n_positions", "vocab_size", "n_layer", "n_head", "n_embd") if k not in d]
+    if missing:
+        raise CheckpointFormatError(f"{source}: config.json lacks the field{'s' if len(missing) > 1 else ''} "
+                                    f"{', '.join(map(repr, missing))}")
     n_inner = d.get("n_inner")
-    if n_inner not in (None, 4 * d["n_embd"]):
+    if n_inner is not None and (not isinstance(d["n_embd"], int) or n_inner != 4 * d["n_embd"]):
         raise CheckpointFormatError(f"{source}: n_inner={n_inner} is not 4 * n_embd; only GPT-2's MLP width is supported")
     for key, want in REQUIRED_HF_SETTINGS.items():
         if d.get(key, want) != want:
             raise CheckpointFormatError(f"{source}: {key}={d[key]!r} is not supported (GPT-2 uses {want!r})")
+    base = dict(
+        block_size=d["n_positions"],
+        vocab_size=d["vocab_size"],
+        n_layer=d["n_layer"],
+        n_head=d["n_head"],
+        n_embd=d["n_embd"],
+        layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
+        **dropouts_from_hf(d, source),
+    )
     try:
-        base = dict(
-            block_size=d["n_positions"],
-            vocab_size=d["vocab_size"],
-            n_layer=d["n_layer"],
-            n_head=d["n_head"],
-            n_embd=d["n_embd"],
-            layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-            **dropouts_from_hf(d, source),
-        )
-    except KeyError as exc:
-        raise CheckpointFormatError(f"{source}: config.json lacks the field {exc.args[0]!r}") from None
+        GPTConfig(**base)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointFormatError(f"{source}: {exc}") from None
     if "dropout" in overrides:  # dropout=... sets every rate unless they are given too
         base.update(embd_dropout=None, attn_dropout=None)
     base.update(overrides)
-    return GPTConfig(**base)
+    try:
+        return GPTConfig(**base)
+    except (TypeError, ValueError) as exc:  # TypeError: an unknown field name, or a value of the wrong type
+        raise ValueError(f"model overrides {overrides} for {source}: {exc}") from None
 
 
 def load_hf_gpt2(cls, directory: Path, **config_overrides):
@@ -150,10 +188,10 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
             raise CheckpointFormatError(
                 f"{path} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors"
             )
-    hf = json.loads(config_path.read_text())
+    hf = read_config_json(config_path)
     config = config_from_hf(hf, config_path, **config_overrides)
     layout, _ = _layout_of(hf, config_path)
-    state = load_file(str(weights_path))
+    state = read_safetensors(weights_path)
     # Checkpoints saved from GPT2Model (no LM head) have no "transformer." prefix.
     state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
@@ -203,10 +241,32 @@ def save_hf_gpt2(model, directory: Path) -> None:
         if key == "transformer.wte.weight":
             tensor = tensor[: config.vocab_size]
         state[key] = tensor.contiguous()
-    tmp = directory / "model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    tmp.replace(directory / "model.safetensors")
     layout = getattr(model, "layout", "compact")
     if layout not in LAYOUTS:
         raise ValueError(f"model.layout must be one of {LAYOUTS}, got {layout!r}")
-    (directory / "config.json").write_text(json.dumps({**hf_config_dict(config), LAYOUT_KEY: layout}, indent=2) + "\n")
+    weights, tmp = directory / "model.safetensors", directory / "model.safetensors.tmp"
+    try:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    except SafetensorError as exc:  # a full disk, say: an OSError naming the file, not safetensors' own error
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise _os_error(exc, weights) from None
+    tmp.replace(weights)
+    text = json.dumps({**hf_config_dict(config), LAYOUT_KEY: layout}, indent=2) + "\n"
+    config_path = directory / "config.json"
+    try:
+        atomic_write(config_path, lambda f: f.write(text.encode()))
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(config_path)) from None
+
+
+def _os_error(exc: Exception, path: Path) -> OSError:
+    """safetensors reports I/O failures as text ("... No space left on device (os error 28)"): the
+    OSError they stand for, naming `path`."""
+    m = re.search(r"os error (\d+)", str(exc))
+    if m:
+        code = int(m.group(1))
+        return OSError(code, os.strerror(code), str(path))
+    return OSError(errno.EIO, f"could not write the model ({exc})", str(path))
