@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -65,9 +66,43 @@ class CheckpointLoadError(CheckpointError, ValueError):
 
 
 # --------------------------------------------------------------------------------------------
-# Atomic files
+# Writing
 # --------------------------------------------------------------------------------------------
 
+class _RecordingFile:
+    """A file for torch.save that remembers the OSError of a failed write: torch's zip writer reports
+    it as "[enforce fail at inline_container.cc] unexpected pos", which names neither the cause nor
+    a full disk."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def __getattr__(self, name):  # fileno, tell, ...: the file's own
+        return getattr(self.f, name)
+
+    def write(self, data):
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self):
+        try:
+            return self.f.flush()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+
+def _check_directory(directory: Path) -> None:
+    """Refuse a checkpoint directory below a path that is a file, naming that file."""
+    for parent in (directory, *directory.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise CheckpointError(f"{parent} is a file, not a directory: checkpoints go to {directory}; "
+                                          "choose another --out-dir (or move the file)")
+            return
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,6 +131,9 @@ def _read_pointer(directory: Path) -> dict | None:
         return info
     except FileNotFoundError:
         return None
+    except NotADirectoryError:
+        _check_directory(directory)
+        raise
     except (OSError, ValueError) as exc:
         raise CheckpointLoadError(f"{pointer}: unreadable latest-checkpoint pointer ({exc}); "
                                   f"delete it to fall back to the newest step_*.pt file") from None
@@ -125,12 +163,18 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
     step = int(state["step"])
     path = checkpoint_path(directory, step)
     previous = None
+    sinks: list[_RecordingFile] = []  # torch's zip writer turns a failed write (ENOSPC) into "unexpected pos"
+    _check_directory(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         previous = latest_checkpoint(directory)
         _remove_stale_temporaries(directory)
         t0 = time.perf_counter()
-        atomic_write(path, lambda f: torch.save(state, f))
+        def write(f):
+            sinks.append(_RecordingFile(f))
+            torch.save(state, sinks[-1])
+
+        atomic_write(path, write)
         size, digest = path.stat().st_size, file_sha256(path)
         atomic_write(_digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         pointer = json.dumps({"file": path.name, "step": step, "bytes": size, "sha256": digest}) + "\n"
@@ -138,8 +182,13 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports I/O failures as RuntimeError
         kept = f"the previous checkpoint {previous} is intact and still the latest" if previous and previous.exists() \
             else "no earlier checkpoint exists in that directory"
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise CheckpointSaveError(f"could not save checkpoint {path}: {reason}; {kept}") from exc
+        cause = next((sink.error for sink in sinks if sink.error is not None), exc)
+        reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause)
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            reason, kept = "No space left on device", f"{kept}; free some space and run the same command again to resume"
+        err = CheckpointSaveError(f"could not save checkpoint {path}: {reason}; {kept}")
+        err.errno = cause.errno if isinstance(cause, OSError) else None
+        raise err from exc
     except CheckpointLoadError as exc:  # an unreadable pointer: refuse to guess what is latest
         raise CheckpointSaveError(f"could not save checkpoint {path}: {exc}") from exc
     log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
