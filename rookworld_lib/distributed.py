@@ -7,11 +7,16 @@ single process. Only rank 0 writes logs and checkpoints (`is_main`).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -96,25 +101,89 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-def torchrun(subcommand: str, argv: list[str], nproc: int) -> int:
-    """Run `rookworld <subcommand> argv` under torchrun with nproc processes on this machine."""
+def torchrun(subcommand: str, argv: list[str], nproc: int, *,
+             preflight: Callable[[list[str], int], None] | None = None) -> int:
+    """Run `rookworld <subcommand> argv` under torchrun with nproc processes on this machine.
+
+    preflight(argv, nproc), when given, runs here first: a ValueError it raises (a batch that does
+    not split into nproc parts, say) stops the command once, before any worker starts. The workers
+    hand their one-line errors to this launcher (cli.ERRORS_DIR_ENV), which prints each distinct
+    line once and returns its exit status; torchrun's own traceback of a failed worker is not shown.
+    """
+    from .cli import ERRORS_DIR_ENV, INTERRUPTED
+
+    nproc = parse_nproc(nproc)
     if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {nproc}")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+        raise ValueError(f"--nproc must be >= 1 to launch torchrun, got {nproc}")
+    if preflight is not None:
+        preflight(list(argv), nproc)
+    cmd = [sys.executable, "-m", "rookworld_lib.distributed", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "rookworld_lib.cli", subcommand, *argv]
     env = dict(os.environ)
     # each process gets its share of the cores; oversubscribed threads slow everything down
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    # torchrun dies with this launcher, even a SIGKILLed one (the kernel sends it SIGTERM, and it
-    # stops its workers): no orphans keep writing into the out_dir. Ctrl-C and SIGTERM are passed on.
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_terminate_with_parent)
-    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    with tempfile.TemporaryDirectory(prefix="rookworld-errors-") as errors_dir:
+        env[ERRORS_DIR_ENV] = errors_dir
+        # torchrun dies with this launcher, even a SIGKILLed one (the kernel sends it SIGTERM, and it
+        # stops its workers): no orphans keep writing into the out_dir. Ctrl-C and SIGTERM are passed on.
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=_terminate_with_parent)
+        interrupted = []
+
+        def forward(signum, frame):
+            interrupted.append(signum)
+            proc.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            code = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        lines, codes = worker_errors(Path(errors_dir))
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    if signal.SIGINT in interrupted:
+        return INTERRUPTED
+    if codes:
+        return max(codes)
+    if code and not lines:
+        print(f"rookworld {subcommand}: error: torchrun exited with status {code}; the workers' output above "
+              "says why", file=sys.stderr, flush=True)
+    return 1 if code < 0 else code
+
+
+def worker_errors(errors_dir: Path) -> tuple[list[str], list[int]]:
+    """The distinct error lines the workers wrote (rank order) and their exit statuses."""
+    lines, codes = [], []
+    for f in sorted(errors_dir.glob("rank*.json")):
+        try:
+            rec = json.loads(f.read_text())
+            line, code = str(rec["line"]), int(rec["code"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if line not in lines:
+            lines.append(line)
+        codes.append(code)
+    return lines, codes
+
+
+def _launch(argv: list[str]) -> int:
+    """`python -m rookworld_lib.distributed <torchrun args>`: torchrun, minus the traceback it prints
+    when a worker fails (the worker has said why, in one line or with its own traceback)."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
-        return proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        run(parse_args(argv))
+    except ChildFailedError as exc:
+        _, failure = exc.get_first_failure()
+        return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    except KeyboardInterrupt:
+        return 130
+    return 0
 
 
 def _terminate_with_parent() -> None:
@@ -128,18 +197,44 @@ def _terminate_with_parent() -> None:
         pass
 
 
+class NprocError(argparse.ArgumentTypeError, ValueError):
+    """A --nproc value that is not a whole number >= 0."""
+
+
+def parse_nproc(text) -> int:
+    """--nproc's value: a whole number >= 0 (0 and 1 run in this process). Use as argparse `type=`."""
+    try:
+        n = int(str(text).strip())
+    except ValueError:
+        raise NprocError(f"--nproc must be a whole number of processes (0 = this process), got {text!r}") from None
+    if n < 0:
+        raise NprocError(f"--nproc must be >= 0 (0 = this process), got {n}")
+    return n
+
+
 def strip_nproc(argv: list[str]) -> tuple[int, list[str]]:
-    """Take `--nproc N` (or `--nproc=N`) out of argv; returns (N or 0, the rest)."""
+    """Take `--nproc N` (or `--nproc=N`) out of argv; returns (N or 0, the rest).
+
+    Raises NprocError (a ValueError) for a value that is not a whole number >= 0."""
     rest, nproc, i = [], 0, 0
     while i < len(argv):
         a = argv[i]
-        if a == "--nproc" and i + 1 < len(argv):
-            nproc = int(argv[i + 1])
+        if a == "--":
+            rest += argv[i:]
+            break
+        if a == "--nproc":
+            if i + 1 >= len(argv):
+                raise NprocError("--nproc needs a value: the number of processes (0 = this process)")
+            nproc = parse_nproc(argv[i + 1])
             i += 2
             continue
         if a.startswith("--nproc="):
-            nproc = int(a.split("=", 1)[1])
+            nproc = parse_nproc(a.split("=", 1)[1])
         else:
             rest.append(a)
         i += 1
     return nproc, rest
+
+
+if __name__ == "__main__":
+    sys.exit(_launch(sys.argv[1:]))
