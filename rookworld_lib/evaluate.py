@@ -349,7 +349,13 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estima
 
 
 def results_to_json(results: dict) -> dict:
-    return {k: asdict(v) for k, v in results.items()}
+    """Results as plain data for strict JSON: an undefined value (NaN: a rate over no records, say)
+    becomes None (null), since strict parsers reject NaN and Infinity."""
+    return {k: {f: _finite_or_none(x) for f, x in asdict(v).items()} for k, v in results.items()}
+
+
+def _finite_or_none(x):
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -388,7 +394,7 @@ def cli(argv: list[str] | None = None) -> int:
     mate = [r for r in suites.get("M1", []) if r["split"] == "test"]
     results = evaluate_all(model, suites.get("P", []), suites.get("A", []), mate, cfg)
     if args.json:
-        print(json.dumps(results_to_json(results)))
+        print(json.dumps(results_to_json(results), allow_nan=False))
     else:
         print(comparison_table({Path(args.model).name: results}).to_string())
     return 0
