@@ -51,6 +51,18 @@ def declared_parameters(notebook: Path) -> set[str]:
     return names
 
 
+def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
+    """Refuse -p names that no selected notebook declares (a typo would silently run the defaults),
+    naming the parameters that are allowed."""
+    from .nbparams import ParameterError
+
+    allowed = sorted(set().union(*declared.values()))
+    unknown = sorted(set(extra) - set(allowed))
+    if unknown:
+        raise ParameterError(f"parameter(s) {unknown} are declared by none of the selected notebooks "
+                             f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
@@ -70,19 +82,19 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
         profile = "gpu" if torch.cuda.is_available() else "cpu"
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
+    # everything is checked before the run directory exists: a refused run leaves nothing behind
+    notebooks = [p for p in numbered_notebooks(notebooks_dir) if not only or any(p.name.startswith(o) for o in only)]
+    if not notebooks:
+        available = ", ".join(p.name for p in numbered_notebooks(notebooks_dir)) or "none"
+        raise ValueError(f"no notebooks selected from {notebooks_dir} by --only {' '.join(only or [])} "
+                         f"(available: {available})")
+    declared = {nb: declared_parameters(nb) for nb in notebooks}
+    check_parameters(extra_parameters or {}, declared)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(out_root) / stamp
     figures = run_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    notebooks = [p for p in numbered_notebooks(notebooks_dir) if not only or any(p.name.startswith(o) for o in only)]
-    if not notebooks:
-        raise ValueError(f"no notebooks selected from {notebooks_dir} (only={only})")
     offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
-    declared = {nb: declared_parameters(nb) for nb in notebooks}
-    unknown = set(extra_parameters or {}) - set().union(*declared.values())
-    if unknown:
-        raise ValueError(f"parameter(s) {sorted(unknown)} are declared by none of the selected notebooks "
-                         f"({', '.join(nb.name for nb in notebooks)})")
 
     results = []
     failure = None
@@ -146,8 +158,8 @@ def cli(argv: list[str] | None = None) -> int:
             extra[name] = value
     try:
         run_dir = run_pipeline(args.profile, args.out, args.only, extra)
-    except (RuntimeError, ValueError) as exc:
-        print(f"rookworld run: {exc}", file=sys.stderr)
+    except RuntimeError as exc:  # a notebook failed: the message names it and the run directory
+        print(f"rookworld run: error: {exc}", file=sys.stderr)
         return 1
     print(f"run written to {run_dir} (report: {run_dir / 'report.md'})")
     return 0
