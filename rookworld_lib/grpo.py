@@ -175,6 +175,68 @@ def _rewards_tensor(rewards) -> tuple[Tensor, torch.dtype]:
                          f"one per completion or one list per completion; {exc}") from None
 
 
+def _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights, aggregation):
+    """group_advantages' argument checks; returns (rewards [N, K] float64, weights [K], output dtype)."""
+    if scale not in ADVANTAGE_SCALES:
+        raise ValueError(f"group_advantages: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
+    if aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
+        raise ValueError(f"group_advantages: multi_objective_aggregation must be one of "
+                         f"{MULTI_OBJECTIVE_AGGREGATIONS}, got {aggregation!r}")
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"group_advantages: group_size must be a positive integer, got {group_size!r}")
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
+        raise ValueError(f"group_advantages: eps must be a number >= 0, got {eps!r}")
+    r, out_dtype = _rewards_tensor(rewards)
+    if r.dim() not in (1, 2) or r.numel() == 0:
+        raise ValueError(f"group_advantages: rewards must be [N] or [N, num_reward_functions], got shape {tuple(r.shape)}")
+    R = r.reshape(-1, 1) if r.dim() == 1 else r  # [N, K]
+    N, K = R.shape
+    if N % group_size:
+        raise ValueError(f"group_advantages: got {N} rewards, which is not a positive multiple of group_size={group_size}")
+    if torch.isinf(R).any():
+        raise ValueError("group_advantages: rewards contain inf (NaN or None marks an unscorable completion; inf is an error)")
+    if reward_weights is None:
+        w = torch.ones(K, dtype=torch.float64)
+    else:
+        w = torch.as_tensor(reward_weights, dtype=torch.float64).reshape(-1)
+        if w.numel() != K or not torch.isfinite(w).all():
+            raise ValueError(f"group_advantages: reward_weights must be {K} finite numbers (one per reward function), "
+                             f"got {reward_weights!r}")
+    return R, w.to(R.device), out_dtype
+
+
+def _sum_then_normalize(raw: Tensor, group_std: Tensor, G: int, scale: str, eps: float):
+    """Weighted sum first, then centred per group and scaled by `scale`: (adv, std, tied) [N]."""
+    N = raw.numel()
+    g = raw.view(-1, G)
+    centred = g - torch.nanmean(g, dim=1, keepdim=True)
+    if scale == "batch":
+        std = _nanstd(raw).expand(N) if N > 1 else torch.zeros(N, dtype=raw.dtype, device=raw.device)
+    else:
+        std = group_std.repeat_interleave(G)
+    adv = centred.reshape(-1)
+    if scale != "none":
+        adv = adv / (std + eps)
+    tied = _tied(g, dim=1).repeat_interleave(G)  # exact ties within the group: advantage exactly 0
+    if scale == "batch":
+        tied = tied | _tied(raw, dim=0)
+    return adv, std, tied
+
+
+def _normalize_then_sum(R: Tensor, w: Tensor, unscorable: Tensor, G: int, eps: float):
+    """GDPO: each reward z-scored per group, weighted sum, then batch-normalised: (adv, std, tied)."""
+    N, K = R.shape
+    grouped = R.view(-1, G, K)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = _nanstd(grouped, dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean_k)
+    z = (grouped - mean_k) / (std_k + eps)
+    z = torch.where(_tied(grouped, dim=1)[:, None, :] & ~torch.isnan(grouped), torch.zeros_like(z), z)
+    x = torch.nansum(z.reshape(N, K) * w, dim=1).masked_fill(unscorable, float("nan"))
+    std = _nanstd(x).expand(N) if N > 1 else torch.zeros(N, dtype=x.dtype, device=x.device)
+    adv = (x - torch.nanmean(x)) / (std + eps)
+    return adv, std, _tied(x, dim=0).expand(N)
+
+
 def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-4, *,
                      reward_weights=None, multi_objective_aggregation: str = "sum_then_normalize",
                      ) -> tuple[Tensor, GroupStats]:
@@ -207,61 +269,17 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
     the batch's, so there it is 0 or 1. Computed in float64 (TRL: float32); returned in the rewards'
     floating dtype (float32 for lists / int tensors).
     """
-    if scale not in ADVANTAGE_SCALES:
-        raise ValueError(f"group_advantages: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
-    if multi_objective_aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
-        raise ValueError(f"group_advantages: multi_objective_aggregation must be one of "
-                         f"{MULTI_OBJECTIVE_AGGREGATIONS}, got {multi_objective_aggregation!r}")
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise ValueError(f"group_advantages: group_size must be a positive integer, got {group_size!r}")
-    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
-        raise ValueError(f"group_advantages: eps must be a number >= 0, got {eps!r}")
-    r, out_dtype = _rewards_tensor(rewards)
-    if r.dim() not in (1, 2) or r.numel() == 0:
-        raise ValueError(f"group_advantages: rewards must be [N] or [N, num_reward_functions], got shape {tuple(r.shape)}")
-    R = r.reshape(-1, 1) if r.dim() == 1 else r  # [N, K]
-    N, K = R.shape
-    if N % group_size:
-        raise ValueError(f"group_advantages: got {N} rewards, which is not a positive multiple of group_size={group_size}")
-    if torch.isinf(R).any():
-        raise ValueError("group_advantages: rewards contain inf (NaN or None marks an unscorable completion; inf is an error)")
-    if reward_weights is None:
-        w = torch.ones(K, dtype=torch.float64)
-    else:
-        w = torch.as_tensor(reward_weights, dtype=torch.float64).reshape(-1)
-        if w.numel() != K or not torch.isfinite(w).all():
-            raise ValueError(f"group_advantages: reward_weights must be {K} finite numbers (one per reward function), "
-                             f"got {reward_weights!r}")
-    w = w.to(R.device)
-    G = group_size
+    R, w, out_dtype = _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights,
+                                              multi_objective_aggregation)
+    N, G = R.shape[0], group_size
     unscorable = torch.isnan(R).all(dim=1)  # [N]
     raw = torch.nansum(R * w, dim=1).masked_fill(unscorable, float("nan"))  # TRL's logged `reward`
-    zeros = torch.zeros(N, dtype=torch.float64, device=R.device)
     g = raw.view(-1, G)  # the weighted rewards by group (logged stats; the input of sum_then_normalize)
     group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
     if multi_objective_aggregation == "sum_then_normalize":
-        x = raw
-        centred = g - torch.nanmean(g, dim=1, keepdim=True)
-        if scale == "batch":
-            std = _nanstd(x).expand(N) if N > 1 else zeros
-        else:
-            std = group_std.repeat_interleave(G)
-        adv = centred.reshape(-1)
-        if scale != "none":
-            adv = adv / (std + eps)
-        tied = _tied(g, dim=1).repeat_interleave(G)  # exact ties within the group: advantage exactly 0
-        if scale == "batch":
-            tied = tied | _tied(x, dim=0)
-    else:  # normalize_then_sum
-        grouped = R.view(-1, G, K)
-        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-        std_k = _nanstd(grouped, dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean_k)
-        z = (grouped - mean_k) / (std_k + eps)
-        z = torch.where(_tied(grouped, dim=1)[:, None, :] & ~torch.isnan(grouped), torch.zeros_like(z), z)
-        x = torch.nansum(z.reshape(N, K) * w, dim=1).masked_fill(unscorable, float("nan"))
-        std = _nanstd(x).expand(N) if N > 1 else zeros
-        adv = (x - torch.nanmean(x)) / (std + eps)
-        tied = _tied(x, dim=0).expand(N)
+        adv, std, tied = _sum_then_normalize(raw, group_std, G, scale, eps)
+    else:
+        adv, std, tied = _normalize_then_sum(R, w, unscorable, G, eps)
     adv = torch.where(tied | torch.isnan(adv), torch.zeros_like(adv), adv)
     is_std_zero = torch.isclose(std, torch.zeros_like(std))
     scorable = raw[~unscorable]
@@ -608,6 +626,36 @@ def _loss_metrics(config: GRPOConfig, loss, pg_tok, w, ratio, m, adv, logprobs, 
     return metrics
 
 
+def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: GRPOConfig):
+    """The per-token policy loss (0 off the mask), the importance ratio ([N, T] or [N, 1]) and, for
+    "vespo", the detached Gamma weights phi [N, 1] (None otherwise)."""
+    N, T = logprobs.shape
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
+    ratio = log_w.exp()
+    a = adv[:, None]
+    phi = None
+    if config.loss_type == "vespo":
+        phi = vespo_weights(logprobs.detach(), old, adv, m, config)  # no gradient
+        pg_tok = -(phi * a) * torch.where(m, logprobs, zero)
+    else:
+        pg_tok = -policy_objective(ratio, a, config).expand(N, T)
+    return torch.where(m, pg_tok, zero), ratio, phi
+
+
+def _kl_per_token(ref_logprobs: Tensor, logprobs: Tensor, ratio: Tensor, m: Tensor, config: GRPOConfig) -> Tensor:
+    """The per-token KL to the reference as it enters the loss (0 off the mask)."""
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    ref = _as_float(ref_logprobs, "ref_logprobs", logprobs).detach()
+    log_r = torch.where(m, ref - logprobs, zero)
+    if config.log_ratio_clamp is not None:
+        log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    kl_tok = torch.where(m, kl_estimate(-log_r, zero, config.kl_estimator), zero)
+    if config.use_bias_correction_kl:  # TRL: KL times the (differentiable) importance ratio
+        kl_tok = torch.where(m, kl_tok * ratio, zero)
+    return kl_tok
+
+
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
               ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None, *,
               logits: Tensor | None = None, truncated: Tensor | None = None,
@@ -656,33 +704,16 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     old = _as_float(old_logprobs, "old_logprobs", logprobs).detach()
     adv = _as_float(advantages, "advantages", logprobs).detach().reshape(N)
     m = effective_mask(mask.to(logprobs.device), truncated, config)
-    mf = m.to(dtype)
     zero = torch.zeros((), dtype=dtype, device=logprobs.device)
     w = aggregation_weights(m, config, num_items_in_batch, num_completions_in_batch, dtype)
 
-    # --- policy term
-    log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
-    ratio = log_w.exp()  # [N, T] or [N, 1]
-    a = adv[:, None]
-    phi = None
-    if config.loss_type == "vespo":
-        phi = vespo_weights(logprobs.detach(), old, adv, m, config)  # [N, 1], no gradient
-        pg_tok = -(phi * a) * torch.where(m, logprobs, zero)
-    else:
-        pg_tok = -policy_objective(ratio, a, config).expand(N, T)
-    pg_tok = torch.where(m, pg_tok, zero)
+    pg_tok, ratio, phi = _policy_term(logprobs, old, adv, m, config)
     per_tok = pg_tok
 
     # --- KL to the reference
     kl_tok = None
     if ref_logprobs is not None:
-        ref = _as_float(ref_logprobs, "ref_logprobs", logprobs).detach()
-        log_r = torch.where(m, ref - logprobs, zero)
-        if config.log_ratio_clamp is not None:
-            log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-        kl_tok = torch.where(m, kl_estimate(-log_r, zero, config.kl_estimator), zero)
-        if config.use_bias_correction_kl:  # TRL: KL times the (differentiable) importance ratio
-            kl_tok = torch.where(m, kl_tok * ratio, zero)
+        kl_tok = _kl_per_token(ref_logprobs, logprobs, ratio, m, config)
         if config.beta > 0:
             per_tok = per_tok + config.beta * kl_tok
 
@@ -693,9 +724,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     if logits is not None:
         ent_tok = torch.where(m, entropy_from_logits(logits, config.temperature).to(dtype), zero)
         if config.entropy_coef > 0:
-            n_glob = float(num_completions_in_batch) if num_completions_in_batch is not None else float(N)
-            mean_ent = ent_tok.sum() / mf.sum().clamp(min=1.0)
-            loss = loss - config.entropy_coef * mean_ent * (N / n_glob)
+            n_glob = float(N if num_completions_in_batch is None else num_completions_in_batch)
+            loss = loss - config.entropy_coef * ent_tok.sum() / m.sum().clamp(min=1) * (N / n_glob)
 
     with torch.no_grad():
         metrics = _loss_metrics(config, loss, pg_tok, w, ratio, m, adv, logprobs, old, kl_tok, ent_tok, phi)

@@ -1,6 +1,6 @@
 """The end-to-end workflow of notebook 05: profiles, stage timing and the training report.
 
-A profile fixes the size of every stage (data, SFT, evaluation, GRPO) for one kind of machine:
+A profile holds the SFT, GRPO and evaluation configs of every stage for one kind of machine:
 - `ci`: seconds per stage, for nbval and tests; shows the plumbing, not learning;
 - `cpu`: a small model on 2 CPU cores, all of `make run` within about 20 minutes;
 - `gpu`: GPT-2 124M with bf16 autocast and torch.compile.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import grpo
+from . import grpo as grpo_lib
 from .evaluate import EvalConfig, Estimate
 from .tasks import COMPLETION_BUDGET
 from .train_grpo import GRPOTrainConfig
@@ -25,89 +25,99 @@ from .train_sft import SFTConfig
 
 @dataclass(frozen=True)
 class Profile:
-    """Sizes and settings of every stage of the full training workflow."""
+    """One kind of machine's sizes for every stage of notebook 05: the three configs it sets up
+    (data paths, out_dir, seed and layout are filled in per run) and the two evaluation sizes that
+    are not part of a config."""
 
     name: str  # profile name
-    device: str  # "cpu", "cuda" or "auto"
-    model: str  # GPTConfig preset trained from scratch
-    sft_steps: int  # SFT optimizer steps
-    sft_batch_size: int  # packed sequences per SFT step
-    sft_block_size: int  # tokens per packed sequence
-    sft_lr: float  # SFT peak learning rate
-    sft_warmup: int  # SFT warm-up steps
-    grpo_steps: int  # GRPO steps
-    grpo_prompts: int  # prompts per GRPO step
-    grpo_group: int  # completions per prompt (G)
-    grpo_max_new_tokens: int  # completion budget while sampling
-    grpo_lr: float  # GRPO peak learning rate
-    grpo_beta: float  # KL coefficient (0 = no reference model)
-    grpo_minibatch: int  # completions per GRPO optimizer step
-    grpo_mu: int  # inner passes per rollout batch
-    grpo_policy_fraction: float  # share of P: prompts in GRPO
-    eval_policy: int  # P: test records evaluated
-    eval_env: int  # A: test records evaluated
+    sft: SFTConfig  # SFT from scratch (train/val data, out_dir, seed, layout: see sft_config)
+    grpo: GRPOTrainConfig  # GRPO after SFT (out_dir, seed, completion budget: see grpo_config)
+    eval: EvalConfig  # before/after evaluation (budget, layout, seed: see eval_config)
     eval_mate: int  # mate-in-one test records evaluated
-    selfplay_games: int  # self-play games
-    selfplay_max_plies: int  # cap on half-moves per self-play game
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
-    dtype: str = "fp32"  # SFT/GRPO precision ("auto" = bf16 on CUDA)
-    compile: bool = False  # torch.compile for SFT
-    pad_vocab_to_multiple: int = 1  # embedding/LM-head rows padded to a multiple (64 on GPU: 1.5x faster steps, docs/perf.md)
+
+    @property
+    def device(self) -> str:
+        return self.sft.device
+
+    @property
+    def dtype(self) -> str:
+        return self.sft.dtype
+
+
+def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
+             dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False) -> Profile:
+    # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
+    return Profile(
+        name,
+        SFTConfig(model=model, device=device, dtype=dtype, compile=compile, eval_steps=4, checkpoint_interval=0,
+                  resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple}, **sft),
+        GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False, loss=grpo_lib.GRPOConfig(beta=beta),
+                        **grpo),
+        EvalConfig(**evals), eval_mate, heldout)
 
 
 PROFILES = {
-    "ci": Profile("ci", "cpu", "tiny", sft_steps=8, sft_batch_size=4, sft_block_size=128, sft_lr=3e-3, sft_warmup=2,
-                  grpo_steps=2, grpo_prompts=4, grpo_group=4, grpo_max_new_tokens=24, grpo_lr=1e-4, grpo_beta=0.04,
-                  grpo_minibatch=16, grpo_mu=1, grpo_policy_fraction=0.5, eval_policy=8, eval_env=8, eval_mate=4,
-                  selfplay_games=2, selfplay_max_plies=4, heldout=8),
-    "cpu": Profile("cpu", "cpu", "cpu-small", sft_steps=300, sft_batch_size=8, sft_block_size=256, sft_lr=2e-3,
-                   sft_warmup=30, grpo_steps=40, grpo_prompts=8, grpo_group=4, grpo_max_new_tokens=72, grpo_lr=2e-4,
-                   grpo_beta=0.0, grpo_minibatch=16, grpo_mu=1, grpo_policy_fraction=0.5, eval_policy=100,
-                   eval_env=100, eval_mate=50, selfplay_games=8, selfplay_max_plies=40, heldout=160),
-    "gpu": Profile("gpu", "cuda", "gpt2", sft_steps=4000, sft_batch_size=32, sft_block_size=512, sft_lr=6e-4,
-                   sft_warmup=200, grpo_steps=200, grpo_prompts=64, grpo_group=8, grpo_max_new_tokens=96, grpo_lr=1e-6,
-                   grpo_beta=0.04, grpo_minibatch=128, grpo_mu=1, grpo_policy_fraction=0.5, eval_policy=1000,
-                   eval_env=1000, eval_mate=500, selfplay_games=64, selfplay_max_plies=200, heldout=1000,
-                   dtype="auto", compile=True, pad_vocab_to_multiple=64),
+    "ci": _profile("ci", "cpu", "tiny", sft=dict(max_steps=8, batch_size=4, block_size=128, lr=3e-3, warmup_steps=2),
+                   grpo=dict(steps=2, prompts_per_step=4, group_size=4, max_new_tokens=24, lr=1e-4, minibatch_size=16),
+                   beta=0.04, evals=dict(max_policy=8, max_env=8, selfplay_games=2, selfplay_max_plies=4),
+                   eval_mate=4, heldout=8),
+    "cpu": _profile("cpu", "cpu", "cpu-small",
+                    sft=dict(max_steps=300, batch_size=8, block_size=256, lr=2e-3, warmup_steps=30),
+                    grpo=dict(steps=40, prompts_per_step=8, group_size=4, max_new_tokens=72, lr=2e-4, minibatch_size=16),
+                    beta=0.0, evals=dict(max_policy=100, max_env=100, selfplay_games=8, selfplay_max_plies=40),
+                    eval_mate=50, heldout=160),
+    "gpu": _profile("gpu", "cuda", "gpt2",
+                    sft=dict(max_steps=4000, batch_size=32, block_size=512, lr=6e-4, warmup_steps=200),
+                    grpo=dict(steps=200, prompts_per_step=64, group_size=8, max_new_tokens=96, lr=1e-6,
+                              minibatch_size=128),
+                    beta=0.04, evals=dict(max_policy=1000, max_env=1000, selfplay_games=64, selfplay_max_plies=200),
+                    eval_mate=500, heldout=1000, dtype="auto", pad_vocab_to_multiple=64, compile=True),
 }
 
 
-def resolve(name: str, **overrides) -> Profile:
-    """A named profile with any non-None field overridden (notebook parameters default to None)."""
+def resolve(name: str, *, device: str | None = None, dtype: str | None = None, sft_steps: int | None = None,
+            grpo_steps: int | None = None) -> Profile:
+    """A named profile with the notebook's overrides applied (None keeps the profile's value)."""
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}")
-    return dataclasses.replace(PROFILES[name], **{k: v for k, v in overrides.items() if v is not None})
+    p = PROFILES[name]
+    sft, grpo = {}, {}
+    for key, value in (("device", device), ("dtype", dtype)):
+        if value is not None:
+            sft[key] = grpo[key] = value
+    if sft_steps is not None:
+        sft.update(max_steps=sft_steps, warmup_steps=min(p.sft.warmup_steps, sft_steps))
+    if grpo_steps is not None:
+        grpo["steps"] = grpo_steps
+    return dataclasses.replace(p, sft=dataclasses.replace(p.sft, **sft), grpo=dataclasses.replace(p.grpo, **grpo))
 
 
 def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str = "compact") -> SFTConfig:
+    """The profile's SFT settings for one run: the data set's train/val files, ten val-loss points."""
     d = Path(data_dir)
-    return SFTConfig(model=p.model, train_data=(str(d / "policy_train.jsonl"), str(d / "env_train.jsonl")),
-                     val_data=(str(d / "policy_val.jsonl"), str(d / "env_val.jsonl")), layout=layout,
-                     block_size=p.sft_block_size, batch_size=p.sft_batch_size, lr=p.sft_lr, min_lr=p.sft_lr / 10,
-                     warmup_steps=p.sft_warmup, max_steps=p.sft_steps, device=p.device, dtype=p.dtype,
-                     compile=p.compile, seed=seed, eval_interval=max(1, p.sft_steps // 10), eval_steps=4,
-                     checkpoint_interval=0, out_dir=str(out_dir), resume=False, export_hf=True, progress=True,
-                     model_overrides={"pad_vocab_to_multiple": p.pad_vocab_to_multiple})
+    return dataclasses.replace(
+        p.sft, train_data=(str(d / "policy_train.jsonl"), str(d / "env_train.jsonl")),
+        val_data=(str(d / "policy_val.jsonl"), str(d / "env_val.jsonl")), layout=layout, min_lr=p.sft.lr / 10,
+        seed=seed, eval_interval=max(1, p.sft.max_steps // 10), out_dir=str(out_dir))
 
 
 def _budget(p: Profile, layout: str) -> int:
     # the profile's budget, raised to what an original-layout completion needs (tasks.COMPLETION_BUDGET)
-    return p.grpo_max_new_tokens if layout == "compact" else max(p.grpo_max_new_tokens, COMPLETION_BUDGET[layout])
+    own = p.grpo.max_new_tokens
+    return own if layout == "compact" else max(own, COMPLETION_BUDGET[layout])
 
 
 def grpo_config(p: Profile, out_dir: Path, seed: int, layout: str = "compact") -> GRPOTrainConfig:
+    """The profile's GRPO settings for one run (the completion budget fits the layout)."""
     budget = _budget(p, layout)
-    return GRPOTrainConfig(steps=p.grpo_steps, prompts_per_step=p.grpo_prompts, group_size=p.grpo_group,
-                           policy_fraction=p.grpo_policy_fraction, max_new_tokens=budget,
-                           mu=p.grpo_mu, minibatch_size=p.grpo_minibatch, lr=p.grpo_lr, warmup_steps=0,
-                           dtype=p.dtype, device=p.device, seed=seed, out_dir=str(out_dir), resume=False,
-                           loss=grpo.GRPOConfig(beta=p.grpo_beta, max_completion_length=budget))
+    return dataclasses.replace(p.grpo, max_new_tokens=budget, seed=seed, out_dir=str(out_dir),
+                               loss=dataclasses.replace(p.grpo.loss, max_completion_length=budget))
 
 
 def eval_config(p: Profile, seed: int, layout: str = "compact") -> EvalConfig:
-    return EvalConfig(max_new_tokens=_budget(p, layout) + 24, max_policy=p.eval_policy, max_env=p.eval_env,
-                      selfplay_games=p.selfplay_games, selfplay_max_plies=p.selfplay_max_plies, layout=layout,
-                      seed=seed)
+    """The profile's evaluation settings (room for 24 tokens beyond the GRPO budget)."""
+    return dataclasses.replace(p.eval, max_new_tokens=_budget(p, layout) + 24, layout=layout, seed=seed)
 
 
 def onpolicy_ratio_tolerance(p: Profile) -> float:
@@ -165,8 +175,9 @@ def improvement_verdict(diff: Estimate, metric: str = "held-out reward") -> str:
 
 def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, float]) -> str:
     """Markdown for the run report: stage times, the before/after table and the verdict."""
-    lines = [f"## Training ({profile.name} profile: {profile.model}, {profile.sft_steps} SFT steps, "
-             f"{profile.grpo_steps} GRPO steps of {profile.grpo_prompts}x{profile.grpo_group})", "",
+    g = profile.grpo
+    lines = [f"## Training ({profile.name} profile: {profile.sft.model}, {profile.sft.max_steps} SFT steps, "
+             f"{g.steps} GRPO steps of {g.prompts_per_step}x{g.group_size})", "",
              "| stage | wall time (s) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
     lines += ["", markdown_table(table), "", f"**Verdict:** {improvement_verdict(diff)}"]
