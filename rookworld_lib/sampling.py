@@ -38,6 +38,13 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 # captured once per call as a CUDA graph and replayed per token, so the GPU is not left waiting
 # on hundreds of Python-issued kernel launches per token. All three give the same tokens.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
+# On a CPU, decode steps up to this many model FLOPs (all rows together) run on one intra-op thread.
+# A decode step is dozens of small ops, each ending at a barrier of torch's OpenMP threads; when
+# another process holds a core, every barrier waits for a descheduled thread. On the 2-core
+# workbench machine with the other core busy, 2 threads took 5.0x (cpu-small, 16 rows), 3.6x (64
+# rows) and 8.4x (cpu-medium, 16 rows) as long per token as 1; on an idle machine they gain ~10%.
+# Bigger steps (GPT-2 124M at many rows) keep torch's threads, where the matmuls dwarf the barriers.
+SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
 
@@ -304,33 +311,23 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         sampling_logprobs = torch.zeros((N, L), dtype=torch.float32, device=device)
         mask = torch.zeros((N, L), dtype=torch.bool, device=device)
         finished = torch.zeros(N, dtype=torch.bool, device=device)
-        filtering = config.top_k > 0 or config.top_p < 1.0
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
         decode_step = _decode_step(model, cache, valid_all, P, L, _decode_mode(config.decode, device))
         steps = 0
-        for t in range(L):
-            logits = logits.float()
-            if config.temperature == 0:
-                next_tok = logits.argmax(dim=-1)
-                lp_full = token_logprobs(logits[:, None], next_tok[:, None], 1.0)[:, 0]
-                lp_samp = lp_full
-            else:
-                scaled = logits if config.temperature == 1 else logits / config.temperature
-                filtered = filter_logits(scaled, config.top_k, config.top_p) if filtering else scaled
-                next_tok = sample_categorical(filtered.softmax(dim=-1), generator)
-                lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
-                lp_samp = token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0] if filtering else lp_full
-            active = ~finished
-            tokens[:, t] = torch.where(active, next_tok, torch.full_like(next_tok, config.pad_id))
-            logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))
-            sampling_logprobs[:, t] = torch.where(active, lp_samp, torch.zeros_like(lp_samp))
-            mask[:, t] = active
-            finished = finished | (active & (next_tok == eos_id))
-            steps = t + 1
-            if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
-                break
-            valid_all[:, P + t] = True
-            logits = decode_step(tokens[:, t : t + 1], (real_len + t)[:, None], t)
+        with _decode_threads(model, N, P + L // 2, device):  # the token-by-token loop; the prefill keeps torch's threads
+            for t in range(L):
+                next_tok, lp_full, lp_samp = _next_token(logits.float(), config, generator)
+                active = ~finished
+                tokens[:, t] = torch.where(active, next_tok, torch.full_like(next_tok, config.pad_id))
+                logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))
+                sampling_logprobs[:, t] = torch.where(active, lp_samp, torch.zeros_like(lp_samp))
+                mask[:, t] = active
+                finished = finished | (active & (next_tok == eos_id))
+                steps = t + 1
+                if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
+                    break
+                valid_all[:, P + t] = True
+                logits = decode_step(tokens[:, t : t + 1], (real_len + t)[:, None], t)
     finally:
         model.train(was_training)
 
@@ -345,6 +342,43 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         eos_id=eos_id,
         stats={"prefill_tokens": int(valid.sum()), "generated_tokens": int(mask.sum()), "decode_steps": steps},
     )
+
+
+def _next_token(logits: torch.Tensor, config: SamplingConfig, generator) -> tuple[torch.Tensor, ...]:
+    """The next token of every row, its log-prob under softmax(logits / T) and under the
+    distribution sampled from (after top-k / top-p; the same tensor when neither is on)."""
+    if config.temperature == 0:
+        next_tok = logits.argmax(dim=-1)
+        lp_full = token_logprobs(logits[:, None], next_tok[:, None], 1.0)[:, 0]
+        return next_tok, lp_full, lp_full
+    filtering = config.top_k > 0 or config.top_p < 1.0
+    scaled = logits if config.temperature == 1 else logits / config.temperature
+    filtered = filter_logits(scaled, config.top_k, config.top_p) if filtering else scaled
+    next_tok = sample_categorical(filtered.softmax(dim=-1), generator)
+    lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
+    lp_samp = token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0] if filtering else lp_full
+    return next_tok, lp_full, lp_samp
+
+
+@contextlib.contextmanager
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _decode_threads(model: GPT, rows: int, context: int, device: torch.device):
+    """The thread use of the decode steps: one intra-op thread for small CPU steps (see
+    SINGLE_THREAD_DECODE_FLOPS), torch's setting otherwise."""
+    from .perf import flops_per_token
+
+    small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
+    if device.type != "cpu" or not small or torch.get_num_threads() == 1:
+        return contextlib.nullcontext()
+    return _one_thread()
 
 
 def _decode_mode(mode: str, device: torch.device) -> str:
