@@ -4,16 +4,23 @@ The repository root is found from this package's location (an editable install),
 directory can be moved with an environment variable, so notebooks run from any working directory.
 Every file the library writes whole (checkpoints, data files, rewritten metrics) goes through
 :func:`atomic_write`: readers see the old content or the complete new one, never a torn file.
+JSON lines, the library's one line format, are written by :func:`write_jsonl` (whole files) and
+:class:`JsonlAppender` (append-only logs that survive a kill) and read by :func:`read_jsonl`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,18 +53,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-    """Write a file so that readers see either its old content or the complete new one.
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that replaces `path` when the ``with`` block ends without an error, so that
+    readers see either the old content or the complete new one.
 
-    `write(f)` fills a temporary file in the same directory (same filesystem, so the rename is
-    atomic); it is flushed, fsynced and renamed over `path`, then the directory is fsynced. On
-    any error the temporary file is removed and the error propagates; `path` is untouched.
+    It is a temporary file in the same directory (same filesystem, so the rename is atomic); at the
+    end it is flushed, fsynced and renamed over `path`, then the directory is fsynced. On any error
+    the temporary file is removed and the error propagates; `path` is untouched.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -66,3 +75,106 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Fill `path` atomically: `write(f)` writes into the binary file of :func:`atomic_file`."""
+    with atomic_file(path) as f:
+        write(f)
+
+
+# --------------------------------------------------------------------------------------------
+# JSON lines
+# --------------------------------------------------------------------------------------------
+
+def json_line(obj: Any) -> bytes:
+    """One compact JSON line. ASCII, so that any reader decodes it; NaN and infinity are refused
+    (strict JSON, as jq and pandas read it)."""
+    return (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> int:
+    """Write `records` to `path` as JSON lines, atomically (:func:`atomic_file`); return how many."""
+    n = 0
+    with atomic_file(path) as f:
+        for rec in records:
+            f.write(json_line(rec))
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[tuple[int, Any, str | None]]:
+    """Stream a JSON-lines file: ``(line number, value, None)`` for each non-blank line, or
+    ``(line number, None, reason)`` for one that is not UTF-8 or not JSON, so that the caller
+    chooses to stop there or skip it. Line numbers count blank lines too.
+
+    torn_tail=True: an unterminated last line is left out. Appended files (:class:`JsonlAppender`)
+    write each line whole, so only a kill mid-write leaves one, and it is not data. OSError from
+    opening or reading propagates.
+    """
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if torn_tail and not raw.endswith(b"\n"):
+                break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield lineno, None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
+                continue
+            if line.strip():
+                try:
+                    yield lineno, json.loads(line), None
+                except ValueError as exc:
+                    yield lineno, None, f"invalid JSON ({exc})"
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Truncate an unterminated last line (left by a kill mid-write) so the next line starts clean."""
+    with open(path, "a+b") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return
+        fh.seek(0)
+        keep = fh.read().rfind(b"\n") + 1
+        log.warning("%s: dropping a torn last line left by an interrupted run", path)
+        fh.truncate(keep)
+
+
+class JsonlAppender:
+    """Append JSON lines to `path` from any thread, each written whole and flushed as it comes, so a
+    kill loses at most the line being written (which the next appender cuts off, and
+    ``read_jsonl(torn_tail=True)`` ignores). Lines are fsynced every `sync_every` and at close, which
+    bounds what a power cut can lose without an fsync per line."""
+
+    def __init__(self, path: str | os.PathLike, *, sync_every: int = 64):
+        self.path = Path(path)
+        _cut_torn_tail(self.path)
+        self._fh = open(self.path, "ab")
+        self._lock = threading.Lock()
+        self._sync_every = sync_every
+        self._n = 0
+
+    def write(self, obj: Any) -> None:
+        line = json_line(obj)
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
+            self._n += 1
+            if self._n % self._sync_every == 0:
+                os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+
+    def __enter__(self) -> JsonlAppender:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
