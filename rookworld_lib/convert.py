@@ -15,8 +15,8 @@ Original lines (the generators of the public RookWorld repository, ``dev/data/``
   repetition endings appear).
 
 Conversion (:func:`convert_line`, :func:`convert`, ``rookworld convert``)
-    Every line becomes one of our records (``data.SCHEMA``, ``source: "original"``) or a
-    :class:`LineError` ``file:line: reason``; nothing is scored or kept silently:
+    Every line becomes one of our records (``data.SCHEMA``, ``source: "original"``) or an error
+    ``file:line: reason``; nothing is scored or kept silently:
 
     - ``P:``: the candidates are re-ordered best first by their evals (the side to move's view), so
       ``best`` is the best listed move; the line's own ``B:`` is kept as ``original_best``. The
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -46,9 +47,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
+from .paths import atomic_file, json_line, read_jsonl
 from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
@@ -205,56 +206,57 @@ def env_record(line: OriginalEnvLine, ref: tasks.EnvTransition, split: str, iden
 # Files
 # --------------------------------------------------------------------------------------------
 
-def _need_pyarrow(path: Path):
+def _table_texts(path: Path) -> Iterator[str | None]:
+    """The `text` column of a Parquet or Arrow file, batch by batch."""
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     except ImportError:
         raise ValueError(f"{path}: reading Parquet/Arrow needs pyarrow: pip install pyarrow "
                          "(or export the data set's text column as a .txt file)") from None
-
-
-def _text_batches(table_batches, path: Path) -> Iterator[str]:
-    for batch in table_batches:
-        if "text" not in batch.schema.names:
-            raise ValueError(f"{path}: no 'text' column (columns: {', '.join(batch.schema.names)})")
-        yield from batch.column("text").to_pylist()
-
-
-def iter_lines(path: str | os.PathLike) -> Iterator[str]:
-    """The text lines of one input file, streamed: .txt (any other suffix too) one line each,
-    .jsonl/.json a ``text`` field per JSON line (a ValueError in place of an unreadable one),
-    .parquet and .arrow a ``text`` column."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        _need_pyarrow(path)
-        import pyarrow.parquet as pq
-
-        yield from _text_batches(pq.ParquetFile(path).iter_batches(batch_size=4096, columns=["text"]), path)
-    elif suffix == ".arrow":
-        _need_pyarrow(path)
-        import pyarrow as pa
-
-        with pa.memory_map(str(path)) as source:
+    with contextlib.ExitStack() as stack:
+        if path.suffix.lower() == ".parquet":
+            batches = pq.ParquetFile(path).iter_batches(batch_size=4096, columns=["text"])
+        else:
+            source = stack.enter_context(pa.memory_map(str(path)))
             try:
-                reader = pa.ipc.open_stream(source)  # what the datasets library writes
+                batches = pa.ipc.open_stream(source)  # what the datasets library writes
             except pa.ArrowInvalid:
                 reader = pa.ipc.open_file(source)
-                reader = (reader.get_batch(i) for i in range(reader.num_record_batches))
-            yield from _text_batches(reader, path)
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        for batch in batches:
+            if "text" not in batch.schema.names:
+                raise ValueError(f"{path}: no 'text' column (columns: {', '.join(batch.schema.names)})")
+            yield from batch.column("text").to_pylist()
+
+
+def _text_file_lines(path: Path) -> Iterator[tuple[int, str]]:
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        yield from enumerate(fh, 1)
+
+
+_NO_TEXT = "not a JSON object with a 'text' field"
+
+
+def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]]:
+    """(line number, text) of each non-blank line of one input file, streamed: .txt (any other
+    suffix too) one line each; .jsonl/.json a ``text`` field per JSON line, or a ValueError with
+    the reason a line has none (conversion reports it as that line's error); .parquet and .arrow
+    a ``text`` column, numbered by row."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".arrow"):
+        items: Iterable = enumerate(_table_texts(path), 1)
     elif suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as fh:
-            for raw in fh:  # one item per line, blank ones too, so line numbers hold
-                if not raw.strip():
-                    yield ""
-                    continue
-                try:
-                    yield json.loads(raw)["text"]
-                except (ValueError, KeyError, TypeError):
-                    yield ValueError("not a JSON object with a 'text' field")  # reported as this line's reason
+        # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
+        items = ((n, v["text"] if isinstance(v, dict) and isinstance(v.get("text"), str) else
+                  ValueError(why if why and why.startswith("not UTF-8") else _NO_TEXT))
+                 for n, v, why in read_jsonl(path))
     else:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield from fh
+        items = _text_file_lines(path)
+    for n, text in items:
+        if isinstance(text, ValueError) or text and text.strip():
+            yield n, text
 
 
 @dataclass
@@ -277,9 +279,11 @@ class ConvertReport:
         return self.lines / self.seconds if self.seconds > 0 else float("nan")
 
     def as_dict(self) -> dict:
+        """The report as JSON-ready values (paths as strings)."""
         return {"lines": self.lines, "written": dict(self.written), "errors": self.errors,
                 "errors_by_reason": dict(self.reasons.most_common()), "first_errors": self.first_errors,
-                "seconds": round(self.seconds, 2), "lines_per_s": round(self.lines_per_s, 1),
+                "seconds": round(self.seconds, 2),  # strict JSON: no NaN for a rate without time
+                "lines_per_s": round(self.lines_per_s, 1) if self.seconds > 0 else None,
                 "outputs": {k: str(v) for k, v in self.outputs.items()}}
 
 
@@ -288,26 +292,41 @@ def _reason_kind(reason: str) -> str:
     return re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", reason)
 
 
-def _convert_chunk(chunk: list[tuple[str, int, str]], split: str) -> list[tuple[int, dict | str]]:
-    out = []
-    for ident, number, text in chunk:
-        bad = isinstance(text, ValueError)
-        out.append((number, str(text) if bad else convert_line(text, split=split, ident=ident, number=number)))
-    return out
+def _convert_chunk(chunk: list[tuple[str, int, str | ValueError]], split: str) -> list[tuple[int, dict | str]]:
+    return [(number, str(text) if isinstance(text, ValueError) else
+             convert_line(text, split=split, ident=ident, number=number)) for ident, number, text in chunk]
 
 
-def _chunks(inputs: list[Path], size: int) -> Iterator[tuple[Path, list[tuple[str, int, str]]]]:
+def _chunks(inputs: list[Path], size: int) -> Iterator[tuple[Path, list[tuple[str, int, str | ValueError]]]]:
     for k, path in enumerate(inputs):
         chunk = []
-        for lineno, text in enumerate(iter_lines(path), 1):
-            if text is None or isinstance(text, str) and not text.strip():
-                continue
-            chunk.append((f"{k}-{lineno}", lineno, text if isinstance(text, ValueError) else str(text)))
+        for lineno, text in iter_lines(path):
+            chunk.append((f"{k}-{lineno}", lineno, text))
             if len(chunk) == size:
                 yield path, chunk
                 chunk = []
         if chunk:
             yield path, chunk
+
+
+def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Iterator[tuple[Path, list]]:
+    """(input, [(line number, record or reason)]) per chunk, in input order."""
+    if workers <= 1:
+        for path, chunk in _chunks(inputs, size):
+            yield path, _convert_chunk(chunk, split)
+        return
+    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+        try:
+            pending: deque = deque()
+            for path, chunk in _chunks(inputs, size):
+                pending.append((path, pool.submit(_convert_chunk, chunk, split)))
+                if len(pending) >= 2 * workers:  # at most 2 chunks per worker in flight: bounded memory
+                    path, fut = pending.popleft()
+                    yield path, fut.result()
+            for path, fut in pending:
+                yield path, fut.result()
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, split: str = "test",
@@ -316,7 +335,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     """Convert original lines into ``<out_dir>/policy_<split>.jsonl`` and ``env_<split>.jsonl``
     (ready for ``rookworld eval --data-dir``, ``grpo`` and ``sft``). Every line that does not
     convert is written to `errors_file` (default ``<out_dir>/convert_errors_<split>.txt``) as
-    ``file:line: reason``. Outputs appear atomically when the whole input is done."""
+    ``file:line: reason``. Outputs appear atomically when the whole input is done, and only for
+    a task with records (an existing file of the other task is left as it is)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     inputs = [Path(p) for p in inputs]
@@ -325,38 +345,19 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
             raise ValueError(f"{p}: no such file")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    finals = {t: out / TASK_FILES[t].format(split=split) for t in ("P", "A")}
     errors_path = Path(errors_file) if errors_file else out / f"convert_errors_{split}.txt"
-    temps = {t: p.with_name(p.name + ".tmp") for t, p in finals.items()}
     report = ConvertReport()
     t0 = time.perf_counter()
-    handles = {t: open(p, "w", encoding="utf-8") for t, p in temps.items()}
-    err_fh = open(errors_path, "w", encoding="utf-8")
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    with contextlib.ExitStack() as stack:  # on an error every output's temporary file is removed
+        err_fh = stack.enter_context(open(errors_path, "w", encoding="utf-8"))
+        outputs: dict = {}
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
 
-        bar = tqdm(unit=" lines", desc="convert")
-    pool = concurrent.futures.ProcessPoolExecutor(workers) if workers > 1 else None
-
-    def results() -> Iterator[tuple[Path, list]]:
-        # in input order; with workers, at most 2 chunks per worker in flight (bounded memory)
-        pending: deque = deque()
-        for path, chunk in _chunks(inputs, chunk_lines):
-            if pool is None:
-                yield path, _convert_chunk(chunk, split)
-                continue
-            pending.append((path, pool.submit(_convert_chunk, chunk, split)))
-            if len(pending) >= 2 * workers:
-                p, fut = pending.popleft()
-                yield p, fut.result()
-        while pending:
-            p, fut = pending.popleft()
-            yield p, fut.result()
-
-    try:
-        for path, chunk_results in results():
-            for number, res in chunk_results:
+            bar = stack.enter_context(tqdm(unit=" lines", desc="convert"))
+        for path, results in stack.enter_context(contextlib.closing(_converted(inputs, split, workers, chunk_lines))):
+            for number, res in results:
                 report.lines += 1
                 if isinstance(res, str):
                     msg = f"{path}:{number}: {res}"
@@ -364,32 +365,23 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
                     report.reasons[_reason_kind(res)] += 1
                     if len(report.first_errors) < MAX_ERRORS_SHOWN:
                         report.first_errors.append(msg)
-                else:
-                    handles[res["task"]].write(json.dumps(res) + "\n")
-                    report.written[res["task"]] += 1
+                    continue
+                task = res["task"]
+                if task not in outputs:
+                    outputs[task] = stack.enter_context(atomic_file(out / TASK_FILES[task].format(split=split)))
+                outputs[task].write(json_line(res))
+                report.written[task] += 1
             if bar is not None:
-                bar.update(len(chunk_results))
-        for t, fh in handles.items():
-            fh.close()
-            if report.written[t]:
-                os.replace(temps[t], finals[t])
-                report.outputs[t] = finals[t]
-    finally:
-        for fh in handles.values():
-            fh.close()
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        err_fh.close()
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-        if bar is not None:
-            bar.close()
+                bar.update(len(results))
+    report.outputs = {t: out / TASK_FILES[t].format(split=split) for t in ("P", "A") if t in outputs}
     report.outputs["errors"] = errors_path
     report.seconds = time.perf_counter() - t0
     return report
 
 
 def cli(argv: list[str] | None = None) -> int:
+    """`rookworld convert`: 0 when the inputs were read (lines that do not convert are reported),
+    1 when an input cannot be read."""
     from .engine import usable_cores
 
     ap = argparse.ArgumentParser(
@@ -427,6 +419,3 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"{t}: {p}")
     return 0
 
-
-__all__ = ["OriginalPolicyLine", "OriginalEnvLine", "parse_policy_line", "parse_env_line", "convert_line",
-           "policy_record", "env_record", "iter_lines", "ConvertReport", "convert", "cli"]

@@ -283,7 +283,7 @@ def test_convert_reads_parquet_and_arrow(tmp_path):
     with pa.ipc.new_stream(str(tmp_path / "rook.arrow"), table.schema) as w:
         w.write_table(table)
     for name in ("rook.parquet", "rook.arrow"):
-        assert list(convert.iter_lines(tmp_path / name)) == lines
+        assert list(convert.iter_lines(tmp_path / name)) == list(enumerate(lines, 1))
 
 
 def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
