@@ -32,6 +32,7 @@ DEVICE_CHUNK_ROWS = 2048
 
 
 def default_chunk_rows(device: torch.device) -> int:
+    """Rows per chunk on `device` (see CPU_CHUNK_ROWS and DEVICE_CHUNK_ROWS)."""
     return CPU_CHUNK_ROWS if device.type == "cpu" else DEVICE_CHUNK_ROWS
 
 

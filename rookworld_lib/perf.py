@@ -11,14 +11,13 @@ Every speed figure in the workbench goes through this module, so the rules live 
   FLOPs is the bug that once reported 173.81% MFU; `mfu()` refuses any result above 100%.
 - Timings synchronise the accelerator, warm up first, repeat, and report the median with its spread.
 
-The public names other modules and notebooks use: `flops_per_token`, `flops_breakdown`,
-`PEAK_TFLOPS`, `table_peak`, `measure_peak_tflops`, `get_peak`, `mfu`, `benchmark`,
-`benchmark_interleaved`, `UtilizationSampler`, `profile_phases`, `environment_info`.
+Devices are named as everywhere else in the workbench (`train_utils.resolve_device`, imported here).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import math
 import os
@@ -28,7 +27,6 @@ import statistics
 import subprocess
 import threading
 import time
-from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -36,27 +34,21 @@ from typing import Callable
 import torch
 
 from .model import GPTConfig
+from .train_utils import Runtime, resolve_device
 
 FLOP_KINDS = ("train", "forward", "decode")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
-# ---------------------------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------------------------
+# --- FLOPs ----------------------------------------------------------------------------------------
 
 
 def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
     """Forward FLOPs per token of a GPT-2 shaped model, by component (2 FLOPs per multiply-add).
 
-    For a token in a sequence whose attention spans `seq_len` keys, per layer (C = n_embd):
-      - `qkv`: the fused Q/K/V projection, 2 * C * 3C
-      - `attn_scores`: q . k for every key, 2 * seq_len * C (all heads together)
-      - `attn_values`: the softmax-weighted sum of values, 2 * seq_len * C
-      - `attn_proj`: the attention output projection, 2 * C * C
-      - `mlp`: the two MLP matmuls, 2 * C * 4C * 2
-    and once per token:
-      - `lm_head`: the output projection onto the (padded) vocabulary, 2 * C * padded_vocab. It is
-        tied to the token embedding, but it is a real matmul and is counted.
+    For a token whose attention spans `seq_len` keys, per layer (C = n_embd): `qkv` 2*C*3C (fused
+    Q/K/V projection), `attn_scores` 2*seq_len*C (q.k for every key, all heads), `attn_values`
+    2*seq_len*C (weighted sum of values), `attn_proj` 2*C*C, `mlp` 2*C*4C*2; once per token
+    `lm_head` 2*C*padded_vocab (tied to the embedding, but a real matmul, so counted).
 
     Left out, by convention (PaLM, nanoGPT, llm.c) and because they are small next to the matmuls:
     LayerNorm, softmax, GELU, the residual adds, bias adds, dropout, the attention scale and mask,
@@ -80,11 +72,9 @@ def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
 def flops_per_token(config: GPTConfig, seq_len: int, kind: str = "train") -> int:
     """Model FLOPs per token.
 
-    kind:
-      - "forward": one forward pass over a sequence of `seq_len` tokens, per token;
-      - "train": forward + backward = 3 x forward (the optimizer step is not counted);
-      - "decode": one new token attending to `seq_len` cached keys (its own included), as in
-        KV-cached sampling; same matmuls as "forward" with seq_len = the current context length.
+    kind: "forward" (one forward pass over `seq_len` tokens, per token); "train" (forward +
+    backward = 3x forward; the optimizer step is not counted); "decode" (one new token attending
+    to `seq_len` cached keys, its own included, as in KV-cached sampling).
 
     Equals sum(flops_breakdown(...)) (x3 for train), i.e. L * (24 C^2 + 4 seq_len C) + 2 C V_padded
     per forward token; see `flops_breakdown` for what is counted and what is left out. Within 2%
@@ -105,9 +95,7 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
-# ---------------------------------------------------------------------------------------------
-# Peaks
-# ---------------------------------------------------------------------------------------------
+# --- Peaks ----------------------------------------------------------------------------------------
 
 # Dense (no 2:4 sparsity) peak TFLOP/s from the vendors' data sheets. bf16/fp16 use tensor cores
 # with fp32 accumulation; tf32 uses tensor cores; fp32 is the plain CUDA-core rate. Data sheets
@@ -125,24 +113,13 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 def table_entry(device_name: str) -> str | None:
     """The PEAK_TFLOPS key for a device name such as torch.cuda.get_device_name(), or None.
 
-    "NVIDIA H100 80GB HBM3" (the SXM part) -> "H100 SXM"; "NVIDIA H100 PCIe" -> "H100 PCIe";
-    "NVIDIA H200" and "NVIDIA GH200 ..." -> "H200"; any A100 -> "A100"; "... RTX 4090" -> "RTX 4090".
+    "NVIDIA H100 80GB HBM3" (SXM) -> "H100 SXM", "NVIDIA GH200 ..." -> "H200", any A100 -> "A100".
     CPUs and unknown GPUs have no entry: their MFU is reported against the measured peak only.
     """
     name = device_name.upper()
-    if "H200" in name:
-        return "H200"
     if "H100" in name:
-        if "PCIE" in name:
-            return "H100 PCIe"
-        if "NVL" in name:
-            return "H100 NVL"
-        return "H100 SXM"
-    if "A100" in name:
-        return "A100"
-    if "4090" in name:
-        return "RTX 4090"
-    return None
+        return "H100 PCIe" if "PCIE" in name else "H100 NVL" if "NVL" in name else "H100 SXM"
+    return next((key for part, key in (("H200", "H200"), ("A100", "A100"), ("4090", "RTX 4090")) if part in name), None)
 
 
 def table_peak(device_name: str, precision: str) -> float | None:
@@ -153,14 +130,8 @@ def table_peak(device_name: str, precision: str) -> float | None:
     return PEAK_TFLOPS[key][precision] if key else None
 
 
-def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """"auto"/None -> cuda if available else cpu; anything else as torch.device."""
-    if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -170,7 +141,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def device_name(device: str | torch.device | None = None) -> str:
+def device_name(device: str | torch.device = "auto") -> str:
     """Human-readable name: the GPU's marketing name, or the CPU model with the thread count."""
     device = resolve_device(device)
     if device.type == "cuda":
@@ -178,31 +149,14 @@ def device_name(device: str | torch.device | None = None) -> str:
     return f"{cpu_name()} ({torch.get_num_threads()} threads)"
 
 
-def synchronize(device: str | torch.device | None = None) -> None:
+def synchronize(device: str | torch.device = "auto") -> None:
     """Wait for queued accelerator work; a no-op on CPU. Call before reading a clock."""
     device = resolve_device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def precision_dtype(precision: str) -> torch.dtype:
-    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
-@contextmanager
-def tf32_matmuls(enabled: bool):
-    """Allow (or forbid) TF32 tensor-core matmuls on CUDA inside the block; restores the old setting."""
-    old_mm, old_cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old_mm
-        torch.backends.cudnn.allow_tf32 = old_cudnn
-
-
-def measure_peak_tflops(device: str | torch.device | None = None, precision: str = "fp32", n: int | None = None,
+def measure_peak_tflops(device: str | torch.device = "auto", precision: str = "fp32", n: int | None = None,
                         warmup: int = 2, repeats: int = 5) -> float:
     """Achievable matmul TFLOP/s: an n x n @ n x n matmul in the run's dtype, warmed up and synced.
 
@@ -212,11 +166,11 @@ def measure_peak_tflops(device: str | torch.device | None = None, precision: str
     """
     device = resolve_device(device)
     n = n or (8192 if device.type == "cuda" else 1024)
-    dtype = precision_dtype(precision)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
     b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
-    with tf32_matmuls(precision == "tf32") if device.type == "cuda" else nullcontext():
+    with Runtime(device, None, tf32=precision == "tf32", deterministic=False).backend_flags():  # TF32 for its row only
         timing = benchmark(lambda: a @ b, warmup=warmup, repeats=repeats, sync=device)
     return 2 * n**3 / timing.min_s / 1e12
 
@@ -231,10 +185,11 @@ class Peak:
     measured_tflops: float | None  # best large-matmul rate measured here; None if not measured
 
     def as_dict(self) -> dict:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
 
 
-def get_peak(device: str | torch.device | None = None, precision: str = "fp32", measure: bool = True,
+def get_peak(device: str | torch.device = "auto", precision: str = "fp32", measure: bool = True,
              **measure_kwargs) -> Peak:
     """Table peak for the device's name plus (if measure) a measured large-matmul peak."""
     device = resolve_device(device)
@@ -250,15 +205,16 @@ class MFUError(ValueError):
 
 @dataclass(frozen=True)
 class MFU:
+    """Model FLOPs utilisation against both peaks (see `mfu`)."""
+
     achieved_tflops: float  # model FLOPs / wall time
     vs_table: float | None  # fraction of the data-sheet peak (None: no table entry)
     vs_measured: float | None  # fraction of the measured matmul peak (None: not measured)
     peak: Peak
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d["peak"] = self.peak.as_dict()
-        return d
+        """The fields (the peak too) as a JSON-ready dict."""
+        return asdict(self)
 
 
 def mfu(flops: float, seconds: float, peak: Peak) -> MFU:
@@ -281,9 +237,7 @@ def mfu(flops: float, seconds: float, peak: Peak) -> MFU:
     return MFU(achieved_tflops=achieved, vs_table=vs_table, vs_measured=vs_measured, peak=peak)
 
 
-# ---------------------------------------------------------------------------------------------
-# Timing
-# ---------------------------------------------------------------------------------------------
+# --- Timing ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -307,27 +261,21 @@ class Timing:
         return amount / self.median_s
 
     def as_dict(self) -> dict:
+        """The fields and the spread as a JSON-ready dict."""
         d = asdict(self)
         d["times_s"] = list(self.times_s)
         d["spread"] = self.spread
         return d
 
 
-def _quantile(sorted_xs: list[float], q: float) -> float:
-    if len(sorted_xs) == 1:
-        return sorted_xs[0]
-    pos = q * (len(sorted_xs) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(sorted_xs) - 1)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
-
-
 def summarize_times(times: list[float]) -> Timing:
+    """Median, p10/p90 (linear interpolation between order statistics), min and mean of `times`."""
     if not times:
         raise ValueError("no timings to summarize")
     xs = sorted(times)
-    return Timing(median_s=statistics.median(xs), p10_s=_quantile(xs, 0.1), p90_s=_quantile(xs, 0.9),
-                  min_s=xs[0], mean_s=statistics.fmean(xs), times_s=tuple(times))
+    deciles = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9
+    return Timing(median_s=statistics.median(xs), p10_s=deciles[0], p90_s=deciles[-1], min_s=xs[0],
+                  mean_s=statistics.fmean(xs), times_s=tuple(times))
 
 
 def _sync_fn(sync) -> Callable[[], None]:
@@ -352,19 +300,7 @@ def benchmark(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, sync
         t = benchmark(lambda: model(x), warmup=2, repeats=10)
         print(t.median_s, t.p10_s, t.p90_s, t.per_second(x.numel()))
     """
-    if warmup < 0 or repeats < 1:
-        raise ValueError(f"benchmark needs warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
-    do_sync = _sync_fn(sync)
-    for _ in range(warmup):
-        fn()
-    do_sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        do_sync()
-        times.append(time.perf_counter() - t0)
-    return summarize_times(times)
+    return benchmark_interleaved({"fn": fn}, warmup=warmup, repeats=repeats, sync=sync)["fn"]
 
 
 def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 10,
@@ -374,6 +310,8 @@ def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2,
     For side-by-side comparisons on a shared or thermally throttling machine, interleaving is fairer
     than timing one function's repeats and then the other's. Returns one Timing per name.
     """
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"benchmark needs warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
     do_sync = _sync_fn(sync)
     for _ in range(warmup):
         for fn in fns.values():
@@ -389,62 +327,41 @@ def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2,
     return {name: summarize_times(ts) for name, ts in times.items()}
 
 
-# ---------------------------------------------------------------------------------------------
-# Utilisation sampling (CPU always; NVML GPU metrics where a GPU and pynvml or nvidia-smi exist)
-# ---------------------------------------------------------------------------------------------
+# --- Utilisation sampling (CPU always; NVML GPU metrics where a GPU and pynvml or nvidia-smi exist) ---
 
 
-class _Nvml:
-    """GPU utilisation, memory, power and temperature via pynvml, else nvidia-smi, else nothing."""
+def _gpu_sampler(index: int) -> Callable[[], dict]:
+    """A function returning GPU utilisation, memory, power and temperature: via pynvml where it is
+    installed (cheap), else via nvidia-smi (a process per sample), else nothing."""
+    keys = ("gpu_util_pct", "gpu_mem_used_mb", "gpu_power_w", "gpu_temp_c")
+    try:
+        import pynvml  # provided by the nvidia-ml-py package
 
-    def __init__(self, index: int = 0):
-        self.kind = None
-        self.handle = None
-        try:
-            import pynvml  # provided by the nvidia-ml-py package
-
-            pynvml.nvmlInit()
-            self.pynvml = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            self.kind = "pynvml"
-        except Exception:
-            if shutil.which("nvidia-smi"):
-                self.kind = "nvidia-smi"
-        self.index = index
-
-    def sample(self) -> dict | None:
-        try:
-            if self.kind == "pynvml":
-                nv, h = self.pynvml, self.handle
-                util = nv.nvmlDeviceGetUtilizationRates(h)
-                mem = nv.nvmlDeviceGetMemoryInfo(h)
-                return {"gpu_util_pct": float(util.gpu), "gpu_mem_used_mb": mem.used / 2**20,
-                        "gpu_power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                        "gpu_temp_c": float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))}
-            if self.kind == "nvidia-smi":
-                out = subprocess.run(
-                    ["nvidia-smi", f"--id={self.index}", "--query-gpu=utilization.gpu,memory.used,power.draw,temperature.gpu",
-                     "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5).stdout
-                u, m, p, t = (float(x) for x in out.strip().split(",")[:4])
-                return {"gpu_util_pct": u, "gpu_mem_used_mb": m, "gpu_power_w": p, "gpu_temp_c": t}
-        except Exception:
-            return None
-        return None
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return lambda: dict(zip(keys, (
+            float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu), pynvml.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+            pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)))))
+    except Exception:
+        if not shutil.which("nvidia-smi"):
+            return dict
+    cmd = ["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu,memory.used,power.draw,temperature.gpu",
+           "--format=csv,noheader,nounits"]
+    return lambda: dict(zip(keys, (float(x) for x in subprocess.run(
+        cmd, capture_output=True, text=True, timeout=5).stdout.strip().split(",")[:4])))
 
 
 def _process_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
+    return sum(os.times()[:2])  # user + system
 
 
 def _host_cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies from /proc/stat, for machine-wide CPU utilisation."""
+    """(busy, total) jiffies from /proc/stat (idle = idle + iowait), for machine-wide utilisation."""
     try:
-        parts = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        vals = [float(x) for x in parts]
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0.0)
-        return sum(vals) - idle, sum(vals)
-    except (OSError, IndexError, ValueError):
+        vals = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(vals) - sum(vals[3:5]), sum(vals)
+    except (OSError, ValueError):
         return None
 
 
@@ -469,15 +386,17 @@ class UtilizationSampler:
         self._thread: threading.Thread | None = None
 
     def _run(self):
-        nvml = _Nvml(self.gpu_index) if self.gpu else None
+        gpu = _gpu_sampler(self.gpu_index) if self.gpu else dict
         last_t, last_cpu, last_host = time.perf_counter(), _process_cpu_seconds(), _host_cpu_times()
         while not self._stop.wait(self.interval_s):
             now, cpu, host = time.perf_counter(), _process_cpu_seconds(), _host_cpu_times()
             s = {"t": now, "process_cpu_pct": 100.0 * (cpu - last_cpu) / max(now - last_t, 1e-9)}
             if host and last_host and host[1] > last_host[1]:
                 s["host_cpu_pct"] = 100.0 * (host[0] - last_host[0]) / (host[1] - last_host[1])
-            if nvml is not None:
-                s.update(nvml.sample() or {})
+            try:  # a GPU metric that cannot be read is left out of the sample, not fatal
+                s.update(gpu())
+            except Exception:
+                pass
             self.samples.append(s)
             last_t, last_cpu, last_host = now, cpu, host
 
@@ -494,6 +413,7 @@ class UtilizationSampler:
         return False
 
     def summary(self) -> dict:
+        """{"n_samples", "interval_s", and per metric {"mean", "max"}} over the samples taken."""
         keys = sorted({k for s in self.samples for k in s if k != "t"})
         out = {"n_samples": len(self.samples), "interval_s": self.interval_s}
         for k in keys:
@@ -502,9 +422,7 @@ class UtilizationSampler:
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Profiling: trace export, top operators, memory by phase
-# ---------------------------------------------------------------------------------------------
+# --- Profiling: trace export, top operators, memory by phase --------------------------------------
 
 PHASE_PREFIX = "phase:"
 
@@ -516,12 +434,15 @@ def phase(name: str):
 
 @dataclass
 class ProfileResult:
+    """What profile_phases measured."""
+
     top_ops: list[dict]  # [{"name", "calls", "self_ms", "total_ms", "self_pct"}], by self time
     memory_by_phase: list[dict]  # [{"phase", "start_mb", "peak_mb", "end_mb", "peak_extra_mb"}]
     trace_path: str | None  # Chrome/Perfetto trace (open in chrome://tracing or ui.perfetto.dev)
     device: str
 
     def as_dict(self) -> dict:
+        """The fields as a JSON-ready dict."""
         return asdict(self)
 
 
@@ -560,7 +481,7 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
 
 
 def profile_phases(fn: Callable[[], object], steps: int = 1, trace_path: str | Path | None = None,
-                   device: str | torch.device | None = None, top_k: int = 15) -> ProfileResult:
+                   device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
     """Run fn() `steps` times under torch.profiler (with memory); export a trace, tabulate top ops.
 
     fn should mark its phases with `perf.phase("forward")` etc.; memory_by_phase then reports, for
@@ -595,45 +516,33 @@ def profile_phases(fn: Callable[[], object], steps: int = 1, trace_path: str | P
                          trace_path=str(trace_path) if trace_path else None, device=device_name(device))
 
 
-def max_memory_mb(device: str | torch.device | None = None) -> float | None:
+def max_memory_mb(device: str | torch.device = "auto") -> float | None:
     """Peak allocated accelerator memory since the last reset (CUDA), else None."""
     device = resolve_device(device)
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return None
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
-def reset_max_memory(device: str | torch.device | None = None) -> None:
+def reset_max_memory(device: str | torch.device = "auto") -> None:
+    """Start a new peak for max_memory_mb (CUDA; a no-op elsewhere)."""
     device = resolve_device(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
-# ---------------------------------------------------------------------------------------------
-# Provenance
-# ---------------------------------------------------------------------------------------------
+# --- Provenance -----------------------------------------------------------------------------------
 
 
-def environment_info(device: str | torch.device | None = None) -> dict:
+def environment_info(device: str | torch.device = "auto") -> dict:
     """Date, machine and software versions to store beside every measured number."""
     device = resolve_device(device)
-    info = {
-        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "device": device_name(device),
-        "device_type": device.type,
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-    }
+    info = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "device": device_name(device),
+            "device_type": device.type, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
+        info["transformers"] = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
         pass
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -656,8 +565,6 @@ def to_json(obj, path: str | Path) -> Path:
 def _json_default(o):
     if hasattr(o, "as_dict"):
         return o.as_dict()
-    if isinstance(o, (torch.device, torch.dtype)):
-        return str(o)
-    if isinstance(o, Path):
+    if isinstance(o, (torch.device, torch.dtype, Path)):
         return str(o)
     raise TypeError(f"cannot serialise {type(o).__name__}")

@@ -42,8 +42,9 @@ DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
 # A decode step is dozens of small ops, each ending at a barrier of torch's OpenMP threads; when
 # another process holds a core, every barrier waits for a descheduled thread. On the 2-core
 # workbench machine with the other core busy, 2 threads took 5.0x (cpu-small, 16 rows), 3.6x (64
-# rows) and 8.4x (cpu-medium, 16 rows) as long per token as 1; on an idle machine they gain ~10%.
-# Bigger steps (GPT-2 124M at many rows) keep torch's threads, where the matmuls dwarf the barriers.
+# rows) and 8.4x (cpu-medium, 16 rows) as long per token as 1. On a quieter machine 2 threads
+# gained about 13% (docs/perf.md: --quick sampling 918 against 813 tokens/s, separate runs), so
+# bigger steps (GPT-2 124M at many rows) keep torch's threads, where the matmuls dwarf the barriers.
 SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
