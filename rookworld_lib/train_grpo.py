@@ -29,15 +29,14 @@ from typing import Callable
 
 import torch
 
-from . import checkpoint as ckpt_lib
 from . import distributed, grpo
-from .checkpoint_hf import CheckpointFormatError, read_layout
+from .checkpoint_hf import read_layout
 from .model import GPT
 from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .trainer import Trainer
-from .train_utils import (NonFiniteError, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
+from .train_utils import (WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
                           clip_grad_norm, config_kwargs_from_args, option, setup_runtime, validate)
 
 METRICS_FILE = "grpo_metrics.jsonl"
@@ -472,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", default=None, choices=list(LAYOUTS),
                     help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
                          "without our record, such as RookWorld-LM-124M, is original)")
-    ap.add_argument("--nproc", type=int, default=0, help="processes on this machine, via torchrun (0 = this process)")
+    ap.add_argument("--nproc", type=distributed.parse_nproc, default=0, metavar="N",
+                    help="processes on this machine, via torchrun (0 = this process)")
     add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
                          help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
                                          + " / ".join(f"{v} {k}" for k, v in COMPLETION_BUDGET.items()) + ")"})
@@ -481,25 +481,42 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
+    """The run's config and layout (the model's own unless --layout), with the layout's budget."""
+    layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
+    budget = args.max_new_tokens or COMPLETION_BUDGET[layout]
+    print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
+    loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
+                           max_completion_length=budget, temperature=args.temperature)
+    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)),
+                             "max_new_tokens": budget}, loss=loss)
+    if not cfg.out_dir:
+        raise ValueError("give an output directory: --out-dir DIR")
+    return cfg, layout
+
+
+def _preflight(argv: list[str], nproc: int) -> None:
+    """Refuse, before torchrun starts, settings that every worker would refuse."""
+    cfg, _ = _config_from_args(build_parser().parse_args(argv))
+    n = cfg.prompts_per_step * cfg.group_size
+    if cfg.dynamic_sampling:
+        raise ValueError("--dynamic-sampling is not supported with --nproc > 1 (ranks would hold unequal batches)")
+    if cfg.minibatch_size % nproc or n % nproc:
+        raise ValueError(f"with --nproc {nproc}, --minibatch-size ({cfg.minibatch_size}) and --prompts-per-step * "
+                         f"--group-size ({n}) must be multiples of {nproc}")
+
+
 def cli(argv: list[str] | None = None) -> int:
-    argv = list(argv or [])
-    nproc, rest = distributed.strip_nproc(argv)
+    """`rookworld grpo`; errors are reported in one line by cli.main."""
+    nproc, rest = distributed.strip_nproc(list(argv or []))
     if nproc > 1:
-        return distributed.torchrun("grpo", rest, nproc)
+        return distributed.torchrun("grpo", rest, nproc, preflight=_preflight)
     args = build_parser().parse_args(rest)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs ("resumed from ...")
     logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
     trainer = None
     try:
-        layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
-        args.max_new_tokens = args.max_new_tokens or COMPLETION_BUDGET[layout]
-        print(f"layout: {layout} ({why}); max_new_tokens {args.max_new_tokens}", file=sys.stderr)
-        loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args,
-                                                         skip=("temperature", "max_completion_length")),
-                               max_completion_length=args.max_new_tokens, temperature=args.temperature)
-        cfg = GRPOTrainConfig(**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)), loss=loss)
-        if not cfg.out_dir:
-            raise ValueError("give an output directory: --out-dir DIR")
+        cfg, layout = _config_from_args(args)
         records = train_records(args.data_dir)
         # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
         # logits and every result are unchanged (docs/perf.md).
@@ -511,11 +528,8 @@ def cli(argv: list[str] | None = None) -> int:
         final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier
         if trainer.dist.is_main:
             print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / METRICS_FILE}; model in {final}")
-    except (ValueError, ckpt_lib.CheckpointError, CheckpointFormatError, NonFiniteError) as exc:
-        print(f"rookworld grpo: error: {exc}", file=sys.stderr)
-        return 1
     finally:
         if trainer is not None:
-            trainer.close()  # before the group goes (see GRPOTrainer.close)
+            trainer.close()  # before the group goes (see Trainer.close)
         distributed.cleanup()
     return 0

@@ -54,7 +54,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint as ckpt_lib
 from . import distributed
 from .checkpoint_hf import layout_for
 from .model import GPT, PRESETS, GPTConfig, lm_loss
@@ -62,7 +61,7 @@ from .paths import RUNS_DIR
 from .tasks import LAYOUTS
 from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from .trainer import FINAL_DIR, Trainer
-from .train_utils import (DTYPES, NonFiniteError, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
+from .train_utils import (DTYPES, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
                           check_number, clip_grad_norm, config_kwargs_from_args, maybe_compile, option,
                           seed_everything, validate)
 
@@ -689,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--val-data data/policy_val.jsonl data/env_val.jsonl --model cpu-small --max-steps 300 "
                "--out-dir runs/sft-cpu; add --nproc 2 to run two processes under torchrun (DDP: gloo on CPU, "
                "NCCL on GPU; the same global batch, split across the processes)")
-    ap.add_argument("--nproc", type=int, default=0, metavar="N",
+    ap.add_argument("--nproc", type=distributed.parse_nproc, default=0, metavar="N",
                     help="processes on this machine, via torchrun (0 = this process; --batch-size must be a "
                          "multiple of N)")
     docs = {"train_data": "JSONL training files: data.py P:/A: records or {\"text\": ...} lines (default: the "
@@ -708,30 +707,37 @@ def _shipped(split: str) -> tuple[str, ...]:
     return tuple(str(f) for f in files if f.is_file())
 
 
-def cli(argv: list[str] | None = None) -> int:
-    from .tokenizer import TokenizerFileError
+def _config_from_args(args: argparse.Namespace) -> SFTConfig:
+    kwargs = config_kwargs_from_args(SFTConfig, args)
+    if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
+        kwargs["train_data"] = _shipped("train")
+        if not kwargs["val_data"]:
+            kwargs["val_data"] = _shipped("val")
+        if not kwargs["train_data"]:
+            raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
+                             "writes data/policy_train.jsonl and data/env_train.jsonl)")
+        log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
+    return SFTConfig(**kwargs)
 
+
+def _preflight(argv: list[str], nproc: int) -> None:
+    """Refuse, before torchrun starts, settings that every worker would refuse."""
+    cfg = _config_from_args(build_parser().parse_args(argv))
+    if cfg.batch_size % nproc:
+        raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --nproc ({nproc}): each process "
+                         "trains on batch_size / nproc rows of every micro-batch")
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`rookworld sft`; errors are reported in one line by cli.main."""
     nproc, rest = distributed.strip_nproc(list(sys.argv[1:] if argv is None else argv))
     if nproc > 1:
-        return distributed.torchrun("sft", rest, nproc)
+        return distributed.torchrun("sft", rest, nproc, preflight=_preflight)
     args = build_parser().parse_args(rest)
     main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs and reports
     logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
     try:
-        kwargs = config_kwargs_from_args(SFTConfig, args)
-        if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
-            kwargs["train_data"] = _shipped("train")
-            if not kwargs["val_data"]:
-                kwargs["val_data"] = _shipped("val")
-            if not kwargs["train_data"]:
-                raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
-                                 "writes data/policy_train.jsonl and data/env_train.jsonl)")
-            log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
-        cfg = SFTConfig(**kwargs)
-        result = train_sft(cfg)
-    except (ValueError, ckpt_lib.CheckpointError, NonFiniteError, TokenizerFileError) as exc:
-        print(f"rookworld sft: error: {exc}", file=sys.stderr)
-        return 1
+        result = train_sft(_config_from_args(args))
     finally:
         distributed.cleanup()
     if not main_rank:

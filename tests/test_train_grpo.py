@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from rookworld_lib.cli import main
 from rookworld_lib import grpo
 from rookworld_lib.model import GPT, GPTConfig
 from rookworld_lib.sampling import sequence_logprobs
@@ -113,11 +114,10 @@ def test_config_validation_names_field(field, value):
 
 
 def test_cli_refuses_non_finite_settings_in_one_line(tmp_path, capsys):
-    from rookworld_lib import train_grpo
 
     for flag in ("--lr", "--weight-decay", "--grad-clip"):
-        code = train_grpo.cli(["--init-from", str(tmp_path / "none"), "--out-dir", str(tmp_path / "o"), flag, "nan",
-                               "--layout", "compact"])
+        code = main(["grpo", "--init-from", str(tmp_path / "none"), "--out-dir", str(tmp_path / "o"), flag, "nan",
+                     "--layout", "compact"])
         err = capsys.readouterr().err
         assert code == 1 and "must be a finite number" in err and "Traceback" not in err, err
 

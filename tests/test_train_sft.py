@@ -9,6 +9,7 @@ import torch
 from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
                          sigkill, start_sft_child, tiny_cfg, wait_for)
 
+from rookworld_lib.cli import main
 from rookworld_lib import checkpoint as ck
 from rookworld_lib import train_sft as sft
 from rookworld_lib.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
@@ -364,10 +365,10 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
     assert (out / "final" / "model.safetensors").is_file() and (out / "checkpoints" / "latest").is_file()
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
 
-    assert sft.cli(argv[:-2] + ["--batch-size", "0"]) == 1
+    assert main(["sft", *argv[:-2], "--batch-size", "0"]) == 1  # rookworld sft: errors in one line
     assert "SFTConfig.batch_size must be an integer >= 1" in capsys.readouterr().err
     monkeypatch.setattr(sft, "_shipped", lambda split: ())  # as before `rookworld datagen` has run
-    assert sft.cli(["--model", "tiny"]) == 1
+    assert main(["sft", "--model", "tiny"]) == 1
     assert "--train-data" in capsys.readouterr().err
     monkeypatch.setattr(sft, "_shipped", lambda split: (str(data),) if split == "train" else ())
     assert sft.cli(argv[2:] + ["--max-steps", "3"]) == 0  # no --train-data: the shipped files, resumed here

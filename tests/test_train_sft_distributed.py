@@ -21,6 +21,8 @@ import pytest
 import torch
 from sft_helpers import TEXTS, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
+from rookworld_lib.cli import main
+from rookworld_lib.paths import DATA_DIR
 from rookworld_lib import checkpoint as ck
 from rookworld_lib import distributed
 from rookworld_lib import train_sft as sft
@@ -126,6 +128,15 @@ def test_batch_size_must_divide_by_the_world_size(tmp_path, monkeypatch):
 def test_nproc_is_in_the_help_and_wraps_torchrun(monkeypatch):
     assert "--nproc N" in sft.build_parser().format_help()
     calls = []
-    monkeypatch.setattr(sft.distributed, "torchrun", lambda sub, args, n: calls.append((sub, args, n)) or 0)
+    monkeypatch.setattr(sft.distributed, "torchrun",
+                        lambda sub, args, n, preflight: calls.append((sub, args, n, preflight)) or 0)
     assert sft.cli(["--nproc", "2", "--max-steps", "3"]) == 0
-    assert calls == [("sft", ["--max-steps", "3"], 2)]
+    assert calls == [("sft", ["--max-steps", "3"], 2, sft._preflight)]
+
+
+def test_nproc_that_does_not_split_the_batch_is_refused_once_before_torchrun(capsys):
+    # settings every worker would refuse are refused by the launcher, in one line, before any worker starts
+    assert main(["sft", "--nproc", "3", "--batch-size", "8", "--train-data", str(DATA_DIR / "policy_train.jsonl")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["rookworld sft: error: --batch-size (8) must be a multiple of --nproc (3): each process trains "
+                   "on batch_size / nproc rows of every micro-batch"]
