@@ -66,21 +66,25 @@ class BenchConfig:
     """Shapes and repetitions of the three comparisons."""
 
     model: str = option("cpu-small", "GPTConfig preset shared by every comparison", choices=tuple(PRESETS))
-    train_batch: int = option(8, "(a) sequences per training step", min=1)
-    train_seq_len: int = option(128, "(a) tokens per sequence", min=1)
-    sample_prompts: int = option(8, "(b) distinct prompts", min=1)
-    group_size: int = option(8, "(b, c) completions per prompt (GRPO's G)", min=1)
-    prompt_len: int = option(40, "(b) longest prompt; lengths vary in [prompt_len // 2, prompt_len]", min=1)
-    new_tokens: int = option(48, "(b) tokens generated per row", min=1)
-    grpo_prompts: int = option(2, "(c) prompts per GRPO step", min=1)
-    grpo_new_tokens: int = option(24, "(c) completion length", min=1)
+    # (a) training step
+    train_batch: int = option(8, "sequences per training step", min=1)
+    train_seq_len: int = option(128, "tokens per sequence", min=1)
+    precision: str = option("fp32", "fp32, or bf16: autocast on both sides (TRL gets bf16=True)", choices=("fp32", "bf16"))
+    # (b) sampling, and the group size (c) shares
+    sample_prompts: int = option(8, "distinct prompts", min=1)
+    group_size: int = option(8, "completions per prompt (GRPO's G)", min=1)
+    prompt_len: int = option(40, "longest prompt; lengths vary in [prompt_len // 2, prompt_len]", min=1)
+    new_tokens: int = option(48, "tokens generated per row", min=1)
+    # (c) GRPO step
+    trl: bool = option(True, "attempt the TRL comparison when trl is importable")
+    grpo_prompts: int = option(2, "prompts per GRPO step", min=1)
+    grpo_new_tokens: int = option(24, "completion length", min=1)
+    grpo_steps: int = option(3, "timed GRPO steps per contender (after one warm-up step)", min=1)
+    # where, and how long
+    device: str = option("auto", "auto, cpu, cuda, cuda:N")
     warmup: int = option(1, "untimed repetitions per contender", min=0)
     repeats: int = option(5, "timed repetitions per contender (median reported)", min=1)
-    grpo_steps: int = option(3, "(c) timed GRPO steps per contender (after one warm-up step)", min=1)
     seed: int = option(0, "weights, data and sampling seed", min=0)
-    device: str = option("auto", "auto, cpu, cuda, cuda:N")
-    trl: bool = option(True, "attempt the TRL comparison when trl is importable")
-    precision: str = option("fp32", "fp32, or bf16: autocast on both sides (TRL gets bf16=True)", choices=("fp32", "bf16"))
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices (the option() checks above)

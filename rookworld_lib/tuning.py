@@ -174,8 +174,10 @@ class TuneConfig:
     """One training setup of the tuning matrix (the baseline, or the baseline with one change)."""
 
     model: str = option("tiny", "GPTConfig preset name (tiny, cpu-small, cpu-medium, gpt2, ...)", choices=tuple(PRESETS))
+    # what is trained
     batch_size: int = option(4, "sequences per optimizer step, all micro-batches together", min=1)
     seq_len: int = option(64, "tokens per sequence", min=1)
+    # how: numerics, kernels, memory
     precision: str = option("fp32", "fp32, tf32 (CUDA matmuls on tensor cores) or bf16 (autocast)", choices=TUNE_PRECISIONS)
     compile: str = option("off", "torch.compile mode: off, default or max-autotune", choices=COMPILE_MODES)
     attn_impl: str = option("sdpa", "sdpa (F.scaled_dot_product_attention) or math (softmax(QK^T)V)", choices=("sdpa", "math"))
@@ -185,14 +187,16 @@ class TuneConfig:
     grad_accum: int = option(1, "micro-batches per optimizer step (batch_size is split between them)", min=1)
     offload_optimizer: bool = option(False, "keep AdamW state and master weights in CPU memory")
     loss_impl: str = option("auto", "LM head + loss: fused (chunked), plain (logits, then cross-entropy), auto (as SFT)", choices=LOSS_IMPLS)
+    # the optimizer (build_adamw, as SFT)
     lr: float = option(1e-3, "AdamW learning rate (constant)", min=0.0, min_open=True)
     weight_decay: float = option(0.1, "AdamW weight decay on 2-D weights", min=0.0)
     grad_clip: float = option(1.0, "global grad-norm clip, as SFT's default (0 = measure only)", min=0.0)
+    # the run
     steps: int = option(6, "optimizer steps per row; the loss after the last one is the parity check", min=1)
     timed_from: int = option(2, "steps before this index are warm-up (compile, allocator) and not timed", min=0)
     n_batches: int = option(2, "distinct random batches, cycled; few, so the loss moves measurably", min=1)
-    seed: int = option(0, "initialisation and data seed", min=0)
     device: str = option("auto", "auto (cuda if available), cpu, cuda, cuda:1, ...")
+    seed: int = option(0, "initialisation and data seed", min=0)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices (the option() checks above)
