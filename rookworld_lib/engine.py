@@ -7,19 +7,21 @@
   (``ucinewgame``), so with one thread and a depth or node limit a result depends only on
   (position, limit): it can be cached, and the label audit can reproduce it.
 - :class:`EnginePool` runs up to ``size`` engine processes (default: one per usable core), hands
-  each to one thread at a time, restarts an engine that dies and retries the request on a fresh
-  one, and caches analyses keyed by (FEN, limit, multipv, root moves).
-- No orphans, and the interpreter exits by itself: python-chess's ``SimpleEngine`` runs its event
-  loop on a *non-daemon* thread, which Python joins at exit *before* ``atexit`` handlers run, so an
-  engine left open hangs the exit. Every pool registers with ``threading._register_atexit`` (run
-  before those joins) and with ``weakref.finalize`` (run when the pool is garbage collected), and
-  both close its engines.
+  each to one thread at a time, and caches analyses keyed by (FEN, limit, multipv, root moves).
+- Engines fail loudly and never hang: a failed start or request is retried on a fresh process
+  (``max_retries``), then :class:`EngineFailedError` is raised. Every search has a time limit
+  (:func:`search_timeout`, derived from its depth or node budget), so an engine that never answers
+  ``go`` fails like one that died. Ctrl-C during :meth:`EnginePool.map` kills the busy engines at once.
+- One way engines end: :meth:`EnginePool.close` (also run by ``with``, by garbage collection and,
+  for every live pool, at interpreter exit). python-chess runs each engine's event loop on a
+  *non-daemon* thread, which Python joins at exit *before* ``atexit`` handlers run, so an engine
+  left open would hang the exit: the exit hook is registered with ``threading._register_atexit``,
+  which runs before those joins.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -31,7 +33,8 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from concurrent.futures import ThreadPoolExecutor  # imported before our exit hook is registered: see there
+from dataclasses import dataclass
 
 import chess
 import chess.engine
@@ -46,6 +49,8 @@ INSTALL_HINT = (
     "Install Stockfish with `apt-get install -y stockfish` (Debian/Ubuntu; binary at /usr/games/stockfish) "
     "or `conda install -c conda-forge stockfish`, or set STOCKFISH_PATH to the binary."
 )
+TIMEOUT_FLOOR_S = 10.0  # engine start, and the least time any search gets before it counts as hung
+SLOW_NODES_PER_S = 100_000  # a slow, loaded core (Stockfish searches 0.4-1.5M nodes/s on one)
 
 
 class StockfishNotFoundError(RuntimeError):
@@ -53,7 +58,7 @@ class StockfishNotFoundError(RuntimeError):
 
 
 class EngineFailedError(RuntimeError):
-    """An analysis failed on every retry (the engine kept dying), or the pool is closed."""
+    """Stockfish failed on every retry (would not start, died, hung), or the pool is closed."""
 
 
 class EngineSessionLost(EngineFailedError):
@@ -80,6 +85,7 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
 
 
 def stockfish_available(path: str | None = None) -> bool:
+    """True when :func:`find_stockfish` finds a binary (it may still fail to run)."""
     try:
         find_stockfish(path)
         return True
@@ -88,6 +94,7 @@ def stockfish_available(path: str | None = None) -> bool:
 
 
 def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask), at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
@@ -110,11 +117,16 @@ class EngineSettings:
     hash_mb: int = 16  # Stockfish `Hash` in MiB per process
     fresh_search: bool = True  # clear the hash (ucinewgame) before each search: results depend on (position, limit) only
     path: str | None = None  # Stockfish binary; None: STOCKFISH_PATH, PATH, /usr/games/stockfish
-    max_retries: int = 3  # times a request is retried on a fresh engine after the engine died
+    max_retries: int = 3  # times a failed engine start or request is retried on a fresh engine
 
     def __post_init__(self):
         def bad(name, why):
             raise ValueError(f"EngineSettings.{name} {why}, got {getattr(self, name)!r}")
+
+        def int_in(name, lo, hi):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                bad(name, f"must be an int in {lo}..{hi}")
 
         for name in ("depth", "nodes"):
             v = getattr(self, name)
@@ -127,21 +139,18 @@ class EngineSettings:
             bad("time", "must be a positive number of seconds or None")
         if self.depth is None and self.nodes is None and self.time is None:
             raise ValueError("EngineSettings: set at least one of depth, nodes, time (an unlimited search never ends)")
-        if isinstance(self.multipv, bool) or not isinstance(self.multipv, int) or not 1 <= self.multipv <= 256:
-            bad("multipv", "must be an int in 1..256")
-        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 1 <= self.threads <= 1024:
-            bad("threads", "must be an int in 1..1024")
-        if isinstance(self.hash_mb, bool) or not isinstance(self.hash_mb, int) or not 1 <= self.hash_mb <= 65536:
-            bad("hash_mb", "must be an int in 1..65536 (MiB)")
+        int_in("multipv", 1, 256)
+        int_in("threads", 1, 1024)
+        int_in("hash_mb", 1, 65536)
         if not isinstance(self.fresh_search, bool):
             bad("fresh_search", "must be a bool")
         if self.path is not None and not isinstance(self.path, str):
             bad("path", "must be a string or None")
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or not 0 <= self.max_retries <= 100:
-            bad("max_retries", "must be an int in 0..100")
+        int_in("max_retries", 0, 100)
 
     @property
     def limit(self) -> chess.engine.Limit:
+        """The python-chess search limit of these settings."""
         return chess.engine.Limit(depth=self.depth, nodes=self.nodes, time=self.time)
 
     @property
@@ -154,11 +163,9 @@ class EngineSettings:
         """True when a search result depends only on (position, limit)."""
         return self.fresh_search and self.threads == 1 and self.time is None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def limit_key(limit: chess.engine.Limit) -> str:
+    """``depth=8``, ``nodes=1000``, ``depth=8,nodes=1000`` ...: a limit as recorded with labels."""
     parts = [f"{k}={getattr(limit, k)}" for k in ("depth", "nodes", "time") if getattr(limit, k) is not None]
     return ",".join(parts) or "unlimited"
 
@@ -174,13 +181,26 @@ def parse_limit_key(key: str) -> chess.engine.Limit:
     return chess.engine.Limit(**kwargs)
 
 
+def search_timeout(limit: chess.engine.Limit, multipv: int = 1, floor: float | None = None) -> float | None:
+    """Seconds after which a search under `limit` counts as hung: `floor` (default TIMEOUT_FLOOR_S)
+    plus 5x a pessimistic estimate of its time, so that a loaded machine never trips it. A depth-d
+    search is taken to visit multipv * 20 * 2**d nodes (Stockfish grows ~1.8x per ply: measured 24k
+    nodes at depth 8 and 5M at depth 18 with multipv 5), at SLOW_NODES_PER_S. None: no limit at all."""
+    floor = TIMEOUT_FLOOR_S if floor is None else floor
+    budgets = [limit.time] if limit.time else []
+    if limit.nodes:
+        budgets.append(limit.nodes / SLOW_NODES_PER_S)
+    if limit.depth:
+        budgets.append(multipv * 20 * 2.0 ** min(limit.depth, 60) / SLOW_NODES_PER_S)
+    return floor + 5 * min(budgets) if budgets else None  # the search stops at the first limit reached
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One principal variation: its first move (UCI), eval for the side to move, and the line."""
+    """One principal variation: its first move (UCI) and its eval for the side to move."""
 
     move: str
     eval: Eval
-    pv: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,14 +214,17 @@ class Analysis:
 
     @property
     def best(self) -> str | None:
+        """The best move (UCI), None in a position without legal moves."""
         return self.candidates[0].move if self.candidates else None
 
     @property
     def moves(self) -> tuple[str, ...]:
+        """The candidate moves, best first."""
         return tuple(c.move for c in self.candidates)
 
     @property
     def evals(self) -> tuple[Eval, ...]:
+        """The candidates' evals for the side to move."""
         return tuple(c.eval for c in self.candidates)
 
 
@@ -216,6 +239,7 @@ class AnalysisCache:
         self.misses = 0
 
     def get(self, key):
+        """The cached analysis or None (counted as a hit or a miss)."""
         with self._lock:
             value = self._data.get(key)
             if value is None:
@@ -226,6 +250,7 @@ class AnalysisCache:
             return value
 
     def put(self, key, value) -> None:
+        """Store an analysis, evicting the least recently used beyond maxsize."""
         with self._lock:
             self._data[key] = value
             self._data.move_to_end(key)
@@ -233,79 +258,32 @@ class AnalysisCache:
                 self._data.popitem(last=False)
 
     def clear(self) -> None:
+        """Forget every analysis and reset the counters."""
         with self._lock:
             self._data.clear()
             self.hits = self.misses = 0
 
-    def __len__(self) -> int:
-        return len(self._data)
-
     def info(self) -> dict:
+        """size, maxsize, hits and misses."""
         return {"size": len(self._data), "maxsize": self.maxsize, "hits": self.hits, "misses": self.misses}
 
 
 SHARED_CACHE = AnalysisCache()
 
 # --------------------------------------------------------------------------------------------
-# Exit handling: close every engine before Python joins the engines' non-daemon threads
+# Threads and engine processes
 # --------------------------------------------------------------------------------------------
 
-_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
-_LIVE_LOCK = threading.Lock()
-_EXITING = False
-
-
-def _close_engines(engines: list, lock: threading.Lock) -> None:
-    with lock:
-        victims = list(engines)
-        engines.clear()
-    for eng in victims:
-        _kill_engine(eng)
-
-
-def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
-    """Close the transport (which kills the process) and wait until it has been reaped."""
-    try:
-        eng.close()
-    except Exception:  # pragma: no cover - closing must never fail loudly
-        pass
-    with contextlib.suppress(Exception):
-        eng.returncode.result(timeout=wait)
-
-
-def close_all_engines() -> None:
-    """Close every engine of every live pool (also run automatically at interpreter exit)."""
-    with _LIVE_LOCK:
-        pools = list(_LIVE_POOLS)
-    for pool in pools:
-        with contextlib.suppress(Exception):
-            pool.close()
-
-
-def _at_thread_shutdown() -> None:
-    global _EXITING
-    _EXITING = True  # from here on no pool starts or restarts an engine
-    close_all_engines()
-
-
-try:  # runs in threading._shutdown(), i.e. *before* the non-daemon engine threads are joined
-    threading._register_atexit(_at_thread_shutdown)  # type: ignore[attr-defined]
-except (AttributeError, RuntimeError):  # pragma: no cover - a Python without the hook
-    pass
-atexit.register(close_all_engines)  # belt and braces (too late for hung joins, fine for the rest)
-
-# --------------------------------------------------------------------------------------------
-# The pool
-# --------------------------------------------------------------------------------------------
-
-_RETRYABLE = (chess.engine.EngineTerminatedError, chess.engine.EngineError, asyncio.TimeoutError,
-              TimeoutError, BrokenPipeError, ConnectionResetError, concurrent.futures.CancelledError)
+# what a dying, hung or babbling engine raises: the request is retried on a fresh engine
+_RETRYABLE = (chess.engine.EngineError, asyncio.TimeoutError, TimeoutError, BrokenPipeError,
+              ConnectionResetError, concurrent.futures.CancelledError)
 
 
 def threaded(fn: Callable, items: list, workers: int, progress: bool = False, desc: str = "",
              unit: str = "item") -> Iterator[tuple[int, object]]:
     """(index, fn(item)) as each call completes, on up to `workers` threads, with an optional
-    progress bar. An exception (or Ctrl-C) cancels the calls not yet started and propagates."""
+    progress bar. An exception (or Ctrl-C) cancels the calls not yet started and propagates at once:
+    it does not wait for the running calls (an engine search may take long; the caller ends it)."""
     if not items:
         return
     bar = None
@@ -313,137 +291,226 @@ def threaded(fn: Callable, items: list, workers: int, progress: bool = False, de
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(items), desc=desc, unit=unit)
+    ex = ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="rookworld")
     try:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(workers, len(items)),
-                                                   thread_name_prefix="rookworld") as ex:
-            futures = {ex.submit(fn, it): i for i, it in enumerate(items)}
-            try:
-                for fut in concurrent.futures.as_completed(futures):
-                    yield futures[fut], fut.result()
-                    if bar is not None:
-                        bar.update(1)
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
+        futures = {ex.submit(fn, it): i for i, it in enumerate(items)}
+        for fut in concurrent.futures.as_completed(futures):
+            yield futures[fut], fut.result()
+            if bar is not None:
+                bar.update(1)
+    except BaseException:
+        ex.shutdown(wait=False, cancel_futures=True)
+        raise
+    else:
+        ex.shutdown()
     finally:
         if bar is not None:
             bar.close()
 
 
+def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
+    """Close the transport (which kills the process) and wait until it has been reaped."""
+    with contextlib.suppress(Exception):
+        eng.close()
+    with contextlib.suppress(Exception):
+        eng.returncode.result(timeout=wait)
+
+
+def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue) -> None:
+    """End every engine of a pool, idle or busy: the one path by which a pool's engines end
+    (close, Ctrl-C, garbage collection, interpreter exit). A module function so that the pool's
+    weakref finalizer can run it without keeping the pool alive."""
+    with lock:
+        victims = list(engines)
+        engines.clear()
+    with contextlib.suppress(queue.Empty):
+        while True:
+            idle.get_nowait()
+    for eng in victims:
+        _kill_engine(eng)
+
+
+class _QuietChildWatcher(logging.Filter):
+    """Drops asyncio's "Loop ... that handles pid N is closed": after python-chess gives up on an
+    engine that never said uciok, it kills the process and closes its loop before the process is
+    reaped. The warning is noise (the process is gone); we report the failure ourselves."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Loop %r that handles pid")
+
+
+logging.getLogger("asyncio").addFilter(_QuietChildWatcher())
+_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+_EXITING = False
+
+
+def close_all_engines(*, exiting: bool = False) -> None:
+    """Close every live pool (run automatically at interpreter exit, with exiting=True: from then
+    on no pool starts an engine, since nothing would be left to close it)."""
+    global _EXITING
+    _EXITING = _EXITING or exiting
+    for pool in list(_LIVE_POOLS):
+        pool.close()
+
+
+# threading._register_atexit hooks run in threading._shutdown, before the non-daemon engine threads
+# are joined, in reverse order of registration: ThreadPoolExecutor's hook (registered when
+# concurrent.futures.thread was imported, above) joins its workers, and runs after ours, once
+# their engines are dead. Without the hook (another Python) atexit is the best we have.
+try:
+    threading._register_atexit(functools.partial(close_all_engines, exiting=True))  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):  # pragma: no cover
+    import atexit
+
+    atexit.register(close_all_engines, exiting=True)
+
+# --------------------------------------------------------------------------------------------
+# The pool
+# --------------------------------------------------------------------------------------------
+
+
 class EnginePool:
     """Up to `size` Stockfish processes, each used by one thread at a time.
 
-    Engines start lazily on first use. Every public method is thread-safe; :meth:`analyse_many`
-    runs one request per engine in parallel. An engine that dies (killed, crashed) is discarded
-    and the request retried on a fresh process, up to `settings.max_retries` times.
+    Engines start lazily on first use. Every public method is thread-safe; :meth:`map` and
+    :meth:`analyse_many` run one request per engine in parallel. A failed start or request
+    (the engine died, hung past :func:`search_timeout`, or spoke garbage) is retried on a fresh
+    process up to `settings.max_retries` times, then raises EngineFailedError. `timeout`: seconds
+    for an engine to start and the floor of every search's time limit (default TIMEOUT_FLOOR_S).
     """
 
     def __init__(self, settings: EngineSettings | None = None, size: int | None = None, *,
-                 cache: AnalysisCache | bool | None = True, timeout: float = 30.0):
+                 cache: AnalysisCache | bool | None = True, timeout: float | None = None):
         self.settings = settings or EngineSettings()
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"EnginePool size must be a positive int, got {size!r}")
         self.size = size or usable_cores()
         self.path = find_stockfish(self.settings.path)
-        if cache is True or cache is None:
-            self.cache = SHARED_CACHE
-        elif cache is False:
-            self.cache = None
-        else:
-            self.cache = cache
-        self.timeout = timeout
-        self._engines: list[chess.engine.SimpleEngine] = []  # every live engine (idle or busy)
-        self._lock = threading.Lock()
+        self.cache = SHARED_CACHE if cache is True or cache is None else (cache or None)
+        self.timeout = TIMEOUT_FLOOR_S if timeout is None else timeout
+        self.restarts = 0  # engines replaced after a failure
+        self._engines: list[chess.engine.SimpleEngine] = []  # every live engine, idle or busy
         self._idle: queue.LifoQueue = queue.LifoQueue()
+        self._lock = threading.Lock()
+        self._starting = 0  # engines being started (they count against `size`)
+        self._generation = 0  # bumped when the engines are killed on purpose: in-flight requests stop
         self._closed = False
         self._version: str | None = None
-        self.restarts = 0
-        self._finalizer = weakref.finalize(self, _close_engines, self._engines, self._lock)
-        with _LIVE_LOCK:
-            _LIVE_POOLS.add(self)
+        self._finalizer = weakref.finalize(self, _kill_all, self._engines, self._lock, self._idle)
+        _LIVE_POOLS.add(self)
 
     # -- engine lifecycle ------------------------------------------------------------------
     def _spawn(self) -> chess.engine.SimpleEngine:
-        try:
-            eng = chess.engine.SimpleEngine.popen_uci(self.path, timeout=self.timeout)
-        except (FileNotFoundError, PermissionError) as exc:
-            raise StockfishNotFoundError(f"cannot start Stockfish at {self.path!r} ({exc}). {INSTALL_HINT}") from None
-        try:
-            eng.configure({"Threads": self.settings.threads, "Hash": self.settings.hash_mb})
-            if self._version is None:
-                self._version = eng.id.get("name", "unknown")
-        except Exception:
-            _kill_engine(eng)
-            raise
-        return eng
-
-    def _checkout(self) -> chess.engine.SimpleEngine:
-        while True:
-            if self._closed or _EXITING:
-                raise EngineFailedError("engine pool is closed")
+        """A started, configured engine; a failed start is retried, then EngineFailedError."""
+        failures = []
+        for _ in range(self.settings.max_retries + 1):
+            eng = None
             try:
-                return self._idle.get_nowait()
-            except queue.Empty:
-                pass
-            with self._lock:
-                can_spawn = len(self._engines) < self.size
-                if can_spawn:
-                    placeholder = object()
-                    self._engines.append(placeholder)  # reserve the slot while spawning
-            if can_spawn:
-                try:
-                    eng = self._spawn()
-                except BaseException:
-                    with self._lock:
-                        self._engines.remove(placeholder)
-                    raise
-                with self._lock:
-                    self._engines[self._engines.index(placeholder)] = eng
-                    if self._closed:
-                        self._engines.remove(eng)
-                        _kill_engine(eng)
-                        raise EngineFailedError("engine pool is closed")
+                eng = chess.engine.SimpleEngine.popen_uci(self.path, timeout=self.timeout)
+                eng.configure({"Threads": self.settings.threads, "Hash": self.settings.hash_mb})
+                self._version = self._version or eng.id.get("name", "unknown")
                 return eng
-            try:
-                return self._idle.get(timeout=0.5)
-            except queue.Empty:
+            except _RETRYABLE as exc:
+                if eng is not None:
+                    _kill_engine(eng)
+                failures.append(f"{type(exc).__name__}: {str(exc) or f'no uciok within {self.timeout:.1f} s'}")
+                log.warning("Stockfish at %s failed to start (%s)", self.path, failures[-1])
+            except OSError as exc:  # not there, not executable, not a program: no retry helps
+                raise StockfishNotFoundError(f"cannot start Stockfish at {self.path!r} ({exc}). {INSTALL_HINT}") from None
+        raise EngineFailedError(f"Stockfish failed to start {len(failures)} times ({self.path}); last: {failures[-1]}")
+
+    def _check_open(self, generation: int) -> None:
+        if self._closed or _EXITING:
+            raise EngineFailedError("engine pool is closed")
+        if generation != self._generation:
+            raise EngineFailedError("engine pool was interrupted (its engines were killed)")
+
+    def _checkout(self, generation: int) -> chess.engine.SimpleEngine:
+        """An idle engine, or a new one while fewer than `size` run; else wait for one."""
+        while True:
+            self._check_open(generation)
+            with contextlib.suppress(queue.Empty):
+                return self._idle.get_nowait()
+            with self._lock:
+                spawn = len(self._engines) + self._starting < self.size
+                self._starting += spawn
+            if not spawn:
+                with contextlib.suppress(queue.Empty):
+                    return self._idle.get(timeout=0.5)
                 continue
+            try:
+                eng = self._spawn()
+            finally:
+                with self._lock:
+                    self._starting -= 1
+            with self._lock:
+                stale = self._closed or _EXITING or generation != self._generation
+                if not stale:
+                    self._engines.append(eng)
+                    return eng
+            _kill_engine(eng)  # the pool was closed or interrupted while it started
 
-    def _checkin(self, eng) -> None:
-        if self._closed:
-            self._discard(eng)
-        else:
+    def _checkin(self, eng: chess.engine.SimpleEngine) -> None:
+        with self._lock:
+            keep = not self._closed and eng in self._engines  # not killed meanwhile
+        if keep:
             self._idle.put(eng)
+        else:
+            _kill_engine(eng)
 
-    def _discard(self, eng) -> None:
+    def _discard(self, eng: chess.engine.SimpleEngine) -> None:
         with self._lock:
             if eng in self._engines:
                 self._engines.remove(eng)
         _kill_engine(eng, wait=2.0)
 
     def _run(self, what: str, fn: Callable[[chess.engine.SimpleEngine], object]):
-        last_exc: BaseException | None = None
+        """fn(engine) on a free engine; a failed request is retried on a fresh engine."""
+        failures = []
+        generation = self._generation
         for attempt in range(self.settings.max_retries + 1):
-            eng = self._checkout()
+            eng = self._checkout(generation)
             try:
                 result = fn(eng)
             except _RETRYABLE as exc:
-                last_exc = exc
                 self._discard(eng)
-                if self._closed or _EXITING:
-                    break
+                failures.append(f"{type(exc).__name__}: {exc}")
+                self._check_open(generation)  # killed on purpose (close, Ctrl-C): no retry
                 self.restarts += 1
-                log.warning("Stockfish died during %s (%s: %s); restarting it (attempt %d of %d)",
-                            what, type(exc).__name__, exc, attempt + 1, self.settings.max_retries + 1)
+                log.warning("Stockfish failed during %s (%s); restarting it (attempt %d of %d)",
+                            what, failures[-1], attempt + 1, self.settings.max_retries + 1)
                 continue
             except BaseException:
                 self._discard(eng)  # state unknown (e.g. KeyboardInterrupt mid-search)
                 raise
             self._checkin(eng)
             return result
-        raise EngineFailedError(f"Stockfish failed on every attempt during {what}: "
-                                f"{type(last_exc).__name__}: {last_exc}")
+        raise EngineFailedError(f"Stockfish failed on every attempt during {what}: {failures[-1]}")
+
+    def _search(self, eng: chess.engine.SimpleEngine, board: chess.Board, limit: chess.engine.Limit,
+                multipv: int | None = None, root_moves=None, game=None):
+        """One search on `eng`: an analysis (multipv) or a move (multipv None), killed if it outlives
+        :func:`search_timeout`. python-chess sets no deadline for depth or node limits, and its own
+        cancellation leaves a hung engine's event-loop thread behind (the exit then hangs), so a
+        watchdog kills the process instead: the search then fails as a crash does."""
+        timeout = search_timeout(limit, multipv or 1, self.timeout)
+        fired: list[bool] = []
+        watchdog = threading.Timer(timeout or 0, lambda: (fired.append(True), eng.close()))
+        watchdog.daemon = True
+        if timeout is not None:
+            watchdog.start()
+        if game is None and self.settings.fresh_search:
+            game = object()  # a new game object makes python-chess send ucinewgame: the hash is cleared
+        try:
+            if multipv is None:
+                return eng.play(board, limit, game=game, root_moves=root_moves)
+            return eng.analyse(board, limit, multipv=multipv, game=game, root_moves=root_moves)
+        except chess.engine.EngineTerminatedError:
+            if fired:
+                raise TimeoutError(f"no answer within {timeout:.1f} s") from None
+            raise
+        finally:
+            watchdog.cancel()
 
     # -- public API ------------------------------------------------------------------------
     @property
@@ -453,17 +520,8 @@ class EnginePool:
             self._run("id", lambda eng: eng.id)
         return self._version or "unknown"
 
-    def pids(self) -> list[int]:
-        """Process ids of the running engines (for fault tests and monitoring)."""
-        with self._lock:
-            engines = [e for e in self._engines if isinstance(e, chess.engine.SimpleEngine)]
-        out = []
-        for e in engines:
-            with contextlib.suppress(Exception):
-                out.append(e.transport.get_pid())
-        return out
-
-    def _board(self, position: chess.Board | str) -> chess.Board:
+    @staticmethod
+    def _board(position: chess.Board | str) -> chess.Board:
         board = chess.Board(position) if isinstance(position, str) else position.copy(stack=False)
         if not board.is_valid():
             raise ValueError(f"cannot analyse an invalid position {board.fen()!r} (status {board.status()!r}); "
@@ -480,50 +538,51 @@ class EnginePool:
         roots = tuple(sorted(root_moves)) if root_moves else None
         fen = board.fen(en_passant="fen")
         key = (fen, limit_key(limit), multipv, roots)
-        if self.cache is not None:
-            hit = self.cache.get(key)
-            if hit is not None:
-                return hit
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is not None:
+            return hit
         if not any(board.legal_moves):
             result = Analysis(fen, (), limit_key(limit), 0)
         else:
             root_objs = [chess.Move.from_uci(m) for m in roots] if roots else None
             if root_objs and not all(board.is_legal(m) for m in root_objs):
                 raise ValueError(f"root_moves {roots} are not all legal in {fen!r}")
-
-            def search(eng):
-                game = object() if self.settings.fresh_search else None
-                return eng.analyse(board, limit, multipv=multipv, game=game, root_moves=root_objs)
-
-            infos = self._run("analyse", search)
+            infos = self._run("analyse", lambda eng: self._search(eng, board, limit, multipv, root_objs))
             result = _to_analysis(fen, board.turn, infos, limit_key(limit))
         if self.cache is not None:
             self.cache.put(key, result)
         return result
 
+    def map(self, fn: Callable, items: Iterable, *, progress: bool = False, desc: str = "", unit: str = "item",
+            on_result: Callable[[int, object], None] | None = None) -> list:
+        """[fn(item) for item in items] on one thread per engine, in input order; `on_result(index,
+        result)` is called (in the calling thread) as each completes. Ctrl-C (or an exception from
+        on_result) kills this pool's engines at once, so that nothing waits for a running search;
+        later calls start fresh engines."""
+        items = list(items)
+        results: list = [None] * len(items)
+        try:
+            for i, result in threaded(fn, items, self.size, progress, desc, unit):
+                results[i] = result
+                if on_result is not None:
+                    on_result(i, result)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SystemExit: the user wants out now
+                self.interrupt()
+            raise
+        return results
+
     def analyse_many(self, positions: Iterable[chess.Board | str], *, multipv: int | None = None,
                      limit: chess.engine.Limit | None = None, progress: bool = False, desc: str = "analysing",
                      on_result: Callable[[int, Analysis], None] | None = None) -> list[Analysis]:
-        """Analyse many positions on all engines in parallel; results in input order.
-        `on_result(index, analysis)` is called (in the calling thread) as each one completes."""
-        positions = list(positions)
-        results: list[Analysis | None] = [None] * len(positions)
+        """Analyse many positions on all engines in parallel (:meth:`map`); results in input order."""
         analyse = functools.partial(self.analyse, multipv=multipv, limit=limit)
-        for i, result in threaded(analyse, positions, self.size, progress, desc, unit="pos"):
-            results[i] = result
-            if on_result is not None:
-                on_result(i, result)
-        return results  # type: ignore[return-value]
+        return self.map(analyse, positions, progress=progress, desc=desc, unit="pos", on_result=on_result)
 
     def play(self, position: chess.Board | str, limit: chess.engine.Limit) -> chess.Move:
         """The engine's move under `limit` (uncached; a fresh search when settings.fresh_search)."""
         board = self._board(position)
-
-        def go(eng):
-            game = object() if self.settings.fresh_search else None
-            return eng.play(board, limit, game=game)
-
-        result = self._run("play", go)
+        result = self._run("play", lambda eng: self._search(eng, board, limit))
         if result.move is None:
             raise EngineFailedError(f"Stockfish returned no move for {board.fen()!r}")
         return result.move
@@ -534,40 +593,37 @@ class EnginePool:
 
         The hash is cleared once, at the session's first search, instead of before every search:
         about 4x faster for short searches, and still reproducible, because nothing else touches
-        that engine in between. If the engine dies, :class:`EngineSessionLost` is raised and
-        the caller replays the sequence from its start on a fresh session.
+        that engine in between. If the engine dies or hangs, :class:`EngineSessionLost` is raised
+        and the caller replays the sequence from its start on a fresh session.
         """
-        eng = self._checkout()
+        eng = self._checkout(self._generation)
         sess = EngineSession(self, eng)
         try:
             yield sess
         except BaseException:
             self._discard(eng)
             raise
+        if sess.dead:
+            self._discard(eng)
         else:
-            if sess.dead:
-                self._discard(eng)
-            else:
-                self._checkin(eng)
+            self._checkin(eng)
+
+    def interrupt(self) -> None:
+        """Kill every engine now (running searches fail with EngineFailedError, without retries);
+        the pool stays open and starts fresh engines for later requests."""
+        with self._lock:
+            self._generation += 1
+        _kill_all(self._engines, self._lock, self._idle)
 
     def close(self) -> None:
-        """Kill every engine process and wait for it to be reaped. Idempotent."""
+        """Kill every engine process and wait for it to be reaped; refuse new work. Idempotent."""
         self._closed = True
-        with self._lock:
-            victims = [e for e in self._engines if isinstance(e, chess.engine.SimpleEngine)]
-            self._engines.clear()
-        while True:
-            try:
-                self._idle.get_nowait()
-            except queue.Empty:
-                break
-        for eng in victims:
-            _kill_engine(eng)
-        with _LIVE_LOCK:
-            _LIVE_POOLS.discard(self)
+        self._finalizer()  # runs _kill_all once (a garbage-collected pool runs it too)
+        _LIVE_POOLS.discard(self)
 
     @property
     def closed(self) -> bool:
+        """True after :meth:`close`."""
         return self._closed
 
     def __enter__(self) -> EnginePool:
@@ -578,7 +634,7 @@ class EnginePool:
 
     def __repr__(self) -> str:
         return f"EnginePool(size={self.size}, {self.settings.limit_key}, multipv={self.settings.multipv}, " \
-               f"running={len(self.pids())}, closed={self._closed})"
+               f"running={len(self._engines)}, closed={self._closed})"
 
 
 class EngineSession:
@@ -591,14 +647,15 @@ class EngineSession:
         self.dead = False
 
     def play(self, board: chess.Board, limit: chess.engine.Limit) -> chess.Move:
+        """The engine's move under `limit`, in this session's game (hash kept between moves)."""
         if self.dead:
             raise EngineSessionLost("session engine already lost")
         try:
-            result = self._eng.play(board, limit, game=self._game)
+            result = self.pool._search(self._eng, board, limit, game=self._game)
         except _RETRYABLE as exc:
             self.dead = True
             self.pool.restarts += 1
-            raise EngineSessionLost(f"Stockfish died during a session ({type(exc).__name__}: {exc})") from None
+            raise EngineSessionLost(f"Stockfish failed during a session ({type(exc).__name__}: {exc})") from None
         if result.move is None:
             raise EngineFailedError(f"Stockfish returned no move for {board.fen()!r}")
         return result.move
@@ -607,18 +664,13 @@ class EngineSession:
 def _to_analysis(fen: str, turn: chess.Color, infos, limit: str) -> Analysis:
     if isinstance(infos, dict):
         infos = [infos]
-    cands, depth = [], None
-    seen = set()
+    cands, depth, seen = [], None, set()
     for info in infos:
-        pv = info.get("pv")
-        score = info.get("score")
-        if not pv or score is None:
+        pv, score = info.get("pv"), info.get("score")
+        if not pv or score is None or pv[0].uci() in seen:
             continue
-        move = pv[0].uci()
-        if move in seen:
-            continue
-        seen.add(move)
-        cands.append(Candidate(move, Eval.from_score(score.pov(turn)), tuple(m.uci() for m in pv)))
+        seen.add(pv[0].uci())
+        cands.append(Candidate(pv[0].uci(), Eval.from_score(score.pov(turn))))
         d = info.get("depth")
         if d is not None:
             depth = d if depth is None else max(depth, d)
@@ -636,20 +688,11 @@ _POOLS_LOCK = threading.Lock()
 def get_pool(settings: EngineSettings | None = None, size: int | None = None) -> EnginePool:
     """A process-wide pool for these settings (created on first use, closed at exit)."""
     settings = settings or EngineSettings()
-    key = (settings, size)
     with _POOLS_LOCK:
-        pool = _POOLS.get(key)
+        pool = _POOLS.get((settings, size))
         if pool is None or pool.closed:
-            pool = EnginePool(settings, size)
-            _POOLS[key] = pool
+            pool = _POOLS[(settings, size)] = EnginePool(settings, size)
         return pool
-
-
-def shutdown() -> None:
-    """Close the process-wide pools (and every other live pool)."""
-    with _POOLS_LOCK:
-        _POOLS.clear()
-    close_all_engines()
 
 
 def engine_version(path: str | None = None) -> str:
@@ -659,9 +702,8 @@ def engine_version(path: str | None = None) -> str:
 
 
 __all__ = [
-    "DEFAULT_DEPTH", "INSTALL_HINT", "StockfishNotFoundError", "EngineFailedError", "EngineSessionLost",
-    "EngineSession", "find_stockfish",
-    "stockfish_available", "usable_cores", "EngineSettings", "limit_key", "parse_limit_key", "Candidate",
-    "Analysis", "AnalysisCache", "SHARED_CACHE", "EnginePool", "get_pool", "shutdown", "close_all_engines",
-    "engine_version",
+    "DEFAULT_DEPTH", "INSTALL_HINT", "TIMEOUT_FLOOR_S", "StockfishNotFoundError", "EngineFailedError",
+    "EngineSessionLost", "EngineSession", "find_stockfish", "stockfish_available", "usable_cores", "EngineSettings",
+    "limit_key", "parse_limit_key", "search_timeout", "Candidate", "Analysis", "AnalysisCache", "SHARED_CACHE",
+    "threaded", "EnginePool", "get_pool", "close_all_engines", "engine_version",
 ]

@@ -86,6 +86,13 @@ __all__ = ["needs_stockfish", "random_positions", "shipped", "mutate", "corrupt_
            "a_legal_position_with", "tasks"]
 
 
+def engine_pids(pool) -> list[int]:
+    """Process ids of a pool's running engines (for the fault tests)."""
+    with pool._lock:
+        engines = list(pool._engines)
+    return [e.transport.get_pid() for e in engines]
+
+
 def wait_gone(pids, timeout: float = 10.0) -> list[int]:
     """Wait until none of `pids` is a live (non-zombie) process; return those still alive."""
     deadline = time.monotonic() + timeout

@@ -1,4 +1,4 @@
-"""Shipped data: validity, splits, coverage, the label audit; the loader; resumable generation."""
+"""Shipped data: validity, splits, coverage, the label audit; the loader (data); resumable generation (datagen)."""
 
 import json
 import os
@@ -15,9 +15,9 @@ import chess.engine
 import pytest
 from helpers_chess import needs_stockfish, random_positions, shipped, wait_gone
 
-from rookworld_lib import data, tasks
+from rookworld_lib import data, datagen, tasks
 from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key
-from rookworld_lib.paths import DATA_DIR
+from rookworld_lib.paths import DATA_DIR, JsonlAppender, read_jsonl, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_no_position_crosses_splits_and_no_duplicates(ship):
         a_keys = [(tasks.position_key(r["fen"]), r["move"]) for r in ship[("A", split)]]
         assert len(a_keys) == len(set(a_keys)), f"duplicate A: sample in {split}"
         games = {r["game"] for task in ("P", "A") for r in ship[(task, split)]}
-        assert all(data.split_of_game(g) == split for g in games)
+        assert all(datagen.split_of_game(g) == split for g in games)
     train_keys = {k for k, s in owners.items() if s == "train"}
     assert not {tasks.position_key(r["fen"]) for r in ship["M1"]} & train_keys
 
@@ -250,16 +250,16 @@ def test_unreadable_and_non_utf8_files(tmp_path):
 def test_cli_validate_reports_file_and_line(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"task": "P"}\n')
-    assert data.cli(["--validate", str(path)]) == 1
+    assert datagen.cli(["--validate", str(path)]) == 1
     assert f"{path}:1: missing field" in capsys.readouterr().err
-    assert data.cli(["--validate", str(data.data_file("M1"))]) == 0
+    assert datagen.cli(["--validate", str(data.data_file("M1"))]) == 0
 
 
 def test_cli_help_and_bad_settings(capsys):
     with pytest.raises(SystemExit) as ex:
-        data.cli(["--help"])
+        datagen.cli(["--help"])
     assert ex.value.code == 0 and "rookworld datagen" in capsys.readouterr().out
-    assert data.cli(["--games", "0", "--out", "/nonexistent"]) == 2
+    assert datagen.cli(["--games", "0", "--out", "/nonexistent"]) == 2
     assert "DatagenConfig.games" in capsys.readouterr().err
 
 
@@ -269,7 +269,7 @@ def test_cli_help_and_bad_settings(capsys):
 ])
 def test_config_rejects_bad_values_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"DatagenConfig.{field}"):
-        data.DatagenConfig(**kwargs)
+        datagen.DatagenConfig(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_wrong_moves_are_never_legal_and_fit_the_format():
     rng = random.Random(3)
     kinds = Counter()
     for board in random_positions(150, seed=4):
-        text = data.wrong_move(board, rng)
+        text = datagen.wrong_move(board, rng)
         assert text and "+" not in text and not any(c.isspace() for c in text)
         tr = tasks.environment_step(tasks.canonical_fen(board), text)
         assert tr.kind in ("illegal", "unparseable") and tr.truncated == 1
@@ -289,13 +289,34 @@ def test_wrong_moves_are_never_legal_and_fit_the_format():
 
 
 def test_game_plans_and_splits_are_seeded():
-    cfg = data.DatagenConfig(games=40, mate_games=5)
-    plans = [data.game_plan(i, cfg) for i in range(45)]
-    assert plans == [data.game_plan(i, cfg) for i in range(45)]
+    cfg = datagen.DatagenConfig(games=40, mate_games=5)
+    plans = [datagen.game_plan(i, cfg) for i in range(45)]
+    assert plans == [datagen.game_plan(i, cfg) for i in range(45)]
     assert {p["kind"] for p in plans[:40]} == set(data.GAME_KINDS)
     assert all(p.get("mate_only") for p in plans[40:])
-    assert [data.split_of_game(i) for i in (0, 7, 8, 9, 18, 19)] == ["train", "train", "val", "test", "val", "test"]
-    assert data.split_of_game(41, cfg) == "test"
+    assert [datagen.split_of_game(i) for i in (0, 7, 8, 9, 18, 19)] == ["train", "train", "val", "test", "val", "test"]
+    assert datagen.split_of_game(41, cfg) == "test"
+
+
+def test_json_lines_survive_a_torn_tail_and_name_bad_lines(tmp_path):
+    path = tmp_path / "work.jsonl"
+    with JsonlAppender(path) as app:
+        app.write({"a": 1})
+        app.write({"a": 2})
+    with open(path, "ab") as fh:
+        fh.write(b'{"a": 3')  # a kill mid-write
+    assert [v for _, v, _ in read_jsonl(path, torn_tail=True)] == [{"a": 1}, {"a": 2}]
+    assert list(read_jsonl(path))[-1][2].startswith("invalid JSON")
+    with JsonlAppender(path) as app:  # the torn line is cut before anything is appended
+        app.write({"a": 4})
+    assert path.read_text().splitlines() == ['{"a":1}', '{"a":2}', '{"a":4}']
+    assert datagen._read_work(path) == [{"a": 1}, {"a": 2}, {"a": 4}]
+    path.write_text('{"a":1}\n{broken\n{"a":2}\n')
+    with pytest.raises(data.DataFormatError, match=f"corrupt work file: {path}:2: invalid JSON.*--fresh"):
+        datagen._read_work(path)
+    with pytest.raises(ValueError):  # strict JSON: NaN is refused, and nothing is left behind
+        write_jsonl(tmp_path / "x.jsonl", [{"a": 1}, {"x": float("nan")}])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work.jsonl"]
 
 
 TINY = dict(games=10, mate_games=3, depth=4, max_plies=60, workers=2)
@@ -308,7 +329,7 @@ def _files(d: Path) -> dict:
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ref")
-    report = data.generate(data.DatagenConfig(out_dir=str(out), **TINY), progress=False)
+    report = datagen.generate(datagen.DatagenConfig(out_dir=str(out), **TINY), progress=False)
     return out, report
 
 
@@ -317,18 +338,30 @@ def reference_run(tmp_path_factory):
 def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run, tmp_path):
     ref_dir, ref = reference_run
     assert ref.positions_labelled > 20 and not (ref_dir / ".datagen-work").exists()
-    cfg = data.DatagenConfig(out_dir=str(tmp_path), **TINY)
+    cfg = datagen.DatagenConfig(out_dir=str(tmp_path), **TINY)
     with pytest.raises(KeyboardInterrupt):
-        data.generate(cfg, progress=False, _stop_after_labels=12)
+        datagen.generate(cfg, progress=False, _stop_after_labels=12)
     work = tmp_path / ".datagen-work"
     done = len((work / "labels.jsonl").read_text().splitlines())
     assert done >= 12 and not list(tmp_path.glob("*.jsonl"))
-    report = data.generate(cfg, progress=False)
+    report = datagen.generate(cfg, progress=False)
     assert report.games_reused == TINY["games"] + TINY["mate_games"] and report.games_played == 0
     assert report.labels_reused == done and report.positions_labelled == ref.positions_labelled - done
     assert _files(tmp_path) == _files(ref_dir)  # byte-identical to the uninterrupted run
     for f in tmp_path.glob("*.jsonl"):
         data.load_jsonl(f)
+
+
+def start_until_labelled(args: list[str], labels: Path, n: int, **popen) -> subprocess.Popen:
+    """Start `rookworld datagen` (in its own session) and return once `labels` holds `n` lines."""
+    proc = subprocess.Popen(args, start_new_session=True, **popen)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if labels.exists() and len(labels.read_bytes().splitlines()) >= n:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "generation finished before it could be stopped"
+    return proc
 
 
 @pytest.mark.fault
@@ -341,13 +374,7 @@ def test_sigkilled_generation_resumes(reference_run, tmp_path):
             "--mate-games", str(TINY["mate_games"]), "--depth", str(TINY["depth"]),
             "--max-plies", str(TINY["max_plies"]), "--workers", "2"]
     labels = tmp_path / ".datagen-work" / "labels.jsonl"
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if labels.exists() and len(labels.read_bytes().splitlines()) >= 5:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "generation finished before it could be killed"
+    proc = start_until_labelled(args, labels, 5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                                 text=True).stdout.split()]
     os.kill(proc.pid, signal.SIGKILL)
@@ -365,13 +392,17 @@ def test_sigkilled_generation_resumes(reference_run, tmp_path):
 @needs_stockfish
 def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     tinier = {**TINY, "games": 3, "mate_games": 1}
-    cfg = data.DatagenConfig(out_dir=str(tmp_path), **tinier)
+    cfg = datagen.DatagenConfig(out_dir=str(tmp_path), **tinier)
     with pytest.raises(KeyboardInterrupt):
-        data.generate(cfg, progress=False, _stop_after_labels=1)
-    other = data.DatagenConfig(out_dir=str(tmp_path), **{**tinier, "depth": 3})
-    with pytest.raises(data.WorkDirMismatch, match="depth: 4 -> 3"):
-        data.generate(other, progress=False)
-    data.generate(other, progress=False, fresh=True)
+        datagen.generate(cfg, progress=False, _stop_after_labels=1)
+    other = datagen.DatagenConfig(out_dir=str(tmp_path), **{**tinier, "depth": 3})
+    with pytest.raises(datagen.WorkDirMismatch, match="depth: 4 -> 3"):
+        datagen.generate(other, progress=False)
+    stale = tmp_path / "policy_val.jsonl"  # 3 games are all train: this run has no val records
+    stale.write_text(json.dumps(shipped("P", "val")[0]) + "\n")
+    report = datagen.generate(other, progress=False, fresh=True)
+    assert not stale.exists() and "policy_val.jsonl" not in report.counts  # no empty file, no stale one
+    assert report.counts == {p.name: len(data.load_jsonl(p)) for p in tmp_path.glob("*.jsonl")}
     assert {r["limit"] for r in data.load_split("P", "train", tmp_path)} == {"depth=3"}
     summary = data.summarize(tmp_path)
     n = len(data.load_split("P", "train", tmp_path))

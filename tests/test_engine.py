@@ -10,7 +10,7 @@ import time
 
 import chess
 import pytest
-from helpers_chess import needs_stockfish, random_positions, wait_gone
+from helpers_chess import engine_pids, needs_stockfish, random_positions, wait_gone
 
 from rookworld_lib import engine
 from rookworld_lib.engine import EnginePool, EngineSettings
@@ -157,7 +157,7 @@ def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
 
     def on_result(i, analysis):
         if len(killed) < 3 and i % 5 == 2:  # kill engines several times while others are busy
-            for pid in pool.pids()[:1]:
+            for pid in engine_pids(pool)[:1]:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
 
@@ -165,7 +165,7 @@ def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
     assert killed and pool.restarts >= 1
     assert all(r is not None and r.candidates for r in results)
     assert results[:6] == expected  # retried results are the real ones
-    seen = pool.pids() + killed
+    seen = engine_pids(pool) + killed
     pool.close()
     assert wait_gone(seen, timeout=10) == []
 
@@ -173,7 +173,7 @@ def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
 def test_close_is_idempotent_and_refuses_new_work():
     pool = EnginePool(EngineSettings(depth=1), size=1, cache=False)
     pool.analyse(chess.STARTING_FEN)
-    pids = pool.pids()
+    pids = engine_pids(pool)
     pool.close()
     pool.close()
     assert wait_gone(pids) == []
@@ -194,7 +194,7 @@ def test_concurrent_callers_share_the_pool_safely():
             t.start()
         for t in threads:
             t.join()
-        assert len(pool.pids()) <= 2
+        assert len(engine_pids(pool)) <= 2
         assert sum(len(v) for v in out.values()) == len(fens)
 
 
@@ -214,7 +214,7 @@ def test_session_reproducible_and_recovers(monkeypatch):
         assert game() == game()
         with pytest.raises(engine.EngineSessionLost):
             with pool.session() as s:
-                os.kill(pool.pids()[0], signal.SIGKILL)
+                os.kill(engine_pids(pool)[0], signal.SIGKILL)
                 time.sleep(0.2)
                 s.play(board, chess.engine.Limit(nodes=64))
         assert game() == game()  # a fresh engine replaces the dead one
@@ -222,13 +222,14 @@ def test_session_reproducible_and_recovers(monkeypatch):
 
 SCRIPT = textwrap.dedent("""
     import chess
+    from helpers_chess import engine_pids
     from rookworld_lib import engine, rewards, tasks
     fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
     prompt = tasks.policy_prompt(fen)
     for best in ("f1b5", "b1c3", "a2a3", "e1e2", "h1h5"):
         completion = f" M: {best} E: 0.3 B: {best}"
         print(round(rewards.score_policy(prompt, completion), 4))
-    print("PIDS", *engine.get_pool().pids(), flush=True)
+    print("PIDS", *engine_pids(engine.get_pool()), flush=True)
     # no close(), no shutdown(): the process must still exit by itself
 """)
 

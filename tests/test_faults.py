@@ -38,11 +38,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_chess import needs_stockfish
+from helpers_chess import engine_pids, needs_stockfish
 from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
                          sigkill, start_sft_child, tiny_cfg, wait_for)
 
 from rookworld_lib import checkpoint as ck
+from rookworld_lib.cli import main
 from rookworld_lib import data, engine, grpo, rewards
 from rookworld_lib import train_grpo as tg
 from rookworld_lib import train_sft as sft
@@ -256,11 +257,11 @@ class EngineKiller(threading.Thread):
         self.armed.wait()
         while not self.stop.is_set() and len(self.killed) < self.limit:
             if self.now.is_set():
-                for pid in self.pool.pids()[:1]:
+                for pid in engine_pids(self.pool)[:1]:
                     self._kill(pid, "idle")
                 self.now.clear()
                 self.done_now.set()
-            for pid in self.pool.pids():
+            for pid in engine_pids(self.pool):
                 if _state(pid) == "R" and len(self.killed) < self.limit:
                     self._kill(pid, "searching")
             time.sleep(0.0005)
@@ -339,6 +340,117 @@ def test_engine_killed_mid_grpo_step_every_reward_arrives():
             assert want.truth_source == "engine"
     assert len({round(x, 4) for x in batch.rewards.tolist()}) > 2  # rewards that mean something
     print("engines killed:", killer.killed, "restarts:", pool.restarts - restarts)
+
+
+# =====================================================================================
+# A broken Stockfish: exits at once, speaks garbage, never answers `go`
+# =====================================================================================
+
+FAKE_ENGINES = {
+    "exits at once": "sys.exit(3)",
+    "prints garbage": "for line in sys.stdin:\n    print('?? no comprendo ??', flush=True)",
+    "never answers go": """
+OPTIONS = ("Threads", "Hash", "MultiPV")
+for line in sys.stdin:
+    cmd = line.split()[0] if line.split() else ""
+    if cmd == "uci":
+        print("id name FakeHang", *(f"option name {o} type spin default 1 min 1 max 1024" for o in OPTIONS),
+              "uciok", sep="\\n", flush=True)
+    elif cmd == "isready":
+        print("readyok", flush=True)
+    elif cmd == "go" and os.environ.get("FAKE_ENGINE_MARKER"):
+        open(os.path.join(os.environ["FAKE_ENGINE_MARKER"], str(os.getpid())), "w").close()
+    elif cmd == "quit":
+        break""",
+}
+
+
+def fake_engine(tmp_path: Path, kind: str) -> str:
+    """An executable that stands in for Stockfish and fails the way `kind` says."""
+    path = tmp_path / ("fake-stockfish-" + kind.replace(" ", "-"))
+    path.write_text(f"#!{sys.executable}\nimport os, sys\n{FAKE_ENGINES[kind]}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def unlisted_move_answer():
+    """A P: record and an answer whose B: is a legal move outside the candidates: its reward needs
+    the engine even with the record as truth (the real engine scores it about 0.86)."""
+    import chess
+
+    rec = next(r for r in data.load_split("P", "val") if r["n_legal"] > 5)
+    other = sorted(m.uci() for m in chess.Board(rec["fen"]).legal_moves if m.uci() not in rec["moves"])[0]
+    return rec, rec["completion"].rsplit("B:", 1)[0] + f"B: {other}"
+
+
+@pytest.mark.parametrize("kind", list(FAKE_ENGINES))
+def test_a_broken_engine_raises_engine_failed_in_the_reward_never_a_score(tmp_path, monkeypatch, kind,
+                                                                          unlisted_move_answer):
+    monkeypatch.setenv("STOCKFISH_PATH", fake_engine(tmp_path, kind))
+    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 1.0)  # engine start and search limits: 1 s + the budget
+    rewards.clear_cache(analyses=True)  # nothing may come from an earlier, healthy engine
+    rec, answer = unlisted_move_answer
+    pool = engine.get_pool()  # what engine="auto" uses: the default settings, 3 retries
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(engine.EngineFailedError, match="Stockfish failed"):
+            rewards.score_policy(rec["prompt"], answer, truth=rec)
+        assert time.monotonic() - t0 < 30
+        if kind == "never answers go":
+            assert pool.restarts >= 1  # retried on fresh engines first
+            with pytest.raises(engine.EngineFailedError):  # the batch path too (engines in parallel)
+                rewards.score_batch([rec["prompt"]], [answer], [rec])
+        # the policy reward with the record as truth and an answer among the candidates needs no engine
+        assert rewards.score_policy(rec["prompt"], rec["completion"], truth=rec) == 1.0
+    finally:
+        pool.close()
+        rewards.clear_cache(analyses=True)
+    assert engine_pids(pool) == []
+
+
+DATAGEN_ARGS = ["--games", "2", "--mate-games", "0", "--random-share", "0", "--workers", "2", "--no-progress"]
+
+
+def test_datagen_with_a_broken_engine_ends_in_one_line_within_seconds(tmp_path):
+    jobs = [f"from rookworld_lib import engine\nengine.TIMEOUT_FLOOR_S = 1.0\nfrom rookworld_lib.cli import main\n"
+            f"raise SystemExit(main({['datagen', '--out', str(tmp_path / k.split()[0]), '--stockfish', fake_engine(tmp_path, k), *DATAGEN_ARGS]!r}))"
+            for k in FAKE_ENGINES]
+    t0 = time.monotonic()
+    results = run_driver(jobs, child_env())
+    assert time.monotonic() - t0 < 120  # before: "never answers go" hung datagen forever
+    for result in results:
+        assert result["rc"] == 1, result
+        assert_one_clear_message(result, "rookworld datagen", "Stockfish failed", "EngineFailedError")
+
+
+def test_ctrl_c_ends_datagen_at_once_even_with_a_hung_engine(tmp_path):
+    """SIGINT while both engines hang in a search: the process exits within seconds (130), with
+    no second Ctrl-C, and takes the engines with it (it used to restart them, then hang at exit)."""
+    from helpers_chess import wait_gone
+
+    marker = tmp_path / "searching"
+    marker.mkdir()
+    cmd = [sys.executable, "-m", "rookworld_lib.cli", "datagen", "--out", str(tmp_path / "d"), "--stockfish",
+           fake_engine(tmp_path, "never answers go"), *DATAGEN_ARGS]
+    proc = subprocess.Popen(cmd, env=child_env(FAKE_ENGINE_MARKER=str(marker)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(os.listdir(marker)) < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    engines = [int(p) for p in os.listdir(marker)]
+    assert len(engines) == 2 and proc.poll() is None, proc.communicate()[1][-2000:]
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=engine.TIMEOUT_FLOOR_S - 2)  # well before any search timeout
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"datagen still running {engine.TIMEOUT_FLOOR_S - 2:.0f} s after Ctrl-C: {proc.communicate()[1][-2000:]}")
+    print(f"exited {time.monotonic() - t0:.1f} s after SIGINT with {proc.returncode}")
+    assert proc.returncode in (130, 1), err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err, err[-2000:]
+    assert wait_gone(engines, timeout=5) == []
 
 
 # =====================================================================================
@@ -634,7 +746,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
             "--val-fraction", "0", "--deterministic", "--device", "cpu", "--no-progress", "--no-export-hf"]
     run = tmp_path / "run"
     disk_full_on(monkeypatch, call=2)  # the checkpoint at step 4
-    assert sft.cli([*args, "--out-dir", str(run)]) == 1
+    assert main(["sft", *args, "--out-dir", str(run)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rookworld sft: error: could not save checkpoint")
     assert "step_00000004.pt: No space left on device" in err[0]

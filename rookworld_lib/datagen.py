@@ -1,0 +1,605 @@
+"""Data generation (``rookworld datagen``, :func:`generate`): Stockfish-labelled ``P:``/``A:``
+samples and the mate-in-one set, written as the record files that :mod:`rookworld_lib.data` loads.
+The data card (``data/README.md``) describes the recipe with the shipped set's numbers.
+
+1. *Games* (:func:`game_plan`, :func:`play_game`), each seeded from (seed, game index): random
+   moves, a random opening then engine self-play, or self-play with a node budget and a share of
+   random moves per colour; ``mate_games`` extra held-out games (strong against weak) feed only
+   the mate-in-one set.
+2. *Splits by game* (:func:`split_of_game`); a position belongs to the split of the first game
+   that reaches it, so no position is in two splits, and duplicates within a split are dropped.
+3. *Samples* (:func:`select_samples`): shares of each game's positions (``P:``) and moves
+   (``A:``), rare features (castling, en passant, promotion, endings) kept more often; ``A:``
+   siblings with a wrong move (:func:`wrong_move`); every mate-in-one position of val/test games.
+4. *Labels*: multipv Stockfish analysis of every ``P:`` position (one thread, cleared hash, a
+   depth or node limit: reproducible, so ``data.audit_policy_labels`` re-derives it), on
+   ``workers`` engines; ``A:`` labels replay the move with python-chess.
+
+Every finished game and label is appended to a work directory; an interrupted run (Ctrl-C, a kill,
+a failed engine) started again with the same settings reuses them and does only what is missing.
+The record files are written atomically at the end; a file that would hold no record (a split
+too small to get any) is not written, and an older file of that name is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import chess
+import chess.engine
+
+from . import tasks
+from .data import MATE_FILE, SPLITS, TASK_FILES, DataFormatError, json_lines, mating_moves, move_tags, position_tags
+from .paths import DATA_DIR, JsonlAppender, atomic_write, write_jsonl
+
+log = logging.getLogger(__name__)
+
+SELFPLAY_NODES = (1, 8, 32, 128, 512, 2048)
+SELFPLAY_NOISE = (0.0, 0.05, 0.15, 0.3)
+RANDOM_PLIES_FACTOR = 3  # random games may run to 3 x max_plies
+RANDOM_POLICY_WEIGHT = 0.25  # random-game positions are odd: sample fewer of them as P:
+RANDOM_ENV_WEIGHT = 0.5  # ... and as A:
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class DatagenConfig:
+    """Settings of one data-generation run. Bad values fail at construction, naming the field."""
+
+    out_dir: str = _opt(str(DATA_DIR), "output directory")
+    seed: int = _opt(20261122, "seeds every game and every sampling decision")
+    games: int = _opt(320, "games to play (split 8:1:1 into train/val/test by game)")
+    depth: int | None = _opt(8, "Stockfish depth of the P: labels (None: use nodes)")
+    nodes: int | None = _opt(None, "Stockfish node budget of the P: labels instead of a depth")
+    multipv: int = _opt(5, "candidate moves per P: label")
+    workers: int = _opt(2, "Stockfish processes (and threads) in parallel")
+    policy_rate: float = _opt(0.12, "share of a game's positions sampled as P: (x3 for special positions)")
+    env_rate: float = _opt(0.12, "share of a game's moves sampled as A: (the last move always)")
+    illegal_rate: float = _opt(0.12, "per A: sample, chance of an extra illegal/unparseable move there")
+    random_share: float = _opt(0.15, "share of random-move games")
+    opening_share: float = _opt(0.3, "share of random-opening games (the rest are engine self-play)")
+    max_plies: int = _opt(300, "half-move cap per game")
+    mate_games: int = _opt(160, "extra held-out games (strong vs weak side) that feed only the mate-in-one set")
+    work_dir: str | None = _opt(None, "resumable state (default: <out>/.datagen-work)")
+    keep_work: bool = _opt(False, "keep the work directory after a successful run")
+    stockfish: str | None = _opt(None, "Stockfish binary (default: STOCKFISH_PATH, PATH, /usr/games/stockfish)")
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ValueError(f"DatagenConfig.{name} {why}, got {getattr(self, name)!r}")
+
+        def is_int(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if self.depth is None and self.nodes is None:
+            raise ValueError("DatagenConfig: set depth or nodes (the P: labels need a reproducible limit)")
+        ints = {"seed": (None, None), "games": (1, None), "mate_games": (0, None), "multipv": (1, tasks.MAX_CANDIDATES),
+                "workers": (1, 256), "max_plies": (1, 2000), "depth": (1, 40), "nodes": (1, None)}
+        for name, (lo, hi) in ints.items():
+            v = getattr(self, name)
+            if v is None and name in ("depth", "nodes"):
+                continue
+            if not is_int(v) or lo is not None and v < lo or hi is not None and v > hi:
+                bad(name, "must be an int" + (f" in {lo}..{hi}" if hi else f" >= {lo}" if lo is not None else ""))
+        for name in ("policy_rate", "env_rate", "illegal_rate", "random_share", "opening_share"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                bad(name, "must be a number in [0, 1]")
+        if self.random_share + self.opening_share > 1.0 + 1e-12:
+            raise ValueError("DatagenConfig: random_share + opening_share must be <= 1")
+
+    def content_key(self) -> dict:
+        """The settings that decide the output (not where it goes or how many workers)."""
+        skip = {"out_dir", "work_dir", "workers", "keep_work", "stockfish"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+    def work_path(self) -> Path:
+        """Where the resumable state of this run lives."""
+        return Path(self.work_dir) if self.work_dir else Path(self.out_dir) / ".datagen-work"
+
+
+def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
+    """test for i % 10 == 9, val for i % 10 == 8, train otherwise; the mate games are test."""
+    if cfg is not None and index >= cfg.games:
+        return "test"
+    r = index % 10
+    return "test" if r == 9 else "val" if r == 8 else "train"
+
+
+# --------------------------------------------------------------------------------------------
+# Games
+# --------------------------------------------------------------------------------------------
+
+def game_plan(index: int, cfg: DatagenConfig) -> dict:
+    """The seeded recipe of game `index`: its kind and engine strength/noise per colour."""
+    rng = random.Random(f"{cfg.seed}:plan:{index}")
+    if index >= cfg.games:  # a mate game: a strong side against a weak, noisy one
+        strong = rng.choice((0, 1))
+        nodes, noise = [0, 0], [0.0, 0.0]
+        nodes[strong], noise[strong] = rng.choice((128, 512, 2048)), 0.0
+        nodes[1 - strong], noise[1 - strong] = rng.choice((1, 8)), rng.choice((0.15, 0.3))
+        return {"kind": "selfplay", "random_plies": 0, "nodes": nodes, "noise": noise, "mate_only": True}
+    u = rng.random()
+    kind = "random" if u < cfg.random_share else "opening" if u < cfg.random_share + cfg.opening_share else "selfplay"
+    plan = {"kind": kind}
+    if kind == "opening":
+        nodes = rng.choice(SELFPLAY_NODES[2:])
+        plan.update(random_plies=rng.randint(2, 16), nodes=[nodes, nodes], noise=[0.03, 0.03])
+    elif kind == "selfplay":
+        plan.update(random_plies=0, nodes=[rng.choice(SELFPLAY_NODES), rng.choice(SELFPLAY_NODES)],
+                    noise=[rng.choice(SELFPLAY_NOISE), rng.choice(SELFPLAY_NOISE)])
+    return plan
+
+
+def play_game(index: int, cfg: DatagenConfig, pool) -> dict:
+    """Play game `index`: deterministic given the seed, since each game holds one engine for its
+    whole length (hash cleared at its start) and is replayed from the start if that engine dies."""
+    from .engine import EngineFailedError, EngineSessionLost
+
+    plan = game_plan(index, cfg)
+    if plan["kind"] == "random":
+        return _play(index, cfg, plan, None)
+    for _ in range(4):
+        try:
+            with pool.session() as session:
+                return _play(index, cfg, plan, session)
+        except EngineSessionLost as exc:
+            log.warning("game %d: %s; replaying it on a fresh engine", index, exc)
+    raise EngineFailedError(f"game {index}: Stockfish kept dying")
+
+
+def _play(index: int, cfg: DatagenConfig, plan: dict, session) -> dict:
+    rng = random.Random(f"{cfg.seed}:moves:{index}")
+    board = chess.Board()
+    moves: list[str] = []
+    # random games run on to an automatic ending (insufficient material, 75-move rule,
+    # stalemate, mate): the source of the rare terminal transitions; engine games stop at a
+    # claimable draw
+    claim = plan["kind"] != "random"
+    cap = cfg.max_plies if claim else RANDOM_PLIES_FACTOR * cfg.max_plies
+    while len(moves) < cap and board.outcome(claim_draw=claim) is None:
+        side = 0 if board.turn == chess.WHITE else 1
+        if plan["kind"] == "random" or len(moves) < plan["random_plies"] or rng.random() < plan["noise"][side]:
+            move = rng.choice(list(board.legal_moves))
+        else:
+            move = session.play(board, chess.engine.Limit(nodes=plan["nodes"][side]))
+        board.push(move)
+        moves.append(move.uci())
+    outcome = board.outcome(claim_draw=claim)
+    return {"game": index, **plan, "moves": moves,
+            "termination": outcome.termination.name.lower() if outcome else "max_plies",
+            "result": outcome.result() if outcome else "*"}
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------------------------
+
+_WORDS = ("resign", "draw", "none", "pass", "move", "e4", "?", "--")
+
+
+def wrong_move(board: chess.Board, rng: random.Random) -> str:
+    """A seeded illegal (well-formed UCI) or unparseable move text for `board` (no '+', no spaces)."""
+    legal = list(board.legal_moves)
+    own = [sq for sq in chess.SQUARES if board.color_at(sq) == board.turn]
+
+    def pseudo_illegal():
+        bad = [m for m in board.pseudo_legal_moves if not board.is_legal(m)]
+        return rng.choice(bad).uci() if bad else None
+
+    def opponent_piece():
+        b = board.copy(stack=False)
+        b.turn = not b.turn
+        ms = list(b.pseudo_legal_moves)
+        return rng.choice(ms).uci() if ms else None
+
+    def own_piece_wrong_square():
+        for _ in range(20):
+            frm, to = rng.choice(own), rng.choice(chess.SQUARES)
+            m = chess.Move(frm, to)
+            if frm != to and not board.is_legal(m):
+                return m.uci()
+        return None
+
+    def castle_without_right():
+        options = ["e1g1", "e1c1"] if board.turn == chess.WHITE else ["e8g8", "e8c8"]
+        options = [o for o in options if not board.is_legal(chess.Move.from_uci(o))]
+        return rng.choice(options) if options else None
+
+    def promotion_without_piece():
+        promos = [m for m in legal if m.promotion]
+        return rng.choice(promos).uci()[:4] if promos else None
+
+    def off_board():
+        f = rng.choice("abcdefgh")
+        return rng.choice([f"{f}9{f}7", f"{f}0{f}2", f"i{rng.randint(1, 8)}h{rng.randint(1, 8)}", f"{f}2{f}"])
+
+    def null_move():
+        return "0000"
+
+    def san():  # the position has legal moves: a move was played from it
+        return board.san(rng.choice(legal)).rstrip("+#")
+
+    def truncated():
+        return rng.choice(legal).uci()[: rng.choice((2, 3))]
+
+    def word():
+        return rng.choice(_WORDS)
+
+    # illegal moves (well-formed UCI) and unparseable texts; a maker returns None where it cannot apply
+    makers = [pseudo_illegal, opponent_piece, own_piece_wrong_square, castle_without_right,
+              promotion_without_piece, null_move, san, off_board, truncated, word]
+    weights = [4, 2, 3, 1, 2, 1, 3, 1, 1, 1]
+    for _ in range(50):
+        text = rng.choices(makers, weights)[0]()
+        if text and "+" not in text and not any(c.isspace() for c in text):
+            if tasks.environment_step(tasks.canonical_fen(board), text).kind != "legal":
+                return text
+    return "0000"
+
+
+@dataclass
+class _Selection:
+    policy: list = field(default_factory=list)  # dicts without labels
+    env: list = field(default_factory=list)
+    mate: list = field(default_factory=list)
+
+
+def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False) -> _Selection:
+    """Deterministic sample selection from the games (in game order), with the split ownership
+    and dedupe rules of the module docstring."""
+    sel = _Selection()
+    owner: dict[str, str] = {}
+    seen_p: set[str] = set()
+    seen_a: set[tuple[str, str]] = set()
+    seen_m: set[str] = set()
+    it: Iterable = sorted(games, key=lambda g: g["game"])
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="sampling", unit="game", total=len(games))
+    for g in it:
+        split = split_of_game(g["game"], cfg)
+        mate_only = bool(g.get("mate_only"))
+        rng = random.Random(f"{cfg.seed}:sample:{g['game']}")
+        board = chess.Board()
+        history: list[str] = []
+        n = len(g["moves"])
+        base = {"split": split, "game": g["game"], "source": g["kind"]}
+        for ply, uci in enumerate(g["moves"]):
+            fen = tasks.canonical_fen(board)
+            key = tasks.position_key(fen)
+            move = chess.Move.from_uci(uci)
+            mine = owner.setdefault(key, split) == split
+            u_p, u_a, u_x = rng.random(), rng.random(), rng.random()
+            if mine and not mate_only:
+                ptags = position_tags(board)
+                rate = cfg.policy_rate * (3 if ptags else 1) * (RANDOM_POLICY_WEIGHT if g["kind"] == "random" else 1)
+                if {"en_passant", "promotion"} & set(ptags):
+                    rate = 1.0  # rare: keep them all
+                if u_p < rate and key not in seen_p:
+                    seen_p.add(key)
+                    sel.policy.append({**base, "ply": ply, "fen": fen, "tags": ptags,
+                                       "n_legal": board.legal_moves.count()})
+                mtags = move_tags(board, move)
+                rare = bool({"en_passant", "promotion"} & set(mtags))
+                env_rate = cfg.env_rate * (3 if "castling" in mtags else 1) * (RANDOM_ENV_WEIGHT if g["kind"] == "random" else 1)
+                take = u_a < env_rate or rare or ply == n - 1
+                if take and (key, uci) not in seen_a:
+                    seen_a.add((key, uci))
+                    sel.env.append({**base, "ply": ply, "fen": fen, "move": uci,
+                                    "previous": history[-(tasks.HISTORY_LEN - 1):], "tags": mtags})
+                    if u_x < cfg.illegal_rate:
+                        text = wrong_move(board, rng)
+                        if (key, text) not in seen_a:
+                            seen_a.add((key, text))
+                            sel.env.append({**base, "ply": ply, "fen": fen, "move": text, "wrong": True,
+                                            "previous": history[-(tasks.HISTORY_LEN - 1):], "tags": []})
+            if mine and split != "train" and key not in seen_m:
+                mates = mating_moves(board)
+                if mates:
+                    seen_m.add(key)
+                    sel.mate.append({**base, "ply": ply, "fen": fen, "mating_moves": mates})
+            board.push(move)
+            history.append(uci)
+    return sel
+
+
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+def policy_record(s: dict, label: dict, engine_name: str) -> dict:
+    """The P: record of a selected position `s` and its Stockfish label (moves, eval texts, limit)."""
+    moves, evals = label["moves"], label["evals"]
+    tags = list(s["tags"]) + (["mate"] if tasks.parse_eval(evals[0]).mate is not None else [])
+    prompt, completion = tasks.policy_text(s["fen"], moves, evals, moves[0])
+    return {"id": f"P-{s['game']:05d}-{s['ply']:03d}", "task": "P", "split": s["split"], "game": s["game"],
+            "ply": s["ply"], "source": s["source"], "fen": s["fen"], "moves": moves, "evals": evals,
+            "best": moves[0], "n_legal": s["n_legal"], "tags": tags, "engine": engine_name,
+            "limit": label["limit"], "prompt": prompt, "completion": completion}
+
+
+def env_record(s: dict, suffix: str = "") -> dict:
+    """The A: record of a selected move, labelled by python-chess's replay."""
+    tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
+    return {"id": f"A-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": "A", "split": s["split"], "game": s["game"],
+            "ply": s["ply"], "source": s["source"], "fen": tr.fen, "move": tr.move, "history": list(tr.history),
+            "new_fen": tr.new_fen, "reward": tr.reward, "terminated": tr.terminated, "truncated": tr.truncated,
+            "kind": tr.kind, "termination": tr.termination, "tags": s["tags"], "prompt": tr.prompt,
+            "completion": tr.completion}
+
+
+def mate_record(s: dict) -> dict:
+    """The M1 record of a selected mate-in-one position."""
+    return {"id": f"M1-{s['game']:05d}-{s['ply']:03d}", "task": "M1", "split": s["split"], "game": s["game"],
+            "ply": s["ply"], "source": s["source"], "fen": s["fen"], "mating_moves": s["mating_moves"],
+            "prompt": tasks.policy_prompt(s["fen"])}
+
+
+# --------------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------------
+
+class WorkDirMismatch(RuntimeError):
+    """The work directory belongs to a run with other settings."""
+
+
+@dataclass
+class DatagenReport:
+    """What a run produced and how long each stage took."""
+
+    counts: dict  # file name -> records, for the files written
+    games_played: int  # games played in this invocation (the rest were reused)
+    games_reused: int
+    positions_labelled: int  # analyses run in this invocation
+    labels_reused: int
+    seconds: dict  # stage -> wall seconds
+    engine: str
+
+    @property
+    def label_positions_per_s(self) -> float:
+        """Positions labelled per second in this invocation (NaN when none were)."""
+        s = self.seconds.get("label", 0.0)
+        return self.positions_labelled / s if s > 0 else float("nan")
+
+
+def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False,
+             _stop_after_labels: int | None = None) -> DatagenReport:
+    """Run (or resume) data generation; write the JSONL files into cfg.out_dir.
+
+    Engine failures (EngineFailedError, chess.engine.EngineError, TimeoutError) and Ctrl-C
+    propagate; what was finished stays in the work directory for the next run to reuse.
+    `_stop_after_labels` is for tests: raise KeyboardInterrupt after that many new labels, as
+    if the user had pressed Ctrl-C.
+    """
+    from .engine import EnginePool, EngineSettings
+
+    work = cfg.work_path()
+    settings = EngineSettings(depth=cfg.depth, nodes=cfg.nodes, multipv=cfg.multipv, path=cfg.stockfish)
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter
+    with EnginePool(settings, size=cfg.workers, cache=False) as pool:  # finds Stockfish first: no stray dirs
+        engine_name = pool.version
+        _open_work_dir(work, {"config": cfg.content_key(), "engine": engine_name}, fresh)
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        t = clock()
+        games, played = _play_games(cfg, pool, work / "games.jsonl", progress)
+        seconds["games"], t = clock() - t, clock()
+        sel = select_samples(games, cfg, progress=progress)  # cheap and deterministic: never stored
+        seconds["select"], t = clock() - t, clock()
+        fens = list(dict.fromkeys(s["fen"] for s in sel.policy))
+        labels, labelled = _label(fens, pool, work / "labels.jsonl", progress, _stop_after_labels)
+        seconds["label"], t = clock() - t, clock()
+        counts = _write_outputs(Path(cfg.out_dir), sel, labels, engine_name)
+        seconds["write"] = clock() - t
+    if not cfg.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    return DatagenReport(counts=counts, games_played=played, games_reused=len(games) - played,
+                         positions_labelled=labelled, labels_reused=len(labels) - labelled, seconds=seconds,
+                         engine=engine_name)
+
+
+def _open_work_dir(work: Path, state: dict, fresh: bool) -> None:
+    """Create the work directory, or check that the one there is of a run with the same settings
+    (its games and labels are only valid for those)."""
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "config.json"
+    if not path.exists():
+        atomic_write(path, lambda f: f.write(json.dumps(state, indent=1).encode()))
+        return
+    try:
+        old = json.loads(path.read_text())
+    except ValueError:
+        raise DataFormatError(f"corrupt work file: {path}; delete {work} or rerun with --fresh") from None
+    a, b = {**old.get("config", {}), "engine": old.get("engine")}, {**state["config"], "engine": state["engine"]}
+    diffs = [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diffs:
+        raise WorkDirMismatch(f"{work} holds an interrupted run with other settings ({'; '.join(diffs)}); "
+                              "rerun with those settings to resume it, or pass --fresh to discard it")
+
+
+def _read_work(path: Path) -> list[dict]:
+    """The finished items of a work file; a torn last line (a kill mid-write) is left out, and redone."""
+    if not path.exists():
+        return []
+    try:
+        return [item for _, item in json_lines(path, torn_tail=True)]
+    except DataFormatError as exc:
+        raise DataFormatError(f"corrupt work file: {exc}; delete {path.parent} or rerun with --fresh") from None
+
+
+def _play_games(cfg: DatagenConfig, pool, path: Path, progress: bool) -> tuple[list[dict], int]:
+    """Every game in index order (those in the work file reused), and how many were played now."""
+    from .engine import threaded
+
+    games = {g["game"]: g for g in _read_work(path)}
+    todo = [i for i in range(cfg.games + cfg.mate_games) if i not in games]
+    if todo:
+        with JsonlAppender(path, sync_every=8) as app:  # a game is slow to replay: sync often
+            for _, g in threaded(lambda i: play_game(i, cfg, pool), todo, cfg.workers, progress, "games", unit="game"):
+                app.write(g)
+                games[g["game"]] = g
+    return [games[i] for i in sorted(games)], len(todo)
+
+
+def _label(fens: list[str], pool, path: Path, progress: bool, stop_after: int | None) -> tuple[dict, int]:
+    """Stockfish labels by FEN (those in the work file reused), and how many were analysed now."""
+    labels = {rec["fen"]: rec for rec in _read_work(path)}
+    todo = [f for f in fens if f not in labels]
+    done = 0
+    if todo:
+        with JsonlAppender(path) as app:
+            def on_result(i, analysis):
+                nonlocal done
+                rec = {"fen": todo[i], "limit": analysis.limit, "depth": analysis.depth,
+                       "moves": list(analysis.moves), "evals": [tasks.format_eval(e) for e in analysis.evals]}
+                app.write(rec)
+                labels[todo[i]] = rec
+                done += 1
+                if stop_after is not None and done >= stop_after:
+                    raise KeyboardInterrupt("test interruption")
+
+            pool.analyse_many(todo, progress=progress, desc="labelling", on_result=on_result)
+    return labels, done
+
+
+def _write_outputs(out: Path, sel: _Selection, labels: dict, engine_name: str) -> dict:
+    """Write the record files; return {file name: records} of those written."""
+    by_file: dict[str, list[dict]] = {}
+    for s in sel.policy:
+        if labels[s["fen"]]["moves"]:  # a position without legal moves has no label
+            by_file.setdefault(TASK_FILES["P"].format(split=s["split"]), []).append(
+                policy_record(s, labels[s["fen"]], engine_name))
+    wrong_count: Counter = Counter()
+    for s in sel.env:
+        suffix = ""
+        if s.get("wrong"):  # siblings at one position are numbered: A-<game>-<ply>-x<k>
+            wrong_count[(s["game"], s["ply"])] += 1
+            suffix = f"-x{wrong_count[(s['game'], s['ply'])]}"
+        by_file.setdefault(TASK_FILES["A"].format(split=s["split"]), []).append(env_record(s, suffix))
+    by_file[MATE_FILE] = [mate_record(s) for s in sel.mate]
+    counts = {}
+    for name in [TASK_FILES[t].format(split=s) for s in SPLITS for t in ("P", "A")] + [MATE_FILE]:
+        if by_file.get(name):
+            counts[name] = write_jsonl(out / name, by_file[name])
+        else:  # an empty file is an error to every reader; an older one would mix two runs
+            (out / name).unlink(missing_ok=True)
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+_FLAGS = {"out_dir": "--out"}  # the other options are the field names, dashed
+_TYPES = {"int": int, "int | None": int, "float": float, "str": str, "str | None": str}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`rookworld datagen`'s options: one per DatagenConfig field, plus the modes."""
+    p = argparse.ArgumentParser(
+        prog="rookworld datagen",
+        description="Generate Stockfish-labelled P:/A: samples and the mate-in-one set as JSON lines "
+                    "(resumable: rerun the same command after an interruption), or validate/summarise files.")
+    depth_or_nodes = p.add_mutually_exclusive_group()
+    for f in dataclasses.fields(DatagenConfig):
+        flag, help = _FLAGS.get(f.name, "--" + f.name.replace("_", "-")), f.metadata["help"]
+        if f.type == "bool":
+            p.add_argument(flag, dest=f.name, action="store_true", help=help)
+            continue
+        # depth/nodes: default None, so that giving one clears the other; workers: None = usable cores
+        default = None if f.name in ("depth", "nodes", "workers") else f.default
+        where = depth_or_nodes if f.name in ("depth", "nodes") else p
+        shown = "the usable cores" if f.name == "workers" else f.default
+        where.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=default,
+                           help=help + (f" (default: {shown})" if shown is not None else ""))
+    p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--validate", nargs="*", metavar="FILE", default=None,
+                   help="validate data files (default: every data file in --out) and exit")
+    p.add_argument("--summary", action="store_true", help="print the data card tables of --out and exit")
+    return p
+
+
+def _validate_files(files: list[Path], out: str) -> int:
+    from .data import load_jsonl
+
+    if not files:
+        print(f"rookworld datagen: error: no data files (*.jsonl) in {out}", file=sys.stderr)
+        return 1
+    bad = 0
+    for f in files:
+        try:
+            print(f"{f}: {len(load_jsonl(f))} records OK")
+        except DataFormatError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            bad += 1
+    return 1 if bad else 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`rookworld datagen`: 0 on success; 1 for bad data files, a failed engine or an I/O error;
+    2 for bad settings or a missing Stockfish; 130 after Ctrl-C. Errors are one line on stderr."""
+    from .data import render_card_tables, summarize
+    from .engine import EngineFailedError, StockfishNotFoundError, usable_cores
+
+    args = build_parser().parse_args(argv)
+    if args.validate is not None:
+        return _validate_files([Path(f) for f in args.validate] or sorted(Path(args.out_dir).glob("*.jsonl")),
+                               args.out_dir)
+    try:
+        if args.summary:
+            print(render_card_tables(summarize(args.out_dir)))
+            return 0
+        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DatagenConfig)}
+        if fields["depth"] is None and fields["nodes"] is None:
+            fields["depth"] = DatagenConfig.depth
+        cfg = DatagenConfig(**{**fields, "workers": args.workers or usable_cores()})
+    except (ValueError, OSError) as exc:  # DataFormatError of --summary included
+        print(f"rookworld datagen: {exc}", file=sys.stderr)
+        return 1 if args.summary else 2
+    resume = f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"
+    try:
+        report = generate(cfg, progress=not args.no_progress, fresh=args.fresh)
+    except (StockfishNotFoundError, WorkDirMismatch, DataFormatError) as exc:
+        print(f"rookworld datagen: {exc}", file=sys.stderr)
+        return 2
+    except (EngineFailedError, chess.engine.EngineError, TimeoutError) as exc:
+        print(f"rookworld datagen: error: Stockfish failed ({type(exc).__name__}: {exc}); {resume}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"rookworld datagen: error: {exc}; {resume}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\nrookworld datagen: interrupted; {resume}", file=sys.stderr)
+        return 130
+    rate = report.label_positions_per_s
+    print(json.dumps({**dataclasses.asdict(report), "seconds": {k: round(v, 2) for k, v in report.seconds.items()},
+                      "label_positions_per_s": round(rate, 2) if math.isfinite(rate) else None,  # strict JSON
+                      "workers": cfg.workers,
+                      "config": cfg.content_key()}, indent=1))
+    return 0
+

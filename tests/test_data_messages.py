@@ -1,0 +1,218 @@
+"""Faults a user can cause on the data side end in one line naming what and where, never a traceback:
+empty and non-UTF-8 data files, a broken engine or Ctrl-C during `rookworld datagen` (whose finished
+work survives for the next run)."""
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import chess.engine
+import pytest
+from helpers_chess import needs_stockfish, shipped
+from test_data import start_until_labelled
+
+from rookworld_lib import convert, data, datagen, engine
+from rookworld_lib.cli import main
+
+pytestmark = pytest.mark.fault
+
+
+def one_line(err: str, prog: str, *needles: str) -> str:
+    """The single `prog:` line of `err` (no traceback), holding every needle."""
+    assert "Traceback" not in err, err[-2000:]
+    lines = [x for x in err.splitlines() if x.startswith(f"{prog}:")]
+    assert len(lines) == 1, err[-2000:]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    """`rookworld <argv>` in this process: (exit status, stderr)."""
+    rc = main(list(argv))
+    return rc, capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# Empty and non-UTF-8 files
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"], ids=["empty", "blank lines"])
+def test_an_empty_data_file_is_an_error_naming_it(tmp_path, capsys, content):
+    path = tmp_path / "policy_val.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(data.DataFormatError, match=f"^{path}: no records"):
+        data.load_jsonl(path)
+    with pytest.raises(data.DataFormatError, match=f"^{path}: no records"):
+        data.load_jsonl(path, on_error="skip")
+    rc, err = run_cli(capsys, "datagen", "--validate", str(path))
+    assert rc == 1 and "records OK" not in err
+    assert f"{path}: no records" in err and "Traceback" not in err
+    rc, err = run_cli(capsys, "datagen", "--out", str(tmp_path), "--validate")  # every file of --out
+    assert rc == 1 and f"{path}: no records" in err
+    rc, err = run_cli(capsys, "datagen", "--out", str(tmp_path), "--summary")
+    assert rc == 1
+    one_line(err, "rookworld datagen", f"{path}: no records")
+
+
+def test_validate_without_files_is_an_error(tmp_path, capsys):
+    rc, err = run_cli(capsys, "datagen", "--out", str(tmp_path), "--validate")
+    assert rc == 1
+    one_line(err, "rookworld datagen", "no data files", str(tmp_path))
+
+
+def test_grpo_names_an_empty_policy_file(tmp_path, capsys):
+    import torch
+
+    from rookworld_lib.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(tmp_path / "hf")
+    (tmp_path / "policy_train.jsonl").write_text("")
+    (tmp_path / "env_train.jsonl").write_text(json.dumps(shipped("A", "val")[0]) + "\n")
+    rc, err = run_cli(capsys, "grpo", "--init-from", str(tmp_path / "hf"), "--data-dir", str(tmp_path),
+                      "--out-dir", str(tmp_path / "grpo"), "--steps", "1", "--no-progress", "--device", "cpu")
+    assert rc == 1
+    one_line(err, "rookworld grpo", f"{tmp_path / 'policy_train.jsonl'}: no records")
+
+
+def _text_file_with_a_latin1_line(tmp_path):
+    path = tmp_path / "texts.jsonl"
+    good = json.dumps({"text": shipped("P", "val")[0]["prompt"]}).encode()
+    path.write_bytes(good + b"\n" + b'{"text": "P: caf\xe9"}\n' + good + b"\n")
+    return path
+
+
+def test_a_non_utf8_line_of_a_text_file_is_named_by_file_and_line(tmp_path):
+    path = _text_file_with_a_latin1_line(tmp_path)
+    with pytest.raises(data.DataFormatError, match=f"^{path}:2: not UTF-8"):
+        list(data.json_lines(path))
+    skipped = data.load_jsonl(path, on_error="skip").skipped  # text lines are not records, but line 2 is not UTF-8
+    assert str(skipped[1]).startswith(f"{path}:2: not UTF-8")
+    report = convert.convert([path], tmp_path / "out")
+    assert [e for e in report.first_errors if e.startswith(f"{path}:2: ")] == [f"{path}:2: not UTF-8 (invalid "
+                                                                                f"continuation byte at byte 16)"]
+    with pytest.raises(data.DataFormatError, match="cannot read"):
+        list(data.json_lines(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.xfail(strict=True, reason="train_sft.load_texts reads {'text'} lines itself; it should read them "
+                                       "with data.json_lines (then this passes: drop the mark)")
+def test_sft_names_the_non_utf8_line_of_a_text_file(tmp_path, capsys):
+    path = _text_file_with_a_latin1_line(tmp_path)
+    rc, err = run_cli(capsys, "sft", "--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",
+                      "--out-dir", str(tmp_path / "sft"), "--no-progress", "--device", "cpu")
+    assert rc == 1
+    one_line(err, "rookworld sft", f"{path}:2: not UTF-8")
+
+
+# --------------------------------------------------------------------------------------------
+# A broken engine, Ctrl-C
+# --------------------------------------------------------------------------------------------
+
+DATAGEN = ["datagen", "--no-progress", "--games", "3", "--mate-games", "1", "--depth", "4", "--max-plies", "40",
+           "--workers", "2"]
+
+
+@pytest.mark.parametrize("exc", [
+    engine.EngineFailedError("Stockfish failed on every attempt during analyse: EngineTerminatedError: gone"),
+    chess.engine.EngineTerminatedError("engine process died unexpectedly (exit code: -9)"),
+    TimeoutError("no answer in 30 s"),
+], ids=lambda e: type(e).__name__)
+def test_an_engine_failure_ends_datagen_in_one_line(tmp_path, capsys, monkeypatch, exc):
+    def broken(cfg, **kw):
+        raise exc
+
+    monkeypatch.setattr(datagen, "generate", broken)
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
+    assert rc == 1
+    one_line(err, "rookworld datagen", "Stockfish failed", type(exc).__name__, str(exc),
+             str(tmp_path / ".datagen-work"), "run the same command again")
+
+
+def test_ctrl_c_ends_datagen_with_130_in_one_line(tmp_path, capsys, monkeypatch):
+    def interrupted(cfg, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(datagen, "generate", interrupted)
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
+    assert rc == 130
+    one_line(err, "rookworld datagen", "interrupted", "run the same command again")
+
+
+FAKE_ENGINE = """\
+#!{python}
+# A UCI engine that starts and handshakes normally, then dies at its first search.
+import sys
+for line in sys.stdin:
+    cmd = line.split()[:1]
+    if cmd == ["uci"]:
+        print("id name Fake 1\\noption name Threads type spin default 1 min 1 max 64\\n"
+              "option name Hash type spin default 16 min 1 max 1024\\nuciok", flush=True)
+    elif cmd == ["isready"]:
+        print("readyok", flush=True)
+    elif cmd in (["go"], ["quit"]):
+        sys.exit(3)
+"""
+
+
+def test_an_engine_that_dies_at_its_first_search_ends_datagen_in_one_line(tmp_path):
+    fake = tmp_path / "fake-stockfish"
+    fake.write_text(FAKE_ENGINE.format(python=sys.executable))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rookworld_lib.cli", *DATAGEN, "--out", str(out), "--stockfish", str(fake),
+           "--random-share", "0", "--opening-share", "0"]  # every game needs the engine
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    one_line(proc.stderr, "rookworld datagen", "Stockfish failed", "EngineFailedError", str(out / ".datagen-work"))
+    assert (out / ".datagen-work" / "config.json").exists() and not list(out.glob("*.jsonl"))
+
+
+@needs_stockfish
+def test_an_engine_failure_mid_labelling_keeps_every_finished_label(tmp_path, monkeypatch, capsys):
+    real, calls = engine.EnginePool.analyse, []
+
+    def dies_after_five(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 5:
+            raise engine.EngineFailedError("Stockfish failed on every attempt during analyse: test")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.EnginePool, "analyse", dies_after_five)
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
+    assert rc == 1
+    one_line(err, "rookworld datagen", "Stockfish failed")
+    work = tmp_path / ".datagen-work"
+    kept = len((work / "labels.jsonl").read_text().splitlines())
+    assert kept >= 1 and (work / "games.jsonl").exists() and not list(tmp_path.glob("*.jsonl"))
+    monkeypatch.setattr(engine.EnginePool, "analyse", real)
+    assert main([*DATAGEN, "--out", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["games_played"] == 0 and summary["labels_reused"] == kept
+
+
+@needs_stockfish
+def test_sigint_during_datagen_exits_130_in_one_line_and_resumes(tmp_path):
+    cmd = [sys.executable, "-m", "rookworld_lib.cli", *DATAGEN, "--out", str(tmp_path)]
+    labels = tmp_path / ".datagen-work" / "labels.jsonl"
+    proc = start_until_labelled(cmd, labels, 3, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.kill(proc.pid, signal.SIGINT)  # as the user's Ctrl-C reaches datagen
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    one_line(err, "rookworld datagen", "interrupted", "run the same command again")
+    kept = len(labels.read_bytes().splitlines())
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    summary = json.loads(again.stdout)
+    assert summary["games_played"] == 0 and summary["labels_reused"] >= kept - 1  # at most a torn line redone
+
+
+def test_data_still_exports_the_generation_names():
+    assert data.generate is datagen.generate and data.DatagenConfig is datagen.DatagenConfig
+    assert data.cli is datagen.cli and data.WorkDirMismatch is datagen.WorkDirMismatch
+    with pytest.raises(AttributeError):
+        data.no_such_name  # noqa: B018
