@@ -41,17 +41,21 @@ GAME_KINDS = ("random", "opening", "selfplay")
 ORIGINAL_SOURCE = "original"  # records converted from the original RookWorld data (rookworld convert)
 ENV_KINDS = ("legal", "illegal", "unparseable")
 
+
+def _first_fields(task: str, ident: str, splits: str, fen: str) -> dict[str, tuple]:
+    """The fields every record kind starts with."""
+    return {"id": (str, f"unique: {ident}"), "task": (str, f'"{task}"'), "split": (str, splits),
+            "game": (int, "index of the source game (splits are by game)"),
+            "ply": (int, "half-moves played in that game before this position"),
+            "source": (str, "random | opening | selfplay (how the game was played) | original (rookworld convert)"),
+            "fen": (str, fen)}
+
+
 # Every field of each record kind: (its JSON type, what it holds). The loader checks records against
 # this table, so the documented and the validated fields cannot drift apart.
 SCHEMA: dict[str, dict[str, tuple]] = {
     "P": {
-        "id": (str, "unique: P-<game>-<ply>"),
-        "task": (str, '"P"'),
-        "split": (str, "train | val | test"),
-        "game": (int, "index of the source game (splits are by game)"),
-        "ply": (int, "half-moves played in that game before this position"),
-        "source": (str, "random | opening | selfplay (how the game was played) | original (rookworld convert)"),
-        "fen": (str, "the position (standard FEN)"),
+        **_first_fields("P", "P-<game>-<ply>", "train | val | test", "the position (standard FEN)"),
         "moves": (list, "1-5 UCI moves, Stockfish multipv order, best first for the side to move"),
         "evals": (list, "eval texts, one per move, side to move's view: pawns '0.35' or mates 'M3' / '-M2'"),
         "best": (str, "= moves[0], the best move for the side to move"),
@@ -61,16 +65,10 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "limit": (str, "search limit, e.g. 'depth=8' (one thread, hash cleared per search)"),
         "prompt": (str, "'P: <fen>' (compact layout)"),
         "completion": (str, "' M: ... E: ... B: <best>' (compact layout, without EOT)"),
-        "original_best": (str, "a converted original line's own B: (for black its worst listed move)"),
+        "original_best": (str, "optional: a converted original line's own B: (for black its worst listed move)"),
     },
     "A": {
-        "id": (str, "unique: A-<game>-<ply>[-x<k>]"),
-        "task": (str, '"A"'),
-        "split": (str, "train | val | test"),
-        "game": (int, "index of the source game"),
-        "ply": (int, "half-moves before this position"),
-        "source": (str, "random | opening | selfplay"),
-        "fen": (str, "position before the move"),
+        **_first_fields("A", "A-<game>-<ply>[-x<k>]", "train | val | test", "position before the move"),
         "move": (str, "the move as written (UCI for legal/illegal ones, anything without '+' or spaces otherwise)"),
         "history": (list, "up to 10 move strings, the current move last"),
         "new_fen": (str, "position after the move (= fen when the move is illegal or unparseable)"),
@@ -84,20 +82,12 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "completion": (str, "'<new_fen>+<reward>+<terminated>+<truncated>' (without EOT)"),
     },
     "M1": {
-        "id": (str, "unique: M1-<game>-<ply>"),
-        "task": (str, '"M1"'),
-        "split": (str, "val | test (mate-in-one positions come only from held-out games)"),
-        "game": (int, "index of the source game"),
-        "ply": (int, "half-moves before this position"),
-        "source": (str, "random | opening | selfplay"),
-        "fen": (str, "a position whose side to move can mate in one"),
+        **_first_fields("M1", "M1-<game>-<ply>", "val | test (mate-in-one positions come only from held-out games)",
+                        "a position whose side to move can mate in one"),
         "mating_moves": (list, "every UCI move that mates at once"),
         "prompt": (str, "'P: <fen>'"),
     },
 }
-
-
-
 OPTIONAL_FIELDS = {"original_best"}  # a converted original P: line's own B: label (see convert)
 
 
