@@ -16,20 +16,15 @@ Original lines (the generators of the public RookWorld repository, ``dev/data/``
 
 Conversion (:func:`convert_line`, :func:`convert`, ``rookworld convert``)
     Every line becomes one of our records (``data.SCHEMA``, ``source: "original"``) or an error
-    ``file:line: reason``; nothing is scored or kept silently:
-
-    - ``P:``: the candidates are re-ordered best first by their evals (the side to move's view), so
-      ``best`` is the best listed move; the line's own ``B:`` is kept as ``original_best``. The
-      engine and search limit are unknown (``engine``/``limit`` say so).
-    - ``A:``: the transition is replayed with python-chess (legality by ``board.is_legal``); the line
-      converts only when its next position (by :func:`tasks.same_position`), reward and flags agree.
-      Rows the original generator got wrong (an illegal move pushed, a position without a king, a
-      repetition ending that the position alone does not decide) are reported with the reason.
-
-    Conversion streams: one line at a time in, one record at a time out, in bounded chunks over
-    worker processes; memory does not grow with the input. Inputs: text files (one line each),
-    JSON lines (a ``text`` field), Parquet and Arrow files (a ``text`` column; needs pyarrow), as the
-    public data sets are published. Downloading them is the user's step.
+    ``file:line: reason``; nothing is scored or kept silently. ``P:`` candidates are re-ordered best
+    first by eval (the line's ``B:`` is kept as ``original_best``; engine and limit are unknown). An
+    ``A:`` row is replayed with python-chess (legality by ``board.is_legal``) and converts only when
+    the next position (:func:`tasks.same_position`), reward and flags agree; the rows the original
+    generator got wrong (an illegal move pushed, no king, a repetition ending the position alone
+    does not decide) are reported with the reason. Conversion streams in bounded chunks over worker
+    processes. Inputs: text files (one line each), JSON lines (a ``text`` field), Parquet and Arrow
+    files (a ``text`` column; needs pyarrow), as the public data sets are published; downloading
+    them is the user's step.
 """
 
 from __future__ import annotations
@@ -272,10 +267,12 @@ class ConvertReport:
 
     @property
     def errors(self) -> int:
+        """Lines that did not convert."""
         return sum(self.reasons.values())
 
     @property
     def lines_per_s(self) -> float:
+        """Conversion speed (NaN before any time has passed)."""
         return self.lines / self.seconds if self.seconds > 0 else float("nan")
 
     def as_dict(self) -> dict:

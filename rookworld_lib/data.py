@@ -153,10 +153,12 @@ class LoadedData(list):
 
     @property
     def records(self) -> list[dict]:
+        """The records themselves (this list), as a name that reads well at call sites."""
         return self
 
     @property
     def n_skipped(self) -> int:
+        """How many lines were skipped."""
         return len(self.skipped)
 
 

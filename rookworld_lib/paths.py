@@ -158,6 +158,7 @@ class JsonlAppender:
         self._n = 0
 
     def write(self, obj: Any) -> None:
+        """Append `obj` as one line."""
         line = json_line(obj)
         with self._lock:
             self._fh.write(line)
@@ -167,6 +168,7 @@ class JsonlAppender:
                 os.fsync(self._fh.fileno())
 
     def close(self) -> None:
+        """Flush, fsync and close (idempotent)."""
         with self._lock:
             if not self._fh.closed:
                 self._fh.flush()
