@@ -1,19 +1,22 @@
 """Verifiable rewards for the policy task ``P:`` and the environment task ``A:``.
 
-Both scorers take the prompt and the sampled completion, return a float in ``[-1, 1]`` and never
-raise because of what the completion (or the prompt) holds. The ``*_detailed`` variants return every
-component for logging and notebooks.
+Both scorers take the prompt and the sampled completion and return a float in ``[-1, 1]``; the
+``*_detailed`` variants return every component for logging and notebooks.
+
+What raises
+    Nothing about the prompt or the completion ever raises: any text, any type, scores. The set-up
+    does raise, since a reward silently computed without ground truth, or a crash scored as a bad
+    answer, would be worse than a stop: a truth for another position or of the wrong kind
+    (TruthError); no truth and engine=None (MissingTruthError); no truth and no Stockfish installed
+    (StockfishNotFoundError, naming the install commands); an engine that would not start, died or
+    hung on every retry (EngineFailedError). Never a silent constant.
 
 Ground truth
-    ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``, as ``data.load_split``
-    returns them), a :class:`PolicyTruth` / :class:`EnvTruth`, or an ``engine.Analysis``.
-    Without it, a truth registered with :func:`register_truth` for the prompt's position is used
-    (GRPO can register its prompt set once); otherwise the policy truth comes from live Stockfish
-    (multipv-5 at the default :class:`~rookworld_lib.engine.EngineSettings`, depth 8 like the
-    shipped data) and the environment truth from a python-chess replay of the prompt (exact, no
-    engine needed). A policy reward that has no truth and may not use the engine is an error of the
-    set-up, not a low score: StockfishNotFoundError (no engine installed) or MissingTruthError
-    (``engine=None``) - never a silent constant. So is a truth for another position (TruthError).
+    ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``), a :class:`PolicyTruth` /
+    :class:`EnvTruth`, or an ``engine.Analysis``. Without it, a truth registered with
+    :func:`register_truth` is used; otherwise the policy truth comes from live Stockfish (multipv-5
+    at the default :class:`~rookworld_lib.engine.EngineSettings`, depth 8 like the shipped data) and
+    the environment truth from a python-chess replay of the prompt (exact, no engine needed).
 
 Policy reward (``score_policy``), range [-1, 1]:
     ========================  ==============================================================
@@ -33,7 +36,7 @@ Policy reward (``score_policy``), range [-1, 1]:
       1000), so it is graded by centipawn loss and still separates mate in 1 from mate in 3
       (mates count as +-(100000 - n) cp). A legal move outside the truth's candidates is
       evaluated by Stockfish restricted to that move, at the truth's limit, and capped at the
-      last candidate's eval (multipv ranked it no better); with no engine at hand its eval is
+      last candidate's eval (multipv ranked it no better); with engine=None its eval is
       estimated as the last candidate's minus ``unlisted_margin_cp`` (``PolicyScore.estimated``);
     - ``moves_legal``: fraction of ``M:`` entries that are legal and distinct;
     - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
@@ -44,42 +47,47 @@ Environment reward (``score_environment``), range [-1, 1]:
     -1.0 when no field is well-formed (garbage); otherwise a weighted sum in [0, 1] of
     ``format`` (fraction of the four fields well-formed, and exactly four), ``fen_exact`` (the
     same position as the truth's by :func:`tasks.same_position`: either en-passant convention
-    counts), ``fen_fields`` (partial credit per FEN field, on both FENs in one convention: the
-    placement by matching squares, then side to move, castling, en passant, halfmove clock and
-    fullmove number), ``reward`` (equal to the truth's), ``terminated`` and ``truncated`` (each
-    equal to the truth's). Any FEN of another position scores strictly less than a correct one.
+    counts), ``fen_fields`` (:func:`fen_field_credit`), ``reward`` (equal to the truth's),
+    ``terminated`` and ``truncated`` (each equal to the truth's). Any FEN of another position
+    scores strictly less than a correct one.
 
 Rewards are deterministic: truths are exact (replay) or come from reproducible engine searches
 (one thread, cleared hash, depth limit), and results are memoised in an LRU cache keyed by
 (prompt, completion, truth, weights) - see :func:`cache_info`, :func:`clear_cache`.
+The ``trl_*`` functions at the end wrap the scorers as TRL reward functions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import chess
 
 from . import tasks
+from .engine import (SHARED_CACHE, Analysis, EngineFailedError, StockfishNotFoundError, find_stockfish, get_pool,
+                     parse_limit_key, stockfish_available)
 from .tasks import Eval
 
 log = logging.getLogger(__name__)
 
+
 class TruthError(ValueError):
-    """The ground truth handed to a scorer cannot be used: not a P: truth, or another position."""
+    """The ground truth handed to a scorer cannot be used: of the wrong kind, or another position."""
 
 
 class MissingTruthError(TruthError):
     """A policy reward was asked for a position with no ground truth while the engine was disabled."""
 
 
+# errors of the set-up, not of the text: they pass the scorers' safety net (see the module docstring)
+SETUP_ERRORS = (TruthError, StockfishNotFoundError, EngineFailedError)
 POLICY_RANGE = (-1.0, 1.0)
-ENV_RANGE = (-1.0, 1.0)
 GARBAGE = -1.0
 ILLEGAL_BASE = -0.5
 ILLEGAL_FORMAT_WEIGHT = 0.25
@@ -155,6 +163,7 @@ class PolicyTruth:
 
     @property
     def best(self) -> str | None:
+        """The engine's best move (UCI)."""
         return self.moves[0] if self.moves else None
 
 
@@ -168,27 +177,43 @@ class EnvTruth:
     truncated: int
 
 
+def _getter(obj):
+    return obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
+
+
 def policy_truth(obj) -> PolicyTruth:
     """A PolicyTruth from a P: record (dict or dataclass), an engine.Analysis or a PolicyTruth."""
     if isinstance(obj, PolicyTruth):
         return obj
-    from .engine import Analysis  # local: keep `import rewards` light
-
     if isinstance(obj, Analysis):
         return PolicyTruth(obj.fen, obj.moves, obj.evals, obj.limit)
-    get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
+    get = _getter(obj)
     evals = tuple(e if isinstance(e, Eval) else tasks.parse_eval(e) for e in get("evals"))
     if any(e is None for e in evals):
         raise ValueError(f"truth has an unparseable eval: {get('evals')}")
-    return PolicyTruth(get("fen"), tuple(get("moves")), evals, get("limit", None) or "depth=8")
+    fen, moves = get("fen"), tuple(get("moves"))
+    if not isinstance(fen, str) or not all(isinstance(m, str) for m in moves):
+        raise ValueError("the fen and the moves must be strings")
+    return PolicyTruth(fen, moves, evals, get("limit", None) or "depth=8")
 
 
 def env_truth(obj) -> EnvTruth:
     """An EnvTruth from an A: record (dict or dataclass), a tasks.EnvTransition or an EnvTruth."""
     if isinstance(obj, EnvTruth):
         return obj
-    get = obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
+    get = _getter(obj)
+    if not isinstance(get("new_fen"), str):
+        raise ValueError(f"new_fen must be a string, got {get('new_fen')!r}")
     return EnvTruth(get("new_fen"), float(get("reward")), int(get("terminated")), int(get("truncated")))
+
+
+def _as_truth(truth, convert, what: str):
+    if truth is None:
+        return None
+    try:
+        return convert(truth)
+    except Exception as exc:
+        raise TruthError(f"unusable {what} truth ({type(exc).__name__}: {exc})") from None
 
 
 _REGISTRY_LOCK = threading.Lock()
@@ -203,12 +228,11 @@ def register_truth(records: Iterable) -> int:
     n = 0
     with _REGISTRY_LOCK:
         for rec in records:
-            get = rec.get if isinstance(rec, Mapping) else (lambda k, d=None, r=rec: getattr(r, k, d))
-            task = get("task")
-            if task == "P":
+            get = _getter(rec)
+            if get("task") == "P":
                 t = policy_truth(rec)
                 _POLICY_TRUTH[_policy_key(t.fen)] = t
-            elif task == "A":
+            elif get("task") == "A":
                 _ENV_TRUTH[get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))] = env_truth(rec)
             else:
                 continue
@@ -223,6 +247,7 @@ def _policy_key(fen: str) -> str:
 
 
 def clear_truth() -> None:
+    """Forget every registered truth."""
     with _REGISTRY_LOCK:
         _POLICY_TRUTH.clear()
         _ENV_TRUTH.clear()
@@ -230,15 +255,21 @@ def clear_truth() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Results
+# Results and components
 # --------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class PolicyScore:
+class _Score:
+    total: float  # the reward
+    format: float = 0.0  # structure of the completion, in [0, 1]
+    truth_source: str = "none"  # given | registered | engine (P:) | replay (A:) | none
+    errors: tuple[str, ...] = ()  # what the parser found wrong
+
+
+@dataclass(frozen=True)
+class PolicyScore(_Score):
     """Every component of a policy reward (see the module docstring)."""
 
-    total: float
-    format: float = 0.0
     best_legal: float = 0.0
     best_quality: float = 0.0
     cp_loss: float | None = None  # centipawn loss of B: (None when B: is not a legal move)
@@ -246,35 +277,19 @@ class PolicyScore:
     moves_overlap: float = 0.0
     evals_accuracy: float = 0.0
     best_rank: int | None = None  # 1-based rank of B: among the truth's candidates, None if unlisted
-    truth_source: str = "none"  # given | registered | engine | none
     estimated: bool = False  # B:'s eval was estimated (no engine for a move outside the candidates)
-    errors: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
-class EnvScore:
+class EnvScore(_Score):
     """Every component of an environment reward (see the module docstring)."""
 
-    total: float
-    format: float = 0.0
     fen_exact: float = 0.0
     fen_fields: float = 0.0
     reward: float = 0.0
     terminated: float = 0.0
     truncated: float = 0.0
-    truth_source: str = "none"  # given | registered | replay | none
-    errors: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# --------------------------------------------------------------------------------------------
-# Policy scoring
-# --------------------------------------------------------------------------------------------
 
 def move_accuracy(win_drop: float) -> float:
     """Lichess's move accuracy in [0, 1] for a drop in win probability (0..1) caused by a move."""
@@ -305,207 +320,6 @@ def _format_score(parse: tasks.PolicyParse) -> float:
     return sum(checks) / len(checks)
 
 
-_ENGINE_SENTINEL = "auto"
-
-
-def _resolve_engine(engine):
-    """An EnginePool, or None when scoring must stay offline."""
-    if engine is None or engine is False:
-        return None
-    if engine == _ENGINE_SENTINEL:
-        from . import engine as eng_mod
-
-        if not eng_mod.stockfish_available():
-            return None
-        return eng_mod.get_pool()
-    return engine
-
-
-def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
-                   weights: PolicyWeights) -> tuple[Eval | None, bool]:
-    """(eval, estimated) of a legal move outside the truth's candidates."""
-    last = truth.evals[-1] if truth.evals else None
-    if pool is not None:
-        from .engine import parse_limit_key
-
-        try:
-            limit = parse_limit_key(truth.limit)
-        except ValueError:
-            limit = None
-        a = pool.analyse(board, multipv=1, limit=limit, root_moves=[move])
-        if a.candidates:
-            e = a.candidates[0].eval
-            if last is not None and e.to_cp() > last.to_cp():
-                e = last  # multipv ranked it below the last candidate: it is no better
-            return e, False
-    if last is None:
-        return None, True
-    if last.mate is not None:
-        return _mate_shift(last), True
-    return Eval(cp=max(-tasks.MATE_CP // 2, last.cp - weights.unlisted_margin_cp)), True
-
-
-def _mate_shift(e: Eval) -> Eval:
-    # one move slower to mate / one move sooner to be mated: strictly worse than `e`
-    if e.mate > 0:
-        return Eval(mate=e.mate + 1)
-    return Eval(mate=e.mate + 1) if e.mate < -1 else Eval(mate=-1)
-
-
-def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine) -> tuple[PolicyTruth | None, str, object]:
-    pool = _resolve_engine(engine)
-    if truth is not None:
-        fen = board.fen(en_passant="fen")
-        if not isinstance(truth.fen, str) or truth.fen.split(" ")[:3] != fen.split(" ")[:3]:
-            raise TruthError(f"the truth is for {truth.fen!r}, not for the prompt's position {fen!r}")
-        return truth, "given", pool
-    with _REGISTRY_LOCK:
-        t = _POLICY_TRUTH.get(_policy_key(board.fen()))
-    if t is not None:
-        return t, "registered", pool
-    if pool is None:
-        if engine is None or engine is False:
-            return None, "none", None
-        from .engine import find_stockfish
-
-        find_stockfish()  # raises StockfishNotFoundError naming the install commands
-    a = pool.analyse(board)
-    return PolicyTruth(a.fen, a.moves, a.evals, a.limit), "engine", pool
-
-
-def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="auto",
-                          weights: PolicyWeights | None = None, cache: bool = True) -> PolicyScore:
-    """Every component of the policy reward. `engine`: "auto" (the shared pool when Stockfish is
-    installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves).
-
-    Never raises because of the prompt or completion. It raises only for the set-up, where a
-    reward silently computed without ground truth would be worse than a stop: no truth (none given
-    or registered) and no Stockfish: StockfishNotFoundError naming the install commands; no truth
-    and engine=None: MissingTruthError; a truth for another position, or not a P: truth:
-    TruthError; an engine that keeps dying: EngineFailedError.
-    """
-    weights = weights or DEFAULT_POLICY_WEIGHTS
-    try:
-        t = policy_truth(truth) if truth is not None else None
-    except Exception as exc:
-        raise TruthError(f"unusable policy truth ({type(exc).__name__}: {exc}); pass a P: record, "
-                         "a PolicyTruth or an engine.Analysis") from None
-    if cache and isinstance(prompt, str) and isinstance(completion, str):
-        try:
-            return _cached_policy(prompt, completion, t, engine, weights, _REGISTRY_VERSION[0])
-        except TypeError as exc:  # an unhashable engine argument: score uncached
-            if "unhashable" not in str(exc):
-                raise
-    return _policy_uncached(prompt, completion, t, engine, weights)
-
-
-@functools.lru_cache(maxsize=200_000)
-def _cached_policy(prompt, completion, truth, engine, weights, registry_version) -> PolicyScore:
-    return _policy_uncached(prompt, completion, truth, engine, weights)
-
-
-def _policy_uncached(prompt, completion, truth, engine, weights) -> PolicyScore:
-    pp = tasks.parse_policy_prompt(prompt)
-    if not pp.ok:
-        return PolicyScore(total=GARBAGE, errors=tuple(f"prompt: {e}" for e in pp.errors))
-    board = chess.Board(pp.fen)
-    if not any(board.legal_moves):
-        return PolicyScore(total=GARBAGE, errors=("prompt: the position has no legal moves",))
-    truth_obj, source, pool = _policy_truth_for(board, truth, engine)
-    if truth_obj is None:
-        raise MissingTruthError(f"no ground truth for {pp.fen!r} and engine=None: pass truth=, call "
-                                "register_truth() with the data set, or allow the engine")
-    return _score_policy(board, completion, truth_obj, source, weights, pool)
-
-
-def _score_policy(board: chess.Board, completion, truth: PolicyTruth, source: str, weights: PolicyWeights,
-                  pool) -> PolicyScore:
-    from .engine import EngineFailedError, StockfishNotFoundError
-
-    try:
-        return _score_policy_inner(board, completion, truth, source, weights, pool)
-    except (EngineFailedError, StockfishNotFoundError, TruthError):
-        raise
-    except Exception as exc:  # pragma: no cover - safety net; the fuzz tests assert it never fires
-        log.error("internal error scoring a policy completion: %r", exc)
-        return PolicyScore(total=GARBAGE, truth_source=source, errors=(f"internal error: {type(exc).__name__}: {exc}",))
-
-
-def _score_policy_inner(board, completion, truth, source, weights, pool) -> PolicyScore:
-    parse = tasks.parse_policy_completion(completion)
-    if parse.sections == 0:
-        return PolicyScore(total=GARBAGE, truth_source=source, errors=parse.errors)
-    fmt = _format_score(parse)
-    best_move = tasks.legal_move(board, parse.best) if parse.best else None
-    # M: candidates
-    legal_m = []
-    for m in parse.moves:
-        if tasks.legal_move(board, m) is not None and m not in legal_m:
-            legal_m.append(m)
-    moves_legal = len(legal_m) / len(parse.moves) if parse.moves else 0.0
-    truth_set = set(truth.moves)
-    overlap = len(truth_set.intersection(legal_m)) / len(truth.moves) if truth.moves else 0.0
-    true_eval = dict(zip(truth.moves, truth.evals))
-    pred_eval = parse.eval_map
-    accs = [1.0 - abs(pred_eval[m].win_prob() - true_eval[m].win_prob())
-            for m in legal_m if m in true_eval and m in pred_eval]
-    evals_acc = sum(accs) / len(accs) if accs else 0.0
-    if best_move is None:
-        total = round(ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * fmt, 12)
-        why = "B: missing" if parse.best is None else "B: is not a legal move"
-        return PolicyScore(total=total, format=fmt, moves_legal=moves_legal, moves_overlap=overlap,
-                           evals_accuracy=evals_acc, truth_source=source, errors=parse.errors + (why,))
-    b = parse.best
-    estimated = False
-    if b in true_eval:
-        move_eval = true_eval[b]
-        rank = truth.moves.index(b) + 1
-    else:
-        rank = None
-        move_eval, estimated = _unlisted_eval(board, b, truth, pool, weights)
-    best_eval = truth.evals[0] if truth.evals else None
-    if best_eval is None or move_eval is None:
-        quality, loss = 0.0, None
-    else:
-        loss = float(max(0, best_eval.to_cp() - move_eval.to_cp()))
-        quality = quality_from_cp(best_eval.to_cp(), move_eval.to_cp())
-    total = _wsum((weights.best_quality, quality), (weights.format, fmt), (weights.moves_legal, moves_legal),
-                  (weights.moves_overlap, overlap), (weights.evals_accuracy, evals_acc))
-    return PolicyScore(total=min(1.0, max(0.0, total)), format=fmt, best_legal=1.0, best_quality=quality,
-                       cp_loss=loss, moves_legal=moves_legal, moves_overlap=overlap, evals_accuracy=evals_acc,
-                       best_rank=rank, truth_source=source, estimated=estimated, errors=parse.errors)
-
-
-def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
-                 weights: PolicyWeights | None = None, cache: bool = True) -> float:
-    """Policy reward in [-1, 1] (see the module docstring). Never raises because of the texts."""
-    try:
-        return _finite(score_policy_detailed(prompt, completion, truth=truth, engine=engine,
-                                             weights=weights, cache=cache).total)
-    except Exception as exc:
-        from .engine import EngineFailedError, StockfishNotFoundError
-
-        if isinstance(exc, (StockfishNotFoundError, EngineFailedError, TruthError)):
-            raise  # the set-up, not the text: a silent constant reward would be worse
-        log.error("internal error in score_policy: %r", exc)
-        return GARBAGE
-
-
-def _wsum(*pairs: tuple[float, float]) -> float:
-    """Weighted sum, rounded to 12 decimals so that a perfect answer scores exactly 1.0."""
-    return round(math.fsum(w * v for w, v in pairs), 12)
-
-
-def _finite(x: float) -> float:
-    if not isinstance(x, float) or not math.isfinite(x):
-        return GARBAGE
-    return min(1.0, max(-1.0, x))
-
-
-# --------------------------------------------------------------------------------------------
-# Environment scoring
-# --------------------------------------------------------------------------------------------
-
 def _expand_placement(placement: str) -> list[str]:
     """64 one-character squares (digits expanded to '.'); malformed ranks pad/cut to 8 with '?'."""
     ranks = placement.split("/")
@@ -523,15 +337,9 @@ def fen_field_credit(pred: str, truth: str) -> float:
     """Partial credit in [0, 1]: placement (0.5, by matching squares), then 0.1 each for side to
     move, castling, en passant, halfmove clock and fullmove number. Valid FENs are compared in one
     en-passant convention (:func:`tasks.normalized_fen`), so the spelling costs nothing."""
-    truth = tasks.normalized_fen(truth) or truth
-    pred = tasks.normalized_fen(pred) or pred
-    p = pred.split(" ")
-    t = truth.split(" ")
-    if not p or not t:
-        return 0.0
-    tp = _expand_placement(t[0])
-    pp = _expand_placement(p[0])
-    placement = sum(a == b for a, b in zip(pp, tp)) / 64
+    p = (tasks.normalized_fen(pred) or pred).split(" ")
+    t = (tasks.normalized_fen(truth) or truth).split(" ")
+    placement = sum(a == b for a, b in zip(_expand_placement(p[0]), _expand_placement(t[0]))) / 64
     if len(p[0].split("/")) != 8 or placement == 1.0 and p[0] != t[0]:
         placement = min(placement, 63 / 64)  # malformed or differently spelled: never full credit
     rest = sum(0.1 for k in range(1, 6) if k < len(p) and k < len(t) and p[k] == t[k])
@@ -540,90 +348,224 @@ def fen_field_credit(pred: str, truth: str) -> float:
     return 0.5 * placement + rest
 
 
-def _env_truth_for(prompt_parse: tasks.EnvPromptParse, prompt: str, truth) -> tuple[EnvTruth | None, str]:
+def _wsum(*pairs: tuple[float, float]) -> float:
+    """Weighted sum, rounded to 12 decimals so that a perfect answer scores exactly 1.0."""
+    return round(math.fsum(w * v for w, v in pairs), 12)
+
+
+# --------------------------------------------------------------------------------------------
+# Where the truth comes from
+# --------------------------------------------------------------------------------------------
+
+def _resolve_engine(engine):
+    """An EnginePool, or None when scoring stays offline ("auto" without Stockfish installed)."""
+    if engine is None or engine is False:
+        return None
+    if engine == "auto":
+        return get_pool() if stockfish_available() else None
+    return engine
+
+
+def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine, pool) -> tuple[PolicyTruth, str]:
+    if truth is not None:
+        fen = board.fen(en_passant="fen")
+        if not isinstance(truth.fen, str) or truth.fen.split(" ")[:3] != fen.split(" ")[:3]:
+            raise TruthError(f"the truth is for {truth.fen!r}, not for the prompt's position {fen!r}")
+        return truth, "given"
+    with _REGISTRY_LOCK:
+        t = _POLICY_TRUTH.get(_policy_key(board.fen()))
+    if t is not None:
+        return t, "registered"
+    if pool is None:
+        if engine is None or engine is False:
+            raise MissingTruthError(f"no ground truth for {board.fen()!r} and engine=None: pass truth=, call "
+                                    "register_truth() with the data set, or allow the engine")
+        find_stockfish()  # raises StockfishNotFoundError naming the install commands
+    return policy_truth(pool.analyse(board)), "engine"
+
+
+def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
+                   weights: PolicyWeights) -> tuple[Eval | None, bool]:
+    """(eval, estimated) of a legal move outside the truth's candidates."""
+    last = truth.evals[-1] if truth.evals else None
+    if pool is not None:
+        try:
+            limit = parse_limit_key(truth.limit)
+        except ValueError:
+            limit = None
+        a = pool.analyse(board, multipv=1, limit=limit, root_moves=[move])  # EngineFailedError propagates
+        if a.candidates:
+            e = a.candidates[0].eval
+            return (last if last is not None and e.to_cp() > last.to_cp() else e), False  # ranked below `last`
+    if last is None:
+        return None, True
+    if last.mate is not None:  # one move slower to mate / one sooner to be mated: strictly worse
+        return (Eval(mate=last.mate + 1) if last.mate > 0 or last.mate < -1 else Eval(mate=-1)), True
+    return Eval(cp=max(-tasks.MATE_CP // 2, last.cp - weights.unlisted_margin_cp)), True
+
+
+def _env_truth_for(pp: tasks.EnvPromptParse, prompt, truth: EnvTruth | None) -> tuple[EnvTruth | None, str]:
     if truth is not None:
         return truth, "given"
     with _REGISTRY_LOCK:
-        t = _ENV_TRUTH.get(prompt)
+        t = _ENV_TRUTH.get(prompt) if isinstance(prompt, str) else None
     if t is not None:
         return t, "registered"
-    if not prompt_parse.ok:
+    if not pp.ok:
         return None, "none"
     try:
-        tr = tasks.environment_step(prompt_parse.fen, prompt_parse.move, prompt_parse.history[:-1])
+        tr = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
     except ValueError:
         return None, "none"
     return EnvTruth(tr.new_fen, tr.reward, tr.terminated, tr.truncated), "replay"
 
 
-def score_environment_detailed(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
-                               cache: bool = True) -> EnvScore:
-    """Every component of the environment reward. Never raises."""
-    try:
-        weights = weights or DEFAULT_ENV_WEIGHTS
-        t = env_truth(truth) if truth is not None else None
-        if cache and isinstance(prompt, str) and isinstance(completion, str):
-            return _cached_env(prompt, completion, t, weights, _REGISTRY_VERSION[0])
-        return _env_uncached(prompt, completion, t, weights)
-    except Exception as exc:
-        log.error("internal error scoring an environment completion: %r", exc)
-        return EnvScore(total=GARBAGE, errors=(f"internal error: {type(exc).__name__}: {exc}",))
+# --------------------------------------------------------------------------------------------
+# Scoring: one safety net, one cache per task
+# --------------------------------------------------------------------------------------------
+
+def _never_raises(score_type):
+    """The scorers' one safety net. Set-up errors (SETUP_ERRORS) propagate; any other exception
+    is a bug in the scoring of some text: logged, and scored as garbage rather than stopping a
+    training run (the fuzz tests assert that it never fires)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def guarded(*args):
+            try:
+                return fn(*args)
+            except SETUP_ERRORS:
+                raise
+            except Exception as exc:
+                log.error("internal error in %s: %r", fn.__name__, exc)
+                return score_type(total=GARBAGE, errors=(f"internal error: {type(exc).__name__}: {exc}",))
+        return guarded
+    return wrap
 
 
 @functools.lru_cache(maxsize=200_000)
-def _cached_env(prompt, completion, truth, weights, registry_version) -> EnvScore:
-    return _env_uncached(prompt, completion, truth, weights)
+@_never_raises(PolicyScore)
+def _policy(prompt, completion, truth, engine, weights, registry_version) -> PolicyScore:
+    pp = tasks.parse_policy_prompt(prompt)
+    if not pp.ok:
+        return PolicyScore(total=GARBAGE, errors=tuple(f"prompt: {e}" for e in pp.errors))
+    board = chess.Board(pp.fen)
+    if not any(board.legal_moves):
+        return PolicyScore(total=GARBAGE, errors=("prompt: the position has no legal moves",))
+    pool = _resolve_engine(engine)
+    truth, source = _policy_truth_for(board, truth, engine, pool)
+    parse = tasks.parse_policy_completion(completion)
+    if parse.sections == 0:
+        return PolicyScore(total=GARBAGE, truth_source=source, errors=parse.errors)
+    fmt = _format_score(parse)
+    legal_m = list(dict.fromkeys(m for m in parse.moves if tasks.legal_move(board, m) is not None))
+    moves_legal = len(legal_m) / len(parse.moves) if parse.moves else 0.0
+    overlap = len(set(truth.moves).intersection(legal_m)) / len(truth.moves) if truth.moves else 0.0
+    true_eval, pred_eval = dict(zip(truth.moves, truth.evals)), parse.eval_map
+    accs = [1.0 - abs(pred_eval[m].win_prob() - true_eval[m].win_prob())
+            for m in legal_m if m in true_eval and m in pred_eval]
+    evals_acc = sum(accs) / len(accs) if accs else 0.0
+    parts = dict(format=fmt, moves_legal=moves_legal, moves_overlap=overlap, evals_accuracy=evals_acc,
+                 truth_source=source)
+    if parse.best is None or tasks.legal_move(board, parse.best) is None:
+        why = "B: missing" if parse.best is None else "B: is not a legal move"
+        return PolicyScore(total=round(ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * fmt, 12), errors=parse.errors + (why,),
+                           **parts)
+    rank = truth.moves.index(parse.best) + 1 if parse.best in true_eval else None
+    move_eval, estimated = (true_eval[parse.best], False) if rank else \
+        _unlisted_eval(board, parse.best, truth, pool, weights)
+    best_eval = truth.evals[0] if truth.evals else None
+    quality, loss = 0.0, None
+    if best_eval is not None and move_eval is not None:
+        loss = float(max(0, best_eval.to_cp() - move_eval.to_cp()))
+        quality = quality_from_cp(best_eval.to_cp(), move_eval.to_cp())
+    total = _wsum((weights.best_quality, quality), (weights.format, fmt), (weights.moves_legal, moves_legal),
+                  (weights.moves_overlap, overlap), (weights.evals_accuracy, evals_acc))
+    return PolicyScore(total=min(1.0, max(0.0, total)), best_legal=1.0, best_quality=quality, cp_loss=loss,
+                       best_rank=rank, estimated=estimated, errors=parse.errors, **parts)
 
 
-def _env_uncached(prompt, completion, truth, weights) -> EnvScore:
+@functools.lru_cache(maxsize=200_000)
+@_never_raises(EnvScore)
+def _env(prompt, completion, truth, weights, registry_version) -> EnvScore:
     pp = tasks.parse_env_prompt(prompt)
-    t, source = _env_truth_for(pp, prompt, truth)
-    if t is None:
+    truth, source = _env_truth_for(pp, prompt, truth)
+    if truth is None:
         return EnvScore(total=GARBAGE, errors=tuple(f"prompt: {e}" for e in pp.errors) or ("prompt: no truth",))
-    return _score_env(completion, t, source, weights)
-
-
-def _score_env(completion, t: EnvTruth, source: str, weights: EnvWeights) -> EnvScore:
     parse = tasks.parse_env_completion(completion)
     good = [parse.fen_valid, parse.reward is not None, parse.terminated is not None, parse.truncated is not None]
     if not any(good):
         return EnvScore(total=GARBAGE, truth_source=source, errors=parse.errors)
     fmt = (sum(good) + (parse.fields == 4)) / 5
-    pred_fen = parse.new_fen or ""
-    exact = float(tasks.same_position(pred_fen, t.new_fen))
-    partial = 1.0 if exact else fen_field_credit(pred_fen, t.new_fen)
-    rew = float(parse.reward is not None and abs(parse.reward - t.reward) < 1e-9)
-    term = float(parse.terminated == t.terminated)
-    trunc = float(parse.truncated == t.truncated)
+    exact = float(tasks.same_position(parse.new_fen or "", truth.new_fen))
+    partial = 1.0 if exact else fen_field_credit(parse.new_fen or "", truth.new_fen)
+    rew = float(parse.reward is not None and abs(parse.reward - truth.reward) < 1e-9)
+    term = float(parse.terminated == truth.terminated)
+    trunc = float(parse.truncated == truth.truncated)
     total = _wsum((weights.format, fmt), (weights.fen_exact, exact), (weights.fen_fields, partial),
                   (weights.reward, rew), (weights.terminated, term), (weights.truncated, trunc))
     return EnvScore(total=min(1.0, max(0.0, total)), format=fmt, fen_exact=exact, fen_fields=partial, reward=rew,
                     terminated=term, truncated=trunc, truth_source=source, errors=parse.errors)
 
 
+def _memo(fn, cache: bool, prompt, completion, *args):
+    # texts of other types still score (as garbage) but are not cache keys
+    if cache and isinstance(prompt, str) and isinstance(completion, str):
+        return fn(prompt, completion, *args, _REGISTRY_VERSION[0])
+    return fn.__wrapped__(prompt, completion, *args, _REGISTRY_VERSION[0])
+
+
+def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="auto",
+                          weights: PolicyWeights | None = None, cache: bool = True) -> PolicyScore:
+    """Every component of the policy reward. `engine`: "auto" (the shared pool when Stockfish is
+    installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves).
+    Never raises because of the prompt or the completion; raises the set-up errors of the module
+    docstring (TruthError, MissingTruthError, StockfishNotFoundError, EngineFailedError)."""
+    t = _as_truth(truth, policy_truth, "policy")
+    return _memo(_policy, cache, prompt, completion, t, engine, weights or DEFAULT_POLICY_WEIGHTS)
+
+
+def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
+                 weights: PolicyWeights | None = None, cache: bool = True) -> float:
+    """Policy reward in [-1, 1]; raises only for the set-up (see :func:`score_policy_detailed`)."""
+    return score_policy_detailed(prompt, completion, truth=truth, engine=engine, weights=weights, cache=cache).total
+
+
+def score_environment_detailed(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
+                               cache: bool = True) -> EnvScore:
+    """Every component of the environment reward. Never raises because of the prompt or the
+    completion; a `truth` that is not an A: truth raises TruthError."""
+    t = _as_truth(truth, env_truth, "environment")
+    return _memo(_env, cache, prompt, completion, t, weights or DEFAULT_ENV_WEIGHTS)
+
+
 def score_environment(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
                       cache: bool = True) -> float:
-    """Environment reward in [-1, 1] (see the module docstring). Never raises."""
-    try:
-        return _finite(score_environment_detailed(prompt, completion, truth=truth, weights=weights, cache=cache).total)
-    except Exception as exc:  # pragma: no cover
-        log.error("internal error in score_environment: %r", exc)
-        return GARBAGE
+    """Environment reward in [-1, 1] (see :func:`score_environment_detailed`)."""
+    return score_environment_detailed(prompt, completion, truth=truth, weights=weights, cache=cache).total
 
 
 # --------------------------------------------------------------------------------------------
 # Dispatch, batches, cache
 # --------------------------------------------------------------------------------------------
 
-def score(prompt: str, completion: str, *, truth=None, **kwargs) -> float:
-    """score_policy or score_environment by the prompt's prefix; -1.0 for any other prompt."""
+def score_detailed(prompt: str, completion: str, *, truth=None, engine="auto", policy_weights=None,
+                   env_weights=None, cache: bool = True) -> PolicyScore | EnvScore | None:
+    """The one task dispatch: score_policy_detailed or score_environment_detailed by the prompt's
+    prefix; None for a prompt of neither task."""
     task = tasks.task_of(prompt)
     if task == "P":
-        return score_policy(prompt, completion, truth=truth, **kwargs)
+        return score_policy_detailed(prompt, completion, truth=truth, engine=engine, weights=policy_weights,
+                                     cache=cache)
     if task == "A":
-        kwargs.pop("engine", None)
-        return score_environment(prompt, completion, truth=truth, **kwargs)
-    return GARBAGE
+        return score_environment_detailed(prompt, completion, truth=truth, weights=env_weights, cache=cache)
+    return None
+
+
+def score(prompt: str, completion: str, *, truth=None, **kwargs) -> float:
+    """score_policy or score_environment by the prompt's prefix; -1.0 for any other prompt.
+    kwargs: engine, policy_weights, env_weights, cache (as :func:`score_detailed`)."""
+    result = score_detailed(prompt, completion, truth=truth, **kwargs)
+    return GARBAGE if result is None else result.total
 
 
 def score_batch(prompts: list[str], completions: list[str], truths: list | None = None, *,
@@ -644,184 +586,50 @@ def _prefetch(prompts, completions, truths, engine) -> None:
     pool = _resolve_engine(engine)
     if pool is None:
         return
-    import concurrent.futures
-
-    from .engine import parse_limit_key
-
-    items = []  # (fen, board, truth or None, completion)
+    items = []  # (board, truth or None, completion)
     for p, c, t in zip(prompts, completions, truths):
-        if tasks.task_of(p) != "P" or not isinstance(c, str):
-            continue
-        pp = tasks.parse_policy_prompt(p)
-        if not pp.ok:
-            continue
-        board = chess.Board(pp.fen)
-        if not any(board.legal_moves):
-            continue
-        try:
-            tr = policy_truth(t) if t is not None else _POLICY_TRUTH.get(_policy_key(pp.fen))
-        except Exception:
-            continue
-        items.append((pp.fen, board, tr, c))
-
-    def run(fn, jobs):
-        with concurrent.futures.ThreadPoolExecutor(max_workers=pool.size) as ex:
-            return list(ex.map(fn, jobs))
-
-    def analyse(fen):
-        try:
-            a = pool.analyse(fen)
-            return PolicyTruth(a.fen, a.moves, a.evals, a.limit)
-        except ValueError as exc:
-            log.warning("prefetch failed for %s: %s", fen, exc)
-            return None
-
-    missing = list(dict.fromkeys(fen for fen, _, tr, _ in items if tr is None))
-    found = dict(zip(missing, run(analyse, missing)))
+        pp = tasks.parse_policy_prompt(p) if tasks.task_of(p) == "P" and isinstance(c, str) else None
+        board = chess.Board(pp.fen) if pp is not None and pp.ok else None
+        if board is not None and any(board.legal_moves):
+            with contextlib.suppress(TruthError):  # the scoring below raises it
+                items.append((board, _as_truth(t, policy_truth, "policy") or _POLICY_TRUTH.get(_policy_key(pp.fen)), c))
+    missing = list(dict.fromkeys(b.fen() for b, tr, _ in items if tr is None))
+    found = dict(zip(missing, map(policy_truth, pool.analyse_many(missing))))
     roots = []
-    for fen, board, tr, c in items:
-        tr = tr or found.get(fen)
+    for board, tr, c in items:
+        tr = tr or found[board.fen()]
         best = tasks.parse_policy_completion(c).best
-        if tr is not None and best and best not in tr.moves and tasks.legal_move(board, best) is not None:
-            roots.append((fen, best, tr.limit))
-
-    def root(job):
-        fen, move, limit = job
-        try:
-            pool.analyse(fen, multipv=1, limit=parse_limit_key(limit), root_moves=[move])
-        except ValueError as exc:
-            log.warning("prefetch failed for %s %s: %s", fen, move, exc)
-
-    run(root, list(dict.fromkeys(roots)))
-
-
-# --------------------------------------------------------------------------------------------
-# Example completions (notebook 00, robustness checks)
-# --------------------------------------------------------------------------------------------
-
-_MUTATION_ALPHABET = "abcdefgh12345678qrbnkpPNBRQK/ -+.M:E0"
-
-
-def mutate_text(text: str, rng, edits: int = 1) -> str:
-    """`text` with `edits` random character edits (replace, insert, delete, swap): a garbled answer."""
-    chars = list(text)
-    for _ in range(edits):
-        op = rng.choice("rids")
-        i = rng.randrange(len(chars) + 1)
-        if op == "r" and chars:
-            chars[min(i, len(chars) - 1)] = rng.choice(_MUTATION_ALPHABET)
-        elif op == "i":
-            chars.insert(i, rng.choice(_MUTATION_ALPHABET))
-        elif op == "d" and chars:
-            del chars[min(i, len(chars) - 1)]
-        elif op == "s" and len(chars) > 1:
-            j = min(i, len(chars) - 2)
-            chars[j], chars[j + 1] = chars[j + 1], chars[j]
-    return "".join(chars)
-
-
-def policy_examples(rec, seed: int = 0) -> dict[str, str]:
-    """Completions of graded quality for one P: record, keyed by category: the record's M:/E: with
-    B: = best, 2nd, 5th candidate, a random legal move outside them, an illegal move; a garbled
-    copy of the true completion (3-8 character edits); and random garbage."""
-    import random as _random
-
-    rng = _random.Random(f"{seed}:{rec['id']}")
-    board = chess.Board(rec["fen"])
-    head = f" M: {' '.join(rec['moves'])} E: {' '.join(rec['evals'])} B: "
-    out = {"best": head + rec["moves"][0]}
-    if len(rec["moves"]) > 1:
-        out["2nd"] = head + rec["moves"][1]
-    if len(rec["moves"]) > 4:
-        out["5th"] = head + rec["moves"][4]
-    others = sorted(m.uci() for m in board.legal_moves if m.uci() not in rec["moves"])
-    if others:
-        out["random legal"] = head + rng.choice(others)
-    while True:
-        m = chess.Move(rng.choice(chess.SQUARES), rng.choice(chess.SQUARES))
-        if m.from_square != m.to_square and not board.is_legal(m):
-            out["illegal"] = head + m.uci()
-            break
-    out["garbled"] = mutate_text(rec["completion"], rng, rng.randint(3, 8))
-    out["garbage"] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 .,!?") for _ in range(rng.randint(5, 40)))
-    return out
-
-
-def env_examples(rec, seed: int = 0) -> dict[str, str]:
-    """Completions for one A: record: exact, one FEN character off, wrong flags, garbled, garbage."""
-    import random as _random
-
-    rng = _random.Random(f"{seed}:{rec['id']}")
-    fen, rest = rec["completion"].split("+", 1)
-    while True:
-        i = rng.randrange(len(fen))
-        c = rng.choice("pnbrqkPNBRQK12345678/wb-")
-        if c != fen[i]:
-            break
-    flags = rest.split("+")
-    flags[1] = "1" if flags[1] == "0" else "0"
-    return {"exact": rec["completion"], "one FEN char off": fen[:i] + c + fen[i + 1:] + "+" + rest,
-            "wrong terminated flag": fen + "+" + "+".join(flags),
-            "garbled": mutate_text(rec["completion"], rng, rng.randint(3, 8)),
-            "garbage": "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 .,!?") for _ in range(rng.randint(5, 40)))}
-
-
-def reward_distribution(policy_records=(), env_records=(), seed: int = 0) -> list[dict]:
-    """One row per (record, example category): task, category, reward, id (for tables and plots)."""
-    rows = []
-    for rec in policy_records:
-        for cat, completion in policy_examples(rec, seed).items():
-            rows.append({"task": "P", "category": cat, "reward": score_policy(rec["prompt"], completion, truth=rec),
-                         "id": rec["id"]})
-    for rec in env_records:
-        for cat, completion in env_examples(rec, seed).items():
-            rows.append({"task": "A", "category": cat,
-                         "reward": score_environment(rec["prompt"], completion, truth=rec), "id": rec["id"]})
-    return rows
+        if best and best not in tr.moves and tasks.legal_move(board, best) is not None:
+            roots.append((board.fen(), best, tr.limit))
+    pool.map(lambda job: pool.analyse(job[0], multipv=1, limit=parse_limit_key(job[2]), root_moves=[job[1]]),
+             list(dict.fromkeys(roots)))
 
 
 def cache_info() -> dict:
     """Hit/miss counts of the reward caches and of the shared engine-analysis cache."""
-    from .engine import SHARED_CACHE
-
-    return {"policy": _cached_policy.cache_info()._asdict(), "environment": _cached_env.cache_info()._asdict(),
+    return {"policy": _policy.cache_info()._asdict(), "environment": _env.cache_info()._asdict(),
             "analysis": SHARED_CACHE.info()}
 
 
 def clear_cache(analyses: bool = False) -> None:
     """Empty the reward caches (and the engine-analysis cache with `analyses=True`)."""
-    _cached_policy.cache_clear()
-    _cached_env.cache_clear()
+    _policy.cache_clear()
+    _env.cache_clear()
     if analyses:
-        from .engine import SHARED_CACHE
-
         SHARED_CACHE.clear()
 
 
-__all__ = [
-    "TruthError", "MissingTruthError", "POLICY_RANGE", "ENV_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth", "EnvTruth", "policy_truth",
-    "env_truth", "register_truth", "clear_truth", "PolicyScore", "EnvScore",
-    "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed", "score_environment",
-    "score_environment_detailed", "score", "score_batch", "cache_info", "clear_cache", "mutate_text",
-    "policy_examples", "env_examples", "reward_distribution",
-]
-
-
-# ============================================================================================
+# --------------------------------------------------------------------------------------------
 # TRL reward functions: `GRPOTrainer(reward_funcs=...)`
-# (an appended section: everything above is the library's own scoring, used unchanged here)
-# ============================================================================================
-#
+# --------------------------------------------------------------------------------------------
 # TRL calls a reward function as f(prompts=..., completions=..., completion_ids=..., **columns),
-# where `columns` holds every other column of the data set, one value per completion, plus its own
-# extras (trainer_state, log_extra, log_metric). The functions below read the ground truth from
-# the columns our data records carry (data/*.jsonl): a P: record's `fen`, `moves`, `evals`
-# (and `limit`), an A: record's `new_fen`, `reward`, `terminated`, `truncated`; so a
-# `datasets.Dataset` made from `data.load_split(...)` records works as it is. They return one
-# float per completion and never raise; None (TRL's "not applicable / unscorable", which TRL turns
-# into NaN and leaves out of the advantages) where a completion cannot be scored: a prompt of the
-# other task (for the single-task functions), a prompt of neither task, or a P: prompt with no
-# truth in its columns, none registered and no engine (each logged once as a warning).
+# `columns` holding every other data-set column, one value per completion. The truth comes from
+# the columns our records carry (P: `fen`, `moves`, `evals`, optional `limit`; A: `new_fen`,
+# `reward`, `terminated`, `truncated`), so a `datasets.Dataset` of `data.load_split(...)` records
+# works as it is. None (TRL's "unscorable", left out of the advantages) where a completion cannot
+# be scored: the other task's prompt (single-task functions), a prompt of neither task, or a set-up
+# error (no truth and no engine, a truth for another position), each logged once. A failing
+# engine raises EngineFailedError: a hole in the rewards is not a verdict on the completion.
 
 POLICY_TRUTH_COLUMNS = ("fen", "moves", "evals")  # plus the optional "limit"
 ENV_TRUTH_COLUMNS = ("new_fen", "reward", "terminated", "truncated")
@@ -851,16 +659,12 @@ def trl_text(x, role: str | None = None) -> str | None:
         return x
     if isinstance(x, Mapping):
         return _content_text(x.get("content"))
-    if isinstance(x, (list, tuple)):
-        msgs = [m for m in x if isinstance(m, Mapping)]
-        if not msgs:
-            return None
-        if role is not None:
-            picked = [m for m in msgs if m.get("role") == role] or msgs
-            return _content_text(picked[-1].get("content"))
-        texts = [_content_text(m.get("content")) for m in msgs]
-        return "".join(t for t in texts if t is not None)
-    return None
+    msgs = [m for m in x if isinstance(m, Mapping)] if isinstance(x, (list, tuple)) else []
+    if not msgs:
+        return None
+    if role is not None:
+        return _content_text(([m for m in msgs if m.get("role") == role] or msgs)[-1].get("content"))
+    return "".join(t for t in (_content_text(m.get("content")) for m in msgs) if t is not None)
 
 
 def _column_values(columns: Mapping, i: int, names: tuple[str, ...]) -> dict | None:
@@ -879,29 +683,22 @@ def _column_values(columns: Mapping, i: int, names: tuple[str, ...]) -> dict | N
     return out
 
 
-def _trl_score_one(task, prompt, completion, columns, i, engine, policy_weights, env_weights):
+def _trl_score_one(task, prompt, completion, columns, i, **kwargs) -> float | None:
     p = trl_text(prompt, role="user")
     if p is None:
         _trl_warn("prompt", f"TRL reward: a prompt of type {type(prompt).__name__} has no readable text; scored None")
         return None
-    c = trl_text(completion)
-    c = "" if c is None else c  # an empty or unreadable answer is scored as garbage
     kind = tasks.task_of(p)
-    if task is not None and kind != task:
+    if kind is None and task is None:
+        _trl_warn("task", f"TRL reward: prompt {p[:40]!r} is neither a P: nor an A: prompt; scored None")
+    if kind is None or task not in (None, kind):
         return None  # the other task's prompt: not this function's to score
-    if kind == "P":
-        row = _column_values(columns, i, POLICY_TRUTH_COLUMNS)
-        truth = None
-        if row is not None:
-            limit = _column_values(columns, i, ("limit",))
-            truth = policy_truth({**row, **(limit or {})})
-        return score_policy(p, c, truth=truth, engine=engine, weights=policy_weights)
-    if kind == "A":
-        row = _column_values(columns, i, ENV_TRUTH_COLUMNS)
-        # without truth columns the environment truth is replayed from the prompt (exact)
-        return score_environment(p, c, truth=env_truth(row) if row is not None else None, weights=env_weights)
-    _trl_warn("task", f"TRL reward: prompt {p[:40]!r} is neither a P: nor an A: prompt; scored None")
-    return None
+    truth = _column_values(columns, i, POLICY_TRUTH_COLUMNS if kind == "P" else ENV_TRUTH_COLUMNS)
+    if truth is not None and kind == "P":
+        truth.update(_column_values(columns, i, ("limit",)) or {})
+    # an empty or unreadable answer is scored as garbage; without truth columns the environment
+    # truth is replayed from the prompt (exact)
+    return score(p, trl_text(completion) or "", truth=truth, **kwargs)
 
 
 def trl_reward_function(task: str | None = None, *, engine=None, policy_weights: PolicyWeights | None = None,
@@ -923,9 +720,9 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
         prompts = list(prompts) if prompts is not None else []
         for i, completion in enumerate(list(completions or [])):
             try:
-                prompt = prompts[i] if i < len(prompts) else None
-                out.append(_trl_score_one(task, prompt, completion, columns, i, engine, policy_weights, env_weights))
-            except Exception as exc:  # set-up errors (no truth and no engine, a truth for another position)
+                out.append(_trl_score_one(task, prompts[i] if i < len(prompts) else None, completion, columns, i,
+                                          engine=engine, policy_weights=policy_weights, env_weights=env_weights))
+            except (TruthError, StockfishNotFoundError) as exc:  # the set-up; EngineFailedError propagates
                 _trl_warn(type(exc).__name__, f"TRL reward ({name}): {type(exc).__name__}: {exc}; such completions "
                           "are scored None (TRL leaves them out of the advantages)")
                 out.append(None)
@@ -939,5 +736,11 @@ trl_reward = trl_reward_function(None)  # P: and A: prompts, by prefix
 trl_policy_reward = trl_reward_function("P")
 trl_env_reward = trl_reward_function("A")
 
-__all__ += ["trl_reward_function", "trl_reward", "trl_policy_reward", "trl_env_reward", "trl_text",
-            "POLICY_TRUTH_COLUMNS", "ENV_TRUTH_COLUMNS"]
+__all__ = [
+    "TruthError", "MissingTruthError", "SETUP_ERRORS", "POLICY_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth",
+    "EnvTruth", "policy_truth", "env_truth", "register_truth", "clear_truth", "PolicyScore", "EnvScore",
+    "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed",
+    "score_environment", "score_environment_detailed", "score", "score_detailed", "score_batch", "cache_info",
+    "clear_cache", "trl_reward_function", "trl_reward", "trl_policy_reward", "trl_env_reward", "trl_text",
+    "POLICY_TRUTH_COLUMNS", "ENV_TRUTH_COLUMNS",
+]

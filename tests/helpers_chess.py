@@ -11,6 +11,7 @@ import pytest
 
 from rookworld_lib import data, tasks
 from rookworld_lib.engine import stockfish_available
+from rookworld_lib.reward_examples import MUTATION_ALPHABET, mutate_text
 
 needs_stockfish = pytest.mark.skipif(not stockfish_available(), reason="Stockfish is not installed")
 
@@ -40,22 +41,8 @@ def shipped(task: str, split: str) -> list[dict]:
 
 
 def mutate(text: str, rng: random.Random, edits: int = 1) -> str:
-    """`edits` random character edits (replace / insert / delete / swap) of `text`."""
-    alphabet = "abcdefgh12345678qrbnkpPNBRQK/ -+.M:E0 \n"
-    chars = list(text)
-    for _ in range(edits):
-        op = rng.choice("ridS")
-        i = rng.randrange(len(chars) + 1)
-        if op == "r" and chars:
-            chars[min(i, len(chars) - 1)] = rng.choice(alphabet)
-        elif op == "i":
-            chars.insert(i, rng.choice(alphabet))
-        elif op == "d" and chars:
-            del chars[min(i, len(chars) - 1)]
-        elif op == "S" and len(chars) > 1:
-            j = min(i, len(chars) - 2)
-            chars[j], chars[j + 1] = chars[j + 1], chars[j]
-    return "".join(chars)
+    """`edits` random character edits (replace / insert / delete / swap) of `text`, newlines included."""
+    return mutate_text(text, rng, edits, alphabet=MUTATION_ALPHABET + " \n")
 
 
 def corrupt_one_char(fen: str, rng: random.Random) -> str:

@@ -44,7 +44,7 @@ from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, m
 
 from rookworld_lib import checkpoint as ck
 from rookworld_lib.cli import main
-from rookworld_lib import data, engine, grpo, rewards
+from rookworld_lib import data, engine, grpo, reward_examples, rewards
 from rookworld_lib import train_grpo as tg
 from rookworld_lib import train_sft as sft
 from rookworld_lib.model import GPT, GPTConfig
@@ -295,7 +295,7 @@ def test_engine_killed_mid_grpo_step_every_reward_arrives():
             other = sorted(m.uci() for m in board.legal_moves if m.uci() not in r["moves"])[0]
             text = r["completion"].rsplit("B:", 1)[0] + f"B: {other}"  # a legal move outside the candidates
         elif kind == 2:
-            text = rewards.mutate_text(r["completion"], rng, edits=2)
+            text = reward_examples.mutate_text(r["completion"], rng, edits=2)
         else:
             text = completion
         answers[len(answers)] = (item.prompt, text)
@@ -387,6 +387,7 @@ def unlisted_move_answer():
 @pytest.mark.parametrize("kind", list(FAKE_ENGINES))
 def test_a_broken_engine_raises_engine_failed_in_the_reward_never_a_score(tmp_path, monkeypatch, kind,
                                                                           unlisted_move_answer):
+    engine.close_all_engines()  # the shared pool of an earlier test runs the real engine: start anew
     monkeypatch.setenv("STOCKFISH_PATH", fake_engine(tmp_path, kind))
     monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 1.0)  # engine start and search limits: 1 s + the budget
     rewards.clear_cache(analyses=True)  # nothing may come from an earlier, healthy engine
@@ -488,15 +489,15 @@ def test_malformed_lines_stop_with_file_and_line_or_are_skipped_and_counted(tmp_
         assert str(e).startswith(f"{path}:{e.line}: ")
 
     # the CLIs that read data: one line naming file:line, exit status 1, no traceback
-    assert sft.cli(["--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",
-                    "--out-dir", str(tmp_path / "sft"), "--no-progress", "--device", "cpu"]) == 1
+    assert main(["sft", "--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",
+                 "--out-dir", str(tmp_path / "sft"), "--no-progress", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert f"rookworld sft: error: {path}:2: " in err
     hf = tmp_path / "hf"
     GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(hf)
     (tmp_path / "env_train.jsonl").write_text(json.dumps(data.load_split("A", "val")[0]) + "\n")
-    assert tg.cli(["--init-from", str(hf), "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "grpo"),
-                   "--steps", "1", "--no-progress"]) == 1
+    assert main(["grpo", "--init-from", str(hf), "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "grpo"),
+                 "--steps", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"rookworld grpo: error: {path}:2: " in err and "Traceback" not in err
     assert data.cli(["--validate", str(path)]) == 1
@@ -668,8 +669,8 @@ def test_sft_nan_update_is_skipped_counted_and_the_run_goes_on(tmp_path, monkeyp
         trainer.model.transformer.h[0].mlp.c_fc.weight.register_hook(nan)
     trainer.train()
     records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["skipped"] for r in records] == [False, False, True, False, False]
-    assert [r["nonfinite"] for r in records] == [0, 0, 1, 1, 1]
+    assert [r["nonfinite/skipped"] for r in records] == [False, False, True, False, False]
+    assert [r["nonfinite/total"] for r in records] == [0, 0, 1, 1, 1]
     assert (records[2]["loss"] is None) == (where == "loss") and records[2]["grad_norm"] is None
     (p2, o2), (p3, o3), (p4, o4) = snaps[2], snaps[3], snaps[4]
     assert all(torch.equal(p2[k], p3[k]) for k in p2) and o2 == o3 == 2  # nothing moved at step 3
@@ -710,7 +711,7 @@ def test_grpo_nan_update_is_skipped_counted_and_the_run_goes_on(monkeypatch, whe
     if where == "gradients":
         trainer.model.transformer.h[0].mlp.c_fc.weight.register_hook(nan)
     history = trainer.train()
-    assert [r["skipped_updates"] for r in history] == [0, 1, 1, 1]
+    assert [r["nonfinite/total"] for r in history] == [0, 1, 1, 1]
     # history holds what grpo_metrics.jsonl holds: no applied update, no loss (null, not NaN)
     assert history[1]["loss"] is None and math.isfinite(history[2]["loss"])
     (p1, o1), (p2, o2), (p3, o3) = snaps[1], snaps[2], snaps[3]

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rookworld_lib import engine, rewards, tasks
+from rookworld_lib.reward_examples import edit_chars
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
@@ -304,16 +305,7 @@ _EDITS = st.lists(st.tuples(st.sampled_from("rids"), st.integers(0, 400),
 def _apply(text, edits):
     chars = list(text)
     for op, i, c in edits:
-        i = min(i, len(chars))
-        if op == "r" and chars:
-            chars[min(i, len(chars) - 1)] = c
-        elif op == "i":
-            chars.insert(i, c)
-        elif op == "d" and chars:
-            del chars[min(i, len(chars) - 1)]
-        elif op == "s" and len(chars) > 1:
-            j = min(i, len(chars) - 2)
-            chars[j], chars[j + 1] = chars[j + 1], chars[j]
+        edit_chars(chars, op, min(i, len(chars)), c)
     return "".join(chars)
 
 
