@@ -255,3 +255,78 @@ def test_model_from_checkpoint_and_export_hf(tmp_path):
     assert (tmp_path / "final" / "model.safetensors").is_file()
     with pytest.raises(ck.CheckpointLoadError, match="not a RookWorld"):
         ck.export_hf(out / "model.safetensors")
+
+
+class _FullDisk:
+    """A file on a disk that fills after `room` bytes: write raises ENOSPC, as the kernel reports it."""
+
+    def __init__(self, f, room=4096):
+        self.f, self.room = f, room
+
+    def write(self, data):
+        self.room -= len(data)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_real_torch_save_on_a_full_disk_says_no_space_left(tmp_path, monkeypatch):
+    """torch's zip writer turns the ENOSPC of a write into '[enforce fail ...] unexpected pos'; the
+    error names the full disk instead (issue 18, item 8)."""
+    *_, state = trained_state()
+    first = ck.save_checkpoint(tmp_path, {**state, "step": 1})
+    real = ck.atomic_write
+    monkeypatch.setattr(ck, "atomic_write", lambda path, write: real(path, lambda f: write(_FullDisk(f))))
+    with pytest.raises(ck.CheckpointSaveError) as info:
+        ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    msg = str(info.value)
+    assert "step_00000002.pt: No space left on device" in msg and "unexpected pos" not in msg
+    assert f"previous checkpoint {first} is intact" in msg and info.value.errno == errno.ENOSPC
+    assert_previous_intact(tmp_path, 1)
+
+
+def test_a_checkpoint_directory_below_a_file_is_named(tmp_path):
+    (tmp_path / "out").write_text("a file\n")
+    *_, state = trained_state()
+    for call in (lambda: ck.save_checkpoint(tmp_path / "out" / "checkpoints", state),
+                 lambda: ck.latest_checkpoint(tmp_path / "out" / "checkpoints")):
+        with pytest.raises(ck.CheckpointError, match=f"{tmp_path / 'out'} is a file, not a directory"):
+            call()
+
+
+def test_hf_directory_errors_name_the_file(tmp_path):
+    from safetensors import SafetensorError
+
+    from rookworld_lib import checkpoint_hf
+    from rookworld_lib.checkpoint_hf import CheckpointFormatError
+
+    small_model().save_pretrained(tmp_path / "m")
+    weights, config = tmp_path / "m" / "model.safetensors", tmp_path / "m" / "config.json"
+    good = config.read_text()
+    for text, why in (('{"n_layer": \n', "not valid JSON"), ("[1, 2]", "expected a JSON object"),
+                      (good.replace('"n_layer": 1', '"n_layer": "abc"'), "GPTConfig.n_layer must be a positive")):
+        config.write_text(text)
+        with pytest.raises(CheckpointFormatError, match=f"{config}: {why}"):
+            GPT.from_pretrained(tmp_path / "m")
+    config.write_text(good)
+    with pytest.raises(ValueError, match="model overrides .*dropout"):
+        GPT.from_pretrained(tmp_path / "m", dropout="abc")
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    with pytest.raises(CheckpointFormatError, match=f"{weights}: truncated or corrupt safetensors file"):
+        GPT.from_pretrained(tmp_path / "m")
+
+    def full(*args, **kwargs):  # what safetensors raises on a full disk
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    checkpoint_hf.save_file, real = full, checkpoint_hf.save_file
+    try:
+        with pytest.raises(OSError) as info:
+            small_model().save_pretrained(tmp_path / "out")
+    finally:
+        checkpoint_hf.save_file = real
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "out" / "model.safetensors")
+    assert not (tmp_path / "out" / "model.safetensors.tmp").exists()

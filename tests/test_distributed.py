@@ -1,5 +1,6 @@
 """torchrun with gloo on CPU: 2 processes give the parameters of 1 process on the same global batch."""
 
+import json
 import os
 import subprocess
 import sys
@@ -54,3 +55,38 @@ def test_single_process_is_not_distributed(monkeypatch):
     assert not info.enabled and info.is_main
     assert distributed.all_gather_objects({"a": 1}) == [{"a": 1}]
     assert distributed.all_reduce_sum(2.5) == 2.5
+
+
+@pytest.mark.parametrize("argv, why", [(["--nproc", "abc"], "whole number"), (["--nproc=-2"], ">= 0"),
+                                       (["--nproc", "-2"], ">= 0"), (["--nproc"], "needs a value")])
+def test_strip_nproc_refuses_what_is_not_a_count(argv, why):
+    with pytest.raises(distributed.NprocError, match=why) as info:
+        distributed.strip_nproc(argv)
+    assert isinstance(info.value, ValueError)  # the CLI's one-line error
+
+
+def test_parse_nproc_is_an_argparse_type():
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nproc", type=distributed.parse_nproc, default=0)
+    assert ap.parse_args(["--nproc", "2"]).nproc == 2
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--nproc", "abc"])
+
+
+def test_torchrun_runs_the_preflight_before_any_worker(monkeypatch):
+    def refuse(argv, nproc):
+        raise ValueError(f"batch 8 does not split into {nproc}")
+
+    monkeypatch.setattr(distributed.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun started"))
+    with pytest.raises(ValueError, match="split into 3"):
+        distributed.torchrun("sft", ["--batch-size", "8"], 3, preflight=refuse)
+
+
+def test_worker_errors_are_said_once(tmp_path):
+    for rank, line in enumerate(["rookworld sft: error: same", "rookworld sft: error: same", "rookworld sft: error: other"]):
+        (tmp_path / f"rank{rank:05d}.json").write_text(json.dumps({"line": line, "code": 1}))
+    (tmp_path / "rank00009.json").write_text("torn")
+    assert distributed.worker_errors(tmp_path) == (["rookworld sft: error: same", "rookworld sft: error: other"],
+                                                   [1, 1, 1])

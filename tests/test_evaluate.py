@@ -92,3 +92,13 @@ def test_heldout_rewards_exact_completion_scores_high():
     rec = {**start_record(), "prompt": "P: " + chess.Board().fen()}
     values = ev.heldout_rewards(model, [rec], ev.EvalConfig(max_new_tokens=4, selfplay_games=0))
     assert len(values) == 1 and -1.0 <= values[0] <= 1.0
+
+
+def test_results_to_json_is_strict_json():
+    import json
+
+    results = {"a/rate": ev.wilson(0, 0), "b/mean": ev.mean_interval([1.0, 2.0])}
+    out = json.dumps(ev.results_to_json(results), allow_nan=False)  # raises on NaN
+    back = json.loads(out)
+    assert back["a/rate"] == {"value": None, "low": None, "high": None, "n": 0, "kind": "rate"}
+    assert back["b/mean"]["value"] == 1.5

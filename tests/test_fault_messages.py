@@ -395,3 +395,44 @@ if __name__ == "__main__":
     from rookworld_lib.cli import main
 
     sys.exit(main(sys.argv[3:]))
+
+
+# =====================================================================================
+# Which errors are the user's (cli.user_error_message), in process
+# =====================================================================================
+
+def test_user_errors_get_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    import types
+
+    from rookworld_lib import cli
+
+    assert cli.user_error_message(AttributeError("'NoneType' object has no attribute 'x'")) is None
+    assert cli.user_error_message(TypeError("unsupported operand")) is None
+    assert cli.user_error_message(KeyError("rng")) is None
+    assert cli.user_error_message(ValueError("SFTConfig.lr must be > 0, got -1")) == "SFTConfig.lr must be > 0, got -1"
+    assert cli.user_error_message(OSError(errno.ENOSPC, "No space left on device", "/r/final/model.safetensors")
+                                  ).startswith("No space left on device: /r/final/model.safetensors")
+    assert cli.user_error_message(PermissionError(errno.EACCES, "Permission denied", "/ro/run")
+                                  ).startswith("Permission denied: /ro/run")
+    assert cli.user_error_message(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 "
+                                               "bytes")).startswith("out of memory")
+    assert cli.user_error_message(RuntimeError("something inside torch")) is None
+
+    def raising(exc):
+        def run(argv):
+            raise exc
+        return types.SimpleNamespace(cli=run)
+
+    monkeypatch.setitem(cli.SUBCOMMANDS, "fake", ("fake_module", "a test command"))
+    for exc, code in ((KeyboardInterrupt(), 130), (ValueError("bad value\nsecond line"), 1)):
+        monkeypatch.setattr(cli.importlib, "import_module", lambda name, exc=exc: raising(exc))
+        assert cli.main(["fake"]) == code
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("rookworld fake: "), err
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: raising(AttributeError("a bug")))
+    with pytest.raises(AttributeError):
+        cli.main(["fake"])
+    monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: raising(ValueError("shown with its traceback")))
+    with pytest.raises(ValueError):
+        cli.main(["fake"])

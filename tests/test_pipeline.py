@@ -74,3 +74,16 @@ def test_unknown_parameter_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"\['no_such_parameter'\] are declared by none"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"no_such_parameter": 1},
                               notebooks_dir=NOTEBOOKS_DIR)
+
+
+def test_a_refused_run_leaves_no_run_directory(tmp_path):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    write_notebook(nbs / "00_first.ipynb", "steps = 1\nseed = 0", "pass")
+    from rookworld_lib.nbparams import ParameterError
+
+    with pytest.raises(ParameterError, match=r"\['stepz'\] are declared by none .*; allowed: seed, steps"):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"stepz": 5}, notebooks_dir=nbs)
+    with pytest.raises(ValueError, match=r"no notebooks selected .* by --only 99 \(available: 00_first.ipynb\)"):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", only=["99"], notebooks_dir=nbs)
+    assert not (tmp_path / "runs").exists()
