@@ -356,7 +356,7 @@ class GRPOConfig:
       it is a controller over optimizer steps that belongs in a training loop.
     - group_advantages: a tied group's advantages are exactly 0 (TRL's float32 can leave noise of
       order ulp / 1e-4); computed in float64 (TRL: float32); inf rewards raise (TRL: NaN advantages).
-    - metrics: ratio_mean / min / max, approx_kl, pg_loss and adv_* have no TRL counterpart; TRL's
+    - metrics: ratio/mean, /min, /max, approx_kl, loss/policy and advantages/* have no TRL counterpart; TRL's
       clip_ratio/low_min and high_max (per-sequence extremes) are not computed.
     - not implemented: loss types cispo / sapo / luspo, top_entropy_quantile, off-policy masking
       (off_policy_mask_threshold), vLLM importance-sampling correction, MoE router aux loss.
@@ -594,8 +594,8 @@ def _loss_metrics(config: GRPOConfig, loss, pg_tok, w, ratio, m, adv, logprobs, 
     tok_lr = torch.where(m, logprobs.detach() - old, zero)
     if config.log_ratio_clamp is not None:
         tok_lr = tok_lr.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-    names = ["loss", "pg_loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high",
-             "clip_frac_region", "approx_kl", "adv_mean", "adv_std", "num_tokens", "num_completions"]
+    names = ["loss", "loss/policy", "ratio/mean", "ratio/min", "ratio/max", "clip_ratio/low_mean", "clip_ratio/high_mean",
+             "clip_ratio/region_mean", "approx_kl", "advantages/mean", "advantages/std", "num_tokens", "num_completions"]
     values = [
         loss.detach(),
         (pg_tok.detach() * w).sum(),
@@ -618,7 +618,7 @@ def _loss_metrics(config: GRPOConfig, loss, pg_tok, w, ratio, m, adv, logprobs, 
         names.append("entropy")
         values.append(tok_mean(ent_tok.detach()))
     if phi is not None:
-        names.append("vespo_phi_mean")
+        names.append("vespo/phi_seq_mean")
         values.append(phi.mean())
     metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
     metrics["num_tokens"] = float(round(metrics["num_tokens"]))
@@ -684,12 +684,13 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     effective mask; with importance_sampling_level="sequence", ratio metrics run over completions
     with at least one token and clip fractions over all N completions (TRL's convention: an empty
     completion counts, unclipped):
-    loss, pg_loss (policy term alone, same aggregation), kl (mean per-token estimate, when
-    ref_logprobs given), entropy (when logits given), ratio_mean / ratio_min / ratio_max,
-    clip_frac_low (ratio < 1 - eps_low where A < 0: the clipped branch is active and the gradient
-    is zero), clip_frac_high (ratio > 1 + eps_high where A > 0), clip_frac_region (either),
-    approx_kl (k3 estimate of KL(pi_old || pi_theta) from the token log-ratios), adv_mean, adv_std
-    (population std over completions), num_tokens, num_completions, vespo_phi_mean (loss_type
+    loss, loss/policy (policy term alone, same aggregation), kl (mean per-token estimate, when
+    ref_logprobs given), entropy (when logits given), ratio/mean, ratio/min, ratio/max,
+    clip_ratio/low_mean (ratio < 1 - eps_low where A < 0: the clipped branch is active and the
+    gradient is zero), clip_ratio/high_mean (ratio > 1 + eps_high where A > 0), clip_ratio/region_mean
+    (either), approx_kl (k3 estimate of KL(pi_old || pi_theta) from the token log-ratios),
+    advantages/mean, advantages/std (population std over completions), num_tokens,
+    num_completions, vespo/phi_seq_mean (loss_type
     "vespo": mean Gamma weight over completions, TRL's vespo/phi_seq_mean), and
     frac_reward_zero_std etc. from group_stats. `kl` is the per-token KL as it enters the loss (times
     the ratio under use_bias_correction_kl, as TRL logs it).

@@ -279,7 +279,7 @@ class GRPOTrainer(Trainer):
 
     def postfix(self, rec: dict) -> str:
         kl = rec.get("kl")
-        return f"reward {rec['reward_mean']:.3f}" + (f", kl {kl:.4f}" if kl is not None else "")
+        return f"reward {rec['reward']:.3f}" + (f", kl {kl:.4f}" if kl is not None else "")
 
     # -- rollouts ---------------------------------------------------------------------------
 
@@ -317,7 +317,7 @@ class GRPOTrainer(Trainer):
         batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
         # TRL's frac_reward_zero_std (on the std that scale_rewards uses), before dynamic sampling drops groups
         zero_std = grpo.group_advantages(batch.rewards, G, scale=cfg.scale_rewards)[1].frac_reward_zero_std
-        info = {"frac_reward_zero_std": zero_std, "refill_rounds": 0}
+        info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
         kept = _select_groups(batch, group_std(batch.rewards, G) >= 1e-6, G)
@@ -328,7 +328,7 @@ class GRPOTrainer(Trainer):
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
             generated += more.generated_tokens
             kept = _concat([kept, _select_groups(more, group_std(more.rewards, G) >= 1e-6, G)])
-            info["refill_rounds"] = round_ + 1
+            info["dynamic_sampling/refill_rounds"] = round_ + 1
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info
         n = min(len(kept.items), cfg.prompts_per_step * G)
@@ -352,10 +352,10 @@ class GRPOTrainer(Trainer):
         t0 = time.perf_counter()
         updates = self._update(batch, adv, adv_stats)
         timings["update"] += time.perf_counter() - t0
-        record = {"step": self.step + 1, "lr": lr, **self._loss_record(updates)}
+        record = {"step": self.step + 1, "learning_rate": lr, **self._loss_record(updates)}
         # info after the loss metrics: frac_reward_zero_std is measured before dynamic sampling drops groups
         record.update(info)
-        record.update({f"group_{k}": v for k, v in adv_stats.as_metrics().items()})
+        record.update({f"group/{k}": v for k, v in adv_stats.as_metrics().items()})
         record.update(self._batch_record(batch, timings, time.perf_counter() - t_start))
         self.step += 1
         return record
@@ -415,10 +415,10 @@ class GRPOTrainer(Trainer):
         # minibatch is scored by the same weights that sampled: any deviation of its ratio from 1 is
         # a sampler/trainer log-prob mismatch (precision, temperature, masking), not learning.
         firsts = [m for m in distributed.all_gather_objects(updates["first"]) if m is not None]
-        record["onpolicy_ratio_dev"] = max((max(m["ratio_max"] - 1.0, 1.0 - m["ratio_min"]) for m in firsts
-                                            if m["ratio_max"] == m["ratio_max"]), default=float("nan"))
+        record["ratio/onpolicy_dev"] = max((max(m["ratio/max"] - 1.0, 1.0 - m["ratio/min"]) for m in firsts
+                                            if m["ratio/max"] == m["ratio/max"]), default=float("nan"))
         record.update({"loss": _mean(updates["losses"]), "grad_norm": _mean(updates["grad_norms"]),
-                       "skipped_updates": self.guard.total})
+                       "nonfinite/total": self.guard.total})
         return record
 
     def _batch_record(self, batch: RolloutBatch, timings: dict, elapsed: float) -> dict:
@@ -427,16 +427,16 @@ class GRPOTrainer(Trainer):
         for task in ("P", "A"):
             sel = torch.tensor([i.task == task for i in batch.items])
             if sel.any():
-                record[f"reward_mean_{task}"] = batch.rewards[sel].mean().item()
-                record[f"reward_std_{task}"] = batch.rewards[sel].std(unbiased=False).item()
+                record[f"rewards/{task}/mean"] = batch.rewards[sel].mean().item()
+                record[f"rewards/{task}/std"] = batch.rewards[sel].std(unbiased=False).item()
         lengths = batch.mask.sum(1).float()
         W = self.dist.world_size
         sampling_s = distributed.all_reduce_sum(timings["sampling"]) / W
-        record.update({"reward_mean": batch.rewards.mean().item(), "completion_len_mean": lengths.mean().item(),
-                       "completion_len_max": lengths.max().item(), "frac_truncated": batch.truncated.float().mean().item(),
-                       "time_sampling": timings["sampling"], "time_scoring": timings["scoring"],
-                       "time_update": timings["update"], "time_step": elapsed,
-                       "generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
+        record.update({"reward": batch.rewards.mean().item(), "completions/mean_length": lengths.mean().item(),
+                       "completions/max_length": lengths.max().item(), "completions/clipped_ratio": batch.truncated.float().mean().item(),
+                       "time/sampling": timings["sampling"], "time/scoring": timings["scoring"],
+                       "time/update": timings["update"], "time/step": elapsed,
+                       "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
                        "world_size": W})
         return record
 

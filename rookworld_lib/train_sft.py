@@ -69,14 +69,15 @@ log = logging.getLogger(__name__)
 
 TASKS = ("P", "A")
 METRICS_FILE = "metrics.jsonl"
-# One metrics record per step (JSON line), in this order. step: optimizer steps done; loss: mean
-# training loss of the step (null when non-finite); val_loss: null except at eval steps (and at
-# step 0, before training); lr: the step's learning rate; grad_norm: global norm before clipping;
-# tokens_per_s / step_time_s: throughput and wall time of the step (data, forward, backward,
-# optimizer; not eval or checkpointing); tokens: training tokens consumed so far; skipped: the
-# update was skipped as non-finite; nonfinite / nonfinite_in_a_row: skipped updates in total / in a row.
-RECORD_KEYS = ("step", "loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "tokens", "skipped",
-               "nonfinite", "nonfinite_in_a_row")
+# One metrics record per step (JSON line), in this order, named as TRL names its metrics. step:
+# optimizer steps done; loss: mean training loss of the step (null when non-finite); eval/loss: the
+# val loss, null except at eval steps (and at step 0, before training); learning_rate: the step's;
+# grad_norm: global norm before clipping; throughput/tokens_per_s and time/step: throughput and wall
+# time of the step (data, forward, backward, optimizer; not eval or checkpointing); num_tokens:
+# training tokens consumed so far; nonfinite/skipped: this update was skipped as non-finite;
+# nonfinite/total and nonfinite/in_a_row: skipped updates in total and in a row.
+RECORD_KEYS = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "throughput/tokens_per_s", "time/step",
+               "num_tokens", "nonfinite/skipped", "nonfinite/total", "nonfinite/in_a_row")
 
 
 # "fused" (lm_head_loss: logits never materialised, gradients formed chunk by chunk) is faster on a
@@ -228,44 +229,26 @@ def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
     """Full training strings (prompt + completion, no EOT) from JSONL files, in file order.
 
     Two line formats, decided per file by its first record:
-    - records of `rookworld datagen` (`data.py`: fields task, prompt, completion, ...), loaded and
-      validated by `data.load_jsonl`; P: records are rendered in `layout`;
+    - records of `rookworld datagen` (fields task, prompt, completion, ...), loaded and validated
+      by `data.load_jsonl`; P: records are rendered in `layout`;
     - {"text": "P: ... B: e2e4"} lines, for any other source of text.
-    A bad line raises ValueError (data.DataFormatError) as "file:line: reason".
+    A bad line raises data.DataFormatError (a ValueError) as "file:line: reason".
     """
+    from . import data
+
     texts: list[str] = []
-    for path in paths:
-        path = Path(path)
-        first = _first_record(path)
+    for path in map(Path, paths):
+        first = next(data.json_lines(path), (0, None))[1]
+        if first is None:
+            raise data.DataFormatError(f"{path}: no samples (the file is empty)")
         if isinstance(first, dict) and "task" in first and "text" not in first:
             texts.extend(_texts_from_records(path, layout))
-        else:
-            texts.extend(_texts_from_text_lines(path))
+            continue
+        for lineno, rec in data.json_lines(path):
+            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
+                raise data.DataFormatError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
+            texts.append(rec["text"])
     return texts
-
-
-def _data_format_error():
-    try:
-        from .data import DataFormatError
-        return DataFormatError
-    except ImportError:  # pragma: no cover - data.py always ships with the package
-        return ValueError
-
-
-def _first_record(path: Path):
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        return json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise _data_format_error()(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-    except OSError as exc:
-        raise _data_format_error()(f"{path}: cannot read ({exc.strerror})") from None
-    except UnicodeDecodeError as exc:
-        raise _data_format_error()(f"{path}: not UTF-8 ({exc.reason})") from None
-    raise _data_format_error()(f"{path}: no samples (the file is empty)")
 
 
 def _texts_from_records(path: Path, layout: str) -> list[str]:
@@ -278,23 +261,6 @@ def _texts_from_records(path: Path, layout: str) -> list[str]:
                                        "not P:/A: training samples")
         prompt, completion = data.record_text(rec, layout)
         out.append(prompt + completion)
-    return out
-
-
-def _texts_from_text_lines(path: Path) -> list[str]:
-    error = _data_format_error()
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
-                raise error(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
-            out.append(rec["text"])
     return out
 
 
@@ -566,21 +532,21 @@ class SFTTrainer(Trainer):
             (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         fresh = self.step == 0 and self.resumed_from is None and not self.history
         if fresh and cfg.eval_interval > 0:
-            self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "val_loss": self.evaluate(),
-                                  "tokens": 0, "nonfinite": 0, "nonfinite_in_a_row": 0})
+            self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "eval/loss": self.evaluate(),
+                                  "num_tokens": 0, "nonfinite/total": 0, "nonfinite/in_a_row": 0})
 
     def after_step(self, record: dict) -> None:
         cfg = self.cfg
         if cfg.eval_interval > 0 and (self.step % cfg.eval_interval == 0 or self.step == cfg.max_steps):
-            record["val_loss"] = self.evaluate()
+            record["eval/loss"] = self.evaluate()
 
     def postfix(self, rec: dict) -> str:
         parts = [f"loss {rec['loss']:.4f}" if rec["loss"] is not None else "loss nan"]
-        if rec.get("val_loss") is not None:
-            parts.append(f"val {rec['val_loss']:.4f}")
-        parts += [f"lr {rec['lr']:.2e}", f"{rec['tokens_per_s']:.0f} tok/s"]
-        if rec["nonfinite"]:
-            parts.append(f"skipped {rec['nonfinite']}")
+        if rec.get("eval/loss") is not None:
+            parts.append(f"val {rec['eval/loss']:.4f}")
+        parts += [f"lr {rec['learning_rate']:.2e}", f"{rec['throughput/tokens_per_s']:.0f} tok/s"]
+        if rec["nonfinite/total"]:
+            parts.append(f"skipped {rec['nonfinite/total']}")
         return ", ".join(parts)
 
     # -- one step ---------------------------------------------------------------------------
@@ -618,10 +584,10 @@ class SFTTrainer(Trainer):
         rt.synchronize()
         dt = time.perf_counter() - t0
         tokens = cfg.tokens_per_step
-        record = {"step": self.step, "loss": loss_value, "val_loss": None, "lr": lr,
-                  "grad_norm": grad_norm.item(), "tokens_per_s": tokens / dt, "step_time_s": dt,
-                  "tokens": self.step * tokens, "skipped": not applied, "nonfinite": self.guard.total,
-                  "nonfinite_in_a_row": self.guard.in_a_row}
+        record = {"step": self.step, "loss": loss_value, "eval/loss": None, "learning_rate": lr,
+                  "grad_norm": grad_norm.item(), "throughput/tokens_per_s": tokens / dt, "time/step": dt,
+                  "num_tokens": self.step * tokens, "nonfinite/skipped": not applied, "nonfinite/total": self.guard.total,
+                  "nonfinite/in_a_row": self.guard.in_a_row}
         assert tuple(record) == RECORD_KEYS
         return record
 
@@ -743,7 +709,7 @@ def cli(argv: list[str] | None = None) -> int:
     if not main_rank:
         return 0
     last = result.history[-1] if result.history else {}
-    val = [r["val_loss"] for r in result.history if r.get("val_loss") is not None]
+    val = [r["eval/loss"] for r in result.history if r.get("eval/loss") is not None]
     print(f"SFT finished at step {result.step}: loss {last.get('loss')}, val loss {val[-1] if val else None}; "
           f"checkpoint {result.checkpoint}; metrics {result.out_dir / METRICS_FILE}"
           + (f"; Hugging Face model in {result.final_dir}" if result.final_dir else ""))

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .paths import atomic_write
+from .paths import JsonlAppender, read_jsonl, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -354,19 +354,16 @@ class MetricsLogger:
         if fresh:
             self.path.write_text("")
         elif resume_step is not None and self.path.exists():
-            keep = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            atomic_write(self.path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in keep).encode()))
-        self._fh = open(self.path, "a", encoding="utf-8")
+            write_jsonl(self.path, [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step])
+        self._out = JsonlAppender(self.path)
 
     def log(self, record: dict) -> dict:
         clean = to_jsonable(record)
-        self._fh.write(json.dumps(clean, allow_nan=False) + "\n")
-        self._fh.flush()
+        self._out.write(clean)
         return clean
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        self._out.close()
 
     def __enter__(self) -> "MetricsLogger":
         return self
@@ -378,16 +375,10 @@ class MetricsLogger:
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """Every complete record of a metrics file; a torn last line (killed mid-write) is ignored."""
     records = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}:{i + 1}: not a JSON line") from None
+    for lineno, rec, reason in read_jsonl(path, torn_tail=True):
+        if reason is not None:
+            raise ValueError(f"{path}:{lineno}: {reason}")
+        records.append(rec)
     return records
 
 

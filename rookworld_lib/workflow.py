@@ -132,8 +132,8 @@ def onpolicy_ratio_tolerance(p: Profile) -> float:
     return 0.1 if half else 1e-3
 
 
-GRPO_SUMMARY_COLUMNS = ("step", "reward_mean", "kl", "entropy", "clip_frac_region", "frac_reward_zero_std",
-                        "completion_len_mean", "onpolicy_ratio_dev", "time_sampling", "time_scoring", "time_update")
+GRPO_SUMMARY_COLUMNS = ("step", "reward", "kl", "entropy", "clip_ratio/region_mean", "frac_reward_zero_std",
+                        "completions/mean_length", "ratio/onpolicy_dev", "time/sampling", "time/scoring", "time/update")
 
 
 def grpo_summary(history: list[dict], last: int = 10):

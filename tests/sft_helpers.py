@@ -80,7 +80,7 @@ def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module):
 
 
 def math_fields(records):
-    keep = ("step", "loss", "val_loss", "lr", "grad_norm", "skipped", "nonfinite")
+    keep = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "nonfinite/skipped", "nonfinite/total")
     return [{k: r.get(k) for k in keep} for r in records]
 
 

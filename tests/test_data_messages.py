@@ -99,8 +99,6 @@ def test_a_non_utf8_line_of_a_text_file_is_named_by_file_and_line(tmp_path):
         list(data.json_lines(tmp_path / "missing.jsonl"))
 
 
-@pytest.mark.xfail(strict=True, reason="train_sft.load_texts reads {'text'} lines itself; it should read them "
-                                       "with data.json_lines (then this passes: drop the mark)")
 def test_sft_names_the_non_utf8_line_of_a_text_file(tmp_path, capsys):
     path = _text_file_with_a_latin1_line(tmp_path)
     rc, err = run_cli(capsys, "sft", "--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",

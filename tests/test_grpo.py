@@ -153,12 +153,12 @@ def reference_metrics(lp, old, adv, mask, eps_low, eps_high, level):
     high = sum(1 for r, a in units if r > 1 + eps_high and a > 0)
     n_clip = n + empty
     return {
-        "clip_frac_low": low / n_clip,
-        "clip_frac_high": high / n_clip,
-        "clip_frac_region": (low + high) / n_clip,
-        "ratio_mean": sum(r for r, _ in units) / n,
-        "ratio_min": min(r for r, _ in units),
-        "ratio_max": max(r for r, _ in units),
+        "clip_ratio/low_mean": low / n_clip,
+        "clip_ratio/high_mean": high / n_clip,
+        "clip_ratio/region_mean": (low + high) / n_clip,
+        "ratio/mean": sum(r for r, _ in units) / n,
+        "ratio/min": min(r for r, _ in units),
+        "ratio/max": max(r for r, _ in units),
     }
 
 
@@ -228,8 +228,8 @@ def test_clip_metrics_match_reference_and_cover_both_sides(level, clip):
     for key, value in want.items():
         assert metrics[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
     # the fixture really exercises both sides (else the reference comparison proves little)
-    assert metrics["clip_frac_low"] > 0 and metrics["clip_frac_high"] > 0
-    assert metrics["clip_frac_region"] == pytest.approx(metrics["clip_frac_low"] + metrics["clip_frac_high"])
+    assert metrics["clip_ratio/low_mean"] > 0 and metrics["clip_ratio/high_mean"] > 0
+    assert metrics["clip_ratio/region_mean"] == pytest.approx(metrics["clip_ratio/low_mean"] + metrics["clip_ratio/high_mean"])
 
 
 def test_clipped_side_has_zero_gradient_and_unclipped_side_does_not():
@@ -243,7 +243,7 @@ def test_clipped_side_has_zero_gradient_and_unclipped_side_does_not():
     assert g[0, 0] == 0 and g[1, 0] == 0
     assert g[2, 0] > 0 and g[3, 0] < 0  # descent lowers the bad token, raises the good one
     _, m = grpo_loss(lp, old, adv, mask)
-    assert m["clip_frac_high"] == 0.25 and m["clip_frac_low"] == 0.25 and m["clip_frac_region"] == 0.5
+    assert m["clip_ratio/high_mean"] == 0.25 and m["clip_ratio/low_mean"] == 0.25 and m["clip_ratio/region_mean"] == 0.5
 
 
 def test_other_metrics_match_direct_computation():
@@ -256,8 +256,8 @@ def test_other_metrics_match_direct_computation():
     assert m["kl"] == pytest.approx(sum(0.5 * float(ref[i, t] - lp[i, t]) ** 2 for i, t in toks) / len(toks), rel=1e-12)
     ent = [float(_entropy_scalar(logits[i, t], 0.7)) for i, t in toks]
     assert m["entropy"] == pytest.approx(sum(ent) / len(ent), rel=1e-12)
-    assert m["adv_mean"] == pytest.approx(float(adv.mean()))
-    assert m["adv_std"] == pytest.approx(float(adv.std(correction=0)))
+    assert m["advantages/mean"] == pytest.approx(float(adv.mean()))
+    assert m["advantages/std"] == pytest.approx(float(adv.std(correction=0)))
     assert m["num_tokens"] == int(mask.sum()) and m["num_completions"] == N
     assert all(type(v) is float for v in m.values())
 
@@ -381,7 +381,7 @@ def test_on_policy_ratio_one_loss_minus_mean_advantage_nonzero_gradient():
     nonempty = mask.any(dim=1)
     loss, m = grpo_loss(lp, lp.detach(), adv, mask)
     assert loss.item() == pytest.approx(-float(adv[nonempty].sum()) / N, abs=1e-15)
-    assert m["ratio_min"] == m["ratio_max"] == 1.0 and m["clip_frac_region"] == 0.0 and m["approx_kl"] == 0.0
+    assert m["ratio/min"] == m["ratio/max"] == 1.0 and m["clip_ratio/region_mean"] == 0.0 and m["approx_kl"] == 0.0
     g = grpo.logprob_gradient(lp, lp, adv, mask)
     assert g.abs().sum() > 0
     # descent direction: raise positive-advantage tokens, lower negative ones
@@ -434,8 +434,8 @@ def test_empty_batch_mask_gives_zero_loss_and_nan_stats():
     mask = torch.zeros(N, T, dtype=torch.bool)
     for lt in grpo.LOSS_TYPES:
         loss, m = grpo_loss(lp, old, adv, mask, config=GRPOConfig(loss_type=lt, max_completion_length=T))
-        assert loss.item() == 0.0 and m["num_tokens"] == 0 and math.isnan(m["ratio_mean"])
-        assert m["clip_frac_region"] == 0.0 or math.isnan(m["clip_frac_region"])
+        assert loss.item() == 0.0 and m["num_tokens"] == 0 and math.isnan(m["ratio/mean"])
+        assert m["clip_ratio/region_mean"] == 0.0 or math.isnan(m["clip_ratio/region_mean"])
 
 
 def test_low_precision_inputs_are_upcast():
@@ -723,7 +723,7 @@ def test_one_sgd_step_on_tiny_gpt_follows_advantages():
 
     lp = seq_logprobs()
     loss, m = grpo_loss(lp, lp.detach(), adv, mask)
-    assert m["ratio_min"] == m["ratio_max"] == 1.0
+    assert m["ratio/min"] == m["ratio/max"] == 1.0
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     opt.zero_grad()
     loss.backward()

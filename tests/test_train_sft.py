@@ -192,13 +192,14 @@ def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
     result = train_sft(cfg, train_texts=TEXTS, on_step=seen.append)
     records = read_metrics(Path(cfg.out_dir) / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
-    assert records[0]["val_loss"] > 0 and records[0]["loss"] is None  # the val loss before training
+    assert records[0]["eval/loss"] > 0 and records[0]["loss"] is None  # the val loss before training
     assert all(tuple(r) == sft.RECORD_KEYS for r in records)
-    assert [r["val_loss"] is not None for r in records[1:]] == [False, True, False, True]
-    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "nonfinite", "tokens", "skipped"):
+    assert [r["eval/loss"] is not None for r in records[1:]] == [False, True, False, True]
+    for key in ("loss", "learning_rate", "grad_norm", "throughput/tokens_per_s", "time/step", "nonfinite/total", "num_tokens",
+                "nonfinite/skipped"):
         assert records[-1][key] is not None, key
-    assert records[-1]["tokens"] == 4 * 2 * 2 * 32 and records[-1]["nonfinite"] == 0
-    assert records[1]["lr"] == pytest.approx(1.5e-3) and records[-1]["lr"] == pytest.approx(3e-4)
+    assert records[-1]["num_tokens"] == 4 * 2 * 2 * 32 and records[-1]["nonfinite/total"] == 0
+    assert records[1]["learning_rate"] == pytest.approx(1.5e-3) and records[-1]["learning_rate"] == pytest.approx(3e-4)
     assert [r["step"] for r in seen] == [1, 2, 3, 4]
     assert [s for s, _ in ck.list_checkpoints(Path(cfg.out_dir) / "checkpoints")] == [3, 4]
     assert result.step == 4 and result.checkpoint.name == "step_00000004.pt"
@@ -288,7 +289,7 @@ def test_activation_checkpointing_and_bf16_autocast_paths(tmp_path):
     assert bf16.runtime.amp_dtype == torch.bfloat16
     bf16.train()
     records = read_metrics(tmp_path / "c" / "metrics.jsonl")
-    assert all(math.isfinite(r["val_loss"]) for r in records) and records[-1]["loss"] < records[1]["loss"] + 1.0
+    assert all(math.isfinite(r["eval/loss"]) for r in records) and records[-1]["loss"] < records[1]["loss"] + 1.0
     assert next(bf16.model.parameters()).dtype == torch.float32  # master weights stay fp32
 
 
@@ -318,9 +319,9 @@ def test_an_injected_nan_is_skipped_and_counted(tmp_path, monkeypatch):
     trainer = SFTTrainer(tiny_cfg(tmp_path, max_steps=5), train_texts=TEXTS, on_step=snapshot)
     trainer.train()
     records = read_metrics(Path(trainer.cfg.out_dir) / "metrics.jsonl")
-    assert [r["skipped"] for r in records] == [False, False, True, False, False]
-    assert records[2]["loss"] is None and [r["nonfinite"] for r in records] == [0, 0, 1, 1, 1]
-    assert records[2]["nonfinite_in_a_row"] == 1 and records[3]["nonfinite_in_a_row"] == 0
+    assert [r["nonfinite/skipped"] for r in records] == [False, False, True, False, False]
+    assert records[2]["loss"] is None and [r["nonfinite/total"] for r in records] == [0, 0, 1, 1, 1]
+    assert records[2]["nonfinite/in_a_row"] == 1 and records[3]["nonfinite/in_a_row"] == 0
     (params2, opt2), (params3, opt3), (params4, opt4) = snapshots[2], snapshots[3], snapshots[4]
     assert all(torch.equal(params2[k], params3[k]) for k in params2)  # the update of step 3 was skipped
     assert opt3 == opt2 == 2 and opt4 == 3  # and the optimizer state was not advanced
@@ -345,7 +346,7 @@ def test_k_nonfinite_in_a_row_stops_the_run_and_keeps_what_was_saved(tmp_path, m
     assert all(torch.equal(model_at_3[k], v) for k, v in trainer.model.state_dict().items())
     records = read_metrics(Path(cfg.out_dir) / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert [r["skipped"] for r in records] == [False] * 3 + [True] * 3 and records[-1]["nonfinite"] == 3
+    assert [r["nonfinite/skipped"] for r in records] == [False] * 3 + [True] * 3 and records[-1]["nonfinite/total"] == 3
     assert not (Path(cfg.out_dir) / "final").exists()
 
 

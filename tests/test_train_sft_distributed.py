@@ -99,9 +99,9 @@ def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_fi
     assert [r["step"] for r in two_records] == [0, 1, 2, 3, 4]
     assert [r["step"] for r in read_metrics(resumed / "metrics.jsonl")] == [3, 4]
     for a, b in zip(ref_records, two_records):  # losses reduced across ranks = the global batch's loss
-        for key in ("loss", "val_loss", "grad_norm"):
+        for key in ("loss", "eval/loss", "grad_norm"):
             assert (a[key] is None) == (b[key] is None) and (a[key] is None or abs(a[key] - b[key]) < 1e-4), key
-        assert a["tokens"] == b["tokens"] and a["lr"] == b["lr"]
+        assert a["num_tokens"] == b["num_tokens"] and a["learning_rate"] == b["learning_rate"]
     saved = ck.load_checkpoint(two / "checkpoints")
     assert saved["extra"]["world_size"] == 2 and len(saved["extra"]["rank_rng"]) == 2
     assert saved["data"] == ck.load_checkpoint(ref / "checkpoints")["data"]  # the same stream position

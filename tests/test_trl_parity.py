@@ -120,9 +120,9 @@ def _grads(loss, leaves):
     return [torch.zeros_like(x) if g is None else g for x, g in zip(live, gs)]
 
 
-LOSS_METRICS = {"clip_ratio/low_mean": "clip_frac_low", "clip_ratio/high_mean": "clip_frac_high",
-                "clip_ratio/region_mean": "clip_frac_region", "kl": "kl", "entropy": "entropy",
-                "vespo/phi_seq_mean": "vespo_phi_mean"}
+LOSS_METRICS = {"clip_ratio/low_mean": "clip_ratio/low_mean", "clip_ratio/high_mean": "clip_ratio/high_mean",
+                "clip_ratio/region_mean": "clip_ratio/region_mean", "kl": "kl", "entropy": "entropy",
+                "vespo/phi_seq_mean": "vespo/phi_seq_mean"}
 
 
 def check_against_trl(loss_type, level, beta, bias_kl, entropy_coef, steps, clip=(0.2, 0.2), delta=None,
@@ -206,7 +206,7 @@ def test_mask_truncated_completions_matches_trl():
         o_loss, o_m = grpo_loss(lp, old, adv, mask, ref, cfg, truncated=truncated)
         torch.testing.assert_close(o_loss, t_loss, rtol=1e-10, atol=1e-12)
         if "clip_ratio/region_mean" in t_m:
-            assert o_m["clip_frac_region"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
+            assert o_m["clip_ratio/region_mean"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
 
 
 def test_sequence_clip_fraction_counts_empty_rows_as_trl():
@@ -216,8 +216,8 @@ def test_sequence_clip_fraction_counts_empty_rows_as_trl():
     _, t_m = trl_loss(lp, old, adv, mask, level="sequence")
     _, o_m = grpo_loss(lp, old, adv, mask, config=GRPOConfig(importance_sampling_level="sequence"))
     assert t_m["clip_ratio/region_mean"] > 0
-    assert o_m["clip_frac_region"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
-    assert o_m["clip_frac_region"] * N == pytest.approx(round(o_m["clip_frac_region"] * N))  # out of all 8 rows
+    assert o_m["clip_ratio/region_mean"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
+    assert o_m["clip_ratio/region_mean"] * N == pytest.approx(round(o_m["clip_ratio/region_mean"] * N))  # out of all 8 rows
 
 
 # ------------------------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def test_difference_log_ratio_clamp():
     # A = +1 on row 0: the ratio is clipped at 1 + eps either way, so the value agrees; its metric differs
     torch.testing.assert_close(o_clamped, t_loss, rtol=1e-10, atol=1e-12)
     _, m = grpo_loss(big, old, adv, mask, config=cfg)
-    assert m["ratio_max"] == pytest.approx(math.exp(20.0))
+    assert m["ratio/max"] == pytest.approx(math.exp(20.0))
 
 
 def test_difference_kl_estimators_and_metric_without_beta():

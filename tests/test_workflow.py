@@ -8,9 +8,9 @@ from rookworld_lib.paths import DATA_DIR
 
 
 def history(with_kl: bool):
-    rec = {"step": 1, "reward_mean": 0.1, "entropy": 2.0, "clip_frac_region": 0.0, "frac_reward_zero_std": 0.25,
-           "completion_len_mean": 40.0, "onpolicy_ratio_dev": 0.0, "time_sampling": 1.0, "time_scoring": 0.1,
-           "time_update": 2.0, "loss": -0.01}
+    rec = {"step": 1, "reward": 0.1, "entropy": 2.0, "clip_ratio/region_mean": 0.0, "frac_reward_zero_std": 0.25,
+           "completions/mean_length": 40.0, "ratio/onpolicy_dev": 0.0, "time/sampling": 1.0, "time/scoring": 0.1,
+           "time/update": 2.0, "loss": -0.01}
     if with_kl:
         rec["kl"] = 0.002
     return [dict(rec, step=i) for i in range(1, 13)]
