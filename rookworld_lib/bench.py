@@ -1,27 +1,21 @@
 """Side-by-side speed benchmarks: our training step, sampler and GRPO step against transformers and TRL.
 
 `rookworld bench [--quick] [--json]` runs, in one process, with the same weights and shapes:
-
-(a) one training step: `tuning.TrainStep`, the step SFT trains with (its LM-head loss, AdamW from
-    `build_adamw`, clipping, autocast from `Runtime`), against transformers' GPT2LMHeadModel loaded
-    from our save_pretrained() output, with the same optimizer factory and clipping;
+(a) one training step: `tuning.TrainStep`, the step SFT trains with, against transformers'
+    GPT2LMHeadModel loaded from our save_pretrained() output, with the same AdamW and clipping;
 (b) rollout sampling: `sampling.generate` against `GPT2LMHeadModel.generate`, same prompts (left
-    padded, varied lengths), temperature 1, no top-k/top-p, and every row decoding the same number
-    of tokens (our sampler gets an EOS id no token has; transformers gets min_new_tokens);
-(c) one GRPO step: `train_grpo.GRPOTrainer.train_step` (sample a group per prompt, score, group
-    advantages, policy forward, loss, backward, AdamW) against TRL's GRPOTrainer with the same
-    model, prompts, group size and completion length, when TRL is installed; otherwise the JSON
-    says why it was skipped.
+    padded, varied lengths), temperature 1, no top-k/top-p, every row decoding the same number of
+    tokens (our sampler gets an EOS id no token has; transformers gets min_new_tokens);
+(c) one GRPO step: `train_grpo.GRPOTrainer.train_step` against TRL's GRPOTrainer with the same
+    model, prompts, group size and completion length (skipped, with the reason, without TRL).
 
-Each comparison alternates the two contenders (perf.benchmark_interleaved), so a noisy neighbour
-slows both. Speedups are ours over theirs in throughput (> 1: ours is faster). With --json the
-last line printed is one JSON object holding the speedups, the absolute figures and the settings.
-Speed targets live here (TARGETS, and notebook 04), never in timed tests.
-
-Bench sizes: `QUICK` (--quick), `FULL` (CPU default) and `GPU` (the default on a CUDA device: GPT-2
-124M in bf16 autocast on both sides, a 16 x 1024 training batch, 256 rollout rows of 128 tokens).
---rollout-sweep adds our sampler's tokens/s against rollout batch size for each decode mode
-(dynamic, static, CUDA graph), the figure behind the GRPO-rollout throughput target.
+(a) and (b) alternate the contenders (perf.benchmark_interleaved), so a noisy neighbour slows
+both. Speedups are ours over theirs in throughput (> 1: ours is faster); with --json the last line
+is one JSON object with the speedups, the absolute figures, the settings and the load average.
+Targets live here (TARGETS, and notebook 04), never in timed tests. Bench sizes: `QUICK`
+(--quick), `FULL` (CPU default), `GPU` (default on CUDA: GPT-2 124M in bf16, 16 x 1024 training
+batch, 256 rollout rows of 128 tokens); --rollout-sweep adds our sampler's tokens/s against
+rollout batch size per decode mode (dynamic, static, CUDA graph).
 """
 
 from __future__ import annotations

@@ -383,7 +383,7 @@ class UtilizationSampler:
         self.gpu_index = gpu_index
         self.samples: list[dict] = []
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._run, name="UtilizationSampler", daemon=True)
 
     def _run(self):
         gpu = _gpu_sampler(self.gpu_index) if self.gpu else dict
@@ -401,15 +401,12 @@ class UtilizationSampler:
             last_t, last_cpu, last_host = now, cpu, host
 
     def __enter__(self):
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="UtilizationSampler", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._thread.join(timeout=10)
         return False
 
     def summary(self) -> dict:
