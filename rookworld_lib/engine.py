@@ -128,12 +128,9 @@ class EngineSettings:
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 bad(name, f"must be an int in {lo}..{hi}")
 
-        for name in ("depth", "nodes"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                bad(name, "must be a positive int or None")
-        if self.depth is not None and self.depth > 99:
-            bad("depth", "must be <= 99")
+        for name, most in (("depth", 99), ("nodes", 10**15)):
+            if getattr(self, name) is not None:
+                int_in(name, 1, most)
         if self.time is not None and (isinstance(self.time, bool) or not isinstance(self.time, (int, float))
                                       or not self.time > 0):
             bad("time", "must be a positive number of seconds or None")
@@ -330,16 +327,10 @@ def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue) -> None:
         _kill_engine(eng)
 
 
-class _QuietChildWatcher(logging.Filter):
-    """Drops asyncio's "Loop ... that handles pid N is closed": after python-chess gives up on an
-    engine that never said uciok, it kills the process and closes its loop before the process is
-    reaped. The warning is noise (the process is gone); we report the failure ourselves."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Loop %r that handles pid")
-
-
-logging.getLogger("asyncio").addFilter(_QuietChildWatcher())
+# After python-chess gives up on an engine that never said uciok, it kills the process and closes
+# its event loop before the process is reaped; asyncio then warns "Loop ... that handles pid N is
+# closed". Noise: the process is gone, and the pool reports the failure itself.
+logging.getLogger("asyncio").addFilter(lambda record: not str(record.msg).startswith("Loop %r that handles pid"))
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
 _EXITING = False
 

@@ -59,7 +59,6 @@ The ``trl_*`` functions at the end wrap the scorers as TRL reward functions.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -570,39 +569,14 @@ def score(prompt: str, completion: str, *, truth=None, **kwargs) -> float:
 
 def score_batch(prompts: list[str], completions: list[str], truths: list | None = None, *,
                 engine="auto", prefetch: bool = True) -> list[float]:
-    """Scores for a batch. With `prefetch`, the engine analyses every position that needs one
-    first, on all pool processes in parallel, so the per-item scoring then hits the cache."""
+    """Scores for a batch. With `prefetch` and an engine at hand, the items are scored on one
+    thread per engine process, so that their searches run in parallel (same results)."""
     if len(prompts) != len(completions) or (truths is not None and len(truths) != len(prompts)):
         raise ValueError("score_batch: prompts, completions and truths must have the same length")
-    truths = truths or [None] * len(prompts)
-    if prefetch:
-        _prefetch(prompts, completions, truths, engine)
-    return [score(p, c, truth=t, engine=engine) for p, c, t in zip(prompts, completions, truths)]
-
-
-def _prefetch(prompts, completions, truths, engine) -> None:
-    """Warm the analysis cache on all engines in parallel: first the multipv analyses of positions
-    without a truth, then the restricted searches of legal B: moves outside the candidates."""
-    pool = _resolve_engine(engine)
-    if pool is None:
-        return
-    items = []  # (board, truth or None, completion)
-    for p, c, t in zip(prompts, completions, truths):
-        pp = tasks.parse_policy_prompt(p) if tasks.task_of(p) == "P" and isinstance(c, str) else None
-        board = chess.Board(pp.fen) if pp is not None and pp.ok else None
-        if board is not None and any(board.legal_moves):
-            with contextlib.suppress(TruthError):  # the scoring below raises it
-                items.append((board, _as_truth(t, policy_truth, "policy") or _POLICY_TRUTH.get(_policy_key(pp.fen)), c))
-    missing = list(dict.fromkeys(b.fen() for b, tr, _ in items if tr is None))
-    found = dict(zip(missing, map(policy_truth, pool.analyse_many(missing))))
-    roots = []
-    for board, tr, c in items:
-        tr = tr or found[board.fen()]
-        best = tasks.parse_policy_completion(c).best
-        if best and best not in tr.moves and tasks.legal_move(board, best) is not None:
-            roots.append((board.fen(), best, tr.limit))
-    pool.map(lambda job: pool.analyse(job[0], multipv=1, limit=parse_limit_key(job[2]), root_moves=[job[1]]),
-             list(dict.fromkeys(roots)))
+    jobs = list(zip(prompts, completions, truths or [None] * len(prompts)))
+    pool = _resolve_engine(engine) if prefetch else None
+    one = lambda job: score(job[0], job[1], truth=job[2], engine=engine)  # noqa: E731
+    return pool.map(one, jobs) if pool is not None else [one(job) for job in jobs]
 
 
 def cache_info() -> dict:
