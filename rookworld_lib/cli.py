@@ -69,20 +69,23 @@ def main(argv: list[str] | None = None) -> int:
         return report(name, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
     except Exception as exc:
         message = None if debug else user_error_message(exc)
+        if message is None and not debug and _peer_failed(exc):
+            # a torchrun worker whose peer died first: the peer's error is the one to read
+            return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
         if message is None:
             raise  # a bug: its traceback is what a report needs
         return report(name, message, 1)
 
 
-def report(command: str, message: str, code: int, kind: str = "error: ") -> int:
+def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:
     """Print `rookworld <command>: error: <message>` (one line) and return `code`; a torchrun
-    worker hands the line to its launcher instead (see the module doc)."""
+    worker hands the line to its launcher instead (see the module doc). A secondary error (this
+    worker stopped because a peer died) is shown only when no worker reported a primary one."""
     line = f"rookworld {command}: {kind}{' '.join(message.split())}"
-    errors_dir = os.environ.get(ERRORS_DIR_ENV)
-    if errors_dir and os.environ.get("RANK") is not None:
+    if _is_worker():
         try:
-            with open(os.path.join(errors_dir, f"rank{int(os.environ['RANK']):05d}.json"), "w") as f:
-                json.dump({"line": line, "code": code}, f)
+            with open(os.path.join(os.environ[ERRORS_DIR_ENV], f"rank{int(os.environ['RANK']):05d}.json"), "w") as f:
+                json.dump({"line": line, "code": code, "secondary": secondary}, f)
             return code
         except (OSError, ValueError):
             pass  # the launcher is gone or the directory with it: say it here
@@ -100,7 +103,7 @@ def user_error_message(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno is not None:
         return os_error_message(exc)
     if isinstance(exc, MemoryError) or _is_out_of_memory(exc):
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = _first_line(exc) if str(exc).strip() else ""
         return (f"out of memory{f' ({first})' if first else ''}: lower --batch-size (or raise --grad-accum, which "
                 "keeps the tokens per step), or use a smaller model")
     if type(exc).__name__ == "SafetensorError":
@@ -122,6 +125,24 @@ def os_error_message(exc: OSError) -> str:
     else:
         hint = ""
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
+
+
+def _is_worker() -> bool:
+    """A process that distributed.torchrun started (it collects the error lines)."""
+    return bool(os.environ.get(ERRORS_DIR_ENV)) and os.environ.get("RANK") is not None
+
+
+# What gloo and NCCL say in the surviving workers when one worker of the group has exited.
+PEER_FAILURE_MARKS = ("Connection closed by peer", "remote worker crashing", "Connection reset by peer",
+                      "NCCL communicator was aborted", "Broken pipe")
+
+
+def _peer_failed(exc: BaseException) -> bool:
+    return _is_worker() and isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_FAILURE_MARKS)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:

@@ -153,18 +153,20 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
 
 
 def worker_errors(errors_dir: Path) -> tuple[list[str], list[int]]:
-    """The distinct error lines the workers wrote (rank order) and their exit statuses."""
-    lines, codes = [], []
+    """The distinct error lines the workers wrote (rank order) and their exit statuses. Lines of
+    workers that stopped only because a peer died count when no worker said more."""
+    primary, secondary, codes = [], [], []
     for f in sorted(errors_dir.glob("rank*.json")):
         try:
             rec = json.loads(f.read_text())
             line, code = str(rec["line"]), int(rec["code"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
+        lines = secondary if rec.get("secondary") else primary
         if line not in lines:
             lines.append(line)
         codes.append(code)
-    return lines, codes
+    return primary or secondary, codes
 
 
 def _launch(argv: list[str]) -> int:
