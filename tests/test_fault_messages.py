@@ -135,10 +135,10 @@ ROWS = [
     Row("sft-nproc-abc", sft("--nproc", "abc"), "--nproc must be a whole number of processes"),
     Row("sft-nproc-negative", sft("--nproc", "-2"), "--nproc must be >= 0"),
     Row("grpo-nproc-abc", grpo("{model}", "--nproc", "abc"), "--nproc must be a whole number of processes"),
-    Row("sft-nproc-3-batch-8", sft("--nproc", "3", "--batch-size", "8"), "multiple of the world size 3",
-        marks=[needs("train_sft.py", "pass distributed.torchrun(preflight=...) a check of batch_size % nproc "
-                     "(refused once, before torchrun starts), and let worker errors reach cli.main (drop the "
-                     "per-command except) so the launcher prints each once", run=False)]),
+    Row("sft-nproc-3-batch-8", sft("--nproc", "3", "--batch-size", "8"), "multiple of --nproc 3",
+        marks=[needs("train_sft.py", "pass torchrun(..., preflight=distributed.divisible_by_nproc('--batch-size', "
+                     "SFTConfig.batch_size)) so it is refused once, before torchrun starts (the expected text then "
+                     "becomes 'must be a multiple of --nproc 3')", run=False)]),
     Row("sft-huge-batch", sft("--batch-size", "100000"), "batch_size",
         marks=[needs("train_sft.py", "refuse a micro-batch larger than the packed training data "
                      "(batch_size * block_size tokens) before building the model", run=False)]),
