@@ -1,24 +1,20 @@
 """Stockfish through python-chess's UCI driver: a pool of engine processes with a shared cache.
 
-- :func:`find_stockfish` looks in ``STOCKFISH_PATH``, then the PATH, then ``/usr/games/stockfish``
-  (Debian's package); if none is there, :class:`StockfishNotFoundError` names the install commands.
-- :class:`EngineSettings` holds the search settings (threads, hash, depth/nodes/time, multipv).
-  With ``fresh_search=True`` (the default) every search starts from a cleared hash table
-  (``ucinewgame``), so with one thread and a depth or node limit a result depends only on
-  (position, limit): it can be cached, and the label audit can reproduce it.
-- :class:`EnginePool` runs up to ``size`` engine processes (default: one per usable core), hands
-  each to one thread at a time, and caches analyses keyed by (FEN, limit, multipv, root moves).
+- :func:`find_stockfish` looks in ``STOCKFISH_PATH``, the PATH, then ``/usr/games/stockfish``;
+  if none is there, :class:`StockfishNotFoundError` names the install commands.
+- :class:`EngineSettings`: threads, hash, depth/nodes/time, multipv. With ``fresh_search`` (the
+  default) every search starts from a cleared hash (``ucinewgame``), so with one thread and a depth
+  or node limit a result depends only on (position, limit): it can be cached and audited.
+- :class:`EnginePool` runs up to ``size`` engine processes, each serving one thread at a time, and
+  caches analyses keyed by (FEN, limit, multipv, root moves).
 - Engines fail loudly and never hang: a failed start or request is retried on a fresh process
-  (``max_retries``), then :class:`EngineFailedError` is raised. Every search has a time limit
-  (:func:`search_timeout`, derived from its depth or node budget), so an engine that never answers
-  ``go`` fails like one that died. Ctrl-C during :meth:`EnginePool.map` kills the busy engines at once.
-- One way engines end: :meth:`EnginePool.close` (also run by ``with``, by garbage collection and,
-  for every live pool, at interpreter exit). python-chess runs each engine's event loop on a
-  *non-daemon* thread, which Python joins at exit *before* ``atexit`` handlers run, so an engine
-  left open would hang the exit: the exit hook is registered with ``threading._register_atexit``,
-  which runs before those joins.
+  (``max_retries``), then :class:`EngineFailedError`. Every search has a time limit derived from its
+  depth or node budget (:func:`search_timeout`). Ctrl-C during :meth:`EnginePool.map` kills the engines.
+- One way engines end, :meth:`EnginePool.close`, run by ``with``, by garbage collection and, for
+  every live pool, at interpreter exit: python-chess runs each engine's event loop on a
+  *non-daemon* thread, which Python joins at exit *before* ``atexit`` handlers run, so the exit
+  hook is registered with ``threading._register_atexit``, which runs before those joins.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -431,12 +427,13 @@ class EnginePool:
                 continue
             try:
                 eng = self._spawn()
-            finally:
+            except BaseException:
                 with self._lock:
                     self._starting -= 1
-            with self._lock:
-                stale = self._closed or _EXITING or generation != self._generation
-                if not stale:
+                raise
+            with self._lock:  # one step from "starting" to "running": `size` is never exceeded
+                self._starting -= 1
+                if not (self._closed or _EXITING or generation != self._generation):
                     self._engines.append(eng)
                     return eng
             _kill_engine(eng)  # the pool was closed or interrupted while it started
@@ -569,14 +566,6 @@ class EnginePool:
         """Analyse many positions on all engines in parallel (:meth:`map`); results in input order."""
         analyse = functools.partial(self.analyse, multipv=multipv, limit=limit)
         return self.map(analyse, positions, progress=progress, desc=desc, unit="pos", on_result=on_result)
-
-    def play(self, position: chess.Board | str, limit: chess.engine.Limit) -> chess.Move:
-        """The engine's move under `limit` (uncached; a fresh search when settings.fresh_search)."""
-        board = self._board(position)
-        result = self._run("play", lambda eng: self._search(eng, board, limit))
-        if result.move is None:
-            raise EngineFailedError(f"Stockfish returned no move for {board.fen()!r}")
-        return result.move
 
     @contextlib.contextmanager
     def session(self):

@@ -44,6 +44,18 @@ def test_settings_need_a_limit_and_describe_it():
     assert not EngineSettings(threads=2).reproducible
 
 
+def test_every_search_gets_a_generous_time_limit_from_its_budget():
+    Limit = chess.engine.Limit
+    floor = engine.TIMEOUT_FLOOR_S
+    assert engine.search_timeout(Limit(depth=1)) > floor  # never below the floor, however small the search
+    d8, d18 = engine.search_timeout(Limit(depth=8), 5), engine.search_timeout(Limit(depth=18), 5)
+    assert floor < d8 < 20 and d18 > 600  # Stockfish takes ~0.07 s and ~16 s for these on one core
+    assert engine.search_timeout(Limit(nodes=10**6)) == pytest.approx(floor + 50)  # 5x 10 s at 100k nodes/s
+    assert engine.search_timeout(Limit(depth=30, nodes=1000)) < floor + 1  # the first limit reached counts
+    assert engine.search_timeout(Limit(time=2.0), floor=1.0) == 11.0
+    assert engine.search_timeout(Limit(mate=3)) is None  # no budget, no limit
+
+
 @pytest.mark.fault
 def test_missing_stockfish_names_the_install_commands(monkeypatch, tmp_path):
     monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "no-such-stockfish"))

@@ -454,6 +454,35 @@ def test_ctrl_c_ends_datagen_at_once_even_with_a_hung_engine(tmp_path):
     assert wait_gone(engines, timeout=5) == []
 
 
+def test_ctrl_c_during_a_parallel_search_kills_the_engines_at_once(tmp_path, monkeypatch):
+    """KeyboardInterrupt in EnginePool.map (here analyse_many) while both engines hang: it reaches
+    the caller at once and the engines are gone, without waiting for the searches' time limits."""
+    import chess
+    from helpers_chess import wait_gone
+
+    marker = tmp_path / "searching"
+    marker.mkdir()
+    monkeypatch.setenv("FAKE_ENGINE_MARKER", str(marker))
+    pool = engine.EnginePool(engine.EngineSettings(path=fake_engine(tmp_path, "never answers go")), size=2, cache=False)
+
+    def press_ctrl_c():
+        deadline = time.monotonic() + 30
+        while len(os.listdir(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.analyse_many([chess.STARTING_FEN, "4k3/8/8/8/8/8/3PP3/4K3 w - - 0 1"])
+        assert time.monotonic() - t0 < engine.TIMEOUT_FLOOR_S  # no search ran into its time limit
+        assert len(os.listdir(marker)) == 2 and engine_pids(pool) == []
+        assert wait_gone([int(p) for p in os.listdir(marker)], timeout=5) == []
+    finally:
+        pool.close()
+
+
 # =====================================================================================
 # Malformed data
 # =====================================================================================
