@@ -340,7 +340,7 @@ def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
     trainer = our_grpo_trainer(cfg, workdir, device)
     records = []
     ours = perf.benchmark(lambda: records.append(trainer.train_step()), warmup=1, repeats=cfg.grpo_steps, sync=device)
-    settings["ours_completion_len_mean"] = sum(r["completion_len_mean"] for r in records) / len(records)
+    settings["ours_completion_len_mean"] = sum(r["completions/mean_length"] for r in records) / len(records)
     try:
         trl_times = _trl_grpo_times(cfg, workdir, device)
     except Exception as exc:  # TRL's API moves between versions: report, do not lose the rest of the bench
