@@ -26,7 +26,7 @@ import os
 import sys
 
 SUBCOMMANDS = {
-    "datagen": ("rookworld_lib.data", "generate Stockfish-labelled P:/A: data and eval sets"),
+    "datagen": ("rookworld_lib.datagen", "generate Stockfish-labelled P:/A: data and eval sets"),
     "convert": ("rookworld_lib.convert", "convert original RookWorld data (text, JSON lines, Parquet, Arrow) into records"),
     "sft": ("rookworld_lib.train_sft", "supervised pretraining on task text"),
     "grpo": ("rookworld_lib.train_grpo", "GRPO with verifiable chess rewards"),
@@ -159,7 +159,8 @@ def user_facing_errors() -> tuple[type[BaseException], ...]:
     listed here."""
     from .checkpoint import CheckpointError
     from .checkpoint_hf import CheckpointFormatError
-    from .data import DataFormatError, WorkDirMismatch
+    from .data import DataFormatError
+    from .datagen import WorkDirMismatch
     from .engine import EngineFailedError, StockfishNotFoundError
     from .nbparams import ParameterError
     from .tokenizer import TokenizerFileError
