@@ -64,7 +64,7 @@ import logging
 import math
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import chess
 
@@ -263,6 +263,10 @@ class _Score:
     format: float = 0.0  # structure of the completion, in [0, 1]
     truth_source: str = "none"  # given | registered | engine (P:) | replay (A:) | none
     errors: tuple[str, ...] = ()  # what the parser found wrong
+
+    def as_dict(self) -> dict:
+        """Every component by name (for tables and logs)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
