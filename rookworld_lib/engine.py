@@ -508,19 +508,14 @@ class EnginePool:
             self._run("id", lambda eng: eng.id)
         return self._version or "unknown"
 
-    @staticmethod
-    def _board(position: chess.Board | str) -> chess.Board:
-        board = chess.Board(position) if isinstance(position, str) else position.copy(stack=False)
-        if not board.is_valid():
-            raise ValueError(f"cannot analyse an invalid position {board.fen()!r} (status {board.status()!r}); "
-                             "Stockfish crashes on those")
-        return board
-
     def analyse(self, position: chess.Board | str, *, multipv: int | None = None,
                 limit: chess.engine.Limit | None = None, root_moves: Sequence[str] | None = None) -> Analysis:
         """Multipv analysis of one position (cached). `root_moves` restricts the search to those
         UCI moves (used to evaluate a move outside the top candidates)."""
-        board = self._board(position)
+        board = chess.Board(position) if isinstance(position, str) else position.copy(stack=False)
+        if not board.is_valid():
+            raise ValueError(f"cannot analyse an invalid position {board.fen()!r} (status {board.status()!r}); "
+                             "Stockfish crashes on those")
         multipv = multipv or self.settings.multipv
         limit = limit or self.settings.limit
         roots = tuple(sorted(root_moves)) if root_moves else None

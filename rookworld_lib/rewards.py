@@ -1,62 +1,45 @@
 """Verifiable rewards for the policy task ``P:`` and the environment task ``A:``.
 
 Both scorers take the prompt and the sampled completion and return a float in ``[-1, 1]``; the
-``*_detailed`` variants return every component for logging and notebooks.
+``*_detailed`` variants return every component. The ``trl_*`` functions wrap them for TRL.
 
 What raises
-    Nothing about the prompt or the completion ever raises: any text, any type, scores. The set-up
-    does raise, since a reward silently computed without ground truth, or a crash scored as a bad
-    answer, would be worse than a stop: a truth for another position or of the wrong kind
-    (TruthError); no truth and engine=None (MissingTruthError); no truth and no Stockfish installed
-    (StockfishNotFoundError, naming the install commands); an engine that would not start, died or
-    hung on every retry (EngineFailedError). Never a silent constant.
+    Nothing about the prompt or the completion: any text, any type, scores. The set-up does, since
+    a reward computed without ground truth, or a crash scored as a bad answer, would be worse than a
+    stop: a truth of the wrong kind or for another position (TruthError); no truth and engine=None
+    (MissingTruthError); no truth and no Stockfish (StockfishNotFoundError, naming the install
+    commands); an engine that would not start, died or hung on every retry (EngineFailedError).
 
 Ground truth
     ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``), a :class:`PolicyTruth` /
     :class:`EnvTruth`, or an ``engine.Analysis``. Without it, a truth registered with
-    :func:`register_truth` is used; otherwise the policy truth comes from live Stockfish (multipv-5
-    at the default :class:`~rookworld_lib.engine.EngineSettings`, depth 8 like the shipped data) and
-    the environment truth from a python-chess replay of the prompt (exact, no engine needed).
+    :func:`register_truth` is used; else the policy truth comes from live Stockfish (multipv 5, depth
+    8 like the shipped data) and the environment truth from a python-chess replay of the prompt.
 
-Policy reward (``score_policy``), range [-1, 1]:
-    ========================  ==============================================================
-    garbage                   -1.0: none of the ``M:``/``E:``/``B:`` fields is present
-                              (or the prompt is not ``P: <valid FEN>``)
-    ``B:`` missing/illegal    -0.5 + 0.25 * format, in [-0.5, -0.25]
-    ``B:`` legal              weighted sum of the components, in [0, 1] (:class:`PolicyWeights`:
-                              0.5 best_quality, 0.1 format, 0.1 moves_legal,
-                              0.15 moves_overlap, 0.15 evals_accuracy)
-    ========================  ==============================================================
-    components, each in [0, 1]:
-    - ``format``: fraction of five checks passed (the three fields, in order; 1-5 distinct UCI
-      moves; as many parseable evals as moves; ``B:`` one UCI move among the candidates; no
-      other text);
-    - ``best_quality`` (:func:`quality_from_cp`): 0.9 * Lichess move accuracy of the drop in win
-      probability from the engine's best move to ``B:``, plus 0.1 * (1 - min(cp_loss, 1000) /
-      1000), so it is graded by centipawn loss and still separates mate in 1 from mate in 3
-      (mates count as +-(100000 - n) cp). A legal move outside the truth's candidates is
-      evaluated by Stockfish restricted to that move, at the truth's limit, and capped at the
-      last candidate's eval (multipv ranked it no better); with engine=None its eval is
-      estimated as the last candidate's minus ``unlisted_margin_cp`` (``PolicyScore.estimated``);
-    - ``moves_legal``: fraction of ``M:`` entries that are legal and distinct;
-    - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
-    - ``evals_accuracy``: mean over ``M:`` moves that are truth candidates of
-      1 - |W(predicted eval) - W(true eval)|, W the logistic win probability (0 when none is).
+Policy reward (``score_policy``): -1.0 for garbage (none of ``M:``/``E:``/``B:``, or the prompt is
+not ``P: <valid FEN>``); -0.5 + 0.25 * format in [-0.5, -0.25] when ``B:`` is missing or illegal;
+otherwise the weighted sum in [0, 1] (:class:`PolicyWeights`) of components in [0, 1]:
+    - ``best_quality`` (0.5, :func:`quality_from_cp`): graded by the centipawn loss of ``B:``
+      against the engine's best (mates count as +-(100000 - n) cp). A legal move outside the
+      candidates is evaluated by Stockfish restricted to it, at the truth's limit, capped at the
+      last candidate's eval; with engine=None it is estimated as the last candidate's eval minus
+      ``unlisted_margin_cp`` (``PolicyScore.estimated``);
+    - ``format`` (0.1): fraction of five checks (the three fields in order; 1-5 distinct UCI moves;
+      as many parseable evals; ``B:`` among the moves; no other text);
+    - ``moves_legal`` (0.1): fraction of ``M:`` entries that are legal and distinct;
+    - ``moves_overlap`` (0.15): |M ∩ truth candidates| / |truth candidates|;
+    - ``evals_accuracy`` (0.15): mean over ``M:`` moves among the candidates of 1 - |W(predicted)
+      - W(true)|, W the logistic win probability (0 when none is).
 
-Environment reward (``score_environment``), range [-1, 1]:
-    -1.0 when no field is well-formed (garbage); otherwise a weighted sum in [0, 1] of
-    ``format`` (fraction of the four fields well-formed, and exactly four), ``fen_exact`` (the
-    same position as the truth's by :func:`tasks.same_position`: either en-passant convention
-    counts), ``fen_fields`` (:func:`fen_field_credit`), ``reward`` (equal to the truth's),
-    ``terminated`` and ``truncated`` (each equal to the truth's). Any FEN of another position
-    scores strictly less than a correct one.
+Environment reward (``score_environment``): -1.0 when no field is well-formed; otherwise the
+weighted sum in [0, 1] (:class:`EnvWeights`) of ``format`` (fields well-formed, exactly four),
+``fen_exact`` (:func:`tasks.same_position`: either en-passant convention counts), ``fen_fields``
+(:func:`fen_field_credit`), and ``reward``, ``terminated``, ``truncated`` equal to the truth's.
+A FEN of another position always scores less than a correct one.
 
-Rewards are deterministic: truths are exact (replay) or come from reproducible engine searches
-(one thread, cleared hash, depth limit), and results are memoised in an LRU cache keyed by
-(prompt, completion, truth, weights) - see :func:`cache_info`, :func:`clear_cache`.
-The ``trl_*`` functions at the end wrap the scorers as TRL reward functions.
+Rewards are deterministic (exact replays, reproducible engine searches) and memoised in an LRU
+cache keyed by (prompt, completion, truth, weights): :func:`cache_info`, :func:`clear_cache`.
 """
-
 from __future__ import annotations
 
 import functools
@@ -646,19 +629,12 @@ def trl_text(x, role: str | None = None) -> str | None:
 
 
 def _column_values(columns: Mapping, i: int, names: tuple[str, ...]) -> dict | None:
-    out = {}
-    for name in names:
-        col = columns.get(name)
-        if col is None or isinstance(col, str):
-            return None
-        try:
-            v = col[i]
-        except (IndexError, KeyError, TypeError):
-            return None
-        if v is None:
-            return None
-        out[name] = v
-    return out
+    """Row i of the named columns; None when a column is missing, a string, too short, or None there."""
+    try:
+        row = {n: columns[n][i] for n in names if not isinstance(columns[n], str)}
+    except (KeyError, IndexError, TypeError):
+        return None
+    return row if len(row) == len(names) and None not in row.values() else None
 
 
 def _trl_score_one(task, prompt, completion, columns, i, **kwargs) -> float | None:
