@@ -185,7 +185,8 @@ def search_timeout(limit: chess.engine.Limit, multipv: int = 1, floor: float | N
         budgets.append(limit.nodes / SLOW_NODES_PER_S)
     if limit.depth:
         budgets.append(multipv * 20 * 2.0 ** min(limit.depth, 60) / SLOW_NODES_PER_S)
-    return floor + 5 * min(budgets) if budgets else None  # the search stops at the first limit reached
+    # the search stops at the first limit reached; 1e7 s keeps a depth-99 limit within threading's range
+    return min(floor + 5 * min(budgets), 1e7) if budgets else None
 
 
 @dataclass(frozen=True)

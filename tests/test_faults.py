@@ -6,6 +6,9 @@ What each test breaks, and what must survive it:
   checkpoint and the final parameters equal an uninterrupted run's bit for bit;
 - a Stockfish process killed in the middle of a GRPO step: the step completes with every reward,
   each equal to the reward a healthy engine gives;
+- a broken Stockfish (exits at once, prints garbage, never answers `go`; fake engines written by
+  the tests): a reward that needs it raises EngineFailedError within seconds, never a score;
+  datagen ends in one line; Ctrl-C ends datagen and a parallel search at once, engines included;
 - malformed data lines: `file:line: reason` from the loader and the CLIs, or skipped and counted;
 - a missing Stockfish, a missing or corrupt tokenizer rank file: one message naming the fix, no
   traceback, from each CLI (and a clear exception from the library);
@@ -46,6 +49,7 @@ from rookworld_lib import checkpoint as ck
 from rookworld_lib.cli import main
 from rookworld_lib import data, engine, grpo, reward_examples, rewards
 from rookworld_lib import train_grpo as tg
+from rookworld_lib import tuning
 from rookworld_lib import train_sft as sft
 from rookworld_lib.model import GPT, GPTConfig
 from rookworld_lib.train_sft import SFTTrainer, train_sft
@@ -689,8 +693,8 @@ def snapshot(model, optimizer):
 def test_sft_nan_update_is_skipped_counted_and_the_run_goes_on(tmp_path, monkeypatch, where):
     nan = NaNAt({3})  # step 3 (no eval, no accumulation: one forward and one backward per step)
     if where == "loss":
-        real = sft.batch_loss
-        monkeypatch.setattr(sft, "batch_loss", lambda model, x, y, **kw: nan(real(model, x, y, **kw)))
+        real = tuning.batch_loss  # what the training step (tuning.TrainStep) calls
+        monkeypatch.setattr(tuning, "batch_loss", lambda model, x, y, **kw: nan(real(model, x, y, **kw)))
     snaps = {}
     trainer = SFTTrainer(tiny_cfg(tmp_path, max_steps=5), train_texts=TEXTS,
                          on_step=lambda rec: snaps.__setitem__(rec["step"], snapshot(trainer.model, trainer.optimizer)))
