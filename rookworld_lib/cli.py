@@ -65,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        resume = "; the same command resumes from the latest checkpoint" if name in RESUMABLE else ""
-        return report(name, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
+        return report_interrupted(name)
     except Exception as exc:
         message = None if debug else user_error_message(exc)
         if message is None and not debug and _peer_failed(exc):
@@ -75,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         if message is None:
             raise  # a bug: its traceback is what a report needs
         return report(name, message, 1)
+
+
+def report_interrupted(command: str) -> int:
+    """`rookworld <command>: interrupted (Ctrl-C)...`, one line; returns 130."""
+    resume = "; the same command resumes from the latest checkpoint" if command in RESUMABLE else ""
+    return report(command, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
 
 
 def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:

@@ -110,7 +110,7 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
     hand their one-line errors to this launcher (cli.ERRORS_DIR_ENV), which prints each distinct
     line once and returns its exit status; torchrun's own traceback of a failed worker is not shown.
     """
-    from .cli import ERRORS_DIR_ENV, INTERRUPTED
+    from .cli import ERRORS_DIR_ENV, report_interrupted
 
     nproc = parse_nproc(nproc)
     if nproc < 1:
@@ -142,8 +142,10 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
         lines, codes = worker_errors(Path(errors_dir))
     for line in lines:
         print(line, file=sys.stderr, flush=True)
-    if signal.SIGINT in interrupted:
-        return INTERRUPTED
+    if signal.SIGINT in interrupted:  # Ctrl-C, or SIGINT to this launcher alone (its workers then get SIGTERM)
+        if not any("interrupted" in line for line in lines):
+            report_interrupted(subcommand)
+        return 130
     if codes:
         return max(codes)
     if code and not lines:
@@ -198,15 +200,21 @@ def _launch(argv: list[str]) -> int:
     when a worker fails (the worker has said why, in one line or with its own traceback)."""
     import logging
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # its loggers set their own levels: quiet each (a worker's failure is said by the worker)
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
         _, failure = exc.get_first_failure()
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    except SignalException as exc:  # Ctrl-C or SIGTERM: the agent has stopped the workers
+        return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -29,6 +29,7 @@ import pytest
 pytestmark = pytest.mark.fault
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"n_layer": 1, "n_embd": 32, "n_head": 2}
+HEAVY = os.environ.get("ROOKWORLD_HEAVY") == "1"
 TIMEOUT = 240  # per row; a row that hangs fails instead of stalling the suite
 
 
@@ -104,6 +105,9 @@ ROWS = [
     # --- Ctrl-C
     Row("sft-ctrl-c", sft(out="{tmp}/run-ci") + ["--max-steps", "100000", "--checkpoint-interval", "50"],
         "rookworld sft: interrupted", 130, interrupt=True),
+    Row("sft-nproc-2-ctrl-c", sft("--nproc", "2", out="{tmp}/run-ci") + ["--max-steps", "100000"],
+        "rookworld sft: interrupted", 130, interrupt=True,
+        marks=[pytest.mark.heavy, pytest.mark.skipif(not HEAVY, reason="heavy: set ROOKWORLD_HEAVY=1")]),
     # --- loading a Hugging Face model directory
     Row("sft-truncated-safetensors", sft("--init-from", "{tmp}/trunc"),
         "{tmp}/trunc/model.safetensors: truncated or corrupt", setup=truncate_weights),
@@ -200,7 +204,7 @@ def shares_a_process(row: Row) -> bool:
     """Rows without a simulated fault or a signal run one after another in one process: a fresh
     interpreter per row would spend most of the suite importing torch."""
     skipped = any(m.name == "xfail" and m.kwargs.get("run") is False for m in row.marks)
-    return not (row.inject or row.interrupt or skipped)
+    return not (row.inject or row.interrupt or skipped or any(m.name == "heavy" for m in row.marks))
 
 
 @pytest.fixture(scope="module")
