@@ -39,7 +39,6 @@ checkpoints and the export; each rank's RNG state (dropout) goes into the checkp
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -55,14 +54,15 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint_hf import layout_for
-from .model import GPT, PRESETS, GPTConfig, lm_loss
+from .checkpoint_hf import layout_for, read_config_json
+from .model import GPT, PRESETS, GPTConfig
 from .paths import RUNS_DIR
 from .tasks import LAYOUTS
-from .tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
+from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
 from .trainer import FINAL_DIR, Trainer
+from .tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
 from .train_utils import (DTYPES, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
-                          check_number, clip_grad_norm, config_kwargs_from_args, maybe_compile, option,
+                          check_number, config_kwargs_from_args, maybe_compile, option,
                           seed_everything, validate)
 
 log = logging.getLogger(__name__)
@@ -80,10 +80,6 @@ RECORD_KEYS = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "throu
                "num_tokens", "nonfinite/skipped", "nonfinite/total", "nonfinite/in_a_row")
 
 
-# "fused" (lm_head_loss: logits never materialised, gradients formed chunk by chunk) is faster on a
-# CPU and needs far less memory; "plain" (logits, then F.cross_entropy) lets torch.compile fuse
-# head, softmax and loss on a GPU. "auto" picks by device; docs/perf.md has the measurements.
-LOSS_IMPLS = ("auto", "fused", "plain")
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,6 +140,10 @@ class SFTConfig:
         unknown = sorted(set(self.model_overrides) - known)
         if unknown:
             bad_field(name, "model_overrides", self.model_overrides, f"has unknown GPTConfig field(s) {unknown}")
+        if self.model_overrides.get("vocab_size", VOCAB_SIZE) != VOCAB_SIZE:  # the data are GPT-2 tokens
+            bad_field(name, "model_overrides", self.model_overrides,
+                      f"must not change vocab_size: the training text is tokenized into GPT-2's {VOCAB_SIZE} tokens "
+                      "(pad_vocab_to_multiple pads the embedding instead)")
         if "gradient_checkpointing" in self.model_overrides:
             bad_field(name, "model_overrides", self.model_overrides,
                       "must not set gradient_checkpointing (use SFTConfig.activation_checkpointing)")
@@ -159,12 +159,11 @@ class SFTConfig:
         for fname in ("train_data", "val_data"):
             self._check_files(fname)
         model_block = model_config.block_size
-        if self.init_from != "scratch":
-            try:
-                hf = json.loads((Path(self.init_from) / "config.json").read_text())
-                model_block = int(self.model_overrides.get("block_size", hf.get("n_positions", 1024)))
-            except (OSError, ValueError, TypeError) as exc:
-                bad_field(name, "init_from", self.init_from, f"has an unreadable config.json ({exc})")
+        if self.init_from != "scratch":  # CheckpointFormatError naming config.json when it is unreadable
+            hf = read_config_json(Path(self.init_from) / "config.json")
+            model_block = self.model_overrides.get("block_size", hf.get("n_positions", 1024))
+            if not isinstance(model_block, int) or isinstance(model_block, bool):
+                bad_field(name, "init_from", self.init_from, f"has a config.json whose n_positions is {model_block!r}")
         if self.block_size > model_block:
             bad_field(name, "block_size", self.block_size,
                       f"must be <= the model's block_size {model_block} (raise it with "
@@ -418,22 +417,6 @@ def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[st
 # The trainer
 # --------------------------------------------------------------------------------------------
 
-
-
-def resolve_loss_impl(impl: str, device: torch.device) -> str:
-    if impl == "auto":
-        return "plain" if device.type == "cuda" else "fused"
-    return impl
-
-
-def batch_loss(model, x: torch.Tensor, y: torch.Tensor, impl: str = "fused") -> torch.Tensor:
-    """Mean next-token loss of a batch (impl: "fused" or "plain", see LOSS_IMPLS). Called through
-    the DDP/compiled wrapper."""
-    if impl == "plain":
-        return lm_loss(model(x), y)
-    return model(x, targets=y)
-
-
 class SFTTrainer(Trainer):
     """One SFT run: model, optimizer, schedule, data streams and loop state, resumable.
 
@@ -456,7 +439,6 @@ class SFTTrainer(Trainer):
             raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
                              "under torchrun: each rank trains on batch_size / world_size rows of every "
                              "micro-batch, so the global batch stays the same whatever the world size")
-        self.loss_impl = resolve_loss_impl(cfg.loss_impl, self.runtime.device)
         # the layout records are rendered in, and the one the export records (checkpoint_hf.LAYOUT_KEY)
         self.layout, why = (cfg.layout, "SFTConfig.layout") if cfg.layout else layout_for(cfg.init_from)
         log.info("layout: %s (%s)", self.layout, why)
@@ -472,6 +454,11 @@ class SFTTrainer(Trainer):
             self.restore(ckpt)
         self.seed_rank(ckpt, cfg.seed)
         self.compiled = maybe_compile(self.wrap_ddp(self.model), cfg.compile)
+        # the training step that `rookworld bench` and notebook 04's matrix time (tuning.TrainStep)
+        self.stepper = TrainStep(self.model, self.optimizer, self.runtime, grad_accum=cfg.grad_accum,
+                                 grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl, forward_model=self.compiled,
+                                 ddp=self.ddp)
+        self.loss_impl = self.stepper.loss_impl
 
     def _load_data(self, train_texts, val_texts) -> None:
         cfg = self.cfg
@@ -487,6 +474,10 @@ class SFTTrainer(Trainer):
             elif cfg.eval_interval > 0:
                 raise ValueError("eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0")
         self.train_stream = PackedStream(train_texts, seed=cfg.seed, policy_fraction=cfg.policy_fraction, name="train")
+        if cfg.batch_size * cfg.block_size > self.train_stream.n_tokens:  # before any memory is spent on it
+            raise ValueError(f"SFTConfig.batch_size {cfg.batch_size} x block_size {cfg.block_size} = "
+                             f"{cfg.batch_size * cfg.block_size:,} tokens per micro-batch is more than the "
+                             f"{self.train_stream.n_tokens:,} tokens of the training data; lower --batch-size")
         log.info("SFT data: %d train samples (%d tokens with EOTs)%s", self.train_stream.n_samples,
                  self.train_stream.n_tokens, f", {len(val_texts)} val samples" if val_texts else "")
         self.val_stream = None
@@ -559,27 +550,19 @@ class SFTTrainer(Trainer):
         """
         cfg, rt = self.cfg, self.runtime
         t0 = time.perf_counter()
-        model = self.compiled
-        model.train()
+        self.compiled.train()
         lr = self.schedule.apply(self.optimizer, self.step)
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(cfg.grad_accum):
             x, y = batch if batch is not None else self.train_stream.next_batch(cfg.batch_size, cfg.block_size)
-            x, y = rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y))
             # under DDP, gradients are all-reduced once, in the backward of the last micro-batch
-            sync = self.ddp is None or micro == cfg.grad_accum - 1
-            with contextlib.nullcontext() if sync else self.ddp.no_sync():
-                with rt.autocast():
-                    loss = batch_loss(model, x, y, impl=self.loss_impl) / cfg.grad_accum
-                loss.backward()
-            loss_sum += loss.detach()
-        grad_norm = clip_grad_norm(self.model, cfg.grad_clip)  # DDP-averaged: the same on every rank
+            loss_sum += self.stepper.accumulate(rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)),
+                                                sync=micro == cfg.grad_accum - 1)
+        grad_norm = self.stepper.clip()  # DDP-averaged: the same on every rank
         # the mean over ranks (the loss of the global batch); a host sync, which the step needs anyway
         loss_value = distributed.all_reduce_sum(loss_sum.item()) / self.dist.world_size
         applied = self.guard.observe(loss_value, grad_norm)  # every rank decides alike
-        if applied:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.stepper.update(applied)
         self.step += 1
         rt.synchronize()
         dt = time.perf_counter() - t0
@@ -608,9 +591,7 @@ class SFTTrainer(Trainer):
         total = torch.zeros((), device=rt.device)
         for _ in range(cfg.eval_steps):
             x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
-            with rt.autocast():
-                total += batch_loss(model, rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)),
-                                    impl=self.loss_impl)
+            total += self.stepper.loss(rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)))
         model.train()
         return distributed.all_reduce_sum((total / cfg.eval_steps).item()) / self.dist.world_size
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -171,7 +172,7 @@ class Trainer:
     def wrap_ddp(self, model: torch.nn.Module) -> torch.nn.Module:
         """model wrapped in DistributedDataParallel under torchrun (itself otherwise).
 
-        broadcast_buffers=False: the model's buffers are constants (no batch norm), so eval passes
+        Buffers are not synced in forward: the model's are constants (no batch norm), so eval passes
         need no collective.
         """
         if self.dist.world_size == 1:
@@ -179,7 +180,10 @@ class Trainer:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
-        self.ddp = DDP(model, device_ids=ids, broadcast_buffers=False)
+        # torch 2.13 renamed broadcast_buffers (deprecated, with a FutureWarning) to forward_sync_buffers
+        no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                   else "broadcast_buffers")
+        self.ddp = DDP(model, device_ids=ids, **{no_sync: False})
         return self.ddp
 
     def close(self) -> None:

@@ -75,7 +75,7 @@ def main() -> None:
         sft += ["--compile"] if args.compile else []
         sft += ["--model-overrides", f"pad_vocab_to_multiple={args.pad_vocab}"] if args.pad_vocab > 1 else []
         run(sft + ["--out-dir", str(tmp / "sft1"), "--export-hf"], threads=cores)
-        s1 = median_after_warmup(tmp / "sft1" / "metrics.jsonl", "tokens_per_s")
+        s1 = median_after_warmup(tmp / "sft1" / "metrics.jsonl", "throughput/tokens_per_s")
         out["sft"] = {"settings": f"batch {args.sft_batch_size} x {args.block_size} tokens (global), dtype "
                                   f"{args.dtype}, compile {args.compile}, vocab padded to a multiple of "
                                   f"{args.pad_vocab}", "tokens_per_s_1": s1}
@@ -89,7 +89,7 @@ def main() -> None:
         else:
             run(sft + ["--out-dir", str(tmp / "sftN"), "--no-export-hf", "--nproc", str(N)],
                 threads=max(1, cores // N))
-            sN = median_after_warmup(tmp / "sftN" / "metrics.jsonl", "tokens_per_s")
+            sN = median_after_warmup(tmp / "sftN" / "metrics.jsonl", "throughput/tokens_per_s")
             out["sft"].update({f"tokens_per_s_{N}": sN, "efficiency": sN / (N * s1)})
         grpo = ["grpo", "--init-from", str(tmp / "sft1" / "final"), "--steps", str(args.grpo_steps),
                 "--prompts-per-step", str(args.prompts), "--group-size", str(args.group_size), "--max-new-tokens",
@@ -99,13 +99,13 @@ def main() -> None:
         run(grpo + ["--out-dir", str(tmp / "grpo1")], threads=cores)
         per_step = args.prompts * args.group_size
         settings = f"{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} new tokens per step"
-        g1 = per_step / median_after_warmup(tmp / "grpo1" / "grpo_metrics.jsonl", "time_step")
+        g1 = per_step / median_after_warmup(tmp / "grpo1" / "grpo_metrics.jsonl", "time/step")
         out["grpo"] = {"settings": settings, "samples_per_s_1": g1}
-        for key in ("time_sampling", "time_scoring", "time_update", "generated_tokens_per_s", "onpolicy_ratio_dev"):
+        for key in ("time/sampling", "time/scoring", "time/update", "throughput/generated_tokens_per_s", "ratio/onpolicy_dev"):
             out["grpo"][key] = median_after_warmup(tmp / "grpo1" / "grpo_metrics.jsonl", key)
         if not gpu:
             run(grpo + ["--out-dir", str(tmp / "grpoN"), "--nproc", str(N)], threads=max(1, cores // N))
-            gN = per_step / median_after_warmup(tmp / "grpoN" / "grpo_metrics.jsonl", "time_step")
+            gN = per_step / median_after_warmup(tmp / "grpoN" / "grpo_metrics.jsonl", "time/step")
             out["grpo"].update({f"samples_per_s_{N}": gN, "efficiency": gN / (N * g1)})
     text = json.dumps(out)
     if args.json:

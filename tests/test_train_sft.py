@@ -11,6 +11,7 @@ from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, m
 
 from rookworld_lib.cli import main
 from rookworld_lib import checkpoint as ck
+from rookworld_lib import tuning
 from rookworld_lib import train_sft as sft
 from rookworld_lib.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from rookworld_lib.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
@@ -296,15 +297,15 @@ def test_activation_checkpointing_and_bf16_autocast_paths(tmp_path):
 # ---- non-finite losses --------------------------------------------------------------------------
 
 def nan_loss_on(monkeypatch, bad_calls):
-    """Make batch_loss (as train_sft calls it) return NaN on the given 1-based call numbers."""
-    real, calls = sft.batch_loss, {"n": 0}
+    """Make batch_loss (as the training step, tuning.TrainStep, calls it) return NaN on the given 1-based call numbers."""
+    real, calls = tuning.batch_loss, {"n": 0}
 
     def flaky(model, x, y, **kw):
         calls["n"] += 1
         loss = real(model, x, y, **kw)
         return loss * float("nan") if bad_calls(calls["n"]) else loss
 
-    monkeypatch.setattr(sft, "batch_loss", flaky)
+    monkeypatch.setattr(tuning, "batch_loss", flaky)
 
 
 def test_an_injected_nan_is_skipped_and_counted(tmp_path, monkeypatch):
