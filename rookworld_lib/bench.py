@@ -434,11 +434,7 @@ def cli(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = QUICK if args.quick else GPU if resolve_device(args.device).type == "cuda" else FULL
     over = {"precision": args.precision, "model": args.model, "repeats": args.repeats, "warmup": args.warmup}
-    try:
-        cfg = replace(cfg, device=args.device, trl=not args.no_trl, **{k: v for k, v in over.items() if v is not None})
-    except ValueError as exc:
-        print(f"rookworld bench: {exc}", file=sys.stderr)
-        return 2
+    cfg = replace(cfg, device=args.device, trl=not args.no_trl, **{k: v for k, v in over.items() if v is not None})
     if args.threads:
         torch.set_num_threads(args.threads)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print

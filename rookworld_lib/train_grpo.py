@@ -216,14 +216,7 @@ class GRPOTrainer(Trainer):
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
         super().__init__(cfg, out_dir=cfg.out_dir, device=cfg.device, dtype=cfg.dtype, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
-        W = self.dist.world_size
-        if W > 1:
-            n = cfg.prompts_per_step * cfg.group_size
-            if cfg.dynamic_sampling:
-                raise ValueError("dynamic_sampling is not supported under torchrun (ranks would hold unequal batches)")
-            if cfg.minibatch_size % W or n % W:
-                raise ValueError(f"under torchrun, minibatch_size ({cfg.minibatch_size}) and prompts_per_step * "
-                                 f"group_size ({n}) must be multiples of the world size {W}")
+        check_world_size(cfg, self.dist.world_size)
         self.model = model.to(self.runtime.device)
         self.ref = None
         if cfg.loss.beta > 0:
@@ -495,15 +488,22 @@ def _config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
     return cfg, layout
 
 
-def _preflight(argv: list[str], nproc: int) -> None:
-    """Refuse, before torchrun starts, settings that every worker would refuse."""
-    cfg, _ = _config_from_args(build_parser().parse_args(argv))
+def check_world_size(cfg: GRPOTrainConfig, world_size: int) -> None:
+    """Settings that cannot be split over `world_size` processes (torchrun, --nproc) raise ValueError."""
+    if world_size == 1:
+        return
     n = cfg.prompts_per_step * cfg.group_size
     if cfg.dynamic_sampling:
-        raise ValueError("--dynamic-sampling is not supported with --nproc > 1 (ranks would hold unequal batches)")
-    if cfg.minibatch_size % nproc or n % nproc:
-        raise ValueError(f"with --nproc {nproc}, --minibatch-size ({cfg.minibatch_size}) and --prompts-per-step * "
-                         f"--group-size ({n}) must be multiples of {nproc}")
+        raise ValueError("dynamic_sampling is not supported with more than one process (ranks would hold unequal "
+                         "batches)")
+    if cfg.minibatch_size % world_size or n % world_size:
+        raise ValueError(f"minibatch_size ({cfg.minibatch_size}) and prompts_per_step * group_size ({n}) must be "
+                         f"multiples of the number of processes ({world_size})")
+
+
+def _preflight(argv: list[str], nproc: int) -> None:
+    """Refuse, before torchrun starts, settings that every worker would refuse."""
+    check_world_size(_config_from_args(build_parser().parse_args(argv))[0], nproc)
 
 
 def cli(argv: list[str] | None = None) -> int:

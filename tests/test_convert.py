@@ -11,6 +11,7 @@ import chess
 import chess.engine
 import pytest
 
+from rookworld_lib.cli import main
 from rookworld_lib import convert, data, evaluate, rewards, tasks
 from rookworld_lib.tokenizer import get_tokenizer
 
@@ -291,7 +292,8 @@ def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
     assert convert.cli([str(pol), str(env), "--out", str(tmp_path / "o"), "--workers", "1", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "not converted" in out and "impossible position" in out and "legality" in out
-    assert convert.cli([str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
+    assert main(["convert", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
+    assert "rookworld convert: error: " in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------
