@@ -279,8 +279,14 @@ def _reason(exc: Exception) -> str:
 
 
 def _others(path: Path) -> str:
-    others = [str(p) for _, p in list_checkpoints(path.parent) if p != path]
-    return f"; other checkpoints there: {', '.join(others)}" if others else ""
+    """Where to go from a checkpoint that cannot be loaded: the newest intact one beside it (its
+    digest checked) and how to resume from it."""
+    for step, other in reversed(list_checkpoints(path.parent)):
+        saved = None if other == path else _saved_digest(other)
+        if other != path and (saved is None or file_sha256(other) == saved):
+            return (f"; the newest intact checkpoint there is {other.name} (step {step}): to resume from it, delete "
+                    f"{path.name} and {POINTER} in {path.parent} and run the same command again")
+    return ""
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import math
 import os
 import random
@@ -814,6 +815,114 @@ def test_full_disk_while_checkpointing_grpo(tmp_path, monkeypatch):
     assert resumed.step == 1
     resumed.train()
     assert ck.load_checkpoint(tmp_path / "checkpoints")["step"] == 3
+
+
+# =====================================================================================
+# One writer per run directory, checksummed checkpoints, GRPO resume and settings checks
+# (issue 18, items 1, 3, 6, 7), each as a user meets it: through the `rookworld` command
+# =====================================================================================
+
+def sft_args(tmp_path: Path, *extra: str) -> list[str]:
+    data_file = tmp_path / "train.jsonl"
+    data_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return ["sft", "--train-data", str(data_file), "--model", "tiny", "--model-overrides", "n_layer=1",
+            "--model-overrides", "n_embd=32", "--model-overrides", "n_head=2", "--block-size", "32", "--batch-size",
+            "2", "--warmup-steps", "1", "--eval-interval", "0", "--val-fraction", "0", "--device", "cpu",
+            "--no-progress", "--no-export-hf", *extra]
+
+
+def test_a_second_run_into_a_busy_out_dir_is_refused_and_mixes_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = sft_args(tmp_path, "--max-steps", "200", "--checkpoint-interval", "50", "--out-dir", str(run))
+    first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.cli", *argv], env=child_env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(first, lambda: f"pid {first.pid}" in ((run / ".lock").read_text() if (run / ".lock").exists() else ""))
+        os.kill(first.pid, signal.SIGSTOP)  # the first run holds the lock, mid-run
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"is being written by another run (pid {first.pid} since" in err[0], err
+        os.kill(first.pid, signal.SIGCONT)
+        assert first.wait(timeout=120) == 0, first.stderr.read().decode()[-2000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # one run's records, each step once, and its checkpoints only
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == list(range(1, 201))
+    assert ck.load_checkpoint(run / "checkpoints")["step"] == 200
+
+
+def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_newest_intact_one(tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = sft_args(tmp_path, "--checkpoint-interval", "2", "--keep-checkpoints", "2", "--out-dir", str(run))
+    assert main([*argv, "--max-steps", "4"]) == 0
+    latest = run / "checkpoints" / "step_00000004.pt"
+    raw = bytearray(latest.read_bytes())
+    for k in (len(raw) // 2, len(raw) // 2 + 7, len(raw) // 2 + 99):  # three bytes inside the tensor data
+        raw[k] ^= 0x5A
+    latest.write_bytes(bytes(raw))  # same size: only the checksum can tell
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "6"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step_00000004.pt: its bytes changed since it was saved" in err[0], err
+    assert "the newest intact checkpoint there is step_00000002.pt (step 2)" in err[0]
+    # what the message says to do works: the run resumes from step 2 and finishes
+    latest.unlink()
+    (run / "checkpoints" / "latest").unlink()
+    assert main([*argv, "--max-steps", "6"]) == 0
+    assert ck.load_checkpoint(run / "checkpoints")["step"] == 6
+
+
+def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="rookworld_lib.trainer")
+    hf, hf2 = tmp_path / "hf", tmp_path / "hf2"
+    for seed, d in ((0, hf), (1, hf2)):
+        torch.manual_seed(seed)
+        GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(d)
+    data_dirs = []
+    for k in (8, 6):  # two prompt sets
+        d = tmp_path / f"data{k}"
+        d.mkdir()
+        for task, name in (("P", "policy"), ("A", "env")):
+            recs = data.load_split(task, "val").records[:k]
+            (d / f"{name}_train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        data_dirs.append(d)
+    run = tmp_path / "run"
+
+    def grpo_argv(*extra, init=hf, data_dir=data_dirs[0], out=run):
+        return ["grpo", "--init-from", str(init), "--data-dir", str(data_dir), "--out-dir", str(out), "--layout",
+                "compact", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "6",
+                "--minibatch-size", "4", "--no-progress", *extra]
+
+    def one_line_error() -> str:
+        err = capsys.readouterr().err.strip().splitlines()
+        err = [line for line in err if not line.startswith("layout: ")]
+        assert len(err) == 1 and err[0].startswith("rookworld grpo: error: ") and "Traceback" not in err[0], err
+        return err[0]
+
+    assert main(grpo_argv("--steps", "1")) == 0
+    capsys.readouterr()
+    for flag in ("--lr", "--weight-decay", "--grad-clip"):  # item 7: as SFT, no non-finite number trains
+        assert main(grpo_argv("--steps", "2", flag, "nan")) == 1
+        assert "must be a finite number" in one_line_error()
+    for extra, what in ((("--lr", "1e-4"), "lr"), (("--group-size", "4"), "group_size"), (("--beta", "0.1"), "loss"),
+                        (("--loss-type", "dr_grpo"), "loss")):  # item 6: another run's settings
+        assert main(grpo_argv("--steps", "2", *extra)) == 1
+        assert f"other settings ({what}: " in one_line_error()
+    assert main(grpo_argv("--steps", "2", init=hf2)) == 1
+    assert "other settings (init_from: " in one_line_error()
+    assert main(grpo_argv("--steps", "2", data_dir=data_dirs[1])) == 1
+    assert "other settings (prompts: " in one_line_error()
+    sft_run = tmp_path / "sft"
+    assert main(sft_args(tmp_path, "--max-steps", "1", "--out-dir", str(sft_run))) == 0
+    capsys.readouterr()
+    assert main(grpo_argv("--steps", "2", out=sft_run)) == 1
+    assert "is a 'sft' checkpoint, not a GRPO one" in one_line_error()
+    assert [r["step"] for r in read_metrics(run / "grpo_metrics.jsonl")] == [1]  # nothing refused wrote anything
+    caplog.clear()
+    assert main(grpo_argv("--steps", "2")) == 0  # the same settings, a longer run: resumes, and says so
+    assert f"GRPO resumed from {run / 'checkpoints' / 'step_00000001.pt'} at step 1" in caplog.text
+    assert [r["step"] for r in read_metrics(run / "grpo_metrics.jsonl")] == [1, 2]
 
 
 # =====================================================================================
