@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 
 import chess
@@ -104,3 +105,10 @@ def _alive(pid: int) -> bool:
             return True
         except ProcessLookupError:
             return False
+
+
+def default_sigint() -> None:
+    """preexec_fn for a child that a test stops with SIGINT: a shell that started the test run in
+    the background ignores SIGINT, its children inherit that, and Python raises KeyboardInterrupt
+    only where SIGINT is not ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

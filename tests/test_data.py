@@ -13,7 +13,7 @@ from pathlib import Path
 import chess
 import chess.engine
 import pytest
-from helpers_chess import needs_stockfish, random_positions, shipped, wait_gone
+from helpers_chess import default_sigint, needs_stockfish, random_positions, shipped, wait_gone
 
 from rookworld_lib import data, datagen, tasks
 from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key
@@ -354,7 +354,7 @@ def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run,
 
 def start_until_labelled(args: list[str], labels: Path, n: int, **popen) -> subprocess.Popen:
     """Start `rookworld datagen` (in its own session) and return once `labels` holds `n` lines."""
-    proc = subprocess.Popen(args, start_new_session=True, **popen)
+    proc = subprocess.Popen(args, start_new_session=True, preexec_fn=default_sigint, **popen)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if labels.exists() and len(labels.read_bytes().splitlines()) >= n:

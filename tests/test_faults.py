@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_chess import engine_pids, needs_stockfish
+from helpers_chess import default_sigint, engine_pids, needs_stockfish
 from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
                          sigkill, start_sft_child, tiny_cfg, wait_for)
 
@@ -440,7 +440,7 @@ def test_ctrl_c_ends_datagen_at_once_even_with_a_hung_engine(tmp_path):
     cmd = [sys.executable, "-m", "rookworld_lib.cli", "datagen", "--out", str(tmp_path / "d"), "--stockfish",
            fake_engine(tmp_path, "never answers go"), *DATAGEN_ARGS]
     proc = subprocess.Popen(cmd, env=child_env(FAKE_ENGINE_MARKER=str(marker)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(os.listdir(marker)) < 2 and proc.poll() is None:
         time.sleep(0.05)
@@ -476,6 +476,8 @@ def test_ctrl_c_during_a_parallel_search_kills_the_engines_at_once(tmp_path, mon
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handler, also when the test run ignores SIGINT (started in the background)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=press_ctrl_c, daemon=True).start()
     t0 = time.monotonic()
     try:
@@ -485,6 +487,7 @@ def test_ctrl_c_during_a_parallel_search_kills_the_engines_at_once(tmp_path, mon
         assert len(os.listdir(marker)) == 2 and engine_pids(pool) == []
         assert wait_gone([int(p) for p in os.listdir(marker)], timeout=5) == []
     finally:
+        signal.signal(signal.SIGINT, previous)
         pool.close()
 
 
