@@ -32,6 +32,7 @@ from . import rewards, tasks
 from .model import GPT
 from .sampling import SamplingConfig, generate
 from .tokenizer import encode, get_tokenizer
+from .train_utils import option, validate
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing; REFERENCE_MEASURED says what and on which data.
@@ -114,30 +115,19 @@ def similarity(a: str, b: str) -> float:
 class EvalConfig:
     """How an evaluation decodes and how much it covers."""
 
-    decoding: str = "greedy"  # "greedy" or "sampled"
-    temperature: float = 1.0  # for sampled decoding
-    max_new_tokens: int | None = None  # completion budget; None: the layout's (tasks.COMPLETION_BUDGET)
-    batch_size: int = 32  # prompts decoded together
-    max_policy: int | None = None  # cap on P: records evaluated (None = all)
-    max_env: int | None = None  # cap on A: records evaluated (None = all)
-    selfplay_games: int = 8  # self-play games (0 = skip)
-    selfplay_max_plies: int = 100  # a self-play game stops here even if all moves were legal
-    layout: str | None = None  # prompt layout; None: the model's own (model.layout; "original" for RookWorld-LM)
-    seed: int = 0  # sampling seed and self-play opening randomisation
+    decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
+    temperature: float = option(1.0, "for sampled decoding", min=0.0, min_open=True)
+    max_new_tokens: int | None = option(None, "completion budget; None: the layout's (tasks.COMPLETION_BUDGET)", min=1)
+    batch_size: int = option(32, "prompts decoded together", min=1)
+    max_policy: int | None = option(None, "cap on P: records evaluated (None = all)", min=0)
+    max_env: int | None = option(None, "cap on A: records evaluated (None = all)", min=0)
+    selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
+    selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
+    layout: str | None = option(None, "prompt layout; None: the model's own (model.layout; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
+    seed: int = option(0, "sampling seed and self-play opening randomisation", min=0)
 
     def __post_init__(self):
-        if self.decoding not in ("greedy", "sampled"):
-            raise ValueError(f"EvalConfig.decoding must be 'greedy' or 'sampled', got {self.decoding!r}")
-        for name in ("max_new_tokens", "batch_size", "selfplay_max_plies"):
-            v = getattr(self, name)
-            if name == "max_new_tokens" and v is None:
-                continue
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"EvalConfig.{name} must be a positive integer, got {v!r}")
-        if not isinstance(self.selfplay_games, int) or self.selfplay_games < 0:
-            raise ValueError(f"EvalConfig.selfplay_games must be an integer >= 0, got {self.selfplay_games!r}")
-        if self.layout is not None and self.layout not in tasks.LAYOUTS:
-            raise ValueError(f"EvalConfig.layout must be one of {tasks.LAYOUTS} or None, got {self.layout!r}")
+        validate(self)  # types, ranges and choices of every field (the option() checks above)
 
     def for_model(self, model) -> EvalConfig:
         """This config with the layout and budget resolved: given values win, else the model's."""
