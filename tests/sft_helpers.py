@@ -150,7 +150,9 @@ def _child_main(argv: list[str]) -> None:
     from rookworld_lib.train_sft import SFTConfig, train_sft
 
     def wait_to_be_killed(marker: str, step: int) -> None:
-        Path(marker).write_text(json.dumps({"pid": os.getpid(), "step": step}))
+        # whole or absent: the test kills this process as soon as the marker exists
+        Path(marker + ".tmp").write_text(json.dumps({"pid": os.getpid(), "step": step}))
+        os.replace(marker + ".tmp", marker)
         time.sleep(3600)
 
     if a.pause_in_save:
