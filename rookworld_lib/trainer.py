@@ -320,9 +320,3 @@ class _NoMetrics:
 
     def log(self, record: dict) -> dict:
         return to_jsonable(record)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
