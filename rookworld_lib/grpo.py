@@ -1,15 +1,10 @@
 """GRPO math: token log-probs, group advantages and the clipped policy-gradient loss.
 
-Pure tensor code: no sampling, no model, no training loop. Everything a GRPO update needs between
-"here are N sampled completions with rewards" and "here is a scalar to call backward() on".
-
-Notation (shapes in brackets)
------------------------------
-N completions, laid out group by group (the G samples of prompt 0, then of prompt 1, ...), padded
-to T tokens. ``logprobs`` [N, T] are log pi_theta(o_t | q, o_<t) under the policy being trained,
-``old_logprobs`` [N, T] the same under the policy that sampled (pi_old), ``ref_logprobs`` [N, T]
-under the frozen reference. ``mask`` [N, T] marks real completion tokens (1) against padding (0);
-|o_i| = mask[i].sum(). ``advantages`` [N] hold one value per completion.
+Pure tensor code (no sampling, no model, no loop): from "N sampled completions with rewards" to
+"a scalar to call backward() on". N completions are laid out group by group (the G samples of
+prompt 0, then of prompt 1, ...) and padded to T tokens. ``logprobs`` [N, T] are under the policy
+being trained, ``old_logprobs`` under the policy that sampled, ``ref_logprobs`` under the frozen
+reference; ``mask`` [N, T] marks real completion tokens, |o_i| = mask[i].sum(); ``advantages`` [N].
 
 The objective (DeepSeekMath, arXiv:2402.03300, eq. 3), as a loss to minimise::
 
@@ -21,22 +16,17 @@ The objective (DeepSeekMath, arXiv:2402.03300, eq. 3), as a loss to minimise::
             - entropy_coef * (sum_it m_it H_it / sum_it m_it) * N / N_glob     (if logits are given)
 
 (loss_type="vespo" replaces the clipped policy term by -phi_i * A_i * logprobs_it, see `vespo_weights`.)
-The entropy bonus is TRL's: the mean token entropy of the call, whatever the loss type, scaled only
-for accumulation (TRL divides by the accumulation steps; N / N_glob is the same for equal micro-batches).
+The entropy bonus is TRL's: the call's mean token entropy whatever the loss type, scaled only for
+accumulation (N / N_glob equals TRL's division by the accumulation steps for equal micro-batches).
 
-Names follow TRL's GRPOConfig where TRL has the option (``loss_type``, ``beta``,
-``importance_sampling_level``, ``mask_truncated_completions``, ``delta``, ``max_completion_length``,
-``entropy_coef``, ``use_bias_correction_kl``, ``vespo_*``, ``num_items_in_batch``; and in
-`group_advantages` ``scale_rewards`` as ``scale``, ``reward_weights``, ``multi_objective_aggregation``)
-with TRL's meaning, checked against TRL's own code (tests/test_trl_parity.py); ``epsilon`` /
-``epsilon_high`` are called ``clip_eps_low`` / ``clip_eps_high`` here. Differences from TRL are
-listed in `GRPOConfig`'s docstring; docs/grpo_options.md has the option-by-option table.
+Option names and meanings are TRL's GRPOConfig's (``epsilon`` / ``epsilon_high`` are called
+``clip_eps_low`` / ``clip_eps_high``), checked against TRL's own code in tests/test_trl_parity.py;
+docs/grpo_options.md lists every option and each difference from TRL.
 
-Signs, for the impatient: the loss is *minus* the advantage-weighted ratio, so a batch whose
-positive-advantage completions became more likely has a negative loss. On the first inner
-iteration (pi_theta == pi_old) every ratio is 1, nothing is clipped, and the default loss equals
--mean(A) (zero when advantages are group-centred and completions have equal weight), while its
-gradient is not zero. notebooks/03_grpo_sign_validation.ipynb asserts each of these.
+Signs: the loss is *minus* the advantage-weighted ratio. On the first inner iteration
+(pi_theta == pi_old) every ratio is 1, nothing is clipped and the default loss equals -mean(A)
+(zero for group-centred advantages of equal weight) while its gradient is not zero;
+notebooks/03_grpo_sign_validation.ipynb asserts each of these.
 """
 
 from __future__ import annotations
@@ -56,9 +46,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
 
-# --------------------------------------------------------------------------------------------
-# Log-probs and entropy: one definition, shared with the sampler
-# --------------------------------------------------------------------------------------------
+# --- Log-probs and entropy: one definition, shared with the sampler
 
 def _check_temperature(temperature: float) -> float:
     if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
@@ -75,18 +63,11 @@ def _scaled(logits: Tensor, temperature: float) -> Tensor:
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """log softmax(logits / temperature) at `tokens`: (B, T, V), (B, T) long -> (B, T).
 
-    The one definition shared by the sampler (`sampling.py`, for the old log-probs it stores) and
-    by GRPO scoring (for the new log-probs), so an unchanged policy gives a ratio of exactly 1.
-    Computed in float32 (float64 inputs stay float64) as gather(x) - logsumexp(x), which avoids
-    materialising a second (B, T, V) tensor of log-probs. temperature must be > 0.
-
-    Which distribution is scored: the sampler draws from softmax(logits / T) *after* top-k / top-p
-    filtering, but GRPO scores against the temperature-scaled *full* distribution softmax(logits / T).
-    With top_k=0 and top_p=1 (the GRPO default) the two coincide. With filtering they differ by the
-    log of the kept probability mass, so the ratio to the filtered sampler is not exactly 1 even
-    on-policy. TRL makes the same choice: it divides the logits by `temperature` and applies a
-    full-vocabulary log-softmax, whatever top_k / top_p / min_p the generator used. The sampler also
-    records the filtered log-probs (`Rollout.sampling_logprobs`) for anyone who wants to correct for it.
+    The one definition shared by the sampler (old log-probs) and GRPO scoring (new log-probs), so an
+    unchanged policy gives a ratio of exactly 1. Float32 at least, as gather(x) - logsumexp(x) (no
+    second (B, T, V) tensor). It scores the *full* temperature-scaled distribution, as TRL does,
+    whatever top-k / top-p filtering the sampler used; the filtered log-probs are kept in
+    `Rollout.sampling_logprobs` for anyone who wants to correct for the difference.
     """
     temperature = _check_temperature(temperature)
     if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
@@ -116,9 +97,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
     return torch.cat(out).reshape(B, T)
 
 
-# --------------------------------------------------------------------------------------------
-# Advantages
-# --------------------------------------------------------------------------------------------
+# --- Advantages
 
 @dataclass(frozen=True)
 class GroupStats:
@@ -140,14 +119,16 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 def _nanstd(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    """Bessel-corrected std ignoring NaN; NaN where fewer than two values are present (TRL's nanstd)."""
+    """Bessel-corrected std ignoring NaN; NaN where fewer than two values are present (TRL's nanstd),
+    except 0 over a dimension of size one (a group of one, a batch of one)."""
     dims = dim if dim is not None else tuple(range(x.dim()))
     mean = torch.nanmean(x, dim=dims, keepdim=True)
     var = torch.nanmean((x - mean) ** 2, dim=dims, keepdim=True)
     count = (~torch.isnan(x)).sum(dim=dims, keepdim=True).to(x.dtype)
-    var = torch.where(count > 1, var * count / (count - 1).clamp(min=1), torch.full_like(var, float("nan")))
+    fill = float("nan") if (x.numel() if dim is None else x.size(dim)) > 1 else 0.0
+    var = torch.where(count > 1, var * count / (count - 1).clamp(min=1), torch.full_like(var, fill))
     std = var.sqrt()
-    return std if keepdim else std.squeeze(dims) if dim is not None else std.reshape(())
+    return std if keepdim else std.squeeze(dims)
 
 
 def _tied(g: Tensor, dim: int) -> Tensor:
@@ -177,11 +158,10 @@ def _rewards_tensor(rewards) -> tuple[Tensor, torch.dtype]:
 
 def _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights, aggregation):
     """group_advantages' argument checks; returns (rewards [N, K] float64, weights [K], output dtype)."""
-    if scale not in ADVANTAGE_SCALES:
-        raise ValueError(f"group_advantages: scale must be one of {ADVANTAGE_SCALES}, got {scale!r}")
-    if aggregation not in MULTI_OBJECTIVE_AGGREGATIONS:
-        raise ValueError(f"group_advantages: multi_objective_aggregation must be one of "
-                         f"{MULTI_OBJECTIVE_AGGREGATIONS}, got {aggregation!r}")
+    for name, value, choices in (("scale", scale, ADVANTAGE_SCALES),
+                                 ("multi_objective_aggregation", aggregation, MULTI_OBJECTIVE_AGGREGATIONS)):
+        if value not in choices:
+            raise ValueError(f"group_advantages: {name} must be one of {choices}, got {value!r}")
     if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
         raise ValueError(f"group_advantages: group_size must be a positive integer, got {group_size!r}")
     if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
@@ -207,14 +187,9 @@ def _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights, agg
 
 def _sum_then_normalize(raw: Tensor, group_std: Tensor, G: int, scale: str, eps: float):
     """Weighted sum first, then centred per group and scaled by `scale`: (adv, std, tied) [N]."""
-    N = raw.numel()
     g = raw.view(-1, G)
-    centred = g - torch.nanmean(g, dim=1, keepdim=True)
-    if scale == "batch":
-        std = _nanstd(raw).expand(N) if N > 1 else torch.zeros(N, dtype=raw.dtype, device=raw.device)
-    else:
-        std = group_std.repeat_interleave(G)
-    adv = centred.reshape(-1)
+    std = _nanstd(raw).expand(raw.numel()) if scale == "batch" else group_std.repeat_interleave(G)
+    adv = (g - torch.nanmean(g, dim=1, keepdim=True)).reshape(-1)
     if scale != "none":
         adv = adv / (std + eps)
     tied = _tied(g, dim=1).repeat_interleave(G)  # exact ties within the group: advantage exactly 0
@@ -228,11 +203,10 @@ def _normalize_then_sum(R: Tensor, w: Tensor, unscorable: Tensor, G: int, eps: f
     N, K = R.shape
     grouped = R.view(-1, G, K)
     mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-    std_k = _nanstd(grouped, dim=1, keepdim=True) if G > 1 else torch.zeros_like(mean_k)
-    z = (grouped - mean_k) / (std_k + eps)
+    z = (grouped - mean_k) / (_nanstd(grouped, dim=1, keepdim=True) + eps)
     z = torch.where(_tied(grouped, dim=1)[:, None, :] & ~torch.isnan(grouped), torch.zeros_like(z), z)
     x = torch.nansum(z.reshape(N, K) * w, dim=1).masked_fill(unscorable, float("nan"))
-    std = _nanstd(x).expand(N) if N > 1 else torch.zeros(N, dtype=x.dtype, device=x.device)
+    std = _nanstd(x).expand(N)
     adv = (x - torch.nanmean(x)) / (std + eps)
     return adv, std, _tied(x, dim=0).expand(N)
 
@@ -240,34 +214,24 @@ def _normalize_then_sum(R: Tensor, w: Tensor, unscorable: Tensor, G: int, eps: f
 def group_advantages(rewards, group_size: int, scale: str = "group", eps: float = 1e-4, *,
                      reward_weights=None, multi_objective_aggregation: str = "sum_then_normalize",
                      ) -> tuple[Tensor, GroupStats]:
-    """Group-relative advantages: returns (advantages [N], GroupStats). TRL's GRPOTrainer advantages.
+    """Group-relative advantages, as TRL's GRPOTrainer computes them: (advantages [N], GroupStats).
 
-    rewards: N = num_groups * group_size values (list or tensor), laid out group by group, or an
-    [N, K] table with one column per reward function (TRL's `rewards_per_func`). NaN (or None in a
-    list) marks a reward that could not be computed; a completion whose every reward is NaN is
-    *unscorable*: it is left out of every mean and std and gets advantage 0 (TRL's rule). inf raises.
+    rewards: N = num_groups * group_size values laid out group by group, or an [N, K] table with
+    one column per reward function (TRL's `rewards_per_func`). NaN (None in a list) marks a reward
+    that could not be computed; a completion whose every reward is NaN is unscorable: left out of
+    every mean and std, advantage 0 (TRL's rule). inf raises.
 
-    multi_objective_aggregation (TRL's option of the same name), with weights w_k
-    (`reward_weights`, default all 1; TRL's `reward_weights`):
+    multi_objective_aggregation, with weights w_k = reward_weights (default all 1):
+    - "sum_then_normalize": r_i = sum_k w_k r_ik (NaN skipped), centred on the group mean, divided
+      by `scale` (TRL's scale_rewards): "group": the group's std + eps (DeepSeekMath, TRL's default);
+      "batch": the std of all N rewards + eps (PPO-Lite); "none": nothing (Dr. GRPO).
+    - "normalize_then_sum" (GDPO, 2601.05242): each reward z-scored within its group, weighted sum,
+      then centred and scaled by the batch mean and std (+ eps); `scale` is ignored, as in TRL.
 
-    - "sum_then_normalize" (default): r_i = sum_k w_k r_ik (NaN entries skipped), centred on its
-      group's mean, then divided according to `scale` (TRL's `scale_rewards`):
-      "group": by the group's std + eps (DeepSeekMath GRPO, TRL's default); "batch": by the std of
-      all N rewards + eps (group mean, batch std: PPO-Lite); "none": not at all (Dr. GRPO).
-    - "normalize_then_sum" (GDPO, 2601.05242): each reward function is z-scored within each group
-      ((r_ik - mean) / (std + eps)), the weighted sum is taken, then centred and scaled by the
-      *batch* mean and std (+ eps). `scale` is ignored here, as in TRL.
-
-    Std convention: Bessel-corrected sample std over the scorable values, as TRL's nanstd; a group
-    of one has std 0. eps (default 1e-4, TRL's) is *added* to the std, so scale invariance is exact
-    only up to eps/std: rewards with std 1e-3 lose ~10% of their magnitude.
-
-    A group whose scorable rewards are exactly equal gets advantages of exactly 0 (TRL can leave
-    rounding noise of order ulp / eps there), so it contributes exactly zero policy gradient.
-    `GroupStats.frac_reward_zero_std` is TRL's: the fraction of completions whose scaling std is 0
-    (torch.isclose): under "group" / "none" the group's std, under "batch" (and normalize_then_sum)
-    the batch's, so there it is 0 or 1. Computed in float64 (TRL: float32); returned in the rewards'
-    floating dtype (float32 for lists / int tensors).
+    Stds are Bessel-corrected over the scorable values (TRL's nanstd), 0 for a group of one; eps is
+    *added* to them. An exactly tied group gets advantages of exactly 0 (TRL can leave ulp / eps
+    noise). `frac_reward_zero_std` is TRL's: the fraction of completions whose scaling std is ~0.
+    Computed in float64, returned in the rewards' floating dtype (float32 for lists / int tensors).
     """
     R, w, out_dtype = _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights,
                                               multi_objective_aggregation)
@@ -275,7 +239,7 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
     unscorable = torch.isnan(R).all(dim=1)  # [N]
     raw = torch.nansum(R * w, dim=1).masked_fill(unscorable, float("nan"))  # TRL's logged `reward`
     g = raw.view(-1, G)  # the weighted rewards by group (logged stats; the input of sum_then_normalize)
-    group_std = _nanstd(g, dim=1) if G > 1 else torch.zeros(g.size(0), dtype=g.dtype, device=g.device)
+    group_std = _nanstd(g, dim=1)
     if multi_objective_aggregation == "sum_then_normalize":
         adv, std, tied = _sum_then_normalize(raw, group_std, G, scale, eps)
     else:
@@ -289,15 +253,13 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
         frac_reward_zero_std=float(is_std_zero.double().mean()),
         reward_mean=float(scorable.mean()) if scorable.numel() else float("nan"),
         reward_std=float(scorable.std()) if scorable.numel() > 1 else 0.0,
-        reward_group_std_mean=float(torch.nanmean(group_std)) if G > 1 else 0.0,
+        reward_group_std_mean=float(torch.nanmean(group_std)),
         num_unscorable=int(unscorable.sum()),
     )
     return adv.to(out_dtype), stats
 
 
-# --------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------
+# --- Configuration
 
 @dataclass(frozen=True)
 class GRPOConfig:
@@ -308,58 +270,21 @@ class GRPOConfig:
     (N_glob = num_completions_in_batch, default N; K = num_items_in_batch, default sum_it m_it):
 
     - "grpo":    (1/N_glob) * sum_i (1/|o_i|) sum_t m_it l_it   token mean per completion, then mean
-                 over completions (DeepSeekMath). Length bias: a token of a short completion weighs
-                 more, so short right answers and long wrong ones are favoured.
-    - "bnpo":    (N/N_glob) * sum_it m_it l_it / sum_it m_it    token mean over *this call's* tokens.
-                 Under micro-batch accumulation each micro-batch is normalised by its own token
-                 count, so 4 micro-batches of 2 differ from 1 batch of 8 unless the micro-batches
-                 hold equal token counts (TRL: "results may slightly vary depending on the local
-                 batch size"). With one completion per call it is "grpo".
+                 over completions (DeepSeekMath); a token of a short completion weighs more.
+    - "bnpo":    (N/N_glob) * sum_it m_it l_it / sum_it m_it    token mean over *this call's* tokens,
+                 so micro-batches with unequal token counts differ from one batch (as in TRL).
     - "dr_grpo": sum_it m_it l_it / (N_glob * max_completion_length)   a constant per token (Dr. GRPO,
-                 2503.20783); TRL uses its `max_completion_length`, and so must you (required here).
+                 2503.20783); max_completion_length is required, as TRL uses its own.
     - "dapo":    sum_it m_it l_it / K    token mean over the *global* accumulated batch (DAPO,
-                 2503.14476; TRL's default). Pass K = total effective tokens of all micro-batches
-                 (`effective_mask(...).sum()` summed over them) and the sum of the micro-batch
-                 losses equals the one-batch loss exactly.
+                 2503.14476; TRL's default). With K = the effective tokens of all micro-batches,
+                 the sum of the micro-batch losses equals the one-batch loss exactly.
+    - "vespo":   VESPO (2602.10693): per token -phi_i * A_i * logprobs_it, phi_i a detached Gamma
+                 weight of the sequence ratio (`vespo_weights`), no clipping; aggregated as "dapo".
 
-    - "vespo":   VESPO (2602.10693; TRL's "vespo"): per token -phi_i * A_i * logprobs_it, phi_i a
-                 detached Gamma weight of the completion's sequence ratio (`vespo_weights`), no
-                 clipping; aggregated as "dapo".
-
-    Rows with no effective token count in N (they add 0), as in TRL. `aggregation_weights` returns
-    the per-token weight w_it of each mode (the length-bias picture).
-
-    Same as TRL's GRPOTrainer (TRL 1.16, tested against its own code in tests/test_trl_parity.py):
-    loss, gradient and clip / kl / entropy metrics for loss types grpo, bnpo, dr_grpo, dapo, vespo;
-    beta with the k3 estimator, use_bias_correction_kl, epsilon / epsilon_high (clip_eps_low /
-    clip_eps_high), delta, importance_sampling_level, mask_truncated_completions, entropy_coef,
-    max_completion_length, num_items_in_batch; in `group_advantages`: scale_rewards ("group",
-    "batch", "none"), reward_weights, multi_objective_aggregation, unscorable (NaN / None) rewards,
-    frac_reward_zero_std.
-
-    Differences from TRL's GRPOTrainer (TRL 1.16; each pinned by a test in tests/test_trl_parity.py):
-    - defaults: loss_type "grpo" (DeepSeekMath; TRL: "dapo"), beta 0.04 (TRL: 0.0),
-      use_bias_correction_kl False (TRL: True; ours keeps the plain k3 gradient unless asked).
-      In both, no KL term is formed without a reference: here, unless `ref_logprobs` is passed
-      *and* beta > 0.
-    - TRL has only the k3 estimator; here k1 / k2 / k3 (`kl_estimator`). TRL logs `kl` only when
-      beta != 0; here whenever `ref_logprobs` is given.
-    - `log_ratio_clamp` (default 20) has no TRL counterpart (TRL exponentiates unclamped); set it to
-      None for TRL's behaviour. Within +-20 the two agree.
-    - accumulation: TRL divides grpo / bnpo / dr_grpo losses and the entropy bonus by the number of
-      accumulation steps; here pass `num_completions_in_batch` (N_glob): identical for equal-sized
-      micro-batches, exact (TRL is not) for unequal ones. "dapo" / "vespo": TRL's num_items_in_batch
-      over the generation batch, rescaled to one accumulation window; here `num_items_in_batch` counts
-      the accumulated batch's effective tokens directly.
-    - entropy_coef must be >= 0 here (TRL accepts any value); TRL's adaptive entropy control
-      (use_adaptive_entropy, entropy_target, entropy_coef_min / _max / _delta) is not implemented:
-      it is a controller over optimizer steps that belongs in a training loop.
-    - group_advantages: a tied group's advantages are exactly 0 (TRL's float32 can leave noise of
-      order ulp / 1e-4); computed in float64 (TRL: float32); inf rewards raise (TRL: NaN advantages).
-    - metrics: ratio/mean, /min, /max, approx_kl, loss/policy and advantages/* have no TRL counterpart; TRL's
-      clip_ratio/low_min and high_max (per-sequence extremes) are not computed.
-    - not implemented: loss types cispo / sapo / luspo, top_entropy_quantile, off-policy masking
-      (off_policy_mask_threshold), vLLM importance-sampling correction, MoE router aux loss.
+    Rows with no effective token count in N (they add 0), as in TRL; `aggregation_weights` returns
+    each mode's per-token weights. Every option and each difference from TRL's GRPOConfig (defaults,
+    k1 / k2 estimators, log_ratio_clamp, accumulation counts, what is not implemented) is listed in
+    docs/grpo_options.md and pinned by tests/test_trl_parity.py.
     """
 
     loss_type: str = option("grpo", 'aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" | "vespo" (see class docstring)', choices=LOSS_TYPES)
@@ -389,9 +314,7 @@ class GRPOConfig:
                       "must be set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
 
 
-# --------------------------------------------------------------------------------------------
-# Building blocks (public: the notebook and the tests use them)
-# --------------------------------------------------------------------------------------------
+# --- Building blocks (public: the notebook and the tests use them)
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by the policy (Schulman's k1/k2/k3).
@@ -468,8 +391,7 @@ def importance_log_weights(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
     if level not in IMPORTANCE_SAMPLING_LEVELS:
         raise ValueError(f"grpo: importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {level!r}")
     m = mask.bool()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), zero)
+    log_ratio = torch.where(m, logprobs - old_logprobs.detach(), 0.0)
     if level == "sequence":
         log_ratio = log_ratio.sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True).clamp(min=1).to(logprobs.dtype)
     if log_ratio_clamp is not None:
@@ -486,11 +408,9 @@ def importance_ratios(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, leve
 def policy_objective(ratio: Tensor, advantages: Tensor, config: GRPOConfig | None = None) -> Tensor:
     """The clipped surrogate min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A), elementwise (to maximise).
 
-    ratio and advantages broadcast against each other. With config.delta set, the unclipped ratio
-    is first capped at delta (two-sided clipping). The loss's policy term is minus this. Where the
-    clipped branch is the minimum (r > 1 + eps_high with A > 0, r < 1 - eps_low with A < 0) the
-    value no longer depends on r: zero gradient. With A < 0 and r > 1 + eps_high (or A > 0 and
-    r < 1 - eps_low) the *unclipped* branch is the minimum and the gradient keeps flowing.
+    With config.delta set the unclipped ratio is first capped at delta (two-sided clipping). Where
+    the clipped branch is the minimum (r > 1 + eps_high with A > 0, r < 1 - eps_low with A < 0) the
+    gradient is zero; otherwise (A < 0 with a large r, say) it keeps flowing.
     """
     config = config or GRPOConfig()
     clipped = ratio.clamp(1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
@@ -515,8 +435,7 @@ def vespo_weights(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
     """
     config = config or GRPOConfig()
     m = mask.bool()
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
-    lr = torch.where(m, (logprobs - old_logprobs).clamp(-VESPO_LOG_RATIO_CLAMP, VESPO_LOG_RATIO_CLAMP), zero)
+    lr = torch.where(m, (logprobs - old_logprobs).clamp(-VESPO_LOG_RATIO_CLAMP, VESPO_LOG_RATIO_CLAMP), 0.0)
     log_w = lr.sum(dim=1, keepdim=True).clamp(math.log(VESPO_MIN_WEIGHT), VESPO_LOG_RATIO_CLAMP)
     a = advantages.reshape(-1, 1).to(logprobs.dtype)
     nonneg = a >= 0
@@ -526,9 +445,7 @@ def vespo_weights(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-# --------------------------------------------------------------------------------------------
-# The loss
-# --------------------------------------------------------------------------------------------
+# --- The loss
 
 def _as_float(x, name: str, like: Tensor) -> Tensor:
     if not torch.is_tensor(x):
@@ -536,11 +453,14 @@ def _as_float(x, name: str, like: Tensor) -> Tensor:
     return x.to(device=like.device, dtype=like.dtype)
 
 
+def _shape(x) -> object:
+    return tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
+
+
 def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, logits, config: GRPOConfig) -> None:
     """grpo_loss's argument checks: one ValueError naming the argument and the shape it needs."""
     if not torch.is_tensor(logprobs) or logprobs.dim() != 2:
-        raise ValueError(f"grpo_loss: logprobs must be an [N, T] tensor, got "
-                         f"{tuple(logprobs.shape) if torch.is_tensor(logprobs) else type(logprobs).__name__}")
+        raise ValueError(f"grpo_loss: logprobs must be an [N, T] tensor, got {_shape(logprobs)}")
     if not logprobs.is_floating_point():
         raise ValueError(f"grpo_loss: logprobs must be floating point, got {logprobs.dtype}")
     N, T = logprobs.shape
@@ -548,111 +468,85 @@ def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, l
         raise ValueError(f"grpo_loss: need at least one completion and one position, got logprobs of shape {(N, T)}")
     for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
         if x is not None and (not torch.is_tensor(x) or x.shape != logprobs.shape):
-            shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
-            raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {shape}")
+            raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {_shape(x)}")
     if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
-        shape = tuple(advantages.shape) if torch.is_tensor(advantages) else type(advantages).__name__
-        raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {shape}")
+        raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {_shape(advantages)}")
     if logits is not None and (not torch.is_tensor(logits) or logits.dim() != 3 or logits.shape[:2] != (N, T)):
-        shape = tuple(logits.shape) if torch.is_tensor(logits) else type(logits).__name__
-        raise ValueError(f"grpo_loss: logits must have shape ({N}, {T}, V), got {shape}")
+        raise ValueError(f"grpo_loss: logits must have shape ({N}, {T}, V), got {_shape(logits)}")
     if config.entropy_coef > 0 and logits is None:
         raise ValueError("grpo_loss: config.entropy_coef > 0 needs `logits` to compute the entropy bonus")
 
 
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of x over the True positions of mask (same shape); NaN when there are none."""
+    mf = mask.to(x.dtype)
+    n = mf.sum()
+    return torch.where(n > 0, (x * mf).sum() / n.clamp(min=1), math.nan)
+
+
 def _loss_metrics(config: GRPOConfig, loss, pg_tok, w, ratio, m, adv, logprobs, old, kl_tok, ent_tok, phi) -> dict:
     """grpo_loss's metrics as plain floats (see its docstring), with one host sync; call under no_grad."""
-    N = logprobs.shape[0]
     dtype = logprobs.dtype
-    mf = m.to(dtype)
-    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
-    a = adv[:, None]
-    n_tok = mf.sum()
-    nan = torch.tensor(float("nan"), dtype=dtype, device=logprobs.device)
-
-    def tok_mean(x):
-        return torch.where(n_tok > 0, (x * mf).sum() / n_tok.clamp(min=1), nan)
-
     if config.importance_sampling_level == "sequence":
-        unit = (m.sum(dim=1, keepdim=True) > 0)  # [N, 1]: completions with tokens
+        unit = m.sum(dim=1, keepdim=True) > 0  # [N, 1]: completions with tokens
         clip_unit = torch.ones_like(unit)  # TRL counts every completion, empty ones too
     else:
         unit = clip_unit = m
-    unit_f, clip_f = unit.to(dtype), clip_unit.to(dtype)
-    n_unit, n_clip = unit_f.sum(), clip_f.sum()
-
-    def unit_mean(x):
-        return torch.where(n_unit > 0, (x * unit_f).sum() / n_unit.clamp(min=1), nan)
-
-    def clip_mean(x):
-        return torch.where(n_clip > 0, (x * clip_f).sum() / n_clip.clamp(min=1), nan)
-
-    r = ratio.detach()
+    r, a = ratio.detach(), adv[:, None]
     low = (r < 1.0 - config.clip_eps_low) & (a < 0)
     high = (r > 1.0 + config.clip_eps_high) & (a > 0)
-    big = torch.tensor(float("inf"), dtype=dtype, device=logprobs.device)
-    tok_lr = torch.where(m, logprobs.detach() - old, zero)
+    tok_lr = torch.where(m, logprobs.detach() - old, 0.0)
     if config.log_ratio_clamp is not None:
         tok_lr = tok_lr.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-    names = ["loss", "loss/policy", "ratio/mean", "ratio/min", "ratio/max", "clip_ratio/low_mean", "clip_ratio/high_mean",
-             "clip_ratio/region_mean", "approx_kl", "advantages/mean", "advantages/std", "num_tokens", "num_completions"]
-    values = [
-        loss.detach(),
-        (pg_tok.detach() * w).sum(),
-        unit_mean(r),
-        torch.where(n_unit > 0, torch.where(unit, r, big).min(), nan),
-        torch.where(n_unit > 0, torch.where(unit, r, -big).max(), nan),
-        clip_mean(low.to(dtype)),
-        clip_mean(high.to(dtype)),
-        clip_mean((low | high).to(dtype)),
-        tok_mean(torch.expm1(tok_lr) - tok_lr),
-        adv.mean(),
-        adv.std(correction=0),
-        n_tok,
-        torch.tensor(float(N), dtype=dtype, device=logprobs.device),
-    ]
+    values = {
+        "loss": loss.detach(),
+        "loss/policy": (pg_tok.detach() * w).sum(),
+        "ratio/mean": _masked_mean(r, unit),
+        "ratio/min": torch.where(unit.any(), torch.where(unit, r, math.inf).min(), math.nan),
+        "ratio/max": torch.where(unit.any(), torch.where(unit, r, -math.inf).max(), math.nan),
+        "clip_ratio/low_mean": _masked_mean(low.to(dtype), clip_unit),
+        "clip_ratio/high_mean": _masked_mean(high.to(dtype), clip_unit),
+        "clip_ratio/region_mean": _masked_mean((low | high).to(dtype), clip_unit),
+        "approx_kl": _masked_mean(torch.expm1(tok_lr) - tok_lr, m),
+        "advantages/mean": adv.mean(),
+        "advantages/std": adv.std(correction=0),
+        "num_tokens": m.sum(),
+        "num_completions": adv.new_tensor(float(adv.numel())),
+    }
     if kl_tok is not None:
-        names.append("kl")
-        values.append(tok_mean(kl_tok.detach()))
+        values["kl"] = _masked_mean(kl_tok.detach(), m)
     if ent_tok is not None:
-        names.append("entropy")
-        values.append(tok_mean(ent_tok.detach()))
+        values["entropy"] = _masked_mean(ent_tok.detach(), m)
     if phi is not None:
-        names.append("vespo/phi_seq_mean")
-        values.append(phi.mean())
-    metrics = dict(zip(names, torch.stack([v.to(dtype).reshape(()) for v in values]).tolist()))
-    metrics["num_tokens"] = float(round(metrics["num_tokens"]))
-    metrics["num_completions"] = float(N)
-    return metrics
+        values["vespo/phi_seq_mean"] = phi.mean()
+    return dict(zip(values, torch.stack([v.to(dtype).reshape(()) for v in values.values()]).tolist()))
 
 
 def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: GRPOConfig):
     """The per-token policy loss (0 off the mask), the importance ratio ([N, T] or [N, 1]) and, for
     "vespo", the detached Gamma weights phi [N, 1] (None otherwise)."""
     N, T = logprobs.shape
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
     ratio = log_w.exp()
     a = adv[:, None]
     phi = None
     if config.loss_type == "vespo":
         phi = vespo_weights(logprobs.detach(), old, adv, m, config)  # no gradient
-        pg_tok = -(phi * a) * torch.where(m, logprobs, zero)
+        pg_tok = -(phi * a) * torch.where(m, logprobs, 0.0)
     else:
         pg_tok = -policy_objective(ratio, a, config).expand(N, T)
-    return torch.where(m, pg_tok, zero), ratio, phi
+    return torch.where(m, pg_tok, 0.0), ratio, phi
 
 
 def _kl_per_token(ref_logprobs: Tensor, logprobs: Tensor, ratio: Tensor, m: Tensor, config: GRPOConfig) -> Tensor:
     """The per-token KL to the reference as it enters the loss (0 off the mask)."""
-    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     ref = _as_float(ref_logprobs, "ref_logprobs", logprobs).detach()
-    log_r = torch.where(m, ref - logprobs, zero)
+    log_r = torch.where(m, ref - logprobs, 0.0)
     if config.log_ratio_clamp is not None:
         log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-    kl_tok = torch.where(m, kl_estimate(-log_r, zero, config.kl_estimator), zero)
+    kl_tok = torch.where(m, kl_estimate(-log_r, torch.zeros_like(log_r), config.kl_estimator), 0.0)
     if config.use_bias_correction_kl:  # TRL: KL times the (differentiable) importance ratio
-        kl_tok = torch.where(m, kl_tok * ratio, zero)
+        kl_tok = torch.where(m, kl_tok * ratio, 0.0)
     return kl_tok
 
 
@@ -663,67 +557,51 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
               group_stats: GroupStats | None = None) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss and its metrics: returns (scalar loss tensor, dict of plain floats).
 
-    logprobs [N, T]: token log-probs under the policy being trained (gradients flow through these);
-    old_logprobs [N, T]: under the sampling policy (detached); advantages [N] (detached); mask [N, T]
-    (bool or 0/1). ref_logprobs [N, T] (detached) turns on the KL term when config.beta > 0 and the
-    `kl` metric whenever given. Masked positions of the log-prob tensors may hold anything, NaN
-    included (they are selected away, never multiplied by 0); masked positions of `logits` must be
-    finite, since the entropy's backward multiplies through them.
+    logprobs [N, T] under the policy being trained (gradients flow through these); old_logprobs [N, T]
+    under the sampling policy, advantages [N] (both detached); mask [N, T] (bool or 0/1);
+    ref_logprobs [N, T] (detached) adds the KL term when config.beta > 0 and the `kl` metric whenever
+    given. Masked positions of the log-prob tensors may hold anything, NaN included (they are
+    selected away, never multiplied by 0); masked positions of `logits` must be finite.
 
-    Keyword-only:
-    logits [N, T, V]: the policy's raw logits at the completion positions; gives the `entropy` metric
-        (at config.temperature) and, with config.entropy_coef > 0, the entropy bonus (grads flow):
-        entropy_coef * (mean token entropy over the effective mask) * N / num_completions_in_batch.
-    truncated [N] bool: completions that hit the length budget; required with mask_truncated_completions.
-    num_items_in_batch: effective tokens in the whole accumulated batch ("dapo" normaliser).
-    num_completions_in_batch: completions in the whole accumulated batch ("grpo", "bnpo", "dr_grpo").
-        With both set, summing the micro-batch losses reproduces the one-batch loss (see GRPOConfig).
-    group_stats: from `group_advantages`; its fields are copied into the metrics.
+    Keyword-only: logits [N, T, V], the policy's raw logits at the completion positions, give the
+    `entropy` metric (at config.temperature) and, with entropy_coef > 0, the entropy bonus;
+    truncated [N] bool is required with mask_truncated_completions; num_items_in_batch ("dapo",
+    "vespo") and num_completions_in_batch ("grpo", "bnpo", "dr_grpo", the entropy bonus) count the
+    whole accumulated batch, so that summed micro-batch losses reproduce the one-batch loss;
+    group_stats (from `group_advantages`) is copied into the metrics.
 
-    Metrics (floats; NaN where undefined, e.g. no effective tokens). Token means run over the
-    effective mask; with importance_sampling_level="sequence", ratio metrics run over completions
-    with at least one token and clip fractions over all N completions (TRL's convention: an empty
-    completion counts, unclipped):
-    loss, loss/policy (policy term alone, same aggregation), kl (mean per-token estimate, when
-    ref_logprobs given), entropy (when logits given), ratio/mean, ratio/min, ratio/max,
-    clip_ratio/low_mean (ratio < 1 - eps_low where A < 0: the clipped branch is active and the
-    gradient is zero), clip_ratio/high_mean (ratio > 1 + eps_high where A > 0), clip_ratio/region_mean
-    (either), approx_kl (k3 estimate of KL(pi_old || pi_theta) from the token log-ratios),
-    advantages/mean, advantages/std (population std over completions), num_tokens,
-    num_completions, vespo/phi_seq_mean (loss_type
-    "vespo": mean Gamma weight over completions, TRL's vespo/phi_seq_mean), and
-    frac_reward_zero_std etc. from group_stats. `kl` is the per-token KL as it enters the loss (times
-    the ratio under use_bias_correction_kl, as TRL logs it).
+    Metrics (NaN where undefined): loss, loss/policy (the policy term alone), kl (per token as it
+    enters the loss, as TRL logs it), entropy, ratio/mean, /min, /max, clip_ratio/low_mean (ratio
+    < 1 - eps_low where A < 0: zero gradient), clip_ratio/high_mean (ratio > 1 + eps_high where
+    A > 0), clip_ratio/region_mean (either), approx_kl (k3 estimate of KL(pi_old || pi_theta)),
+    advantages/mean, advantages/std (population), num_tokens, num_completions, vespo/phi_seq_mean.
+    Token means run over the effective mask; at sequence level ratio metrics run over non-empty
+    completions and clip fractions over all N (TRL's convention).
     """
     config = config or GRPOConfig()
     _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, logits, config)
     if logprobs.dtype in (torch.float16, torch.bfloat16):
         logprobs = logprobs.float()
     N, T = logprobs.shape
-
     dtype = logprobs.dtype
     old = _as_float(old_logprobs, "old_logprobs", logprobs).detach()
     adv = _as_float(advantages, "advantages", logprobs).detach().reshape(N)
     m = effective_mask(mask.to(logprobs.device), truncated, config)
-    zero = torch.zeros((), dtype=dtype, device=logprobs.device)
     w = aggregation_weights(m, config, num_items_in_batch, num_completions_in_batch, dtype)
 
     pg_tok, ratio, phi = _policy_term(logprobs, old, adv, m, config)
     per_tok = pg_tok
-
-    # --- KL to the reference
     kl_tok = None
     if ref_logprobs is not None:
         kl_tok = _kl_per_token(ref_logprobs, logprobs, ratio, m, config)
         if config.beta > 0:
             per_tok = per_tok + config.beta * kl_tok
-
     loss = (per_tok * w).sum()
 
-    # --- entropy bonus (TRL's): the micro-batch's mean token entropy, scaled for accumulation only
+    # entropy bonus (TRL's): the micro-batch's mean token entropy, scaled for accumulation only
     ent_tok = None
     if logits is not None:
-        ent_tok = torch.where(m, entropy_from_logits(logits, config.temperature).to(dtype), zero)
+        ent_tok = torch.where(m, entropy_from_logits(logits, config.temperature).to(dtype), 0.0)
         if config.entropy_coef > 0:
             n_glob = float(N if num_completions_in_batch is None else num_completions_in_batch)
             loss = loss - config.entropy_coef * ent_tok.sum() / m.sum().clamp(min=1) * (N / n_glob)
@@ -755,12 +633,11 @@ def micro_batch_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Ten
                          *, truncated: Tensor | None = None, global_counts: bool = True) -> tuple[Tensor, float]:
     """Accumulate d loss / d logprobs over micro-batches of rows, as a training loop would: (grad [N, T], loss).
 
-    global_counts=True: every micro-batch is given the whole batch's `num_items_in_batch` and
-    `num_completions_in_batch` and the micro-batch losses are summed; this reproduces the one-batch
-    gradient exactly for grpo, dr_grpo and dapo (bnpo normalises each micro-batch by its own tokens
-    by definition). global_counts=False: each micro-batch normalised on its own and the losses
-    averaged over the micro-batches (dividing by the accumulation steps, TRL's recipe for
-    grpo / bnpo / dr_grpo); exact for grpo and dr_grpo with equal-sized micro-batches only.
+    global_counts=True: each micro-batch gets the whole batch's num_items_in_batch and
+    num_completions_in_batch and the losses are summed: the one-batch gradient exactly for grpo,
+    dr_grpo and dapo (bnpo normalises by each micro-batch's own tokens). global_counts=False: each
+    micro-batch normalised on its own and the losses averaged (TRL's recipe): exact for grpo and
+    dr_grpo with equal-sized micro-batches only.
     """
     config = config or GRPOConfig()
     if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
