@@ -1,21 +1,14 @@
 """Side-by-side speed benchmarks: our training step, sampler and GRPO step against transformers and TRL.
 
 `rookworld bench [--quick] [--json]` runs, in one process, with the same weights and shapes:
-(a) one training step: `tuning.TrainStep`, the step SFT trains with, against transformers'
-    GPT2LMHeadModel loaded from our save_pretrained() output, with the same AdamW and clipping;
-(b) rollout sampling: `sampling.generate` against `GPT2LMHeadModel.generate`, same prompts (left
-    padded, varied lengths), temperature 1, no top-k/top-p, every row decoding the same number of
-    tokens (our sampler gets an EOS id no token has; transformers gets min_new_tokens);
-(c) one GRPO step: `train_grpo.GRPOTrainer.train_step` against TRL's GRPOTrainer with the same
-    model, prompts, group size and completion length (skipped, with the reason, without TRL).
+(a) `tuning.TrainStep` (SFT's step) against transformers' GPT2LMHeadModel with the same AdamW and clip;
+(b) `sampling.generate` against `GPT2LMHeadModel.generate`: same left-padded prompts, temperature 1,
+    every row decoding the same number of tokens;
+(c) `train_grpo.GRPOTrainer.train_step` against TRL's GRPOTrainer (skipped, with the reason, without TRL).
 
-(a) and (b) alternate the contenders (perf.benchmark_interleaved), so a noisy neighbour slows
-both. Speedups are ours over theirs in throughput (> 1: ours is faster); with --json the last line
-is one JSON object with the speedups, the absolute figures, the settings and the load average.
-Targets live here (TARGETS, and notebook 04), never in timed tests. Bench sizes: `QUICK`
-(--quick), `FULL` (CPU default), `GPU` (default on CUDA: GPT-2 124M in bf16, 16 x 1024 training
-batch, 256 rollout rows of 128 tokens); --rollout-sweep adds our sampler's tokens/s against
-rollout batch size per decode mode (dynamic, static, CUDA graph).
+(a) and (b) alternate the contenders, so a noisy neighbour slows both. Speedups are ours over theirs
+in throughput (> 1: ours is faster); with --json the last line is one JSON object. Targets live
+here (TARGETS), never in timed tests.
 """
 
 from __future__ import annotations
@@ -36,11 +29,9 @@ import torch
 
 from . import perf
 from .model import GPT, GPTConfig, PRESETS
+from .tokenizer import EOT_ID, VOCAB_SIZE
 from .train_utils import Runtime, build_adamw, clip_grad_norm, option, resolve_device, setup_runtime, validate
 from .tuning import TrainStep
-
-EOT_ID = 50256
-NEVER_EOS = -1  # an id no token has: rows never stop early, so every row decodes max_new_tokens
 
 # A few policy prompts (`P: <FEN>`) for the GRPO comparison; positions from well-known openings.
 FENS = (
@@ -89,13 +80,11 @@ class BenchConfig:
 
 # Bench sizes (not the workflow's or the pipeline's profiles: these only set the benchmark's shapes).
 FULL = BenchConfig()
-QUICK = BenchConfig(model="cpu-small", train_batch=4, train_seq_len=64, sample_prompts=2, group_size=8,
-                    prompt_len=32, new_tokens=24, grpo_prompts=2, grpo_new_tokens=12, warmup=1, repeats=3,
-                    grpo_steps=2)
-# The default on a GPU: GPT-2 124M, bf16, a training batch of 16 x 1024, 256 rollout rows.
-GPU = BenchConfig(model="gpt2", train_batch=16, train_seq_len=1024, sample_prompts=32, group_size=8, prompt_len=64,
-                  new_tokens=128, grpo_prompts=8, grpo_new_tokens=64, warmup=2, repeats=5, grpo_steps=3,
-                  precision="bf16")
+QUICK = BenchConfig(train_batch=4, train_seq_len=64, sample_prompts=2, prompt_len=32, new_tokens=24,
+                    grpo_new_tokens=12, repeats=3, grpo_steps=2)
+# The default on a GPU: GPT-2 124M, bf16, a training batch of 16 x 1024, 256 rollout rows of 128 tokens.
+GPU = BenchConfig(model="gpt2", train_batch=16, train_seq_len=1024, sample_prompts=32, prompt_len=64, new_tokens=128,
+                  grpo_prompts=8, grpo_new_tokens=64, warmup=2, precision="bf16")
 # Rollout rows (prompts x group) measured by --rollout-sweep on a GPU; the CPU gets the first two.
 SWEEP_ROWS = (64, 256, 1024, 2048)
 # What the workbench aims for, ours / theirs in throughput (sampling: >= 2x also with the other core busy).
@@ -123,9 +112,9 @@ def make_models(cfg: BenchConfig, workdir: Path, device: torch.device):
     return ours.to(device), theirs.to(device)
 
 
-def _sides(t: dict, amount: float, unit: str = "tokens_per_s") -> dict:
-    """The two contenders' timings with their throughput, and ours over theirs."""
-    return {**{who: {**t[who].as_dict(), unit: t[who].per_second(amount)} for who in t},
+def _sides(t: dict, tokens: float) -> dict:
+    """The two contenders' timings with their tokens/s, and ours over theirs."""
+    return {**{who: {**t[who].as_dict(), "tokens_per_s": t[who].per_second(tokens)} for who in t},
             "speedup": t["transformers"].median_s / t["ours"].median_s}
 
 
@@ -136,7 +125,7 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> d
     """SFT's TrainStep against transformers' usual step, same batch, optimizer factory and clip."""
     device = runtime.device
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    data = torch.randint(0, 50257, (cfg.train_batch, cfg.train_seq_len + 1), generator=g).to(device)
+    data = torch.randint(0, VOCAB_SIZE, (cfg.train_batch, cfg.train_seq_len + 1), generator=g).to(device)
     x, y = data[:, :-1], data[:, 1:]
     with torch.no_grad():
         diff = (ours.eval()(x) - theirs.eval()(input_ids=x).logits).abs().max().item()
@@ -176,7 +165,7 @@ def rollout_prompts(cfg: BenchConfig) -> list[list[int]]:
 
 def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dict:
     """Our sampler against transformers' generate, the same rows and tokens, interleaved."""
-    from .sampling import SamplingConfig, generate, left_pad
+    from .sampling import NO_EOS, SamplingConfig, generate, left_pad
 
     device = runtime.device
     ours.eval()
@@ -185,7 +174,7 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
     G, L = cfg.group_size, cfg.new_tokens
     rows = [p for p in prompts for _ in range(G)]  # group by group, as generate lays them out
     ids, valid = left_pad(rows, EOT_ID, device)
-    scfg = SamplingConfig(max_new_tokens=L, temperature=1.0, top_k=0, top_p=1.0, num_samples=G, eos_id=NEVER_EOS,
+    scfg = SamplingConfig(max_new_tokens=L, temperature=1.0, top_k=0, top_p=1.0, num_samples=G, eos_id=NO_EOS,
                           pad_id=EOT_ID, seed=cfg.seed)
     counts = {}
 
@@ -215,36 +204,39 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
     return out
 
 
-def rollout_sweep(cfg: BenchConfig, model: GPT, runtime: Runtime, rows: tuple[int, ...] = SWEEP_ROWS,
-                  modes: tuple[str, ...] | None = None) -> list[dict]:
+def rollout_sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress=print) -> dict:
     """Our sampler's generated tokens/s against rollout batch size (prompts x group), per decode mode.
 
     Same prompt lengths and new-token budget as (b); every row decodes the full budget. This is the
     GRPO rollout's throughput as the batch grows, where a GPU leaves the launch-bound regime.
     """
-    from .sampling import SamplingConfig, generate
+    from .sampling import NO_EOS, SamplingConfig, generate
 
-    device = runtime.device
-    model.eval()
-    modes = modes or (("dynamic", "static", "cuda_graph") if device.type == "cuda" else ("dynamic", "static"))
+    cuda = runtime.device.type == "cuda"
+    rows, modes = (SWEEP_ROWS, ("dynamic", "static", "cuda_graph")) if cuda else (SWEEP_ROWS[:2], ("dynamic", "static"))
+    # On a GPU the padded vocabulary (50304 rows), as GRPO there: the same logits, on fast matmul kernels.
+    pad = 64 if cuda else 1
+    progress(f"[bench] rollout sweep: rows {rows} x {cfg.new_tokens} tokens, vocab padded to x{pad}")
+    model = GPT.from_pretrained(workdir, pad_vocab_to_multiple=pad).to(runtime.device).eval()
     out = []
     for n_rows in rows:
         n_prompts = max(1, n_rows // cfg.group_size)
         prompts = rollout_prompts(replace(cfg, sample_prompts=n_prompts))
         for mode in modes:
-            scfg = SamplingConfig(max_new_tokens=cfg.new_tokens, num_samples=cfg.group_size, eos_id=NEVER_EOS,
+            scfg = SamplingConfig(max_new_tokens=cfg.new_tokens, num_samples=cfg.group_size, eos_id=NO_EOS,
                                   pad_id=EOT_ID, seed=cfg.seed, decode=mode)
 
             def sample():  # timed at once, in this iteration
                 with runtime.autocast():
                     generate(model, prompts, scfg)  # noqa: B023
 
-            t = perf.benchmark(sample, warmup=1, repeats=max(2, cfg.repeats // 2), sync=device)
+            t = perf.benchmark(sample, warmup=1, repeats=max(2, cfg.repeats // 2), sync=runtime.device)
             n_tokens = n_prompts * cfg.group_size * cfg.new_tokens
             out.append({"rows": n_prompts * cfg.group_size, "decode": mode, "new_tokens_per_row": cfg.new_tokens,
                         **t.as_dict(), "tokens_per_s": t.per_second(n_tokens),
-                        "peak_memory_mb": perf.max_memory_mb(device)})
-    return out
+                        "peak_memory_mb": perf.max_memory_mb(runtime.device)})
+            progress(f"[bench]     {out[-1]['rows']:5d} rows, {mode:10s}: {out[-1]['tokens_per_s']:,.0f} tok/s")
+    return {"rollout_sweep": out, "rollout_sweep_pad_vocab_to_multiple": pad}
 
 
 # --- (c) GRPO step --------------------------------------------------------------------------------
@@ -255,7 +247,7 @@ def vowel_reward(text: str) -> float:
     return sum(c in "aeiouAEIOU" for c in text) / max(1, len(text))
 
 
-def grpo_prompt_texts(cfg: BenchConfig, n: int) -> list[str]:
+def grpo_prompt_texts(n: int) -> list[str]:
     """n policy prompts (`P: <FEN>`), cycling through FENS."""
     return [f"P: {FENS[i % len(FENS)]}" for i in range(n)]
 
@@ -280,7 +272,7 @@ def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
     from .train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
     G = cfg.group_size
-    items = [PromptItem("P", t) for t in grpo_prompt_texts(cfg, len(FENS))]
+    items = [PromptItem("P", t) for t in grpo_prompt_texts(len(FENS))]
     tcfg = GRPOTrainConfig(steps=cfg.grpo_steps + 1, prompts_per_step=cfg.grpo_prompts, group_size=G,
                            policy_fraction=1.0, max_new_tokens=cfg.grpo_new_tokens, minibatch_size=cfg.grpo_prompts * G,
                            lr=1e-6, weight_decay=0.0, grad_clip=1.0, loss=grpo.GRPOConfig(loss_type="dapo", beta=0.0),
@@ -297,7 +289,7 @@ def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> li
 
     G, L = cfg.group_size, cfg.grpo_new_tokens
     n_steps = cfg.grpo_steps + 1
-    ds = datasets.Dataset.from_dict({"prompt": grpo_prompt_texts(cfg, cfg.grpo_prompts * n_steps)})
+    ds = datasets.Dataset.from_dict({"prompt": grpo_prompt_texts(cfg.grpo_prompts * n_steps)})
     model = transformers.GPT2LMHeadModel.from_pretrained(workdir, attn_implementation="sdpa")
     stamps: list[float] = []
 
@@ -363,19 +355,6 @@ def _report(progress, part: dict) -> None:
              f"{part['transformers']['tokens_per_s']:.0f} tok/s, speedup {part['speedup']:.2f}x")
 
 
-def _sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress) -> dict:
-    rows = SWEEP_ROWS if runtime.device.type == "cuda" else SWEEP_ROWS[:2]
-    # On a GPU the sweep runs the padded vocabulary (50304 rows), as GRPO there does: the same
-    # logits, with the LM head on fast matmul kernels.
-    pad = 64 if runtime.device.type == "cuda" else 1
-    progress(f"[bench] rollout sweep: rows {rows} x {cfg.new_tokens} tokens, vocab padded to x{pad}")
-    model = GPT.from_pretrained(workdir, pad_vocab_to_multiple=pad).to(runtime.device)
-    out = rollout_sweep(cfg, model, runtime, rows)
-    for r in out:
-        progress(f"[bench]     {r['rows']:5d} rows, {r['decode']:10s}: {r['tokens_per_s']:,.0f} tok/s")
-    return {"rollout_sweep": out, "rollout_sweep_pad_vocab_to_multiple": pad}
-
-
 def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> dict:
     """Run (a), (b), (c) and, with sweep, the rollout sweep; return the object --json prints."""
     _quiet_transformers()
@@ -393,18 +372,15 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
         out["sampling"] = bench_sampling(cfg, *make_models(cfg, workdir, runtime.device), runtime)
         _report(progress, out["sampling"])
         if sweep:
-            out.update(_sweep(cfg, workdir, runtime, progress))
+            out.update(rollout_sweep(cfg, workdir, runtime, progress))
         progress(f"[bench] (c) GRPO step: {cfg.grpo_prompts} prompts x {cfg.group_size} x {cfg.grpo_new_tokens} tokens")
         g = out["grpo_step"] = bench_grpo(cfg, workdir, runtime.device)
         progress(f"[bench]     {g['status']}" + (f": speedup {g['speedup']:.2f}x" if g["status"] == "ok" else f": {g['reason']}"))
-    out["utilization"] = util.summary()
-    out["load_average"] = list(os.getloadavg())  # other users' work on a shared machine; read beside the speedups
-    out["wall_s"] = time.perf_counter() - t_start
-    out["train_step_speedup_vs_transformers"] = out["train_step"]["speedup"]
-    out["sampling_speedup_vs_transformers"] = out["sampling"]["speedup"]
-    out["grpo_step_speedup_vs_trl"] = out["grpo_step"].get("speedup")
-    out["targets"] = TARGETS
-    return out
+    # load_average: other users' work on a shared machine, to read beside the speedups
+    return {**out, "utilization": util.summary(), "load_average": list(os.getloadavg()),
+            "wall_s": time.perf_counter() - t_start, "train_step_speedup_vs_transformers": out["train_step"]["speedup"],
+            "sampling_speedup_vs_transformers": out["sampling"]["speedup"],
+            "grpo_step_speedup_vs_trl": out["grpo_step"].get("speedup"), "targets": TARGETS}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,20 +14,21 @@ import torch
 from .model import GPT, lm_loss
 
 
+def _group(name: str, depth: int) -> str:
+    """A parameter's group: wte / wpe / ln_f, or its block cut to `depth` parts ("h.0" or "h.0.attn")."""
+    parts = name.split(".")
+    if parts[1] == "h":
+        return ".".join(parts[1:2 + depth])
+    return parts[1] if parts[0] == "transformer" else parts[0]
+
+
 def params_by_module(model: GPT) -> dict[str, int]:
-    """Parameter counts grouped as embeddings / each block / final LayerNorm; the tied head counted once."""
+    """Parameter counts grouped as embeddings / each block's modules / final LayerNorm.
+
+    named_parameters() yields a shared tensor once, so the head tied to wte is counted once."""
     counts: dict[str, int] = defaultdict(int)
-    seen = set()
     for name, p in model.named_parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        parts = name.split(".")
-        if parts[1] == "h":
-            key = f"h.{parts[2]}.{parts[3]}"  # e.g. h.0.attn
-        else:
-            key = parts[1] if parts[0] == "transformer" else parts[0]
-        counts[key] += p.numel()
+        counts[_group(name, 2)] += p.numel()
     return dict(counts)
 
 
@@ -70,9 +71,7 @@ def grad_norms_by_layer(model: GPT, idx: torch.Tensor) -> dict[str, float]:
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        parts = name.split(".")
-        key = f"h.{parts[2]}" if parts[1] == "h" else parts[1] if parts[0] == "transformer" else parts[0]
-        sq[key] += p.grad.float().pow(2).sum().item()
+        sq[_group(name, 1)] += p.grad.float().pow(2).sum().item()
     model.zero_grad(set_to_none=True)
     return {k: math.sqrt(v) for k, v in sq.items()}
 
@@ -94,19 +93,17 @@ def _bytes(tensors) -> int:
 def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes held after each phase of one training step, by exact accounting of tensors.
 
-    - params: the model's unique parameters;
-    - batch: the input and target ids;
-    - activations: tensors autograd saved for backward during the forward pass (unique storages);
-    - grads: parameter gradients after backward;
-    - optimizer_state: optimizer state after its first step (AdamW: exp_avg and exp_avg_sq).
-    On CUDA the allocator's own figures (memory_allocated after each phase) are added as `cuda_*`.
+    params (unique), batch (inputs and targets), activations (unique storages autograd saved in the
+    forward pass), grads, optimizer_state (after its first step: AdamW's two moments); on CUDA also
+    the allocator's own memory_allocated after each phase, as `cuda_after_*`.
     """
-    device = idx.device
-    cuda = device.type == "cuda"
-    out = {"params": _bytes({id(p): p for p in model.parameters()}.values()), "batch": _bytes([idx]) * 2}
-    if cuda:
-        torch.cuda.synchronize()
-        out["cuda_after_batch"] = torch.cuda.memory_allocated()
+    out = {"params": _bytes(model.parameters()), "batch": _bytes([idx]) * 2}  # parameters() yields a tied one once
+
+    def allocated(phase: str) -> None:
+        if idx.device.type == "cuda":
+            torch.cuda.synchronize()
+            out[f"cuda_after_{phase}"] = torch.cuda.memory_allocated()
+
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -114,21 +111,19 @@ def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimi
         saved[storage.data_ptr()] = storage.nbytes()
         return t
 
+    allocated("batch")
     optimizer.zero_grad(set_to_none=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = lm_loss(model(idx[:, :-1]), idx[:, 1:])
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     out["activations"] = sum(n for ptr, n in saved.items() if ptr not in param_ptrs)
-    if cuda:
-        out["cuda_after_forward"] = torch.cuda.memory_allocated()
+    allocated("forward")
     loss.backward()
     out["grads"] = _bytes([p.grad for p in model.parameters() if p.grad is not None])
-    if cuda:
-        out["cuda_after_backward"] = torch.cuda.memory_allocated()
+    allocated("backward")
     optimizer.step()
     state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
     out["optimizer_state"] = _bytes(state)
-    if cuda:
-        out["cuda_after_step"] = torch.cuda.memory_allocated()
+    allocated("step")
     optimizer.zero_grad(set_to_none=True)
     return out

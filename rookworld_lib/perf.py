@@ -1,21 +1,15 @@
 """Honest speed accounting: FLOPs per token, peak tables, measured peaks, MFU, timing, profiling.
 
-Every speed figure in the workbench goes through this module, so the rules live in one place:
-
-- FLOPs are *model* FLOPs (what the math of GPT-2 needs), never what a kernel happens to execute:
-  activation recomputation (gradient checkpointing) does not raise them, and a flash kernel that
-  skips masked attention blocks does not lower them. This is MFU as defined by PaLM and used by
-  nanoGPT and llm.c.
-- Training costs 3x the forward pass (backward = 2x forward: one matmul for the input gradient and
-  one for the weight gradient per forward matmul). Timing a forward pass and counting training
-  FLOPs is the bug that once reported 173.81% MFU; `mfu()` refuses any result above 100%.
-- Timings synchronise the accelerator, warm up first, repeat, and report the median with its spread.
-
-Devices are named as everywhere else in the workbench (`train_utils.resolve_device`, imported here).
+Every speed figure in the workbench goes through this module, so the rules live in one place
+(docs/perf.md spells them out): FLOPs are *model* FLOPs (PaLM's MFU: recomputation does not raise
+them, a kernel that skips masked blocks does not lower them); training costs 3x the forward pass,
+and `mfu()` refuses any result above 100% (the 173.81% bug: training FLOPs over a forward timing);
+timings warm up, synchronise the accelerator, repeat, and report the median with its spread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.metadata
 import json
@@ -27,7 +21,7 @@ import statistics
 import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -43,18 +37,10 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
-    """Forward FLOPs per token of a GPT-2 shaped model, by component (2 FLOPs per multiply-add).
+    """Forward FLOPs per token of a GPT-2 shaped model whose attention spans `seq_len` keys, by matmul.
 
-    For a token whose attention spans `seq_len` keys, per layer (C = n_embd): `qkv` 2*C*3C (fused
-    Q/K/V projection), `attn_scores` 2*seq_len*C (q.k for every key, all heads), `attn_values`
-    2*seq_len*C (weighted sum of values), `attn_proj` 2*C*C, `mlp` 2*C*4C*2; once per token
-    `lm_head` 2*C*padded_vocab (tied to the embedding, but a real matmul, so counted).
-
-    Left out, by convention (PaLM, nanoGPT, llm.c) and because they are small next to the matmuls:
-    LayerNorm, softmax, GELU, the residual adds, bias adds, dropout, the attention scale and mask,
-    the token and position embedding lookups (gathers, not matmuls) and the loss. Attention is
-    counted over the full seq_len x seq_len score matrix although causality makes half of it
-    masked; that is what an explicit-math attention executes and what the MFU convention counts.
+    2 FLOPs per multiply-add; the matmuls only (LayerNorm, softmax, GELU, adds, embedding gathers and
+    the loss are left out by convention), attention over the full score matrix: docs/perf.md's table.
     """
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
@@ -70,15 +56,11 @@ def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
 
 
 def flops_per_token(config: GPTConfig, seq_len: int, kind: str = "train") -> int:
-    """Model FLOPs per token.
+    """Model FLOPs per token: sum(flops_breakdown(...)), times 3 for "train" (backward = 2x forward).
 
-    kind: "forward" (one forward pass over `seq_len` tokens, per token); "train" (forward +
-    backward = 3x forward; the optimizer step is not counted); "decode" (one new token attending
-    to `seq_len` cached keys, its own included, as in KV-cached sampling).
-
-    Equals sum(flops_breakdown(...)) (x3 for train), i.e. L * (24 C^2 + 4 seq_len C) + 2 C V_padded
-    per forward token; see `flops_breakdown` for what is counted and what is left out. Within 2%
-    of torch.utils.flop_counter.FlopCounterMode with attn_impl="math" (tests/test_perf.py).
+    kind: "forward" (a pass over `seq_len` tokens), "train" (forward + backward, no optimizer step) or
+    "decode" (one new token attending to `seq_len` cached keys, its own included). Within 2% of
+    torch's FlopCounterMode with attn_impl="math" (tests/test_perf.py).
     """
     if kind not in FLOP_KINDS:
         raise ValueError(f"kind must be one of {FLOP_KINDS}, got {kind!r}")
@@ -111,11 +93,8 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 
 
 def table_entry(device_name: str) -> str | None:
-    """The PEAK_TFLOPS key for a device name such as torch.cuda.get_device_name(), or None.
-
-    "NVIDIA H100 80GB HBM3" (SXM) -> "H100 SXM", "NVIDIA GH200 ..." -> "H200", any A100 -> "A100".
-    CPUs and unknown GPUs have no entry: their MFU is reported against the measured peak only.
-    """
+    """The PEAK_TFLOPS key for a name such as torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3" ->
+    "H100 SXM"), or None: CPUs and unknown GPUs get MFU against the measured peak only."""
     name = device_name.upper()
     if "H100" in name:
         return "H100 PCIe" if "PCIE" in name else "H100 NVL" if "NVL" in name else "H100 SXM"
@@ -132,13 +111,16 @@ def table_peak(device_name: str, precision: str) -> float | None:
 
 def cpu_name() -> str:
     """The CPU's model name from /proc/cpuinfo (or what platform knows)."""
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_capability() -> str:
+    """The SIMD level torch's CPU kernels use (e.g. "AVX2", "AVX512"), or "unknown"."""
+    return str(getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")())
 
 
 def device_name(device: str | torch.device = "auto") -> str:
@@ -160,9 +142,8 @@ def measure_peak_tflops(device: str | torch.device = "auto", precision: str = "f
                         warmup: int = 2, repeats: int = 5) -> float:
     """Achievable matmul TFLOP/s: an n x n @ n x n matmul in the run's dtype, warmed up and synced.
 
-    The *best* of `repeats` timings is used (a peak is what the hardware can do, and on a shared
-    machine the slower repeats measure the neighbours). n defaults to 8192 on a GPU and 1024 on a
-    CPU (large enough to leave the cache-bound regime, small enough to take well under a second).
+    The *best* of `repeats` timings counts: a peak is what the hardware can do, and on a shared machine
+    the slower repeats measure the neighbours. n: 8192 on a GPU, 1024 on a CPU (out of cache, < 1 s).
     """
     device = resolve_device(device)
     n = n or (8192 if device.type == "cuda" else 1024)
@@ -212,16 +193,11 @@ class MFU:
     vs_measured: float | None  # fraction of the measured matmul peak (None: not measured)
     peak: Peak
 
-    def as_dict(self) -> dict:
-        """The fields (the peak too) as a JSON-ready dict."""
-        return asdict(self)
-
 
 def mfu(flops: float, seconds: float, peak: Peak) -> MFU:
     """Model FLOPs utilisation of `flops` model FLOPs done in `seconds`, against both peaks.
 
-    Raises MFUError if either fraction exceeds 1: that is always a bug in the FLOP count (e.g. 6N
-    per token over a forward-only timing) or in the timing (unsynchronised CUDA), never a result.
+    Raises MFUError above 1: always a bug in the FLOP count or the timing (unsynchronised CUDA).
     """
     if not (flops > 0 and seconds > 0 and math.isfinite(flops) and math.isfinite(seconds)):
         raise ValueError(f"mfu needs positive, finite flops and seconds; got flops={flops!r}, seconds={seconds!r}")
@@ -293,23 +269,17 @@ def _sync_fn(sync) -> Callable[[], None]:
 def benchmark(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, sync=True) -> Timing:
     """Time fn(): `warmup` untimed calls, then `repeats` timed ones; median, p10/p90, min, mean.
 
-    sync: True (default) synchronises CUDA (when initialised) before starting and before stopping
-    each clock, so queued GPU work is inside the measurement; False skips it; a device ("cuda:0")
-    syncs that device; a callable is called instead. Usage:
-
-        t = benchmark(lambda: model(x), warmup=2, repeats=10)
-        print(t.median_s, t.p10_s, t.p90_s, t.per_second(x.numel()))
+    sync: True (default) synchronises CUDA (when initialised) after warm-up and before each clock
+    stops, so queued GPU work is inside the measurement; False skips it; a device ("cuda:0") syncs
+    that device; a callable is called instead.
     """
     return benchmark_interleaved({"fn": fn}, warmup=warmup, repeats=repeats, sync=sync)["fn"]
 
 
 def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 10,
                           sync=True) -> dict[str, Timing]:
-    """Time several functions in turns (a, b, a, b, ...) so they share the machine's noise.
-
-    For side-by-side comparisons on a shared or thermally throttling machine, interleaving is fairer
-    than timing one function's repeats and then the other's. Returns one Timing per name.
-    """
+    """Time several functions in turns (a, b, a, b, ...) so they share a noisy machine's slowdowns;
+    one Timing per name."""
     if warmup < 0 or repeats < 1:
         raise ValueError(f"benchmark needs warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
     do_sync = _sync_fn(sync)
@@ -331,8 +301,7 @@ def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2,
 
 
 def _gpu_sampler(index: int) -> Callable[[], dict]:
-    """A function returning GPU utilisation, memory, power and temperature: via pynvml where it is
-    installed (cheap), else via nvidia-smi (a process per sample), else nothing."""
+    """GPU utilisation, memory, power and temperature: via pynvml (cheap), else nvidia-smi, else {}."""
     keys = ("gpu_util_pct", "gpu_mem_used_mb", "gpu_power_w", "gpu_temp_c")
     try:
         import pynvml  # provided by the nvidia-ml-py package
@@ -352,10 +321,6 @@ def _gpu_sampler(index: int) -> Callable[[], dict]:
         cmd, capture_output=True, text=True, timeout=5).stdout.strip().split(",")[:4])))
 
 
-def _process_cpu_seconds() -> float:
-    return sum(os.times()[:2])  # user + system
-
-
 def _host_cpu_times() -> tuple[float, float] | None:
     """(busy, total) jiffies from /proc/stat (idle = idle + iowait), for machine-wide utilisation."""
     try:
@@ -366,15 +331,10 @@ def _host_cpu_times() -> tuple[float, float] | None:
 
 
 class UtilizationSampler:
-    """Sample CPU (and GPU, via NVML) utilisation in a background thread while a block runs.
+    """Sample CPU (and GPU) utilisation in a background thread while a `with` block runs.
 
-        with UtilizationSampler(interval_s=0.2) as util:
-            run_training()
-        util.summary()  # {"process_cpu_pct": {"mean":..., "max":...}, "host_cpu_pct": ..., "gpu_util_pct": ...}
-
-    process_cpu_pct is this process's CPU time over wall time in percent of one core (200 = two
-    busy cores); host_cpu_pct is the whole machine's busy share in percent of all cores (so other
-    users' load shows there). GPU metrics appear only where a GPU and pynvml or nvidia-smi exist.
+    process_cpu_pct: this process's CPU time over wall time, in percent of one core (200 = two busy
+    cores); host_cpu_pct: the whole machine's busy share of all cores (other users' load shows there).
     """
 
     def __init__(self, interval_s: float = 0.2, gpu: bool | None = None, gpu_index: int = 0):
@@ -387,16 +347,14 @@ class UtilizationSampler:
 
     def _run(self):
         gpu = _gpu_sampler(self.gpu_index) if self.gpu else dict
-        last_t, last_cpu, last_host = time.perf_counter(), _process_cpu_seconds(), _host_cpu_times()
+        last_t, last_cpu, last_host = time.perf_counter(), sum(os.times()[:2]), _host_cpu_times()
         while not self._stop.wait(self.interval_s):
-            now, cpu, host = time.perf_counter(), _process_cpu_seconds(), _host_cpu_times()
+            now, cpu, host = time.perf_counter(), sum(os.times()[:2]), _host_cpu_times()
             s = {"t": now, "process_cpu_pct": 100.0 * (cpu - last_cpu) / max(now - last_t, 1e-9)}
             if host and last_host and host[1] > last_host[1]:
                 s["host_cpu_pct"] = 100.0 * (host[0] - last_host[0]) / (host[1] - last_host[1])
-            try:  # a GPU metric that cannot be read is left out of the sample, not fatal
+            with contextlib.suppress(Exception):  # a GPU metric that cannot be read is left out, not fatal
                 s.update(gpu())
-            except Exception:
-                pass
             self.samples.append(s)
             last_t, last_cpu, last_host = now, cpu, host
 
@@ -438,17 +396,10 @@ class ProfileResult:
     trace_path: str | None  # Chrome/Perfetto trace (open in chrome://tracing or ui.perfetto.dev)
     device: str
 
-    def as_dict(self) -> dict:
-        """The fields as a JSON-ready dict."""
-        return asdict(self)
-
 
 def _memory_by_phase(prof, device_type: str) -> list[dict]:
-    """Live allocated bytes (relative to the profile's start) within each marked phase.
-
-    Built from the profiler's allocator events ([memory] rows: +bytes on allocation, -bytes on
-    free), so it is the torch allocator's view: what tensors hold, not the process RSS.
-    """
+    """Live allocated bytes (relative to the profile's start) within each marked phase, from the
+    profiler's allocator events (+bytes on allocation, -bytes on free): what tensors hold, not RSS."""
     try:
         events = prof.profiler.kineto_results.events()
     except AttributeError:  # profiler internals moved: no memory breakdown rather than a crash
@@ -481,9 +432,8 @@ def profile_phases(fn: Callable[[], object], steps: int = 1, trace_path: str | P
                    device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
     """Run fn() `steps` times under torch.profiler (with memory); export a trace, tabulate top ops.
 
-    fn should mark its phases with `perf.phase("forward")` etc.; memory_by_phase then reports, for
-    each marked region, the live tensor memory at its start, its peak and its end (MB, relative to
-    what was allocated before profiling began: parameters and any earlier state are the baseline).
+    For each region fn marks with `phase(...)`, memory_by_phase gives the live tensor memory at its
+    start, peak and end (MB, relative to what was allocated before profiling began).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -535,19 +485,15 @@ def environment_info(device: str | torch.device = "auto") -> dict:
     info = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "device": device_name(device),
             "device_type": device.type, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
-            "cpu_capability": getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")(),
+            "cpu_capability": cpu_capability(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         info["transformers"] = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
                                 cwd=Path(__file__).resolve().parent).stdout.strip()
         if commit:
             info["git_commit"] = commit
-    except (OSError, subprocess.SubprocessError):
-        pass
     return info
 
 
@@ -562,6 +508,8 @@ def to_json(obj, path: str | Path) -> Path:
 def _json_default(o):
     if hasattr(o, "as_dict"):
         return o.as_dict()
+    if is_dataclass(o):
+        return asdict(o)
     if isinstance(o, (torch.device, torch.dtype, Path)):
         return str(o)
     raise TypeError(f"cannot serialise {type(o).__name__}")

@@ -34,16 +34,7 @@ def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None
 
 def load_figure(path: str | Path) -> go.Figure:
     """Re-open a figure saved by save_figure (from its .json spec)."""
-    path = Path(path)
-    return pio.from_json(path.with_suffix(".json").read_text())
-
-
-def figure_summary(fig: go.Figure) -> dict:
-    """Trace names and point counts: a small, comparable record of what a figure shows."""
-    return {"title": fig.layout.title.text, "traces": [(t.name, len(t.x) if t.x is not None else 0) for t in fig.data]}
-
-
-__all__ = ["save_figure", "load_figure", "figure_summary"]
+    return pio.from_json(Path(path).with_suffix(".json").read_text())
 
 
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step") -> go.Figure:
@@ -82,6 +73,7 @@ class LiveCurves:
                 self.widget = None
 
     def __call__(self, record: dict) -> None:
+        """Record one metrics record; extend the live plot, if there is one."""
         self.history.append(record)
         if self.widget is not None:
             with self.widget.batch_update():
@@ -91,4 +83,5 @@ class LiveCurves:
                         trace.y = (*trace.y, record[key])
 
     def figure(self) -> go.Figure:
+        """The static figure of everything recorded."""
         return curves_figure(self.history, self.keys, self.title)

@@ -1,18 +1,14 @@
 """The training step, and the tuning matrix that times it one setting at a time.
 
-`TrainStep` is the workbench's one training step (forward through the LM-head loss, backward
-with gradient accumulation, clipping, AdamW, zero_grad), built on train_utils' optimizer factory
-(`build_adamw`), precision (`Runtime`) and `resolve_device`. SFT trains with it; the matrix here
-and `rookworld bench` time it, so a speed figure is the speed of training.
+`TrainStep` is the workbench's one training step (forward through the LM-head loss, backward with
+gradient accumulation, clipping, AdamW, zero_grad). SFT trains with it; the matrix here and
+`rookworld bench` time it, so a speed figure is the speed of training.
 
-The matrix: a baseline `TuneConfig` is trained for a few steps from a fixed initialisation on
-fixed batches; every other row changes one setting (precision, torch.compile mode, batch size,
-sequence length, attention kernel, AdamW implementation, vocabulary padding, activation
-checkpointing, gradient accumulation, optimizer offload, LM-head loss) and is trained the same way.
-Each row records tokens/s, step time (median, p10/p90), MFU against the data-sheet and the measured
-peak, peak memory, memory by phase and the final loss. A row whose final loss is more than
-`tolerance` from the baseline's is marked `changes_result`: a speed-up that changes the answer is
-not a speed-up. Rows a device cannot run are kept as `skipped` with the reason; a crash is `failed`.
+The matrix trains a baseline `TuneConfig` for a few steps from a fixed initialisation on fixed
+batches, then each row with one setting changed, and records speed, MFU, memory and the final loss.
+A row whose final loss is more than `tolerance` from the baseline's is marked `changes_result`: a
+speed-up that changes the answer is not a speed-up. Rows a device cannot run are kept as `skipped`
+with the reason; a crash is `failed`.
 """
 
 from __future__ import annotations
@@ -43,8 +39,8 @@ PARITY_TOLERANCE = 0.05
 
 
 def resolve_loss_impl(impl: str, device: torch.device) -> str:
-    """"auto" -> the fused chunked LM head + loss on CPU, the plain one on CUDA (docs/perf.md has
-    both measured: on CPU the fused one avoids writing the logits, on a GPU cuBLAS wins)."""
+    """"auto" -> the fused chunked LM head + loss on CPU (no logits written), the plain one on CUDA
+    (cuBLAS wins there; docs/perf.md has both measured)."""
     if impl == "auto":
         return "plain" if device.type == "cuda" else "fused"
     return impl
@@ -120,10 +116,8 @@ class TrainStep:
 class CPUOffloadAdamW:
     """AdamW whose state and fp32 master weights live in CPU memory (ZeRO-Offload style, one device).
 
-    After backward, gradients are copied to (pinned) CPU buffers, a CPU AdamW (`build_adamw`, the
-    foreach path) updates the master weights, and they are copied back into the model. Accelerator
-    memory then holds only weights and gradients: the two moments (8 bytes/param) stay in host RAM,
-    at the cost of two PCIe transfers per step.
+    Gradients go to pinned CPU buffers, a CPU AdamW updates the masters, and they are copied back:
+    the two moments (8 bytes/param) stay in host RAM, at the cost of two PCIe transfers per step.
     """
 
     def __init__(self, param_groups: list[dict], lr: float, betas=(0.9, 0.95), eps: float = 1e-8):
@@ -208,11 +202,6 @@ class TuneConfig:
         return GPTConfig.preset(self.model, attn_impl=self.attn_impl, pad_vocab_to_multiple=self.pad_vocab_to_multiple,
                                 gradient_checkpointing=self.gradient_checkpointing, dropout=0.0)
 
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens in one optimizer step (all micro-batches)."""
-        return self.batch_size * self.seq_len
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -227,9 +216,9 @@ class Variant:
 
 def unsupported_reason(cfg: TuneConfig, device: torch.device) -> str | None:
     """Why this configuration cannot run (meaningfully) on `device`, or None if it can."""
-    cuda = device.type == "cuda"
-    if cfg.seq_len > cfg.model_config().block_size:
-        return f"seq_len {cfg.seq_len} exceeds the {cfg.model} model's block_size {cfg.model_config().block_size}"
+    cuda, block = device.type == "cuda", PRESETS[cfg.model].block_size
+    if cfg.seq_len > block:
+        return f"seq_len {cfg.seq_len} exceeds the {cfg.model} model's block_size {block}"
     if cfg.batch_size % cfg.grad_accum:
         return f"batch_size {cfg.batch_size} is not divisible into {cfg.grad_accum} equal micro-batches"
     if cfg.precision == "tf32" and not cuda:
@@ -238,7 +227,7 @@ def unsupported_reason(cfg: TuneConfig, device: torch.device) -> str | None:
         return f"TF32 needs compute capability 8.0+, {perf.device_name(device)} has less"
     if cfg.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
         return f"{perf.device_name(device)} does not support bf16"
-    cap = str(getattr(torch.backends.cpu, "get_cpu_capability", lambda: "unknown")())
+    cap = perf.cpu_capability()
     if cfg.precision == "bf16" and not cuda and not ("AMX" in cap.upper() or "BF16" in cap.upper()):
         return (f"this CPU ({cap}) has no native bf16 matmul (no AVX512-BF16/AMX); autocast would emulate it "
                 f"in software, many times slower than fp32")
@@ -281,14 +270,10 @@ def initial_state(cfg: TuneConfig) -> dict[str, torch.Tensor]:
 def load_initial_state(model: GPT, state: dict[str, torch.Tensor]) -> None:
     """Copy `state` into model; a vocabulary padded beyond the state's rows gets zero rows.
 
-    Padding rows are never looked up (token ids < 50257) and their logits are sliced off, so they
-    receive no gradient and stay zero: a padded model computes exactly what the unpadded one does.
+    Padding rows are never looked up and their logits are sliced off, so they get no gradient and stay
+    zero: a padded model computes exactly what the unpadded one does.
     """
-    params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(state))
-    if missing:
-        raise KeyError(f"initial state lacks {missing[:3]}...")
-    for name, p in params.items():
+    for name, p in model.named_parameters():
         src = state[name]
         if p.dim() != src.dim() or p.shape[1:] != src.shape[1:] or p.shape[0] < src.shape[0]:
             raise ValueError(f"cannot map initial weights {name} {tuple(src.shape)} onto {tuple(p.shape)}")
@@ -345,7 +330,7 @@ def build_step(cfg: TuneConfig, device: torch.device, init_state: dict) -> Train
 
 
 def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace_path) -> dict:
-    """cfg.steps timed steps, then (if profile) one more under the profiler; losses, times, memory."""
+    """cfg.steps timed steps, then (if profile) one more under the profiler: losses, times, memory."""
     device = step.runtime.device
     losses, times = [], []
     perf.reset_max_memory(device)
@@ -356,28 +341,33 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
         losses.append(step(x, y))
         perf.synchronize(device)
         times.append(time.perf_counter() - t0)
-    out = {"losses": [float(v) for v in losses], "times": times, "cuda_peak": perf.max_memory_mb(device),
-           "static": state_bytes(step.model, step.optimizer), "prof": None}
+    static = state_bytes(step.model, step.optimizer)
+    out = {"losses": [float(v) for v in losses], "step_times_s": times, "peak_mem_mb": perf.max_memory_mb(device),
+           "state_mb": static, "memory_by_phase": [], "top_ops": [], "trace_path": None}
     if profile:  # after the final loss is recorded, so it never affects parity
         x, y = batches[cfg.steps % len(batches)]
-        out["prof"] = perf.profile_phases(lambda: step(x, y), steps=1, trace_path=trace_path, device=device)
+        prof = perf.profile_phases(lambda: step(x, y), steps=1, trace_path=trace_path, device=device)
+        out.update(memory_by_phase=prof.memory_by_phase, top_ops=prof.top_ops, trace_path=prof.trace_path)
+        if out["peak_mem_mb"] is None and prof.memory_by_phase:  # CPU: state live at the start + the step's peak
+            step_peak = max(m["peak_mb"] for m in prof.memory_by_phase)
+            out["peak_mem_mb"] = static["params_mb"] + static["optimizer_mb"] + step_peak
     return out
 
 
-def run_config(cfg: TuneConfig, *, init_state: dict | None = None, batches: list | None = None,
-               peaks: dict | None = None, measure_peak: bool = True, profile_memory: bool = True,
-               trace_path: str | Path | None = None, name: str = "config", variable: str = "baseline",
-               expect_parity: bool = True) -> dict:
-    """Train `cfg` for cfg.steps steps and measure it; returns one row (a plain dict).
+def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: dict | None = None,
+               batches: list | None = None, peaks: dict | None = None, measure_peak: bool = True,
+               profile_memory: bool = True, trace_path: str | Path | None = None) -> dict:
+    """Train `cfg` for cfg.steps steps and measure it; one row (a plain dict) labelled by `variant`.
 
-    Unsupported settings give status "skipped" with the reason, a crash "failed" with the error.
-    After the timed steps, one extra step runs under the profiler (if profile_memory) for memory
-    by phase and the top operators.
+    A row the variant or the device cannot run is "skipped" with the reason, a crash "failed" with
+    the error. After the timed steps, one extra step runs under the profiler (if profile_memory)
+    for memory by phase and the top operators.
     """
+    v = variant or Variant("config", "baseline")
+    row = {"name": v.name, "variable": v.variable, "value": getattr(cfg, v.variable, None), "config": asdict(cfg),
+           "expect_parity": v.expect_parity, "status": "ok", "reason": None}
     device = resolve_device(cfg.device)
-    row = {"name": name, "variable": variable, "value": _value_of(cfg, variable), "config": asdict(cfg),
-           "expect_parity": expect_parity, "status": "ok", "reason": None}
-    reason = unsupported_reason(cfg, device)
+    reason = v.skip_reason or unsupported_reason(cfg, device)
     if reason:
         return {**row, "status": "skipped", "reason": reason}
     try:
@@ -387,32 +377,19 @@ def run_config(cfg: TuneConfig, *, init_state: dict | None = None, batches: list
             run = _train(step, cfg, [(x.to(device), y.to(device)) for x, y in batches], profile_memory, trace_path)
     except Exception as exc:  # a crash is a result too: report it, never drop the row
         return {**row, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
-    losses, times, prof, static = run["losses"], run["times"], run["prof"], run["static"]
-    timing = perf.summarize_times(times[cfg.timed_from:])
-    tokens = cfg.tokens_per_step
-    flops = perf.flops_per_token(cfg.model_config(), cfg.seq_len, "train") * tokens
-    util = checked_mfu(flops, timing.median_s, {} if peaks is None else peaks, device, cfg.precision, measure_peak)
+    losses = run["losses"]
     if not all(math.isfinite(v) for v in losses):
         row["status"], row["reason"] = "failed", f"non-finite loss {losses}"
-    mem_phases = prof.memory_by_phase if prof else []
-    peak_mem = run["cuda_peak"]
-    if peak_mem is None and mem_phases:  # CPU: state live at the step's start + the step's own peak
-        peak_mem = static["params_mb"] + static["optimizer_mb"] + max(m["peak_mb"] for m in mem_phases)
-    row.update({
-        "step_time_s": timing.median_s, "step_time_p10_s": timing.p10_s, "step_time_p90_s": timing.p90_s,
-        "step_times_s": times, "tokens_per_step": tokens, "tokens_per_s": tokens / timing.median_s,
-        "flops_per_step": flops, "achieved_tflops": util.achieved_tflops,
-        "mfu_table": util.vs_table, "mfu_measured": util.vs_measured,
-        "peak_table_tflops": util.peak.table_tflops, "peak_measured_tflops": util.peak.measured_tflops,
-        "peak_mem_mb": peak_mem, "state_mb": static, "memory_by_phase": mem_phases,
-        "top_ops": prof.top_ops if prof else [], "trace_path": prof.trace_path if prof else None,
-        "losses": losses, "final_loss": losses[-1],
-    })
-    return row
-
-
-def _value_of(cfg: TuneConfig, variable: str):
-    return getattr(cfg, variable) if variable in TuneConfig.__dataclass_fields__ else None
+    timing = perf.summarize_times(run["step_times_s"][cfg.timed_from:])
+    tokens = cfg.batch_size * cfg.seq_len
+    flops = perf.flops_per_token(cfg.model_config(), cfg.seq_len, "train") * tokens
+    util = checked_mfu(flops, timing.median_s, {} if peaks is None else peaks, device, cfg.precision, measure_peak)
+    return {**row, **run, "step_time_s": timing.median_s, "step_time_p10_s": timing.p10_s,
+            "step_time_p90_s": timing.p90_s, "tokens_per_step": tokens, "tokens_per_s": tokens / timing.median_s,
+            "flops_per_step": flops, "achieved_tflops": util.achieved_tflops,
+            "mfu_table": util.vs_table, "mfu_measured": util.vs_measured,
+            "peak_table_tflops": util.peak.table_tflops, "peak_measured_tflops": util.peak.measured_tflops,
+            "final_loss": losses[-1]}
 
 
 def default_variants(base: TuneConfig, allow_compile: bool = True) -> list[Variant]:
@@ -527,16 +504,10 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     with perf.UtilizationSampler(interval_s=0.25) as sampler:
         for v in tqdm(variants, desc="tuning matrix", disable=not progress):
             cfg = replace(base, **v.overrides)
-            if v.skip_reason:
-                rows.append({"name": v.name, "variable": v.variable, "value": _value_of(cfg, v.variable),
-                             "config": asdict(cfg), "expect_parity": v.expect_parity, "status": "skipped",
-                             "reason": v.skip_reason})
-                continue
             same_data = (cfg.batch_size, cfg.seq_len, cfg.n_batches) == (base.batch_size, base.seq_len, base.n_batches)
             trace = Path(trace_dir) / "baseline_trace.json" if (trace_dir and v.variable == "baseline") else None
-            rows.append(run_config(cfg, init_state=init, batches=batches if same_data else None, peaks=peaks,
-                                   measure_peak=measure_peak, profile_memory=profile_memory, trace_path=trace,
-                                   name=v.name, variable=v.variable, expect_parity=v.expect_parity))
+            rows.append(run_config(cfg, v, init_state=init, batches=batches if same_data else None, peaks=peaks,
+                                   measure_peak=measure_peak, profile_memory=profile_memory, trace_path=trace))
     base_row = rows[0]
     for r in rows:
         if r["status"] == "ok" and base_row["status"] == "ok":

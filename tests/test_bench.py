@@ -41,7 +41,7 @@ def test_hf_tokenizer_matches_tiktoken():
 
     hf = bench.hf_gpt2_tokenizer()
     enc = get_tokenizer()
-    for text in bench.grpo_prompt_texts(bench.QUICK, 3) + [" M: e2e4 d2d4 E: 0.31 -0.2 B: e2e4<|endoftext|>"]:
+    for text in bench.grpo_prompt_texts(3) + [" M: e2e4 d2d4 E: 0.31 -0.2 B: e2e4<|endoftext|>"]:
         assert hf(text)["input_ids"] == enc.encode(text, allowed_special="all")
 
 
