@@ -1,30 +1,16 @@
 """Training checkpoints: atomic saves, a "latest" pointer, clear errors, exact resume.
 
-A checkpoint is one `torch.save` file, `<dir>/step_00000100.pt`, holding a dict:
+A checkpoint is one `torch.save` file, `<dir>/step_00000100.pt`: a dict of plain data and tensors
+(see `training_state`), so it loads with `torch.load(weights_only=True)` and no pickle code runs.
+`<dir>/latest` is a JSON pointer {"file", "step", "bytes", "sha256"} to the newest complete
+checkpoint, and `<file>.sha256` beside each one lets a load refuse, by name, a file whose bytes
+changed since it was saved (a flipped bit, a disk error, another writer).
 
-    format, version      "rookworld-checkpoint", 1
-    kind                 which loop wrote it ("sft", "grpo", ...)
-    step                 optimizer steps completed
-    model, model_config  the (unwrapped) model's state_dict and its GPTConfig as a dict
-    optimizer, scheduler their state_dicts (None when absent)
-    data                 the data stream's position (None when absent)
-    rng                  Python, NumPy, torch CPU and CUDA generator states (train_utils.rng_state)
-    config               the run's config as a plain dict
-    extra                anything else the loop needs to continue exactly (e.g. NaN-guard counters)
-
-`<dir>/latest` is a small JSON pointer {"file", "step", "bytes", "sha256"} to the newest complete
-checkpoint, and every checkpoint has a `<file>.sha256` beside it: a load hashes the file and refuses
-one whose bytes changed since it was saved (a flipped bit, a disk error, another writer), naming it.
-
-Atomicity. Every file is written to a temporary name in the same directory, flushed and fsynced,
-then renamed over its final name with os.replace (atomic on POSIX), and the directory is fsynced.
-The checkpoint file is complete before the pointer names it, so a kill at any moment leaves
-`latest` naming a whole checkpoint: the new one or the previous one. A failed save (a full disk,
-say) removes its temporary file, leaves the previous checkpoint and pointer as they were, and
-raises CheckpointSaveError saying so. Old checkpoints are pruned only after the new one is in place.
-
-Everything stored is plain data and tensors, so checkpoints load with `torch.load(weights_only=True)`
-(no arbitrary pickle code runs when a checkpoint is opened).
+Every file is written to a temporary name in the same directory, fsynced and renamed over its
+final name (`paths.atomic_write`); the checkpoint is complete before the pointer names it, so a
+kill at any moment leaves `latest` naming a whole checkpoint. A failed save (a full disk, say)
+leaves the previous checkpoint and pointer as they were and raises CheckpointSaveError saying so;
+old checkpoints are pruned only after the new one is in place.
 """
 
 from __future__ import annotations
@@ -65,9 +51,7 @@ class CheckpointLoadError(CheckpointError, ValueError):
     """A checkpoint file is missing, truncated, corrupt or not a checkpoint of ours."""
 
 
-# --------------------------------------------------------------------------------------------
-# Writing
-# --------------------------------------------------------------------------------------------
+# --- Writing
 
 class _RecordingFile:
     """A file for torch.save that remembers the OSError of a failed write: torch's zip writer reports
@@ -80,19 +64,18 @@ class _RecordingFile:
     def __getattr__(self, name):  # fileno, tell, ...: the file's own
         return getattr(self.f, name)
 
-    def write(self, data):
+    def _call(self, fn, *args):
         try:
-            return self.f.write(data)
+            return fn(*args)
         except OSError as exc:
             self.error = self.error or exc
             raise
 
+    def write(self, data):
+        return self._call(self.f.write, data)
+
     def flush(self):
-        try:
-            return self.f.flush()
-        except OSError as exc:
-            self.error = self.error or exc
-            raise
+        return self._call(self.f.flush)
 
 
 def _check_directory(directory: Path) -> None:
@@ -105,9 +88,7 @@ def _check_directory(directory: Path) -> None:
             return
 
 
-# --------------------------------------------------------------------------------------------
-# Finding checkpoints
-# --------------------------------------------------------------------------------------------
+# --- Finding checkpoints
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
     return Path(directory) / f"step_{step:08d}.pt"
@@ -149,9 +130,7 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-# --------------------------------------------------------------------------------------------
-# Save and load
-# --------------------------------------------------------------------------------------------
+# --- Save and load
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int = 2) -> Path:
     """Write `state` (see `training_state`) as `<directory>/step_<step>.pt` and point `latest` at it.
@@ -193,12 +172,10 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
         raise CheckpointSaveError(f"could not save checkpoint {path}: {exc}") from exc
     log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
     if keep_last > 0:
-        for _, old in list_checkpoints(directory)[:-keep_last]:
-            if old != path:
+        for old in [p for _, p in list_checkpoints(directory)[:-keep_last] if p != path]:
+            for f in (old, _digest_path(old)):
                 with contextlib.suppress(OSError):
-                    old.unlink()
-                with contextlib.suppress(OSError):
-                    _digest_path(old).unlink()
+                    f.unlink()
     return path
 
 
@@ -233,18 +210,15 @@ def _remove_stale_temporaries(directory: Path) -> None:
 def load_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> dict:
     """Load a checkpoint file, or the latest one of a checkpoint directory, and check its format.
 
-    Raises CheckpointLoadError naming the file when it is missing, truncated, corrupt, or not one
-    of ours.
+    Raises CheckpointLoadError naming the file when it is missing, truncated, corrupt, or not ours.
     """
     path = Path(path)
     expected_bytes = None
     if path.is_dir():
-        info = _read_pointer(path)
+        expected_bytes = (_read_pointer(path) or {}).get("bytes")
         target = latest_checkpoint(path)
         if target is None:
             raise CheckpointLoadError(f"{path}: no checkpoint in this directory (no '{POINTER}' pointer, no step_*.pt)")
-        if info is not None:
-            expected_bytes = info.get("bytes")
         path = target
     if not path.is_file():
         raise CheckpointLoadError(f"{path}: checkpoint file not found{_others(path)}")
@@ -282,16 +256,14 @@ def _others(path: Path) -> str:
     """Where to go from a checkpoint that cannot be loaded: the newest intact one beside it (its
     digest checked) and how to resume from it."""
     for step, other in reversed(list_checkpoints(path.parent)):
-        saved = None if other == path else _saved_digest(other)
+        saved = _saved_digest(other)
         if other != path and (saved is None or file_sha256(other) == saved):
             return (f"; the newest intact checkpoint there is {other.name} (step {step}): to resume from it, delete "
                     f"{path.name} and {POINTER} in {path.parent} and run the same command again")
     return ""
 
 
-# --------------------------------------------------------------------------------------------
-# Training state <-> checkpoint dict
-# --------------------------------------------------------------------------------------------
+# --- Training state <-> checkpoint dict
 
 def training_state(*, step: int, model: torch.nn.Module, optimizer=None, scheduler=None, data=None,
                    config=None, extra: dict | None = None, kind: str = "sft") -> dict:
@@ -364,10 +336,8 @@ def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
             raise ValueError("export_hf: give a directory when exporting a model object")
     else:
         path = Path(source)
+        model = model_from_checkpoint(path, gradient_checkpointing=False)  # names the file it cannot load
         resolved = latest_checkpoint(path) if path.is_dir() else path
-        if resolved is None:
-            raise CheckpointLoadError(f"{path}: no checkpoint in this directory")
-        model = model_from_checkpoint(resolved, gradient_checkpointing=False)
         if directory is None:
             directory = resolved.with_name(resolved.stem + "-hf")
     directory = Path(directory)
