@@ -4,59 +4,42 @@ Policy (compact layout, the default)::
 
     P: <FEN> M: <m1 m2 m3 m4 m5> E: <e1 e2 e3 e4 e5> B: <best>
 
-- moves in UCI, in Stockfish multipv order, best first *for the side to move*; fewer than five
-  when the position has fewer legal moves;
-- evals (see :class:`Eval`) are from the side to move's point of view;
-- prompt = ``P: <FEN>``; completion = `` M: ... B: <best>`` (then EOT, appended by the trainer).
+Moves in UCI, Stockfish multipv order, best first for the side to move (fewer than five when the
+position has fewer legal moves); evals (:class:`Eval`) from the side to move's point of view;
+prompt = ``P: <FEN>``, completion = `` M: ... B: <best>`` (the trainer appends EOT).
 
-The original RookWorld layout (what a pretrained RookWorld-LM reads and writes) pads each field to
-a fixed width (FEN 90 characters in its generator and the model's output, 89 in some original
-files; M 30, E 40; left-justified), shuffles the (move, eval) pairs, writes evals as Python floats
-of ``score(mate_score=100000) / 100`` (``999.85`` = mate in 15 for the side to move, ``-999.97`` =
-mated in 3) and the FENs of ``A:`` samples as python-chess's ``board.fen()`` (an en-passant
-square only when a legal en-passant capture exists)::
+The original RookWorld layout (what a pretrained RookWorld-LM reads and writes) pads each field to a
+fixed width (FEN 90, 89 in some original files; M 30; E 40; left-justified), shuffles the (move,
+eval) pairs and writes evals as ``score(mate_score=100000) / 100`` (``999.85`` = mate in 15,
+``-999.97`` = mated in 3)::
 
     P: <FEN padded to 90>M: <moves padded to 30>E: <evals padded to 40>B: <best>
 
-Its prompt keeps all but the last padding space: GPT-2's BPE attaches that space to the ``M``
-that follows, so cutting there keeps tokens(prompt) + tokens(completion) == tokens(text).
-Parsers read both layouts and both spellings; builders write the one asked for. The original
-generator's ``B:`` for black is the *worst* of its candidates (it reversed the multipv list);
-:mod:`rookworld_lib.convert` keeps that label apart (``original_best``) and uses Stockfish's best.
+Its prompt keeps all but the last padding space: GPT-2's BPE attaches that space to the ``M``, so
+cutting there keeps tokens(prompt) + tokens(completion) == tokens(text). The original generator's
+``B:`` for black is the *worst* candidate (it reversed the list); :mod:`rookworld_lib.convert`
+keeps that label apart (``original_best``) and uses Stockfish's best.
 
 Environment::
 
     A: <FEN>+<uci>+<history>+<new FEN>+<reward>+<terminated>+<truncated>
 
-- history: the last moves in UCI (at most 10), space separated, the current move last;
-- prompt ends at the third ``+``; completion is ``<new FEN>+<reward>+<terminated>+<truncated>``;
-- reward: 0.001 legal and the game goes on, 1.0 the mover wins (checkmate), 0.5 draw
-  (stalemate, insufficient material, 75-move rule), -1.0 illegal or unparseable move (then new
-  FEN = old FEN, terminated = 0, truncated = 1);
-- termination is decided from the position alone: checkmate, stalemate, insufficient material and
-  the 75-move rule. Repetition draws are *not* part of the task, because ten moves of history do
-  not determine earlier positions (captures are invisible in UCI).
+History: the last moves in UCI (at most 10), the current move last. The prompt ends at the third
+``+``. Reward: 0.001 legal, 1.0 the mover mates, 0.5 draw (stalemate, insufficient material,
+75-move rule), -1.0 illegal or unparseable (then new FEN = old FEN, truncated = 1). Termination is
+decided from the position alone: ten moves of history cannot prove a repetition.
 
-FENs, by layout: the compact layout writes the standard FEN (:func:`canonical_fen`: the en-passant
-square after every double pawn push, as the FEN standard and Stockfish do); the original layout
-writes the FENs of ``A:`` samples as python-chess's ``board.fen()`` (:func:`original_fen`: only
-when a legal en-passant capture exists), as the original arbiter data and RookWorld-LM do, and
-``P:`` FENs as given (the original rook sets hold both conventions, taken from their sources).
-Parsers accept both, and every comparison of positions (rewards, metrics) uses
-:func:`same_position`: placement, side to move, castling rights, clocks and the *legal* en-passant
-captures, whatever the spelling.
+FENs: the compact layout writes the standard FEN (:func:`canonical_fen`: an en-passant square after
+every double push); the original writes ``A:`` FENs as python-chess's ``board.fen()``
+(:func:`original_fen`: only when a capture is legal) and ``P:`` FENs as given. Parsers accept both,
+and every comparison of positions uses :func:`same_position`.
 
-Eval text (:func:`format_eval` / :func:`parse_eval`)::
+Eval text (:func:`format_eval` / :func:`parse_eval`): ``0.35``, ``-1.2``, ``0.0`` (pawns, up to
+two decimals); ``M3`` / ``-M2`` (the side to move mates in 3 / is mated in 2); the original's
+``999.97`` / ``-999.98`` (|v| >= 900 is mate in round(100000 - |v| * 100)).
 
-    0.35   -1.2   0.0     pawns, up to two decimals, side to move's point of view
-    M3                    the side to move mates in 3 (moves, as UCI "score mate 3")
-    -M2                   the side to move is mated in 2
-    999.97  -999.98       the original layout's mates: |v| >= 900 pawns is mate in
-                          round(100000 - |v| * 100) (here mate in 3, mated in 2)
-
-Builders raise ``ValueError`` on bad arguments (caller bugs). Parsers accept *any* string and never
-raise: they return a result whose ``errors`` name everything that is wrong and whose ``ok`` is
-True only for a well-formed input.
+Builders raise ``ValueError`` on bad arguments (caller bugs). Parsers accept *any* input and never
+raise: their ``errors`` name everything wrong, and ``ok`` is True only for well-formed input.
 """
 
 from __future__ import annotations
@@ -102,7 +85,6 @@ WIN_PROB_SLOPE = 0.00368208
 UCI_RE = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
 _PAWNS_RE = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{1,4})?|\.\d{1,4})")
 _MATE_RE = re.compile(r"([+-]?)[M#]([1-9]\d{0,2})")
-_WS = re.compile(r"\s+")
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,31 +97,23 @@ def is_uci_syntax(text: str) -> bool:
 
 
 def fen_error(fen: str) -> str | None:
-    """Why `fen` is not a usable standard-chess position, or None when it is.
-
-    Accepts the standard FEN (en-passant square after every double push) and python-chess's
-    default (only when a capture is possible); rejects non-canonical spellings such as ``44``.
-    """
+    """Why `fen` is not a usable standard-chess position, or None when it is. Accepts both
+    en-passant conventions; rejects non-canonical spellings such as ``44``."""
     if not isinstance(fen, str):
         return f"FEN must be a string, got {type(fen).__name__}"
-    return _fen_error(fen)
-
-
-def _fen_error(fen: str) -> str | None:
     return _checked_board(fen)[1]
 
 
 def checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
     """(board, None) for a usable FEN, else (None, why): one parse for both. Never raises.
     The board is the caller's own copy."""
-    if not isinstance(fen, str):
-        return None, f"FEN must be a string, got {type(fen).__name__}"
-    board, err = _checked_board(fen)
-    return (board.copy(stack=False) if board is not None else None), err
+    err = fen_error(fen)
+    return (None, err) if err else (_checked_board(fen)[0].copy(stack=False), None)
 
 
 @functools.lru_cache(maxsize=8192)
 def _checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
+    # cached: callers must copy the board before changing it
     if not fen.strip():
         return None, "FEN is empty"
     if fen != fen.strip() or "  " in fen:
@@ -158,34 +132,36 @@ def _checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
     return board, None
 
 
-def legal_move(board: chess.Board, text: str) -> chess.Move | None:
-    """The legal move spelled `text` in UCI, or None (bad syntax or illegal). Never raises.
+def _require_fen(fen: str, where: str) -> chess.Board:
+    """The (cached, shared) board of a valid `fen`; ValueError naming `where` otherwise."""
+    err = fen_error(fen)
+    if err:
+        raise ValueError(f"{where}: {err}: {fen!r}")
+    return _checked_board(fen)[0]
 
-    Legality is `board.is_legal`, never `board.push` (which accepts illegal moves).
-    """
+
+def legal_move(board: chess.Board, text: str) -> chess.Move | None:
+    """The legal move spelled `text` in UCI, or None. Never raises. Legality is `board.is_legal`,
+    never `board.push` (which accepts illegal moves)."""
     if not is_uci_syntax(text):
         return None
     try:
         move = chess.Move.from_uci(text)
-    except ValueError:
+    except ValueError:  # e2e2: UCI's shape, but python-chess refuses a null move spelled so
         return None
     return move if board.is_legal(move) else None
 
 
 def canonical_fen(board: chess.Board) -> str:
-    """The FEN the tasks use: the standard form, which records the en-passant target square after
-    every double pawn push (as the FEN standard, Stockfish and the original RookWorld data do),
-    not only when a capture is possible (python-chess's default)."""
+    """The standard FEN (en-passant square after every double push, as Stockfish writes it), not
+    python-chess's default (only when a capture is possible)."""
     return board.fen(en_passant="fen")
 
 
 def original_fen(fen: str) -> str:
-    """`fen` as the original RookWorld data write it: python-chess's ``board.fen()``, which keeps the
-    en-passant square only when a legal en-passant capture exists. `fen` must be valid."""
-    board, err = _checked_board(fen) if isinstance(fen, str) else (None, "not a string")
-    if err:
-        raise ValueError(f"original_fen: {err}: {fen!r}")
-    return board.fen(en_passant="legal")
+    """`fen` as the original RookWorld data write it: python-chess's ``board.fen()`` (an en-passant
+    square only when a legal capture exists). `fen` must be valid."""
+    return _require_fen(fen, "original_fen").fen(en_passant="legal")
 
 
 def fen_for_layout(fen: str, layout: str) -> str:
@@ -196,13 +172,9 @@ def fen_for_layout(fen: str, layout: str) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def normalized_fen(fen: str) -> str | None:
-    """One spelling per position: python-chess's FEN with the en-passant square only when a legal
-    capture exists; None when `fen` is not a valid FEN. Two FENs describe the same position
-    (placement, side, castling, clocks, legal en-passant captures) exactly when these agree."""
-    if not isinstance(fen, str):
-        return None
-    board, err = _checked_board(fen)
-    return None if err else board.fen(en_passant="legal")
+    """One spelling per position (python-chess's default FEN), or None for an invalid FEN: two FENs
+    describe the same position exactly when these agree."""
+    return None if fen_error(fen) else _checked_board(fen)[0].fen(en_passant="legal")
 
 
 def same_position(a: str, b: str) -> bool:
@@ -231,7 +203,7 @@ class Eval:
     def __post_init__(self):
         if (self.cp is None) == (self.mate is None):
             raise ValueError("Eval needs exactly one of cp or mate")
-        if self.mate is not None and self.mate == 0:
+        if self.mate == 0:
             raise ValueError("Eval mate must be non-zero (a mated position has no candidate moves)")
         if self.cp is not None and abs(self.cp) > MATE_CP // 2:
             raise ValueError(f"Eval cp {self.cp} out of range")
@@ -240,12 +212,9 @@ class Eval:
     def from_score(cls, score) -> Eval:
         """From a python-chess `Score` already seen from the side to move (`PovScore.relative`)."""
         mate = score.mate()
-        if mate is not None:
-            if mate == 0:  # "mate 0": the side to move is mated; not a candidate-move eval
-                mate = -1
-            return cls(mate=mate)
-        cp = score.score()
-        return cls(cp=max(-MATE_CP // 2, min(MATE_CP // 2, int(cp))))
+        if mate is not None:  # "mate 0" (the side to move is mated) reads as mated in 1
+            return cls(mate=mate or -1)
+        return cls(cp=max(-MATE_CP // 2, min(MATE_CP // 2, int(score.score()))))
 
     def to_cp(self) -> int:
         """Centipawns with mates mapped to +-(MATE_CP - n): monotone in how good the position is."""
@@ -276,12 +245,8 @@ def format_eval(e: Eval, layout: str = "compact") -> str:
         return str(e.to_cp() / 100)
     if e.mate is not None:
         return f"M{e.mate}" if e.mate > 0 else f"-M{-e.mate}"
-    text = f"{e.cp / 100:.2f}"
-    if "." in text:
-        text = text.rstrip("0")
-        if text.endswith("."):
-            text += "0"
-    return "0.0" if text in ("-0.0", "+0.0") else text
+    text = f"{e.cp / 100:.2f}".rstrip("0")  # cp is an int: never "-0.00"
+    return text + "0" if text.endswith(".") else text
 
 
 def parse_eval(text: str) -> Eval | None:
@@ -299,9 +264,7 @@ def _parse_eval(text: str) -> Eval | None:
         n = int(m.group(2))
         return Eval(mate=-n if m.group(1) == "-" else n)
     if _PAWNS_RE.fullmatch(text):
-        value = float(text)
-        if not math.isfinite(value):
-            return None
+        value = float(text)  # at most 3 digits and 4 decimals: always finite
         if abs(value) >= ORIGINAL_MATE_PAWNS:  # original spelling of a mate: +-(MATE_CP - n) / 100
             n = MATE_CP - int(round(abs(value) * 100))
             return Eval(mate=n if value > 0 else -n) if 1 <= n <= 999 else None
@@ -327,19 +290,17 @@ def _as_eval(e: Eval | str) -> Eval:
 def policy_prompt(fen: str, layout: str = "compact", *, fen_width: int = ORIGINAL_FEN_WIDTH) -> str:
     """``P: <FEN>`` (compact) or the fixed-width original prompt: the FEN padded to `fen_width`
     (90; 89 in some original files), minus the last space (it belongs to `` M:``). The FEN is
-    written as given in both layouts: the original P: sets took their FENs from their sources,
-    with either en-passant convention."""
+    written as given: the original P: sets hold both en-passant conventions."""
     _check_layout(layout)
-    err = fen_error(fen)
-    if err:
-        raise ValueError(f"policy_prompt: {err}: {fen!r}")
+    _require_fen(fen, "policy_prompt")
     if layout == "compact":
         return POLICY_PREFIX + fen
-    return POLICY_PREFIX + fen.ljust(max(fen_width, len(fen) + 1))[:-1]
+    return POLICY_PREFIX + _pad(fen, fen_width)[:-1]
 
 
-def _shuffle_seed(moves: Sequence[str]) -> int:
-    return int.from_bytes(hashlib.sha256(" ".join(moves).encode()).digest()[:8], "little")
+def _pad(field: str, width: int) -> str:
+    """The original layout's fixed-width field: left-justified, and at least one space after it."""
+    return field.ljust(max(width, len(field) + 1))
 
 
 def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: str,
@@ -366,12 +327,11 @@ def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: s
         return f" M: {' '.join(moves)} E: {' '.join(texts)} B: {best}"
     pairs = list(zip(moves, texts))
     if shuffle:
-        random.Random(_shuffle_seed(moves) if shuffle_seed is None else shuffle_seed).shuffle(pairs)
-    m_field = " ".join(p[0] for p in pairs)
-    e_field = " ".join(p[1] for p in pairs)
-    m_field = m_field.ljust(max(ORIGINAL_MOVES_WIDTH, len(m_field) + 1))
-    e_field = e_field.ljust(max(ORIGINAL_EVALS_WIDTH, len(e_field) + 1))
-    return f" M: {m_field}E: {e_field}B: {best}"
+        if shuffle_seed is None:
+            shuffle_seed = int.from_bytes(hashlib.sha256(" ".join(moves).encode()).digest()[:8], "little")
+        random.Random(shuffle_seed).shuffle(pairs)
+    m_field, e_field = (" ".join(column) for column in zip(*pairs))
+    return f" M: {_pad(m_field, ORIGINAL_MOVES_WIDTH)}E: {_pad(e_field, ORIGINAL_EVALS_WIDTH)}B: {best}"
 
 
 def policy_text(fen: str, moves: Sequence[str], evals: Sequence[Eval | str], best: str,
@@ -391,8 +351,18 @@ def _check_layout(layout: str) -> None:
 # Policy task: parsers
 # --------------------------------------------------------------------------------------------
 
+class _Parsed:
+    """What every parse result shares: `ok` is True only for well-formed input."""
+
+    errors: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
 @dataclass(frozen=True)
-class PolicyParse:
+class PolicyParse(_Parsed):
     """What a policy completion (or full sample) says, and what is wrong with it.
 
     `moves` holds every whitespace-separated token of the ``M:`` field as written; `evals` one
@@ -409,10 +379,6 @@ class PolicyParse:
     errors: tuple[str, ...] = ()
 
     @property
-    def ok(self) -> bool:
-        return not self.errors
-
-    @property
     def eval_map(self) -> dict[str, Eval]:
         """move -> eval for the well-formed (move, eval) pairs."""
         if len(self.moves) != len(self.evals):
@@ -421,6 +387,24 @@ class PolicyParse:
 
 
 _MARKERS = ("M:", "E:", "B:")
+
+
+def _parser(result, what: str, prefix: str | None = None):
+    """Make a parser total: a non-string, a missing `prefix`, or a bug of the parser itself gives a
+    `result` whose errors say so (parsers take any input and never raise)."""
+    def wrap(parse):
+        @functools.wraps(parse)
+        def total(text):
+            if not isinstance(text, str):
+                return result(errors=(f"{what} must be a string, got {type(text).__name__}",))
+            if prefix is not None and not text.startswith(prefix):
+                return result(errors=(f"{what} does not start with {prefix!r}",))
+            try:
+                return parse(text)
+            except Exception as exc:  # pragma: no cover - a safety net; tests assert it never fires
+                return result(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+        return total
+    return wrap
 
 
 def _find_marker(text: str, marker: str, start: int) -> int:
@@ -443,14 +427,6 @@ def _detect_layout(completion: str) -> str:
     return "unknown"
 
 
-def parse_policy_completion(completion: str) -> PolicyParse:
-    """Parse `` M: ... E: ... B: <move>`` (either layout; one trailing EOT allowed). Never raises."""
-    try:
-        return _parse_policy_completion(completion)
-    except Exception as exc:  # pragma: no cover - a safety net; tests assert it never fires
-        return PolicyParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
-
-
 def _before_eot(text: str, errors: list[str]) -> str:
     """The text before one <|endoftext|> (an EOT ends a completion); text after it is an error."""
     eot = text.find(EOT)
@@ -461,31 +437,33 @@ def _before_eot(text: str, errors: list[str]) -> str:
     return text[:eot]
 
 
-def _parse_policy_completion(completion) -> PolicyParse:
-    if not isinstance(completion, str):
-        return PolicyParse(errors=(f"completion must be a string, got {type(completion).__name__}",))
-    errors: list[str] = []
-    text = _before_eot(completion, errors)
-    # locate the markers in order; a missing one is reported and the rest still parsed
-    pos, found = 0, {}
+def _sections(text: str, errors: list[str]) -> dict[str, str]:
+    """marker -> body for the markers M:, E:, B: found in that order. A missing marker, and text
+    before the first one, are reported in `errors`; the rest is still parsed."""
+    starts, pos = {}, 0
     for marker in _MARKERS:
         i = _find_marker(text, marker, pos)
         if i == -1:
             errors.append(f"missing {marker}")
             continue
-        found[marker] = i
+        starts[marker] = i
         pos = i + len(marker)
-    if not found:
-        return PolicyParse(errors=tuple(errors) or ("no M:/E:/B: fields",), sections=0)
-    order = sorted(found.items(), key=lambda kv: kv[1])
-    head = text[: order[0][1]]
-    if head.strip():
-        errors.append(f"unexpected text before {order[0][0]} {head.strip()[:20]!r}")
-    bodies = {}
-    for k, (marker, start) in enumerate(order):
-        end = order[k + 1][1] if k + 1 < len(order) else len(text)
-        bodies[marker] = text[start + len(marker): end]
+    if starts:
+        first, head = next(iter(starts)), text[: min(starts.values())].strip()
+        if head:
+            errors.append(f"unexpected text before {first} {head[:20]!r}")
+    ends = [*list(starts.values())[1:], len(text)]
+    return {m: text[i + len(m): end] for (m, i), end in zip(starts.items(), ends)}
 
+
+@_parser(PolicyParse, "completion")
+def parse_policy_completion(completion: str) -> PolicyParse:
+    """Parse `` M: ... E: ... B: <move>`` (either layout; one trailing EOT allowed). Never raises."""
+    errors: list[str] = []
+    text = _before_eot(completion, errors)
+    bodies = _sections(text, errors)
+    if not bodies:
+        return PolicyParse(errors=tuple(errors))
     moves: tuple[str, ...] = ()
     if "M:" in bodies:
         moves = tuple(bodies["M:"].split())
@@ -523,40 +501,26 @@ def _parse_policy_completion(completion) -> PolicyParse:
             elif moves and best not in moves:
                 errors.append("B: move is not among the M: candidates")
     layout = _detect_layout(text) if not errors else "unknown"
-    return PolicyParse(moves=moves, evals=evals, best=best, layout=layout, sections=len(found),
+    return PolicyParse(moves=moves, evals=evals, best=best, layout=layout, sections=len(bodies),
                        errors=tuple(errors))
 
 
 @dataclass(frozen=True)
-class PromptParse:
-    """A parsed ``P: <FEN>`` prompt: the FEN (None if absent) and the board when valid."""
+class PromptParse(_Parsed):
+    """A parsed ``P: <FEN>`` prompt: the FEN (None if absent) and its layout."""
 
     fen: str | None = None
     layout: str = "unknown"
     errors: tuple[str, ...] = ()
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
-    def board(self) -> chess.Board | None:
-        return chess.Board(self.fen) if self.ok and self.fen else None
-
-
+@_parser(PromptParse, "prompt", POLICY_PREFIX)
 def parse_policy_prompt(prompt: str) -> PromptParse:
-    """Parse ``P: <FEN>`` in either layout. Never raises."""
-    try:
-        if not isinstance(prompt, str):
-            return PromptParse(errors=(f"prompt must be a string, got {type(prompt).__name__}",))
-        if not prompt.startswith(POLICY_PREFIX):
-            return PromptParse(errors=(f"prompt does not start with {POLICY_PREFIX!r}",))
-        body = prompt[len(POLICY_PREFIX):]
-        fen = body.rstrip(" ")
-        layout = "compact" if fen == body else "original"
-        err = fen_error(fen)
-        return PromptParse(fen=fen, layout=layout, errors=(err,) if err else ())
-    except Exception as exc:  # pragma: no cover
-        return PromptParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+    """Parse ``P: <FEN>`` in either layout (the original pads the FEN with spaces). Never raises."""
+    body = prompt[len(POLICY_PREFIX):]
+    fen = body.rstrip(" ")
+    err = fen_error(fen)
+    return PromptParse(fen=fen, layout="compact" if fen == body else "original", errors=(err,) if err else ())
 
 
 def split_policy_text(text: str) -> tuple[str, str] | None:
@@ -569,23 +533,17 @@ def split_policy_text(text: str) -> tuple[str, str] | None:
     return text[: i - 1], text[i - 1:]
 
 
+@_parser(PolicyParse, "sample")
 def parse_policy(text: str) -> PolicyParse:
     """Parse a full policy sample (prompt + completion). Never raises."""
-    try:
-        if not isinstance(text, str):
-            return PolicyParse(errors=(f"sample must be a string, got {type(text).__name__}",))
-        parts = split_policy_text(text)
-        if parts is None:
-            return PolicyParse(errors=("not a policy sample: expected 'P: <FEN> M: ...'",))
-        prompt, completion = parts
-        pp = parse_policy_prompt(prompt)
-        cp = parse_policy_completion(completion)
-        errors = tuple(f"prompt: {e}" for e in pp.errors) + cp.errors
-        layout = cp.layout if pp.layout == cp.layout else "unknown"
-        return PolicyParse(fen=pp.fen, moves=cp.moves, evals=cp.evals, best=cp.best, layout=layout,
-                           sections=cp.sections, errors=errors)
-    except Exception as exc:  # pragma: no cover
-        return PolicyParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+    parts = split_policy_text(text)
+    if parts is None:
+        return PolicyParse(errors=("not a policy sample: expected 'P: <FEN> M: ...'",))
+    pp, cp = parse_policy_prompt(parts[0]), parse_policy_completion(parts[1])
+    errors = tuple(f"prompt: {e}" for e in pp.errors) + cp.errors
+    layout = cp.layout if pp.layout == cp.layout else "unknown"
+    return PolicyParse(fen=pp.fen, moves=cp.moves, evals=cp.evals, best=cp.best, layout=layout,
+                       sections=cp.sections, errors=errors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -594,10 +552,7 @@ def parse_policy(text: str) -> PolicyParse:
 
 def format_reward(reward: float) -> str:
     """``0.001``, ``1.0``, ``0.5``, ``-1.0`` (the four environment rewards); others as ``%g``."""
-    for value, text in _REWARD_TEXT.items():
-        if reward == value:
-            return text
-    return f"{reward:g}"
+    return _REWARD_TEXT.get(reward) or f"{reward:g}"
 
 
 def make_history(previous_moves: Iterable[str], move: str) -> tuple[str, ...]:
@@ -612,9 +567,7 @@ def _check_env_move_text(text: str, what: str) -> None:
 
 def env_prompt(fen: str, move: str, history: Sequence[str]) -> str:
     """``A: <FEN>+<move>+<history>+``; `history` is the full field, ending with `move`."""
-    err = fen_error(fen)
-    if err:
-        raise ValueError(f"env_prompt: {err}: {fen!r}")
+    _require_fen(fen, "env_prompt")
     _check_env_move_text(move, "env_prompt: move")
     history = list(history)
     if not history or history[-1] != move:
@@ -628,9 +581,7 @@ def env_prompt(fen: str, move: str, history: Sequence[str]) -> str:
 
 def env_completion(new_fen: str, reward: float, terminated: int | bool, truncated: int | bool) -> str:
     """``<new FEN>+<reward>+<terminated>+<truncated>`` (no EOT)."""
-    err = fen_error(new_fen)
-    if err:
-        raise ValueError(f"env_completion: {err}: {new_fen!r}")
+    _require_fen(new_fen, "env_completion")
     if reward not in ENV_REWARDS:
         raise ValueError(f"env_completion: reward must be one of {ENV_REWARDS}, got {reward!r}")
     return f"{new_fen}+{format_reward(reward)}+{int(bool(terminated))}+{int(bool(truncated))}"
@@ -665,29 +616,24 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
     Raises ValueError only for a bad `fen` or a `move` that cannot be written in the format
     (contains '+' or whitespace, or is empty); a move that is merely wrong is a transition too.
     """
-    err = fen_error(fen)
-    if err:
-        raise ValueError(f"environment_step: {err}: {fen!r}")
+    board = _require_fen(fen, "environment_step").copy(stack=False)  # a copy costs less than a parse
     _check_env_move_text(move, "environment_step: move")
     history = make_history(previous_moves, move)
-    board = _checked_board(fen)[0].copy(stack=False)  # the cached parse: a copy costs less than a parse
-    if not is_uci_syntax(move):
-        return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, "unparseable")
-    mv = chess.Move.from_uci(move)
-    if not board.is_legal(mv):
-        return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, "illegal")
-    board.push(mv)
+    legal = legal_move(board, move)
+    if legal is None:
+        kind = "illegal" if is_uci_syntax(move) else "unparseable"
+        return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, kind)
+    board.push(legal)
     new_fen = canonical_fen(board)
     outcome = board.outcome(claim_draw=False)
     if outcome is None:
         return EnvTransition(fen, move, history, new_fen, REWARD_LEGAL, 0, 0, "legal")
-    termination = outcome.termination.name.lower()
     reward = REWARD_WIN if outcome.winner is not None else REWARD_DRAW
-    return EnvTransition(fen, move, history, new_fen, reward, 1, 0, "legal", termination)
+    return EnvTransition(fen, move, history, new_fen, reward, 1, 0, "legal", outcome.termination.name.lower())
 
 
 @dataclass(frozen=True)
-class EnvPromptParse:
+class EnvPromptParse(_Parsed):
     """A parsed ``A: <FEN>+<move>+<history>+`` prompt."""
 
     fen: str | None = None
@@ -695,42 +641,28 @@ class EnvPromptParse:
     history: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
 
-
+@_parser(EnvPromptParse, "prompt", ENV_PREFIX)
 def parse_env_prompt(prompt: str) -> EnvPromptParse:
     """Parse an environment prompt. Never raises."""
-    try:
-        if not isinstance(prompt, str):
-            return EnvPromptParse(errors=(f"prompt must be a string, got {type(prompt).__name__}",))
-        if not prompt.startswith(ENV_PREFIX):
-            return EnvPromptParse(errors=(f"prompt does not start with {ENV_PREFIX!r}",))
-        parts = prompt[len(ENV_PREFIX):].split("+")
-        if len(parts) != 4 or parts[3] != "":
-            return EnvPromptParse(errors=("prompt must be 'A: <FEN>+<move>+<history>+'",))
-        fen, move, hist = parts[:3]
-        errors = []
-        err = fen_error(fen)
-        if err:
-            errors.append(err)
-        if not move or any(c.isspace() for c in move):
-            errors.append("move field is empty or has whitespace")
-        history = tuple(hist.split(" ")) if hist else ()
-        if not history or history[-1] != move:
-            errors.append("history does not end with the current move")
-        if len(history) > HISTORY_LEN:
-            errors.append(f"history has {len(history)} moves, at most {HISTORY_LEN}")
-        if hist != hist.strip() or "  " in hist:
-            errors.append("history has stray whitespace")
-        return EnvPromptParse(fen=fen if not err else None, move=move, history=history, errors=tuple(errors))
-    except Exception as exc:  # pragma: no cover
-        return EnvPromptParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
+    parts = prompt[len(ENV_PREFIX):].split("+")
+    if len(parts) != 4 or parts[3] != "":
+        return EnvPromptParse(errors=("prompt must be 'A: <FEN>+<move>+<history>+'",))
+    fen, move, hist = parts[:3]
+    err = fen_error(fen)
+    history = tuple(hist.split(" ")) if hist else ()
+    errors = tuple(why for wrong, why in (
+        (err is not None, err),
+        (not move or any(c.isspace() for c in move), "move field is empty or has whitespace"),
+        (not history or history[-1] != move, "history does not end with the current move"),
+        (len(history) > HISTORY_LEN, f"history has {len(history)} moves, at most {HISTORY_LEN}"),
+        (hist != hist.strip() or "  " in hist, "history has stray whitespace"),
+    ) if wrong)
+    return EnvPromptParse(fen=fen if not err else None, move=move, history=history, errors=errors)
 
 
 @dataclass(frozen=True)
-class EnvParse:
+class EnvParse(_Parsed):
     """A parsed environment completion. Fields are None where they are missing or malformed;
     `new_fen` is the text as written (checked separately against the FEN grammar)."""
 
@@ -742,26 +674,14 @@ class EnvParse:
     fen_valid: bool = False
     errors: tuple[str, ...] = ()
 
-    @property
-    def ok(self) -> bool:
-        return not self.errors
-
 
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 
 
+@_parser(EnvParse, "completion")
 def parse_env_completion(completion: str) -> EnvParse:
     """Parse ``<new FEN>+<reward>+<terminated>+<truncated>`` (a trailing ``+`` and one EOT are
     allowed, as in the original RookWorld data). Never raises."""
-    try:
-        return _parse_env_completion(completion)
-    except Exception as exc:  # pragma: no cover
-        return EnvParse(errors=(f"internal parser error: {type(exc).__name__}: {exc}",))
-
-
-def _parse_env_completion(completion) -> EnvParse:
-    if not isinstance(completion, str):
-        return EnvParse(errors=(f"completion must be a string, got {type(completion).__name__}",))
     errors: list[str] = []
     text = _before_eot(completion, errors)
     if text.endswith("+"):
@@ -769,34 +689,24 @@ def _parse_env_completion(completion) -> EnvParse:
     parts = text.split("+")
     if len(parts) != 4:
         errors.append(f"expected 4 '+'-separated fields, found {len(parts)}")
-    new_fen = parts[0] if parts and parts[0] else None
-    fen_valid = False
-    if new_fen is None:
-        errors.append("new FEN is empty")
-    else:
-        err = fen_error(new_fen)
-        fen_valid = err is None
-        if err:
-            errors.append(f"new FEN: {err}")
+    new_fen = parts[0] or None
+    fen_err = fen_error(new_fen) if new_fen else None
+    if new_fen is None or fen_err:
+        errors.append(f"new FEN: {fen_err}" if new_fen else "new FEN is empty")
     reward = None
     if len(parts) > 1:
-        if _FLOAT_RE.fullmatch(parts[1]) and len(parts[1]) <= 16:
+        if _FLOAT_RE.fullmatch(parts[1]) and len(parts[1]) <= 16 and math.isfinite(float(parts[1])):
             reward = float(parts[1])
-            if not math.isfinite(reward):
-                reward = None
-        if reward is None:
+        else:
             errors.append(f"reward is not a number: {parts[1][:16]!r}")
-    flags = []
+    flags = {}
     for k, name in ((2, "terminated"), (3, "truncated")):
-        value = None
-        if len(parts) > k:
-            if parts[k] in ("0", "1"):
-                value = int(parts[k])
-            else:
-                errors.append(f"{name} is not 0/1: {parts[k][:16]!r}")
-        flags.append(value)
-    return EnvParse(new_fen=new_fen, reward=reward, terminated=flags[0], truncated=flags[1],
-                    fields=len(parts), fen_valid=fen_valid, errors=tuple(errors))
+        field = parts[k] if len(parts) > k else None
+        flags[name] = int(field) if field in ("0", "1") else None
+        if field is not None and flags[name] is None:
+            errors.append(f"{name} is not 0/1: {field[:16]!r}")
+    return EnvParse(new_fen=new_fen, reward=reward, fields=len(parts), fen_valid=new_fen is not None and not fen_err,
+                    errors=tuple(errors), **flags)
 
 
 def split_env_text(text: str) -> tuple[str, str] | None:

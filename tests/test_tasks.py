@@ -289,6 +289,7 @@ def test_env_draws():
     (START, "Nf3", "unparseable"),
     (START, "0000", "unparseable"),  # the UCI null move is not a move of the task
     ("r3k2r/8/8/8/8/8/8/R3K2R w - - 0 1", "e1g1", "illegal"),  # no castling right
+    (START, "e2e2", "illegal"),  # UCI's shape, but python-chess refuses to build such a null move
 ])
 def test_env_illegal_and_unparseable_moves(fen, move, kind):
     tr = tasks.environment_step(fen, move)
