@@ -6,9 +6,9 @@ padded by 3 starts at position 0 in column 3), in prefill and in every decode st
 at its own EOS; after that it emits padding that the completion mask excludes.
 
 Two log-probs are returned per sampled token:
-- `logprobs`: under softmax(logits / temperature) over the full vocabulary, computed by
-  `grpo.token_logprobs`, the same function GRPO scores with, so old and new log-probs agree
-  exactly when the policy has not changed;
+- `logprobs`: under softmax(logits / temperature) over the full vocabulary, what GRPO scores
+  with (`grpo.token_logprobs`), so old and new log-probs agree to float rounding when the policy
+  has not changed;
 - `sampling_logprobs`: under the distribution actually sampled from (after top-k / top-p);
   identical to `logprobs` when top_k=0 and top_p=1, the GRPO default.
 """
@@ -40,12 +40,10 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 # on hundreds of Python-issued kernel launches per token. All three give the same tokens.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
 # On a CPU, decode steps up to this many model FLOPs (all rows together) run on one intra-op thread.
-# A decode step is dozens of small ops, each ending at a barrier of torch's OpenMP threads; when
-# another process holds a core, every barrier waits for a descheduled thread. On the 2-core
-# workbench machine with the other core busy, 2 threads took 5.0x (cpu-small, 16 rows), 3.6x (64
-# rows) and 8.4x (cpu-medium, 16 rows) as long per token as 1. On a quieter machine 2 threads
-# gained about 13% (docs/perf.md: --quick sampling 918 against 813 tokens/s, separate runs), so
-# bigger steps (GPT-2 124M at many rows) keep torch's threads, where the matmuls dwarf the barriers.
+# A decode step is dozens of small ops, each ending at a barrier of torch's OpenMP threads, and with
+# another process on a core every barrier waits for a descheduled thread: on 2 cores with the other
+# busy, 2 threads took 3.6-8.4x as long per token as 1; idle, they gained about 13% (docs/perf.md).
+# Bigger steps (GPT-2 124M at many rows) keep torch's threads: their matmuls dwarf the barriers.
 SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
