@@ -100,6 +100,7 @@ def _layout_of(d: dict, path: Path) -> tuple[str, str]:
 
 
 def hf_config_dict(config: GPTConfig) -> dict:
+    """transformers' GPT2Config for `config`, as config.json holds it."""
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -118,9 +119,7 @@ def hf_config_dict(config: GPTConfig) -> dict:
         "bos_token_id": 50256,
         "eos_token_id": 50256,
         "tie_word_embeddings": True,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
+        **REQUIRED_HF_SETTINGS,
         "initializer_range": 0.02,
         "torch_dtype": "float32",
     }
@@ -132,18 +131,8 @@ HF_DROPOUTS = {"resid_pdrop": "dropout", "embd_pdrop": "embd_dropout", "attn_pdr
 HF_DEFAULT_PDROP = 0.1
 
 
-def dropouts_from_hf(d: dict, source) -> dict:
-    """GPTConfig's dropout, embd_dropout and attn_dropout from a config.json's three rates."""
-    out = {}
-    for key, name in HF_DROPOUTS.items():
-        v = d.get(key, HF_DEFAULT_PDROP)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-            raise CheckpointFormatError(f"{source}: {key}={v!r} is not a dropout rate in [0, 1)")
-        out[name] = float(v)
-    return out
-
-
 def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
+    """The GPTConfig of a config.json dict (GPT-2's math only), with `overrides` applied."""
     if d.get("model_type", "gpt2") != "gpt2":
         raise CheckpointFormatError(f"{source}: model_type is {d.get('model_type')!r}, expected 'gpt2'")
     act = d.get("activation_function", "gelu_new")
@@ -159,15 +148,13 @@ def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
     for key, want in REQUIRED_HF_SETTINGS.items():
         if d.get(key, want) != want:
             raise CheckpointFormatError(f"{source}: {key}={d[key]!r} is not supported (GPT-2 uses {want!r})")
-    base = dict(
-        block_size=d["n_positions"],
-        vocab_size=d["vocab_size"],
-        n_layer=d["n_layer"],
-        n_head=d["n_head"],
-        n_embd=d["n_embd"],
-        layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-        **dropouts_from_hf(d, source),
-    )
+    base = dict(block_size=d["n_positions"], vocab_size=d["vocab_size"], n_layer=d["n_layer"], n_head=d["n_head"],
+                n_embd=d["n_embd"], layer_norm_epsilon=d.get("layer_norm_epsilon", 1e-5))
+    for key, name in HF_DROPOUTS.items():
+        v = d.get(key, HF_DEFAULT_PDROP)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
+            raise CheckpointFormatError(f"{source}: {key}={v!r} is not a dropout rate in [0, 1)")
+        base[name] = float(v)
     try:
         GPTConfig(**base)
     except (TypeError, ValueError) as exc:
@@ -182,6 +169,7 @@ def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
 
 
 def load_hf_gpt2(cls, directory: Path, **config_overrides):
+    """A `cls` (GPT) model from a Hugging Face GPT-2 directory, every key checked (see GPT.from_pretrained)."""
     config_path, weights_path = directory / "config.json", directory / "model.safetensors"
     for path in (config_path, weights_path):
         if not path.is_file():
@@ -200,14 +188,9 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
     model = cls(config)
     own = model.state_dict()
     own.pop("lm_head.weight")  # tied to transformer.wte.weight
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys: {', '.join(unexpected)}")
+    parts = [f"{what} keys: {', '.join(sorted(keys))}" for what, keys in
+             (("missing", set(own) - set(state)), ("unexpected", set(state) - set(own))) if keys]
+    if parts:
         raise CheckpointFormatError(f"{weights_path}: " + "; ".join(parts))
     if head is not None and not torch.equal(head, state["transformer.wte.weight"]):
         raise CheckpointFormatError(f"{weights_path}: lm_head.weight differs from transformer.wte.weight (GPT-2 ties them)")
@@ -229,6 +212,7 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
 
 
 def save_hf_gpt2(model, directory: Path) -> None:
+    """Write `model` as config.json + model.safetensors (see GPT.save_pretrained)."""
     config = model.config
     directory.mkdir(parents=True, exist_ok=True)
     state = {}
