@@ -1,21 +1,12 @@
 """Data: the record files, their schema, and a loader that validates every line.
 
-Files (JSON lines, one object per line, UTF-8)
-    ``policy_{train,val,test}.jsonl``, ``env_{train,val,test}.jsonl``, ``mate_in_one.jsonl``;
-    the fields of each record are in :data:`SCHEMA` and in ``data/README.md``. They are made by
-    ``rookworld datagen`` (:mod:`rookworld_lib.datagen`, which documents how) or converted from the
-    original RookWorld data by ``rookworld convert`` (:mod:`rookworld_lib.convert`). A data file
-    always holds at least one record: the writers never leave an empty one.
-
-Loading (:func:`load_jsonl`, :func:`load_split`)
-    Every line is validated (JSON, fields and types, a valid FEN, legal moves, prompt and
-    completion consistent with the fields). A bad line raises :class:`DataFormatError` with
-    ``file:line: reason``; with ``on_error="skip"`` it is skipped, counted and reported. An empty
-    or unreadable file raises it naming the file.
-
-Audits and summaries
-    :func:`audit_policy_labels` (Stockfish again), :func:`audit_env_samples` (python-chess again),
-    :func:`audit_mate_in_one` re-derive the labels; :func:`summarize` counts what the data card shows.
+The files are JSON lines: ``policy_{train,val,test}.jsonl``, ``env_{train,val,test}.jsonl`` and
+``mate_in_one.jsonl``, with the fields of :data:`SCHEMA` (described in ``data/README.md``), made by
+``rookworld datagen`` (:mod:`.datagen`) or ``rookworld convert`` (:mod:`.convert`), which never leave
+an empty file. :func:`load_jsonl` checks every line (JSON, fields and types, FEN, legal moves, texts
+that match the fields): a bad line raises :class:`DataFormatError` ``file:line: reason``, or with
+``on_error="skip"`` is skipped and counted. The audits re-derive the labels (Stockfish, python-chess);
+:func:`summarize` counts what the data card shows.
 """
 
 from __future__ import annotations
@@ -91,9 +82,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
 OPTIONAL_FIELDS = {"original_best"}  # a converted original P: line's own B: label (see convert)
 
 
-# --------------------------------------------------------------------------------------------
-# Record features (the `tags` fields; shared by datagen and convert)
-# --------------------------------------------------------------------------------------------
+# --- Record features (the `tags` fields; shared by datagen and convert) ---
 
 def position_tags(board: chess.Board) -> list[str]:
     """check / castling / en_passant / promotion: features of the side to move's options."""
@@ -123,9 +112,7 @@ def mating_moves(board: chess.Board) -> list[str]:
     return sorted(out)
 
 
-# --------------------------------------------------------------------------------------------
-# Loading and validation
-# --------------------------------------------------------------------------------------------
+# --- Loading and validation ---
 
 class DataFormatError(ValueError):
     """A malformed data line; the message is ``file:line: reason``."""
@@ -269,14 +256,12 @@ def _validate_mate(rec, board):
     mates = rec["mating_moves"]
     if not mates:
         return "field 'mating_moves' is empty"
+    mating = mating_moves(board)
     for m in mates:
         mv = tasks.legal_move(board, m) if isinstance(m, str) else None
         if mv is None:
             return f"mating move {m!r} is not legal"
-        board.push(mv)
-        ok = board.is_checkmate()
-        board.pop()
-        if not ok:
+        if mv.uci() not in mating:
             return f"mating move {m!r} does not mate"
     if rec["prompt"] != tasks.policy_prompt(rec["fen"]):
         return "field 'prompt' does not match 'fen'"
@@ -304,8 +289,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     and a warning reports how many. A file that cannot be read, or holds no record at all (empty
     or blank), raises DataFormatError naming it either way.
     """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    assert on_error in ("raise", "skip"), on_error
     path = Path(path)
     fix = f"regenerate it with `rookworld datagen` or restore it with `git checkout -- {path.name}`"
     records, skipped, ids = [], [], set()
@@ -332,7 +316,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
 
 def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> Path:
     """Path of a shipped file: task 'P' or 'A' with a split, or 'M1' (the mate-in-one set)."""
-    base = Path(data_dir) if data_dir is not None else DATA_DIR
+    base = Path(data_dir or DATA_DIR)
     if task == "M1":
         return base / MATE_FILE
     if task not in TASK_FILES or split not in SPLITS:
@@ -362,9 +346,7 @@ def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
             tasks.env_completion(tasks.original_fen(rec["new_fen"]), rec["reward"], rec["terminated"], rec["truncated"]))
 
 
-# --------------------------------------------------------------------------------------------
-# Audits (re-derive labels; used by the tests and notebook 00)
-# --------------------------------------------------------------------------------------------
+# --- Audits (re-derive labels; used by the tests and notebook 00) ---
 
 def _audit_multipv(rec: dict) -> int:
     # multipv is not stored: fewer candidates than legal moves means multipv = len(moves); a full
@@ -417,14 +399,12 @@ def _differences(rec: dict, got: dict) -> list[dict]:
     return [{"id": rec["id"], "field": k, "expected": rec[k], "got": v} for k, v in got.items() if rec[k] != v]
 
 
-# --------------------------------------------------------------------------------------------
-# Summaries (the data card's numbers)
-# --------------------------------------------------------------------------------------------
+# --- Summaries (the data card's numbers) ---
 
 def summarize(data_dir=None) -> dict:
     """Counts per file, colour balance, features and terminations of a data directory, and the
     number of positions two splits share (``shared_positions``, 0 by construction)."""
-    base = Path(data_dir) if data_dir is not None else DATA_DIR
+    base = Path(data_dir or DATA_DIR)
     out: dict = {"files": {}}
     names = [TASK_FILES[t].format(split=s) for t in ("P", "A") for s in SPLITS] + [MATE_FILE]
     keys: dict[str, set] = {s: set() for s in SPLITS}
@@ -471,9 +451,7 @@ def render_card_tables(summary: dict) -> str:
     return "\n".join(rows)
 
 
-# --------------------------------------------------------------------------------------------
-# Generation lives in datagen; these names stay importable from here
-# --------------------------------------------------------------------------------------------
+# --- Generation lives in datagen; these names stay importable from here ---
 
 _MOVED_TO_DATAGEN = frozenset({"DatagenConfig", "DatagenReport", "generate", "cli", "WorkDirMismatch"})
 

@@ -1,24 +1,21 @@
 """Data generation (``rookworld datagen``, :func:`generate`): Stockfish-labelled ``P:``/``A:``
-samples and the mate-in-one set, written as the record files that :mod:`rookworld_lib.data` loads.
-The data card (``data/README.md``) describes the recipe with the shipped set's numbers.
+samples and the mate-in-one set, as the record files :mod:`rookworld_lib.data` loads. The data card
+(``data/README.md``) describes the recipe with the shipped set's numbers:
 
-1. *Games* (:func:`game_plan`, :func:`play_game`), each seeded from (seed, game index): random
-   moves, a random opening then engine self-play, or self-play with a node budget and a share of
-   random moves per colour; ``mate_games`` extra held-out games (strong against weak) feed only
-   the mate-in-one set.
-2. *Splits by game* (:func:`split_of_game`); a position belongs to the split of the first game
-   that reaches it, so no position is in two splits, and duplicates within a split are dropped.
-3. *Samples* (:func:`select_samples`): shares of each game's positions (``P:``) and moves
-   (``A:``), rare features (castling, en passant, promotion, endings) kept more often; ``A:``
-   siblings with a wrong move (:func:`wrong_move`); every mate-in-one position of val/test games.
-4. *Labels*: multipv Stockfish analysis of every ``P:`` position (one thread, cleared hash, a
-   depth or node limit: reproducible, so ``data.audit_policy_labels`` re-derives it), on
-   ``workers`` engines; ``A:`` labels replay the move with python-chess.
+1. *Games* (:func:`game_plan`, :func:`play_game`), seeded from (seed, game index): random moves, a
+   random opening then engine self-play, or self-play at a node budget with a share of random moves;
+   ``mate_games`` extra held-out games (strong against weak) feed only the mate-in-one set.
+2. *Splits by game* (:func:`split_of_game`): a position belongs to the split of the first game that
+   reaches it, so no position is in two splits; duplicates within a split are dropped.
+3. *Samples* (:func:`select_samples`): shares of each game's positions (``P:``) and moves (``A:``),
+   rare features kept more often; ``A:`` siblings with a wrong move (:func:`wrong_move`); every
+   mate-in-one position of val/test games.
+4. *Labels*: multipv Stockfish at a depth or node limit, one thread, cleared hash (reproducible, so
+   ``data.audit_policy_labels`` re-derives them); ``A:`` labels replay the move with python-chess.
 
-Every finished game and label is appended to a work directory; an interrupted run (Ctrl-C, a kill,
-a failed engine) started again with the same settings reuses them and does only what is missing.
-The record files are written atomically at the end; a file that would hold no record (a split
-too small to get any) is not written, and an older file of that name is removed.
+Finished games and labels are appended to a work directory, so a run interrupted by Ctrl-C, a kill or
+a failed engine resumes with the same settings. Record files are written atomically at the end; one
+that would be empty is not written (and an older one of that name is removed).
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ import chess.engine
 from . import tasks
 from .data import MATE_FILE, SPLITS, TASK_FILES, DataFormatError, json_lines, mating_moves, move_tags, position_tags
 from .paths import DATA_DIR, JsonlAppender, atomic_write, write_jsonl
+from .train_utils import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
 log = logging.getLogger(__name__)
 
@@ -53,57 +51,34 @@ RANDOM_POLICY_WEIGHT = 0.25  # random-game positions are odd: sample fewer of th
 RANDOM_ENV_WEIGHT = 0.5  # ... and as A:
 
 
-# --------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------
-
-def _opt(default, help: str):
-    return field(default=default, metadata={"help": help})
-
+# --- Configuration ---
 
 @dataclass(frozen=True)
 class DatagenConfig:
     """Settings of one data-generation run. Bad values fail at construction, naming the field."""
 
-    out_dir: str = _opt(str(DATA_DIR), "output directory")
-    seed: int = _opt(20261122, "seeds every game and every sampling decision")
-    games: int = _opt(320, "games to play (split 8:1:1 into train/val/test by game)")
-    depth: int | None = _opt(8, "Stockfish depth of the P: labels (None: use nodes)")
-    nodes: int | None = _opt(None, "Stockfish node budget of the P: labels instead of a depth")
-    multipv: int = _opt(5, "candidate moves per P: label")
-    workers: int = _opt(2, "Stockfish processes (and threads) in parallel")
-    policy_rate: float = _opt(0.12, "share of a game's positions sampled as P: (x3 for special positions)")
-    env_rate: float = _opt(0.12, "share of a game's moves sampled as A: (the last move always)")
-    illegal_rate: float = _opt(0.12, "per A: sample, chance of an extra illegal/unparseable move there")
-    random_share: float = _opt(0.15, "share of random-move games")
-    opening_share: float = _opt(0.3, "share of random-opening games (the rest are engine self-play)")
-    max_plies: int = _opt(300, "half-move cap per game")
-    mate_games: int = _opt(160, "extra held-out games (strong vs weak side) that feed only the mate-in-one set")
-    work_dir: str | None = _opt(None, "resumable state (default: <out>/.datagen-work)")
-    keep_work: bool = _opt(False, "keep the work directory after a successful run")
-    stockfish: str | None = _opt(None, "Stockfish binary (default: STOCKFISH_PATH, PATH, /usr/games/stockfish)")
+    out_dir: str = option(str(DATA_DIR), "output directory")
+    seed: int = option(20261122, "seeds every game and every sampling decision")
+    games: int = option(320, "games to play (split 8:1:1 into train/val/test by game)", min=1)
+    depth: int | None = option(8, "Stockfish depth of the P: labels (None: use nodes)", min=1, max=40)
+    nodes: int | None = option(None, "Stockfish node budget of the P: labels instead of a depth", min=1)
+    multipv: int = option(5, "candidate moves per P: label", min=1, max=tasks.MAX_CANDIDATES)
+    workers: int = option(2, "Stockfish processes (and threads) in parallel", min=1, max=256)
+    policy_rate: float = option(0.12, "share of a game's positions sampled as P: (x3 for special ones)", min=0, max=1)
+    env_rate: float = option(0.12, "share of a game's moves sampled as A: (the last move always)", min=0, max=1)
+    illegal_rate: float = option(0.12, "per A: sample, chance of an extra illegal/unparseable move there", min=0, max=1)
+    random_share: float = option(0.15, "share of random-move games", min=0, max=1)
+    opening_share: float = option(0.3, "share of random-opening games (the rest are engine self-play)", min=0, max=1)
+    max_plies: int = option(300, "half-move cap per game", min=1, max=2000)
+    mate_games: int = option(160, "extra held-out games (strong vs weak side) feeding only the mate-in-one set", min=0)
+    work_dir: str | None = option(None, "resumable state (None: <out>/.datagen-work)")
+    keep_work: bool = option(False, "keep the work directory after a successful run")
+    stockfish: str | None = option(None, "Stockfish binary (None: STOCKFISH_PATH, PATH, /usr/games/stockfish)")
 
     def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"DatagenConfig.{name} {why}, got {getattr(self, name)!r}")
-
-        def is_int(v):
-            return isinstance(v, int) and not isinstance(v, bool)
-
+        validate(self)  # types and ranges of every field (the option() checks above)
         if self.depth is None and self.nodes is None:
             raise ValueError("DatagenConfig: set depth or nodes (the P: labels need a reproducible limit)")
-        ints = {"seed": (None, None), "games": (1, None), "mate_games": (0, None), "multipv": (1, tasks.MAX_CANDIDATES),
-                "workers": (1, 256), "max_plies": (1, 2000), "depth": (1, 40), "nodes": (1, None)}
-        for name, (lo, hi) in ints.items():
-            v = getattr(self, name)
-            if v is None and name in ("depth", "nodes"):
-                continue
-            if not is_int(v) or lo is not None and v < lo or hi is not None and v > hi:
-                bad(name, "must be an int" + (f" in {lo}..{hi}" if hi else f" >= {lo}" if lo is not None else ""))
-        for name in ("policy_rate", "env_rate", "illegal_rate", "random_share", "opening_share"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-                bad(name, "must be a number in [0, 1]")
         if self.random_share + self.opening_share > 1.0 + 1e-12:
             raise ValueError("DatagenConfig: random_share + opening_share must be <= 1")
 
@@ -125,9 +100,7 @@ def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
     return "test" if r == 9 else "val" if r == 8 else "train"
 
 
-# --------------------------------------------------------------------------------------------
-# Games
-# --------------------------------------------------------------------------------------------
+# --- Games ---
 
 def game_plan(index: int, cfg: DatagenConfig) -> dict:
     """The seeded recipe of game `index`: its kind and engine strength/noise per colour."""
@@ -190,9 +163,7 @@ def _play(index: int, cfg: DatagenConfig, plan: dict, session) -> dict:
             "result": outcome.result() if outcome else "*"}
 
 
-# --------------------------------------------------------------------------------------------
-# Sampling
-# --------------------------------------------------------------------------------------------
+# --- Sampling ---
 
 _WORDS = ("resign", "draw", "none", "pass", "move", "e4", "?", "--")
 
@@ -201,56 +172,41 @@ def wrong_move(board: chess.Board, rng: random.Random) -> str:
     """A seeded illegal (well-formed UCI) or unparseable move text for `board` (no '+', no spaces)."""
     legal = list(board.legal_moves)
     own = [sq for sq in chess.SQUARES if board.color_at(sq) == board.turn]
+    castles = ["e1g1", "e1c1"] if board.turn == chess.WHITE else ["e8g8", "e8c8"]
 
-    def pseudo_illegal():
-        bad = [m for m in board.pseudo_legal_moves if not board.is_legal(m)]
-        return rng.choice(bad).uci() if bad else None
+    def pick(options):  # a seeded choice as text (a Move's is its UCI), or None where the maker cannot apply
+        return str(rng.choice(options)) if options else None
 
     def opponent_piece():
         b = board.copy(stack=False)
         b.turn = not b.turn
-        ms = list(b.pseudo_legal_moves)
-        return rng.choice(ms).uci() if ms else None
+        return pick(list(b.pseudo_legal_moves))
 
     def own_piece_wrong_square():
         for _ in range(20):
-            frm, to = rng.choice(own), rng.choice(chess.SQUARES)
-            m = chess.Move(frm, to)
-            if frm != to and not board.is_legal(m):
-                return m.uci()
+            move = chess.Move(rng.choice(own), rng.choice(chess.SQUARES))
+            if move.from_square != move.to_square and not board.is_legal(move):
+                return move.uci()
         return None
-
-    def castle_without_right():
-        options = ["e1g1", "e1c1"] if board.turn == chess.WHITE else ["e8g8", "e8c8"]
-        options = [o for o in options if not board.is_legal(chess.Move.from_uci(o))]
-        return rng.choice(options) if options else None
-
-    def promotion_without_piece():
-        promos = [m for m in legal if m.promotion]
-        return rng.choice(promos).uci()[:4] if promos else None
 
     def off_board():
         f = rng.choice("abcdefgh")
         return rng.choice([f"{f}9{f}7", f"{f}0{f}2", f"i{rng.randint(1, 8)}h{rng.randint(1, 8)}", f"{f}2{f}"])
 
-    def null_move():
-        return "0000"
-
-    def san():  # the position has legal moves: a move was played from it
-        return board.san(rng.choice(legal)).rstrip("+#")
-
-    def truncated():
-        return rng.choice(legal).uci()[: rng.choice((2, 3))]
-
-    def word():
-        return rng.choice(_WORDS)
-
-    # illegal moves (well-formed UCI) and unparseable texts; a maker returns None where it cannot apply
-    makers = [pseudo_illegal, opponent_piece, own_piece_wrong_square, castle_without_right,
-              promotion_without_piece, null_move, san, off_board, truncated, word]
-    weights = [4, 2, 3, 1, 2, 1, 3, 1, 1, 1]
+    makers = {  # maker: weight; illegal moves in well-formed UCI first, then unparseable texts
+        lambda: pick([m for m in board.pseudo_legal_moves if not board.is_legal(m)]): 4,  # pinned, into check
+        opponent_piece: 2,
+        own_piece_wrong_square: 3,
+        lambda: pick([c for c in castles if not board.is_legal(chess.Move.from_uci(c))]): 1,  # without the right
+        lambda: (pick([m for m in legal if m.promotion]) or "")[:4]: 2,  # a promotion without its piece
+        lambda: "0000": 1,  # the null move
+        lambda: board.san(rng.choice(legal)).rstrip("+#"): 3,  # SAN (a move was played here: legal is not empty)
+        off_board: 1,
+        lambda: pick(legal)[: rng.choice((2, 3))]: 1,  # truncated
+        lambda: rng.choice(_WORDS): 1,
+    }
     for _ in range(50):
-        text = rng.choices(makers, weights)[0]()
+        text = rng.choices(list(makers), list(makers.values()))[0]()
         if text and "+" not in text and not any(c.isspace() for c in text):
             if tasks.environment_step(tasks.canonical_fen(board), text).kind != "legal":
                 return text
@@ -323,43 +279,37 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
     return sel
 
 
+# --- Records ---
 
+def _record(task: str, s: dict, suffix: str = "", **fields) -> dict:
+    """A record of the selected sample `s`: the fields every kind starts with, then `fields`."""
+    return {"id": f"{task}-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": task, "split": s["split"],
+            "game": s["game"], "ply": s["ply"], "source": s["source"], "fen": s["fen"], **fields}
 
-# --------------------------------------------------------------------------------------------
-# Records
-# --------------------------------------------------------------------------------------------
 
 def policy_record(s: dict, label: dict, engine_name: str) -> dict:
     """The P: record of a selected position `s` and its Stockfish label (moves, eval texts, limit)."""
     moves, evals = label["moves"], label["evals"]
     tags = list(s["tags"]) + (["mate"] if tasks.parse_eval(evals[0]).mate is not None else [])
     prompt, completion = tasks.policy_text(s["fen"], moves, evals, moves[0])
-    return {"id": f"P-{s['game']:05d}-{s['ply']:03d}", "task": "P", "split": s["split"], "game": s["game"],
-            "ply": s["ply"], "source": s["source"], "fen": s["fen"], "moves": moves, "evals": evals,
-            "best": moves[0], "n_legal": s["n_legal"], "tags": tags, "engine": engine_name,
-            "limit": label["limit"], "prompt": prompt, "completion": completion}
+    return _record("P", s, moves=moves, evals=evals, best=moves[0], n_legal=s["n_legal"], tags=tags,
+                   engine=engine_name, limit=label["limit"], prompt=prompt, completion=completion)
 
 
 def env_record(s: dict, suffix: str = "") -> dict:
     """The A: record of a selected move, labelled by python-chess's replay."""
     tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
-    return {"id": f"A-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": "A", "split": s["split"], "game": s["game"],
-            "ply": s["ply"], "source": s["source"], "fen": tr.fen, "move": tr.move, "history": list(tr.history),
-            "new_fen": tr.new_fen, "reward": tr.reward, "terminated": tr.terminated, "truncated": tr.truncated,
-            "kind": tr.kind, "termination": tr.termination, "tags": s["tags"], "prompt": tr.prompt,
-            "completion": tr.completion}
+    return _record("A", s, suffix, move=tr.move, history=list(tr.history), new_fen=tr.new_fen, reward=tr.reward,
+                   terminated=tr.terminated, truncated=tr.truncated, kind=tr.kind, termination=tr.termination,
+                   tags=s["tags"], prompt=tr.prompt, completion=tr.completion)
 
 
 def mate_record(s: dict) -> dict:
     """The M1 record of a selected mate-in-one position."""
-    return {"id": f"M1-{s['game']:05d}-{s['ply']:03d}", "task": "M1", "split": s["split"], "game": s["game"],
-            "ply": s["ply"], "source": s["source"], "fen": s["fen"], "mating_moves": s["mating_moves"],
-            "prompt": tasks.policy_prompt(s["fen"])}
+    return _record("M1", s, mating_moves=s["mating_moves"], prompt=tasks.policy_prompt(s["fen"]))
 
 
-# --------------------------------------------------------------------------------------------
-# Generation
-# --------------------------------------------------------------------------------------------
+# --- Generation ---
 
 class WorkDirMismatch(RuntimeError):
     """The work directory belongs to a run with other settings."""
@@ -510,13 +460,7 @@ def _write_outputs(out: Path, sel: _Selection, labels: dict, engine_name: str) -
     return counts
 
 
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
-
-_FLAGS = {"out_dir": "--out"}  # the other options are the field names, dashed
-_TYPES = {"int": int, "int | None": int, "float": float, "str": str, "str | None": str}
-
+# --- Command line ---
 
 def build_parser() -> argparse.ArgumentParser:
     """`rookworld datagen`'s options: one per DatagenConfig field, plus the modes."""
@@ -524,18 +468,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rookworld datagen",
         description="Generate Stockfish-labelled P:/A: samples and the mate-in-one set as JSON lines "
                     "(resumable: rerun the same command after an interruption), or validate/summarise files.")
-    depth_or_nodes = p.add_mutually_exclusive_group()
-    for f in dataclasses.fields(DatagenConfig):
-        flag, help = _FLAGS.get(f.name, "--" + f.name.replace("_", "-")), f.metadata["help"]
-        if f.type == "bool":
-            p.add_argument(flag, dest=f.name, action="store_true", help=help)
-            continue
-        # depth/nodes: default None, so that giving one clears the other; workers: None = usable cores
-        default = None if f.name in ("depth", "nodes", "workers") else f.default
-        where = depth_or_nodes if f.name in ("depth", "nodes") else p
-        shown = "the usable cores" if f.name == "workers" else f.default
-        where.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=default,
-                           help=help + (f" (default: {shown})" if shown is not None else ""))
+    docs = field_docs(DatagenConfig)
+    p.add_argument("--out", dest="out_dir", default=DatagenConfig.out_dir,
+                   help=f"{docs['out_dir']} (default: {DatagenConfig.out_dir})")
+    add_config_arguments(p, DatagenConfig, skip=("out_dir", "depth", "nodes", "workers"))
+    depth_or_nodes = p.add_mutually_exclusive_group()  # default None, so that giving one clears the other
+    depth_or_nodes.add_argument("--depth", type=int, help=f"{docs['depth']} (default: {DatagenConfig.depth})")
+    depth_or_nodes.add_argument("--nodes", type=int, help=docs["nodes"])
+    p.add_argument("--workers", type=int, help=f"{docs['workers']} (default: the usable cores)")
     p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--validate", nargs="*", metavar="FILE", default=None,
@@ -544,12 +484,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _fail(message: str, status: int, lead: str = "") -> int:
+    """Say what went wrong in one `rookworld datagen:` line on stderr; return the exit status."""
+    print(f"{lead}rookworld datagen: {message}", file=sys.stderr)
+    return status
+
+
 def _validate_files(files: list[Path], out: str) -> int:
     from .data import load_jsonl
 
     if not files:
-        print(f"rookworld datagen: error: no data files (*.jsonl) in {out}", file=sys.stderr)
-        return 1
+        return _fail(f"error: no data files (*.jsonl) in {out}", 1)
     bad = 0
     for f in files:
         try:
@@ -574,32 +519,26 @@ def cli(argv: list[str] | None = None) -> int:
         if args.summary:
             print(render_card_tables(summarize(args.out_dir)))
             return 0
-        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(DatagenConfig)}
+        fields = config_kwargs_from_args(DatagenConfig, args)
         if fields["depth"] is None and fields["nodes"] is None:
             fields["depth"] = DatagenConfig.depth
         cfg = DatagenConfig(**{**fields, "workers": args.workers or usable_cores()})
     except (ValueError, OSError) as exc:  # DataFormatError of --summary included
-        print(f"rookworld datagen: {exc}", file=sys.stderr)
-        return 1 if args.summary else 2
+        return _fail(str(exc), 1 if args.summary else 2)
     resume = f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"
     try:
         report = generate(cfg, progress=not args.no_progress, fresh=args.fresh)
     except (StockfishNotFoundError, WorkDirMismatch, DataFormatError) as exc:
-        print(f"rookworld datagen: {exc}", file=sys.stderr)
-        return 2
+        return _fail(str(exc), 2)
     except (EngineFailedError, chess.engine.EngineError, TimeoutError) as exc:
-        print(f"rookworld datagen: error: Stockfish failed ({type(exc).__name__}: {exc}); {resume}", file=sys.stderr)
-        return 1
+        return _fail(f"error: Stockfish failed ({type(exc).__name__}: {exc}); {resume}", 1)
     except OSError as exc:
-        print(f"rookworld datagen: error: {exc}; {resume}", file=sys.stderr)
-        return 1
+        return _fail(f"error: {exc}; {resume}", 1)
     except KeyboardInterrupt:
-        print(f"\nrookworld datagen: interrupted; {resume}", file=sys.stderr)
-        return 130
+        return _fail(f"interrupted; {resume}", 130, lead="\n")
     rate = report.label_positions_per_s
     print(json.dumps({**dataclasses.asdict(report), "seconds": {k: round(v, 2) for k, v in report.seconds.items()},
                       "label_positions_per_s": round(rate, 2) if math.isfinite(rate) else None,  # strict JSON
                       "workers": cfg.workers,
                       "config": cfg.content_key()}, indent=1))
     return 0
-

@@ -1,11 +1,10 @@
 """Where the workbench keeps its files, and how it writes them safely.
 
-The repository root is found from this package's location (an editable install), and every
-directory can be moved with an environment variable, so notebooks run from any working directory.
-Every file the library writes whole (checkpoints, data files, rewritten metrics) goes through
-:func:`atomic_write`: readers see the old content or the complete new one, never a torn file.
-JSON lines, the library's one line format, are written by :func:`write_jsonl` (whole files) and
-:class:`JsonlAppender` (append-only logs that survive a kill) and read by :func:`read_jsonl`.
+Directories come from this package's location (an editable install) and can each be moved with an
+environment variable, so notebooks run from any working directory. Every file written whole goes
+through :func:`atomic_file`, so readers see the old content or the complete new one, never a torn
+file. JSON lines, the library's one line format: :func:`write_jsonl`, :class:`JsonlAppender`
+(append-only logs that survive a kill) and :func:`read_jsonl`.
 """
 
 from __future__ import annotations
@@ -34,33 +33,25 @@ DATA_DIR = _dir("ROOKWORLD_DATA_DIR", REPO_ROOT / "data")
 FIGURES_DIR = _dir("ROOKWORLD_FIGURES_DIR", REPO_ROOT / "figures")
 RUNS_DIR = _dir("ROOKWORLD_RUNS_DIR", REPO_ROOT / "runs")
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-
-
 TMP_PREFIX = ".tmp-"  # temporary files of atomic writes; a torn one is left only by a kill
 
 
 def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable. Not every platform can open a directory (Windows): skip there."""
-    try:
+    """Make a rename durable; skipped where a directory cannot be opened (Windows)."""
+    with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file that replaces `path` when the ``with`` block ends without an error, so that
-    readers see either the old content or the complete new one.
+    """A binary file that replaces `path` when the ``with`` block ends without an error.
 
-    It is a temporary file in the same directory (same filesystem, so the rename is atomic); at the
-    end it is flushed, fsynced and renamed over `path`, then the directory is fsynced. On any error
-    the temporary file is removed and the error propagates; `path` is untouched.
+    It is a temporary file in the same directory (so the rename is atomic), fsynced and renamed over
+    `path`, then the directory is fsynced. On an error it is removed and `path` is untouched.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
@@ -83,18 +74,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
         write(f)
 
 
-# --------------------------------------------------------------------------------------------
-# JSON lines
-# --------------------------------------------------------------------------------------------
+# --- JSON lines ---
 
 def json_line(obj: Any) -> bytes:
-    """One compact JSON line. ASCII, so that any reader decodes it; NaN and infinity are refused
-    (strict JSON, as jq and pandas read it)."""
+    """One compact ASCII JSON line; NaN and infinity are refused (strict JSON, as jq and pandas read it)."""
     return (json.dumps(obj, separators=(",", ":"), allow_nan=False) + "\n").encode()
 
 
 def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> int:
-    """Write `records` to `path` as JSON lines, atomically (:func:`atomic_file`); return how many."""
+    """Write `records` to `path` as JSON lines, atomically; return how many."""
     n = 0
     with atomic_file(path) as f:
         for rec in records:
@@ -104,13 +92,11 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> int:
 
 
 def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[tuple[int, Any, str | None]]:
-    """Stream a JSON-lines file: ``(line number, value, None)`` for each non-blank line, or
-    ``(line number, None, reason)`` for one that is not UTF-8 or not JSON, so that the caller
-    chooses to stop there or skip it. Line numbers count blank lines too.
+    """Stream a JSON-lines file: ``(line number, value, None)`` per non-blank line, or ``(line number,
+    None, reason)`` for one that is not UTF-8 or not JSON, for the caller to stop at or skip.
 
-    torn_tail=True: an unterminated last line is left out. Appended files (:class:`JsonlAppender`)
-    write each line whole, so only a kill mid-write leaves one, and it is not data. OSError from
-    opening or reading propagates.
+    torn_tail=True leaves out an unterminated last line: only a kill mid-append leaves one
+    (:class:`JsonlAppender` writes lines whole), and it is not data. OSError propagates.
     """
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
@@ -144,10 +130,9 @@ def _cut_torn_tail(path: Path) -> None:
 
 
 class JsonlAppender:
-    """Append JSON lines to `path` from any thread, each written whole and flushed as it comes, so a
-    kill loses at most the line being written (which the next appender cuts off, and
-    ``read_jsonl(torn_tail=True)`` ignores). Lines are fsynced every `sync_every` and at close, which
-    bounds what a power cut can lose without an fsync per line."""
+    """Append JSON lines to `path` from any thread, each written whole and flushed, so a kill loses at
+    most the line being written (cut off by the next appender, ignored by ``read_jsonl(torn_tail=True)``).
+    An fsync every `sync_every` lines and at close bounds what a power cut loses."""
 
     def __init__(self, path: str | os.PathLike, *, sync_every: int = 64):
         self.path = Path(path)

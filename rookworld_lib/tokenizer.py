@@ -1,9 +1,8 @@
 """GPT-2 byte-pair encoding through tiktoken, fully offline.
 
-tiktoken's named-encoding registry fetches its rank files over the network on first use, which
-fails on machines without internet, so this module never goes through it. We ship the identical
-rank file in `data/gpt2.tiktoken` and construct the `tiktoken.Encoding` directly from it, after
-checking its sha256 so a truncated or edited file can never silently change token ids.
+tiktoken's named encodings fetch their rank files over the network, so we build the
+`tiktoken.Encoding` from the identical file shipped in `data/gpt2.tiktoken`, after checking its
+sha256 so that a truncated or edited file can never silently change token ids.
 """
 
 from __future__ import annotations
@@ -38,15 +37,16 @@ class TokenizerFileError(RuntimeError):
 
 
 def default_ranks_path() -> Path:
+    """The rank file: ROOKWORLD_TOKENIZER_FILE when set (read at every load), else the shipped one."""
     override = os.environ.get("ROOKWORLD_TOKENIZER_FILE")
     return Path(override) if override else DATA_DIR / "gpt2.tiktoken"
 
 
-def load_ranks(path: str | Path) -> dict[bytes, int]:
-    """Read and verify a tiktoken rank file: one `base64(token) rank` pair per line."""
-    path = Path(path)
+@functools.lru_cache(maxsize=4)
+def _build(path: str) -> tiktoken.Encoding:
+    """The encoding of a rank file (one `base64(token) rank` pair per line) whose sha256 is GPT-2's."""
     try:
-        raw = path.read_bytes()
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise TokenizerFileError(f"GPT-2 rank file {path} cannot be read ({exc.strerror}). {RESTORE_HINT}") from None
     digest = hashlib.sha256(raw).hexdigest()
@@ -54,26 +54,9 @@ def load_ranks(path: str | Path) -> dict[bytes, int]:
         raise TokenizerFileError(
             f"GPT-2 rank file {path} is corrupt: sha256 {digest} != expected {RANKS_SHA256}. {RESTORE_HINT}"
         )
-    ranks = {}
-    for line in raw.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
-    return ranks
-
-
-@functools.lru_cache(maxsize=4)
-def _build(path: str) -> tiktoken.Encoding:
-    ranks = load_ranks(path)
-    if len(ranks) != EOT_ID:
-        raise TokenizerFileError(f"GPT-2 rank file {path} has {len(ranks)} ranks, expected {EOT_ID}. {RESTORE_HINT}")
-    return tiktoken.Encoding(
-        name="gpt2_offline",
-        pat_str=GPT2_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens={EOT_TOKEN: EOT_ID},
-        explicit_n_vocab=VOCAB_SIZE,
-    )
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+    return tiktoken.Encoding(name="gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                             special_tokens={EOT_TOKEN: EOT_ID}, explicit_n_vocab=VOCAB_SIZE)
 
 
 def get_tokenizer(path: str | Path | None = None) -> tiktoken.Encoding:
