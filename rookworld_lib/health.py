@@ -12,6 +12,7 @@ from collections import defaultdict
 import torch
 
 from .model import GPT, lm_loss
+from .perf import tensor_bytes
 
 
 def _group(name: str, depth: int) -> str:
@@ -86,10 +87,6 @@ def causality_violation(model: GPT, idx: torch.Tensor, position: int) -> dict:
             "max_change_after": (a[:, position:] - b[:, position:]).abs().max().item()}
 
 
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes held after each phase of one training step, by exact accounting of tensors.
 
@@ -97,7 +94,7 @@ def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimi
     forward pass), grads, optimizer_state (after its first step: AdamW's two moments); on CUDA also
     the allocator's own memory_allocated after each phase, as `cuda_after_*`.
     """
-    out = {"params": _bytes(model.parameters()), "batch": _bytes([idx]) * 2}  # parameters() yields a tied one once
+    out = {"params": tensor_bytes(model.parameters()), "batch": tensor_bytes([idx]) * 2}  # parameters() yields a tied one once
 
     def allocated(phase: str) -> None:
         if idx.device.type == "cuda":
@@ -119,11 +116,11 @@ def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimi
     out["activations"] = sum(n for ptr, n in saved.items() if ptr not in param_ptrs)
     allocated("forward")
     loss.backward()
-    out["grads"] = _bytes([p.grad for p in model.parameters() if p.grad is not None])
+    out["grads"] = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
     allocated("backward")
     optimizer.step()
     state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    out["optimizer_state"] = _bytes(state)
+    out["optimizer_state"] = tensor_bytes(state)
     allocated("step")
     optimizer.zero_grad(set_to_none=True)
     return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import importlib.metadata
+import itertools
 import json
 import math
 import os
@@ -131,6 +132,11 @@ def device_name(device: str | torch.device = "auto") -> str:
     return f"{cpu_name()} ({torch.get_num_threads()} threads)"
 
 
+def tensor_bytes(tensors) -> int:
+    """Bytes the tensors hold (elements x element size)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def synchronize(device: str | torch.device = "auto") -> None:
     """Wait for queued accelerator work; a no-op on CPU. Call before reading a clock."""
     device = resolve_device(device)
@@ -238,10 +244,7 @@ class Timing:
 
     def as_dict(self) -> dict:
         """The fields and the spread as a JSON-ready dict."""
-        d = asdict(self)
-        d["times_s"] = list(self.times_s)
-        d["spread"] = self.spread
-        return d
+        return {**asdict(self), "times_s": list(self.times_s), "spread": self.spread}
 
 
 def summarize_times(times: list[float]) -> Timing:
@@ -414,17 +417,12 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
         elif name.startswith(PHASE_PREFIX):
             phases.append((name[len(PHASE_PREFIX):], e.start_ns(), e.end_ns()))
     mem.sort()
-    phases.sort(key=lambda p: p[1])
     out = []
-    for pname, start, end in phases:
+    for pname, start, end in sorted(phases, key=lambda p: p[1]):
         live_start = sum(b for t, b in mem if t < start)
-        live, peak = live_start, live_start
-        for t, b in mem:
-            if start <= t <= end:
-                live += b
-                peak = max(peak, live)
-        out.append({"phase": pname, "start_mb": live_start / 2**20, "peak_mb": peak / 2**20, "end_mb": live / 2**20,
-                    "peak_extra_mb": (peak - live_start) / 2**20})
+        live = list(itertools.accumulate((b for t, b in mem if start <= t <= end), initial=live_start))
+        out.append({"phase": pname, "start_mb": live_start / 2**20, "peak_mb": max(live) / 2**20,
+                    "end_mb": live[-1] / 2**20, "peak_extra_mb": (max(live) - live_start) / 2**20})
     return out
 
 

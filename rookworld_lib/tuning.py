@@ -284,12 +284,10 @@ def load_initial_state(model: GPT, state: dict[str, torch.Tensor]) -> None:
 def state_bytes(model: torch.nn.Module, optimizer) -> dict[str, float]:
     """MB held by parameters, gradients and optimizer state on the model's device."""
     device = next(model.parameters()).device
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
     states = getattr(optimizer, "inner", optimizer).state.values()  # the offloaded one keeps its state on the CPU
-    opt = sum(v.numel() * v.element_size() for st in states for v in st.values()
-              if torch.is_tensor(v) and v.device == device)
-    return {"params_mb": params / 2**20, "grads_mb": grads / 2**20, "optimizer_mb": opt / 2**20}
+    parts = {"params_mb": model.parameters(), "grads_mb": [p.grad for p in model.parameters() if p.grad is not None],
+             "optimizer_mb": [v for st in states for v in st.values() if torch.is_tensor(v) and v.device == device]}
+    return {key: perf.tensor_bytes(ts) / 2**20 for key, ts in parts.items()}
 
 
 # --- Running one row and the matrix ---------------------------------------------------------------
