@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -49,28 +50,23 @@ def init_from_env(device_type: str = "cpu") -> DistInfo:
     return info
 
 
-def current() -> DistInfo:
-    if dist.is_available() and dist.is_initialized():
-        return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-    return DistInfo()
-
-
-def is_main() -> bool:
-    return current().is_main
+def _enabled() -> bool:
+    """A process group of more than one rank is up (the collectives below are no-ops otherwise)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def all_gather_objects(obj) -> list:
     """Every rank's `obj`, in rank order (a one-element list without a process group)."""
-    info = current()
-    if not info.enabled:
+    if not _enabled():
         return [obj]
-    out = [None] * info.world_size
+    out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
 
 
 def broadcast_object(obj, src: int = 0):
-    if not current().enabled:
+    """Rank `src`'s `obj` on every rank."""
+    if not _enabled():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -78,7 +74,8 @@ def broadcast_object(obj, src: int = 0):
 
 
 def all_reduce_sum(value: float) -> float:
-    if not current().enabled:
+    """The sum of `value` over all ranks."""
+    if not _enabled():
         return float(value)
     t = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(t)
@@ -86,17 +83,15 @@ def all_reduce_sum(value: float) -> float:
 
 
 def barrier() -> None:
-    if current().enabled:
+    if _enabled():
         dist.barrier()
 
 
 def cleanup() -> None:
-    """Destroy the process group.
+    """Destroy the process group (drop DDP wrappers first: see Trainer.close).
 
-    Drop DDP wrappers first (`GRPOTrainer.close()`; `train_sft` drops its own): one that outlives
-    the group can hang the process at exit under gloo. No barrier here: on an error path the
-    peers may be inside another collective, and a rank that exits lets torchrun stop them.
-    """
+    No barrier: on an error path the peers may be inside another collective, and a rank that
+    exits lets torchrun stop them."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -198,8 +193,6 @@ def worker_errors(errors_dir: Path) -> tuple[list[str], list[int]]:
 def _launch(argv: list[str]) -> int:
     """`python -m rookworld_lib.distributed <torchrun args>`: torchrun, minus the traceback it prints
     when a worker fails (the worker has said why, in one line or with its own traceback)."""
-    import logging
-
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -268,6 +261,32 @@ def strip_nproc(argv: list[str]) -> tuple[int, list[str]]:
             rest.append(a)
         i += 1
     return nproc, rest
+
+
+def command_parser(subcommand: str, description: str, example: str, nproc_note: str = "") -> argparse.ArgumentParser:
+    """The parser of a training command that runs under torchrun with --nproc (see run_command)."""
+    ap = argparse.ArgumentParser(prog=f"rookworld {subcommand}", description=description,
+                                 epilog=f"example: {example}; add --nproc 2 to run two processes under torchrun "
+                                        "(DDP: gloo on CPU, NCCL on GPU)")
+    ap.add_argument("--nproc", type=parse_nproc, default=0, metavar="N",
+                    help=f"processes on this machine, via torchrun (0 = this process{nproc_note})")
+    return ap
+
+
+def run_command(subcommand: str, argv: list[str] | None, build_parser: Callable[[], argparse.ArgumentParser],
+                run: Callable[[argparse.Namespace], int], preflight: Callable[[list[str], int], None]) -> int:
+    """A training command's `cli`: with --nproc N > 1 start N workers under torchrun (after preflight);
+    otherwise parse argv, log at INFO (rank 0 only) and return run(args), leaving the process group after."""
+    nproc, rest = strip_nproc(list(sys.argv[1:] if argv is None else argv))
+    if nproc > 1:
+        return torchrun(subcommand, rest, nproc, preflight=preflight)
+    args = build_parser().parse_args(rest)
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs and reports
+    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
+    try:
+        return run(args)
+    finally:
+        cleanup()
 
 
 if __name__ == "__main__":

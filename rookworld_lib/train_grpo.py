@@ -17,9 +17,7 @@ import argparse
 import copy
 import dataclasses
 import hashlib
-import logging
 import math
-import os
 import random
 import sys
 import time
@@ -190,8 +188,9 @@ def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBa
                         [batch.completions[i] for i in r], batch.generated_tokens)
 
 
-def group_std(rewards: torch.Tensor, G: int) -> torch.Tensor:
-    return rewards.view(-1, G).std(dim=1, unbiased=False)
+def _varied_groups(batch: RolloutBatch, G: int) -> RolloutBatch:
+    """The groups whose rewards are not all tied (the ones dynamic sampling keeps)."""
+    return _select_groups(batch, batch.rewards.view(-1, G).std(dim=1, unbiased=False) >= 1e-6, G)
 
 
 class GRPOTrainer(Trainer):
@@ -214,7 +213,7 @@ class GRPOTrainer(Trainer):
                  init_from: str | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
-        super().__init__(cfg, out_dir=cfg.out_dir, device=cfg.device, dtype=cfg.dtype, on_step=on_step)
+        super().__init__(cfg, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         check_world_size(cfg, self.dist.world_size)
         self.model = model.to(self.runtime.device)
@@ -313,14 +312,14 @@ class GRPOTrainer(Trainer):
         info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
-        kept = _select_groups(batch, group_std(batch.rewards, G) >= 1e-6, G)
+        kept = _varied_groups(batch, G)
         generated = batch.generated_tokens
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
             generated += more.generated_tokens
-            kept = _concat([kept, _select_groups(more, group_std(more.rewards, G) >= 1e-6, G)])
+            kept = _concat([kept, _varied_groups(more, G)])
             info["dynamic_sampling/refill_rounds"] = round_ + 1
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info
@@ -356,7 +355,7 @@ class GRPOTrainer(Trainer):
     def _update(self, batch: RolloutBatch, adv: torch.Tensor, adv_stats) -> dict:
         """`mu` passes over the batch in minibatches, each an optimizer step on grpo_loss (skipped,
         and counted by the guard, when non-finite; the loop stops once the guard trips)."""
-        cfg, rt, W, rank = self.cfg, self.runtime, self.dist.world_size, self.dist.rank
+        cfg, rt, W = self.cfg, self.runtime, self.dist.world_size
         dev = rt.device
         tokens, old_lp, mask = batch.tokens.to(dev), batch.old_logprobs.to(dev), batch.mask.to(dev)
         truncated, adv = batch.truncated.to(dev), adv.to(dev)
@@ -372,7 +371,7 @@ class GRPOTrainer(Trainer):
             order = torch.randperm(n, generator=gen)  # the same on every rank
             for start in range(0, n, cfg.minibatch_size):
                 global_rows = order[start:start + cfg.minibatch_size]
-                rows = global_rows[rank::W].to(dev)
+                rows = self.my_rows(global_rows).to(dev)
                 with rt.autocast():
                     lp, logits = sequence_logprobs(self.policy, [batch.prompt_ids[i] for i in rows.tolist()],
                                                    tokens[rows], cfg.temperature, return_logits=True)
@@ -423,14 +422,13 @@ class GRPOTrainer(Trainer):
                 record[f"rewards/{task}/mean"] = batch.rewards[sel].mean().item()
                 record[f"rewards/{task}/std"] = batch.rewards[sel].std(unbiased=False).item()
         lengths = batch.mask.sum(1).float()
-        W = self.dist.world_size
-        sampling_s = distributed.all_reduce_sum(timings["sampling"]) / W
+        sampling_s = self.rank_mean(timings["sampling"])
         record.update({"reward": batch.rewards.mean().item(), "completions/mean_length": lengths.mean().item(),
                        "completions/max_length": lengths.max().item(), "completions/clipped_ratio": batch.truncated.float().mean().item(),
                        "time/sampling": timings["sampling"], "time/scoring": timings["scoring"],
                        "time/update": timings["update"], "time/step": elapsed,
                        "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
-                       "world_size": W})
+                       "world_size": self.dist.world_size})
         return record
 
 
@@ -452,20 +450,17 @@ def train_records(data_dir=None) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="rookworld grpo",
-        description="GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
-                    "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out-dir>/checkpoints.",
-        epilog="example: rookworld grpo --init-from runs/sft-cpu/final --out-dir runs/grpo-cpu --steps 50; "
-               "add --nproc 2 to run two processes under torchrun (gloo on CPU, NCCL on GPU)")
+    """`rookworld grpo`'s options: the model, data and layout, --nproc, and one per config field."""
+    ap = distributed.command_parser(
+        "grpo", "GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
+                "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out-dir>/checkpoints.",
+        "rookworld grpo --init-from runs/sft-cpu/final --out-dir runs/grpo-cpu --steps 50")
     ap.add_argument("--init-from", required=True, metavar="DIR",
                     help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
     ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
     ap.add_argument("--layout", default=None, choices=list(LAYOUTS),
                     help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
                          "without our record, such as RookWorld-LM-124M, is original)")
-    ap.add_argument("--nproc", type=distributed.parse_nproc, default=0, metavar="N",
-                    help="processes on this machine, via torchrun (0 = this process)")
     add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
                          help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
                                          + " / ".join(f"{v} {k}" for k, v in COMPLETION_BUDGET.items()) + ")"})
@@ -508,28 +503,23 @@ def _preflight(argv: list[str], nproc: int) -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld grpo`; errors are reported in one line by cli.main."""
-    nproc, rest = distributed.strip_nproc(list(argv or []))
-    if nproc > 1:
-        return distributed.torchrun("grpo", rest, nproc, preflight=_preflight)
-    args = build_parser().parse_args(rest)
-    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs ("resumed from ...")
-    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
-    trainer = None
+    return distributed.run_command("grpo", argv, build_parser, _run, preflight=_preflight)
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg, layout = _config_from_args(args)
+    records = train_records(args.data_dir)
+    # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
+    # logits and every result are unchanged (docs/perf.md).
+    pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
+    model = GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad)
+    model.layout = layout  # what this run trains on; the export records it
+    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, init_from=args.init_from)
     try:
-        cfg, layout = _config_from_args(args)
-        records = train_records(args.data_dir)
-        # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
-        # logits and every result are unchanged (docs/perf.md).
-        pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
-        model = GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad)
-        model.layout = layout  # what this run trains on; the export records it
-        trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, init_from=args.init_from)
         trainer.train()
         final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier
         if trainer.dist.is_main:
             print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / METRICS_FILE}; model in {final}")
     finally:
-        if trainer is not None:
-            trainer.close()  # before the group goes (see Trainer.close)
-        distributed.cleanup()
+        trainer.close()  # before the process group goes (see Trainer.close)
     return 0

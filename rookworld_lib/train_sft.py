@@ -1,39 +1,24 @@
 """Supervised pretraining (SFT) on task text: packed P:/A: samples, AdamW, warm-up + cosine.
 
-The loop, in the order a step runs it (`SFTTrainer.train_step`):
-1. set the learning rate for this step (linear warm-up, cosine decay to min_lr);
-2. for each of `grad_accum` micro-batches: take `batch_size` packed sequences of `block_size`
-   tokens, run the forward pass (bf16 autocast on CUDA), backward on loss / grad_accum;
-3. clip the global gradient norm;
-4. if the loss and the norm are finite, step AdamW; otherwise skip the update and count it
-   (after `max_nonfinite_in_a_row` skips in a row the run stops, keeping every checkpoint);
-5. every `eval_interval` steps measure the val loss, every `checkpoint_interval` steps save.
-Each step appends one line to `<out_dir>/metrics.jsonl`; a tqdm bar shows progress.
+A step (`SFTTrainer.train_step`): set the step's learning rate; for each of `grad_accum`
+micro-batches of `batch_size` packed rows of `block_size` tokens, forward (bf16 autocast on CUDA)
+and backward; clip the global gradient norm; step AdamW when loss and norm are finite, else skip the
+update (trainer.Trainer stops after `max_nonfinite_in_a_row` skips). The val loss is measured every
+`eval_interval` steps; each step appends one line to `<out_dir>/metrics.jsonl`.
 
-Packing (`PackedStream`). Each sample is tokenized once and stored as [EOT] + tokens, so the
-stream reads  EOT s_0 EOT s_1 EOT s_2 ...  A batch is the next batch_size * block_size + 1 tokens,
-cut into rows of block_size + 1 (input = row[:-1], target = row[1:]); consecutive batches
-overlap by one token, so every token is a target exactly once. Attention runs across sample
-boundaries, as in GPT-2 pretraining; the EOT in front of each sample tells the model that a new,
-unrelated sample starts. Which task comes next is drawn with probability `policy_fraction` for
-P: (None keeps the data's own mix); within a task, samples go in a fresh permutation every epoch.
-All randomness is a pure function of (seed, sample index), so the position in the stream is three
-numbers (sample, token offset, samples drawn per task) and a resumed run reads the same tokens.
+Packing (`PackedStream`): each sample is stored as [EOT] + tokens and the stream reads
+EOT s_0 EOT s_1 ...; a batch is the next batch_size * block_size + 1 tokens cut into rows (input
+row[:-1], target row[1:]), so every token is a target exactly once. Attention crosses sample
+boundaries as in GPT-2 pretraining; the EOT says an unrelated sample starts. The task of the next
+sample is P: with probability `policy_fraction` (None: the data's own mix), and each task's samples
+go in a fresh permutation every epoch. All draws are pure functions of (seed, sample index), so the
+stream position is three numbers and a resumed run reads the same tokens: on CPU with
+deterministic=True a resumed run ends bit-identical to an uninterrupted one.
 
-Resume. `<out_dir>/checkpoints` holds atomic checkpoints (see checkpoint.py) with the model,
-optimizer, schedule, data position, RNG states and NaN-guard counters. A trainer built on an
-out_dir with a checkpoint continues from it (resume=True); on CPU with deterministic=True the
-final parameters are bit-identical to an uninterrupted run's, however often the run was killed.
-
-Distributed (torchrun; `rookworld sft --nproc N` on one machine). With WORLD_SIZE > 1 the
-trainer joins the process group (gloo on CPU, NCCL on GPU) and wraps the model in
-DistributedDataParallel. Every rank reads the same packed stream; of each global micro-batch of
-`batch_size` rows, rank r trains on rows r, r + W, r + 2W, ... (batch_size must be a multiple of
-the world size W). DDP averages the gradients, so a step is the step of one process on the whole
-micro-batch: the global batch, the data order and the checkpoints do not depend on W, and a run
-resumes at another world size. Losses are averaged over ranks before they are logged and
-before the NaN guard sees them (all ranks skip the same updates). Only rank 0 writes metrics,
-checkpoints and the export; each rank's RNG state (dropout) goes into the checkpoint.
+Under torchrun (`rookworld sft --nproc N`) every rank reads the same stream and trains on rows
+r, r + W, ... of each micro-batch (batch_size must be a multiple of W); DDP averages the gradients,
+so the global batch, the data order and the checkpoints do not depend on W, and a run resumes at
+another world size. Losses are averaged over ranks before the NaN guard sees them.
 """
 
 from __future__ import annotations
@@ -44,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,17 +53,12 @@ log = logging.getLogger(__name__)
 
 TASKS = ("P", "A")
 METRICS_FILE = "metrics.jsonl"
-# One metrics record per step (JSON line), in this order, named as TRL names its metrics. step:
-# optimizer steps done; loss: mean training loss of the step (null when non-finite); eval/loss: the
-# val loss, null except at eval steps (and at step 0, before training); learning_rate: the step's;
-# grad_norm: global norm before clipping; throughput/tokens_per_s and time/step: throughput and wall
-# time of the step (data, forward, backward, optimizer; not eval or checkpointing); num_tokens:
-# training tokens consumed so far; nonfinite/skipped: this update was skipped as non-finite;
-# nonfinite/total and nonfinite/in_a_row: skipped updates in total and in a row.
+# One metrics record per step, in this order, named as TRL names them. loss is null when non-finite;
+# eval/loss is null except at eval steps (and step 0); grad_norm is before clipping; time/step and
+# throughput cover data, forward, backward and optimizer (not eval or checkpoints); num_tokens so far;
+# nonfinite/*: this update skipped, skipped updates in total and in a row.
 RECORD_KEYS = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "throughput/tokens_per_s", "time/step",
                "num_tokens", "nonfinite/skipped", "nonfinite/total", "nonfinite/in_a_row")
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,6 +113,32 @@ class SFTConfig:
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (see the option() checks above)
         name = type(self).__name__
+        model_block = self._check_model()
+        for fname in ("train_data", "val_data"):
+            self._check_files(fname)
+        if self.block_size > model_block:
+            bad_field(name, "block_size", self.block_size,
+                      f"must be <= the model's block_size {model_block} (raise it with "
+                      f"model_overrides={{'block_size': {self.block_size}}})")
+        check_number(self, "min_lr", min=0.0, max=self.lr)
+        if self.warmup_steps > self.max_steps:
+            bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
+        betas = self.betas
+        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
+            bad_field(name, "betas", betas, "must be two numbers in [0, 1)")
+        object.__setattr__(self, "betas", tuple(float(b) for b in betas))
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError, TypeError):
+                bad_field(name, "device", self.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
+        if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
+            bad_field(name, "out_dir", self.out_dir, "must be a directory path")
+
+    def _check_model(self) -> int:
+        """Check model_overrides and init_from; returns the block_size of the model they give."""
+        name = type(self).__name__
         if not isinstance(self.model_overrides, dict):
             bad_field(name, "model_overrides", self.model_overrides, "must be a dict of GPTConfig fields")
         known = {f.name for f in dataclasses.fields(GPTConfig)}
@@ -156,33 +161,13 @@ class SFTConfig:
             model_config = self.model_config()
         except ValueError as exc:
             bad_field(name, "model_overrides", self.model_overrides, f"gives an invalid model ({exc})")
-        for fname in ("train_data", "val_data"):
-            self._check_files(fname)
-        model_block = model_config.block_size
-        if self.init_from != "scratch":  # CheckpointFormatError naming config.json when it is unreadable
-            hf = read_config_json(Path(self.init_from) / "config.json")
-            model_block = self.model_overrides.get("block_size", hf.get("n_positions", 1024))
-            if not isinstance(model_block, int) or isinstance(model_block, bool):
-                bad_field(name, "init_from", self.init_from, f"has a config.json whose n_positions is {model_block!r}")
-        if self.block_size > model_block:
-            bad_field(name, "block_size", self.block_size,
-                      f"must be <= the model's block_size {model_block} (raise it with "
-                      f"model_overrides={{'block_size': {self.block_size}}})")
-        check_number(self, "min_lr", min=0.0, max=self.lr)
-        if self.warmup_steps > self.max_steps:
-            bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
-        betas = self.betas
-        if (not isinstance(betas, (tuple, list)) or len(betas) != 2
-                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
-            bad_field(name, "betas", betas, "must be two numbers in [0, 1)")
-        object.__setattr__(self, "betas", tuple(float(b) for b in betas))
-        if self.device != "auto":
-            try:
-                torch.device(self.device)
-            except (RuntimeError, ValueError, TypeError):
-                bad_field(name, "device", self.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
-        if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
-            bad_field(name, "out_dir", self.out_dir, "must be a directory path")
+        if self.init_from == "scratch":
+            return model_config.block_size
+        hf = read_config_json(Path(self.init_from) / "config.json")  # CheckpointFormatError when unreadable
+        model_block = self.model_overrides.get("block_size", hf.get("n_positions", 1024))
+        if not isinstance(model_block, int) or isinstance(model_block, bool):
+            bad_field(name, "init_from", self.init_from, f"has a config.json whose n_positions is {model_block!r}")
+        return model_block
 
     def _check_files(self, fname: str) -> None:
         """A list of existing JSONL files (a single path is accepted; lists become tuples)."""
@@ -432,8 +417,7 @@ class SFTTrainer(Trainer):
     def __init__(self, cfg: SFTConfig, *, train_texts: Sequence[str] | None = None,
                  val_texts: Sequence[str] | None = None,
                  on_step: Callable[[dict], None] | None = None):
-        super().__init__(cfg, out_dir=cfg.out_dir, device=cfg.device, dtype=cfg.dtype,
-                         deterministic=cfg.deterministic, on_step=on_step)
+        super().__init__(cfg, on_step=on_step)
         W = self.dist.world_size
         if W > 1 and cfg.batch_size % W:
             raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
@@ -498,9 +482,6 @@ class SFTTrainer(Trainer):
         else:
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
-        if cfg.block_size > model.config.block_size:
-            raise ValueError(f"SFTConfig.block_size {cfg.block_size} exceeds the model's block_size "
-                             f"{model.config.block_size}")
         model.layout = self.layout
         return model
 
@@ -521,8 +502,7 @@ class SFTTrainer(Trainer):
         cfg = self.cfg
         if self.dist.is_main:
             (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        fresh = self.step == 0 and self.resumed_from is None and not self.history
-        if fresh and cfg.eval_interval > 0:
+        if self.fresh and cfg.eval_interval > 0:
             self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "eval/loss": self.evaluate(),
                                   "num_tokens": 0, "nonfinite/total": 0, "nonfinite/in_a_row": 0})
 
@@ -556,11 +536,11 @@ class SFTTrainer(Trainer):
         for micro in range(cfg.grad_accum):
             x, y = batch if batch is not None else self.train_stream.next_batch(cfg.batch_size, cfg.block_size)
             # under DDP, gradients are all-reduced once, in the backward of the last micro-batch
-            loss_sum += self.stepper.accumulate(rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)),
+            loss_sum += self.stepper.accumulate(rt.to_device(self.my_rows(x)), rt.to_device(self.my_rows(y)),
                                                 sync=micro == cfg.grad_accum - 1)
         grad_norm = self.stepper.clip()  # DDP-averaged: the same on every rank
         # the mean over ranks (the loss of the global batch); a host sync, which the step needs anyway
-        loss_value = distributed.all_reduce_sum(loss_sum.item()) / self.dist.world_size
+        loss_value = self.rank_mean(loss_sum.item())
         applied = self.guard.observe(loss_value, grad_norm)  # every rank decides alike
         self.stepper.update(applied)
         self.step += 1
@@ -574,11 +554,6 @@ class SFTTrainer(Trainer):
         assert tuple(record) == RECORD_KEYS
         return record
 
-    def _my_rows(self, t: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of a global micro-batch (all of them in a single process)."""
-        W = self.dist.world_size
-        return t if W == 1 else t[self.dist.rank::W].contiguous()
-
     @torch.no_grad()
     def evaluate(self) -> float | None:
         """Mean loss over the first eval_steps val batches (the same batches every call)."""
@@ -591,9 +566,9 @@ class SFTTrainer(Trainer):
         total = torch.zeros((), device=rt.device)
         for _ in range(cfg.eval_steps):
             x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
-            total += self.stepper.loss(rt.to_device(self._my_rows(x)), rt.to_device(self._my_rows(y)))
+            total += self.stepper.loss(rt.to_device(self.my_rows(x)), rt.to_device(self.my_rows(y)))
         model.train()
-        return distributed.all_reduce_sum((total / cfg.eval_steps).item()) / self.dist.world_size
+        return self.rank_mean((total / cfg.eval_steps).item())
 
 
 @dataclass
@@ -627,17 +602,13 @@ def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_t
 # --------------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="rookworld sft",
-        description="Supervised pretraining on P:/A: task text: packed samples, AdamW, warm-up + cosine, "
-                    "periodic val loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
-        epilog="example: rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl "
-               "--val-data data/policy_val.jsonl data/env_val.jsonl --model cpu-small --max-steps 300 "
-               "--out-dir runs/sft-cpu; add --nproc 2 to run two processes under torchrun (DDP: gloo on CPU, "
-               "NCCL on GPU; the same global batch, split across the processes)")
-    ap.add_argument("--nproc", type=distributed.parse_nproc, default=0, metavar="N",
-                    help="processes on this machine, via torchrun (0 = this process; --batch-size must be a "
-                         "multiple of N)")
+    """`rookworld sft`'s options: --nproc and one per SFTConfig field."""
+    ap = distributed.command_parser(
+        "sft", "Supervised pretraining on P:/A: task text: packed samples, AdamW, warm-up + cosine, periodic val "
+               "loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
+        "rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl --val-data data/policy_val.jsonl "
+        "data/env_val.jsonl --model cpu-small --max-steps 300 --out-dir runs/sft-cpu",
+        nproc_note="; --batch-size must be a multiple of N")
     docs = {"train_data": "JSONL training files: data.py P:/A: records or {\"text\": ...} lines (default: the "
                           "shipped data/policy_train.jsonl and data/env_train.jsonl)",
             "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
@@ -677,17 +648,12 @@ def _preflight(argv: list[str], nproc: int) -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld sft`; errors are reported in one line by cli.main."""
-    nproc, rest = distributed.strip_nproc(list(sys.argv[1:] if argv is None else argv))
-    if nproc > 1:
-        return distributed.torchrun("sft", rest, nproc, preflight=_preflight)
-    args = build_parser().parse_args(rest)
-    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs and reports
-    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
-    try:
-        result = train_sft(_config_from_args(args))
-    finally:
-        distributed.cleanup()
-    if not main_rank:
+    return distributed.run_command("sft", argv, build_parser, _run, preflight=_preflight)
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = train_sft(_config_from_args(args))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return 0
     last = result.history[-1] if result.history else {}
     val = [r["eval/loss"] for r in result.history if r.get("eval/loss") is not None]

@@ -1,28 +1,7 @@
-"""Pieces every training loop here shares: schedule, optimizer, precision, NaN guard, metrics, RNG.
+"""Pieces every training loop here shares: schedule, optimizer, precision, NaN guard, metrics, RNG,
+config fields (`option`, `validate`, argparse options from a config dataclass) and out_dir's lock.
 
-Each piece is small and independent, so a loop reads top to bottom (see `train_sft.SFTTrainer`):
-
-    runtime = setup_runtime(device="auto", dtype="auto")           # device, bf16 autocast, TF32
-    optimizer = build_adamw(model, lr=..., weight_decay=..., betas=..., device_type=runtime.device.type)
-    schedule = WarmupCosineSchedule(lr=6e-4, min_lr=6e-5, warmup_steps=100, max_steps=2000)
-    guard = NonFiniteGuard(max_in_a_row=5)
-    with runtime.backend_flags(), MetricsLogger(out / "metrics.jsonl") as metrics:
-        for step in range(start, max_steps):
-            lr = schedule.apply(optimizer, step)
-            with runtime.autocast():
-                loss = ...
-            loss.backward()
-            norm = clip_grad_norm(model, grad_clip)
-            if guard.observe(loss, norm):
-                optimizer.step()
-            elif guard.tripped:
-                raise NonFiniteError(...)
-            optimizer.zero_grad(set_to_none=True)
-            metrics.log({"step": step + 1, "loss": loss, "lr": lr, ...})
-
-`rng_state()` / `set_rng_state()` capture every random number generator a run touches (Python,
-NumPy, torch CPU and CUDA) so a checkpoint can resume bit for bit, and `field_docs` /
-`add_config_arguments` turn a config dataclass with one comment per field into an argparse parser.
+Each piece is small and independent; `trainer.Trainer` puts them together into one loop.
 """
 
 from __future__ import annotations
@@ -30,13 +9,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import inspect
 import json
 import logging
 import math
 import os
 import random
 import time
+import types
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +32,7 @@ log = logging.getLogger(__name__)
 DTYPES = ("auto", "fp32", "bf16")
 
 
-# --------------------------------------------------------------------------------------------
-# Learning-rate schedule
-# --------------------------------------------------------------------------------------------
+# -- learning-rate schedule -----------------------------------------------------------------
 
 def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
     """Learning rate of the update with 0-based index `step` (the (step+1)-th update).
@@ -72,11 +50,8 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_ste
 
 @dataclass(frozen=True)
 class WarmupCosineSchedule:
-    """Linear warm-up then cosine decay (`cosine_lr`), as a pure function of the step.
-
-    It has no hidden state: its `state_dict` records the settings, so a resumed run can tell when
-    the schedule it continues with differs from the one it was checkpointed with.
-    """
+    """Linear warm-up then cosine decay (`cosine_lr`), a pure function of the step; its state_dict
+    records the settings, so a resume can tell when the schedule changed."""
 
     lr: float  # peak learning rate
     min_lr: float  # floor reached at the last step
@@ -113,18 +88,12 @@ class WarmupCosineSchedule:
                         ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
 
 
-# --------------------------------------------------------------------------------------------
-# Optimizer
-# --------------------------------------------------------------------------------------------
+# -- optimizer ------------------------------------------------------------------------------
 
 def _fused_supported(device_type: str) -> bool:
-    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
-        return False
-    try:
-        from torch.optim.optimizer import _get_fused_kernels_supported_devices
-        return device_type in _get_fused_kernels_supported_devices()
-    except ImportError:  # older torch: fused AdamW was CUDA-only
-        return device_type == "cuda"
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    return device_type in _get_fused_kernels_supported_devices()
 
 
 def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95),
@@ -133,9 +102,8 @@ def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple
 
     model_or_groups: a module with `param_groups(weight_decay)` (our GPT), any other module
     (2-D parameters decay, biases and norms do not), or ready-made param groups.
-    fused: None picks the fused kernel when this torch has one for `device_type` (CUDA, and CPU
-    since torch 2.4), else the multi-tensor "foreach" path; True/False force the choice.
-    The implementation chosen is in `optimizer.defaults["fused"]` / `["foreach"]`.
+    fused: None picks the fused kernel when this torch has one for `device_type`, else the
+    multi-tensor "foreach" path; True/False force the choice.
     """
     if isinstance(model_or_groups, torch.nn.Module):
         if hasattr(model_or_groups, "param_groups"):
@@ -157,10 +125,8 @@ def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple
 
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip the global grad norm to max_norm (0 = measure only) and return the norm before clipping.
-
-    The norm comes back as a tensor (no host sync); it is non-finite when any gradient is.
-    """
+    """Clip the global grad norm to max_norm (0 = measure only); returns the norm before clipping,
+    as a tensor (no host sync), non-finite when any gradient is."""
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return torch.zeros(())
@@ -168,9 +134,7 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
 
 
-# --------------------------------------------------------------------------------------------
-# Device and precision
-# --------------------------------------------------------------------------------------------
+# -- device and precision -------------------------------------------------------------------
 
 def resolve_device(device: str = "auto") -> torch.device:
     """"auto" -> cuda when available, else cpu; anything else is checked to exist."""
@@ -217,9 +181,8 @@ class Runtime:
     def backend_flags(self) -> Iterator[None]:
         """Set TF32 and determinism for the duration of a run, then restore the previous settings.
 
-        Deterministic mode: torch.use_deterministic_algorithms(True, warn_only=True) (an op with no
-        deterministic kernel warns instead of stopping a long run), cuDNN benchmark off, and the
-        cuBLAS workspace setting CUDA needs for reproducible matmuls.
+        Deterministic mode only warns about an op without a deterministic kernel (a long run goes
+        on), turns cuDNN benchmark off and sets the cuBLAS workspace CUDA needs for reproducible matmuls.
         """
         saved = (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled(),
                  torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.benchmark,
@@ -258,25 +221,16 @@ def setup_runtime(device: str = "auto", dtype: str = "auto", *, tf32: bool = Tru
 
 
 def maybe_compile(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """torch.compile(model) when enabled; the returned module shares the original's parameters.
-
-    Save and load state through `unwrap(model)`, so checkpoints never carry "_orig_mod." keys.
-    """
-    if not enabled:
-        return model
-    if not hasattr(torch, "compile"):
-        raise RuntimeError("compile=True needs torch >= 2.0")
-    return torch.compile(model)
+    """torch.compile(model) when enabled; it shares the original's parameters (save through `unwrap`)."""
+    return torch.compile(model) if enabled else model
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The original module behind a torch.compile wrapper (or the module itself)."""
+    """The original module behind a torch.compile wrapper (or the module itself): no "_orig_mod." keys."""
     return getattr(model, "_orig_mod", model)
 
 
-# --------------------------------------------------------------------------------------------
-# Non-finite guard
-# --------------------------------------------------------------------------------------------
+# -- non-finite guard -----------------------------------------------------------------------
 
 class NonFiniteError(FloatingPointError):
     """Too many non-finite losses or gradient norms in a row; the run stopped."""
@@ -291,8 +245,7 @@ class NonFiniteGuard:
     """
 
     def __init__(self, max_in_a_row: int):
-        if max_in_a_row < 1:
-            raise ValueError(f"max_in_a_row must be >= 1, got {max_in_a_row!r}")
+        assert max_in_a_row >= 1, max_in_a_row  # the configs validate max_nonfinite_in_a_row
         self.max_in_a_row = max_in_a_row
         self.in_a_row = 0  # consecutive skipped updates so far
         self.total = 0  # skipped updates over the whole run
@@ -321,9 +274,7 @@ class NonFiniteGuard:
         self.in_a_row, self.total = int(state["in_a_row"]), int(state["total"])
 
 
-# --------------------------------------------------------------------------------------------
-# Metrics as JSON lines
-# --------------------------------------------------------------------------------------------
+# -- metrics as JSON lines ------------------------------------------------------------------
 
 def to_jsonable(value: Any) -> Any:
     """Tensors and NumPy scalars to Python numbers; NaN and infinities to None (strict JSON)."""
@@ -382,9 +333,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-# --------------------------------------------------------------------------------------------
-# Random number generators
-# --------------------------------------------------------------------------------------------
+# -- random number generators ---------------------------------------------------------------
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and every CUDA device)."""
@@ -406,7 +355,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     """Restore what `rng_state` captured (CUDA states only where this machine has CUDA)."""
-    random.setstate(_as_python_rng_state(state["python"]))
+    version, internal, gauss = state["python"]  # a serialiser may have turned the tuple into a list
+    random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
     key = np_state["state"]["key"]
     key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
@@ -414,23 +364,15 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        cuda = state["cuda"]
-        if len(cuda) != torch.cuda.device_count():
+        cuda, n = state["cuda"], torch.cuda.device_count()
+        if len(cuda) != n:
             log.warning("checkpoint has CUDA RNG states for %d devices, this machine has %d; restoring the first %d",
-                        len(cuda), torch.cuda.device_count(), min(len(cuda), torch.cuda.device_count()))
-        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+                        len(cuda), n, min(len(cuda), n))
+        for i, s in enumerate(cuda[:n]):
             torch.cuda.set_rng_state(s.cpu(), i)
 
 
-def _as_python_rng_state(s):
-    # random.setstate wants (version, tuple_of_ints, gauss_next); a round trip through some
-    # serialisers turns the tuples into lists.
-    return (s[0], tuple(s[1]), s[2])
-
-
-# --------------------------------------------------------------------------------------------
-# Config dataclasses <-> argparse
-# --------------------------------------------------------------------------------------------
+# -- config fields: option(), validate() ----------------------------------------------------
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, **checks) -> Any:
     """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line.
@@ -450,9 +392,6 @@ def field_docs(cls) -> dict[str, str]:
 
 def _optional_of(hint) -> tuple[Any, bool]:
     """(T, True) for `T | None`, (hint, False) otherwise."""
-    import types
-    import typing
-
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         return next(a for a in args if a is not type(None)), True
@@ -462,8 +401,6 @@ def _optional_of(hint) -> tuple[Any, bool]:
 def validate(cfg) -> None:
     """Check every field of a config against its annotation and its `option` checks; the first bad
     one raises ValueError `Cls.field must ..., got value` (None passes where the type allows it)."""
-    import typing
-
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         hint, optional = _optional_of(hints[f.name])
@@ -471,9 +408,11 @@ def validate(cfg) -> None:
         if optional and value is None:
             continue
         if "choices" in meta:
-            check_choice(cfg, f.name, meta["choices"])
+            if value not in meta["choices"]:
+                bad_field(type(cfg).__name__, f.name, value, f"must be one of {tuple(meta['choices'])}")
         elif hint is bool:
-            check_bool(cfg, f.name)
+            if not isinstance(value, bool):
+                bad_field(type(cfg).__name__, f.name, value, "must be True or False")
         elif hint is int:
             check_int(cfg, f.name, min=meta.get("min"), max=meta.get("max"))
         elif hint is float:
@@ -487,6 +426,7 @@ def bad_field(cls_name: str, name: str, value: Any, why: str):
 
 
 def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None) -> None:
+    """cfg.name must be an int (not a bool) within [min, max]."""
     value = getattr(cfg, name)
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok or (min is not None and value < min) or (max is not None and value > max):
@@ -494,6 +434,103 @@ def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None)
                 (True, True): f" in {min}..{max}"}[(min is not None, max is not None)]
         bad_field(type(cfg).__name__, name, value, "must be an integer" + want)
 
+
+def check_number(cfg, name: str, *, min: float | None = None, max: float | None = None,
+                 min_open: bool = False, max_open: bool = False) -> None:
+    """cfg.name must be a finite number within the bounds (open where min_open / max_open)."""
+    value = getattr(cfg, name)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and min is not None:
+        ok = value > min if min_open else value >= min
+    if ok and max is not None:
+        ok = value < max if max_open else value <= max
+    if not ok:
+        lo = "(-inf" if min is None else ("(" if min_open else "[") + f"{min}"
+        hi = "inf)" if max is None else f"{max}" + (")" if max_open else "]")
+        rng = "" if min is None and max is None else f" in {lo}, {hi}"
+        bad_field(type(cfg).__name__, name, value, f"must be a finite number{rng}")
+
+
+# -- config dataclasses <-> argparse --------------------------------------------------------
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw  # a bare string such as attn_impl=math
+    return key.strip(), value
+
+
+def _optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
+                         metavars=None) -> None:
+    """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by
+    the field's metadata["help"], defaulting to the field's default (choices from `option`).
+
+    bool -> --x/--no-x; tuple[float, float] -> --x A B; tuple[str, ...] -> --x A B C;
+    dict -> --x KEY=VALUE (repeatable, VALUE parsed as JSON where it can be); T | None -> also
+    accepts "none".
+    """
+    hints = typing.get_type_hints(cls)
+    docs = {**field_docs(cls), **(help_overrides or {})}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kw: dict[str, Any] = {"default": default, "dest": f.name}
+        hint, optional = _optional_of(hints[f.name])
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if hint is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif origin is tuple:
+            kw["type"] = args[0]
+            kw["nargs"] = "*" if (len(args) == 2 and args[1] is Ellipsis) else len(args)
+            kw["metavar"] = args[0].__name__.upper()
+        elif origin is dict or hint is dict:
+            kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
+        elif hint in (int, float, str):
+            kw["type"] = _optional(hint) if optional else hint
+            if "choices" in f.metadata and not optional:
+                kw["choices"] = list(f.metadata["choices"])
+        else:
+            continue
+        if metavars and f.name in metavars:
+            kw["metavar"] = metavars[f.name]
+        text = docs.get(f.name, "").replace("%", "%%")
+        if kw.get("action") == "append":
+            text += " (repeatable)"
+        elif default not in ((), {}):
+            text += f" (default: {default!r})".replace("%", "%%")
+        parser.add_argument("--" + f.name.replace("_", "-"), help=text, **kw)
+
+
+def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:
+    """The dataclass keyword arguments from parsed `add_config_arguments` options."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip or not hasattr(args, f.name):
+            continue
+        value = getattr(args, f.name)
+        if isinstance(value, list) and value and isinstance(value[0], tuple) and len(value[0]) == 2:
+            value = dict(value)  # KEY=VALUE pairs
+        elif value is None and f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        elif isinstance(value, list):
+            value = tuple(value)
+        out[f.name] = value
+    return out
+
+
+# -- resuming into out_dir ------------------------------------------------------------------
 
 LOCK_FILE = ".lock"
 
@@ -543,111 +580,3 @@ def resume_mismatch(where, diff: dict[str, tuple]) -> ValueError:
     changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
     return ValueError(f"{where} holds a checkpoint of a run with other settings ({changes}); use the same settings "
                       "to resume it, or another out_dir for a new run")
-
-
-def check_number(cfg, name: str, *, min: float | None = None, max: float | None = None,
-                 min_open: bool = False, max_open: bool = False) -> None:
-    value = getattr(cfg, name)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and min is not None:
-        ok = value > min if min_open else value >= min
-    if ok and max is not None:
-        ok = value < max if max_open else value <= max
-    if not ok:
-        lo = "" if min is None else ("(" if min_open else "[") + f"{min}, "
-        hi = "" if max is None else f"{max}" + (")" if max_open else "]")
-        rng = f" in {lo or '(-inf, '}{hi or 'inf)'}" if (min is not None or max is not None) else ""
-        bad_field(type(cfg).__name__, name, value, f"must be a finite number{rng}")
-
-
-def check_choice(cfg, name: str, choices) -> None:
-    value = getattr(cfg, name)
-    if value not in choices:
-        bad_field(type(cfg).__name__, name, value, f"must be one of {tuple(choices)}")
-
-
-def check_bool(cfg, name: str) -> None:
-    value = getattr(cfg, name)
-    if not isinstance(value, bool):
-        bad_field(type(cfg).__name__, name, value, "must be True or False")
-
-
-def _parse_override(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare string such as attn_impl=math
-    return key.strip(), value
-
-
-def _optional(kind):
-    def parse(text: str):
-        return None if text.lower() in ("none", "null") else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
-                         metavars=None) -> None:
-    """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by
-    the field's metadata["help"], defaulting to the field's default (choices from `option`).
-
-    bool -> --x/--no-x; tuple[float, float] -> --x A B; tuple[str, ...] -> --x A B C;
-    dict -> --x KEY=VALUE (repeatable, VALUE parsed as JSON where it can be); T | None -> also
-    accepts "none".
-    """
-    import typing
-
-    hints = typing.get_type_hints(cls)
-    docs = {**field_docs(cls), **(help_overrides or {})}
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        hint = hints[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kw: dict[str, Any] = {"default": default, "dest": f.name}
-        hint, optional = _optional_of(hint)
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if hint is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif origin is tuple:
-            kw["type"] = args[0]
-            kw["nargs"] = "*" if (len(args) == 2 and args[1] is Ellipsis) else len(args)
-            kw["metavar"] = args[0].__name__.upper()
-        elif origin is dict or hint is dict:
-            kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
-        elif hint in (int, float, str):
-            kw["type"] = _optional(hint) if optional else hint
-            if "choices" in f.metadata and not optional:
-                kw["choices"] = list(f.metadata["choices"])
-        else:
-            continue
-        if metavars and f.name in metavars:
-            kw["metavar"] = metavars[f.name]
-        text = docs.get(f.name, "").replace("%", "%%")
-        if kw.get("action") == "append":
-            text += " (repeatable)"
-        elif default not in ((), {}):
-            text += f" (default: {default!r})".replace("%", "%%")
-        parser.add_argument(flag, help=text, **kw)
-
-
-def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:
-    """The dataclass keyword arguments from parsed `add_config_arguments` options."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.name in skip or not hasattr(args, f.name):
-            continue
-        value = getattr(args, f.name)
-        if isinstance(value, list) and value and isinstance(value[0], tuple) and len(value[0]) == 2:
-            value = dict(value)  # KEY=VALUE pairs
-        elif value is None and f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        elif isinstance(value, list):
-            value = tuple(value)
-        out[f.name] = value
-    return out

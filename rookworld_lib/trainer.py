@@ -1,26 +1,11 @@
 """The training scaffold SFT and GRPO share (minGPT's trainer: one loop, extended by subclasses).
 
-A subclass sets `model`, `optimizer` and `schedule`, supplies the step and says what its
-checkpoints hold; the scaffold does the rest:
-
-    class MyTrainer(Trainer):
-        kind, name, metrics_file = "sft", "SFT", "metrics.jsonl"
-        def train_step(self) -> dict: ...          # one optimizer-level step, its metrics record
-        def total_steps(self) -> int: ...           # where train() stops
-        def data_state(self): ...                   # anything with state_dict() (the data position)
-
-What `Trainer` owns, identically for every loop:
-- runtime and torchrun: device and precision (`setup_runtime`), the process group, one GPU per
-  rank, the DistributedDataParallel wrapper and its teardown (`close`);
-- resume: the latest checkpoint (the same file on every rank), `resume=False` refused on a used
-  out_dir, the checkpoint kind, settings that must match (`resume_may_change` lists the others),
-  a subclass's own checks (`resume_differences`), and "resumed from ... at step N" in the log;
-- save (rank 0 writes, every rank's RNG state gathered, a failed write raised on every rank) and
-  export (rank 0 writes, the others wait at a barrier);
-- the loop: out_dir's lock, the metrics file (one JSON line per step, rank 0), a tqdm bar, the
-  `on_step` callback, checkpoints every `checkpoint_interval` steps and where the run stops, the
-  non-finite stop (after `max_nonfinite_in_a_row` skipped updates, with where the last checkpoint
-  is) and the final export.
+A subclass sets `model`, `optimizer` and `schedule`, and supplies `train_step()` (one step's
+metrics record), `total_steps()` and `data_state()` (what holds the data position). `Trainer` does
+the rest, identically for both: device, precision and the torchrun process group (one GPU per
+rank, the DDP wrapper); resume checks (kind, settings, the same latest file on every rank); saving
+(rank 0 writes, every rank's RNG state gathered) and export; the loop with out_dir's lock, one
+metrics line per step, a tqdm bar, periodic checkpoints and the non-finite stop.
 """
 
 from __future__ import annotations
@@ -55,13 +40,13 @@ class Trainer:
     resume_may_change: frozenset = frozenset()  # config fields a resume may change
     stop_hint = ""  # what to try after a non-finite stop
 
-    def __init__(self, cfg, *, out_dir, device: str, dtype: str, deterministic: bool = False,
-                 on_step: Callable[[dict], None] | None = None):
+    def __init__(self, cfg, *, on_step: Callable[[dict], None] | None = None):
+        """cfg: the run's config (out_dir, device, dtype, resume, checkpoint and non-finite settings)."""
         self.cfg = cfg
         self.on_step = on_step
-        self.out_dir = Path(out_dir) if out_dir else None
+        self.out_dir = Path(cfg.out_dir) if cfg.out_dir else None
         self.ckpt_dir = self.out_dir / CHECKPOINT_DIR if self.out_dir else None
-        self.runtime = setup_runtime(device, dtype, deterministic=deterministic)
+        self.runtime = setup_runtime(cfg.device, cfg.dtype, deterministic=getattr(cfg, "deterministic", False))
         self.dist = distributed.init_from_env(self.runtime.device.type)
         if self.dist.world_size > 1 and self.runtime.device.type == "cuda":  # one GPU per process
             self.runtime = dataclasses.replace(self.runtime, device=torch.device("cuda", self.dist.local_rank))
@@ -102,9 +87,21 @@ class Trainer:
     def postfix(self, record: dict) -> str:
         return ""
 
+    export_at_end = False  # write the Hugging Face export when the run reaches total_steps()
+
     @property
-    def export_at_end(self) -> bool:
-        return False
+    def fresh(self) -> bool:
+        """Nothing trained or resumed yet: a fresh start of the run."""
+        return self.step == 0 and self.resumed_from is None and not self.history
+
+    def my_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch: rows r, r + W, r + 2W, ... (all of them in one process)."""
+        W = self.dist.world_size
+        return t if W == 1 else t[self.dist.rank::W].contiguous()
+
+    def rank_mean(self, value: float) -> float:
+        """The mean of `value` over all ranks (itself in one process)."""
+        return distributed.all_reduce_sum(value) / self.dist.world_size
 
     # -- resume -----------------------------------------------------------------------------
 
@@ -153,12 +150,8 @@ class Trainer:
                  "" if saved_w == W else f" (saved at world size {saved_w}, now {W})")
 
     def seed_rank(self, ckpt: dict | None, seed: int) -> None:
-        """Give ranks > 0 their own RNG stream (dropout masks differ across ranks' rows).
-
-        Rank 0 continues the single-process stream. A checkpoint saved at this world size holds
-        every rank's state, so such a resume is exact; otherwise the stream is derived from
-        (seed, step, rank).
-        """
+        """Give ranks > 0 their own RNG stream (dropout masks differ across ranks' rows); rank 0 keeps
+        the single-process one. Exact on a resume at the saved world size, else derived from (seed, step, rank)."""
         if self.dist.rank == 0:
             return
         saved = (ckpt or {}).get("extra", {}).get("rank_rng")
@@ -172,9 +165,7 @@ class Trainer:
     def wrap_ddp(self, model: torch.nn.Module) -> torch.nn.Module:
         """model wrapped in DistributedDataParallel under torchrun (itself otherwise).
 
-        Buffers are not synced in forward: the model's are constants (no batch norm), so eval passes
-        need no collective.
-        """
+        Buffers are not synced in forward: they are constants (no batch norm), so eval needs no collective."""
         if self.dist.world_size == 1:
             return model
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -187,14 +178,11 @@ class Trainer:
         return self.ddp
 
     def close(self) -> None:
-        """Drop the DistributedDataParallel wrapper; call it before `distributed.cleanup()`.
+        """Drop the DDP wrapper; call it before `distributed.cleanup()`. Idempotent.
 
-        With gloo, a DDP wrapper that outlives `destroy_process_group` holds the last reference to
-        the process group, and its destructor joins gloo's worker threads while holding the GIL; a
-        worker still releasing a finished all-reduce needs the GIL, so the process hangs at exit
-        (seen in 5 of 30 runs of tests/test_distributed.py's two-process job, torch 2.13). Dropped
-        while the group is still registered, the wrapper frees nothing but itself. Idempotent; a
-        closed multi-process trainer refuses to train (its gradients would no longer be averaged).
+        Under gloo a wrapper that outlives the process group joins gloo's threads in its destructor
+        while holding the GIL they need, and the process hangs at exit (torch 2.13). A closed
+        multi-process trainer refuses to train (its gradients would no longer be averaged).
         """
         self.ddp = None
         self.closed = True
@@ -204,9 +192,8 @@ class Trainer:
     def save(self) -> Path | None:
         """Checkpoint the run at a step boundary; returns the file written (None without out_dir).
 
-        Every rank calls it (their RNG states are gathered); rank 0 writes, and a failed write
-        (disk full, ...) raises CheckpointSaveError on every rank.
-        """
+        Every rank calls it (RNG states are gathered); rank 0 writes, and a failed write raises
+        CheckpointSaveError on every rank."""
         if self.ckpt_dir is None:
             return None
         W = self.dist.world_size
@@ -294,8 +281,8 @@ class Trainer:
         return self.history
 
     def _metrics_logger(self) -> MetricsLogger:
-        fresh = self.step == 0 and self.resumed_from is None and not self.history
-        return MetricsLogger(self.out_dir / self.metrics_file, fresh=fresh, resume_step=None if fresh else self.step)
+        return MetricsLogger(self.out_dir / self.metrics_file, fresh=self.fresh,
+                             resume_step=None if self.fresh else self.step)
 
     def record(self, metrics, record: dict) -> dict:
         """Log a step's record (rank 0 writes it), keep it in history, call on_step."""
@@ -312,7 +299,6 @@ class Trainer:
         return NonFiniteError(f"{self.name} stopped at step {self.step}: {self.guard.describe()}. Skipped updates "
                               f"leave the parameters untouched and nothing was saved after them; {where}{metrics}. "
                               f"{self.stop_hint}".rstrip())
-
 
 
 class _NoMetrics:
