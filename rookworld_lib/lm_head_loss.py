@@ -1,20 +1,15 @@
 """The LM head and next-token cross-entropy fused, chunk by chunk over the rows.
 
-For a GPT-2-sized vocabulary the head and the loss dominate a small model's training step: the
-(rows, 50257) logits are written, read by log-softmax, and read and written again by its backward.
-Here each chunk of rows is taken through logits -> loss -> gradient of the logits in the forward
-pass, and that gradient is turned at once into the gradients of the hidden states and of the
-head weight. The full logits never exist, and the backward pass only scales the stored gradients.
+For a GPT-2-sized vocabulary the head and the loss dominate a small model's training step. Here
+each chunk of rows goes through logits -> loss -> gradient of the logits in the forward pass, and
+that gradient becomes at once the gradients of the hidden states and of the head weight: the full
+(rows, 50257) logits never exist, and the backward pass only scales the stored gradients.
 
 Each chunk's logits are formed vocabulary-major, (V, rows) = weight @ hidden.T, and the softmax is
-taken in place in four passes (max, subtract + exp, sum, scale): on a 2-core AVX2 CPU this
-orientation made the head's forward matmul 1.6x faster than (rows, V) and the in-place softmax
-is half the cost of `torch.logsumexp` plus a second exp. Measured figures: docs/perf.md.
-
-The math is unchanged (mean cross-entropy over the targets that are not `ignore_index`, the same
-as `F.cross_entropy(hidden @ weight.T, targets)`); only the float summation order differs.
-Gradients are computed in the forward pass, so this is for training and evaluation losses, not for
-double backward.
+taken in place (max, subtract + exp, sum, scale): on a 2-core AVX2 CPU that made the forward matmul
+1.6x faster than (rows, V), at half the cost of `torch.logsumexp` plus a second exp (docs/perf.md).
+The math is `F.cross_entropy(hidden @ weight.T, targets)`'s up to float summation order. Gradients
+are computed in the forward pass, so this is for training and evaluation losses, not double backward.
 """
 
 from __future__ import annotations

@@ -229,18 +229,14 @@ class GPT(nn.Module):
                 last_only: bool = False, targets: torch.Tensor | None = None, logits_from: int = 0):
         """Logits (B, T, vocab_size) for token ids idx (B, T); (B, 1, vocab_size) with last_only.
 
-        logits_from skips the LM head on positions before it (they still feed attention): the logits
-        are (B, T - logits_from, vocab_size). Scoring completions needs no logits over the prompt,
-        and the head is a large share of a small model's cost.
+        logits_from skips the LM head (a large share of a small model's cost) on positions before it,
+        which still feed attention: scoring completions needs no logits over the prompt. With targets
+        (B, T) it returns the mean next-token cross-entropy instead (targets of -1 ignored), equal to
+        `lm_loss(model(idx), targets)` but from the fused, chunked `lm_head_loss` (no logits stored).
 
-        With targets (B, T) it returns instead the mean next-token cross-entropy (targets equal to
-        -1 ignored), equal to `lm_loss(model(idx), targets)` but computed by the fused, chunked
-        LM head + loss of `lm_head_loss`, which never materialises the logits.
-
-        position_ids (B, T) default to 0..T-1 (shifted by `start` when decoding with a cache);
-        attn_mask is a boolean (B, 1, T, T_total) mask, True = may attend, used for left-padded
-        batches; without it attention is plain causal. `start` is where idx goes in the cache: an
-        int, or a (1,) device tensor for static-shape decoding over the whole cache (CUDA graphs).
+        position_ids (B, T) default to start..start+T-1; attn_mask is a boolean (B, 1, T, T_total)
+        mask, True = may attend (left-padded batches), else plain causal. `start` is where idx goes
+        in the cache: an int, or a (1,) device tensor for static-shape decoding (CUDA graphs).
         """
         B, T = idx.shape
         if isinstance(start, torch.Tensor):  # static-shape decode (see KVCache.update)
@@ -273,7 +269,7 @@ class GPT(nn.Module):
         no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
         return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
-    # ---- Hugging Face GPT-2 format ---------------------------------------------------------
+    # --- Hugging Face GPT-2 format
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, **config_overrides) -> "GPT":
