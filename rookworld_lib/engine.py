@@ -36,6 +36,7 @@ import chess
 import chess.engine
 
 from .tasks import Eval
+from .train_utils import bad_field, option, validate
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +66,16 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
     """The Stockfish binary: `path`, else ``STOCKFISH_PATH``, else ``stockfish`` on the PATH, else
     ``/usr/games/stockfish``. Raises StockfishNotFoundError with the install commands."""
     explicit = path if path is not None else os.environ.get("STOCKFISH_PATH") or None
-    if explicit is not None:
+    if explicit is not None:  # shutil.which checks a path with a directory as it is, a bare name on the PATH
         explicit = os.path.expanduser(str(explicit))
-        resolved = shutil.which(explicit) if os.sep not in explicit else explicit
-        if resolved and os.path.isfile(resolved) and os.access(resolved, os.X_OK):
-            return resolved
         source = "STOCKFISH_PATH" if path is None else "the given path"
+        found = shutil.which(explicit)
+        if found:
+            return found
         raise StockfishNotFoundError(f"Stockfish not found at {explicit!r} ({source}). {INSTALL_HINT}")
-    for candidate in (shutil.which("stockfish"), DEBIAN_PATH):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
+    found = shutil.which("stockfish") or shutil.which(DEBIAN_PATH)
+    if found:
+        return found
     raise StockfishNotFoundError(
         f"Stockfish not found (looked at $STOCKFISH_PATH, `stockfish` on the PATH and {DEBIAN_PATH}). {INSTALL_HINT}"
     )
@@ -105,41 +106,25 @@ def usable_cores() -> int:
 class EngineSettings:
     """Stockfish search settings. Bad values fail at construction, naming the field."""
 
-    depth: int | None = DEFAULT_DEPTH  # search depth in plies (None: no depth limit)
-    nodes: int | None = None  # node budget per search (None: no node limit)
-    time: float | None = None  # seconds per search (None: no time limit; time limits are not reproducible)
-    multipv: int = 5  # principal variations per analysis: the candidate moves of a P: label
-    threads: int = 1  # Stockfish `Threads`; 1 keeps results reproducible, the pool adds processes instead
-    hash_mb: int = 16  # Stockfish `Hash` in MiB per process
-    fresh_search: bool = True  # clear the hash (ucinewgame) before each search: results depend on (position, limit) only
-    path: str | None = None  # Stockfish binary; None: STOCKFISH_PATH, PATH, /usr/games/stockfish
-    max_retries: int = 3  # times a failed engine start or request is retried on a fresh engine
+    depth: int | None = option(DEFAULT_DEPTH, "search depth in plies (None: no depth limit)", min=1, max=99)
+    nodes: int | None = option(None, "node budget per search (None: no node limit)", min=1, max=10**15)
+    time: float | None = option(None, "seconds per search (None: no time limit; time limits are not reproducible)",
+                                min=0.0, min_open=True)
+    multipv: int = option(5, "principal variations per analysis: the candidate moves of a P: label", min=1, max=256)
+    threads: int = option(1, "Stockfish `Threads`; 1 keeps results reproducible (the pool adds processes instead)",
+                          min=1, max=1024)
+    hash_mb: int = option(16, "Stockfish `Hash` in MiB per process", min=1, max=65536)
+    fresh_search: bool = option(True, "clear the hash (ucinewgame) before each search: results depend on "
+                                "(position, limit) only")
+    path: str | None = option(None, "Stockfish binary; None: STOCKFISH_PATH, the PATH, /usr/games/stockfish")
+    max_retries: int = option(3, "times a failed engine start or request is retried on a fresh engine", min=0, max=100)
 
     def __post_init__(self):
-        def bad(name, why):
-            raise ValueError(f"EngineSettings.{name} {why}, got {getattr(self, name)!r}")
-
-        def int_in(name, lo, hi):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                bad(name, f"must be an int in {lo}..{hi}")
-
-        for name, most in (("depth", 99), ("nodes", 10**15)):
-            if getattr(self, name) is not None:
-                int_in(name, 1, most)
-        if self.time is not None and (isinstance(self.time, bool) or not isinstance(self.time, (int, float))
-                                      or not self.time > 0):
-            bad("time", "must be a positive number of seconds or None")
+        validate(self)
+        if self.path is not None and not isinstance(self.path, str):  # validate checks no str fields
+            bad_field("EngineSettings", "path", self.path, "must be a string or None")
         if self.depth is None and self.nodes is None and self.time is None:
             raise ValueError("EngineSettings: set at least one of depth, nodes, time (an unlimited search never ends)")
-        int_in("multipv", 1, 256)
-        int_in("threads", 1, 1024)
-        int_in("hash_mb", 1, 65536)
-        if not isinstance(self.fresh_search, bool):
-            bad("fresh_search", "must be a bool")
-        if self.path is not None and not isinstance(self.path, str):
-            bad("path", "must be a string or None")
-        int_in("max_retries", 0, 100)
 
     @property
     def limit(self) -> chess.engine.Limit:
@@ -658,12 +643,13 @@ def _to_analysis(fen: str, turn: chess.Color, infos, limit: str) -> Analysis:
 # --------------------------------------------------------------------------------------------
 
 _POOLS: dict = {}
+_DEFAULT_SETTINGS = EngineSettings()
 _POOLS_LOCK = threading.Lock()
 
 
 def get_pool(settings: EngineSettings | None = None, size: int | None = None) -> EnginePool:
     """A process-wide pool for these settings (created on first use, closed at exit)."""
-    settings = settings or EngineSettings()
+    settings = settings or _DEFAULT_SETTINGS  # built once: the rewards ask for this pool on every score
     with _POOLS_LOCK:
         pool = _POOLS.get((settings, size))
         if pool is None or pool.closed:

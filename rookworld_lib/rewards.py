@@ -1,44 +1,37 @@
 """Verifiable rewards for the policy task ``P:`` and the environment task ``A:``.
 
-Both scorers take the prompt and the sampled completion and return a float in ``[-1, 1]``; the
-``*_detailed`` variants return every component. The ``trl_*`` functions wrap them for TRL.
+``score_policy`` / ``score_environment`` take the prompt and the sampled completion and return a
+float in ``[-1, 1]``; the ``*_detailed`` variants return every component; ``trl_*`` wrap them for TRL.
 
-What raises
-    Nothing about the prompt or the completion: any text, any type, scores. The set-up does, since
-    a reward computed without ground truth, or a crash scored as a bad answer, would be worse than a
-    stop: a truth of the wrong kind or for another position (TruthError); no truth and engine=None
-    (MissingTruthError); no truth and no Stockfish (StockfishNotFoundError, naming the install
-    commands); an engine that would not start, died or hung on every retry (EngineFailedError).
+What raises: nothing about the prompt or the completion (any text, any type, scores). The set-up
+does, since a reward without ground truth, or a crash scored as a bad answer, is worse than a stop:
+a truth of the wrong kind or position (TruthError), no truth and engine=None (MissingTruthError), no
+truth and no Stockfish (StockfishNotFoundError), an engine failing every retry (EngineFailedError).
 
-Ground truth
-    ``truth=`` takes a data-set record (a dict from ``data/*.jsonl``), a :class:`PolicyTruth` /
-    :class:`EnvTruth`, or an ``engine.Analysis``. Without it, a truth registered with
-    :func:`register_truth` is used; else the policy truth comes from live Stockfish (multipv 5, depth
-    8 like the shipped data) and the environment truth from a python-chess replay of the prompt.
+Ground truth: ``truth=`` (a ``data/*.jsonl`` record, a :class:`PolicyTruth` / :class:`EnvTruth` or an
+``engine.Analysis``); else one registered with :func:`register_truth`; else live Stockfish for
+``P:`` (multipv 5, depth 8 like the shipped data) and a python-chess replay of the prompt for ``A:``.
 
-Policy reward (``score_policy``): -1.0 for garbage (none of ``M:``/``E:``/``B:``, or the prompt is
-not ``P: <valid FEN>``); -0.5 + 0.25 * format in [-0.5, -0.25] when ``B:`` is missing or illegal;
-otherwise the weighted sum in [0, 1] (:class:`PolicyWeights`) of components in [0, 1]:
-    - ``best_quality`` (0.5, :func:`quality_from_cp`): graded by the centipawn loss of ``B:``
-      against the engine's best (mates count as +-(100000 - n) cp). A legal move outside the
-      candidates is evaluated by Stockfish restricted to it, at the truth's limit, capped at the
-      last candidate's eval; with engine=None it is estimated as the last candidate's eval minus
-      ``unlisted_margin_cp`` (``PolicyScore.estimated``);
-    - ``format`` (0.1): fraction of five checks (the three fields in order; 1-5 distinct UCI moves;
-      as many parseable evals; ``B:`` among the moves; no other text);
-    - ``moves_legal`` (0.1): fraction of ``M:`` entries that are legal and distinct;
-    - ``moves_overlap`` (0.15): |M ∩ truth candidates| / |truth candidates|;
-    - ``evals_accuracy`` (0.15): mean over ``M:`` moves among the candidates of 1 - |W(predicted)
-      - W(true)|, W the logistic win probability (0 when none is).
+Policy reward: -1.0 for garbage (none of ``M:``/``E:``/``B:``, or a prompt that is not
+``P: <valid FEN>``); -0.5 + 0.25 * format when ``B:`` is missing or illegal; otherwise the weighted
+sum in [0, 1] (:class:`PolicyWeights`) of
+    - ``best_quality``: :func:`quality_from_cp` of B:'s centipawn loss against the engine's best
+      (mates count +-(100000 - n)). A legal move outside the candidates is searched alone, capped at
+      the last candidate's eval; offline it is that eval minus ``unlisted_margin_cp`` (``estimated``);
+    - ``format``: fraction of five checks (the fields in order; 1-5 distinct UCI moves; as many
+      evals; ``B:`` among the moves; no other text);
+    - ``moves_legal``: fraction of ``M:`` entries legal and distinct;
+    - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
+    - ``evals_accuracy``: mean of 1 - |W(predicted) - W(true)| over the listed moves the truth also
+      lists, W the logistic win probability (0 when none is).
 
-Environment reward (``score_environment``): -1.0 when no field is well-formed; otherwise the
-weighted sum in [0, 1] (:class:`EnvWeights`) of ``format`` (fields well-formed, exactly four),
-``fen_exact`` (:func:`tasks.same_position`: either en-passant convention counts), ``fen_fields``
-(:func:`fen_field_credit`), and ``reward``, ``terminated``, ``truncated`` equal to the truth's.
-A FEN of another position always scores less than a correct one.
+Environment reward: -1.0 when no field is well-formed; otherwise the weighted sum in [0, 1]
+(:class:`EnvWeights`) of ``format``, ``fen_exact`` (:func:`tasks.same_position`), ``fen_fields``
+(:func:`fen_field_credit`) and ``reward`` / ``terminated`` / ``truncated`` equal to the truth's. A
+FEN of another position always scores less than a correct one.
 
-Rewards are deterministic (exact replays, reproducible engine searches) and memoised in an LRU
-cache keyed by (prompt, completion, truth, weights): :func:`cache_info`, :func:`clear_cache`.
+Rewards are deterministic and memoised (LRU keyed by prompt, completion, truth, weights):
+:func:`cache_info`, :func:`clear_cache`.
 """
 from __future__ import annotations
 
@@ -55,6 +48,7 @@ from . import tasks
 from .engine import (SHARED_CACHE, Analysis, EngineFailedError, StockfishNotFoundError, find_stockfish, get_pool,
                      parse_limit_key, stockfish_available)
 from .tasks import Eval
+from .train_utils import option, validate
 
 log = logging.getLogger(__name__)
 
@@ -80,51 +74,39 @@ CP_LOSS_CAP = 1000
 # Weights
 # --------------------------------------------------------------------------------------------
 
-def _check_weights(obj) -> None:
-    total = 0.0
-    for f in fields(obj):
-        if f.name == "unlisted_margin_cp":
-            continue
-        v = getattr(obj, f.name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {v!r}")
-        total += v
-    if abs(total - 1.0) > 1e-9:
-        raise ValueError(f"{type(obj).__name__}: weights must sum to 1 (so legal answers score in [0, 1]), got {total}")
+class _Weights:
+    """Checked at construction: each field (`option`), then the sum, 1 so that legal answers score in [0, 1]."""
+
+    def __post_init__(self):
+        validate(self)
+        total = math.fsum(getattr(self, f.name) for f in fields(self) if f.name != "unlisted_margin_cp")
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"{type(self).__name__}: weights must sum to 1 (so legal answers score in [0, 1]), "
+                             f"got {total}")
 
 
 @dataclass(frozen=True)
-class PolicyWeights:
+class PolicyWeights(_Weights):
     """Weights of the policy components for a legal ``B:`` (they sum to 1)."""
 
-    best_quality: float = 0.5  # quality of B: by centipawn loss against the engine's best
-    format: float = 0.1  # structure of the completion
-    moves_legal: float = 0.1  # legal, distinct M: candidates
-    moves_overlap: float = 0.15  # overlap of M: with the engine's top candidates
-    evals_accuracy: float = 0.15  # accuracy of the E: evals of the candidates the engine also lists
-    unlisted_margin_cp: int = 50  # offline estimate: a legal move outside the candidates = last eval minus this
-
-    def __post_init__(self):
-        _check_weights(self)
-        if isinstance(self.unlisted_margin_cp, bool) or not isinstance(self.unlisted_margin_cp, int) \
-                or not 0 <= self.unlisted_margin_cp <= 10_000:
-            raise ValueError(f"PolicyWeights.unlisted_margin_cp must be an int in 0..10000, got {self.unlisted_margin_cp!r}")
-
+    best_quality: float = option(0.5, "quality of B: by centipawn loss against the engine's best", min=0.0)
+    format: float = option(0.1, "structure of the completion", min=0.0)
+    moves_legal: float = option(0.1, "legal, distinct M: candidates", min=0.0)
+    moves_overlap: float = option(0.15, "overlap of M: with the engine's top candidates", min=0.0)
+    evals_accuracy: float = option(0.15, "accuracy of the E: evals of the candidates the engine also lists", min=0.0)
+    unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
+                                     "this", min=0, max=10_000)
 
 @dataclass(frozen=True)
-class EnvWeights:
+class EnvWeights(_Weights):
     """Weights of the environment components (they sum to 1)."""
 
-    format: float = 0.1  # four well-formed '+'-separated fields
-    fen_exact: float = 0.3  # next FEN exactly right
-    fen_fields: float = 0.3  # partial credit per FEN field
-    reward: float = 0.1  # reward value right
-    terminated: float = 0.1  # terminated flag right
-    truncated: float = 0.1  # truncated flag right
-
-    def __post_init__(self):
-        _check_weights(self)
-
+    format: float = option(0.1, "four well-formed '+'-separated fields", min=0.0)
+    fen_exact: float = option(0.3, "next FEN exactly right", min=0.0)
+    fen_fields: float = option(0.3, "partial credit per FEN field", min=0.0)
+    reward: float = option(0.1, "reward value right", min=0.0)
+    terminated: float = option(0.1, "terminated flag right", min=0.0)
+    truncated: float = option(0.1, "truncated flag right", min=0.0)
 
 DEFAULT_POLICY_WEIGHTS = PolicyWeights()
 DEFAULT_ENV_WEIGHTS = EnvWeights()
@@ -296,7 +278,7 @@ def quality_from_cp(best_cp: int, move_cp: int) -> float:
 def _format_score(parse: tasks.PolicyParse) -> float:
     errs = " | ".join(parse.errors)
     checks = [
-        parse.sections == 3 and not any(e.startswith("missing") for e in parse.errors),
+        parse.sections == 3,  # all three markers, in order
         bool(parse.moves) and len(parse.moves) <= tasks.MAX_CANDIDATES
         and all(tasks.is_uci_syntax(m) for m in parse.moves) and len(set(parse.moves)) == len(parse.moves),
         bool(parse.evals) and len(parse.evals) == len(parse.moves) and all(e is not None for e in parse.evals),
@@ -308,15 +290,9 @@ def _format_score(parse: tasks.PolicyParse) -> float:
 
 def _expand_placement(placement: str) -> list[str]:
     """64 one-character squares (digits expanded to '.'); malformed ranks pad/cut to 8 with '?'."""
-    ranks = placement.split("/")
-    out = []
-    for r in range(8):
-        row = ""
-        if r < len(ranks):
-            for ch in ranks[r]:
-                row += "." * int(ch) if ch in "123456789" else ch
-        out.extend((row + "?" * 8)[:8])
-    return out
+    ranks = (placement.split("/") + [""] * 8)[:8]
+    rows = ("".join("." * int(ch) if ch in "123456789" else ch for ch in rank) for rank in ranks)
+    return [square for row in rows for square in (row + "?" * 8)[:8]]
 
 
 def fen_field_credit(pred: str, truth: str) -> float:
@@ -334,9 +310,10 @@ def fen_field_credit(pred: str, truth: str) -> float:
     return 0.5 * placement + rest
 
 
-def _wsum(*pairs: tuple[float, float]) -> float:
-    """Weighted sum, rounded to 12 decimals so that a perfect answer scores exactly 1.0."""
-    return round(math.fsum(w * v for w, v in pairs), 12)
+def _wsum(weights: _Weights, components: dict[str, float]) -> float:
+    """The components weighted by the weights of the same names, clipped to [0, 1] after rounding
+    to 12 decimals, so that a perfect answer scores exactly 1.0."""
+    return min(1.0, max(0.0, round(math.fsum(getattr(weights, k) * v for k, v in components.items()), 12)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -442,32 +419,38 @@ def _policy(prompt, completion, truth, engine, weights, registry_version) -> Pol
     parse = tasks.parse_policy_completion(completion)
     if parse.sections == 0:
         return PolicyScore(total=GARBAGE, truth_source=source, errors=parse.errors)
-    fmt = _format_score(parse)
-    legal_m = list(dict.fromkeys(m for m in parse.moves if tasks.legal_move(board, m) is not None))
-    moves_legal = len(legal_m) / len(parse.moves) if parse.moves else 0.0
-    overlap = len(set(truth.moves).intersection(legal_m)) / len(truth.moves) if truth.moves else 0.0
-    true_eval, pred_eval = dict(zip(truth.moves, truth.evals)), parse.eval_map
-    accs = [1.0 - abs(pred_eval[m].win_prob() - true_eval[m].win_prob())
-            for m in legal_m if m in true_eval and m in pred_eval]
-    evals_acc = sum(accs) / len(accs) if accs else 0.0
-    parts = dict(format=fmt, moves_legal=moves_legal, moves_overlap=overlap, evals_accuracy=evals_acc,
-                 truth_source=source)
+    listed = _listed_components(board, parse, truth)
     if parse.best is None or tasks.legal_move(board, parse.best) is None:
         why = "B: missing" if parse.best is None else "B: is not a legal move"
-        return PolicyScore(total=round(ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * fmt, 12), errors=parse.errors + (why,),
-                           **parts)
-    rank = truth.moves.index(parse.best) + 1 if parse.best in true_eval else None
-    move_eval, estimated = (true_eval[parse.best], False) if rank else \
-        _unlisted_eval(board, parse.best, truth, pool, weights)
-    best_eval = truth.evals[0] if truth.evals else None
-    quality, loss = 0.0, None
-    if best_eval is not None and move_eval is not None:
-        loss = float(max(0, best_eval.to_cp() - move_eval.to_cp()))
-        quality = quality_from_cp(best_eval.to_cp(), move_eval.to_cp())
-    total = _wsum((weights.best_quality, quality), (weights.format, fmt), (weights.moves_legal, moves_legal),
-                  (weights.moves_overlap, overlap), (weights.evals_accuracy, evals_acc))
-    return PolicyScore(total=min(1.0, max(0.0, total)), best_legal=1.0, best_quality=quality, cp_loss=loss,
-                       best_rank=rank, estimated=estimated, errors=parse.errors, **parts)
+        return PolicyScore(total=round(ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * listed["format"], 12),
+                           truth_source=source, errors=parse.errors + (why,), **listed)
+    best = _best_components(board, parse.best, truth, pool, weights)
+    total = _wsum(weights, {**listed, "best_quality": best["best_quality"]})
+    return PolicyScore(total=total, best_legal=1.0, truth_source=source, errors=parse.errors, **listed, **best)
+
+
+def _listed_components(board: chess.Board, parse: tasks.PolicyParse, truth: PolicyTruth) -> dict[str, float]:
+    """format, moves_legal, moves_overlap and evals_accuracy (see the module docstring)."""
+    legal = list(dict.fromkeys(m for m in parse.moves if tasks.legal_move(board, m) is not None))
+    true_eval, pred_eval = dict(zip(truth.moves, truth.evals)), parse.eval_map
+    accs = [1.0 - abs(pred_eval[m].win_prob() - true_eval[m].win_prob())
+            for m in legal if m in true_eval and m in pred_eval]
+    return dict(format=_format_score(parse),
+                moves_legal=len(legal) / len(parse.moves) if parse.moves else 0.0,
+                moves_overlap=len(set(truth.moves).intersection(legal)) / len(truth.moves) if truth.moves else 0.0,
+                evals_accuracy=sum(accs) / len(accs) if accs else 0.0)
+
+
+def _best_components(board: chess.Board, best: str, truth: PolicyTruth, pool, weights: PolicyWeights) -> dict:
+    """best_quality, cp_loss, best_rank and estimated of a legal B: move."""
+    true_eval = dict(zip(truth.moves, truth.evals))
+    rank = truth.moves.index(best) + 1 if best in true_eval else None
+    move_eval, estimated = (true_eval[best], False) if rank else _unlisted_eval(board, best, truth, pool, weights)
+    if not truth.evals or move_eval is None:
+        return dict(best_quality=0.0, cp_loss=None, best_rank=rank, estimated=estimated)
+    best_cp, move_cp = truth.evals[0].to_cp(), move_eval.to_cp()
+    return dict(best_quality=quality_from_cp(best_cp, move_cp), cp_loss=float(max(0, best_cp - move_cp)),
+                best_rank=rank, estimated=estimated)
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -481,16 +464,13 @@ def _env(prompt, completion, truth, weights, registry_version) -> EnvScore:
     good = [parse.fen_valid, parse.reward is not None, parse.terminated is not None, parse.truncated is not None]
     if not any(good):
         return EnvScore(total=GARBAGE, truth_source=source, errors=parse.errors)
-    fmt = (sum(good) + (parse.fields == 4)) / 5
     exact = float(tasks.same_position(parse.new_fen or "", truth.new_fen))
-    partial = 1.0 if exact else fen_field_credit(parse.new_fen or "", truth.new_fen)
-    rew = float(parse.reward is not None and abs(parse.reward - truth.reward) < 1e-9)
-    term = float(parse.terminated == truth.terminated)
-    trunc = float(parse.truncated == truth.truncated)
-    total = _wsum((weights.format, fmt), (weights.fen_exact, exact), (weights.fen_fields, partial),
-                  (weights.reward, rew), (weights.terminated, term), (weights.truncated, trunc))
-    return EnvScore(total=min(1.0, max(0.0, total)), format=fmt, fen_exact=exact, fen_fields=partial, reward=rew,
-                    terminated=term, truncated=trunc, truth_source=source, errors=parse.errors)
+    parts = dict(format=(sum(good) + (parse.fields == 4)) / 5, fen_exact=exact,
+                 fen_fields=1.0 if exact else fen_field_credit(parse.new_fen or "", truth.new_fen),
+                 reward=float(parse.reward is not None and abs(parse.reward - truth.reward) < 1e-9),
+                 terminated=float(parse.terminated == truth.terminated),
+                 truncated=float(parse.truncated == truth.truncated))
+    return EnvScore(total=_wsum(weights, parts), truth_source=source, errors=parse.errors, **parts)
 
 
 def _memo(fn, cache: bool, prompt, completion, *args):

@@ -72,7 +72,6 @@ REWARD_WIN = 1.0
 REWARD_DRAW = 0.5
 REWARD_ILLEGAL = -1.0
 ENV_REWARDS = (REWARD_LEGAL, REWARD_WIN, REWARD_DRAW, REWARD_ILLEGAL)
-_REWARD_TEXT = {REWARD_LEGAL: "0.001", REWARD_WIN: "1.0", REWARD_DRAW: "0.5", REWARD_ILLEGAL: "-1.0"}
 
 # Centipawn stand-in for a mate score: mate in n -> +-(MATE_CP - n). Larger than any Stockfish
 # centipawn score (|cp| < 32000 * 100 / 208), so every mate ranks above every material eval.
@@ -552,7 +551,7 @@ def parse_policy(text: str) -> PolicyParse:
 
 def format_reward(reward: float) -> str:
     """``0.001``, ``1.0``, ``0.5``, ``-1.0`` (the four environment rewards); others as ``%g``."""
-    return _REWARD_TEXT.get(reward) or f"{reward:g}"
+    return str(float(reward)) if reward in ENV_REWARDS else f"{reward:g}"
 
 
 def make_history(previous_moves: Iterable[str], move: str) -> tuple[str, ...]:
