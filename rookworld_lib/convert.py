@@ -5,26 +5,15 @@ Original lines (the generators of the public RookWorld repository, ``dev/data/``
     P: <FEN padded to 90 (89 in some files)>M: <moves padded to 30>E: <evals padded to 40>B: <best>
     [A: ]<FEN>+<move>+<history>+<new FEN>+<reward>+<terminated>+<truncated>
 
-- ``P:`` (the rook sets): the (move, eval) pairs are shuffled; evals are Python floats of
-  ``score(mate_score=100000) / 100`` from the side to move's point of view (``999.85`` = mate in 15);
-  ``B:`` is the first multipv move for white but the *last* (the worst of the five) for black, because
-  the generator reversed the list for black.
-- ``A:`` (the arbiter sets; the rookworld text sets add the ``A: `` prefix): FENs are python-chess's
-  ``board.fen()`` (an en-passant square only when a capture is possible); the transition was made with
-  ``board.push`` and no legality check, and ``outcome()`` with the game's whole move stack (so
-  repetition endings appear).
+``P:`` (rook sets): (move, eval) pairs shuffled; evals are ``score(mate_score=100000) / 100`` for the
+side to move (``999.85`` = mate in 15); ``B:`` is the first multipv move for white but the *last* (the
+worst) for black, as the generator reversed the list for black. ``A:`` (arbiter sets; the rookworld
+text sets add the ``A: `` prefix): FENs are python-chess's ``board.fen()``, moves were pushed without
+a legality check, and ``outcome()`` saw the game's whole move stack (so repetition endings appear).
 
-Conversion (:func:`convert_line`, :func:`convert`, ``rookworld convert``)
-    Every line becomes one of our records (``data.SCHEMA``, ``source: "original"``) or an error
-    ``file:line: reason``; nothing is scored or kept silently. ``P:`` candidates are re-ordered best
-    first by eval (the line's ``B:`` is kept as ``original_best``; engine and limit are unknown). An
-    ``A:`` row is replayed with python-chess (legality by ``board.is_legal``) and converts only when
-    the next position (:func:`tasks.same_position`), reward and flags agree; the rows the original
-    generator got wrong (an illegal move pushed, no king, a repetition ending the position alone
-    does not decide) are reported with the reason. Conversion streams in bounded chunks over worker
-    processes. Inputs: text files (one line each), JSON lines (a ``text`` field), Parquet and Arrow
-    files (a ``text`` column; needs pyarrow), as the public data sets are published; downloading
-    them is the user's step.
+Every line becomes one of our records (``source: "original"``: ``P:`` candidates best first, the
+line's ``B:`` kept as ``original_best``; ``A:`` rows only where python-chess's replay agrees) or an
+error ``file:line: reason``; the README's "Bring your own RookWorld" describes the command.
 """
 
 from __future__ import annotations
@@ -51,9 +40,7 @@ ORIGINAL_LIMIT = "unknown"
 MAX_ERRORS_SHOWN = 10
 
 
-# --------------------------------------------------------------------------------------------
-# One line
-# --------------------------------------------------------------------------------------------
+# --- One line ---
 
 @dataclass(frozen=True)
 class OriginalPolicyLine:
@@ -112,27 +99,17 @@ def parse_env_line(text: str) -> OriginalEnvLine | str:
     parts = (text[len(tasks.ENV_PREFIX):] if prefixed else text).split("+")
     if len(parts) != 7:
         return f"expected 7 '+'-separated fields, found {len(parts)}"
-    fen, move, hist, new_fen, reward, terminated, truncated = parts
-    err = tasks.fen_error(fen)
+    err = tasks.fen_error(parts[0])
     if err:
         return f"impossible position: {err}"
-    if not move or any(c.isspace() for c in move):
-        return "move field is empty or has whitespace"
-    history = tuple(hist.split(" ")) if hist else ()
-    if not history or history[-1] != move or len(history) > tasks.HISTORY_LEN:
-        return f"history must be 1..{tasks.HISTORY_LEN} moves ending with the move"
-    err = tasks.fen_error(new_fen)
-    if err:
-        return f"new FEN: {err}"
-    try:
-        value = float(reward)
-    except ValueError:
-        return f"reward is not a number: {reward[:16]!r}"
-    if value not in tasks.ENV_REWARDS:
-        return f"reward {reward!r} is not one of {tasks.ENV_REWARDS}"
-    if terminated not in ("0", "1") or truncated not in ("0", "1"):
-        return "terminated/truncated are not 0/1"
-    return OriginalEnvLine(fen, move, history, EnvTruth(new_fen, value, int(terminated), int(truncated)), prefixed)
+    prompt = tasks.parse_env_prompt(tasks.ENV_PREFIX + "+".join(parts[:3]) + "+")
+    answer = tasks.parse_env_completion("+".join(parts[3:]))
+    if not (prompt.ok and answer.ok):
+        return "; ".join(prompt.errors + answer.errors)
+    if answer.reward not in tasks.ENV_REWARDS:
+        return f"reward {parts[4]!r} is not one of {tasks.ENV_REWARDS}"
+    truth = EnvTruth(answer.new_fen, answer.reward, answer.terminated, answer.truncated)
+    return OriginalEnvLine(prompt.fen, prompt.move, prompt.history, truth, prefixed)
 
 
 def _disagreement(line: OriginalEnvLine, ref: tasks.EnvTransition) -> str | None:
@@ -196,9 +173,7 @@ def env_record(line: OriginalEnvLine, ref: tasks.EnvTransition, split: str, iden
             "prompt": ref.prompt, "completion": ref.completion}
 
 
-# --------------------------------------------------------------------------------------------
-# Files
-# --------------------------------------------------------------------------------------------
+# --- Files ---
 
 def _table_texts(path: Path) -> Iterator[str | None]:
     """The `text` column of a Parquet or Arrow file, batch by batch."""
@@ -333,6 +308,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     convert is written to `errors_file` (default ``<out_dir>/convert_errors_<split>.txt``) as
     ``file:line: reason``. Outputs appear atomically when the whole input is done, and only for
     a task with records (an existing file of the other task is left as it is)."""
+    from tqdm.auto import tqdm
+
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     inputs = [Path(p) for p in inputs]
@@ -347,11 +324,7 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     with contextlib.ExitStack() as stack:  # on an error every output's temporary file is removed
         err_fh = stack.enter_context(open(errors_path, "w", encoding="utf-8"))
         outputs: dict = {}
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            bar = stack.enter_context(tqdm(unit=" lines", desc="convert"))
+        bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))
         for path, results in stack.enter_context(contextlib.closing(_converted(inputs, split, workers, chunk_lines))):
             for number, res in results:
                 report.lines += 1
@@ -367,8 +340,7 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
                     outputs[task] = stack.enter_context(atomic_file(out / TASK_FILES[task].format(split=split)))
                 outputs[task].write(json_line(res))
                 report.written[task] += 1
-            if bar is not None:
-                bar.update(len(results))
+            bar.update(len(results))
     report.outputs = {t: out / TASK_FILES[t].format(split=split) for t in ("P", "A") if t in outputs}
     report.outputs["errors"] = errors_path
     report.seconds = time.perf_counter() - t0

@@ -29,8 +29,6 @@ import random
 import shutil
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,52 +226,46 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
     seen_p: set[str] = set()
     seen_a: set[tuple[str, str]] = set()
     seen_m: set[str] = set()
-    it: Iterable = sorted(games, key=lambda g: g["game"])
-    if progress:
-        from tqdm.auto import tqdm
-        it = tqdm(it, desc="sampling", unit="game", total=len(games))
-    for g in it:
+    from tqdm.auto import tqdm
+
+    for g in tqdm(sorted(games, key=lambda g: g["game"]), desc="sampling", unit="game", disable=not progress):
         split = split_of_game(g["game"], cfg)
-        mate_only = bool(g.get("mate_only"))
         rng = random.Random(f"{cfg.seed}:sample:{g['game']}")
         board = chess.Board()
         history: list[str] = []
-        n = len(g["moves"])
-        base = {"split": split, "game": g["game"], "source": g["kind"]}
         for ply, uci in enumerate(g["moves"]):
             fen = tasks.canonical_fen(board)
             key = tasks.position_key(fen)
             move = chess.Move.from_uci(uci)
             mine = owner.setdefault(key, split) == split
+            here = {"split": split, "game": g["game"], "source": g["kind"], "ply": ply, "fen": fen}
+            previous = history[-(tasks.HISTORY_LEN - 1):]
             u_p, u_a, u_x = rng.random(), rng.random(), rng.random()
-            if mine and not mate_only:
+            if mine and not g.get("mate_only"):
                 ptags = position_tags(board)
                 rate = cfg.policy_rate * (3 if ptags else 1) * (RANDOM_POLICY_WEIGHT if g["kind"] == "random" else 1)
                 if {"en_passant", "promotion"} & set(ptags):
                     rate = 1.0  # rare: keep them all
                 if u_p < rate and key not in seen_p:
                     seen_p.add(key)
-                    sel.policy.append({**base, "ply": ply, "fen": fen, "tags": ptags,
-                                       "n_legal": board.legal_moves.count()})
+                    sel.policy.append({**here, "tags": ptags, "n_legal": board.legal_moves.count()})
                 mtags = move_tags(board, move)
                 rare = bool({"en_passant", "promotion"} & set(mtags))
                 env_rate = cfg.env_rate * (3 if "castling" in mtags else 1) * (RANDOM_ENV_WEIGHT if g["kind"] == "random" else 1)
-                take = u_a < env_rate or rare or ply == n - 1
+                take = u_a < env_rate or rare or ply == len(g["moves"]) - 1
                 if take and (key, uci) not in seen_a:
                     seen_a.add((key, uci))
-                    sel.env.append({**base, "ply": ply, "fen": fen, "move": uci,
-                                    "previous": history[-(tasks.HISTORY_LEN - 1):], "tags": mtags})
-                    if u_x < cfg.illegal_rate:
+                    sel.env.append({**here, "move": uci, "previous": previous, "tags": mtags})
+                    if u_x < cfg.illegal_rate:  # at most one wrong sibling per position
                         text = wrong_move(board, rng)
                         if (key, text) not in seen_a:
                             seen_a.add((key, text))
-                            sel.env.append({**base, "ply": ply, "fen": fen, "move": text, "wrong": True,
-                                            "previous": history[-(tasks.HISTORY_LEN - 1):], "tags": []})
+                            sel.env.append({**here, "move": text, "wrong": True, "previous": previous, "tags": []})
             if mine and split != "train" and key not in seen_m:
                 mates = mating_moves(board)
                 if mates:
                     seen_m.add(key)
-                    sel.mate.append({**base, "ply": ply, "fen": fen, "mating_moves": mates})
+                    sel.mate.append({**here, "mating_moves": mates})
             board.push(move)
             history.append(uci)
     return sel
@@ -336,13 +328,9 @@ class DatagenReport:
 
 def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False,
              _stop_after_labels: int | None = None) -> DatagenReport:
-    """Run (or resume) data generation; write the JSONL files into cfg.out_dir.
-
-    Engine failures (EngineFailedError, chess.engine.EngineError, TimeoutError) and Ctrl-C
-    propagate; what was finished stays in the work directory for the next run to reuse.
-    `_stop_after_labels` is for tests: raise KeyboardInterrupt after that many new labels, as
-    if the user had pressed Ctrl-C.
-    """
+    """Run (or resume) data generation into cfg.out_dir. Engine failures and Ctrl-C propagate; what was
+    finished stays in the work directory for the next run. `_stop_after_labels` (tests): a Ctrl-C
+    (KeyboardInterrupt) after that many new labels."""
     from .engine import EnginePool, EngineSettings
 
     work = cfg.work_path()
@@ -371,8 +359,8 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False,
 
 
 def _open_work_dir(work: Path, state: dict, fresh: bool) -> None:
-    """Create the work directory, or check that the one there is of a run with the same settings
-    (its games and labels are only valid for those)."""
+    """Create the work directory, or check that the one there has this run's settings (its games
+    and labels are valid only for those)."""
     if fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -443,12 +431,8 @@ def _write_outputs(out: Path, sel: _Selection, labels: dict, engine_name: str) -
         if labels[s["fen"]]["moves"]:  # a position without legal moves has no label
             by_file.setdefault(TASK_FILES["P"].format(split=s["split"]), []).append(
                 policy_record(s, labels[s["fen"]], engine_name))
-    wrong_count: Counter = Counter()
-    for s in sel.env:
-        suffix = ""
-        if s.get("wrong"):  # siblings at one position are numbered: A-<game>-<ply>-x<k>
-            wrong_count[(s["game"], s["ply"])] += 1
-            suffix = f"-x{wrong_count[(s['game'], s['ply'])]}"
+    for s in sel.env:  # a wrong-move sibling (one per position at most) is A-<game>-<ply>-x1
+        suffix = "-x1" if s.get("wrong") else ""
         by_file.setdefault(TASK_FILES["A"].format(split=s["split"]), []).append(env_record(s, suffix))
     by_file[MATE_FILE] = [mate_record(s) for s in sel.mate]
     counts = {}
