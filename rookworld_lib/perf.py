@@ -340,16 +340,14 @@ class UtilizationSampler:
     cores); host_cpu_pct: the whole machine's busy share of all cores (other users' load shows there).
     """
 
-    def __init__(self, interval_s: float = 0.2, gpu: bool | None = None, gpu_index: int = 0):
+    def __init__(self, interval_s: float = 0.2):
         self.interval_s = interval_s
-        self.gpu = torch.cuda.is_available() if gpu is None else gpu
-        self.gpu_index = gpu_index
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="UtilizationSampler", daemon=True)
 
     def _run(self):
-        gpu = _gpu_sampler(self.gpu_index) if self.gpu else dict
+        gpu = _gpu_sampler(0) if torch.cuda.is_available() else dict
         last_t, last_cpu, last_host = time.perf_counter(), sum(os.times()[:2]), _host_cpu_times()
         while not self._stop.wait(self.interval_s):
             now, cpu, host = time.perf_counter(), sum(os.times()[:2]), _host_cpu_times()
@@ -426,9 +424,9 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
     return out
 
 
-def profile_phases(fn: Callable[[], object], steps: int = 1, trace_path: str | Path | None = None,
+def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = None,
                    device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
-    """Run fn() `steps` times under torch.profiler (with memory); export a trace, tabulate top ops.
+    """Run fn() once under torch.profiler (with memory); export a trace, tabulate the top ops.
 
     For each region fn marks with `phase(...)`, memory_by_phase gives the live tensor memory at its
     start, peak and end (MB, relative to what was allocated before profiling began).
@@ -438,8 +436,7 @@ def profile_phases(fn: Callable[[], object], steps: int = 1, trace_path: str | P
     device = resolve_device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
-        for _ in range(steps):
-            fn()
+        fn()
         synchronize(device)
     if trace_path is not None:
         trace_path = Path(trace_path)

@@ -57,11 +57,10 @@ def batch_loss(model, x: torch.Tensor, y: torch.Tensor, impl: str = "fused") -> 
 class TrainStep:
     """One optimizer step of next-token training, its phases marked for `perf.profile_phases`.
 
-    `step(x, y)` splits (batch, seq_len) tensors into `grad_accum` micro-batches, runs forward and
-    backward on each (losses scaled by 1/grad_accum, so the gradient is the full batch's mean),
-    clips, steps the optimizer, zeroes the gradients, and returns the mean loss, detached (no
-    device sync). A loop that decides between micro-batches (SFT: its data stream, DDP's no_sync,
-    the non-finite guard) calls the pieces: `accumulate` per micro-batch, `clip`, `update`.
+    `step(x, y)` runs forward and backward on `grad_accum` micro-batches (losses scaled by 1/grad_accum:
+    the full batch's mean gradient), clips, steps, zeroes the gradients and returns the mean loss,
+    detached, without a device sync. A loop that decides between micro-batches (SFT: its data stream,
+    DDP's no_sync, the non-finite guard) calls the pieces: `accumulate`, `clip`, `update`.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, runtime: Runtime | None = None, *, grad_accum: int = 1,
@@ -297,9 +296,8 @@ def checked_mfu(flops: float, seconds: float, peaks: dict, device: torch.device,
                 measure: bool = True) -> perf.MFU:
     """perf.mfu against the cached peak; above 100% of the *measured* peak, measure once more.
 
-    On a shared machine the first peak measurement can land in a busy moment and come out low. A
-    peak is the best rate the hardware shows, so the re-measurement keeps the larger value. If
-    the MFU still exceeds 100% the error stands: then the FLOPs or the timing are wrong.
+    On a shared machine the first measurement can land in a busy moment; a peak is the best rate the
+    hardware shows, so the larger value is kept. Still above 100%, the FLOPs or the timing are wrong.
     """
     if precision not in peaks:
         peaks[precision] = perf.get_peak(device, precision, measure=measure)
@@ -344,7 +342,7 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
            "state_mb": static, "memory_by_phase": [], "top_ops": [], "trace_path": None}
     if profile:  # after the final loss is recorded, so it never affects parity
         x, y = batches[cfg.steps % len(batches)]
-        prof = perf.profile_phases(lambda: step(x, y), steps=1, trace_path=trace_path, device=device)
+        prof = perf.profile_phases(lambda: step(x, y), trace_path=trace_path, device=device)
         out.update(memory_by_phase=prof.memory_by_phase, top_ops=prof.top_ops, trace_path=prof.trace_path)
         if out["peak_mem_mb"] is None and prof.memory_by_phase:  # CPU: state live at the start + the step's peak
             step_peak = max(m["peak_mb"] for m in prof.memory_by_phase)
@@ -353,8 +351,8 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
 
 
 def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: dict | None = None,
-               batches: list | None = None, peaks: dict | None = None, measure_peak: bool = True,
-               profile_memory: bool = True, trace_path: str | Path | None = None) -> dict:
+               peaks: dict | None = None, measure_peak: bool = True, profile_memory: bool = True,
+               trace_path: str | Path | None = None) -> dict:
     """Train `cfg` for cfg.steps steps and measure it; one row (a plain dict) labelled by `variant`.
 
     A row the variant or the device cannot run is "skipped" with the reason, a crash "failed" with
@@ -369,7 +367,7 @@ def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: d
     if reason:
         return {**row, "status": "skipped", "reason": reason}
     try:
-        batches = batches or random_batches(cfg.n_batches, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
+        batches = random_batches(cfg.n_batches, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
         step = build_step(cfg, device, init_state or initial_state(cfg))
         with step.runtime.backend_flags():
             run = _train(step, cfg, [(x.to(device), y.to(device)) for x, y in batches], profile_memory, trace_path)
@@ -482,14 +480,12 @@ class MatrixResult:
 
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
                allow_compile: bool = True, measure_peak: bool = True, profile_memory: bool = True,
-               trace_dir: str | Path | None = None, batches: list | None = None, progress: bool = True,
-               repeat_baseline: bool = False) -> MatrixResult:
+               trace_dir: str | Path | None = None, progress: bool = True, repeat_baseline: bool = False) -> MatrixResult:
     """Run the baseline and each variant; fill in speedup, loss_delta and changes_result.
 
-    Every row starts from the same initial weights and trains on the same batches (re-cut for
-    rows that change batch_size or seq_len). repeat_baseline appends "baseline (repeat)": its
-    speedup against the first run is this machine's run-to-run noise, the yardstick for the other
-    rows. trace_dir, if given, receives the baseline's profiler trace (baseline_trace.json).
+    Every row starts from the same initial weights and trains on the same seeded random batches (of
+    its own shape where it changes batch_size or seq_len). repeat_baseline appends "baseline (repeat)", whose speedup is
+    the machine's run-to-run noise. trace_dir receives the baseline's profiler trace.
     """
     from tqdm.auto import tqdm
 
@@ -502,10 +498,9 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     with perf.UtilizationSampler(interval_s=0.25) as sampler:
         for v in tqdm(variants, desc="tuning matrix", disable=not progress):
             cfg = replace(base, **v.overrides)
-            same_data = (cfg.batch_size, cfg.seq_len, cfg.n_batches) == (base.batch_size, base.seq_len, base.n_batches)
             trace = Path(trace_dir) / "baseline_trace.json" if (trace_dir and v.variable == "baseline") else None
-            rows.append(run_config(cfg, v, init_state=init, batches=batches if same_data else None, peaks=peaks,
-                                   measure_peak=measure_peak, profile_memory=profile_memory, trace_path=trace))
+            rows.append(run_config(cfg, v, init_state=init, peaks=peaks, measure_peak=measure_peak,
+                                   profile_memory=profile_memory, trace_path=trace))
     base_row = rows[0]
     for r in rows:
         if r["status"] == "ok" and base_row["status"] == "ok":
