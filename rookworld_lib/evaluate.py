@@ -1,17 +1,14 @@
 """Held-out chess evaluation of a model: policy, environment, mate-in-one and self-play.
 
-Every rate comes with a Wilson 95% interval and every mean with a normal-approximation 95%
-interval, so a before/after difference can be read against its noise. Completions are decoded in
-batches by the same sampler GRPO uses (greedy by default), in the model's own layout (``model.layout``,
-recorded in its config.json; an original RookWorld model records none) unless told otherwise.
+Every rate comes with a Wilson 95% interval and every mean with a normal-approximation one, so a
+before/after difference can be read against its noise. Completions are decoded in batches by the
+GRPO sampler (greedy by default), in the model's own layout (``model.layout``) unless told otherwise.
+Positions are compared as positions (:func:`tasks.same_position`), never as strings.
 
-Positions are compared as positions (:func:`tasks.same_position`), never as strings, so a next FEN in
-either en-passant convention is right. ``policy/best_move_accuracy`` is agreement with Stockfish's best
-move; on converted original data (``rookworld convert``) ``policy/original_label_agreement`` is agreement
-with the original ``B:`` label, which for black is the worst of the five listed moves: that is what
-RookWorld's own best-move figure measured. The reference column holds RookWorld's reported figures, each
-on the row of what it measured (:data:`REFERENCE_MEASURED`); they come from other data (the BIG-bench
-mate-in-one set, the original validation splits).
+``policy/best_move_accuracy`` is agreement with Stockfish's best move; on converted original data
+``policy/original_label_agreement`` is agreement with the original ``B:`` label (for black the worst
+of the five listed moves), which is what RookWorld's own best-move figure measured. The reference
+column holds RookWorld's reported figures, each on the row of what it measured (other data sets).
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from . import rewards, tasks
 from .model import GPT
 from .sampling import SamplingConfig, generate
 from .tokenizer import encode, get_tokenizer
-from .train_utils import option, validate
+from .train_utils import add_config_arguments, config_kwargs_from_args, option, validate
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing; REFERENCE_MEASURED says what and on which data.
@@ -341,15 +338,13 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estima
 def results_to_json(results: dict) -> dict:
     """Results as plain data for strict JSON: an undefined value (NaN: a rate over no records, say)
     becomes None (null), since strict parsers reject NaN and Infinity."""
-    return {k: {f: _finite_or_none(x) for f, x in asdict(v).items()} for k, v in results.items()}
-
-
-def _finite_or_none(x):
-    return None if isinstance(x, float) and not math.isfinite(x) else x
+    return {k: {f: None if isinstance(x, float) and not math.isfinite(x) else x for f, x in asdict(v).items()}
+            for k, v in results.items()}
 
 
 def cli(argv: list[str] | None = None) -> int:
     from . import data
+    from .checkpoint_hf import read_layout
 
     ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
@@ -357,21 +352,18 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("model", help="Hugging Face GPT-2 directory (ours or RookWorld-LM)")
     ap.add_argument("--data-dir", default=None, help="directory with policy_test.jsonl / env_test.jsonl / mate_in_one.jsonl "
                                                      "(default data/; a missing file skips its suite)")
-    ap.add_argument("--decoding", default="greedy", choices=["greedy", "sampled"])
-    ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
-                    help="prompt layout (default: the model's; a GPT-2 directory without our record is original)")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="completion budget (default: the layout's)")
-    ap.add_argument("--max-policy", type=int, default=200)
-    ap.add_argument("--max-env", type=int, default=200)
-    ap.add_argument("--selfplay-games", type=int, default=8)
+    ap.add_argument("--max-policy", type=int, default=200, help="cap on P: records evaluated (default: 200)")
+    ap.add_argument("--max-env", type=int, default=200, help="cap on A: records evaluated (default: 200)")
+    add_config_arguments(ap, EvalConfig, skip=("max_policy", "max_env"),
+                         metavars={"layout": "{" + ",".join(tasks.LAYOUTS) + "}"})
     ap.add_argument("--json", action="store_true", help="print results as one JSON object")
     args = ap.parse_args(argv)
+    cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
     model = GPT.from_pretrained(args.model).eval()
     if torch.cuda.is_available():
         model = model.cuda()
-    cfg = EvalConfig(decoding=args.decoding, layout=args.layout, max_policy=args.max_policy, max_new_tokens=args.max_new_tokens,
-                     max_env=args.max_env, selfplay_games=args.selfplay_games).for_model(model)
-    print(f"layout: {cfg.layout} ({'--layout' if args.layout else describe_layout(args.model)}); "
+    cfg = cfg.for_model(model)
+    print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
           f"max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
     base = Path(args.data_dir) if args.data_dir else data.DATA_DIR
     suites = {}
@@ -388,10 +380,3 @@ def cli(argv: list[str] | None = None) -> int:
     else:
         print(comparison_table({Path(args.model).name: results}).to_string())
     return 0
-
-
-def describe_layout(model_dir) -> str:
-    """Where a model directory's layout comes from, in words."""
-    from .checkpoint_hf import read_layout
-
-    return read_layout(model_dir)[1]
