@@ -175,36 +175,20 @@ def search_timeout(limit: chess.engine.Limit, multipv: int = 1, floor: float | N
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """One principal variation: its first move (UCI) and its eval for the side to move."""
-
-    move: str
-    eval: Eval
-
-
-@dataclass(frozen=True)
 class Analysis:
-    """A multipv analysis of one position, candidates best first for the side to move."""
+    """A multipv analysis of one position: candidate moves (UCI) best first for the side to move,
+    and their evals for the side to move."""
 
     fen: str
-    candidates: tuple[Candidate, ...]
+    moves: tuple[str, ...]
+    evals: tuple[Eval, ...]
     limit: str  # limit_key of the search
     depth: int | None = None  # depth Stockfish reached (deepest line)
 
     @property
     def best(self) -> str | None:
         """The best move (UCI), None in a position without legal moves."""
-        return self.candidates[0].move if self.candidates else None
-
-    @property
-    def moves(self) -> tuple[str, ...]:
-        """The candidate moves, best first."""
-        return tuple(c.move for c in self.candidates)
-
-    @property
-    def evals(self) -> tuple[Eval, ...]:
-        """The candidates' evals for the side to move."""
-        return tuple(c.eval for c in self.candidates)
+        return self.moves[0] if self.moves else None
 
 
 class AnalysisCache:
@@ -511,7 +495,7 @@ class EnginePool:
         if hit is not None:
             return hit
         if not any(board.legal_moves):
-            result = Analysis(fen, (), limit_key(limit), 0)
+            result = Analysis(fen, (), (), limit_key(limit), 0)
         else:
             root_objs = [chess.Move.from_uci(m) for m in roots] if roots else None
             if root_objs and not all(board.is_legal(m) for m in root_objs):
@@ -625,17 +609,13 @@ class EngineSession:
 def _to_analysis(fen: str, turn: chess.Color, infos, limit: str) -> Analysis:
     if isinstance(infos, dict):
         infos = [infos]
-    cands, depth, seen = [], None, set()
+    lines, depths = {}, []  # first move -> eval, one per principal variation
     for info in infos:
         pv, score = info.get("pv"), info.get("score")
-        if not pv or score is None or pv[0].uci() in seen:
-            continue
-        seen.add(pv[0].uci())
-        cands.append(Candidate(pv[0].uci(), Eval.from_score(score.pov(turn))))
-        d = info.get("depth")
-        if d is not None:
-            depth = d if depth is None else max(depth, d)
-    return Analysis(fen, tuple(cands), limit, depth)
+        if pv and score is not None and pv[0].uci() not in lines:
+            lines[pv[0].uci()] = Eval.from_score(score.pov(turn))
+            depths += [info["depth"]] if info.get("depth") is not None else []
+    return Analysis(fen, tuple(lines), tuple(lines.values()), limit, max(depths, default=None))
 
 
 # --------------------------------------------------------------------------------------------
@@ -666,6 +646,6 @@ def engine_version(path: str | None = None) -> str:
 __all__ = [
     "DEFAULT_DEPTH", "INSTALL_HINT", "TIMEOUT_FLOOR_S", "StockfishNotFoundError", "EngineFailedError",
     "EngineSessionLost", "EngineSession", "find_stockfish", "stockfish_available", "usable_cores", "EngineSettings",
-    "limit_key", "parse_limit_key", "search_timeout", "Candidate", "Analysis", "AnalysisCache", "SHARED_CACHE",
+    "limit_key", "parse_limit_key", "search_timeout", "Analysis", "AnalysisCache", "SHARED_CACHE",
     "threaded", "EnginePool", "get_pool", "close_all_engines", "engine_version",
 ]

@@ -357,8 +357,8 @@ def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
         except ValueError:
             limit = None
         a = pool.analyse(board, multipv=1, limit=limit, root_moves=[move])  # EngineFailedError propagates
-        if a.candidates:
-            e = a.candidates[0].eval
+        if a.evals:
+            e = a.evals[0]
             return (last if last is not None and e.to_cp() > last.to_cp() else e), False  # ranked below `last`
     if last is None:
         return None, True
@@ -377,10 +377,9 @@ def _env_truth_for(pp: tasks.EnvPromptParse, prompt, truth: EnvTruth | None) -> 
     if not pp.ok:
         return None, "none"
     try:
-        tr = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
-    except ValueError:
+        return env_truth(tasks.environment_step(pp.fen, pp.move, pp.history[:-1])), "replay"
+    except ValueError:  # a move the format cannot hold ('+' or whitespace)
         return None, "none"
-    return EnvTruth(tr.new_fen, tr.reward, tr.terminated, tr.truncated), "replay"
 
 
 # --------------------------------------------------------------------------------------------
@@ -563,14 +562,11 @@ def clear_cache(analyses: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # TRL reward functions: `GRPOTrainer(reward_funcs=...)`
 # --------------------------------------------------------------------------------------------
-# TRL calls a reward function as f(prompts=..., completions=..., completion_ids=..., **columns),
-# `columns` holding every other data-set column, one value per completion. The truth comes from
-# the columns our records carry (P: `fen`, `moves`, `evals`, optional `limit`; A: `new_fen`,
-# `reward`, `terminated`, `truncated`), so a `datasets.Dataset` of `data.load_split(...)` records
-# works as it is. None (TRL's "unscorable", left out of the advantages) where a completion cannot
-# be scored: the other task's prompt (single-task functions), a prompt of neither task, or a set-up
-# error (no truth and no engine, a truth for another position), each logged once. A failing
-# engine raises EngineFailedError: a hole in the rewards is not a verdict on the completion.
+# TRL calls f(prompts=..., completions=..., completion_ids=..., **columns), one value per completion
+# in each other data-set column: the truth comes from the columns our records carry, so a Dataset of
+# `data.load_split(...)` records works as it is. None (TRL's "unscorable") for the other task's
+# prompt, a prompt of neither task, or a set-up error, each logged once; a failing engine raises
+# EngineFailedError, since a hole in the rewards is not a verdict on the completion.
 
 POLICY_TRUTH_COLUMNS = ("fen", "moves", "evals")  # plus the optional "limit"
 ENV_TRUTH_COLUMNS = ("new_fen", "reward", "terminated", "truncated")
@@ -639,11 +635,10 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
                         env_weights: EnvWeights | None = None):
     """A reward function with TRL's signature, `f(prompts, completions, **columns) -> list[float | None]`.
 
-    task: "P" (policy only; None for A: prompts), "A" (environment only; None for P: prompts) or
-    None (both, by each prompt's prefix). engine: as `score_policy`'s; the default None keeps
-    scoring offline and deterministic (a legal B: move outside the truth's candidates gets an
-    estimated eval); "auto" uses Stockfish when installed. Prompts and completions may be strings
-    or TRL conversations. See this section's header for the truth columns and the None cases.
+    task: "P" or "A" (that task only; None for the other's prompts) or None (both, by prefix).
+    engine: as `score_policy`'s; the default None keeps scoring offline and deterministic (a legal
+    B: outside the candidates gets an estimated eval). Prompts and completions may be strings or
+    TRL conversations.
     """
     if task not in (None, "P", "A"):
         raise ValueError(f"trl_reward_function: task must be 'P', 'A' or None, got {task!r}")

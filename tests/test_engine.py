@@ -93,7 +93,7 @@ def pool():
 
 def test_start_position_candidates(pool):
     a = pool.analyse(chess.STARTING_FEN)
-    assert len(a.candidates) == 5 and a.limit == "depth=8" and a.depth >= 8
+    assert len(a.moves) == len(a.evals) == 5 and a.limit == "depth=8" and a.depth >= 8
     cps = [e.to_cp() for e in a.evals]
     assert cps == sorted(cps, reverse=True)  # multipv order: best first
     assert a.best in {"e2e4", "d2d4", "g1f3", "c2c4", "e2e3", "b1c3"}
@@ -121,7 +121,7 @@ def test_few_legal_moves_and_terminal_positions(pool):
     a = pool.analyse("7k/8/8/8/8/8/6q1/7K w - - 0 1")  # one legal move: Kxg2
     assert a.moves == ("h1g2",)
     mated = chess.Board("rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3")
-    assert mated.is_checkmate() and pool.analyse(mated).candidates == ()
+    assert mated.is_checkmate() and pool.analyse(mated).moves == ()
     with pytest.raises(ValueError, match="invalid position"):
         pool.analyse("8/8/8/8/8/8/8/8 w - - 0 1")  # no kings: Stockfish would crash on it
 
@@ -136,7 +136,7 @@ def test_cache_is_keyed_by_position_and_limit(pool):
     a2 = pool.analyse(fen, limit=chess.engine.Limit(depth=4))
     assert a2.limit == "depth=4" and pool.cache.info()["misses"] == 2
     a3 = pool.analyse(fen, multipv=1)
-    assert len(a3.candidates) == 1 and pool.cache.info()["misses"] == 3
+    assert len(a3.moves) == 1 and pool.cache.info()["misses"] == 3
 
 
 def test_results_are_reproducible_across_processes_and_history(pool):
@@ -175,7 +175,7 @@ def test_killed_engine_mid_batch_loses_no_result_and_leaves_no_process():
 
     results = pool.analyse_many(fens, on_result=on_result)
     assert killed and pool.restarts >= 1
-    assert all(r is not None and r.candidates for r in results)
+    assert all(r is not None and r.moves for r in results)
     assert results[:6] == expected  # retried results are the real ones
     seen = engine_pids(pool) + killed
     pool.close()
