@@ -38,12 +38,8 @@ def init_stats(model: GPT) -> list[dict]:
     n_layer = model.config.n_layer
     rows = []
     for name, p in model.named_parameters():
-        if name.endswith("c_proj.weight"):
-            expected = 0.02 / math.sqrt(2 * n_layer)
-        elif p.dim() >= 2:
-            expected = 0.02
-        else:
-            expected = 0.0  # biases zero, LayerNorm gains one: no spread
+        # residual projections scaled by 1/sqrt(2 n_layer); biases zero and LayerNorm gains one: no spread
+        expected = 0.02 / math.sqrt(2 * n_layer) if name.endswith("c_proj.weight") else 0.02 if p.dim() >= 2 else 0.0
         rows.append({"name": name, "shape": tuple(p.shape), "mean": p.mean().item(),
                      "std": p.std().item() if p.numel() > 1 else 0.0, "expected_std": expected})
     return rows

@@ -395,7 +395,6 @@ class ProfileResult:
     top_ops: list[dict]  # [{"name", "calls", "self_ms", "total_ms", "self_pct"}], by self time
     memory_by_phase: list[dict]  # [{"phase", "start_mb", "peak_mb", "end_mb", "peak_extra_mb"}]
     trace_path: str | None  # Chrome/Perfetto trace (open in chrome://tracing or ui.perfetto.dev)
-    device: str
 
 
 def _memory_by_phase(prof, device_type: str) -> list[dict]:
@@ -455,7 +454,7 @@ def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = Non
             "total_ms": (getattr(e, "device_time_total", 0.0) if use_device else e.cpu_time_total) / 1e3,
             "self_pct": 100.0 * self_us(e) / total} for e in rows[:top_k]]
     return ProfileResult(top_ops=top, memory_by_phase=_memory_by_phase(prof, device.type),
-                         trace_path=str(trace_path) if trace_path else None, device=device_name(device))
+                         trace_path=str(trace_path) if trace_path else None)
 
 
 def max_memory_mb(device: str | torch.device = "auto") -> float | None:
