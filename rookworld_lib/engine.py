@@ -98,9 +98,7 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-# --------------------------------------------------------------------------------------------
-# Settings and results
-# --------------------------------------------------------------------------------------------
+# --- Settings and results ---
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -233,9 +231,7 @@ class AnalysisCache:
 
 SHARED_CACHE = AnalysisCache()
 
-# --------------------------------------------------------------------------------------------
-# Threads and engine processes
-# --------------------------------------------------------------------------------------------
+# --- Threads and engine processes ---
 
 # what a dying, hung or babbling engine raises: the request is retried on a fresh engine
 _RETRYABLE = (chess.engine.EngineError, asyncio.TimeoutError, TimeoutError, BrokenPipeError,
@@ -321,9 +317,7 @@ except (AttributeError, RuntimeError):  # pragma: no cover
 
     atexit.register(close_all_engines, exiting=True)
 
-# --------------------------------------------------------------------------------------------
-# The pool
-# --------------------------------------------------------------------------------------------
+# --- The pool ---
 
 
 class EnginePool:
@@ -618,9 +612,7 @@ def _to_analysis(fen: str, turn: chess.Color, infos, limit: str) -> Analysis:
     return Analysis(fen, tuple(lines), tuple(lines.values()), limit, max(depths, default=None))
 
 
-# --------------------------------------------------------------------------------------------
-# Process-wide pools
-# --------------------------------------------------------------------------------------------
+# --- Process-wide pools ---
 
 _POOLS: dict = {}
 _DEFAULT_SETTINGS = EngineSettings()
@@ -642,10 +634,3 @@ def engine_version(path: str | None = None) -> str:
     with EnginePool(EngineSettings(path=path, depth=1), size=1, cache=False) as pool:
         return pool.version
 
-
-__all__ = [
-    "DEFAULT_DEPTH", "INSTALL_HINT", "TIMEOUT_FLOOR_S", "StockfishNotFoundError", "EngineFailedError",
-    "EngineSessionLost", "EngineSession", "find_stockfish", "stockfish_available", "usable_cores", "EngineSettings",
-    "limit_key", "parse_limit_key", "search_timeout", "Analysis", "AnalysisCache", "SHARED_CACHE",
-    "threaded", "EnginePool", "get_pool", "close_all_engines", "engine_version",
-]

@@ -89,5 +89,3 @@ def reward_distribution(policy_records=(), env_records=(), seed: int = 0) -> lis
     return rows + [{"task": "A", "category": cat, "reward": score_environment(rec["prompt"], c, truth=rec),
                     "id": rec["id"]} for rec in env_records for cat, c in env_examples(rec, seed).items()]
 
-
-__all__ = ["MUTATION_ALPHABET", "edit_chars", "mutate_text", "policy_examples", "env_examples", "reward_distribution"]

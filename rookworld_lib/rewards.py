@@ -70,9 +70,7 @@ ILLEGAL_FORMAT_WEIGHT = 0.25
 CP_LOSS_CAP = 1000
 
 
-# --------------------------------------------------------------------------------------------
-# Weights
-# --------------------------------------------------------------------------------------------
+# --- Weights ---
 
 class _Weights:
     """Checked at construction: each field (`option`), then the sum, 1 so that legal answers score in [0, 1]."""
@@ -112,9 +110,7 @@ DEFAULT_POLICY_WEIGHTS = PolicyWeights()
 DEFAULT_ENV_WEIGHTS = EnvWeights()
 
 
-# --------------------------------------------------------------------------------------------
-# Truth
-# --------------------------------------------------------------------------------------------
+# --- Truth ---
 
 @dataclass(frozen=True)
 class PolicyTruth:
@@ -218,9 +214,7 @@ def clear_truth() -> None:
         _REGISTRY_VERSION[0] += 1
 
 
-# --------------------------------------------------------------------------------------------
-# Results and components
-# --------------------------------------------------------------------------------------------
+# --- Results and components ---
 
 @dataclass(frozen=True)
 class _Score:
@@ -316,9 +310,7 @@ def _wsum(weights: _Weights, components: dict[str, float]) -> float:
     return min(1.0, max(0.0, round(math.fsum(getattr(weights, k) * v for k, v in components.items()), 12)))
 
 
-# --------------------------------------------------------------------------------------------
-# Where the truth comes from
-# --------------------------------------------------------------------------------------------
+# --- Where the truth comes from ---
 
 def _resolve_engine(engine):
     """An EnginePool, or None when scoring stays offline ("auto" without Stockfish installed)."""
@@ -382,9 +374,7 @@ def _env_truth_for(pp: tasks.EnvPromptParse, prompt, truth: EnvTruth | None) -> 
         return None, "none"
 
 
-# --------------------------------------------------------------------------------------------
-# Scoring: one safety net, one cache per task
-# --------------------------------------------------------------------------------------------
+# --- Scoring: one safety net, one cache per task ---
 
 def _never_raises(score_type):
     """The scorers' one safety net. Set-up errors (SETUP_ERRORS) propagate; any other exception
@@ -509,9 +499,7 @@ def score_environment(prompt: str, completion: str, *, truth=None, weights: EnvW
     return score_environment_detailed(prompt, completion, truth=truth, weights=weights, cache=cache).total
 
 
-# --------------------------------------------------------------------------------------------
-# Dispatch, batches, cache
-# --------------------------------------------------------------------------------------------
+# --- Dispatch, batches, cache ---
 
 def score_detailed(prompt: str, completion: str, *, truth=None, engine="auto", policy_weights=None,
                    env_weights=None, cache: bool = True) -> PolicyScore | EnvScore | None:
@@ -559,9 +547,7 @@ def clear_cache(analyses: bool = False) -> None:
         SHARED_CACHE.clear()
 
 
-# --------------------------------------------------------------------------------------------
-# TRL reward functions: `GRPOTrainer(reward_funcs=...)`
-# --------------------------------------------------------------------------------------------
+# --- TRL reward functions: `GRPOTrainer(reward_funcs=...)` ---
 # TRL calls f(prompts=..., completions=..., completion_ids=..., **columns), one value per completion
 # in each other data-set column: the truth comes from the columns our records carry, so a Dataset of
 # `data.load_split(...)` records works as it is. None (TRL's "unscorable") for the other task's
@@ -664,12 +650,3 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
 trl_reward = trl_reward_function(None)  # P: and A: prompts, by prefix
 trl_policy_reward = trl_reward_function("P")
 trl_env_reward = trl_reward_function("A")
-
-__all__ = [
-    "TruthError", "MissingTruthError", "SETUP_ERRORS", "POLICY_RANGE", "PolicyWeights", "EnvWeights", "PolicyTruth",
-    "EnvTruth", "policy_truth", "env_truth", "register_truth", "clear_truth", "PolicyScore", "EnvScore",
-    "move_accuracy", "quality_from_cp", "fen_field_credit", "score_policy", "score_policy_detailed",
-    "score_environment", "score_environment_detailed", "score", "score_detailed", "score_batch", "cache_info",
-    "clear_cache", "trl_reward_function", "trl_reward", "trl_policy_reward", "trl_env_reward", "trl_text",
-    "POLICY_TRUTH_COLUMNS", "ENV_TRUTH_COLUMNS",
-]

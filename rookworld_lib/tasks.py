@@ -86,9 +86,7 @@ _PAWNS_RE = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{1,4})?|\.\d{1,4})")
 _MATE_RE = re.compile(r"([+-]?)[M#]([1-9]\d{0,2})")
 
 
-# --------------------------------------------------------------------------------------------
-# Small helpers
-# --------------------------------------------------------------------------------------------
+# --- Small helpers ---
 
 def is_uci_syntax(text: str) -> bool:
     """True for a well-formed UCI move string (``e2e4``, ``e7e8q``); says nothing of legality."""
@@ -188,9 +186,7 @@ def position_key(fen: str) -> str:
     return " ".join(fen.split(" ")[:4])
 
 
-# --------------------------------------------------------------------------------------------
-# Evaluations
-# --------------------------------------------------------------------------------------------
+# --- Evaluations ---
 
 @dataclass(frozen=True)
 class Eval:
@@ -282,9 +278,7 @@ def _as_eval(e: Eval | str) -> Eval:
     return parsed
 
 
-# --------------------------------------------------------------------------------------------
-# Policy task: builders
-# --------------------------------------------------------------------------------------------
+# --- Policy task: builders ---
 
 def policy_prompt(fen: str, layout: str = "compact", *, fen_width: int = ORIGINAL_FEN_WIDTH) -> str:
     """``P: <FEN>`` (compact) or the fixed-width original prompt: the FEN padded to `fen_width`
@@ -346,9 +340,7 @@ def _check_layout(layout: str) -> None:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
-# --------------------------------------------------------------------------------------------
-# Policy task: parsers
-# --------------------------------------------------------------------------------------------
+# --- Policy task: parsers ---
 
 class _Parsed:
     """What every parse result shares: `ok` is True only for well-formed input."""
@@ -545,9 +537,7 @@ def parse_policy(text: str) -> PolicyParse:
                        sections=cp.sections, errors=errors)
 
 
-# --------------------------------------------------------------------------------------------
-# Environment task
-# --------------------------------------------------------------------------------------------
+# --- Environment task ---
 
 def format_reward(reward: float) -> str:
     """``0.001``, ``1.0``, ``0.5``, ``-1.0`` (the four environment rewards); others as ``%g``."""
@@ -736,16 +726,3 @@ def task_of(prompt: str) -> str | None:
             return "A"
     return None
 
-
-__all__ = [
-    "EOT", "POLICY_PREFIX", "ENV_PREFIX", "MAX_CANDIDATES", "HISTORY_LEN", "LAYOUTS", "COMPLETION_BUDGET",
-    "original_fen", "fen_for_layout", "normalized_fen", "same_position",
-    "REWARD_LEGAL", "REWARD_WIN", "REWARD_DRAW", "REWARD_ILLEGAL", "ENV_REWARDS", "MATE_CP",
-    "Eval", "format_eval", "parse_eval", "win_prob", "is_uci_syntax", "fen_error",
-    "legal_move", "canonical_fen", "position_key", "checked_board",
-    "policy_prompt", "policy_completion", "policy_text", "PolicyParse", "PromptParse",
-    "parse_policy_completion", "parse_policy_prompt", "parse_policy", "split_policy_text",
-    "format_reward", "make_history", "env_prompt", "env_completion", "EnvTransition", "environment_step",
-    "EnvPromptParse", "parse_env_prompt", "EnvParse", "parse_env_completion", "split_env_text",
-    "split_text", "task_of",
-]
