@@ -283,8 +283,7 @@ def _chunks(inputs: list[Path], size: int) -> Iterator[tuple[Path, list[tuple[st
 def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Iterator[tuple[Path, list]]:
     """(input, [(line number, record or reason)]) per chunk, in input order."""
     if workers <= 1:
-        for path, chunk in _chunks(inputs, size):
-            yield path, _convert_chunk(chunk, split)
+        yield from ((path, _convert_chunk(chunk, split)) for path, chunk in _chunks(inputs, size))
         return
     with concurrent.futures.ProcessPoolExecutor(workers) as pool:
         try:
@@ -301,13 +300,11 @@ def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Itera
 
 
 def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, split: str = "test",
-            workers: int = 1, chunk_lines: int = 2000, progress: bool = False,
-            errors_file: str | os.PathLike | None = None) -> ConvertReport:
-    """Convert original lines into ``<out_dir>/policy_<split>.jsonl`` and ``env_<split>.jsonl``
-    (ready for ``rookworld eval --data-dir``, ``grpo`` and ``sft``). Every line that does not
-    convert is written to `errors_file` (default ``<out_dir>/convert_errors_<split>.txt``) as
-    ``file:line: reason``. Outputs appear atomically when the whole input is done, and only for
-    a task with records (an existing file of the other task is left as it is)."""
+            workers: int = 1, chunk_lines: int = 2000, progress: bool = False) -> ConvertReport:
+    """Convert original lines into ``<out_dir>/policy_<split>.jsonl`` and ``env_<split>.jsonl`` (ready
+    for ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
+    ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when
+    the whole input is done, only for a task with records (another task's file is left as it is)."""
     from tqdm.auto import tqdm
 
     if split not in SPLITS:
@@ -318,7 +315,7 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
             raise ValueError(f"{p}: no such file")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    errors_path = Path(errors_file) if errors_file else out / f"convert_errors_{split}.txt"
+    errors_path = out / f"convert_errors_{split}.txt"
     report = ConvertReport()
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:  # on an error every output's temporary file is removed

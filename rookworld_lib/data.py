@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 TASK_FILES = {"P": "policy_{split}.jsonl", "A": "env_{split}.jsonl"}
 MATE_FILE = "mate_in_one.jsonl"
+DATA_FILES = (*(TASK_FILES[t].format(split=s) for t in ("P", "A") for s in SPLITS), MATE_FILE)  # the data card's order
 GAME_KINDS = ("random", "opening", "selfplay")
 ORIGINAL_SOURCE = "original"  # records converted from the original RookWorld data (rookworld convert)
 ENV_KINDS = ("legal", "illegal", "unparseable")
@@ -348,13 +349,6 @@ def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
 
 # --- Audits (re-derive labels; used by the tests and notebook 00) ---
 
-def _audit_multipv(rec: dict) -> int:
-    # multipv is not stored: fewer candidates than legal moves means multipv = len(moves); a full
-    # list means any multipv >= n_legal, which Stockfish treats as n_legal
-    n = len(rec["moves"])
-    return n if n < rec["n_legal"] else tasks.MAX_CANDIDATES
-
-
 def audit_policy_labels(records: list[dict], *, workers: int | None = None, progress: bool = False) -> list[dict]:
     """Re-run Stockfish at each P: record's recorded limit and report every difference in the
     candidate moves or evals (an empty list: every label, B: included, is reproduced)."""
@@ -362,8 +356,9 @@ def audit_policy_labels(records: list[dict], *, workers: int | None = None, prog
 
     problems = []
     groups: dict[tuple[str, int], list[dict]] = {}
-    for rec in records:
-        groups.setdefault((rec["limit"], _audit_multipv(rec)), []).append(rec)
+    for rec in records:  # multipv is not stored: len(moves), or any value >= n_legal for a full list
+        multipv = len(rec["moves"]) if len(rec["moves"]) < rec["n_legal"] else tasks.MAX_CANDIDATES
+        groups.setdefault((rec["limit"], multipv), []).append(rec)
     for (limit, multipv), recs in groups.items():
         lim = parse_limit_key(limit)
         settings = EngineSettings(depth=lim.depth, nodes=lim.nodes, time=lim.time, multipv=multipv)
@@ -406,9 +401,8 @@ def summarize(data_dir=None) -> dict:
     number of positions two splits share (``shared_positions``, 0 by construction)."""
     base = Path(data_dir or DATA_DIR)
     out: dict = {"files": {}}
-    names = [TASK_FILES[t].format(split=s) for t in ("P", "A") for s in SPLITS] + [MATE_FILE]
     keys: dict[str, set] = {s: set() for s in SPLITS}
-    for name in names:
+    for name in DATA_FILES:
         path = base / name
         if not path.exists():
             continue
@@ -443,9 +437,10 @@ def render_card_tables(summary: dict) -> str:
         rows.append(f"| {name} | {f['records']} | {f['games']} | {f['white_to_move']} | {f['black_to_move']} "
                     f"| {f['bytes'] / 1024:.0f} |")
     rows += ["", "| file | sources | features | kinds | terminations |", "|---|---|---|---|---|"]
+    def fmt(d):
+        return ", ".join(f"{k} {v}" for k, v in sorted((d or {}).items())) or "-"
+
     for name, f in summary["files"].items():
-        def fmt(d):
-            return ", ".join(f"{k} {v}" for k, v in sorted((d or {}).items())) or "-"
         rows.append(f"| {name} | {fmt(f.get('sources'))} | {fmt(f.get('tags'))} | {fmt(f.get('kinds'))} "
                     f"| {fmt(f.get('terminations'))} |")
     return "\n".join(rows)

@@ -1,21 +1,14 @@
 """Data generation (``rookworld datagen``, :func:`generate`): Stockfish-labelled ``P:``/``A:``
 samples and the mate-in-one set, as the record files :mod:`rookworld_lib.data` loads. The data card
-(``data/README.md``) describes the recipe with the shipped set's numbers:
+(``data/README.md``) describes the recipe with the shipped set's numbers.
 
-1. *Games* (:func:`game_plan`, :func:`play_game`), seeded from (seed, game index): random moves, a
-   random opening then engine self-play, or self-play at a node budget with a share of random moves;
-   ``mate_games`` extra held-out games (strong against weak) feed only the mate-in-one set.
-2. *Splits by game* (:func:`split_of_game`): a position belongs to the split of the first game that
-   reaches it, so no position is in two splits; duplicates within a split are dropped.
-3. *Samples* (:func:`select_samples`): shares of each game's positions (``P:``) and moves (``A:``),
-   rare features kept more often; ``A:`` siblings with a wrong move (:func:`wrong_move`); every
-   mate-in-one position of val/test games.
-4. *Labels*: multipv Stockfish at a depth or node limit, one thread, cleared hash (reproducible, so
-   ``data.audit_policy_labels`` re-derives them); ``A:`` labels replay the move with python-chess.
-
-Finished games and labels are appended to a work directory, so a run interrupted by Ctrl-C, a kill or
-a failed engine resumes with the same settings. Record files are written atomically at the end; one
-that would be empty is not written (and an older one of that name is removed).
+Games are seeded per index (:func:`game_plan`, :func:`play_game`) and split by game
+(:func:`split_of_game`): a position belongs to the split of the first game that reaches it.
+:func:`select_samples` picks positions (``P:``), moves (``A:``, with :func:`wrong_move` siblings) and
+mate-in-one positions; Stockfish labels ``P:`` at a reproducible limit (one thread, cleared hash) and
+python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
+interrupted run resumes with the same settings; record files are written atomically at the end,
+and one that would be empty is not written (an older one of that name is removed).
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ import chess
 import chess.engine
 
 from . import tasks
-from .data import MATE_FILE, SPLITS, TASK_FILES, DataFormatError, json_lines, mating_moves, move_tags, position_tags
+from .data import DATA_FILES, MATE_FILE, TASK_FILES, DataFormatError, json_lines, mating_moves, move_tags, position_tags
 from .paths import DATA_DIR, JsonlAppender, atomic_write, write_jsonl
 from .train_utils import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
@@ -436,7 +429,7 @@ def _write_outputs(out: Path, sel: _Selection, labels: dict, engine_name: str) -
         by_file.setdefault(TASK_FILES["A"].format(split=s["split"]), []).append(env_record(s, suffix))
     by_file[MATE_FILE] = [mate_record(s) for s in sel.mate]
     counts = {}
-    for name in [TASK_FILES[t].format(split=s) for s in SPLITS for t in ("P", "A")] + [MATE_FILE]:
+    for name in DATA_FILES:
         if by_file.get(name):
             counts[name] = write_jsonl(out / name, by_file[name])
         else:  # an empty file is an error to every reader; an older one would mix two runs
