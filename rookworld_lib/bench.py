@@ -112,8 +112,10 @@ def make_models(cfg: BenchConfig, workdir: Path, device: torch.device):
     return ours.to(device), theirs.to(device)
 
 
-def _sides(t: dict, tokens: float) -> dict:
-    """The two contenders' timings with their tokens/s, and ours over theirs."""
+def _race(cfg: BenchConfig, device: torch.device, ours, theirs, tokens: int) -> dict:
+    """Time ours and transformers' in turns: both timings with tokens/s, and ours over theirs."""
+    t = perf.benchmark_interleaved({"ours": ours, "transformers": theirs}, warmup=cfg.warmup, repeats=cfg.repeats,
+                                   sync=device)
     return {**{who: {**t[who].as_dict(), "tokens_per_s": t[who].per_second(tokens)} for who in t},
             "speedup": t["transformers"].median_s / t["ours"].median_s}
 
@@ -144,11 +146,9 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> d
         opt_theirs.step()
         opt_theirs.zero_grad(set_to_none=True)
 
-    t = perf.benchmark_interleaved({"ours": lambda: step_ours(x, y), "transformers": step_theirs},
-                                   warmup=cfg.warmup, repeats=cfg.repeats, sync=device)
     tokens = cfg.train_batch * cfg.train_seq_len
     return {"tokens_per_step": tokens, "loss_impl": step_ours.loss_impl, "initial_logits_max_abs_diff": diff,
-            **_sides(t, tokens)}
+            **_race(cfg, device, lambda: step_ours(x, y), step_theirs, tokens)}
 
 
 # --- (b) sampling ---------------------------------------------------------------------------------
@@ -189,18 +189,17 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
                                   eos_token_id=EOT_ID, use_cache=True)
         counts["transformers"] = (out.size(1) - ids.size(1)) * out.size(0)
 
-    t = perf.benchmark_interleaved({"ours": sample_ours, "transformers": sample_theirs}, warmup=cfg.warmup,
-                                   repeats=cfg.repeats, sync=device)
     n_tokens = len(rows) * L
+    race = _race(cfg, device, sample_ours, sample_theirs, n_tokens)
     if counts.get("ours") != n_tokens or counts.get("transformers") != n_tokens:
         raise RuntimeError(f"sampling benchmark generated unequal work: {counts}, expected {n_tokens} each")
     out = {"rows": len(rows), "new_tokens_per_row": L, "generated_tokens": n_tokens,
-           "prompt_lengths": [len(p) for p in prompts], **_sides(t, n_tokens)}
+           "prompt_lengths": [len(p) for p in prompts], **race}
     # Model FLOPs per generated token at the mean context length (prefill excluded: a lower bound).
     mean_ctx = sum(len(p) for p in rows) / len(rows) + (L + 1) / 2
     decode_flops = perf.flops_per_token(ours.config, max(1, round(mean_ctx)), "decode") * n_tokens
-    for who in t:
-        out[who]["decode_tflops"] = decode_flops / t[who].median_s / 1e12
+    for who in ("ours", "transformers"):
+        out[who]["decode_tflops"] = decode_flops / out[who]["median_s"] / 1e12
     return out
 
 
