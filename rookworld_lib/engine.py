@@ -1,19 +1,15 @@
 """Stockfish through python-chess's UCI driver: a pool of engine processes with a shared cache.
 
-- :func:`find_stockfish` looks in ``STOCKFISH_PATH``, the PATH, then ``/usr/games/stockfish``;
-  if none is there, :class:`StockfishNotFoundError` names the install commands.
-- :class:`EngineSettings`: threads, hash, depth/nodes/time, multipv. With ``fresh_search`` (the
-  default) every search starts from a cleared hash (``ucinewgame``), so with one thread and a depth
-  or node limit a result depends only on (position, limit): it can be cached and audited.
-- :class:`EnginePool` runs up to ``size`` engine processes, each serving one thread at a time, and
-  caches analyses keyed by (FEN, limit, multipv, root moves).
-- Engines fail loudly and never hang: a failed start or request is retried on a fresh process
-  (``max_retries``), then :class:`EngineFailedError`. Every search has a time limit derived from its
-  depth or node budget (:func:`search_timeout`). Ctrl-C during :meth:`EnginePool.map` kills the engines.
-- One way engines end, :meth:`EnginePool.close`, run by ``with``, by garbage collection and, for
-  every live pool, at interpreter exit: python-chess runs each engine's event loop on a
-  *non-daemon* thread, which Python joins at exit *before* ``atexit`` handlers run, so the exit
-  hook is registered with ``threading._register_atexit``, which runs before those joins.
+:func:`find_stockfish` names the install commands when no binary is found. With
+:class:`EngineSettings`' ``fresh_search`` (the default), one thread and a depth or node limit, a
+search starts from a cleared hash, so its result depends only on (position, limit): it can be cached
+and audited. :class:`EnginePool` runs up to ``size`` engines, one thread each. Engines fail loudly
+and never hang: every search has a time limit from its budget (:func:`search_timeout`), and a failed
+start or request is retried on a fresh process, then raises :class:`EngineFailedError`.
+
+Engines end one way, :meth:`EnginePool.close` (``with``, garbage collection, Ctrl-C in ``map``, and
+interpreter exit). python-chess runs each engine's event loop on a *non-daemon* thread, which Python
+joins *before* ``atexit`` handlers run, so the exit hook uses ``threading._register_atexit``.
 """
 from __future__ import annotations
 
@@ -243,28 +239,21 @@ def threaded(fn: Callable, items: list, workers: int, progress: bool = False, de
     """(index, fn(item)) as each call completes, on up to `workers` threads, with an optional
     progress bar. An exception (or Ctrl-C) cancels the calls not yet started and propagates at once:
     it does not wait for the running calls (an engine search may take long; the caller ends it)."""
+    from tqdm.auto import tqdm
+
     if not items:
         return
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(items), desc=desc, unit=unit)
     ex = ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="rookworld")
-    try:
-        futures = {ex.submit(fn, it): i for i, it in enumerate(items)}
-        for fut in concurrent.futures.as_completed(futures):
-            yield futures[fut], fut.result()
-            if bar is not None:
+    with tqdm(total=len(items), desc=desc, unit=unit, disable=not progress) as bar:
+        try:
+            futures = {ex.submit(fn, it): i for i, it in enumerate(items)}
+            for fut in concurrent.futures.as_completed(futures):
+                yield futures[fut], fut.result()
                 bar.update(1)
-    except BaseException:
-        ex.shutdown(wait=False, cancel_futures=True)
-        raise
-    else:
+        except BaseException:
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
         ex.shutdown()
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
@@ -321,14 +310,11 @@ except (AttributeError, RuntimeError):  # pragma: no cover
 
 
 class EnginePool:
-    """Up to `size` Stockfish processes, each used by one thread at a time.
-
-    Engines start lazily on first use. Every public method is thread-safe; :meth:`map` and
-    :meth:`analyse_many` run one request per engine in parallel. A failed start or request
-    (the engine died, hung past :func:`search_timeout`, or spoke garbage) is retried on a fresh
-    process up to `settings.max_retries` times, then raises EngineFailedError. `timeout`: seconds
-    for an engine to start and the floor of every search's time limit (default TIMEOUT_FLOOR_S).
-    """
+    """Up to `size` Stockfish processes, started lazily, each used by one thread at a time; every
+    public method is thread-safe. A failed start or request (the engine died, hung past
+    :func:`search_timeout`, or spoke garbage) is retried on a fresh process `settings.max_retries`
+    times, then raises EngineFailedError. `timeout`: seconds for an engine to start, and the floor
+    of every search's time limit."""
 
     def __init__(self, settings: EngineSettings | None = None, size: int | None = None, *,
                  cache: AnalysisCache | bool | None = True, timeout: float | None = None):
@@ -483,19 +469,19 @@ class EnginePool:
         multipv = multipv or self.settings.multipv
         limit = limit or self.settings.limit
         roots = tuple(sorted(root_moves)) if root_moves else None
-        fen = board.fen(en_passant="fen")
-        key = (fen, limit_key(limit), multipv, roots)
+        fen, lkey = board.fen(en_passant="fen"), limit_key(limit)
+        key = (fen, lkey, multipv, roots)
         hit = self.cache.get(key) if self.cache is not None else None
         if hit is not None:
             return hit
         if not any(board.legal_moves):
-            result = Analysis(fen, (), (), limit_key(limit), 0)
+            result = Analysis(fen, (), (), lkey, 0)
         else:
             root_objs = [chess.Move.from_uci(m) for m in roots] if roots else None
             if root_objs and not all(board.is_legal(m) for m in root_objs):
                 raise ValueError(f"root_moves {roots} are not all legal in {fen!r}")
             infos = self._run("analyse", lambda eng: self._search(eng, board, limit, multipv, root_objs))
-            result = _to_analysis(fen, board.turn, infos, limit_key(limit))
+            result = _to_analysis(fen, board.turn, infos, lkey)
         if self.cache is not None:
             self.cache.put(key, result)
         return result

@@ -121,11 +121,6 @@ class PolicyTruth:
     evals: tuple[Eval, ...]
     limit: str = "depth=8"  # engine.limit_key of the search that produced them
 
-    @property
-    def best(self) -> str | None:
-        """The engine's best move (UCI)."""
-        return self.moves[0] if self.moves else None
-
 
 @dataclass(frozen=True)
 class EnvTruth:

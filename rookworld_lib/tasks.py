@@ -213,9 +213,7 @@ class Eval:
 
     def to_cp(self) -> int:
         """Centipawns with mates mapped to +-(MATE_CP - n): monotone in how good the position is."""
-        if self.mate is not None:
-            return (MATE_CP - abs(self.mate)) * (1 if self.mate > 0 else -1)
-        return self.cp
+        return self.cp if self.mate is None else int(math.copysign(MATE_CP - abs(self.mate), self.mate))
 
     def win_prob(self) -> float:
         """Expected score in [0, 1] for the side to move (Lichess's logistic model)."""
@@ -700,14 +698,10 @@ def parse_env_completion(completion: str) -> EnvParse:
 
 def split_env_text(text: str) -> tuple[str, str] | None:
     """Cut a full environment sample at its third ``+``; None when it has fewer."""
-    if not isinstance(text, str) or not text.startswith(ENV_PREFIX):
+    if not isinstance(text, str) or not text.startswith(ENV_PREFIX) or text.count("+") < 3:
         return None
-    cut = -1
-    for _ in range(3):
-        cut = text.find("+", cut + 1)
-        if cut == -1:
-            return None
-    return text[: cut + 1], text[cut + 1:]
+    cut = len("+".join(text.split("+", 3)[:3])) + 1
+    return text[:cut], text[cut:]
 
 
 def split_text(text: str) -> tuple[str, str] | None:
