@@ -120,8 +120,7 @@ def _race(cfg: BenchConfig, device: torch.device, ours, theirs, tokens: int) -> 
             "speedup": t["transformers"].median_s / t["ours"].median_s}
 
 
-# --- (a) training step ----------------------------------------------------------------------------
-
+# --- (a) training step ---
 
 def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dict:
     """SFT's TrainStep against transformers' usual step, same batch, optimizer factory and clip."""
@@ -151,8 +150,7 @@ def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> d
             **_race(cfg, device, lambda: step_ours(x, y), step_theirs, tokens)}
 
 
-# --- (b) sampling ---------------------------------------------------------------------------------
-
+# --- (b) sampling ---
 
 def rollout_prompts(cfg: BenchConfig) -> list[list[int]]:
     """cfg.sample_prompts random prompts, lengths in [prompt_len // 2, prompt_len], the first the longest."""
@@ -238,8 +236,7 @@ def rollout_sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress=pr
     return {"rollout_sweep": out, "rollout_sweep_pad_vocab_to_multiple": pad}
 
 
-# --- (c) GRPO step --------------------------------------------------------------------------------
-
+# --- (c) GRPO step ---
 
 def vowel_reward(text: str) -> float:
     """A cheap, deterministic reward with spread across completions (share of vowels)."""
@@ -346,8 +343,7 @@ def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
             "note": "ours timed in its own loop; TRL timed between its optimizer steps (callbacks), not interleaved"}
 
 
-# --- Driver ---------------------------------------------------------------------------------------
-
+# --- Driver ---
 
 def _report(progress, part: dict) -> None:
     progress(f"[bench]     ours {part['ours']['tokens_per_s']:.0f} tok/s, transformers "

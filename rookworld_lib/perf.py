@@ -34,8 +34,7 @@ from .train_utils import Runtime, resolve_device
 FLOP_KINDS = ("train", "forward", "decode")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
-# --- FLOPs ----------------------------------------------------------------------------------------
-
+# --- FLOPs ---
 
 def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
     """Forward FLOPs per token of a GPT-2 shaped model whose attention spans `seq_len` keys, by matmul.
@@ -78,7 +77,7 @@ def count_flops(fn: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
-# --- Peaks ----------------------------------------------------------------------------------------
+# --- Peaks ---
 
 # Dense (no 2:4 sparsity) peak TFLOP/s from the vendors' data sheets. bf16/fp16 use tensor cores
 # with fp32 accumulation; tf32 uses tensor cores; fp32 is the plain CUDA-core rate. Data sheets
@@ -219,8 +218,7 @@ def mfu(flops: float, seconds: float, peak: Peak) -> MFU:
     return MFU(achieved_tflops=achieved, vs_table=vs_table, vs_measured=vs_measured, peak=peak)
 
 
-# --- Timing ---------------------------------------------------------------------------------------
-
+# --- Timing ---
 
 @dataclass(frozen=True)
 class Timing:
@@ -302,7 +300,6 @@ def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2,
 
 # --- Utilisation sampling (CPU always; NVML GPU metrics where a GPU and pynvml or nvidia-smi exist) ---
 
-
 def _gpu_sampler(index: int) -> Callable[[], dict]:
     """GPU utilisation, memory, power and temperature: via pynvml (cheap), else nvidia-smi, else {}."""
     keys = ("gpu_util_pct", "gpu_mem_used_mb", "gpu_power_w", "gpu_temp_c")
@@ -378,7 +375,7 @@ class UtilizationSampler:
         return out
 
 
-# --- Profiling: trace export, top operators, memory by phase --------------------------------------
+# --- Profiling: trace export, top operators, memory by phase ---
 
 PHASE_PREFIX = "phase:"
 
@@ -470,8 +467,7 @@ def reset_max_memory(device: str | torch.device = "auto") -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-# --- Provenance -----------------------------------------------------------------------------------
-
+# --- Provenance ---
 
 def environment_info(device: str | torch.device = "auto") -> dict:
     """Date, machine and software versions to store beside every measured number."""

@@ -35,8 +35,7 @@ LOSS_IMPLS = ("auto", "fused", "plain")
 PARITY_TOLERANCE = 0.05
 
 
-# --- The training step ----------------------------------------------------------------------------
-
+# --- The training step ---
 
 def resolve_loss_impl(impl: str, device: torch.device) -> str:
     """"auto" -> the fused chunked LM head + loss on CPU (no logits written), the plain one on CUDA
@@ -160,7 +159,7 @@ def make_optimizer(model: GPT, cfg: TuneConfig):
                        device_type=next(model.parameters()).device.type, fused=fused)
 
 
-# --- Configurations -------------------------------------------------------------------------------
+# --- Configurations ---
 
 @dataclass(frozen=True)
 class TuneConfig:
@@ -239,8 +238,7 @@ def unsupported_reason(cfg: TuneConfig, device: torch.device) -> str | None:
     return None
 
 
-# --- Data and initialisation shared by every row --------------------------------------------------
-
+# --- Data and initialisation shared by every row ---
 
 def random_batches(n: int, batch_size: int, seq_len: int, vocab_size: int = 50257, seed: int = 0) -> list[tuple]:
     """n (x, y) pairs of uniformly random tokens, y = x shifted by one."""
@@ -289,8 +287,7 @@ def state_bytes(model: torch.nn.Module, optimizer) -> dict[str, float]:
     return {key: perf.tensor_bytes(ts) / 2**20 for key, ts in parts.items()}
 
 
-# --- Running one row and the matrix ---------------------------------------------------------------
-
+# --- Running one row and the matrix ---
 
 def checked_mfu(flops: float, seconds: float, peaks: dict, device: torch.device, precision: str,
                 measure: bool = True) -> perf.MFU:
@@ -512,8 +509,7 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
                         utilization=sampler.summary())
 
 
-# --- Figures --------------------------------------------------------------------------------------
-
+# --- Figures ---
 
 def speedup_figure(result: MatrixResult):
     """Bar chart: tokens/s of each row relative to the baseline; red bars change the result."""
