@@ -99,8 +99,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
-    return sorted(found)
+    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)))
 
 
 def _read_pointer(directory: Path) -> dict | None:

@@ -53,14 +53,18 @@ def read_layout(directory: str | Path) -> tuple[str, str]:
     return _layout_of(read_config_json(path), path)
 
 
+def _not_found(path: Path) -> CheckpointFormatError:
+    return CheckpointFormatError(f"{path} not found: a Hugging Face GPT-2 directory needs config.json and "
+                                 "model.safetensors")
+
+
 def read_config_json(path: Path) -> dict:
     """A config.json as a dict; CheckpointFormatError naming the file when it is missing, unreadable,
     not JSON or not a JSON object."""
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CheckpointFormatError(f"{path} not found: a Hugging Face GPT-2 directory needs config.json and "
-                                    "model.safetensors") from None
+        raise _not_found(path) from None
     except json.JSONDecodeError as exc:
         raise CheckpointFormatError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -173,16 +177,13 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
     config_path, weights_path = directory / "config.json", directory / "model.safetensors"
     for path in (config_path, weights_path):
         if not path.is_file():
-            raise CheckpointFormatError(
-                f"{path} not found: a Hugging Face GPT-2 directory needs config.json and model.safetensors"
-            )
+            raise _not_found(path)
     hf = read_config_json(config_path)
     config = config_from_hf(hf, config_path, **config_overrides)
     layout, _ = _layout_of(hf, config_path)
-    state = read_safetensors(weights_path)
     # Checkpoints saved from GPT2Model (no LM head) have no "transformer." prefix.
-    state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v for k, v in state.items()}
-    state = {k: v for k, v in state.items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
+    state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v
+             for k, v in read_safetensors(weights_path).items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
     head = state.pop("lm_head.weight", None)
 
     model = cls(config)

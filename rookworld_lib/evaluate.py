@@ -148,6 +148,16 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, tokenizer=None) ->
     return out
 
 
+def _decode(model: GPT, records: Sequence, cfg: EvalConfig, prompt_of_record, limit: int | None = None,
+            completions: list[str] | None = None) -> tuple[list, list[str], list[str]]:
+    """(records, prompts, completions): the first `limit` records, their prompts in the model's layout
+    and the model's completions of them (unless given)."""
+    layout = cfg.for_model(model).layout
+    records = list(records)[:limit]
+    prompts = [prompt_of_record(r, layout) for r in records]
+    return records, prompts, completions if completions is not None else complete(model, prompts, cfg)
+
+
 def _get(rec, key, default=None):
     return rec.get(key, default) if isinstance(rec, Mapping) else getattr(rec, key, default)
 
@@ -175,10 +185,7 @@ def prompt_of(rec, layout: str) -> str:
 def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
     """Valid, legal-best, best-move accuracy (against Stockfish's best), top-5 overlap and centipawn
     loss on P: records; on converted original records also agreement with the original B: label."""
-    cfg = cfg.for_model(model)
-    records = list(records)[: cfg.max_policy]
-    prompts = [policy_prompt_of(r, cfg.layout) for r in records]
-    completions = completions if completions is not None else complete(model, prompts, cfg)
+    records, prompts, completions = _decode(model, records, cfg, policy_prompt_of, cfg.max_policy, completions)
     valid = legal = correct = 0
     overlaps, cp_losses, agree = [], [], []
     for rec, prompt, text in zip(records, prompts, completions):
@@ -204,10 +211,7 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
 
 def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Share of mate-in-one positions where B: is a mating move (checked by python-chess)."""
-    cfg = cfg.for_model(model)
-    records = list(records)
-    prompts = [policy_prompt_of(r, cfg.layout) for r in records]
-    completions = complete(model, prompts, cfg)
+    records, _, completions = _decode(model, records, cfg, policy_prompt_of)
     hits = 0
     for rec, text in zip(records, completions):
         best = tasks.parse_policy_completion(text).best
@@ -222,10 +226,7 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Valid, next position right (:func:`tasks.same_position`), FEN similarity (both FENs in one
     en-passant convention), reward and flag accuracy on A: records."""
-    cfg = cfg.for_model(model)
-    records = list(records)[: cfg.max_env]
-    prompts = [env_prompt_of(r, cfg.layout) for r in records]
-    completions = complete(model, prompts, cfg)
+    records, _, completions = _decode(model, records, cfg, env_prompt_of, cfg.max_env)
     valid = exact = reward_ok = term_ok = trunc_ok = 0
     sims = []
     for rec, text in zip(records, completions):
@@ -321,10 +322,7 @@ def difference(before: Estimate, after: Estimate, z: float = 1.959964) -> Estima
 def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[float]:
     """The verifiable reward of the model's completion for each P:/A: record (the GRPO objective,
     measured on held-out prompts with ground truth from the record)."""
-    cfg = cfg.for_model(model)
-    records = list(records)
-    prompts = [prompt_of(r, cfg.layout) for r in records]
-    completions = complete(model, prompts, cfg)
+    records, prompts, completions = _decode(model, records, cfg, prompt_of)
     return [float(rewards.score(prompt, text, truth=rec)) for rec, prompt, text in zip(records, prompts, completions)]
 
 

@@ -63,11 +63,10 @@ def _scaled(logits: Tensor, temperature: float) -> Tensor:
 def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """log softmax(logits / temperature) at `tokens`: (B, T, V), (B, T) long -> (B, T).
 
-    The one definition shared by the sampler (old log-probs) and GRPO scoring (new log-probs), so an
-    unchanged policy gives a ratio of exactly 1. Float32 at least, as gather(x) - logsumexp(x) (no
-    second (B, T, V) tensor). It scores the *full* temperature-scaled distribution, as TRL does,
-    whatever top-k / top-p filtering the sampler used; the filtered log-probs are kept in
-    `Rollout.sampling_logprobs` for anyone who wants to correct for the difference.
+    Shared by the sampler (old log-probs) and GRPO scoring (new ones), so an unchanged policy gives
+    a ratio of exactly 1. Computed in float32 at least as gather(x) - logsumexp(x). Like TRL it
+    scores the *full* temperature-scaled distribution whatever top-k / top-p the sampler used (the
+    filtered log-probs are in `Rollout.sampling_logprobs`).
     """
     temperature = _check_temperature(temperature)
     if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
@@ -428,10 +427,8 @@ def vespo_weights(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
     """VESPO's Gamma weights phi(w) [N, 1] (2602.10693; TRL's `get_gamma_weights`), detached.
 
     w = exp(sum_t m_it clamp(logprobs_it - old_logprobs_it, -20, 20)), the *sequence* ratio (a sum,
-    not GSPO's mean), clamped to [1e-8, e^20]; phi(w) = exp(lambda + k log w - lambda w) = e^lambda
-    w^k e^(-lambda w), normalised so phi(1) = 1, with (k, lambda) = (vespo_k_pos, vespo_lambda_pos)
-    where A >= 0 and (vespo_k_neg, vespo_lambda_neg) where A < 0 (lambda floored at 1e-4); NaN or
-    inf become 0. The vespo loss per token is -phi_i * A_i * logprobs_it: phi only scales the gradient.
+    not GSPO's mean), clamped to [1e-8, e^20]; phi(w) = e^lambda w^k e^(-lambda w) (so phi(1) = 1),
+    with the _pos (k, lambda) where A >= 0 and the _neg ones where A < 0; NaN or inf become 0.
     """
     config = config or GRPOConfig()
     m = mask.bool()
@@ -645,10 +642,8 @@ def micro_batch_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Ten
     N = logprobs.shape[0]
     lp = logprobs.detach().clone().requires_grad_(True)
     starts = list(range(0, N, micro_batch_size))
-    counts = {}
-    if global_counts:
-        counts = {"num_items_in_batch": int(effective_mask(mask, truncated, config).sum()),
-                  "num_completions_in_batch": N}
+    counts = {"num_items_in_batch": int(effective_mask(mask, truncated, config).sum()),
+              "num_completions_in_batch": N} if global_counts else {}
     total = 0.0
     for s in starts:
         sl = slice(s, s + micro_batch_size)

@@ -47,13 +47,11 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        for name in ("dropout", "embd_dropout", "attn_dropout"):
+        for name, optional in (("dropout", False), ("embd_dropout", True), ("attn_dropout", True)):
             value = getattr(self, name)
-            if name != "dropout" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"GPTConfig.{name} must be a number in [0, 1){'' if name == 'dropout' else ' or None'}, "
-                                 f"got {value!r}")
+            if (value is not None or not optional) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0):
+                raise ValueError(f"GPTConfig.{name} must be a number in [0, 1){' or None' * optional}, got {value!r}")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"GPTConfig.attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
         if not self.layer_norm_epsilon > 0:
