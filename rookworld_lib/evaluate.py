@@ -193,8 +193,7 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
         valid += parse.ok
         score = rewards.score_policy_detailed(prompt, text, truth=rec)
         legal += score.best_legal >= 1.0
-        truth_moves = list(_get(rec, "moves"))
-        correct += parse.best is not None and parse.best == truth_moves[0]
+        correct += parse.best is not None and parse.best == list(_get(rec, "moves"))[0]
         if _get(rec, "original_best") is not None:
             agree.append(parse.best is not None and parse.best == _get(rec, "original_best"))
         overlaps.append(score.moves_overlap)
@@ -214,9 +213,8 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
     records, _, completions = _decode(model, records, cfg, policy_prompt_of)
     hits = 0
     for rec, text in zip(records, completions):
-        best = tasks.parse_policy_completion(text).best
         board = chess.Board(_get(rec, "fen"))
-        move = tasks.legal_move(board, best or "")
+        move = tasks.legal_move(board, tasks.parse_policy_completion(text).best or "")
         if move is not None:
             board.push(move)
             hits += board.is_checkmate()

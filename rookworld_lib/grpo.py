@@ -444,12 +444,6 @@ def vespo_weights(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
 
 # --- The loss
 
-def _as_float(x, name: str, like: Tensor) -> Tensor:
-    if not torch.is_tensor(x):
-        raise TypeError(f"grpo_loss: {name} must be a tensor, got {type(x).__name__}")
-    return x.to(device=like.device, dtype=like.dtype)
-
-
 def _shape(x) -> object:
     return tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
 
@@ -464,7 +458,7 @@ def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, l
     if N == 0 or T == 0:
         raise ValueError(f"grpo_loss: need at least one completion and one position, got logprobs of shape {(N, T)}")
     for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
-        if x is not None and (not torch.is_tensor(x) or x.shape != logprobs.shape):
+        if (x is not None or name != "ref_logprobs") and (not torch.is_tensor(x) or x.shape != logprobs.shape):
             raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {_shape(x)}")
     if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
         raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {_shape(advantages)}")
@@ -537,7 +531,7 @@ def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: 
 
 def _kl_per_token(ref_logprobs: Tensor, logprobs: Tensor, ratio: Tensor, m: Tensor, config: GRPOConfig) -> Tensor:
     """The per-token KL to the reference as it enters the loss (0 off the mask)."""
-    ref = _as_float(ref_logprobs, "ref_logprobs", logprobs).detach()
+    ref = ref_logprobs.to(logprobs).detach()  # logprobs' dtype and device
     log_r = torch.where(m, ref - logprobs, 0.0)
     if config.log_ratio_clamp is not None:
         log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
@@ -581,8 +575,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         logprobs = logprobs.float()
     N, T = logprobs.shape
     dtype = logprobs.dtype
-    old = _as_float(old_logprobs, "old_logprobs", logprobs).detach()
-    adv = _as_float(advantages, "advantages", logprobs).detach().reshape(N)
+    old = old_logprobs.to(logprobs).detach()  # logprobs' dtype and device
+    adv = advantages.to(logprobs).detach().reshape(N)
     m = effective_mask(mask.to(logprobs.device), truncated, config)
     w = aggregation_weights(m, config, num_items_in_batch, num_completions_in_batch, dtype)
 
