@@ -1,20 +1,11 @@
 """The `rookworld` command: one subcommand per stage of the workflow.
 
-Each subcommand lives in the module that does the work, as `cli(argv) -> int` with its own
-argparse parser (so `rookworld <sub> --help` is that module's help). This file only dispatches,
-and imports a module only when its subcommand runs, so `rookworld --help` stays fast.
-
-Errors. `main` is the one place that turns an error a user can cause into one line,
-`rookworld <command>: error: <what is wrong, and where>`, and exit status 1 (130 for Ctrl-C), with
-no traceback. Which errors count as the user's is decided by `user_error_message`: bad input
-(ValueError and our named error classes), the file system (an OSError with an errno: a missing
-file, a permission, a full disk), a corrupt safetensors file, running out of memory. Anything else
-(AttributeError, TypeError, KeyError, ... from our own code) is a bug and keeps its traceback; so
-does every error with ROOKWORLD_TRACEBACK=1 in the environment.
-
-Under `--nproc N` every worker would print the same line; when the launcher
-(`distributed.torchrun`) names a directory in ROOKWORLD_ERRORS_DIR, a worker writes its line
-there instead, and the launcher prints each distinct line once.
+Each subcommand is `cli(argv) -> int` in the module that does the work, imported only when it runs
+(so `rookworld --help` stays fast). `main` turns an error a user can cause (`user_error_message`)
+into one line, `rookworld <command>: error: <what is wrong, and where>`, and exit status 1 (130
+for Ctrl-C); any other error is a bug and keeps its traceback, as every error does with
+ROOKWORLD_TRACEBACK=1. Under `--nproc N` a worker hands its line to the launcher
+(`distributed.torchrun`), which prints each distinct line once.
 """
 
 from __future__ import annotations
@@ -122,13 +113,11 @@ def os_error_message(exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         what = "No space left on device"
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
-    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)) or exc.errno in (
-            errno.EROFS, errno.EACCES, errno.EPERM):
-        hint = "; choose a directory you can write to" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else ""
+    hint = ""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "; choose a directory you can write to"
     elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
         hint = "; free some space (or choose another --out-dir) and run the same command again"
-    else:
-        hint = ""
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
 
 
@@ -158,10 +147,8 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors whose message names the problem and where: bad input, bad settings, missing files or
-    engine, corrupt checkpoints. ValueError is the library's "bad value" error (every config check
-    raises it, naming the field), json.JSONDecodeError and our *Error classes derive from it or are
-    listed here."""
+    """Errors whose message names the problem and where: bad input and settings (ValueError, which
+    every config check raises), missing files or engine, corrupt checkpoints."""
     from .checkpoint import CheckpointError
     from .checkpoint_hf import CheckpointFormatError
     from .data import DataFormatError

@@ -2,7 +2,7 @@
 
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; `init_from_env` joins the process group (gloo on
 CPU, NCCL on GPU) when WORLD_SIZE > 1 and is a no-op otherwise, so every loop runs unchanged as a
-single process. Only rank 0 writes logs and checkpoints (`is_main`).
+single process. Only rank 0 writes logs and checkpoints (`DistInfo.is_main`).
 """
 
 from __future__ import annotations
@@ -107,9 +107,7 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
     """
     from .cli import ERRORS_DIR_ENV, report_interrupted
 
-    nproc = parse_nproc(nproc)
-    if nproc < 1:
-        raise ValueError(f"--nproc must be >= 1 to launch torchrun, got {nproc}")
+    assert nproc >= 1, nproc
     if preflight is not None:
         preflight(list(argv), nproc)
     cmd = [sys.executable, "-m", "rookworld_lib.distributed", "--standalone", f"--nproc_per_node={nproc}",
@@ -243,23 +241,19 @@ def strip_nproc(argv: list[str]) -> tuple[int, list[str]]:
     """Take `--nproc N` (or `--nproc=N`) out of argv; returns (N or 0, the rest).
 
     Raises NprocError (a ValueError) for a value that is not a whole number >= 0."""
-    rest, nproc, i = [], 0, 0
-    while i < len(argv):
-        a = argv[i]
+    rest, nproc, args = [], 0, iter(argv)
+    for a in args:
         if a == "--":
-            rest += argv[i:]
-            break
-        if a == "--nproc":
-            if i + 1 >= len(argv):
+            rest += [a, *args]
+        elif a == "--nproc":
+            value = next(args, None)
+            if value is None:
                 raise NprocError("--nproc needs a value: the number of processes (0 = this process)")
-            nproc = parse_nproc(argv[i + 1])
-            i += 2
-            continue
-        if a.startswith("--nproc="):
+            nproc = parse_nproc(value)
+        elif a.startswith("--nproc="):
             nproc = parse_nproc(a.split("=", 1)[1])
         else:
             rest.append(a)
-        i += 1
     return nproc, rest
 
 

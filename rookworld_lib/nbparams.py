@@ -20,19 +20,15 @@ def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | 
     """Return value if it is of `kind` and within [min, max] / `choices`, else raise ParameterError."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int subclass; a True where a count is expected is almost always a mistake.
-    if isinstance(value, bool) and bool not in kinds:
-        ok = False
-    elif float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
+    if isinstance(value, bool):
+        ok = bool in kinds
     else:
-        ok = isinstance(value, kinds)
+        ok = isinstance(value, kinds) or (float in kinds and isinstance(value, int))
     if not ok:
         names = " or ".join(k.__name__ for k in kinds)
         raise ParameterError(f"notebook parameter {name!r} must be {names}, got {type(value).__name__} {value!r}")
-    if choices is not None:
-        choices = list(choices)
-        if value not in choices:
-            raise ParameterError(f"notebook parameter {name!r} must be one of {choices}, got {value!r}")
+    if choices is not None and value not in (choices := list(choices)):
+        raise ParameterError(f"notebook parameter {name!r} must be one of {choices}, got {value!r}")
     if min is not None and value < min:
         raise ParameterError(f"notebook parameter {name!r} must be >= {min}, got {value!r}")
     if max is not None and value > max:

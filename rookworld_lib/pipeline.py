@@ -27,6 +27,7 @@ PROFILES: dict[str, dict] = {
 
 
 def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
+    """The notebooks to run, in order: NN_name.ipynb."""
     return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
 
 
@@ -83,11 +84,11 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
     # everything is checked before the run directory exists: a refused run leaves nothing behind
-    notebooks = [p for p in numbered_notebooks(notebooks_dir) if not only or any(p.name.startswith(o) for o in only)]
+    everything = numbered_notebooks(notebooks_dir)
+    notebooks = [p for p in everything if not only or any(p.name.startswith(o) for o in only)]
     if not notebooks:
-        available = ", ".join(p.name for p in numbered_notebooks(notebooks_dir)) or "none"
         raise ValueError(f"no notebooks selected from {notebooks_dir} by --only {' '.join(only or [])} "
-                         f"(available: {available})")
+                         f"(available: {', '.join(p.name for p in everything) or 'none'})")
     declared = {nb: declared_parameters(nb) for nb in notebooks}
     check_parameters(extra_parameters or {}, declared)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -96,20 +97,17 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     figures.mkdir(parents=True, exist_ok=True)
     offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
 
-    results = []
-    failure = None
+    results, failure = [], None
     for nb in tqdm(notebooks, desc=f"rookworld run ({profile})", unit="notebook"):
         params = {k: v for k, v in offered.items() if k in declared[nb]}
         start = time.perf_counter()
         try:
             pm.execute_notebook(str(nb), str(run_dir / nb.name), parameters=params, kernel_name="python3",
                                 cwd=str(nb.parent), progress_bar=False)
-            status = "ok"
         except Exception as exc:  # papermill wraps the cell's error; keep going to the report
-            status = "failed"
             failure = f"{nb.name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-        results.append({"notebook": nb.name, "status": status, "seconds": round(time.perf_counter() - start, 1),
-                        "parameters": params})
+        results.append({"notebook": nb.name, "status": "failed" if failure else "ok",
+                        "seconds": round(time.perf_counter() - start, 1), "parameters": params})
         if failure:
             break  # later notebooks may depend on this one's outputs
 
@@ -124,6 +122,7 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
 
 
 def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | None) -> Path:
+    """report.md: the run's settings, each notebook's status and time, the notebooks' fragments, figures."""
     lines = [f"# RookWorld run {meta['started']}", "",
              f"profile `{meta['profile']}` · commit `{meta['git_commit']}` · torch {meta['torch']} · "
              f"Python {meta['python']} · {meta['device']}", ""]
@@ -142,6 +141,7 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
 
 
 def cli(argv: list[str] | None = None) -> int:
+    """`rookworld run`; a failed notebook ends in one line naming it and the run directory."""
     ap = argparse.ArgumentParser(prog="rookworld run", description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="auto", choices=["auto", *sorted(PROFILES)],
                     help="parameter profile; auto = gpu when CUDA is available, else cpu")
@@ -155,7 +155,7 @@ def cli(argv: list[str] | None = None) -> int:
         try:
             extra[name] = json.loads(value)
         except json.JSONDecodeError:
-            extra[name] = value
+            extra[name] = value  # a bare string: -p profile cpu
     try:
         run_dir = run_pipeline(args.profile, args.out, args.only, extra)
     except RuntimeError as exc:  # a notebook failed: the message names it and the run directory

@@ -153,15 +153,17 @@ class PromptSampler:
 
 @dataclass
 class RolloutBatch:
-    items: list[PromptItem]  # one per row (each prompt repeated group_size times)
+    """Sampled and scored completions, one row each (each prompt repeated group_size times)."""
+
+    items: list[PromptItem]
     prompt_ids: list[list[int]]
-    tokens: torch.Tensor
-    old_logprobs: torch.Tensor
-    mask: torch.Tensor
-    truncated: torch.Tensor
+    tokens: torch.Tensor  # EOT-padded completion tokens
+    old_logprobs: torch.Tensor  # the sampler's log-probs of those tokens
+    mask: torch.Tensor  # which tokens belong to the completion
+    truncated: torch.Tensor  # cut at max_new_tokens
     rewards: torch.Tensor
     completions: list[str]
-    generated_tokens: int = 0
+    generated_tokens: int = 0  # tokens sampled for this batch, dropped groups included
 
 
 def _concat(batches: list[RolloutBatch]) -> RolloutBatch:
@@ -312,21 +314,17 @@ class GRPOTrainer(Trainer):
         info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
-        kept = _varied_groups(batch, G)
-        generated = batch.generated_tokens
+        kept = _varied_groups(batch, G)  # generated_tokens counts every sampled token, dropped groups too
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
-            generated += more.generated_tokens
             kept = _concat([kept, _varied_groups(more, G)])
             info["dynamic_sampling/refill_rounds"] = round_ + 1
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info
         n = min(len(kept.items), cfg.prompts_per_step * G)
-        kept = _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G)
-        kept.generated_tokens = generated
-        return kept, info
+        return _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G), info
 
     # -- one step ---------------------------------------------------------------------------
 

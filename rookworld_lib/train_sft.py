@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -255,6 +256,28 @@ def _texts_from_records(path: Path, layout: str) -> list[str]:
 _TASK_BLOCK = 4096  # task draws are made in blocks of this many samples
 
 
+@functools.lru_cache(maxsize=4)
+def _task_block(seed: int, policy_fraction: float, block: int) -> np.ndarray:
+    """The pools (0 = P, 1 = A) of samples block * _TASK_BLOCK, ... of a stream: a pure function."""
+    return (np.random.default_rng([seed, 0x5F7, block]).random(_TASK_BLOCK) >= policy_fraction).astype(np.int8)
+
+
+@functools.lru_cache(maxsize=8)
+def _permutation(seed: int, pool: int, epoch: int, n: int) -> np.ndarray:
+    """The order of a pool's n samples in one epoch (read-only: shared by every caller)."""
+    return np.random.default_rng([seed, 1 + pool, epoch]).permutation(n)
+
+
+def _encode_pool(enc, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, offsets): [EOT] + the tokens of each text, concatenated; text i is tokens[offsets[i]:offsets[i+1]]."""
+    parts = [np.array([EOT_ID, *ids], dtype=np.int32)
+             for start in range(0, len(texts), 8192)  # in chunks: Python int lists are big
+             for ids in enc.encode_batch(texts[start: start + 8192], allowed_special={EOT_TOKEN})]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)), offsets  # an unused pool may be empty
+
+
 class PackedStream:
     """An endless, shuffled, packed token stream over sample texts, with a resumable position.
 
@@ -283,31 +306,15 @@ class PackedStream:
             if policy_fraction < 1 and not groups["A"]:
                 raise ValueError(f"policy_fraction={policy_fraction} needs A: samples, but the {name} data has none")
         self.pool_names = list(groups)
+        cleaned = [text.removesuffix(EOT_TOKEN) for text in texts]
+        empty = [i for i, t in enumerate(cleaned) if not t.strip()]
+        if empty:
+            raise ValueError(f"{name} sample {empty[0]} is empty")
         enc = tokenizer or get_tokenizer()
-        cleaned = []
-        for i, text in enumerate(texts):
-            t = text[: -len(EOT_TOKEN)] if text.endswith(EOT_TOKEN) else text
-            if not t.strip():
-                raise ValueError(f"{name} sample {i} is empty")
-            cleaned.append(t)
-        self.pools: list[tuple[np.ndarray, np.ndarray]] = []  # (tokens, offsets) per pool
-        for members in groups.values():
-            parts, lengths = [], []
-            for start in range(0, len(members), 8192):  # bounded memory: Python int lists are big
-                chunk = enc.encode_batch([cleaned[i] for i in members[start: start + 8192]],
-                                         allowed_special={EOT_TOKEN})
-                for ids in chunk:
-                    parts.append(np.array([EOT_ID, *ids], dtype=np.int32))
-                    lengths.append(len(ids) + 1)
-            offsets = np.zeros(len(members) + 1, dtype=np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            tokens = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)  # an unused pool may be empty
-            self.pools.append((tokens, offsets))
+        self.pools = [_encode_pool(enc, [cleaned[i] for i in members]) for members in groups.values()]
         self.n_tokens = sum(len(t) for t, _ in self.pools)
         self.n_samples = len(texts)
         self.fingerprint = self._fingerprint()
-        self._perm_cache: dict[tuple[int, int], np.ndarray] = {}
-        self._task_cache: dict[int, np.ndarray] = {}
         self.reset()
 
     # -- position ---------------------------------------------------------------------------
@@ -340,25 +347,13 @@ class PackedStream:
     def _pool_of(self, sample: int) -> int:
         if len(self.pools) == 1:
             return 0
-        block = sample // _TASK_BLOCK
-        draws = self._task_cache.get(block)
-        if draws is None:
-            u = np.random.default_rng([self.seed, 0x5F7, block]).random(_TASK_BLOCK)
-            draws = (u >= self.policy_fraction).astype(np.int8)  # 0 = P, 1 = A
-            self._task_cache = {block: draws}
-        return int(draws[sample % _TASK_BLOCK])
+        return int(_task_block(self.seed, self.policy_fraction, sample // _TASK_BLOCK)[sample % _TASK_BLOCK])
 
     def _sample_tokens(self, pool: int, k: int) -> np.ndarray:
         """The k-th sample drawn from a pool: epoch k // n, in that epoch's permutation."""
         tokens, offsets = self.pools[pool]
-        n = len(offsets) - 1
-        epoch, j = divmod(k, n)
-        perm = self._perm_cache.get((pool, epoch))
-        if perm is None:
-            perm = np.random.default_rng([self.seed, 1 + pool, epoch]).permutation(n)
-            self._perm_cache = {key: v for key, v in self._perm_cache.items() if key[0] != pool}
-            self._perm_cache[(pool, epoch)] = perm
-        i = perm[j]
+        epoch, j = divmod(k, len(offsets) - 1)
+        i = _permutation(self.seed, pool, epoch, len(offsets) - 1)[j]
         return tokens[offsets[i]: offsets[i + 1]]
 
     def _read(self, n: int, cursor):

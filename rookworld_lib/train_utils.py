@@ -291,8 +291,8 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-class MetricsLogger:
-    """Appends one JSON object per line to a file, flushed as it is written (survives a kill).
+class MetricsLogger(JsonlAppender):
+    """One JSON object per line, flushed as it is written (survives a kill); a context manager.
 
     Non-finite numbers are written as null so the file is strict JSON that pandas and jq read.
     `resume_step=s` first drops records with "step" > s (written after the checkpoint a run
@@ -300,27 +300,19 @@ class MetricsLogger:
     """
 
     def __init__(self, path: str | os.PathLike, *, resume_step: int | None = None, fresh: bool = False):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
-            self.path.write_text("")
-        elif resume_step is not None and self.path.exists():
-            write_jsonl(self.path, [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step])
-        self._out = JsonlAppender(self.path)
+            path.write_text("")
+        elif resume_step is not None and path.exists():
+            write_jsonl(path, [r for r in read_metrics(path) if r.get("step", 0) <= resume_step])
+        super().__init__(path)
 
     def log(self, record: dict) -> dict:
+        """Append `record` and return it as written (plain numbers, None for non-finite ones)."""
         clean = to_jsonable(record)
-        self._out.write(clean)
+        self.write(clean)
         return clean
-
-    def close(self) -> None:
-        self._out.close()
-
-    def __enter__(self) -> "MetricsLogger":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -530,7 +522,7 @@ def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:
     return out
 
 
-# -- resuming into out_dir ------------------------------------------------------------------
+# -- out_dir's lock -------------------------------------------------------------------------
 
 LOCK_FILE = ".lock"
 
@@ -565,18 +557,3 @@ def run_lock(out_dir: str | os.PathLike):
         yield
     finally:
         fh.close()
-
-
-def config_differences(saved: dict, cfg, may_change: frozenset = frozenset()) -> dict[str, tuple]:
-    """Fields (nested dataclasses as dicts) whose saved value differs from cfg's and that may not
-    change across a resume: {name: (saved, now)}."""
-    now = json.loads(json.dumps(dataclasses.asdict(cfg)))  # tuples -> lists, as stored
-    saved = json.loads(json.dumps(saved))
-    return {k: (saved.get(k), v) for k, v in now.items() if k not in may_change and saved.get(k) != v}
-
-
-def resume_mismatch(where, diff: dict[str, tuple]) -> ValueError:
-    """The one message for a resume whose settings differ from the saved run's."""
-    changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-    return ValueError(f"{where} holds a checkpoint of a run with other settings ({changes}); use the same settings "
-                      "to resume it, or another out_dir for a new run")

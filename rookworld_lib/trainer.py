@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -22,8 +23,8 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
-from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, config_differences, resume_mismatch,
-                          rng_state, run_lock, set_rng_state, setup_runtime, to_jsonable)
+from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, rng_state, run_lock, set_rng_state,
+                          setup_runtime, to_jsonable)
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +131,14 @@ class Trainer:
         if ckpt.get("kind") != self.kind:
             raise ValueError(f"{latest} is a {ckpt.get('kind')!r} checkpoint, not a {self.name} one; use another "
                              "out_dir")
-        diff = config_differences(ckpt.get("config") or {}, self.cfg, self.resume_may_change)
+        now = json.loads(json.dumps(dataclasses.asdict(self.cfg)))  # tuples -> lists, as stored
+        saved = json.loads(json.dumps(ckpt.get("config") or {}))
+        diff = {k: (saved.get(k), v) for k, v in now.items() if k not in self.resume_may_change and saved.get(k) != v}
         diff.update(self.resume_differences(ckpt))
         if diff:
-            raise resume_mismatch(self.ckpt_dir, diff)
+            changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            raise ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
+                             "same settings to resume it, or another out_dir for a new run")
         ckpt["path"] = latest
         return ckpt
 
@@ -258,7 +263,10 @@ class Trainer:
         main, show = self.dist.is_main, self.cfg.progress and self.dist.is_main
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.runtime.backend_flags())
-            metrics = stack.enter_context(self._metrics_logger()) if main and self.out_dir else _NoMetrics()
+            metrics = None  # rank 0 writes; a resume first drops the records after its checkpoint
+            if main and self.out_dir:
+                metrics = stack.enter_context(MetricsLogger(self.out_dir / self.metrics_file, fresh=self.fresh,
+                                                            resume_step=None if self.fresh else self.step))
             bar = stack.enter_context(tqdm(total=total, initial=self.step, desc=self.name, disable=not show,
                                            dynamic_ncols=True))
             if show:
@@ -280,13 +288,9 @@ class Trainer:
             self.export()
         return self.history
 
-    def _metrics_logger(self) -> MetricsLogger:
-        return MetricsLogger(self.out_dir / self.metrics_file, fresh=self.fresh,
-                             resume_step=None if self.fresh else self.step)
-
-    def record(self, metrics, record: dict) -> dict:
-        """Log a step's record (rank 0 writes it), keep it in history, call on_step."""
-        record = metrics.log(record)
+    def record(self, metrics: MetricsLogger | None, record: dict) -> dict:
+        """Log a step's record (rank 0 writes it), keep it in history as written, call on_step."""
+        record = metrics.log(record) if metrics is not None else to_jsonable(record)
         self.history.append(record)
         if self.on_step is not None and record["step"] > 0 and self.dist.is_main:
             self.on_step(record)
@@ -300,9 +304,3 @@ class Trainer:
                               f"leave the parameters untouched and nothing was saved after them; {where}{metrics}. "
                               f"{self.stop_hint}".rstrip())
 
-
-class _NoMetrics:
-    """What ranks other than 0 (and runs without out_dir) log to: the record as rank 0 writes it."""
-
-    def log(self, record: dict) -> dict:
-        return to_jsonable(record)

@@ -36,14 +36,6 @@ class Profile:
     eval_mate: int  # mate-in-one test records evaluated
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
 
-    @property
-    def device(self) -> str:
-        return self.sft.device
-
-    @property
-    def dtype(self) -> str:
-        return self.sft.dtype
-
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
              dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False) -> Profile:
@@ -127,8 +119,8 @@ def onpolicy_ratio_tolerance(p: Profile) -> float:
     (about 1e-6 per token). Under bf16 autocast each side rounds its own activations, so single
     tokens can differ by a few percent; beyond 0.1 something other than rounding is at work.
     """
-    half = p.dtype in ("bf16", "fp16") or (p.dtype == "auto" and p.device in ("cuda", "auto")
-                                            and torch.cuda.is_available())
+    dtype, device = p.sft.dtype, p.sft.device
+    half = dtype == "bf16" or (dtype == "auto" and device in ("cuda", "auto") and torch.cuda.is_available())
     return 0.1 if half else 1e-3
 
 
