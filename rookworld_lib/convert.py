@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -270,13 +271,8 @@ def _convert_chunk(chunk: list[tuple[str, int, str | ValueError]], split: str) -
 
 def _chunks(inputs: list[Path], size: int) -> Iterator[tuple[Path, list[tuple[str, int, str | ValueError]]]]:
     for k, path in enumerate(inputs):
-        chunk = []
-        for lineno, text in iter_lines(path):
-            chunk.append((f"{k}-{lineno}", lineno, text))
-            if len(chunk) == size:
-                yield path, chunk
-                chunk = []
-        if chunk:
+        lines = iter_lines(path)
+        while chunk := [(f"{k}-{lineno}", lineno, text) for lineno, text in itertools.islice(lines, size)]:
             yield path, chunk
 
 

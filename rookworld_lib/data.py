@@ -283,29 +283,23 @@ def json_lines(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
 
 
 def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: str = "raise") -> LoadedData:
-    """Load and validate every line of a data file.
-
-    on_error="raise": the first bad line raises DataFormatError("file:line: reason").
-    on_error="skip": bad lines are skipped; LoadedData.skipped lists them (file, line, reason)
-    and a warning reports how many. A file that cannot be read, or holds no record at all (empty
-    or blank), raises DataFormatError naming it either way.
-    """
+    """Load and validate every line of a data file: the first bad line raises DataFormatError
+    ("file:line: reason"), or with on_error="skip" is skipped, listed in LoadedData.skipped and counted
+    in a warning. A file that cannot be read or holds no record raises DataFormatError either way."""
     assert on_error in ("raise", "skip"), on_error
     path = Path(path)
     fix = f"regenerate it with `rookworld datagen` or restore it with `git checkout -- {path.name}`"
     records, skipped, ids = [], [], set()
     try:
         for lineno, rec, reason in read_jsonl(path):
-            reason = reason or validate_record(rec, task)
-            if reason is None and rec["id"] in ids:
-                reason = f"duplicate id {rec['id']!r}"
-            if reason is not None:
-                if on_error == "raise":
-                    raise DataFormatError(str(LineError(str(path), lineno, reason)))
+            reason = reason or validate_record(rec, task) or (f"duplicate id {rec['id']!r}" if rec["id"] in ids else None)
+            if reason is None:
+                ids.add(rec["id"])
+                records.append(rec)
+            elif on_error == "raise":
+                raise DataFormatError(str(LineError(str(path), lineno, reason)))
+            else:
                 skipped.append(LineError(str(path), lineno, reason))
-                continue
-            ids.add(rec["id"])
-            records.append(rec)
     except OSError as exc:
         raise DataFormatError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
     if not records and not skipped:

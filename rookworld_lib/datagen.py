@@ -87,8 +87,7 @@ def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
     """test for i % 10 == 9, val for i % 10 == 8, train otherwise; the mate games are test."""
     if cfg is not None and index >= cfg.games:
         return "test"
-    r = index % 10
-    return "test" if r == 9 else "val" if r == 8 else "train"
+    return {8: "val", 9: "test"}.get(index % 10, "train")
 
 
 # --- Games ---
