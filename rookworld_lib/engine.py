@@ -62,26 +62,22 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
     """The Stockfish binary: `path`, else ``STOCKFISH_PATH``, else ``stockfish`` on the PATH, else
     ``/usr/games/stockfish``. Raises StockfishNotFoundError with the install commands."""
     explicit = path if path is not None else os.environ.get("STOCKFISH_PATH") or None
-    if explicit is not None:  # shutil.which checks a path with a directory as it is, a bare name on the PATH
+    if explicit is None:
+        found = shutil.which("stockfish") or shutil.which(DEBIAN_PATH)
+        where = f"(looked at $STOCKFISH_PATH, `stockfish` on the PATH and {DEBIAN_PATH})"
+    else:  # shutil.which takes a path with a directory as it is, and looks a bare name up on the PATH
         explicit = os.path.expanduser(str(explicit))
-        source = "STOCKFISH_PATH" if path is None else "the given path"
         found = shutil.which(explicit)
-        if found:
-            return found
-        raise StockfishNotFoundError(f"Stockfish not found at {explicit!r} ({source}). {INSTALL_HINT}")
-    found = shutil.which("stockfish") or shutil.which(DEBIAN_PATH)
-    if found:
-        return found
-    raise StockfishNotFoundError(
-        f"Stockfish not found (looked at $STOCKFISH_PATH, `stockfish` on the PATH and {DEBIAN_PATH}). {INSTALL_HINT}"
-    )
+        where = f"at {explicit!r} ({'STOCKFISH_PATH' if path is None else 'the given path'})"
+    if not found:
+        raise StockfishNotFoundError(f"Stockfish not found {where}. {INSTALL_HINT}")
+    return found
 
 
 def stockfish_available(path: str | None = None) -> bool:
     """True when :func:`find_stockfish` finds a binary (it may still fail to run)."""
     try:
-        find_stockfish(path)
-        return True
+        return bool(find_stockfish(path))
     except StockfishNotFoundError:
         return False
 
@@ -154,10 +150,9 @@ def parse_limit_key(key: str) -> chess.engine.Limit:
 
 
 def search_timeout(limit: chess.engine.Limit, multipv: int = 1, floor: float | None = None) -> float | None:
-    """Seconds after which a search under `limit` counts as hung: `floor` (default TIMEOUT_FLOOR_S)
-    plus 5x a pessimistic estimate of its time, so that a loaded machine never trips it. A depth-d
-    search is taken to visit multipv * 20 * 2**d nodes (Stockfish grows ~1.8x per ply: measured 24k
-    nodes at depth 8 and 5M at depth 18 with multipv 5), at SLOW_NODES_PER_S. None: no limit at all."""
+    """Seconds after which a search under `limit` counts as hung (None: never): `floor` plus 5x a
+    pessimistic estimate, so a loaded machine never trips it. A depth-d search is taken to visit
+    multipv * 20 * 2**d nodes (measured ~1.8x per ply: 24k at depth 8, 5M at 18, multipv 5)."""
     floor = TIMEOUT_FLOOR_S if floor is None else floor
     budgets = [limit.time] if limit.time else []
     if limit.nodes:
@@ -427,10 +422,9 @@ class EnginePool:
 
     def _search(self, eng: chess.engine.SimpleEngine, board: chess.Board, limit: chess.engine.Limit,
                 multipv: int | None = None, root_moves=None, game=None):
-        """One search on `eng`: an analysis (multipv) or a move (multipv None), killed if it outlives
-        :func:`search_timeout`. python-chess sets no deadline for depth or node limits, and its own
-        cancellation leaves a hung engine's event-loop thread behind (the exit then hangs), so a
-        watchdog kills the process instead: the search then fails as a crash does."""
+        """One search on `eng`: an analysis (multipv) or a move (multipv None). python-chess sets no
+        deadline for depth or node limits, and its own cancellation leaves a hung engine's thread
+        behind, so a watchdog kills the process past :func:`search_timeout`: it fails as a crash."""
         timeout = search_timeout(limit, multipv or 1, self.timeout)
         fired: list[bool] = []
         watchdog = threading.Timer(timeout or 0, lambda: (fired.append(True), eng.close()))
@@ -488,10 +482,9 @@ class EnginePool:
 
     def map(self, fn: Callable, items: Iterable, *, progress: bool = False, desc: str = "", unit: str = "item",
             on_result: Callable[[int, object], None] | None = None) -> list:
-        """[fn(item) for item in items] on one thread per engine, in input order; `on_result(index,
-        result)` is called (in the calling thread) as each completes. Ctrl-C (or an exception from
-        on_result) kills this pool's engines at once, so that nothing waits for a running search;
-        later calls start fresh engines."""
+        """[fn(item) for item in items], one thread per engine; `on_result(index, result)` runs in
+        the calling thread as each completes. Ctrl-C kills this pool's engines at once, so nothing
+        waits for a running search; later calls start fresh engines."""
         items = list(items)
         results: list = [None] * len(items)
         try:
@@ -514,13 +507,9 @@ class EnginePool:
 
     @contextlib.contextmanager
     def session(self):
-        """Exclusive use of one engine for a sequence of related searches (one game).
-
-        The hash is cleared once, at the session's first search, instead of before every search:
-        about 4x faster for short searches, and still reproducible, because nothing else touches
-        that engine in between. If the engine dies or hangs, :class:`EngineSessionLost` is raised
-        and the caller replays the sequence from its start on a fresh session.
-        """
+        """Exclusive use of one engine for related searches (one game): the hash is cleared once, not
+        before every search (about 4x faster for short searches, still reproducible). If the engine
+        dies or hangs, :class:`EngineSessionLost` asks the caller to replay from the start."""
         eng = self._checkout(self._generation)
         sess = EngineSession(self, eng)
         try:

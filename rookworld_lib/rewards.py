@@ -189,9 +189,7 @@ def register_truth(records: Iterable) -> int:
                 _POLICY_TRUTH[_policy_key(t.fen)] = t
             elif get("task") == "A":
                 _ENV_TRUTH[get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))] = env_truth(rec)
-            else:
-                continue
-            n += 1
+            n += get("task") in ("P", "A")
         _REGISTRY_VERSION[0] += 1
     return n
 
@@ -372,9 +370,8 @@ def _env_truth_for(pp: tasks.EnvPromptParse, prompt, truth: EnvTruth | None) -> 
 # --- Scoring: one safety net, one cache per task ---
 
 def _never_raises(score_type):
-    """The scorers' one safety net. Set-up errors (SETUP_ERRORS) propagate; any other exception
-    is a bug in the scoring of some text: logged, and scored as garbage rather than stopping a
-    training run (the fuzz tests assert that it never fires)."""
+    """The scorers' one safety net: set-up errors (SETUP_ERRORS) propagate; any other exception is a
+    bug, logged and scored as garbage rather than stopping a run (fuzz tests assert it never fires)."""
     def wrap(fn):
         @functools.wraps(fn)
         def guarded(*args):
@@ -467,9 +464,8 @@ def _memo(fn, cache: bool, prompt, completion, *args):
 def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="auto",
                           weights: PolicyWeights | None = None, cache: bool = True) -> PolicyScore:
     """Every component of the policy reward. `engine`: "auto" (the shared pool when Stockfish is
-    installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves).
-    Never raises because of the prompt or the completion; raises the set-up errors of the module
-    docstring (TruthError, MissingTruthError, StockfishNotFoundError, EngineFailedError)."""
+    installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves). Raises
+    only the set-up errors of the module docstring, never because of the prompt or the completion."""
     t = _as_truth(truth, policy_truth, "policy")
     return _memo(_policy, cache, prompt, completion, t, engine, weights or DEFAULT_POLICY_WEIGHTS)
 

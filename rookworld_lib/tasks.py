@@ -296,10 +296,9 @@ def _pad(field: str, width: int) -> str:
 
 def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: str,
                       layout: str = "compact", *, shuffle_seed: int | None = None, shuffle: bool = True) -> str:
-    """`` M: ... E: ... B: <best>`` (no EOT). The original layout writes evals in its own spelling
-    and shuffles the (move, eval) pairs with `shuffle_seed` (default: derived from the moves, so the
-    same sample always renders the same); ``shuffle=False`` keeps the given order (to write an
-    original line back as it was)."""
+    """`` M: ... E: ... B: <best>`` (no EOT). The original layout writes its own evals and shuffles
+    the (move, eval) pairs with `shuffle_seed` (default: from the moves, so a sample always renders
+    the same); ``shuffle=False`` keeps the given order (to write an original line back)."""
     _check_layout(layout)
     moves, evals = list(moves), [_as_eval(e) for e in evals]
     if not 1 <= len(moves) <= MAX_CANDIDATES:
@@ -352,12 +351,9 @@ class _Parsed:
 
 @dataclass(frozen=True)
 class PolicyParse(_Parsed):
-    """What a policy completion (or full sample) says, and what is wrong with it.
-
-    `moves` holds every whitespace-separated token of the ``M:`` field as written; `evals` one
-    entry per token of the ``E:`` field (None where it does not parse); `best` the ``B:`` token.
-    `sections` is how many of the three markers M:/E:/B: were found in order.
-    """
+    """A policy completion (or full sample) as written: every token of ``M:``, one eval per token
+    of ``E:`` (None where it does not parse), the ``B:`` token, and how many of the markers
+    M:/E:/B: were found in order (`sections`)."""
 
     fen: str | None = None
     moves: tuple[str, ...] = ()
@@ -375,7 +371,7 @@ class PolicyParse(_Parsed):
         return {m: e for m, e in zip(self.moves, self.evals) if e is not None and is_uci_syntax(m)}
 
 
-_MARKERS = ("M:", "E:", "B:")
+_MARKERS = {marker: re.compile(rf"(?<!\S){marker}") for marker in ("M:", "E:", "B:")}  # after whitespace or at 0
 
 
 def _parser(result, what: str, prefix: str | None = None):
@@ -398,12 +394,8 @@ def _parser(result, what: str, prefix: str | None = None):
 
 def _find_marker(text: str, marker: str, start: int) -> int:
     """Index of `marker` at or after `start`, at the start or after whitespace; -1 if absent."""
-    i = text.find(marker, start)
-    while i != -1:
-        if i == 0 or text[i - 1].isspace():
-            return i
-        i = text.find(marker, i + 1)
-    return -1
+    found = _MARKERS[marker].search(text, start)
+    return found.start() if found else -1
 
 
 def _detect_layout(completion: str) -> str:
@@ -542,11 +534,6 @@ def format_reward(reward: float) -> str:
     return str(float(reward)) if reward in ENV_REWARDS else f"{reward:g}"
 
 
-def make_history(previous_moves: Iterable[str], move: str) -> tuple[str, ...]:
-    """The history field: the last HISTORY_LEN moves, ending with the current move."""
-    return (*tuple(previous_moves), move)[-HISTORY_LEN:]
-
-
 def _check_env_move_text(text: str, what: str) -> None:
     if not isinstance(text, str) or not text or "+" in text or any(c.isspace() for c in text):
         raise ValueError(f"{what} must be a non-empty string without '+' or whitespace, got {text!r}")
@@ -598,14 +585,12 @@ class EnvTransition:
 
 
 def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) -> EnvTransition:
-    """The reference transition: apply `move` (UCI text) to `fen` with a real legality check.
-
-    Raises ValueError only for a bad `fen` or a `move` that cannot be written in the format
-    (contains '+' or whitespace, or is empty); a move that is merely wrong is a transition too.
-    """
+    """The reference transition: `move` (UCI text) applied to `fen` with a real legality check. A
+    wrong move is a transition too; ValueError only for a bad `fen` or a `move` the format cannot
+    hold (empty, '+' or whitespace)."""
     board = _require_fen(fen, "environment_step").copy(stack=False)  # a copy costs less than a parse
     _check_env_move_text(move, "environment_step: move")
-    history = make_history(previous_moves, move)
+    history = (*previous_moves, move)[-HISTORY_LEN:]  # the history field ends with the current move
     legal = legal_move(board, move)
     if legal is None:
         kind = "illegal" if is_uci_syntax(move) else "unparseable"
