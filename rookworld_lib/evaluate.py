@@ -32,21 +32,16 @@ from .tokenizer import encode, get_tokenizer
 from .train_utils import add_config_arguments, config_kwargs_from_args, option, validate
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
-# the metric that measures the same thing; REFERENCE_MEASURED says what and on which data.
+# the metric that measures the same thing: {metric: (value, what it measured and on which data)}.
 REFERENCE_NAME = "RookWorld 7M x 3E (reported)"
 REFERENCE_ROOKWORLD_LM_124M = {
-    "policy/original_label_agreement": 0.166,
-    "policy/top5_overlap": 0.392,
-    "mate_in_one/accuracy": 0.137,
-    "self_play/legal_half_moves": 36.3,
-    "env/next_fen_exact": 0.9961,
-}
-REFERENCE_MEASURED = {
-    "policy/original_label_agreement": "B: equal to the original label (for black the worst listed move), rook val set",
-    "policy/top5_overlap": "M: moves shared with the original label's five, rook val set",
-    "mate_in_one/accuracy": "BIG-bench checkmate-in-one",
-    "self_play/legal_half_moves": "sampled (top-k 5, temperature 0.6) self-play from the start",
-    "env/next_fen_exact": "next FEN string equal (python-chess's board.fen() on both sides), arbiter test set",
+    "policy/original_label_agreement":
+        (0.166, "B: equal to the original label (for black the worst listed move), rook val set"),
+    "policy/top5_overlap": (0.392, "M: moves shared with the original label's five, rook val set"),
+    "mate_in_one/accuracy": (0.137, "BIG-bench checkmate-in-one"),
+    "self_play/legal_half_moves": (36.3, "sampled (top-k 5, temperature 0.6) self-play from the start"),
+    "env/next_fen_exact":
+        (0.9961, "next FEN string equal (python-chess's board.fen() on both sides), arbiter test set"),
 }
 
 
@@ -288,8 +283,7 @@ def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: Eva
     return out
 
 
-def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M,
-                     measured: dict = REFERENCE_MEASURED):
+def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M):
     """A pandas DataFrame: one row per metric, one column per named result, then the reference and
     what the reference measured (so no row sets unlike things side by side without saying so)."""
     import pandas as pd
@@ -300,9 +294,9 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
         row = {"metric": m}
         for name, res in columns.items():
             row[name] = str(res[m]) if m in res else ""
-        ref = reference.get(m)
+        ref, measured = reference.get(m, (None, ""))
         row[REFERENCE_NAME] = "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}")
-        row["reference measured"] = measured.get(m, "") if ref is not None else ""
+        row["reference measured"] = measured
         rows.append(row)
     return pd.DataFrame(rows).set_index("metric")
 
