@@ -486,9 +486,7 @@ def _loss_metrics(config: GRPOConfig, loss, pg_tok, w, ratio, m, adv, logprobs, 
     r, a = ratio.detach(), adv[:, None]
     low = (r < 1.0 - config.clip_eps_low) & (a < 0)
     high = (r > 1.0 + config.clip_eps_high) & (a > 0)
-    tok_lr = torch.where(m, logprobs.detach() - old, 0.0)
-    if config.log_ratio_clamp is not None:
-        tok_lr = tok_lr.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
+    tok_lr = importance_log_weights(logprobs.detach(), old, m, "token", config.log_ratio_clamp)
     values = {
         "loss": loss.detach(),
         "loss/policy": (pg_tok.detach() * w).sum(),
@@ -517,8 +515,7 @@ def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: 
     """The per-token policy loss (0 off the mask), the importance ratio ([N, T] or [N, 1]) and, for
     "vespo", the detached Gamma weights phi [N, 1] (None otherwise)."""
     N, T = logprobs.shape
-    log_w = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
-    ratio = log_w.exp()
+    ratio = importance_ratios(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
     a = adv[:, None]
     phi = None
     if config.loss_type == "vespo":
@@ -531,11 +528,9 @@ def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: 
 
 def _kl_per_token(ref_logprobs: Tensor, logprobs: Tensor, ratio: Tensor, m: Tensor, config: GRPOConfig) -> Tensor:
     """The per-token KL to the reference as it enters the loss (0 off the mask)."""
-    ref = ref_logprobs.to(logprobs).detach()  # logprobs' dtype and device
-    log_r = torch.where(m, ref - logprobs, 0.0)
-    if config.log_ratio_clamp is not None:
-        log_r = log_r.clamp(-config.log_ratio_clamp, config.log_ratio_clamp)
-    kl_tok = torch.where(m, kl_estimate(-log_r, torch.zeros_like(log_r), config.kl_estimator), 0.0)
+    # the clamped, masked logprobs - ref, scored against a zero reference: kl_estimate's log r = ref - logprobs
+    lr = importance_log_weights(logprobs, ref_logprobs.to(logprobs), m, "token", config.log_ratio_clamp)
+    kl_tok = torch.where(m, kl_estimate(lr, torch.zeros_like(lr), config.kl_estimator), 0.0)
     if config.use_bias_correction_kl:  # TRL: KL times the (differentiable) importance ratio
         kl_tok = torch.where(m, kl_tok * ratio, 0.0)
     return kl_tok
