@@ -231,9 +231,8 @@ _RETRYABLE = (chess.engine.EngineError, asyncio.TimeoutError, TimeoutError, Brok
 
 def threaded(fn: Callable, items: list, workers: int, progress: bool = False, desc: str = "",
              unit: str = "item") -> Iterator[tuple[int, object]]:
-    """(index, fn(item)) as each call completes, on up to `workers` threads, with an optional
-    progress bar. An exception (or Ctrl-C) cancels the calls not yet started and propagates at once:
-    it does not wait for the running calls (an engine search may take long; the caller ends it)."""
+    """(index, fn(item)) as each call completes, on up to `workers` threads. An exception (or Ctrl-C)
+    cancels the calls not yet started and propagates without waiting for the running ones."""
     from tqdm.auto import tqdm
 
     if not items:

@@ -49,11 +49,7 @@ def policy_examples(rec, seed: int = 0) -> dict[str, str]:
     rng = random.Random(f"{seed}:{rec['id']}")
     board = chess.Board(rec["fen"])
     head = f" M: {' '.join(rec['moves'])} E: {' '.join(rec['evals'])} B: "
-    out = {"best": head + rec["moves"][0]}
-    if len(rec["moves"]) > 1:
-        out["2nd"] = head + rec["moves"][1]
-    if len(rec["moves"]) > 4:
-        out["5th"] = head + rec["moves"][4]
+    out = {name: head + rec["moves"][k] for k, name in ((0, "best"), (1, "2nd"), (4, "5th")) if k < len(rec["moves"])}
     others = sorted(m.uci() for m in board.legal_moves if m.uci() not in rec["moves"])
     if others:
         out["random legal"] = head + rng.choice(others)

@@ -1,20 +1,17 @@
 """Verifiable rewards for the policy task ``P:`` and the environment task ``A:``.
 
-``score_policy`` / ``score_environment`` take the prompt and the sampled completion and return a
-float in ``[-1, 1]``; the ``*_detailed`` variants return every component; ``trl_*`` wrap them for TRL.
+``score_policy`` / ``score_environment`` return a float in ``[-1, 1]`` for (prompt, completion); the
+``*_detailed`` variants return every component; ``trl_*`` wrap them for TRL. Nothing about the text
+raises. The set-up does, since a reward without ground truth, or a crash scored as a bad answer, is
+worse than a stop: TruthError (wrong kind or position), MissingTruthError (no truth, engine=None),
+StockfishNotFoundError (no truth, no Stockfish), EngineFailedError (every retry failed).
 
-What raises: nothing about the prompt or the completion (any text, any type, scores). The set-up
-does, since a reward without ground truth, or a crash scored as a bad answer, is worse than a stop:
-a truth of the wrong kind or position (TruthError), no truth and engine=None (MissingTruthError), no
-truth and no Stockfish (StockfishNotFoundError), an engine failing every retry (EngineFailedError).
+Ground truth: ``truth=`` (a ``data/*.jsonl`` record, a :class:`PolicyTruth` / :class:`EnvTruth`, an
+``engine.Analysis``), else one from :func:`register_truth`, else live Stockfish for ``P:`` (multipv 5,
+depth 8 like the shipped data) and a python-chess replay of the prompt for ``A:``.
 
-Ground truth: ``truth=`` (a ``data/*.jsonl`` record, a :class:`PolicyTruth` / :class:`EnvTruth` or an
-``engine.Analysis``); else one registered with :func:`register_truth`; else live Stockfish for
-``P:`` (multipv 5, depth 8 like the shipped data) and a python-chess replay of the prompt for ``A:``.
-
-Policy reward: -1.0 for garbage (none of ``M:``/``E:``/``B:``, or a prompt that is not
-``P: <valid FEN>``); -0.5 + 0.25 * format when ``B:`` is missing or illegal; otherwise the weighted
-sum in [0, 1] (:class:`PolicyWeights`) of
+Policy: -1.0 for garbage (no ``M:``/``E:``/``B:``, or not ``P: <valid FEN>``); -0.5 + 0.25 * format
+when ``B:`` is missing or illegal; else the weighted sum in [0, 1] (:class:`PolicyWeights`) of
     - ``best_quality``: :func:`quality_from_cp` of B:'s centipawn loss against the engine's best
       (mates count +-(100000 - n)). A legal move outside the candidates is searched alone, capped at
       the last candidate's eval; offline it is that eval minus ``unlisted_margin_cp`` (``estimated``);
@@ -22,13 +19,12 @@ sum in [0, 1] (:class:`PolicyWeights`) of
       evals; ``B:`` among the moves; no other text);
     - ``moves_legal``: fraction of ``M:`` entries legal and distinct;
     - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
-    - ``evals_accuracy``: mean of 1 - |W(predicted) - W(true)| over the listed moves the truth also
-      lists, W the logistic win probability (0 when none is).
+    - ``evals_accuracy``: mean 1 - |W(predicted) - W(true)| over listed moves the truth lists too
+      (W the logistic win probability; 0 when there is none).
 
-Environment reward: -1.0 when no field is well-formed; otherwise the weighted sum in [0, 1]
-(:class:`EnvWeights`) of ``format``, ``fen_exact`` (:func:`tasks.same_position`), ``fen_fields``
-(:func:`fen_field_credit`) and ``reward`` / ``terminated`` / ``truncated`` equal to the truth's. A
-FEN of another position always scores less than a correct one.
+Environment: -1.0 when no field is well-formed; else the weighted sum (:class:`EnvWeights`) of
+``format``, ``fen_exact`` (:func:`tasks.same_position`), ``fen_fields`` (:func:`fen_field_credit`: a
+FEN of another position always scores less) and ``reward`` / ``terminated`` / ``truncated`` right.
 
 Rewards are deterministic and memoised (LRU keyed by prompt, completion, truth, weights):
 :func:`cache_info`, :func:`clear_cache`.

@@ -5,13 +5,14 @@ Policy (compact layout, the default)::
     P: <FEN> M: <m1 m2 m3 m4 m5> E: <e1 e2 e3 e4 e5> B: <best>
 
 Moves in UCI, Stockfish multipv order, best first for the side to move (fewer than five when the
-position has fewer legal moves); evals (:class:`Eval`) from the side to move's point of view;
-prompt = ``P: <FEN>``, completion = `` M: ... B: <best>`` (the trainer appends EOT).
+position has fewer legal moves); evals for the side to move: ``0.35`` / ``-1.2`` (pawns, at most
+two decimals), ``M3`` / ``-M2`` (it mates in 3 / is mated in 2); prompt = ``P: <FEN>``, completion
+= `` M: ... B: <best>`` (the trainer appends EOT).
 
 The original RookWorld layout (what a pretrained RookWorld-LM reads and writes) pads each field to a
 fixed width (FEN 90, 89 in some original files; M 30; E 40; left-justified), shuffles the (move,
 eval) pairs and writes evals as ``score(mate_score=100000) / 100`` (``999.85`` = mate in 15,
-``-999.97`` = mated in 3)::
+``-999.97`` = mated in 3; |v| >= 900 is mate in round(100000 - |v| * 100))::
 
     P: <FEN padded to 90>M: <moves padded to 30>E: <evals padded to 40>B: <best>
 
@@ -33,10 +34,6 @@ FENs: the compact layout writes the standard FEN (:func:`canonical_fen`: an en-p
 every double push); the original writes ``A:`` FENs as python-chess's ``board.fen()``
 (:func:`original_fen`: only when a capture is legal) and ``P:`` FENs as given. Parsers accept both,
 and every comparison of positions uses :func:`same_position`.
-
-Eval text (:func:`format_eval` / :func:`parse_eval`): ``0.35``, ``-1.2``, ``0.0`` (pawns, up to
-two decimals); ``M3`` / ``-M2`` (the side to move mates in 3 / is mated in 2); the original's
-``999.97`` / ``-999.98`` (|v| >= 900 is mate in round(100000 - |v| * 100)).
 
 Builders raise ``ValueError`` on bad arguments (caller bugs). Parsers accept *any* input and never
 raise: their ``errors`` name everything wrong, and ``ok`` is True only for well-formed input.
@@ -340,9 +337,7 @@ def _check_layout(layout: str) -> None:
 # --- Policy task: parsers ---
 
 class _Parsed:
-    """What every parse result shares: `ok` is True only for well-formed input."""
-
-    errors: tuple[str, ...]
+    """What every parse result shares: `ok` is True only for well-formed input (no `errors`)."""
 
     @property
     def ok(self) -> bool:
@@ -392,12 +387,6 @@ def _parser(result, what: str, prefix: str | None = None):
     return wrap
 
 
-def _find_marker(text: str, marker: str, start: int) -> int:
-    """Index of `marker` at or after `start`, at the start or after whitespace; -1 if absent."""
-    found = _MARKERS[marker].search(text, start)
-    return found.start() if found else -1
-
-
 def _detect_layout(completion: str) -> str:
     if re.fullmatch(r" M: \S+(?: \S+)* E: \S+(?: \S+)* B: \S+", completion):
         return "compact"
@@ -422,13 +411,12 @@ def _sections(text: str, errors: list[str]) -> dict[str, str]:
     """marker -> body for the markers M:, E:, B: found in that order. A missing marker, and text
     before the first one, are reported in `errors`; the rest is still parsed."""
     starts, pos = {}, 0
-    for marker in _MARKERS:
-        i = _find_marker(text, marker, pos)
-        if i == -1:
+    for marker, pattern in _MARKERS.items():
+        found = pattern.search(text, pos)
+        if found is None:
             errors.append(f"missing {marker}")
             continue
-        starts[marker] = i
-        pos = i + len(marker)
+        starts[marker], pos = found.start(), found.end()
     if starts:
         first, head = next(iter(starts)), text[: min(starts.values())].strip()
         if head:
@@ -508,10 +496,10 @@ def split_policy_text(text: str) -> tuple[str, str] | None:
     """Cut a full policy sample into (prompt, completion) at the space before ``M:``; None if absent."""
     if not isinstance(text, str) or not text.startswith(POLICY_PREFIX):
         return None
-    i = _find_marker(text, "M:", len(POLICY_PREFIX))
-    if i <= len(POLICY_PREFIX):
+    found = _MARKERS["M:"].search(text, len(POLICY_PREFIX))
+    if found is None or found.start() == len(POLICY_PREFIX):  # no M:, or no FEN before it
         return None
-    return text[: i - 1], text[i - 1:]
+    return text[: found.start() - 1], text[found.start() - 1:]
 
 
 @_parser(PolicyParse, "sample")
