@@ -292,7 +292,9 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     records, skipped, ids = [], [], set()
     try:
         for lineno, rec, reason in read_jsonl(path):
-            reason = reason or validate_record(rec, task) or (f"duplicate id {rec['id']!r}" if rec["id"] in ids else None)
+            reason = reason or validate_record(rec, task)
+            if reason is None and rec["id"] in ids:
+                reason = f"duplicate id {rec['id']!r}"
             if reason is None:
                 ids.add(rec["id"])
                 records.append(rec)

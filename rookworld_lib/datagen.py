@@ -187,7 +187,7 @@ def wrong_move(board: chess.Board, rng: random.Random) -> str:
         lambda: pick([m for m in board.pseudo_legal_moves if not board.is_legal(m)]): 4,  # pinned, into check
         opponent_piece: 2,
         own_piece_wrong_square: 3,
-        lambda: pick([c for c in castles if not board.is_legal(chess.Move.from_uci(c))]): 1,  # without the right
+        lambda: pick([c for c in castles if not board.is_legal(chess.Move.from_uci(c))]): 1,  # castling, no right
         lambda: (pick([m for m in legal if m.promotion]) or "")[:4]: 2,  # a promotion without its piece
         lambda: "0000": 1,  # the null move
         lambda: board.san(rng.choice(legal)).rstrip("+#"): 3,  # SAN (a move was played here: legal is not empty)
