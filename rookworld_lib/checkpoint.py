@@ -146,7 +146,7 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
     try:
         directory.mkdir(parents=True, exist_ok=True)
         previous = latest_checkpoint(directory)
-        _remove_stale_temporaries(directory)
+        _remove(directory.glob(f"{TMP_PREFIX}*"))  # left by a save that was killed (one writer per directory)
         t0 = time.perf_counter()
         def write(f):
             sinks.append(_RecordingFile(f))
@@ -172,9 +172,7 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
     log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
     if keep_last > 0:
         for old in [p for _, p in list_checkpoints(directory)[:-keep_last] if p != path]:
-            for f in (old, _digest_path(old)):
-                with contextlib.suppress(OSError):
-                    f.unlink()
+            _remove((old, _digest_path(old)))
     return path
 
 
@@ -199,9 +197,9 @@ def _saved_digest(path: Path) -> str | None:
         return None
 
 
-def _remove_stale_temporaries(directory: Path) -> None:
-    """Temporary files left by a save that was killed (one writer per directory is assumed)."""
-    for p in directory.glob(f"{TMP_PREFIX}*"):
+def _remove(paths) -> None:
+    """Delete files, leaving alone any that cannot be deleted: cleanup must not fail a save."""
+    for p in paths:
         with contextlib.suppress(OSError):
             p.unlink()
 
