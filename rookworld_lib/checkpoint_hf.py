@@ -200,9 +200,8 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
     for key, tensor in state.items():
         if key.endswith(CONV1D_SUFFIXES):
             tensor = tensor.t()
-        if key == "transformer.wte.weight" and config.padded_vocab_size != config.vocab_size:
-            pad = torch.zeros(config.padded_vocab_size - config.vocab_size, tensor.size(1), dtype=tensor.dtype)
-            tensor = torch.cat([tensor, pad])
+        if key == "transformer.wte.weight":  # zero rows up to the padded vocabulary
+            tensor = torch.nn.functional.pad(tensor, (0, 0, 0, config.padded_vocab_size - config.vocab_size))
         if tensor.shape != own[key].shape:
             raise CheckpointFormatError(f"{weights_path}: {key} has shape {tuple(tensor.shape)}, expected {tuple(own[key].shape)}")
         converted[key] = tensor.to(own[key].dtype)
@@ -251,7 +250,5 @@ def _os_error(exc: Exception, path: Path) -> OSError:
     """safetensors reports I/O failures as text ("... No space left on device (os error 28)"): the
     OSError they stand for, naming `path`."""
     m = re.search(r"os error (\d+)", str(exc))
-    if m:
-        code = int(m.group(1))
-        return OSError(code, os.strerror(code), str(path))
-    return OSError(errno.EIO, f"could not write the model ({exc})", str(path))
+    code = int(m.group(1)) if m else errno.EIO
+    return OSError(code, os.strerror(code) if m else f"could not write the model ({exc})", str(path))
