@@ -148,18 +148,16 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
     """Errors whose message names the problem and where: bad input and settings (ValueError, which
-    every config check raises), missing files or engine, corrupt checkpoints."""
+    every config check and our data, checkpoint-format and parameter errors derive from), missing
+    files or engine, corrupt checkpoints."""
     from .checkpoint import CheckpointError
-    from .checkpoint_hf import CheckpointFormatError
-    from .data import DataFormatError
     from .datagen import WorkDirMismatch
     from .engine import EngineFailedError, StockfishNotFoundError
-    from .nbparams import ParameterError
     from .tokenizer import TokenizerFileError
     from .train_utils import NonFiniteError
 
-    return (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, DataFormatError,
-            WorkDirMismatch, CheckpointError, CheckpointFormatError, ParameterError, NonFiniteError)
+    return (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, WorkDirMismatch,
+            CheckpointError, NonFiniteError)
 
 
 if __name__ == "__main__":

@@ -100,11 +100,9 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
              preflight: Callable[[list[str], int], None] | None = None) -> int:
     """Run `rookworld <subcommand> argv` under torchrun with nproc processes on this machine.
 
-    preflight(argv, nproc), when given, runs here first: a ValueError it raises (a batch that does
-    not split into nproc parts, say) stops the command once, before any worker starts. The workers
-    hand their one-line errors to this launcher (cli.ERRORS_DIR_ENV), which prints each distinct
-    line once and returns its exit status; torchrun's own traceback of a failed worker is not shown.
-    """
+    preflight(argv, nproc) runs first: its ValueError stops the command once, before any worker
+    starts. The workers hand their one-line errors here (cli.ERRORS_DIR_ENV); each distinct line is
+    printed once, without torchrun's traceback, and the exit status returned."""
     from .cli import ERRORS_DIR_ENV, report_interrupted
 
     assert nproc >= 1, nproc
@@ -148,12 +146,8 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
 
 
 def divisible_by_nproc(option: str, default: int, why: str = "each process takes an equal share") -> Callable:
-    """A torchrun preflight: `option`'s value in argv (or `default`) must be a multiple of nproc.
-
-    e.g. `torchrun("sft", rest, nproc, preflight=divisible_by_nproc("--batch-size", SFTConfig.batch_size))`
-    refuses `--nproc 3 --batch-size 8` once, before any worker starts. A value that is not a whole
-    number is left to the command's own parser.
-    """
+    """A torchrun preflight: `option`'s value in argv (or `default`) must be a multiple of nproc
+    (a value that is not a whole number is left to the command's own parser)."""
     def check(argv: list[str], nproc: int) -> None:
         value = default
         for i, a in enumerate(argv):

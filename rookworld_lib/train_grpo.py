@@ -92,9 +92,7 @@ class GRPOTrainConfig:
 
 
 RewardFn = Callable[[PromptItem, str], float]
-# Settings a resume may change (the rest must match the checkpoint's run): how long, where, how shown.
-RESUME_MAY_CHANGE = frozenset({"steps", "max_nonfinite_in_a_row", "checkpoint_interval", "keep_checkpoints",
-                               "out_dir", "resume", "device", "progress"})
+RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps"}  # and how long it runs
 
 
 def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
@@ -196,14 +194,11 @@ def _varied_groups(batch: RolloutBatch, G: int) -> RolloutBatch:
 
 
 class GRPOTrainer(Trainer):
-    """Holds the policy, the optional frozen reference, the optimizer and the loop state.
+    """The policy, the optional frozen reference, the prompts and the loop state; resumes from out_dir.
 
-    Built with cfg.out_dir holding a checkpoint of the same run (and cfg.resume), it continues that
-    run (trainer.Trainer checks that it is this run's). Under torchrun (WORLD_SIZE > 1) each rank
-    samples and scores its share of the rollout chunks; the rollouts are then gathered so that
-    every rank holds the same global batch, advantages are computed per group on it, and each
-    minibatch is split across the ranks, whose gradients DistributedDataParallel averages. With
-    explicit global normalisation counts, the update is the same whatever the world size.
+    Under torchrun each rank samples and scores its share of the rollout chunks, then every rank
+    gathers the global batch; each minibatch is split across the ranks and normalised by global
+    counts, so the update does not depend on the world size.
     """
 
     kind, name, metrics_file = "grpo", "GRPO", METRICS_FILE

@@ -62,9 +62,7 @@ RECORD_KEYS = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "throu
                "num_tokens", "nonfinite/skipped", "nonfinite/total", "nonfinite/in_a_row")
 
 
-# --------------------------------------------------------------------------------------------
-# Configuration
-# --------------------------------------------------------------------------------------------
+# -- configuration ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class SFTConfig:
@@ -191,18 +189,13 @@ class SFTConfig:
         return self.batch_size * self.grad_accum * self.block_size
 
 
-# Fields that may change when a run resumes: they do not change the math of the steps taken.
+# Beyond Trainer's, fields a resume may change: they do not change the math of the steps taken.
 # max_steps may grow (the schedule stretches; a warning says so). Everything else must match.
-RESUME_MAY_CHANGE = frozenset({
-    "train_data", "val_data", "max_steps", "max_nonfinite_in_a_row", "device", "compile", "activation_checkpointing",
-    "eval_interval", "eval_steps", "checkpoint_interval", "keep_checkpoints", "out_dir", "resume", "export_hf",
-    "progress",
-})
+RESUME_MAY_CHANGE = Trainer.resume_may_change | {"train_data", "val_data", "max_steps", "compile",
+                                                 "activation_checkpointing", "eval_interval", "eval_steps", "export_hf"}
 
 
-# --------------------------------------------------------------------------------------------
-# Reading sample texts
-# --------------------------------------------------------------------------------------------
+# -- reading sample texts --------------------------------------------------------------------------
 
 def task_of(text: str) -> str | None:
     """ "P" or "A" from a sample's prefix, or None for any other text."""
@@ -226,8 +219,12 @@ def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
         first = next(data.json_lines(path), (0, None))[1]
         if first is None:
             raise data.DataFormatError(f"{path}: no samples (the file is empty)")
-        if isinstance(first, dict) and "task" in first and "text" not in first:
-            texts.extend(_texts_from_records(path, layout))
+        if isinstance(first, dict) and "task" in first and "text" not in first:  # validated datagen records
+            for rec in data.load_jsonl(path):
+                if rec["task"] not in TASKS:
+                    raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), "
+                                               "not P:/A: training samples")
+                texts.append("".join(data.record_text(rec, layout)))
             continue
         for lineno, rec in data.json_lines(path):
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
@@ -236,22 +233,7 @@ def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
     return texts
 
 
-def _texts_from_records(path: Path, layout: str) -> list[str]:
-    from . import data
-
-    out = []
-    for rec in data.load_jsonl(path):
-        if rec["task"] not in TASKS:
-            raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), "
-                                       "not P:/A: training samples")
-        prompt, completion = data.record_text(rec, layout)
-        out.append(prompt + completion)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# Packing
-# --------------------------------------------------------------------------------------------
+# -- packing ---------------------------------------------------------------------------------------
 
 _TASK_BLOCK = 4096  # task draws are made in blocks of this many samples
 
@@ -393,9 +375,7 @@ def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[st
     return ([t for i, t in enumerate(texts) if i not in val_idx], [t for i, t in enumerate(texts) if i in val_idx])
 
 
-# --------------------------------------------------------------------------------------------
-# The trainer
-# --------------------------------------------------------------------------------------------
+# -- the trainer -----------------------------------------------------------------------------------
 
 class SFTTrainer(Trainer):
     """One SFT run: model, optimizer, schedule, data streams and loop state, resumable.
@@ -592,9 +572,7 @@ def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_t
                      trainer.out_dir)
 
 
-# --------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------
+# -- command line ----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     """`rookworld sft`'s options: --nproc and one per SFTConfig field."""

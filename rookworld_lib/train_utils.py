@@ -35,12 +35,9 @@ DTYPES = ("auto", "fp32", "bf16")
 # -- learning-rate schedule -----------------------------------------------------------------
 
 def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
-    """Learning rate of the update with 0-based index `step` (the (step+1)-th update).
-
-    Linear warm-up from lr/warmup_steps to lr over the first `warmup_steps` updates (the update
-    with index warmup_steps-1 is the first at the peak), then a half cosine from lr down to min_lr,
-    reached exactly at the last update (index max_steps-1) and held after it.
-    """
+    """Learning rate of the update with 0-based index `step`: linear warm-up from lr/warmup_steps to lr
+    (update warmup_steps-1 is the first at the peak), then a half cosine down to min_lr, reached
+    exactly at update max_steps-1 and held after it."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     span = max_steps - 1 - warmup_steps
@@ -100,11 +97,8 @@ def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple
                 eps: float = 1e-8, device_type: str = "cpu", fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW with weight decay on 2-D weights only, using the fastest implementation available.
 
-    model_or_groups: a module with `param_groups(weight_decay)` (our GPT), any other module
-    (2-D parameters decay, biases and norms do not), or ready-made param groups.
-    fused: None picks the fused kernel when this torch has one for `device_type`, else the
-    multi-tensor "foreach" path; True/False force the choice.
-    """
+    model_or_groups: a module with `param_groups(weight_decay)` (our GPT), any other module, or
+    param groups. fused: None = the fused kernel where `device_type` has one, else "foreach"."""
     if isinstance(model_or_groups, torch.nn.Module):
         if hasattr(model_or_groups, "param_groups"):
             groups = model_or_groups.param_groups(weight_decay)
@@ -204,12 +198,8 @@ class Runtime:
 
 def setup_runtime(device: str = "auto", dtype: str = "auto", *, tf32: bool = True,
                   deterministic: bool = False) -> Runtime:
-    """Resolve a device and a precision.
-
-    dtype: "auto" = bf16 autocast on a CUDA device that supports bf16, fp32 elsewhere;
-    "bf16" = bf16 autocast wherever asked (on CPU it runs, slowly; an old GPU without bf16 is an
-    error); "fp32" = no autocast.
-    """
+    """Resolve a device and a precision. dtype "auto": bf16 autocast on a CUDA device with bf16, else
+    fp32; "bf16": autocast wherever asked (slow on CPU; an error on a GPU without bf16); "fp32": none."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     dev = resolve_device(device)
@@ -239,10 +229,8 @@ class NonFiniteError(FloatingPointError):
 class NonFiniteGuard:
     """Decides whether an update may be applied, and counts the ones that were skipped.
 
-    `observe(loss, grad_norm)` returns True when every value is finite (apply the update) and
-    False when one is not (skip it: leave the parameters and the optimizer state untouched).
-    After `max_in_a_row` skips in a row `tripped` is True and the loop should stop.
-    """
+    `observe(loss, grad_norm)` is True when every value is finite (apply the update), else False
+    (skip it); after `max_in_a_row` skips in a row `tripped` is True and the loop should stop."""
 
     def __init__(self, max_in_a_row: int):
         assert max_in_a_row >= 1, max_in_a_row  # the configs validate max_nonfinite_in_a_row
@@ -367,11 +355,8 @@ def set_rng_state(state: dict) -> None:
 # -- config fields: option(), validate() ----------------------------------------------------
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, **checks) -> Any:
-    """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line.
-
-    checks are what `validate` enforces beyond the annotation: min / max (with min_open /
-    max_open for open bounds) for numbers, choices for strings.
-    """
+    """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line; checks
+    are what `validate` adds to the annotation: min / max (min_open / max_open) for numbers, choices."""
     assert set(checks) <= {"min", "max", "min_open", "max_open", "choices"}, checks
     kw = {"default_factory": factory} if factory is not None else {"default": default}
     return dataclasses.field(metadata={"help": help, **checks}, **kw)
@@ -465,13 +450,10 @@ def _optional(kind):
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
                          metavars=None) -> None:
-    """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by
-    the field's metadata["help"], defaulting to the field's default (choices from `option`).
-
-    bool -> --x/--no-x; tuple[float, float] -> --x A B; tuple[str, ...] -> --x A B C;
-    dict -> --x KEY=VALUE (repeatable, VALUE parsed as JSON where it can be); T | None -> also
-    accepts "none".
-    """
+    """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by its
+    metadata["help"], defaulting to its default: bool -> --x/--no-x; tuple[float, float] -> --x A B;
+    tuple[str, ...] -> --x A B C; dict -> --x KEY=VALUE (repeatable, VALUE as JSON where it parses);
+    T | None -> also "none"."""
     hints = typing.get_type_hints(cls)
     docs = {**field_docs(cls), **(help_overrides or {})}
     for f in dataclasses.fields(cls):

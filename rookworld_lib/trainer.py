@@ -38,7 +38,9 @@ class Trainer:
     kind = ""  # checkpoint kind ("sft", "grpo"): a resume refuses another kind's checkpoint
     name = ""  # shown in the progress bar and messages
     metrics_file = "metrics.jsonl"
-    resume_may_change: frozenset = frozenset()  # config fields a resume may change
+    # config fields a resume may change (the rest must match the checkpoint's run): where it runs and how shown
+    resume_may_change = frozenset({"max_nonfinite_in_a_row", "checkpoint_interval", "keep_checkpoints", "out_dir",
+                                   "resume", "device", "progress"})
     stop_hint = ""  # what to try after a non-finite stop
 
     def __init__(self, cfg, *, on_step: Callable[[dict], None] | None = None):
@@ -97,8 +99,7 @@ class Trainer:
 
     def my_rows(self, t: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a global batch: rows r, r + W, r + 2W, ... (all of them in one process)."""
-        W = self.dist.world_size
-        return t if W == 1 else t[self.dist.rank::W].contiguous()
+        return t[self.dist.rank::self.dist.world_size].contiguous()
 
     def rank_mean(self, value: float) -> float:
         """The mean of `value` over all ranks (itself in one process)."""
@@ -115,8 +116,8 @@ class Trainer:
             return None
         latest = ckpt_lib.latest_checkpoint(self.ckpt_dir)
         if self.dist.world_size > 1:
-            main_sees = distributed.broadcast_object(None if latest is None else latest.name)
             mine = None if latest is None else latest.name
+            main_sees = distributed.broadcast_object(mine)
             if mine != main_sees:
                 raise ValueError(f"rank {self.dist.rank} sees latest checkpoint {mine} in {self.ckpt_dir}, rank 0 "
                                  f"sees {main_sees}: under torchrun out_dir must be on a filesystem that every node "
@@ -240,10 +241,8 @@ class Trainer:
     def train(self, until: int | None = None) -> list[dict]:
         """Train to total_steps(), or stop after step `until` (a checkpoint is saved where it stops).
 
-        Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row; the metrics
-        of every step and all checkpoints saved before then stay on disk. Rank 0 holds out_dir's
-        lock meanwhile (RunDirBusyError when another run holds it).
-        """
+        Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row (metrics and
+        checkpoints stay on disk), RunDirBusyError when another run holds out_dir's lock."""
         if self.closed and self.dist.world_size > 1:
             raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "
                                "make a new one")

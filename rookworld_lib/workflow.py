@@ -115,10 +115,8 @@ def eval_config(p: Profile, seed: int, layout: str = "compact") -> EvalConfig:
 def onpolicy_ratio_tolerance(p: Profile) -> float:
     """The largest |ratio - 1| allowed on a step's first, on-policy minibatch: float error only.
 
-    In fp32 the KV-cached sampler and the full-sequence scorer differ only in summation order
-    (about 1e-6 per token). Under bf16 autocast each side rounds its own activations, so single
-    tokens can differ by a few percent; beyond 0.1 something other than rounding is at work.
-    """
+    fp32 sampler and scorer differ in summation order only (about 1e-6 per token); under bf16 each
+    rounds its own activations (a few percent per token); beyond 0.1 something else is at work."""
     dtype, device = p.sft.dtype, p.sft.device
     half = dtype == "bf16" or (dtype == "auto" and device in ("cuda", "auto") and torch.cuda.is_available())
     return 0.1 if half else 1e-3
