@@ -84,10 +84,7 @@ def stockfish_available(path: str | None = None) -> bool:
 
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # --- Settings and results ---
@@ -165,8 +162,7 @@ def search_timeout(limit: chess.engine.Limit, multipv: int = 1, floor: float | N
 
 @dataclass(frozen=True)
 class Analysis:
-    """A multipv analysis of one position: candidate moves (UCI) best first for the side to move,
-    and their evals for the side to move."""
+    """A multipv analysis of one position: candidate moves (UCI), best first, and evals for the side to move."""
 
     fen: str
     moves: tuple[str, ...]
@@ -187,8 +183,7 @@ class AnalysisCache:
         self.maxsize = maxsize
         self._data: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        self.hits = self.misses = 0
 
     def get(self, key):
         """The cached analysis or None (counted as a hit or a miss)."""
@@ -259,9 +254,8 @@ def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
 
 
 def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue) -> None:
-    """End every engine of a pool, idle or busy: the one path by which a pool's engines end
-    (close, Ctrl-C, garbage collection, interpreter exit). A module function so that the pool's
-    weakref finalizer can run it without keeping the pool alive."""
+    """End every engine of a pool, idle or busy: the one way they end. A module function, so that the
+    pool's weakref finalizer runs it without keeping the pool alive."""
     with lock:
         victims = list(engines)
         engines.clear()

@@ -91,6 +91,7 @@ class PolicyWeights(_Weights):
     unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
                                      "this", min=0, max=10_000)
 
+
 @dataclass(frozen=True)
 class EnvWeights(_Weights):
     """Weights of the environment components (they sum to 1)."""
@@ -101,6 +102,7 @@ class EnvWeights(_Weights):
     reward: float = option(0.1, "reward value right", min=0.0)
     terminated: float = option(0.1, "terminated flag right", min=0.0)
     truncated: float = option(0.1, "truncated flag right", min=0.0)
+
 
 DEFAULT_POLICY_WEIGHTS = PolicyWeights()
 DEFAULT_ENV_WEIGHTS = EnvWeights()
@@ -474,8 +476,7 @@ def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
 
 def score_environment_detailed(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
                                cache: bool = True) -> EnvScore:
-    """Every component of the environment reward. Never raises because of the prompt or the
-    completion; a `truth` that is not an A: truth raises TruthError."""
+    """Every component of the environment reward; raises only TruthError, for an unusable `truth`."""
     t = _as_truth(truth, env_truth, "environment")
     return _memo(_env, cache, prompt, completion, t, weights or DEFAULT_ENV_WEIGHTS)
 

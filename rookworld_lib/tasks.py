@@ -242,9 +242,7 @@ def format_eval(e: Eval, layout: str = "compact") -> str:
 def parse_eval(text: str) -> Eval | None:
     """The Eval spelled by `text`, or None. Accepts both layouts' :func:`format_eval` forms (and
     ``#3``): pawns up to 500, mates as ``M3`` / ``-M2`` or as the original's ``+-9xx.xx``."""
-    if not isinstance(text, str) or len(text) > 12:
-        return None
-    return _parse_eval(text)
+    return _parse_eval(text) if isinstance(text, str) and len(text) <= 12 else None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -265,9 +263,7 @@ def _parse_eval(text: str) -> Eval | None:
 
 
 def _as_eval(e: Eval | str) -> Eval:
-    if isinstance(e, Eval):
-        return e
-    parsed = parse_eval(e)
+    parsed = e if isinstance(e, Eval) else parse_eval(e)
     if parsed is None:
         raise ValueError(f"not an eval: {e!r}")
     return parsed
@@ -360,7 +356,7 @@ class PolicyParse(_Parsed):
 
     @property
     def eval_map(self) -> dict[str, Eval]:
-        """move -> eval for the well-formed (move, eval) pairs."""
+        """move -> eval for the well-formed (move, eval) pairs; empty when the counts differ."""
         if len(self.moves) != len(self.evals):
             return {}
         return {m: e for m, e in zip(self.moves, self.evals) if e is not None and is_uci_syntax(m)}
@@ -399,12 +395,10 @@ def _detect_layout(completion: str) -> str:
 
 def _before_eot(text: str, errors: list[str]) -> str:
     """The text before one <|endoftext|> (an EOT ends a completion); text after it is an error."""
-    eot = text.find(EOT)
-    if eot == -1:
-        return text
-    if text[eot + len(EOT):].strip():
+    text, _, after = text.partition(EOT)
+    if after.strip():
         errors.append("text after <|endoftext|>")
-    return text[:eot]
+    return text
 
 
 def _sections(text: str, errors: list[str]) -> dict[str, str]:
@@ -679,9 +673,7 @@ def split_env_text(text: str) -> tuple[str, str] | None:
 
 def split_text(text: str) -> tuple[str, str] | None:
     """(prompt, completion) for a full ``P:`` or ``A:`` sample, or None if it is neither."""
-    if isinstance(text, str) and text.startswith(POLICY_PREFIX):
-        return split_policy_text(text)
-    return split_env_text(text)
+    return split_policy_text(text) if task_of(text) == "P" else split_env_text(text)
 
 
 def task_of(prompt: str) -> str | None:
