@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import torch
 
-# Rows per chunk on a CPU: 128 rows of float32 GPT-2 logits are 25.7 MB, under glibc's 32 MiB
-# ceiling for serving large blocks from the heap. Bigger chunks are mapped fresh from the kernel
-# and freed back on every chunk, and first-touch page faults then cost as much as a matmul (a
-# 51 MB buffer took 44 ms to allocate and fill against 4 ms for 26 MB). 64 and 96 rows ran alike.
+# Rows per chunk on a CPU: 128 rows of float32 GPT-2 logits (25.7 MB) stay under glibc's 32 MiB
+# heap ceiling; bigger chunks are mapped fresh from the kernel every time and their page faults
+# cost as much as a matmul (measurements: docs/perf.md). 64 and 96 rows ran alike.
 CPU_CHUNK_ROWS = 128
 # On an accelerator there are no page faults (caching allocator) and bigger matmuls are better;
 # 2048 rows of float32 GPT-2 logits are 412 MB.
