@@ -174,13 +174,10 @@ def _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights, agg
         raise ValueError(f"group_advantages: got {N} rewards, which is not a positive multiple of group_size={group_size}")
     if torch.isinf(R).any():
         raise ValueError("group_advantages: rewards contain inf (NaN or None marks an unscorable completion; inf is an error)")
-    if reward_weights is None:
-        w = torch.ones(K, dtype=torch.float64)
-    else:
-        w = torch.as_tensor(reward_weights, dtype=torch.float64).reshape(-1)
-        if w.numel() != K or not torch.isfinite(w).all():
-            raise ValueError(f"group_advantages: reward_weights must be {K} finite numbers (one per reward function), "
-                             f"got {reward_weights!r}")
+    w = torch.as_tensor([1.0] * K if reward_weights is None else reward_weights, dtype=torch.float64).reshape(-1)
+    if w.numel() != K or not torch.isfinite(w).all():
+        raise ValueError(f"group_advantages: reward_weights must be {K} finite numbers (one per reward function), "
+                         f"got {reward_weights!r}")
     return R, w.to(R.device), out_dtype
 
 

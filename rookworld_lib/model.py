@@ -184,6 +184,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """GPT-2: token and position embeddings, n_layer pre-LayerNorm blocks, an LM head tied to wte."""
+
     def __init__(self, config: GPTConfig | None = None):
         super().__init__()
         self.config = config = config or GPTConfig()
