@@ -1,10 +1,8 @@
 """Supervised pretraining (SFT) on task text: packed P:/A: samples, AdamW, warm-up + cosine.
 
-A step (`SFTTrainer.train_step`): set the step's learning rate; for each of `grad_accum`
-micro-batches of `batch_size` packed rows of `block_size` tokens, forward (bf16 autocast on CUDA)
-and backward; clip the global gradient norm; step AdamW when loss and norm are finite, else skip the
-update (trainer.Trainer stops after `max_nonfinite_in_a_row` skips). The val loss is measured every
-`eval_interval` steps; each step appends one line to `<out_dir>/metrics.jsonl`.
+A step (`SFTTrainer.train_step`) accumulates `grad_accum` micro-batches of packed rows, clips the
+gradient norm and steps AdamW unless loss or norm is non-finite (then the update is skipped and
+counted); the val loss is measured every `eval_interval` steps, metrics go to `<out_dir>/metrics.jsonl`.
 
 Packing (`PackedStream`): each sample is stored as [EOT] + tokens and the stream reads
 EOT s_0 EOT s_1 ...; a batch is the next batch_size * block_size + 1 tokens cut into rows (input
