@@ -94,7 +94,8 @@ class PolicyWeights(_Weights):
 
 @dataclass(frozen=True)
 class EnvWeights(_Weights):
-    """Weights of the environment components (they sum to 1)."""
+    """Weights of the environment components (they sum to 1). A wrong next position still earns
+    fen_fields times fen_field_credit: squares of the placement, then each other FEN field right."""
 
     format: float = option(0.1, "four well-formed '+'-separated fields", min=0.0)
     fen_exact: float = option(0.3, "next FEN exactly right", min=0.0)
