@@ -16,8 +16,9 @@ Modules in pipeline order (each does one job; nothing here downloads anything at
 - loss: ``grpo`` (GRPO math), ``train_grpo`` (the GRPO loop).
 - evaluation: ``evaluate`` (chess metrics with intervals).
 - speed: ``perf`` (FLOPs, MFU), ``tuning`` (notebook 04's matrix), ``bench`` (against transformers/TRL).
-- figures and runs: ``plots``, ``workflow`` (notebook 05's profiles), ``nbparams``, ``pipeline``,
-  ``paths``, ``cli`` (the ``rookworld`` command).
+- figures and runs: ``plots``, ``workflow`` (notebook 05's profiles), ``pipeline``, ``paths``,
+  ``config`` (config fields, CLI options and notebook parameter checks), ``cli`` (the ``rookworld``
+  command).
 """
 
 __version__ = "0.1.0"

@@ -30,7 +30,8 @@ import torch
 from . import perf
 from .model import GPT, GPTConfig, PRESETS
 from .tokenizer import EOT_ID, VOCAB_SIZE
-from .train_utils import Runtime, build_adamw, clip_grad_norm, option, resolve_device, setup_runtime, validate
+from .config import option, validate
+from .train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 from .tuning import TrainStep
 
 # A few policy prompts (`P: <FEN>`) for the GRPO comparison; positions from well-known openings.

@@ -31,7 +31,7 @@ import chess.engine
 from . import tasks
 from .data import DATA_FILES, MATE_FILE, TASK_FILES, DataFormatError, json_lines, mating_moves, move_tags, position_tags
 from .paths import DATA_DIR, JsonlAppender, atomic_write, write_jsonl
-from .train_utils import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
+from .config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
 log = logging.getLogger(__name__)
 

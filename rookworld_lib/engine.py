@@ -32,7 +32,7 @@ import chess
 import chess.engine
 
 from .tasks import Eval
-from .train_utils import bad_field, option, validate
+from .config import bad_field, option, validate
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from . import rewards, tasks
 from .model import GPT
 from .sampling import SamplingConfig, generate
 from .tokenizer import encode, get_tokenizer
-from .train_utils import add_config_arguments, config_kwargs_from_args, option, validate
+from .config import add_config_arguments, config_kwargs_from_args, option, validate
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing: {metric: (value, what it measured and on which data)}.

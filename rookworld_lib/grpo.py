@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .train_utils import bad_field, check_number, option, validate
+from .config import bad_field, check_number, option, validate
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")

@@ -55,7 +55,7 @@ def declared_parameters(notebook: Path) -> set[str]:
 def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
     """Refuse -p names that no selected notebook declares (a typo would silently run the defaults),
     naming the parameters that are allowed."""
-    from .nbparams import ParameterError
+    from .config import ParameterError
 
     allowed = sorted(set().union(*declared.values()))
     unknown = sorted(set(extra) - set(allowed))

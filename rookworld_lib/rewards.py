@@ -44,7 +44,7 @@ from . import tasks
 from .engine import (SHARED_CACHE, Analysis, EngineFailedError, StockfishNotFoundError, find_stockfish, get_pool,
                      parse_limit_key, stockfish_available)
 from .tasks import Eval
-from .train_utils import option, validate
+from .config import option, validate
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import torch
 
 from .model import GPT, KVCache
 from .tokenizer import EOT_ID
-from .train_utils import option, validate
+from .config import option, validate
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -34,8 +34,8 @@ from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, get_tokenizer
 from .trainer import Trainer
-from .train_utils import (WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
-                          clip_grad_norm, config_kwargs_from_args, option, setup_runtime, validate)
+from .config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
+from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, setup_runtime
 
 METRICS_FILE = "grpo_metrics.jsonl"
 

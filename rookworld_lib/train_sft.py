@@ -44,9 +44,8 @@ from .tasks import LAYOUTS
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
 from .trainer import FINAL_DIR, Trainer
 from .tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
-from .train_utils import (DTYPES, WarmupCosineSchedule, add_config_arguments, bad_field, build_adamw,
-                          check_number, config_kwargs_from_args, maybe_compile, option,
-                          seed_everything, validate)
+from .config import add_config_arguments, bad_field, check_number, config_kwargs_from_args, option, validate
+from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, maybe_compile, seed_everything
 
 log = logging.getLogger(__name__)
 

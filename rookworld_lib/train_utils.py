@@ -1,22 +1,18 @@
-"""Pieces every training loop here shares: schedule, optimizer, precision, NaN guard, metrics, RNG,
-config fields (`option`, `validate`, argparse options from a config dataclass) and out_dir's lock.
+"""Pieces every training loop here shares: schedule, optimizer, precision, NaN guard, metrics, RNG
+and out_dir's lock.
 
 Each piece is small and independent; `trainer.Trainer` puts them together into one loop.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
 import random
 import time
-import types
-import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,158 +346,6 @@ def set_rng_state(state: dict) -> None:
                         len(cuda), n, min(len(cuda), n))
         for i, s in enumerate(cuda[:n]):
             torch.cuda.set_rng_state(s.cpu(), i)
-
-
-# -- config fields: option(), validate() ----------------------------------------------------
-
-def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, **checks) -> Any:
-    """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line; checks
-    are what `validate` adds to the annotation: min / max (min_open / max_open) for numbers, choices."""
-    assert set(checks) <= {"min", "max", "min_open", "max_open", "choices"}, checks
-    kw = {"default_factory": factory} if factory is not None else {"default": default}
-    return dataclasses.field(metadata={"help": help, **checks}, **kw)
-
-
-def field_docs(cls) -> dict[str, str]:
-    """Each field's help text (metadata["help"], as `option` and TRL's configs write it)."""
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
-
-
-def _optional_of(hint) -> tuple[Any, bool]:
-    """(T, True) for `T | None`, (hint, False) otherwise."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-        return next(a for a in args if a is not type(None)), True
-    return hint, False
-
-
-def validate(cfg) -> None:
-    """Check every field of a config against its annotation and its `option` checks; the first bad
-    one raises ValueError `Cls.field must ..., got value` (None passes where the type allows it)."""
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        hint, optional = _optional_of(hints[f.name])
-        value, meta = getattr(cfg, f.name), f.metadata
-        if optional and value is None:
-            continue
-        if "choices" in meta:
-            if value not in meta["choices"]:
-                bad_field(type(cfg).__name__, f.name, value, f"must be one of {tuple(meta['choices'])}")
-        elif hint is bool:
-            if not isinstance(value, bool):
-                bad_field(type(cfg).__name__, f.name, value, "must be True or False")
-        elif hint is int:
-            check_int(cfg, f.name, min=meta.get("min"), max=meta.get("max"))
-        elif hint is float:
-            check_number(cfg, f.name, min=meta.get("min"), max=meta.get("max"),
-                         min_open=meta.get("min_open", False), max_open=meta.get("max_open", False))
-
-
-def bad_field(cls_name: str, name: str, value: Any, why: str):
-    """The one error format for config validation: `Cls.field must ..., got value`."""
-    raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
-
-
-def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None) -> None:
-    """cfg.name must be an int (not a bool) within [min, max]."""
-    value = getattr(cfg, name)
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok or (min is not None and value < min) or (max is not None and value > max):
-        want = {(False, False): "", (True, False): f" >= {min}", (False, True): f" <= {max}",
-                (True, True): f" in {min}..{max}"}[(min is not None, max is not None)]
-        bad_field(type(cfg).__name__, name, value, "must be an integer" + want)
-
-
-def check_number(cfg, name: str, *, min: float | None = None, max: float | None = None,
-                 min_open: bool = False, max_open: bool = False) -> None:
-    """cfg.name must be a finite number within the bounds (open where min_open / max_open)."""
-    value = getattr(cfg, name)
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and min is not None:
-        ok = value > min if min_open else value >= min
-    if ok and max is not None:
-        ok = value < max if max_open else value <= max
-    if not ok:
-        lo = "(-inf" if min is None else ("(" if min_open else "[") + f"{min}"
-        hi = "inf)" if max is None else f"{max}" + (")" if max_open else "]")
-        rng = "" if min is None and max is None else f" in {lo}, {hi}"
-        bad_field(type(cfg).__name__, name, value, f"must be a finite number{rng}")
-
-
-# -- config dataclasses <-> argparse --------------------------------------------------------
-
-def _parse_override(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare string such as attn_impl=math
-    return key.strip(), value
-
-
-def _optional(kind):
-    def parse(text: str):
-        return None if text.lower() in ("none", "null") else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
-                         metavars=None) -> None:
-    """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by its
-    metadata["help"], defaulting to its default: bool -> --x/--no-x; tuple[float, float] -> --x A B;
-    tuple[str, ...] -> --x A B C; dict -> --x KEY=VALUE (repeatable, VALUE as JSON where it parses);
-    T | None -> also "none"."""
-    hints = typing.get_type_hints(cls)
-    docs = {**field_docs(cls), **(help_overrides or {})}
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kw: dict[str, Any] = {"default": default, "dest": f.name}
-        hint, optional = _optional_of(hints[f.name])
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-        if hint is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        elif origin is tuple:
-            kw["type"] = args[0]
-            kw["nargs"] = "*" if (len(args) == 2 and args[1] is Ellipsis) else len(args)
-            kw["metavar"] = args[0].__name__.upper()
-        elif origin is dict or hint is dict:
-            kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
-        elif hint in (int, float, str):
-            kw["type"] = _optional(hint) if optional else hint
-            if "choices" in f.metadata and not optional:
-                kw["choices"] = list(f.metadata["choices"])
-        else:
-            continue
-        if metavars and f.name in metavars:
-            kw["metavar"] = metavars[f.name]
-        text = docs.get(f.name, "").replace("%", "%%")
-        if kw.get("action") == "append":
-            text += " (repeatable)"
-        elif default not in ((), {}):
-            text += f" (default: {default!r})".replace("%", "%%")
-        parser.add_argument("--" + f.name.replace("_", "-"), help=text, **kw)
-
-
-def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:
-    """The dataclass keyword arguments from parsed `add_config_arguments` options."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.name in skip or not hasattr(args, f.name):
-            continue
-        value = getattr(args, f.name)
-        if isinstance(value, list) and value and isinstance(value[0], tuple) and len(value[0]) == 2:
-            value = dict(value)  # KEY=VALUE pairs
-        elif value is None and f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        elif isinstance(value, list):
-            value = tuple(value)
-        out[f.name] = value
-    return out
 
 
 # -- out_dir's lock -------------------------------------------------------------------------

@@ -25,8 +25,8 @@ import torch
 
 from . import perf
 from .model import GPT, GPTConfig, PRESETS, lm_loss
-from .train_utils import (Runtime, bad_field, build_adamw, clip_grad_norm, option, resolve_device, setup_runtime,
-                          validate)
+from .config import bad_field, option, validate
+from .train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 
 COMPILE_MODES = ("off", "default", "max-autotune")
 OPTIMIZERS = ("auto", "foreach", "fused")

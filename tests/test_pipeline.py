@@ -80,7 +80,7 @@ def test_a_refused_run_leaves_no_run_directory(tmp_path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
     write_notebook(nbs / "00_first.ipynb", "steps = 1\nseed = 0", "pass")
-    from rookworld_lib.nbparams import ParameterError
+    from rookworld_lib.config import ParameterError
 
     with pytest.raises(ParameterError, match=r"\['stepz'\] are declared by none .*; allowed: seed, steps"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"stepz": 5}, notebooks_dir=nbs)
