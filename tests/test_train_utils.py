@@ -1,8 +1,5 @@
-import argparse
 import json
-import math
 import random
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -163,59 +160,3 @@ def test_backend_flags_are_restored_after_the_run():
     assert torch.are_deterministic_algorithms_enabled() == before
 
 
-# ---- config helpers ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Demo:
-    steps: int = tu.option(3, "how many steps", min=1)
-    rate: float | None = tu.option(0.5, "a rate, or none", min=0.0, max=1.0, max_open=True)
-    flag: bool = tu.option(False, "a switch")
-    pair: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "two numbers"})  # TRL's spelling
-    files: tuple[str, ...] = tu.option((), "some files")
-    extra: dict = tu.option(factory=dict, help="KEY=VALUE settings")
-    mode: str = tu.option("a", "a choice", choices=("a", "b"))
-
-    def __post_init__(self):
-        tu.validate(self)
-
-
-def test_validate_checks_each_field_by_its_annotation_and_option_checks():
-    assert Demo(rate=None).rate is None  # `float | None` accepts None
-    for bad, message in (({"steps": 0}, "Demo.steps must be an integer >= 1, got 0"),
-                         ({"steps": True}, "Demo.steps must be an integer >= 1, got True"),
-                         ({"rate": 1.0}, "Demo.rate must be a finite number in [0.0, 1.0), got 1.0"),
-                         ({"rate": float("nan")}, "Demo.rate must be a finite number in [0.0, 1.0), got nan"),
-                         ({"flag": 1}, "Demo.flag must be True or False, got 1"),
-                         ({"mode": "c"}, "Demo.mode must be one of ('a', 'b'), got 'c'")):
-        with pytest.raises(ValueError) as info:
-            Demo(**bad)
-        assert str(info.value) == message
-
-
-def test_config_arguments_round_trip():
-    assert tu.field_docs(Demo) == {"steps": "how many steps", "rate": "a rate, or none", "flag": "a switch",
-                                   "pair": "two numbers", "files": "some files", "extra": "KEY=VALUE settings",
-                                   "mode": "a choice"}
-    ap = argparse.ArgumentParser()
-    tu.add_config_arguments(ap, Demo)
-    assert tu.config_kwargs_from_args(Demo, ap.parse_args([])) == {
-        "steps": 3, "rate": 0.5, "flag": False, "pair": (0.9, 0.95), "files": (), "extra": {}, "mode": "a"}
-    args = ap.parse_args(["--steps", "7", "--rate", "none", "--flag", "--pair", "0.8", "0.99",
-                          "--files", "a.jsonl", "b.jsonl", "--extra", "dropout=0.1", "--extra", "attn_impl=math",
-                          "--mode", "b"])
-    assert tu.config_kwargs_from_args(Demo, args) == {
-        "steps": 7, "rate": None, "flag": True, "pair": (0.8, 0.99), "files": ("a.jsonl", "b.jsonl"),
-        "extra": {"dropout": 0.1, "attn_impl": "math"}, "mode": "b"}
-    assert "how many steps" in ap.format_help() and "{a,b}" in ap.format_help()  # choices shown
-
-
-def test_check_helpers_name_the_field():
-    @dataclass
-    class C:
-        n: int = 0
-        x: float = 0.0
-
-    with pytest.raises(ValueError, match=r"C\.n must be an integer >= 1, got 0"):
-        tu.check_int(C(), "n", min=1)
-    with pytest.raises(ValueError, match=r"C\.x must be a finite number in \(0"):
-        tu.check_number(C(x=math.nan), "x", min=0.0, min_open=True)

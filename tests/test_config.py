@@ -1,0 +1,77 @@
+import argparse
+import math
+from dataclasses import dataclass, field
+
+import pytest
+
+from rookworld_lib import config
+
+
+# ---- config helpers ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Demo:
+    steps: int = config.option(3, "how many steps", min=1)
+    rate: float | None = config.option(0.5, "a rate, or none", min=0.0, max=1.0, max_open=True)
+    flag: bool = config.option(False, "a switch")
+    pair: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "two numbers"})  # TRL's spelling
+    files: tuple[str, ...] = config.option((), "some files")
+    extra: dict = config.option(factory=dict, help="KEY=VALUE settings")
+    mode: str = config.option("a", "a choice", choices=("a", "b"))
+
+    def __post_init__(self):
+        config.validate(self)
+
+
+def test_validate_checks_each_field_by_its_annotation_and_option_checks():
+    assert Demo(rate=None).rate is None  # `float | None` accepts None
+    for bad, message in (({"steps": 0}, "Demo.steps must be an integer >= 1, got 0"),
+                         ({"steps": True}, "Demo.steps must be an integer >= 1, got True"),
+                         ({"rate": 1.0}, "Demo.rate must be a finite number in [0.0, 1.0), got 1.0"),
+                         ({"rate": float("nan")}, "Demo.rate must be a finite number in [0.0, 1.0), got nan"),
+                         ({"flag": 1}, "Demo.flag must be True or False, got 1"),
+                         ({"mode": "c"}, "Demo.mode must be one of ('a', 'b'), got 'c'")):
+        with pytest.raises(ValueError) as info:
+            Demo(**bad)
+        assert str(info.value) == message
+
+
+def test_config_arguments_round_trip():
+    assert config.field_docs(Demo) == {"steps": "how many steps", "rate": "a rate, or none", "flag": "a switch",
+                                   "pair": "two numbers", "files": "some files", "extra": "KEY=VALUE settings",
+                                   "mode": "a choice"}
+    ap = argparse.ArgumentParser()
+    config.add_config_arguments(ap, Demo)
+    assert config.config_kwargs_from_args(Demo, ap.parse_args([])) == {
+        "steps": 3, "rate": 0.5, "flag": False, "pair": (0.9, 0.95), "files": (), "extra": {}, "mode": "a"}
+    args = ap.parse_args(["--steps", "7", "--rate", "none", "--flag", "--pair", "0.8", "0.99",
+                          "--files", "a.jsonl", "b.jsonl", "--extra", "dropout=0.1", "--extra", "attn_impl=math",
+                          "--mode", "b"])
+    assert config.config_kwargs_from_args(Demo, args) == {
+        "steps": 7, "rate": None, "flag": True, "pair": (0.8, 0.99), "files": ("a.jsonl", "b.jsonl"),
+        "extra": {"dropout": 0.1, "attn_impl": "math"}, "mode": "b"}
+    assert "how many steps" in ap.format_help() and "{a,b}" in ap.format_help()  # choices shown
+
+
+def test_check_helpers_name_the_field():
+    @dataclass
+    class C:
+        n: int = 0
+        x: float = 0.0
+
+    with pytest.raises(ValueError, match=r"C\.n must be an integer >= 1, got 0"):
+        config.check_int(C(), "n", min=1)
+    with pytest.raises(ValueError, match=r"C\.x must be a finite number in \(0"):
+        config.check_number(C(x=math.nan), "x", min=0.0, min_open=True)
+
+
+def test_notebook_parameter_check_names_the_parameter():
+    assert config.check("lr", 3, float, min=0) == 3  # an int where a float is wanted is fine
+    for args, message in ((("steps", "8", int), "'steps' must be int, got str '8'"),
+                          (("steps", True, int), "'steps' must be int, got bool True"),
+                          (("steps", 0, int), "'steps' must be >= 1, got 0"),
+                          (("profile", "tpu", str), "'profile' must be one of ['ci', 'cpu'], got 'tpu'")):
+        with pytest.raises(config.ParameterError) as info:
+            config.check(*args, min=1 if args[0] == "steps" else None,
+                         choices=("ci", "cpu") if args[0] == "profile" else None)
+        assert str(info.value) == "notebook parameter " + message
