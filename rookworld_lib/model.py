@@ -253,15 +253,18 @@ class GPT(nn.Module):
                 x = checkpoint(block, x, attn_mask, None, i, start, use_reentrant=False)
             else:
                 x = block(x, attn_mask, cache, i, start)
+        # Padded vocabulary rows are never targets, sampled or scored. Sliced only when there are
+        # any: a slice's backward is a zeroed copy of the whole (V, C) gradient.
+        padded = self.config.padded_vocab_size > self.config.vocab_size
         if targets is not None:
-            weight = self.lm_head.weight[: self.config.vocab_size]  # padded rows are never targets
+            weight = self.lm_head.weight[: self.config.vocab_size] if padded else self.lm_head.weight
             return linear_cross_entropy(self.transformer.ln_f(x), weight, targets)
         if last_only:
             x = x[:, -1:]
         elif logits_from:
             x = x[:, logits_from:]
         logits = self.lm_head(self.transformer.ln_f(x))
-        return logits[..., : self.config.vocab_size]  # drop padding rows, never sampled or scored
+        return logits[..., : self.config.vocab_size] if padded else logits
 
     def param_groups(self, weight_decay: float):
         """AdamW groups: decay 2-D weights (matmuls, embeddings), not biases or LayerNorm gains."""

@@ -16,7 +16,9 @@ Two log-probs are returned per sampled token:
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -39,11 +41,13 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 # captured once per call as a CUDA graph and replayed per token, so the GPU is not left waiting
 # on hundreds of Python-issued kernel launches per token. All three give the same tokens.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
-# On a CPU, decode steps up to this many model FLOPs (all rows together) run on one intra-op thread.
-# A decode step is dozens of small ops, each ending at a barrier of torch's OpenMP threads, and with
-# another process on a core every barrier waits for a descheduled thread: on 2 cores with the other
-# busy, 2 threads took 3.6-8.4x as long per token as 1; idle, they gained about 13% (docs/perf.md).
-# Bigger steps (GPT-2 124M at many rows) keep torch's threads: their matmuls dwarf the barriers.
+# On a CPU, decode steps up to this many model FLOPs (all rows together) are timed on torch's
+# intra-op threads and on one thread, and the rest run on the faster. A decode step is dozens of
+# small ops, each ending at a barrier of torch's OpenMP threads: with another process on a core
+# every barrier waits for a descheduled thread, and on 2 cores with the other busy 2 threads took
+# 2.5-8x as long per token as 1; idle, they were 10-25% faster (docs/perf.md). Load changes while a
+# workbench runs, so it is measured, per call. Bigger steps (GPT-2 124M at many rows) keep torch's
+# threads: their matmuls dwarf the barriers.
 SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
@@ -308,7 +312,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
         decode_step = _decode_step(model, cache, valid_all, P, L, _decode_mode(config.decode, device))
         steps = 0
-        with _decode_threads(model, N, P + L // 2, device):  # the token-by-token loop; the prefill keeps torch's threads
+        with _DecodeThreads(model, N, P + L // 2, device) as threads:  # the prefill keeps torch's threads
             for t in range(L):
                 next_tok, lp_full, lp_samp = _next_token(logits.float(), config, generator)
                 active = ~finished
@@ -321,7 +325,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
                 if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
                 valid_all[:, P + t] = True
-                logits = decode_step(tokens[:, t : t + 1], (real_len + t)[:, None], t)
+                logits = threads(decode_step, tokens[:, t : t + 1], (real_len + t)[:, None], t)
     finally:
         model.train(was_training)
 
@@ -352,35 +356,47 @@ def _next_token(logits: torch.Tensor, config: SamplingConfig, generator) -> tupl
         next_tok = sample_categorical(filtered.softmax(dim=-1), generator)
         lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
         return next_tok, lp_full, token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0]
-    # One pass over the vocabulary for both the draw and the log-prob (softmax, then logsumexp,
-    # made three; they were a fifth of a small model's decode step). The same value as
-    # token_logprobs, max-shifted log-sum-exp, up to float rounding.
-    shift = scaled.amax(dim=-1, keepdim=True)
-    weights = (scaled - shift).exp_()
-    next_tok = sample_categorical(weights, generator)  # unnormalised weights are fine
-    lp = scaled.gather(-1, next_tok[:, None]) - shift - weights.sum(dim=-1, keepdim=True).log()
-    return next_tok, lp[:, 0], lp[:, 0]
+    # One fused softmax pass over the vocabulary serves the draw and the log-prob (softmax, then
+    # logsumexp, took two; they were a fifth of a small model's decode step). log(p) matches
+    # token_logprobs to float rounding for every probability float32 holds as a normal number
+    # (> 1e-38); a token that improbable is drawn about once in 1e38 draws.
+    probs = scaled.softmax(dim=-1)
+    next_tok = sample_categorical(probs, generator)
+    lp = probs.gather(-1, next_tok[:, None]).log()[:, 0]
+    return next_tok, lp, lp
 
 
-@contextlib.contextmanager
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+class _DecodeThreads:
+    """Runs small CPU decode steps (see SINGLE_THREAD_DECODE_FLOPS) with the faster of torch's
+    intra-op threads and one thread, timed on the first four steps (the best of two each); other
+    steps keep torch's setting. On exit torch's setting is restored."""
 
+    def __init__(self, model: GPT, rows: int, context: int, device: torch.device):
+        from .perf import flops_per_token
 
-def _decode_threads(model: GPT, rows: int, context: int, device: torch.device):
-    """The thread use of the decode steps: one intra-op thread for small CPU steps (see
-    SINGLE_THREAD_DECODE_FLOPS), torch's setting otherwise."""
-    from .perf import flops_per_token
+        self.default = torch.get_num_threads()
+        small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
+        probe = device.type == "cpu" and small and self.default > 1
+        self.probes = [self.default, self.default, 1, 1] if probe else []
+        self.best_s: dict[int, float] = {}
 
-    small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
-    if device.type != "cpu" or not small or torch.get_num_threads() == 1:
-        return contextlib.nullcontext()
-    return _one_thread()
+    def __call__(self, step, *args):
+        if not self.probes:
+            return step(*args)
+        threads = self.probes.pop(0)
+        torch.set_num_threads(threads)
+        start = time.perf_counter()
+        out = step(*args)
+        self.best_s[threads] = min(self.best_s.get(threads, math.inf), time.perf_counter() - start)
+        if not self.probes:
+            torch.set_num_threads(min(self.best_s, key=self.best_s.get))
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.default)
 
 
 def _decode_mode(mode: str, device: torch.device) -> str:

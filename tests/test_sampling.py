@@ -400,3 +400,36 @@ def test_full_block_greedy_matches_transformers(tmp_path):
     assert out.shape[1] == 33  # transformers generates up to block_size + 1 tokens
     n = int(ours.mask[0].sum())
     assert ours.tokens[0, :n].tolist() == out[0, 20:20 + n].tolist()
+
+
+@pytest.mark.parametrize("slow_threads", [1, 2])
+def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_threads):
+    """The probe times two decode steps on torch's threads and two on one, keeps the faster for
+    the rest, and restores torch's setting afterwards; a big step is never probed."""
+    import time
+
+    from rookworld_lib import sampling
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: state["threads"])
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(threads=n))
+    state = {"threads": 2}
+    used = []
+
+    def step(t):
+        used.append(state["threads"])
+        time.sleep(0.02 if state["threads"] == slow_threads else 0.001)
+
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=32))
+    with sampling._DecodeThreads(model, rows=4, context=16, device=torch.device("cpu")) as threads:
+        for t in range(8):
+            threads(step, t)
+    fast = 3 - slow_threads
+    assert used == [2, 2, 1, 1] + [fast] * 4
+    assert state["threads"] == 2
+    monkeypatch.setattr(sampling, "SINGLE_THREAD_DECODE_FLOPS", 0)  # every step "big": no probe
+    used.clear()
+    with sampling._DecodeThreads(model, rows=4, context=16, device=torch.device("cpu")) as threads:
+        for t in range(6):
+            threads(step, t)
+    assert used == [2] * 6
+
