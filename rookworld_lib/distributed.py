@@ -145,26 +145,6 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
     return 1 if code < 0 else code
 
 
-def divisible_by_nproc(option: str, default: int, why: str = "each process takes an equal share") -> Callable:
-    """A torchrun preflight: `option`'s value in argv (or `default`) must be a multiple of nproc
-    (a value that is not a whole number is left to the command's own parser)."""
-    def check(argv: list[str], nproc: int) -> None:
-        value = default
-        for i, a in enumerate(argv):
-            if a == option and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif a.startswith(option + "="):
-                value = a.split("=", 1)[1]
-        try:
-            value = int(value)
-        except (TypeError, ValueError):
-            return
-        if value % nproc:
-            raise ValueError(f"{option} {value} must be a multiple of --nproc {nproc} ({why})")
-
-    return check
-
-
 def worker_errors(errors_dir: Path) -> tuple[list[str], list[int]]:
     """The distinct error lines the workers wrote (rank order) and their exit statuses. Lines of
     workers that stopped only because a peer died count when no worker said more."""

@@ -98,12 +98,3 @@ def test_a_worker_stopped_by_its_peer_is_said_only_without_a_primary_error(tmp_p
     assert distributed.worker_errors(tmp_path) == ([peer["line"]], [1])
     (tmp_path / "rank00000.json").write_text(json.dumps({"line": "rookworld sft: error: disk full", "code": 1}))
     assert distributed.worker_errors(tmp_path) == (["rookworld sft: error: disk full"], [1, 1])
-
-
-def test_divisible_by_nproc_preflight():
-    check = distributed.divisible_by_nproc("--batch-size", 8)
-    check(["--batch-size", "6"], 3)
-    check(["--batch-size", "abc"], 3)  # left to the command's parser
-    for argv in (["--max-steps", "1"], ["--batch-size", "8"], ["--batch-size=8"]):
-        with pytest.raises(ValueError, match="--batch-size 8 must be a multiple of --nproc 3"):
-            check(argv, 3)
