@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -34,6 +35,14 @@ FIGURES_DIR = _dir("ROOKWORLD_FIGURES_DIR", REPO_ROOT / "figures")
 RUNS_DIR = _dir("ROOKWORLD_RUNS_DIR", REPO_ROOT / "runs")
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 TMP_PREFIX = ".tmp-"  # temporary files of atomic writes; a torn one is left only by a kill
+
+
+def git_commit() -> str | None:
+    """The short commit of the checkout holding this package (None outside git)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=5, check=True).stdout.strip() or None
+    return None
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -11,12 +11,11 @@ import argparse
 import datetime as dt
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .paths import NOTEBOOKS_DIR, REPO_ROOT, RUNS_DIR
+from .paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
@@ -64,14 +63,6 @@ def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
                              f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
                  extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
@@ -111,7 +102,7 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
         if failure:
             break  # later notebooks may depend on this one's outputs
 
-    meta = {"profile": profile, "started": stamp, "git_commit": _git_commit(), "python": platform.python_version(),
+    meta = {"profile": profile, "started": stamp, "git_commit": git_commit() or "unknown", "python": platform.python_version(),
             "torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
             f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"}
     (run_dir / "run.json").write_text(json.dumps({"meta": meta, "notebooks": results}, indent=2) + "\n")
