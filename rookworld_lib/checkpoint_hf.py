@@ -44,6 +44,9 @@ class CheckpointFormatError(ValueError):
 # ignores unknown keys). A GPT-2 directory without it is taken as an original RookWorld model,
 # which reads and writes the original fixed-width layout (rookworld_lib.tasks).
 LAYOUT_KEY = "rookworld_layout"
+# What a prompt must be preceded by (GPT.prompt_prefix), for any tool that prompts the model:
+# "<|endoftext|>" for models our SFT trained; a directory without the key gets "".
+PROMPT_PREFIX_KEY = "rookworld_prompt_prefix"
 
 
 def read_layout(directory: str | Path) -> tuple[str, str]:
@@ -181,6 +184,10 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
     hf = read_config_json(config_path)
     config = config_from_hf(hf, config_path, **config_overrides)
     layout, _ = _layout_of(hf, config_path)
+    prefix = hf.get(PROMPT_PREFIX_KEY, "")
+    if not isinstance(prefix, str):
+        raise CheckpointFormatError(f"{config_path}: {PROMPT_PREFIX_KEY} must be a string (e.g. \"<|endoftext|>\"), "
+                                    f"got {prefix!r}")
     # Checkpoints saved from GPT2Model (no LM head) have no "transformer." prefix.
     state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v
              for k, v in read_safetensors(weights_path).items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
@@ -207,7 +214,7 @@ def load_hf_gpt2(cls, directory: Path, **config_overrides):
         converted[key] = tensor.to(own[key].dtype)
     converted["lm_head.weight"] = converted["transformer.wte.weight"]  # the same tied parameter
     model.load_state_dict(converted, strict=True)
-    model.layout = layout
+    model.layout, model.prompt_prefix = layout, prefix
     return model
 
 
@@ -236,7 +243,8 @@ def save_hf_gpt2(model, directory: Path) -> None:
             tmp.unlink()
         raise _os_error(exc, weights) from None
     tmp.replace(weights)
-    text = json.dumps({**hf_config_dict(config), LAYOUT_KEY: layout}, indent=2) + "\n"
+    text = json.dumps({**hf_config_dict(config), LAYOUT_KEY: layout,
+                       PROMPT_PREFIX_KEY: getattr(model, "prompt_prefix", "")}, indent=2) + "\n"
     config_path = directory / "config.json"
     try:
         atomic_write(config_path, lambda f: f.write(text.encode()))

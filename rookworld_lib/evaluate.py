@@ -28,7 +28,7 @@ import torch
 from . import rewards, tasks
 from .model import GPT
 from .sampling import SamplingConfig, generate
-from .tokenizer import encode, get_tokenizer
+from .tokenizer import encode_prompt, get_tokenizer
 from .config import add_config_arguments, config_kwargs_from_args, option, validate
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
@@ -116,15 +116,19 @@ class EvalConfig:
     selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
     selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
     layout: str | None = option(None, "prompt layout; None: the model's own (model.layout; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
+    prompt_prefix: str | None = option(None, "text before every prompt; None: the model's own (model.prompt_prefix: "
+                                       "<|endoftext|> for models our SFT trained, \"\" for RookWorld-LM)")
     seed: int = option(0, "sampling seed and self-play opening randomisation", min=0)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
 
     def for_model(self, model) -> EvalConfig:
-        """This config with the layout and budget resolved: given values win, else the model's."""
+        """This config with the layout, prompt prefix and budget resolved: given values win, else the model's."""
         layout = self.layout or getattr(model, "layout", "compact")
-        return replace(self, layout=layout, max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
+        prefix = getattr(model, "prompt_prefix", "") if self.prompt_prefix is None else self.prompt_prefix
+        return replace(self, layout=layout, prompt_prefix=prefix,
+                       max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
 
 
 def complete(model: GPT, prompts: list[str], cfg: EvalConfig, tokenizer=None) -> list[str]:
@@ -135,7 +139,7 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, tokenizer=None) ->
     budget = model.config.block_size
     for start in range(0, len(prompts), cfg.batch_size):
         chunk = prompts[start:start + cfg.batch_size]
-        ids = [encode(p, tokenizer) for p in chunk]
+        ids = [encode_prompt(p, cfg.prompt_prefix, tokenizer) for p in chunk]
         new = max(1, min(cfg.max_new_tokens, budget - max(map(len, ids))))
         sc = SamplingConfig(max_new_tokens=new, temperature=0.0 if cfg.decoding == "greedy" else cfg.temperature,
                             seed=cfg.seed + start)
@@ -354,7 +358,7 @@ def cli(argv: list[str] | None = None) -> int:
         model = model.cuda()
     cfg = cfg.for_model(model)
     print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
-          f"max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
+          f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
     base = Path(args.data_dir) if args.data_dir else data.DATA_DIR
     suites = {}
     for key, path in (("P", data.data_file("P", "test", base)), ("A", data.data_file("A", "test", base)),

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .lm_head_loss import linear_cross_entropy
+from .tokenizer import EOT_TOKEN
 
 ATTN_IMPLS = ("sdpa", "math")
 
@@ -203,6 +204,10 @@ class GPT(nn.Module):
         # The P: layout the model reads and writes (tasks.LAYOUTS); saved in config.json and read
         # back by from_pretrained ("original" for a GPT-2 directory that records none).
         self.layout = "compact"
+        # What every prompt is preceded by (tokenizer.encode_prompt): EOT for the models our SFT
+        # trains, which saw EOT before every sample; saved in config.json and read back ("" for a
+        # GPT-2 directory that records none, as the original RookWorld evaluation prompts).
+        self.prompt_prefix = EOT_TOKEN
         self.apply(self._init_weights)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth.

@@ -69,6 +69,13 @@ def encode(text: str, tokenizer: tiktoken.Encoding | None = None) -> list[int]:
     return (tokenizer or get_tokenizer()).encode(text, allowed_special={EOT_TOKEN})
 
 
+def encode_prompt(prompt: str, prefix: str, tokenizer: tiktoken.Encoding | None = None) -> list[int]:
+    """The token ids of `prefix` (a model's `prompt_prefix`) and then the prompt. Our SFT puts
+    `<|endoftext|>` before every sample, so the models it trains expect it in front of a prompt;
+    without it they took most `P:` prompts for the tail of an environment answer."""
+    return encode(prefix + prompt, tokenizer)
+
+
 def token_boundaries(text: str, tokenizer: tiktoken.Encoding | None = None) -> list[str]:
     """The text of each token, so a reader can see where the BPE cuts a string."""
     enc = tokenizer or get_tokenizer()

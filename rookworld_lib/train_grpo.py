@@ -32,7 +32,7 @@ from .checkpoint_hf import read_layout
 from .model import GPT
 from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
-from .tokenizer import EOT_ID, encode, get_tokenizer
+from .tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from .trainer import Trainer
 from .config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
 from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, setup_runtime
@@ -284,7 +284,8 @@ class GRPOTrainer(Trainer):
             # Sample under the same autocast as scoring: old and new log-probs then round alike,
             # and the on-policy ratio stays at 1 up to summation order.
             with self.runtime.autocast():
-                rollout = generate(self.model, [encode(i.prompt, self.tokenizer) for i in chunk], SamplingConfig(
+                ids = [encode_prompt(i.prompt, self.model.prompt_prefix, self.tokenizer) for i in chunk]
+                rollout = generate(self.model, ids, SamplingConfig(
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                     top_p=cfg.top_p, num_samples=G, seed=seed * 10_007 + c))
             t1 = time.perf_counter()

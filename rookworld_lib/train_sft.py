@@ -455,6 +455,7 @@ class SFTTrainer(Trainer):
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
         model.layout = self.layout
+        model.prompt_prefix = EOT_TOKEN  # PackedStream puts EOT before every sample
         return model
 
     # -- what the scaffold asks -----------------------------------------------------------

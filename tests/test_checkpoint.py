@@ -330,3 +330,23 @@ def test_hf_directory_errors_name_the_file(tmp_path):
         checkpoint_hf.save_file = real
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "out" / "model.safetensors")
     assert not (tmp_path / "out" / "model.safetensors.tmp").exists()
+
+
+def test_prompt_prefix_travels_in_config_json(tmp_path):
+    """How the model must be prompted is written beside its layout, so transformers, TRL or vLLM
+    users can read it; a directory without the key (a RookWorld-LM download) gets none."""
+    from rookworld_lib.checkpoint_hf import PROMPT_PREFIX_KEY, CheckpointFormatError
+
+    small_model().save_pretrained(tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    config = json.loads(path.read_text())
+    assert config[PROMPT_PREFIX_KEY] == "<|endoftext|>"
+    assert GPT.from_pretrained(tmp_path / "m").prompt_prefix == "<|endoftext|>"
+    path.write_text(json.dumps({**config, PROMPT_PREFIX_KEY: ""}))
+    assert GPT.from_pretrained(tmp_path / "m").prompt_prefix == ""
+    del config[PROMPT_PREFIX_KEY]
+    path.write_text(json.dumps(config))
+    assert GPT.from_pretrained(tmp_path / "m").prompt_prefix == ""
+    path.write_text(json.dumps({**config, PROMPT_PREFIX_KEY: 50256}))
+    with pytest.raises(CheckpointFormatError, match=f"config.json: {PROMPT_PREFIX_KEY} must be a string"):
+        GPT.from_pretrained(tmp_path / "m")

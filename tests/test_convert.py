@@ -305,7 +305,7 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
     import torch
 
     from rookworld_lib import train_grpo
-    from rookworld_lib.checkpoint_hf import LAYOUT_KEY
+    from rookworld_lib.checkpoint_hf import LAYOUT_KEY, PROMPT_PREFIX_KEY
     from rookworld_lib.model import GPT
     from rookworld_lib.train_sft import SFTConfig, train_sft
 
@@ -318,16 +318,17 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
                               eval_interval=0, val_fraction=0.0, checkpoint_interval=0, device="cpu",
                               out_dir=str(tmp_path / "sft"), progress=False))
     config = json.loads((sft.final_dir / "config.json").read_text())
-    assert config[LAYOUT_KEY] == "original"
-    del config[LAYOUT_KEY]  # what a downloaded RookWorld-LM-124M looks like
+    assert config[LAYOUT_KEY] == "original" and config[PROMPT_PREFIX_KEY] == "<|endoftext|>"
+    del config[LAYOUT_KEY], config[PROMPT_PREFIX_KEY]  # what a downloaded RookWorld-LM-124M looks like
     (sft.final_dir / "config.json").write_text(json.dumps(config))
-    assert GPT.from_pretrained(sft.final_dir).layout == "original"
+    loaded = GPT.from_pretrained(sft.final_dir)
+    assert loaded.layout == "original" and loaded.prompt_prefix == ""
     capfd.readouterr()
 
     assert evaluate.cli([str(sft.final_dir), "--data-dir", str(tmp_path / "orig"), "--max-policy", "2",
                          "--max-env", "2", "--selfplay-games", "0", "--json"]) == 0
     out, err = capfd.readouterr()
-    assert "layout: original" in err and f"max_new_tokens {tasks.COMPLETION_BUDGET['original']}" in err
+    assert "layout: original" in err and "prompt prefix ''" in err and f"max_new_tokens {tasks.COMPLETION_BUDGET['original']}" in err
     results = json.loads(out.strip().splitlines()[-1])
     assert "policy/original_label_agreement" in results and "env/next_fen_exact" in results
 

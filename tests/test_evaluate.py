@@ -102,3 +102,19 @@ def test_results_to_json_is_strict_json():
     back = json.loads(out)
     assert back["a/rate"] == {"value": None, "low": None, "high": None, "n": 0, "kind": "rate"}
     assert back["b/mean"]["value"] == 1.5
+
+
+def test_prompts_carry_the_models_prompt_prefix(monkeypatch):
+    """Evaluation prompts a model as its SFT trained it (EOT first) unless told otherwise."""
+    from rookworld_lib.tokenizer import EOT_ID, encode
+
+    seen = []
+    real = ev.generate
+    monkeypatch.setattr(ev, "generate", lambda model, ids, sc: seen.append(ids) or real(model, ids, sc))
+    model = GPT(GPTConfig.preset("tiny", block_size=192)).eval()
+    prompt = tasks.policy_prompt(chess.Board().fen())
+    ev.complete(model, [prompt], ev.EvalConfig(max_new_tokens=2))
+    ev.complete(model, [prompt], ev.EvalConfig(max_new_tokens=2, prompt_prefix=""))
+    model.prompt_prefix = ""
+    ev.complete(model, [prompt], ev.EvalConfig(max_new_tokens=2))
+    assert seen == [[[EOT_ID] + encode(prompt)], [encode(prompt)], [encode(prompt)]]

@@ -5,6 +5,7 @@ from rookworld_lib.cli import main
 from rookworld_lib import grpo
 from rookworld_lib.model import GPT, GPTConfig
 from rookworld_lib.sampling import sequence_logprobs
+from rookworld_lib.tokenizer import EOT_ID, encode
 from rookworld_lib.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
 
@@ -41,6 +42,8 @@ def test_one_step_raises_logprob_of_high_reward_completions():
     assert (adv > 0).any() and (adv < 0).any()
     # log-probs before the update are the sampler's old log-probs (same function, same weights)
     b = trainer.last_batch
+    # prompted as SFT trained it: EOT, then the prompt (model.prompt_prefix)
+    assert all(ids[0] == EOT_ID and ids[1:] == encode(i.prompt) for ids, i in zip(b.prompt_ids, b.items))
     before = (b.old_logprobs * b.mask).sum(1) / b.mask.sum(1).clamp(min=1)
     after = per_row_logprob(trainer)
     delta = after - before
