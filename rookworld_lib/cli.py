@@ -10,6 +10,7 @@ ROOKWORLD_TRACEBACK=1. Under `--nproc N` a worker hands its line to the launcher
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import json
@@ -79,16 +80,12 @@ def report(command: str, message: str, code: int, kind: str = "error: ", seconda
     worker stopped because a peer died) is shown only when no worker reported a primary one."""
     line = f"rookworld {command}: {kind}{' '.join(message.split())}"
     if _is_worker():
-        try:
+        with contextlib.suppress(OSError, ValueError):  # the launcher is gone or the directory with it: say it here
             with open(os.path.join(os.environ[ERRORS_DIR_ENV], f"rank{int(os.environ['RANK']):05d}.json"), "w") as f:
                 json.dump({"line": line, "code": code, "secondary": secondary}, f)
             return code
-        except (OSError, ValueError):
-            pass  # the launcher is gone or the directory with it: say it here
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stderr closed (a pipe whose reader is gone): nothing left to tell
         print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        pass  # stderr closed (a pipe whose reader is gone): nothing left to tell
     return code
 
 
@@ -141,9 +138,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _is_out_of_memory(exc: BaseException) -> bool:
     """torch reports a failed allocation as torch.OutOfMemoryError (CUDA) or a RuntimeError (CPU)."""
-    if type(exc).__name__ == "OutOfMemoryError":
-        return True
-    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("can't allocate memory", "out of memory"))
+    return type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("can't allocate memory", "out of memory")))
 
 
 def user_facing_errors() -> tuple[type[BaseException], ...]:
