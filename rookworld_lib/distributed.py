@@ -43,10 +43,9 @@ def init_from_env(device_type: str = "cpu") -> DistInfo:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     info = DistInfo(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":
             torch.cuda.set_device(info.local_rank)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return info
 
 
@@ -110,9 +109,8 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
         preflight(list(argv), nproc)
     cmd = [sys.executable, "-m", "rookworld_lib.distributed", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "rookworld_lib.cli", subcommand, *argv]
-    env = dict(os.environ)
-    # each process gets its share of the cores; oversubscribed threads slow everything down
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # each process gets its share of the cores; oversubscribed threads slow everything down (a set value wins)
+    env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), **os.environ}
     with tempfile.TemporaryDirectory(prefix="rookworld-errors-") as errors_dir:
         env[ERRORS_DIR_ENV] = errors_dir
         # torchrun dies with this launcher, even a SIGKILLed one (the kernel sends it SIGTERM, and it

@@ -66,9 +66,8 @@ def grad_norms_by_layer(model: GPT, idx: torch.Tensor) -> dict[str, float]:
     lm_loss(model(idx[:, :-1]), idx[:, 1:]).backward()
     sq: dict[str, float] = defaultdict(float)
     for name, p in model.named_parameters():
-        if p.grad is None:
-            continue
-        sq[_group(name, 1)] += p.grad.float().pow(2).sum().item()
+        if p.grad is not None:
+            sq[_group(name, 1)] += p.grad.float().pow(2).sum().item()
     model.zero_grad(set_to_none=True)
     return {k: math.sqrt(v) for k, v in sq.items()}
 

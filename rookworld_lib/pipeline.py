@@ -27,7 +27,7 @@ PROFILES: dict[str, dict] = {
 
 def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
     """The notebooks to run, in order: NN_name.ipynb."""
-    return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+    return sorted(directory.glob("[0-9][0-9]_*.ipynb"))
 
 
 def declared_parameters(notebook: Path) -> set[str]:
@@ -41,11 +41,9 @@ def declared_parameters(notebook: Path) -> set[str]:
     import nbformat
 
     nb = nbformat.read(str(notebook), as_version=4)
-    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
-    if not cells:
-        return set()
+    source = next((c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
     names = set()
-    for node in ast.parse(cells[0].source).body:
+    for node in ast.parse(source).body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         names |= {t.id for t in targets if isinstance(t, ast.Name)}
     return names
@@ -96,7 +94,7 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
             pm.execute_notebook(str(nb), str(run_dir / nb.name), parameters=params, kernel_name="python3",
                                 cwd=str(nb.parent), progress_bar=False)
         except Exception as exc:  # papermill wraps the cell's error; keep going to the report
-            failure = f"{nb.name}: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+            failure = f"{nb.name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"
         results.append({"notebook": nb.name, "status": "failed" if failure else "ok",
                         "seconds": round(time.perf_counter() - start, 1), "parameters": params})
         if failure:

@@ -25,9 +25,7 @@ from .train_sft import SFTConfig
 
 @dataclass(frozen=True)
 class Profile:
-    """One kind of machine's sizes for every stage of notebook 05: the three configs it sets up
-    (data paths, out_dir, seed and layout are filled in per run) and the two evaluation sizes that
-    are not part of a config."""
+    """One kind of machine's sizes for every stage of notebook 05 (the fields say what each run fills in)."""
 
     name: str  # profile name
     sft: SFTConfig  # SFT from scratch (train/val data, out_dir, seed, layout: see sft_config)
