@@ -6,11 +6,9 @@ A checkpoint is one `torch.save` file, `<dir>/step_00000100.pt`: a dict of plain
 checkpoint, and `<file>.sha256` beside each one lets a load refuse, by name, a file whose bytes
 changed since it was saved (a flipped bit, a disk error, another writer).
 
-Every file is written to a temporary name in the same directory, fsynced and renamed over its
-final name (`paths.atomic_write`); the checkpoint is complete before the pointer names it, so a
-kill at any moment leaves `latest` naming a whole checkpoint. A failed save (a full disk, say)
-leaves the previous checkpoint and pointer as they were and raises CheckpointSaveError saying so;
-old checkpoints are pruned only after the new one is in place.
+Every file is written atomically (`paths.atomic_write`), the checkpoint before the pointer that
+names it, so a kill at any moment leaves `latest` naming a whole checkpoint; a failed save (a full
+disk, say) leaves both as they were and says so, and old checkpoints go only after a save succeeded.
 """
 
 from __future__ import annotations
@@ -271,8 +269,6 @@ def training_state(*, step: int, model: torch.nn.Module, optimizer=None, schedul
     process are captured now, so call this at a step boundary.
     """
     raw = unwrap(model)
-    if dataclasses.is_dataclass(config):
-        config = dataclasses.asdict(config)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -284,7 +280,7 @@ def training_state(*, step: int, model: torch.nn.Module, optimizer=None, schedul
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "data": data.state_dict() if data is not None else None,
         "rng": rng_state(),
-        "config": config,
+        "config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config,
         "extra": extra or {},
         "torch_version": str(torch.__version__),
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -315,8 +311,7 @@ def model_from_checkpoint(path: str | os.PathLike, **config_overrides):
     from .model import GPT, config_from_dict
 
     ckpt = load_checkpoint(path)
-    config = config_from_dict({**ckpt["model_config"], **config_overrides})
-    model = GPT(config)
+    model = GPT(config_from_dict({**ckpt["model_config"], **config_overrides}))
     model.load_state_dict(ckpt["model"], strict=True)
     return model.eval()
 

@@ -142,8 +142,7 @@ def convert_line(text: str, *, split: str = "test", ident: str = "0", number: in
         if isinstance(line, str):
             return line
         ref = tasks.environment_step(line.fen, line.move, line.history[:-1])
-        why = _disagreement(line, ref)
-        return why if why else env_record(line, ref, split, f"A-{ident}", number)
+        return _disagreement(line, ref) or env_record(line, ref, split, f"A-{ident}", number)
     except Exception as exc:  # a converter must report a line, never stop on it
         return f"internal error ({type(exc).__name__}: {exc})"
 
@@ -259,11 +258,6 @@ class ConvertReport:
                 "outputs": {k: str(v) for k, v in self.outputs.items()}}
 
 
-def _reason_kind(reason: str) -> str:
-    # counts group by the kind of problem, not by the move or text it quotes
-    return re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", reason)
-
-
 def _convert_chunk(chunk: list[tuple[str, int, str | ValueError]], split: str) -> list[tuple[int, dict | str]]:
     return [(number, str(text) if isinstance(text, ValueError) else
              convert_line(text, split=split, ident=ident, number=number)) for ident, number, text in chunk]
@@ -324,7 +318,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
                 if isinstance(res, str):
                     msg = f"{path}:{number}: {res}"
                     err_fh.write(msg + "\n")
-                    report.reasons[_reason_kind(res)] += 1
+                    # counts group by the kind of problem, not by the move or text it quotes
+                    report.reasons[re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", res)] += 1
                     if len(report.first_errors) < MAX_ERRORS_SHOWN:
                         report.first_errors.append(msg)
                     continue
