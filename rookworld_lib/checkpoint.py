@@ -235,8 +235,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> dict:
     if ckpt.get("version", 0) > VERSION:
         raise CheckpointLoadError(f"{path}: checkpoint format version {ckpt['version']} is newer than this "
                                   f"code's {VERSION}; update rookworld_lib")
-    missing = [k for k in ("step", "model", "model_config") if k not in ckpt]
-    if missing:
+    if missing := [k for k in ("step", "model", "model_config") if k not in ckpt]:
         raise CheckpointLoadError(f"{path}: checkpoint lacks {', '.join(missing)}")
     return ckpt
 

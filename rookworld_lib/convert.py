@@ -100,8 +100,7 @@ def parse_env_line(text: str) -> OriginalEnvLine | str:
     parts = (text[len(tasks.ENV_PREFIX):] if prefixed else text).split("+")
     if len(parts) != 7:
         return f"expected 7 '+'-separated fields, found {len(parts)}"
-    err = tasks.fen_error(parts[0])
-    if err:
+    if err := tasks.fen_error(parts[0]):
         return f"impossible position: {err}"
     prompt = tasks.parse_env_prompt(tasks.ENV_PREFIX + "+".join(parts[:3]) + "+")
     answer = tasks.parse_env_completion("+".join(parts[3:]))

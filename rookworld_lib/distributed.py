@@ -8,6 +8,7 @@ single process. Only rank 0 writes logs and checkpoints (`DistInfo.is_main`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -185,13 +186,10 @@ def _launch(argv: list[str]) -> int:
 
 def _terminate_with_parent() -> None:
     """In the child, before exec: ask Linux to send SIGTERM when the parent dies (elsewhere: nothing)."""
-    try:
-        import ctypes
+    import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 class NprocError(argparse.ArgumentTypeError, ValueError):

@@ -55,8 +55,7 @@ def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
     from .config import ParameterError
 
     allowed = sorted(set().union(*declared.values()))
-    unknown = sorted(set(extra) - set(allowed))
-    if unknown:
+    if unknown := sorted(set(extra) - set(allowed)):
         raise ParameterError(f"parameter(s) {unknown} are declared by none of the selected notebooks "
                              f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
 

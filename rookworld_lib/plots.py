@@ -64,7 +64,7 @@ class LiveCurves:
                 from IPython import get_ipython
                 from IPython.display import display
 
-                if get_ipython() is not None and type(get_ipython()).__name__ == "ZMQInteractiveShell":
+                if type(get_ipython()).__name__ == "ZMQInteractiveShell":  # None outside IPython
                     self.widget = go.FigureWidget(curves_figure([], keys, title))
                     for key in keys:
                         self.widget.add_scatter(x=[], y=[], mode="lines+markers", name=key)
