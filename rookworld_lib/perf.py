@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 from .model import GPTConfig
+from .paths import git_commit
 from .train_utils import Runtime, resolve_device
 
 FLOP_KINDS = ("train", "forward", "decode")
@@ -479,11 +480,8 @@ def environment_info(device: str | torch.device = "auto") -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         info["transformers"] = importlib.metadata.version("transformers")
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                                cwd=Path(__file__).resolve().parent).stdout.strip()
-        if commit:
-            info["git_commit"] = commit
+    if commit := git_commit():
+        info["git_commit"] = commit
     return info
 
 
