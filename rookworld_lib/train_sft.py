@@ -137,9 +137,7 @@ class SFTConfig:
         name = type(self).__name__
         if not isinstance(self.model_overrides, dict):
             bad_field(name, "model_overrides", self.model_overrides, "must be a dict of GPTConfig fields")
-        known = {f.name for f in dataclasses.fields(GPTConfig)}
-        unknown = sorted(set(self.model_overrides) - known)
-        if unknown:
+        if unknown := sorted(set(self.model_overrides) - {f.name for f in dataclasses.fields(GPTConfig)}):
             bad_field(name, "model_overrides", self.model_overrides, f"has unknown GPTConfig field(s) {unknown}")
         if self.model_overrides.get("vocab_size", VOCAB_SIZE) != VOCAB_SIZE:  # the data are GPT-2 tokens
             bad_field(name, "model_overrides", self.model_overrides,
@@ -173,8 +171,7 @@ class SFTConfig:
         if not isinstance(value, (tuple, list)) or not all(isinstance(p, (str, os.PathLike)) for p in value):
             bad_field(type(self).__name__, fname, value, "must be a list of JSONL file paths")
         object.__setattr__(self, fname, tuple(str(p) for p in value))  # lists -> tuple (frozen)
-        missing = [p for p in getattr(self, fname) if not Path(p).is_file()]
-        if missing:
+        if missing := [p for p in getattr(self, fname) if not Path(p).is_file()]:
             bad_field(type(self).__name__, fname, value, f"names file(s) that do not exist: {missing}")
 
     def model_config(self) -> GPTConfig:
@@ -286,8 +283,7 @@ class PackedStream:
                 raise ValueError(f"policy_fraction={policy_fraction} needs A: samples, but the {name} data has none")
         self.pool_names = list(groups)
         cleaned = [text.removesuffix(EOT_TOKEN) for text in texts]
-        empty = [i for i, t in enumerate(cleaned) if not t.strip()]
-        if empty:
+        if empty := [i for i, t in enumerate(cleaned) if not t.strip()]:
             raise ValueError(f"{name} sample {empty[0]} is empty")
         enc = tokenizer or get_tokenizer()
         self.pools = [_encode_pool(enc, [cleaned[i] for i in members]) for members in groups.values()]
@@ -357,9 +353,7 @@ class PackedStream:
         last, _ = self._read(1, after)
         self._cursor = after
         buf = torch.from_numpy(np.concatenate([body, last]))
-        x = buf[:-1].view(batch_size, block_size)
-        y = buf[1:].view(batch_size, block_size)
-        return x, y
+        return buf[:-1].view(batch_size, block_size), buf[1:].view(batch_size, block_size)
 
 
 def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
@@ -375,20 +369,15 @@ def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[st
 # -- the trainer -----------------------------------------------------------------------------------
 
 class SFTTrainer(Trainer):
-    """One SFT run: model, optimizer, schedule, data streams and loop state, resumable.
-
-    Built on an out_dir that holds a checkpoint (and resume=True), it continues that run.
-    `train()` (trainer.Trainer's loop) runs to max_steps (or `until`); `train_step()` and
-    `evaluate()` are the pieces.
-    """
+    """One SFT run: model, optimizer, schedule, data streams and loop state. Built on an out_dir that
+    holds a checkpoint (and resume=True), it continues that run; `train()` is trainer.Trainer's loop."""
 
     kind, name, metrics_file = "sft", "SFT", METRICS_FILE
     resume_may_change = RESUME_MAY_CHANGE
     stop_hint = "Lower lr, check the data, or try dtype='fp32'."
 
     def __init__(self, cfg: SFTConfig, *, train_texts: Sequence[str] | None = None,
-                 val_texts: Sequence[str] | None = None,
-                 on_step: Callable[[dict], None] | None = None):
+                 val_texts: Sequence[str] | None = None, on_step: Callable[[dict], None] | None = None):
         super().__init__(cfg, on_step=on_step)
         W = self.dist.world_size
         if W > 1 and cfg.batch_size % W:
@@ -533,14 +522,13 @@ class SFTTrainer(Trainer):
         if self.val_stream is None:
             return None
         cfg, rt = self.cfg, self.runtime
-        model = self.compiled
-        model.eval()
+        self.compiled.eval()
         self.val_stream.reset()
         total = torch.zeros((), device=rt.device)
         for _ in range(cfg.eval_steps):
             x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
             total += self.stepper.loss(rt.to_device(self.my_rows(x)), rt.to_device(self.my_rows(y)))
-        model.train()
+        self.compiled.train()
         return self.rank_mean((total / cfg.eval_steps).item())
 
 
@@ -564,10 +552,9 @@ def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_t
     """
     trainer = SFTTrainer(cfg, train_texts=train_texts, val_texts=val_texts, on_step=on_step)
     history = trainer.train(until=until)
-    final = trainer.out_dir / FINAL_DIR
     done = trainer.step >= cfg.max_steps and cfg.export_hf
-    return SFTResult(trainer.model, trainer.step, history, trainer.last_checkpoint, final if done else None,
-                     trainer.out_dir)
+    return SFTResult(trainer.model, trainer.step, history, trainer.last_checkpoint,
+                     trainer.out_dir / FINAL_DIR if done else None, trainer.out_dir)
 
 
 # -- command line ----------------------------------------------------------------------------------
