@@ -117,8 +117,7 @@ class Trainer:
         latest = ckpt_lib.latest_checkpoint(self.ckpt_dir)
         if self.dist.world_size > 1:
             mine = None if latest is None else latest.name
-            main_sees = distributed.broadcast_object(mine)
-            if mine != main_sees:
+            if mine != (main_sees := distributed.broadcast_object(mine)):
                 raise ValueError(f"rank {self.dist.rank} sees latest checkpoint {mine} in {self.ckpt_dir}, rank 0 "
                                  f"sees {main_sees}: under torchrun out_dir must be on a filesystem that every node "
                                  "shares")
@@ -246,8 +245,7 @@ class Trainer:
         if self.closed and self.dist.world_size > 1:
             raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "
                                "make a new one")
-        locked = self.out_dir is not None and self.dist.is_main
-        with run_lock(self.out_dir) if locked else contextlib.nullcontext():
+        with run_lock(self.out_dir) if self.out_dir is not None and self.dist.is_main else contextlib.nullcontext():
             return self._loop(until)
 
     def start(self, metrics) -> None:
