@@ -350,18 +350,14 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
 def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: dict | None = None,
                peaks: dict | None = None, measure_peak: bool = True, profile_memory: bool = True,
                trace_path: str | Path | None = None) -> dict:
-    """Train `cfg` for cfg.steps steps and measure it; one row (a plain dict) labelled by `variant`.
-
-    A row the variant or the device cannot run is "skipped" with the reason, a crash "failed" with
-    the error. After the timed steps, one extra step runs under the profiler (if profile_memory)
-    for memory by phase and the top operators.
-    """
+    """Train `cfg` for cfg.steps steps and measure it: one row (a plain dict) labelled by `variant`,
+    skipped or failed as the module docstring says. With profile_memory one more step runs under the
+    profiler after the timed ones, for memory by phase and the top operators."""
     v = variant or Variant("config", "baseline")
     row = {"name": v.name, "variable": v.variable, "value": getattr(cfg, v.variable, None), "config": asdict(cfg),
            "expect_parity": v.expect_parity, "status": "ok", "reason": None}
     device = resolve_device(cfg.device)
-    reason = v.skip_reason or unsupported_reason(cfg, device)
-    if reason:
+    if reason := v.skip_reason or unsupported_reason(cfg, device):
         return {**row, "status": "skipped", "reason": reason}
     try:
         batches = random_batches(cfg.n_batches, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
@@ -478,12 +474,9 @@ class MatrixResult:
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
                allow_compile: bool = True, measure_peak: bool = True, profile_memory: bool = True,
                trace_dir: str | Path | None = None, progress: bool = True, repeat_baseline: bool = False) -> MatrixResult:
-    """Run the baseline and each variant; fill in speedup, loss_delta and changes_result.
-
-    Every row starts from the same initial weights and trains on the same seeded random batches (of
-    its own shape where it changes batch_size or seq_len). repeat_baseline appends "baseline (repeat)", whose speedup is
-    the machine's run-to-run noise. trace_dir receives the baseline's profiler trace.
-    """
+    """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
+    loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
+    machine's run-to-run noise. trace_dir receives the baseline's profiler trace."""
     from tqdm.auto import tqdm
 
     variants = list(variants if variants is not None else default_variants(base, allow_compile))
