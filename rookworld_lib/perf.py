@@ -155,8 +155,7 @@ def measure_peak_tflops(device: str | torch.device = "auto", precision: str = "f
     n = n or (8192 if device.type == "cuda" else 1024)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
     with Runtime(device, None, tf32=precision == "tf32", deterministic=False).backend_flags():  # TF32 for its row only
         timing = benchmark(lambda: a @ b, warmup=warmup, repeats=repeats, sync=device)
     return 2 * n**3 / timing.min_s / 1e12
@@ -364,7 +363,6 @@ class UtilizationSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=10)
-        return False
 
     def summary(self) -> dict:
         """{"n_samples", "interval_s", and per metric {"mean", "max"}} over the samples taken."""
@@ -402,12 +400,11 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
         events = prof.profiler.kineto_results.events()
     except AttributeError:  # profiler internals moved: no memory breakdown rather than a crash
         return []
-    want = torch.device(device_type).type
     mem, phases = [], []
     for e in events:
         name = e.name()
         if name == "[memory]":
-            if str(e.device_type()).split(".")[-1].lower() == want:
+            if str(e.device_type()).split(".")[-1].lower() == device_type:
                 mem.append((e.start_ns(), e.nbytes()))
         elif name.startswith(PHASE_PREFIX):
             phases.append((name[len(PHASE_PREFIX):], e.start_ns(), e.end_ns()))
@@ -439,13 +436,12 @@ def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = Non
         trace_path = Path(trace_path)
         trace_path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace_path))
-    averages = prof.key_averages()
     use_device = device.type == "cuda"
 
     def self_us(e):
         return getattr(e, "self_device_time_total", 0.0) if use_device else e.self_cpu_time_total
 
-    rows = [e for e in averages if not e.key.startswith(PHASE_PREFIX) and e.key != "[memory]"]
+    rows = [e for e in prof.key_averages() if not e.key.startswith(PHASE_PREFIX) and e.key != "[memory]"]
     total = sum(self_us(e) for e in rows) or 1.0
     rows.sort(key=self_us, reverse=True)
     top = [{"name": e.key, "calls": int(e.count), "self_ms": self_us(e) / 1e3,
@@ -475,8 +471,7 @@ def environment_info(device: str | torch.device = "auto") -> dict:
     device = resolve_device(device)
     info = {"date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"), "device": device_name(device),
             "device_type": device.type, "cpu": cpu_name(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(),
-            "cpu_capability": cpu_capability(),
+            "torch_threads": torch.get_num_threads(), "cpu_capability": cpu_capability(),
             "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         info["transformers"] = importlib.metadata.version("transformers")
