@@ -75,8 +75,7 @@ class WarmupCosineSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         """Check that a checkpoint's schedule matches this one; log what changed if it does not."""
-        changed = {k: (v, getattr(self, k)) for k, v in state.items() if getattr(self, k, v) != v}
-        if changed:
+        if changed := {k: (v, getattr(self, k)) for k, v in state.items() if getattr(self, k, v) != v}:
             log.warning("LR schedule changed since the checkpoint: %s",
                         ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
 
@@ -334,8 +333,7 @@ def set_rng_state(state: dict) -> None:
     version, internal, gauss = state["python"]  # a serialiser may have turned the tuple into a list
     random.setstate((version, tuple(internal), gauss))
     np_state = dict(state["numpy"])
-    key = np_state["state"]["key"]
-    key = key.numpy() if isinstance(key, torch.Tensor) else np.asarray(key)
+    key = np.asarray(np_state["state"]["key"])  # the tensor rng_state saves, or a list
     np_state["state"] = {"key": key.astype(np.uint32), "pos": int(np_state["state"]["pos"])}
     np.random.set_state(np_state)
     torch.set_rng_state(state["torch"].cpu())
