@@ -93,15 +93,6 @@ TARGETS = {"train_step_speedup_vs_transformers": 1.5, "sampling_speedup_vs_trans
            "grpo_step_speedup_vs_trl": 5.0}
 
 
-def _quiet_transformers():
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", module="transformers")
-    warnings.filterwarnings("ignore", module="trl")
-
-
 def make_models(cfg: BenchConfig, workdir: Path, device: torch.device):
     """Our GPT (seeded init) and transformers' GPT2LMHeadModel loaded from its save_pretrained copy."""
     import transformers
@@ -189,11 +180,10 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
         counts["transformers"] = (out.size(1) - ids.size(1)) * out.size(0)
 
     n_tokens = len(rows) * L
-    race = _race(cfg, device, sample_ours, sample_theirs, n_tokens)
+    out = {"rows": len(rows), "new_tokens_per_row": L, "generated_tokens": n_tokens,
+           "prompt_lengths": [len(p) for p in prompts], **_race(cfg, device, sample_ours, sample_theirs, n_tokens)}
     if counts.get("ours") != n_tokens or counts.get("transformers") != n_tokens:
         raise RuntimeError(f"sampling benchmark generated unequal work: {counts}, expected {n_tokens} each")
-    out = {"rows": len(rows), "new_tokens_per_row": L, "generated_tokens": n_tokens,
-           "prompt_lengths": [len(p) for p in prompts], **race}
     # Model FLOPs per generated token at the mean context length (prefill excluded: a lower bound).
     mean_ctx = sum(len(p) for p in rows) / len(rows) + (L + 1) / 2
     decode_flops = perf.flops_per_token(ours.config, max(1, round(mean_ctx)), "decode") * n_tokens
@@ -353,7 +343,12 @@ def _report(progress, part: dict) -> None:
 
 def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> dict:
     """Run (a), (b), (c) and, with sweep, the rollout sweep; return the object --json prints."""
-    _quiet_transformers()
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", module="transformers")
+    warnings.filterwarnings("ignore", module="trl")
     runtime = setup_runtime(cfg.device, cfg.precision)  # bf16 autocast for both contenders, or fp32
     t_start = time.perf_counter()
     out: dict = {"settings": asdict(cfg), "environment": perf.environment_info(runtime.device)}
