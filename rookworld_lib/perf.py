@@ -366,9 +366,8 @@ class UtilizationSampler:
 
     def summary(self) -> dict:
         """{"n_samples", "interval_s", and per metric {"mean", "max"}} over the samples taken."""
-        keys = sorted({k for s in self.samples for k in s if k != "t"})
         out = {"n_samples": len(self.samples), "interval_s": self.interval_s}
-        for k in keys:
+        for k in sorted({k for s in self.samples for k in s if k != "t"}):
             xs = [s[k] for s in self.samples if k in s]
             out[k] = {"mean": statistics.fmean(xs), "max": max(xs)}
         return out
