@@ -1,7 +1,6 @@
 """The training step, and the tuning matrix that times it one setting at a time.
 
-`TrainStep` is the workbench's one training step (forward through the LM-head loss, backward with
-gradient accumulation, clipping, AdamW, zero_grad). SFT trains with it; the matrix here and
+`TrainStep` is the workbench's one training step: SFT trains with it; the matrix here and
 `rookworld bench` time it, so a speed figure is the speed of training.
 
 The matrix trains a baseline `TuneConfig` for a few steps from a fixed initialisation on fixed
