@@ -41,13 +41,14 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 # captured once per call as a CUDA graph and replayed per token, so the GPU is not left waiting
 # on hundreds of Python-issued kernel launches per token. All three give the same tokens.
 DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
-# On a CPU, decode steps up to this many model FLOPs (all rows together) are timed on torch's
-# intra-op threads and on one thread, and the rest run on the faster. A decode step is dozens of
-# small ops, each ending at a barrier of torch's OpenMP threads: with another process on a core
-# every barrier waits for a descheduled thread, and on 2 cores with the other busy 2 threads took
-# 2.5-8x as long per token as 1; idle, they were 10-25% faster (docs/perf.md). Load changes while a
-# workbench runs, so it is measured, per call. Bigger steps (GPT-2 124M at many rows) keep torch's
-# threads: their matmuls dwarf the barriers.
+# On a CPU, decode steps up to this many model FLOPs (all rows together) run on the faster of
+# torch's intra-op threads and one thread. A decode step is dozens of small ops, each ending at a
+# barrier of torch's OpenMP threads: with another process on a core every barrier waits for a
+# descheduled thread, and on 2 cores with the other busy 2 threads took 2.5-8x as long per token as
+# 1; idle, they were 10-25% faster (docs/perf.md). The choice is timed once per process and batch
+# shape, on throwaway steps, and then kept: a float sum splits differently over 1 and 2 threads, so
+# a choice that changed between calls would break "same seed, same tokens and log-probs".
+# Bigger steps (GPT-2 124M at many rows) keep torch's threads: their matmuls dwarf the barriers.
 SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
@@ -312,7 +313,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
         decode_step = _decode_step(model, cache, valid_all, P, L, _decode_mode(config.decode, device))
         steps = 0
-        with _DecodeThreads(model, N, P + L // 2, device) as threads:  # the prefill keeps torch's threads
+        with _intra_op_threads(_decode_threads(model, N, P + L // 2, device)):  # the prefill keeps torch's
             for t in range(L):
                 next_tok, lp_full, lp_samp = _next_token(logits.float(), config, generator)
                 active = ~finished
@@ -325,7 +326,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
                 if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
                 valid_all[:, P + t] = True
-                logits = threads(decode_step, tokens[:, t : t + 1], (real_len + t)[:, None], t)
+                logits = decode_step(tokens[:, t : t + 1], (real_len + t)[:, None], t)
     finally:
         model.train(was_training)
 
@@ -366,37 +367,52 @@ def _next_token(logits: torch.Tensor, config: SamplingConfig, generator) -> tupl
     return next_tok, lp, lp
 
 
-class _DecodeThreads:
-    """Runs small CPU decode steps (see SINGLE_THREAD_DECODE_FLOPS) with the faster of torch's
-    intra-op threads and one thread, timed on the first four steps (the best of two each); other
-    steps keep torch's setting. On exit torch's setting is restored."""
+_DECODE_THREADS: dict[tuple, int] = {}  # (model config, rows, torch's threads) -> threads chosen
 
-    def __init__(self, model: GPT, rows: int, context: int, device: torch.device):
-        from .perf import flops_per_token
 
-        self.default = torch.get_num_threads()
-        small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
-        probe = device.type == "cpu" and small and self.default > 1
-        self.probes = [self.default, self.default, 1, 1] if probe else []
-        self.best_s: dict[int, float] = {}
+def _decode_threads(model: GPT, rows: int, context: int, device: torch.device) -> int:
+    """The intra-op threads this process decodes `rows` rows of `model` on (see
+    SINGLE_THREAD_DECODE_FLOPS): torch's own, or one when one was faster on the first call."""
+    from .perf import flops_per_token
 
-    def __call__(self, step, *args):
-        if not self.probes:
-            return step(*args)
-        threads = self.probes.pop(0)
-        torch.set_num_threads(threads)
-        start = time.perf_counter()
-        out = step(*args)
-        self.best_s[threads] = min(self.best_s.get(threads, math.inf), time.perf_counter() - start)
-        if not self.probes:
-            torch.set_num_threads(min(self.best_s, key=self.best_s.get))
-        return out
+    default = torch.get_num_threads()
+    small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
+    if device.type != "cpu" or default == 1 or not small:
+        return default
+    key = (model.config, rows, default)
+    if key not in _DECODE_THREADS:
+        _DECODE_THREADS[key] = _faster_threads(model, rows, context, default)
+    return _DECODE_THREADS[key]
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        torch.set_num_threads(self.default)
+def _faster_threads(model: GPT, rows: int, context: int, default: int) -> int:
+    """Times decode steps at `context` on a scratch cache (best of two each) on `default` threads
+    and on one; nothing a caller sees is computed here."""
+    dtype = next(model.parameters()).dtype
+    cache = KVCache(model.config, rows, context + 1, "cpu", dtype)
+    tok = torch.zeros((rows, 1), dtype=torch.long)
+    pos = torch.full((rows, 1), context, dtype=torch.long)
+    attend_all = torch.ones((rows, 1, 1, context + 1), dtype=torch.bool)
+    best_s: dict[int, float] = {}
+    try:
+        for threads in (default, 1, default, 1):
+            torch.set_num_threads(threads)
+            start = time.perf_counter()
+            model(tok, pos, attend_all, cache, context)
+            best_s[threads] = min(best_s.get(threads, math.inf), time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(default)
+    return min(best_s, key=best_s.get)
+
+
+@contextlib.contextmanager
+def _intra_op_threads(threads: int):
+    default = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(default)
 
 
 def _decode_mode(mode: str, device: torch.device) -> str:

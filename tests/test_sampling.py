@@ -404,32 +404,37 @@ def test_full_block_greedy_matches_transformers(tmp_path):
 
 @pytest.mark.parametrize("slow_threads", [1, 2])
 def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_threads):
-    """The probe times two decode steps on torch's threads and two on one, keeps the faster for
-    the rest, and restores torch's setting afterwards; a big step is never probed."""
+    """The first generate of a batch shape times throwaway decode steps on torch's threads and on
+    one; every decode step of that call and of later calls runs on the faster, with no new timing,
+    and torch's setting is restored afterwards. A big step is never probed."""
     import time
 
     from rookworld_lib import sampling
 
+    state = {"threads": 2}
     monkeypatch.setattr(torch, "get_num_threads", lambda: state["threads"])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(threads=n))
-    state = {"threads": 2}
-    used = []
-
-    def step(t):
-        used.append(state["threads"])
-        time.sleep(0.02 if state["threads"] == slow_threads else 0.001)
-
+    monkeypatch.setattr(sampling, "_DECODE_THREADS", {})
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=32))
-    with sampling._DecodeThreads(model, rows=4, context=16, device=torch.device("cpu")) as threads:
-        for t in range(8):
-            threads(step, t)
+    real_forward, calls = model.forward, []
+
+    def forward(idx, *args, **kwargs):  # decode steps (one token) on the slow count are slow
+        if idx.size(1) == 1:
+            calls.append(state["threads"])
+            time.sleep(0.02 if state["threads"] == slow_threads else 0.001)
+        return real_forward(idx, *args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward)
     fast = 3 - slow_threads
-    assert used == [2, 2, 1, 1] + [fast] * 4
+    cfg = SamplingConfig(max_new_tokens=6, temperature=0, eos_id=sampling.NO_EOS)
+    generate(model, [[1, 2, 3]] * 4, cfg)
+    assert calls == [2, 1, 2, 1] + [fast] * 5  # the probe, then 5 decode steps after the prefill
     assert state["threads"] == 2
+    calls.clear()
+    generate(model, [[4, 5, 6]] * 4, cfg)
+    assert calls == [fast] * 5  # the same shape: the choice is kept, nothing is timed again
     monkeypatch.setattr(sampling, "SINGLE_THREAD_DECODE_FLOPS", 0)  # every step "big": no probe
-    used.clear()
-    with sampling._DecodeThreads(model, rows=4, context=16, device=torch.device("cpu")) as threads:
-        for t in range(6):
-            threads(step, t)
-    assert used == [2] * 6
+    calls.clear()
+    generate(model, [[1, 2, 3]] * 5, cfg)
+    assert calls == [2] * 5
 
