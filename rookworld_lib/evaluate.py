@@ -18,7 +18,7 @@ import json
 import math
 import random
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -157,28 +157,22 @@ def _decode(model: GPT, records: Sequence, cfg: EvalConfig, prompt_of_record, li
     return records, prompts, completions if completions is not None else complete(model, prompts, cfg)
 
 
-def _get(rec, key, default=None):
-    return rec.get(key, default) if isinstance(rec, Mapping) else getattr(rec, key, default)
+def policy_prompt_of(rec: dict, layout: str) -> str:
+    return tasks.policy_prompt(rec["fen"], layout=layout)
 
 
-def policy_prompt_of(rec, layout: str) -> str:
-    return tasks.policy_prompt(_get(rec, "fen"), layout=layout)
-
-
-def env_prompt_of(rec, layout: str) -> str:
+def env_prompt_of(rec: dict, layout: str) -> str:
     """The A: prompt of a record in `layout` (python-chess's FEN spelling for original)."""
-    if _get(rec, "fen") is None:  # a bare {"prompt": ...} record
-        p = tasks.parse_env_prompt(_get(rec, "prompt"))
-        fen, move, history = (p.fen, p.move, p.history) if p.ok else (None, None, None)
-        if layout == "compact" or fen is None:
-            return _get(rec, "prompt")
-    else:
-        fen, move, history = _get(rec, "fen"), _get(rec, "move"), _get(rec, "history")
-    return tasks.env_prompt(tasks.fen_for_layout(fen, layout), move, history)
+    if rec.get("fen") is None:  # a bare {"prompt": ...} record
+        p = tasks.parse_env_prompt(rec["prompt"])
+        if layout == "compact" or not p.ok:
+            return rec["prompt"]
+        rec = {"fen": p.fen, "move": p.move, "history": p.history}
+    return tasks.env_prompt(tasks.fen_for_layout(rec["fen"], layout), rec["move"], rec["history"])
 
 
-def prompt_of(rec, layout: str) -> str:
-    return policy_prompt_of(rec, layout) if _get(rec, "task", "P") == "P" else env_prompt_of(rec, layout)
+def prompt_of(rec: dict, layout: str) -> str:
+    return policy_prompt_of(rec, layout) if rec.get("task", "P") == "P" else env_prompt_of(rec, layout)
 
 
 def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
@@ -192,9 +186,9 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
         valid += parse.ok
         score = rewards.score_policy_detailed(prompt, text, truth=rec)
         legal += score.best_legal >= 1.0
-        correct += parse.best is not None and parse.best == list(_get(rec, "moves"))[0]
-        if _get(rec, "original_best") is not None:
-            agree.append(parse.best is not None and parse.best == _get(rec, "original_best"))
+        correct += parse.best is not None and parse.best == rec["moves"][0]
+        if rec.get("original_best") is not None:
+            agree.append(parse.best is not None and parse.best == rec["original_best"])
         overlaps.append(score.moves_overlap)
         if score.cp_loss is not None:
             cp_losses.append(score.cp_loss)
@@ -212,7 +206,7 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
     records, _, completions = _decode(model, records, cfg, policy_prompt_of)
     hits = 0
     for rec, text in zip(records, completions):
-        board = chess.Board(_get(rec, "fen"))
+        board = chess.Board(rec["fen"])
         move = tasks.legal_move(board, tasks.parse_policy_completion(text).best or "")
         if move is not None:
             board.push(move)
@@ -229,13 +223,13 @@ def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
     for rec, text in zip(records, completions):
         p = tasks.parse_env_completion(text)
         valid += p.ok
-        true_fen = _get(rec, "new_fen")
+        true_fen = rec["new_fen"]
         exact += tasks.same_position(p.new_fen, true_fen)
         pred = p.new_fen or ""
         sims.append(similarity(tasks.normalized_fen(pred) or pred, tasks.normalized_fen(true_fen) or true_fen))
-        reward_ok += p.reward is not None and abs(p.reward - float(_get(rec, "reward"))) < 1e-9
-        term_ok += p.terminated == int(_get(rec, "terminated"))
-        trunc_ok += p.truncated == int(_get(rec, "truncated"))
+        reward_ok += p.reward is not None and abs(p.reward - float(rec["reward"])) < 1e-9
+        term_ok += p.terminated == int(rec["terminated"])
+        trunc_ok += p.truncated == int(rec["truncated"])
     n = len(records)
     return {"env/valid": wilson(valid, n), "env/next_fen_exact": wilson(exact, n),
             "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": wilson(reward_ok, n),
@@ -292,27 +286,13 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
     what the reference measured (so no row sets unlike things side by side without saying so)."""
     import pandas as pd
 
-    metrics = sorted({m for res in columns.values() for m in res})
     rows = []
-    for m in metrics:
-        row = {"metric": m}
-        for name, res in columns.items():
-            row[name] = str(res[m]) if m in res else ""
+    for m in sorted({m for res in columns.values() for m in res}):
         ref, measured = reference.get(m, (None, ""))
-        row[REFERENCE_NAME] = "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}")
-        row["reference measured"] = measured
-        rows.append(row)
+        rows.append({"metric": m, **{name: str(res.get(m, "")) for name, res in columns.items()},
+                     REFERENCE_NAME: "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}"),
+                     "reference measured": measured})
     return pd.DataFrame(rows).set_index("metric")
-
-
-def difference(before: Estimate, after: Estimate, z: float = 1.959964) -> Estimate:
-    """after - before with a 95% interval from the two (independent-sample) standard errors."""
-    def se(e: Estimate) -> float:
-        return (e.high - e.low) / (2 * z) if e.n else float("nan")
-
-    d = after.value - before.value
-    half = z * math.sqrt(se(before) ** 2 + se(after) ** 2)
-    return Estimate(d, d - half, d + half, min(before.n, after.n), "mean")
 
 
 def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[float]:
