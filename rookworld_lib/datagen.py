@@ -29,7 +29,8 @@ import chess
 import chess.engine
 
 from . import tasks
-from .data import DATA_FILES, MATE_FILE, TASK_FILES, DataFormatError, json_lines, mating_moves, move_tags, position_tags
+from .data import (DATA_FILES, MATE_FILE, TASK_FILES, DataFormatError, json_lines, load_jsonl, mating_moves, move_tags,
+                   position_tags, render_card_tables, summarize)
 from .paths import DATA_DIR, JsonlAppender, atomic_write, write_jsonl
 from .config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
@@ -263,36 +264,6 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
     return sel
 
 
-# --- Records ---
-
-def _record(task: str, s: dict, suffix: str = "", **fields) -> dict:
-    """A record of the selected sample `s`: the fields every kind starts with, then `fields`."""
-    return {"id": f"{task}-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": task, "split": s["split"],
-            "game": s["game"], "ply": s["ply"], "source": s["source"], "fen": s["fen"], **fields}
-
-
-def policy_record(s: dict, label: dict, engine_name: str) -> dict:
-    """The P: record of a selected position `s` and its Stockfish label (moves, eval texts, limit)."""
-    moves, evals = label["moves"], label["evals"]
-    tags = list(s["tags"]) + (["mate"] if tasks.parse_eval(evals[0]).mate is not None else [])
-    prompt, completion = tasks.policy_text(s["fen"], moves, evals, moves[0])
-    return _record("P", s, moves=moves, evals=evals, best=moves[0], n_legal=s["n_legal"], tags=tags,
-                   engine=engine_name, limit=label["limit"], prompt=prompt, completion=completion)
-
-
-def env_record(s: dict, suffix: str = "") -> dict:
-    """The A: record of a selected move, labelled by python-chess's replay."""
-    tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
-    return _record("A", s, suffix, move=tr.move, history=list(tr.history), new_fen=tr.new_fen, reward=tr.reward,
-                   terminated=tr.terminated, truncated=tr.truncated, kind=tr.kind, termination=tr.termination,
-                   tags=s["tags"], prompt=tr.prompt, completion=tr.completion)
-
-
-def mate_record(s: dict) -> dict:
-    """The M1 record of a selected mate-in-one position."""
-    return _record("M1", s, mating_moves=s["mating_moves"], prompt=tasks.policy_prompt(s["fen"]))
-
-
 # --- Generation ---
 
 class WorkDirMismatch(RuntimeError):
@@ -318,11 +289,9 @@ class DatagenReport:
         return self.positions_labelled / s if s > 0 else float("nan")
 
 
-def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False,
-             _stop_after_labels: int | None = None) -> DatagenReport:
+def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) -> DatagenReport:
     """Run (or resume) data generation into cfg.out_dir. Engine failures and Ctrl-C propagate; what was
-    finished stays in the work directory for the next run. `_stop_after_labels` (tests): a Ctrl-C
-    (KeyboardInterrupt) after that many new labels."""
+    finished stays in the work directory for the next run."""
     from .engine import EnginePool, EngineSettings
 
     work = cfg.work_path()
@@ -339,7 +308,7 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False,
         sel = select_samples(games, cfg, progress=progress)  # cheap and deterministic: never stored
         seconds["select"], t = clock() - t, clock()
         fens = list(dict.fromkeys(s["fen"] for s in sel.policy))
-        labels, labelled = _label(fens, pool, work / "labels.jsonl", progress, _stop_after_labels)
+        labels, labelled = _label(fens, pool, work / "labels.jsonl", progress)
         seconds["label"], t = clock() - t, clock()
         counts = _write_outputs(Path(cfg.out_dir), sel, labels, engine_name)
         seconds["write"] = clock() - t
@@ -395,38 +364,49 @@ def _play_games(cfg: DatagenConfig, pool, path: Path, progress: bool) -> tuple[l
     return [games[i] for i in sorted(games)], len(todo)
 
 
-def _label(fens: list[str], pool, path: Path, progress: bool, stop_after: int | None) -> tuple[dict, int]:
+def _label(fens: list[str], pool, path: Path, progress: bool) -> tuple[dict, int]:
     """Stockfish labels by FEN (those in the work file reused), and how many were analysed now."""
     labels = {rec["fen"]: rec for rec in _read_work(path)}
     todo = [f for f in fens if f not in labels]
-    done = 0
     if todo:
         with JsonlAppender(path) as app:
             def on_result(i, analysis):
-                nonlocal done
                 rec = {"fen": todo[i], "limit": analysis.limit, "depth": analysis.depth,
                        "moves": list(analysis.moves), "evals": [tasks.format_eval(e) for e in analysis.evals]}
                 app.write(rec)
                 labels[todo[i]] = rec
-                done += 1
-                if stop_after is not None and done >= stop_after:
-                    raise KeyboardInterrupt("test interruption")
 
             pool.analyse_many(todo, progress=progress, desc="labelling", on_result=on_result)
-    return labels, done
+    return labels, len(todo)
 
 
 def _write_outputs(out: Path, sel: _Selection, labels: dict, engine_name: str) -> dict:
-    """Write the record files; return {file name: records} of those written."""
+    """Write the record files (P: with its Stockfish label, A: as python-chess replays it, M1); return
+    {file name: records} of those written."""
     by_file: dict[str, list[dict]] = {}
+
+    def add(task: str, s: dict, suffix: str = "", **fields) -> None:  # the fields every kind starts with, then `fields`
+        name = MATE_FILE if task == "M1" else TASK_FILES[task].format(split=s["split"])
+        by_file.setdefault(name, []).append(
+            {"id": f"{task}-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": task, "split": s["split"],
+             "game": s["game"], "ply": s["ply"], "source": s["source"], "fen": s["fen"], **fields})
+
     for s in sel.policy:
-        if labels[s["fen"]]["moves"]:  # a position without legal moves has no label
-            by_file.setdefault(TASK_FILES["P"].format(split=s["split"]), []).append(
-                policy_record(s, labels[s["fen"]], engine_name))
+        label = labels[s["fen"]]
+        moves, evals = label["moves"], label["evals"]
+        if not moves:  # a position without legal moves has no label
+            continue
+        tags = list(s["tags"]) + (["mate"] if tasks.parse_eval(evals[0]).mate is not None else [])
+        prompt, completion = tasks.policy_text(s["fen"], moves, evals, moves[0])
+        add("P", s, moves=moves, evals=evals, best=moves[0], n_legal=s["n_legal"], tags=tags,
+            engine=engine_name, limit=label["limit"], prompt=prompt, completion=completion)
     for s in sel.env:  # a wrong-move sibling (one per position at most) is A-<game>-<ply>-x1
-        suffix = "-x1" if s.get("wrong") else ""
-        by_file.setdefault(TASK_FILES["A"].format(split=s["split"]), []).append(env_record(s, suffix))
-    by_file[MATE_FILE] = [mate_record(s) for s in sel.mate]
+        tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
+        add("A", s, "-x1" if s.get("wrong") else "", move=tr.move, history=list(tr.history), new_fen=tr.new_fen,
+            reward=tr.reward, terminated=tr.terminated, truncated=tr.truncated, kind=tr.kind,
+            termination=tr.termination, tags=s["tags"], prompt=tr.prompt, completion=tr.completion)
+    for s in sel.mate:
+        add("M1", s, mating_moves=s["mating_moves"], prompt=tasks.policy_prompt(s["fen"]))
     counts = {}
     for name in DATA_FILES:
         if by_file.get(name):
@@ -467,8 +447,6 @@ def _fail(message: str, status: int, lead: str = "") -> int:
 
 
 def _validate_files(files: list[Path], out: str) -> int:
-    from .data import load_jsonl
-
     if not files:
         return _fail(f"error: no data files (*.jsonl) in {out}", 1)
     bad = 0
@@ -484,7 +462,6 @@ def _validate_files(files: list[Path], out: str) -> int:
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld datagen`: 0 on success; 1 for bad data files, a failed engine or an I/O error;
     2 for bad settings or a missing Stockfish; 130 after Ctrl-C. Errors are one line on stderr."""
-    from .data import render_card_tables, summarize
     from .engine import EngineFailedError, StockfishNotFoundError, usable_cores
 
     args = build_parser().parse_args(argv)

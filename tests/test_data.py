@@ -1,5 +1,6 @@
 """Shipped data: validity, splits, coverage, the label audit; the loader (data); resumable generation (datagen)."""
 
+import contextlib
 import json
 import os
 import random
@@ -326,6 +327,24 @@ def _files(d: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(d.glob("*.jsonl"))}
 
 
+@contextlib.contextmanager
+def interrupted_after_labels(n: int):
+    """A Ctrl-C (KeyboardInterrupt) once `n` new labels are in the work file, as a user would press it."""
+    class Interrupting(datagen.JsonlAppender):
+        written = 0
+
+        def write(self, obj):
+            super().write(obj)
+            if self.path.name == "labels.jsonl":
+                Interrupting.written += 1
+                if Interrupting.written >= n:
+                    raise KeyboardInterrupt("test interruption")
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(KeyboardInterrupt):
+        mp.setattr(datagen, "JsonlAppender", Interrupting)
+        yield
+
+
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("ref")
@@ -339,8 +358,8 @@ def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run,
     ref_dir, ref = reference_run
     assert ref.positions_labelled > 20 and not (ref_dir / ".datagen-work").exists()
     cfg = datagen.DatagenConfig(out_dir=str(tmp_path), **TINY)
-    with pytest.raises(KeyboardInterrupt):
-        datagen.generate(cfg, progress=False, _stop_after_labels=12)
+    with interrupted_after_labels(12):
+        datagen.generate(cfg, progress=False)
     work = tmp_path / ".datagen-work"
     done = len((work / "labels.jsonl").read_text().splitlines())
     assert done >= 12 and not list(tmp_path.glob("*.jsonl"))
@@ -393,8 +412,8 @@ def test_sigkilled_generation_resumes(reference_run, tmp_path):
 def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     tinier = {**TINY, "games": 3, "mate_games": 1}
     cfg = datagen.DatagenConfig(out_dir=str(tmp_path), **tinier)
-    with pytest.raises(KeyboardInterrupt):
-        datagen.generate(cfg, progress=False, _stop_after_labels=1)
+    with interrupted_after_labels(1):
+        datagen.generate(cfg, progress=False)
     other = datagen.DatagenConfig(out_dir=str(tmp_path), **{**tinier, "depth": 3})
     with pytest.raises(datagen.WorkDirMismatch, match="depth: 4 -> 3"):
         datagen.generate(other, progress=False)
