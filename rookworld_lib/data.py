@@ -187,11 +187,7 @@ def _validate(rec, task):
     board, err = tasks.checked_board(rec["fen"])
     if err:
         return f"field 'fen': {err}"
-    if t == "P":
-        return _validate_policy(rec, board)
-    if t == "A":
-        return _validate_env(rec, board)
-    return _validate_mate(rec, board)
+    return {"P": _validate_policy, "A": _validate_env, "M1": _validate_mate}[t](rec, board)
 
 
 def _validate_policy(rec, board):
