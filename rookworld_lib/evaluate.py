@@ -318,7 +318,7 @@ def results_to_json(results: dict) -> dict:
 
 def cli(argv: list[str] | None = None) -> int:
     from . import data
-    from .checkpoint_hf import read_layout
+    from .model import read_layout
 
     ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
@@ -339,10 +339,9 @@ def cli(argv: list[str] | None = None) -> int:
     cfg = cfg.for_model(model)
     print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
           f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
-    base = Path(args.data_dir) if args.data_dir else data.DATA_DIR
     suites = {}
-    for key, path in (("P", data.data_file("P", "test", base)), ("A", data.data_file("A", "test", base)),
-                      ("M1", data.data_file("M1", None, base))):
+    for key in ("P", "A", "M1"):
+        path = data.data_file(key, "test", args.data_dir)  # the mate-in-one set holds val and test records
         if path.exists():
             suites[key] = data.load_jsonl(path, task=key).records
         else:
