@@ -100,15 +100,19 @@ def check_number(cfg, name: str, *, min: float | None = None, max: float | None 
 
 # -- config dataclasses <-> argparse --------------------------------------------------------
 
+def json_or_text(raw: str) -> Any:
+    """A command-line value as JSON where it parses, else the text itself (a bare string such as math)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
 def _parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError:
-        value = raw  # a bare string such as attn_impl=math
-    return key.strip(), value
+    return key.strip(), json_or_text(raw)
 
 
 def _optional(kind):

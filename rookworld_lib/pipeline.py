@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from .config import ParameterError, json_or_text
 from .paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
@@ -52,8 +53,6 @@ def declared_parameters(notebook: Path) -> set[str]:
 def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
     """Refuse -p names that no selected notebook declares (a typo would silently run the defaults),
     naming the parameters that are allowed."""
-    from .config import ParameterError
-
     allowed = sorted(set().union(*declared.values()))
     if unknown := sorted(set(extra) - set(allowed)):
         raise ParameterError(f"parameter(s) {unknown} are declared by none of the selected notebooks "
@@ -138,12 +137,7 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "JSON"), default=[],
                     help="extra notebook parameter, value as JSON (e.g. -p sft_steps 200)")
     args = ap.parse_args(argv)
-    extra = {}
-    for name, value in args.parameter:
-        try:
-            extra[name] = json.loads(value)
-        except json.JSONDecodeError:
-            extra[name] = value  # a bare string: -p profile cpu
+    extra = {name: json_or_text(value) for name, value in args.parameter}  # -p profile cpu: a bare string
     try:
         run_dir = run_pipeline(args.profile, args.out, args.only, extra)
     except RuntimeError as exc:  # a notebook failed: the message names it and the run directory
