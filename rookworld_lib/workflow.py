@@ -72,10 +72,8 @@ def resolve(name: str, *, device: str | None = None, dtype: str | None = None, s
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}")
     p = PROFILES[name]
-    sft, grpo = {}, {}
-    for key, value in (("device", device), ("dtype", dtype)):
-        if value is not None:
-            sft[key] = grpo[key] = value
+    sft = {key: value for key, value in (("device", device), ("dtype", dtype)) if value is not None}
+    grpo = dict(sft)
     if sft_steps is not None:
         sft.update(max_steps=sft_steps, warmup_steps=min(p.sft.warmup_steps, sft_steps))
     if grpo_steps is not None:
