@@ -413,7 +413,7 @@ def _listed_components(board: chess.Board, parse: tasks.PolicyParse, truth: Poli
     """format, moves_legal, moves_overlap and evals_accuracy (see the module docstring)."""
     legal = list(dict.fromkeys(m for m in parse.moves if tasks.legal_move(board, m) is not None))
     true_eval, pred_eval = dict(zip(truth.moves, truth.evals)), parse.eval_map
-    accs = [1.0 - abs(pred_eval[m].win_prob() - true_eval[m].win_prob())
+    accs = [1.0 - abs(tasks.win_prob(pred_eval[m].to_cp()) - tasks.win_prob(true_eval[m].to_cp()))
             for m in legal if m in true_eval and m in pred_eval]
     return dict(format=_format_score(parse),
                 moves_legal=len(legal) / len(parse.moves) if parse.moves else 0.0,

@@ -1,18 +1,13 @@
 """Chess task formats: the policy task ``P:`` and the environment task ``A:``.
 
-Policy (compact layout, the default)::
+Policy, compact layout (the default)::
 
     P: <FEN> M: <m1 m2 m3 m4 m5> E: <e1 e2 e3 e4 e5> B: <best>
 
-Moves in UCI, Stockfish multipv order, best first for the side to move (fewer than five when the
-position has fewer legal moves); evals for the side to move: ``0.35`` / ``-1.2`` (pawns, at most
-two decimals), ``M3`` / ``-M2`` (it mates in 3 / is mated in 2); prompt = ``P: <FEN>``, completion
-= `` M: ... B: <best>`` (the trainer appends EOT).
-
-The original RookWorld layout (what a pretrained RookWorld-LM reads and writes) pads each field to a
-fixed width (FEN 90, 89 in some original files; M 30; E 40; left-justified), shuffles the (move,
-eval) pairs and writes evals as ``score(mate_score=100000) / 100`` (``999.85`` = mate in 15,
-``-999.97`` = mated in 3; |v| >= 900 is mate in round(100000 - |v| * 100))::
+Up to five UCI candidates in Stockfish's multipv order, best first for the side to move, and their
+evals (:func:`format_eval`); prompt = ``P: <FEN>``, completion = `` M: ... B: <best>`` (the trainer
+appends EOT). The original RookWorld layout (what a pretrained RookWorld-LM reads and writes) pads
+each field to a fixed width, shuffles the (move, eval) pairs and spells evals its own way::
 
     P: <FEN padded to 90>M: <moves padded to 30>E: <evals padded to 40>B: <best>
 
@@ -21,14 +16,9 @@ cutting there keeps tokens(prompt) + tokens(completion) == tokens(text). The ori
 ``B:`` for black is the *worst* candidate (it reversed the list); :mod:`rookworld_lib.convert`
 keeps that label apart (``original_best``) and uses Stockfish's best.
 
-Environment::
+Environment (the truth: :func:`environment_step`)::
 
     A: <FEN>+<uci>+<history>+<new FEN>+<reward>+<terminated>+<truncated>
-
-History: the last moves in UCI (at most 10), the current move last. The prompt ends at the third
-``+``. Reward: 0.001 legal, 1.0 the mover mates, 0.5 draw (stalemate, insufficient material,
-75-move rule), -1.0 illegal or unparseable (then new FEN = old FEN, truncated = 1). Termination is
-decided from the position alone: ten moves of history cannot prove a repetition.
 
 FENs: the compact layout writes the standard FEN (:func:`canonical_fen`: an en-passant square after
 every double push); the original writes ``A:`` FENs as python-chess's ``board.fen()``
@@ -212,10 +202,6 @@ class Eval:
         """Centipawns with mates mapped to +-(MATE_CP - n): monotone in how good the position is."""
         return self.cp if self.mate is None else int(math.copysign(MATE_CP - abs(self.mate), self.mate))
 
-    def win_prob(self) -> float:
-        """Expected score in [0, 1] for the side to move (Lichess's logistic model)."""
-        return win_prob(self.to_cp())
-
     def __str__(self) -> str:
         return format_eval(self)
 
@@ -332,8 +318,11 @@ def _check_layout(layout: str) -> None:
 
 # --- Policy task: parsers ---
 
+@dataclass(frozen=True)
 class _Parsed:
     """What every parse result shares: `ok` is True only for well-formed input (no `errors`)."""
+
+    errors: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -352,7 +341,6 @@ class PolicyParse(_Parsed):
     best: str | None = None
     layout: str = "unknown"  # compact | original | unknown
     sections: int = 0
-    errors: tuple[str, ...] = ()
 
     @property
     def eval_map(self) -> dict[str, Eval]:
@@ -474,7 +462,6 @@ class PromptParse(_Parsed):
 
     fen: str | None = None
     layout: str = "unknown"
-    errors: tuple[str, ...] = ()
 
 
 @_parser(PromptParse, "prompt", POLICY_PREFIX)
@@ -579,7 +566,7 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
         return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, kind)
     board.push(legal)
     new_fen = canonical_fen(board)
-    outcome = board.outcome(claim_draw=False)
+    outcome = board.outcome(claim_draw=False)  # the position alone: ten moves of history cannot prove a repetition
     if outcome is None:
         return EnvTransition(fen, move, history, new_fen, REWARD_LEGAL, 0, 0, "legal")
     reward = REWARD_WIN if outcome.winner is not None else REWARD_DRAW
@@ -593,7 +580,6 @@ class EnvPromptParse(_Parsed):
     fen: str | None = None
     move: str | None = None
     history: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
 
 
 @_parser(EnvPromptParse, "prompt", ENV_PREFIX)
@@ -626,7 +612,6 @@ class EnvParse(_Parsed):
     truncated: int | None = None
     fields: int = 0  # how many '+'-separated fields were present
     fen_valid: bool = False
-    errors: tuple[str, ...] = ()
 
 
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
@@ -661,19 +646,6 @@ def parse_env_completion(completion: str) -> EnvParse:
             errors.append(f"{name} is not 0/1: {field[:16]!r}")
     return EnvParse(new_fen=new_fen, reward=reward, fields=len(parts), fen_valid=new_fen is not None and not fen_err,
                     errors=tuple(errors), **flags)
-
-
-def split_env_text(text: str) -> tuple[str, str] | None:
-    """Cut a full environment sample at its third ``+``; None when it has fewer."""
-    if not isinstance(text, str) or not text.startswith(ENV_PREFIX) or text.count("+") < 3:
-        return None
-    cut = len("+".join(text.split("+", 3)[:3])) + 1
-    return text[:cut], text[cut:]
-
-
-def split_text(text: str) -> tuple[str, str] | None:
-    """(prompt, completion) for a full ``P:`` or ``A:`` sample, or None if it is neither."""
-    return split_policy_text(text) if task_of(text) == "P" else split_env_text(text)
 
 
 def task_of(prompt: str) -> str | None:

@@ -36,7 +36,7 @@ def test_eval_round_trip_and_order():
     # a mate for the side to move beats every material eval; sooner mates beat later ones
     assert Eval(mate=5).to_cp() > Eval(cp=15000).to_cp() > Eval(cp=-15000).to_cp() > Eval(mate=-5).to_cp()
     assert Eval(mate=1).to_cp() > Eval(mate=2).to_cp() and Eval(mate=-2).to_cp() > Eval(mate=-1).to_cp()
-    assert Eval(mate=1).win_prob() > 0.99 and Eval(mate=-1).win_prob() < 0.01
+    assert tasks.win_prob(Eval(mate=1).to_cp()) > 0.99 and tasks.win_prob(Eval(mate=-1).to_cp()) < 0.01
     assert tasks.parse_eval("#3") == Eval(mate=3)
 
 
@@ -110,6 +110,14 @@ def _token_invariant(prompt, completion):
     return encode(prompt) + encode(completion) == encode(prompt + completion)
 
 
+def split_text(text):
+    """(prompt, completion) of a full P: sample, or of an A: sample cut at its third '+'."""
+    if tasks.task_of(text) == "P":
+        return tasks.split_policy_text(text)
+    cut = len("+".join(text.split("+", 3)[:3])) + 1
+    return text[:cut], text[cut:]
+
+
 def test_token_split_invariant_policy_both_layouts():
     rng = random.Random(0)
     for board in random_positions(150, seed=1):
@@ -121,7 +129,7 @@ def test_token_split_invariant_policy_both_layouts():
             prompt, completion = tasks.policy_text(tasks.canonical_fen(board), moves, evals, moves[0], layout)
             assert _token_invariant(prompt, completion), (layout, prompt, completion)
             assert _token_invariant(prompt, completion + tasks.EOT)
-            assert tasks.split_text(prompt + completion) == (prompt, completion)
+            assert split_text(prompt + completion) == (prompt, completion)
 
 
 def test_token_split_invariant_environment():
@@ -132,7 +140,7 @@ def test_token_split_invariant_environment():
         tr = tasks.environment_step(fen, move, ["e2e4", "e7e5"][: rng.randint(0, 2)])
         assert _token_invariant(tr.prompt, tr.completion)
         assert _token_invariant(tr.prompt, tr.completion + tasks.EOT)
-        assert tasks.split_text(tr.prompt + tr.completion) == (tr.prompt, tr.completion)
+        assert split_text(tr.prompt + tr.completion) == (tr.prompt, tr.completion)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -197,7 +205,7 @@ def test_parsers_never_raise_on_arbitrary_text(text):
     for parse in PARSERS:
         _check_parse_result(parse(text))
     assert tasks.parse_eval(text) is None or isinstance(tasks.parse_eval(text), Eval)
-    tasks.split_text(text)
+    tasks.split_policy_text(text)
     tasks.fen_error(text)
 
 
