@@ -6,7 +6,7 @@ Modules in pipeline order (each does one job; nothing here downloads anything at
   ``data`` (the schema and the validating loader); ``convert`` (original RookWorld data into the
   same records); ``tasks`` (the P:/A: formats).
 - tokens: ``tokenizer`` (offline GPT-2 BPE).
-- model: ``model`` (GPT-2), ``checkpoint_hf`` (Hugging Face format), ``lm_head_loss`` (fused head
+- model: ``model`` (GPT-2 and its Hugging Face format), ``lm_head_loss`` (fused head
   and loss), ``health`` (forward-pass checks).
 - SFT: ``train_sft`` on ``trainer`` (the loop SFT and GRPO share), with ``train_utils``,
   ``checkpoint`` and ``distributed``.

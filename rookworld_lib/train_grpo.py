@@ -28,8 +28,7 @@ from typing import Callable
 import torch
 
 from . import distributed, grpo
-from .checkpoint_hf import read_layout
-from .model import GPT
+from .model import GPT, read_layout
 from .tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode_prompt, get_tokenizer

@@ -37,8 +37,7 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint_hf import layout_for, read_config_json
-from .model import GPT, PRESETS, GPTConfig
+from .model import GPT, PRESETS, GPTConfig, layout_for, read_config_json
 from .paths import RUNS_DIR
 from .tasks import LAYOUTS
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
@@ -384,7 +383,7 @@ class SFTTrainer(Trainer):
             raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
                              "under torchrun: each rank trains on batch_size / world_size rows of every "
                              "micro-batch, so the global batch stays the same whatever the world size")
-        # the layout records are rendered in, and the one the export records (checkpoint_hf.LAYOUT_KEY)
+        # the layout records are rendered in, and the one the export records (model.LAYOUT_KEY)
         self.layout, why = (cfg.layout, "SFTConfig.layout") if cfg.layout else layout_for(cfg.init_from)
         log.info("layout: %s (%s)", self.layout, why)
         self._load_data(train_texts, val_texts)

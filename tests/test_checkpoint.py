@@ -300,8 +300,8 @@ def test_a_checkpoint_directory_below_a_file_is_named(tmp_path):
 def test_hf_directory_errors_name_the_file(tmp_path):
     from safetensors import SafetensorError
 
-    from rookworld_lib import checkpoint_hf
-    from rookworld_lib.checkpoint_hf import CheckpointFormatError
+    from rookworld_lib import model as model_module
+    from rookworld_lib.model import CheckpointFormatError
 
     small_model().save_pretrained(tmp_path / "m")
     weights, config = tmp_path / "m" / "model.safetensors", tmp_path / "m" / "config.json"
@@ -322,12 +322,12 @@ def test_hf_directory_errors_name_the_file(tmp_path):
     def full(*args, **kwargs):  # what safetensors raises on a full disk
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    checkpoint_hf.save_file, real = full, checkpoint_hf.save_file
+    model_module.save_file, real = full, model_module.save_file
     try:
         with pytest.raises(OSError) as info:
             small_model().save_pretrained(tmp_path / "out")
     finally:
-        checkpoint_hf.save_file = real
+        model_module.save_file = real
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "out" / "model.safetensors")
     assert not (tmp_path / "out" / "model.safetensors.tmp").exists()
 
@@ -335,7 +335,7 @@ def test_hf_directory_errors_name_the_file(tmp_path):
 def test_prompt_prefix_travels_in_config_json(tmp_path):
     """How the model must be prompted is written beside its layout, so transformers, TRL or vLLM
     users can read it; a directory without the key (a RookWorld-LM download) gets none."""
-    from rookworld_lib.checkpoint_hf import PROMPT_PREFIX_KEY, CheckpointFormatError
+    from rookworld_lib.model import PROMPT_PREFIX_KEY, CheckpointFormatError
 
     small_model().save_pretrained(tmp_path / "m")
     path = tmp_path / "m" / "config.json"

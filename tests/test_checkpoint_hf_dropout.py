@@ -1,4 +1,4 @@
-"""checkpoint_hf: transformers' three GPT-2 dropout rates (resid_pdrop, embd_pdrop, attn_pdrop), each
+"""model (Hugging Face format): transformers' three GPT-2 dropout rates (resid_pdrop, embd_pdrop, attn_pdrop), each
 read into its own GPTConfig field, applied where transformers applies it, and written back."""
 
 import json
@@ -6,8 +6,7 @@ import json
 import pytest
 import torch
 
-from rookworld_lib.checkpoint_hf import CheckpointFormatError
-from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.model import GPT, CheckpointFormatError, GPTConfig
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
 

@@ -305,7 +305,7 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
     import torch
 
     from rookworld_lib import train_grpo
-    from rookworld_lib.checkpoint_hf import LAYOUT_KEY, PROMPT_PREFIX_KEY
+    from rookworld_lib.model import LAYOUT_KEY, PROMPT_PREFIX_KEY
     from rookworld_lib.model import GPT
     from rookworld_lib.train_sft import SFTConfig, train_sft
 

@@ -301,12 +301,12 @@ def _enospc_export(_arg: str) -> None:
     """safetensors on a full disk: the error it raises (seen on a 20 MB tmpfs)."""
     from safetensors import SafetensorError
 
-    from rookworld_lib import checkpoint_hf
+    from rookworld_lib import model
 
     def save_file(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    checkpoint_hf.save_file = save_file
+    model.save_file = save_file
 
 
 def _eacces(prefix: str) -> None:
