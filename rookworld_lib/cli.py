@@ -91,11 +91,22 @@ def report(command: str, message: str, code: int, kind: str = "error: ", seconda
 
 def user_error_message(exc: BaseException) -> str | None:
     """The one-line message for an error a user can cause, or None for a bug (see the module doc)."""
-    if isinstance(exc, user_facing_errors()):
+    from .checkpoint import CheckpointError
+    from .datagen import WorkDirMismatch
+    from .engine import EngineFailedError, StockfishNotFoundError
+    from .tokenizer import TokenizerFileError
+    from .train_utils import NonFiniteError
+
+    # messages that name the problem and where: bad input and settings (ValueError, which every config
+    # check and our data, checkpoint-format and parameter errors derive from), missing files or engine
+    if isinstance(exc, (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, WorkDirMismatch,
+                        CheckpointError, NonFiniteError)):
         return str(exc) or type(exc).__name__
     if isinstance(exc, OSError) and exc.errno is not None:
         return os_error_message(exc)
-    if isinstance(exc, MemoryError) or _is_out_of_memory(exc):
+    # torch reports a failed allocation as torch.OutOfMemoryError (CUDA) or a RuntimeError (CPU)
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+            isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("can't allocate memory", "out of memory"))):
         first = _first_line(exc) if str(exc).strip() else ""
         return (f"out of memory{f' ({first})' if first else ''}: lower --batch-size (or raise --grad-accum, which "
                 "keeps the tokens per step), or use a smaller model")
@@ -134,26 +145,6 @@ def _peer_failed(exc: BaseException) -> bool:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-
-
-def _is_out_of_memory(exc: BaseException) -> bool:
-    """torch reports a failed allocation as torch.OutOfMemoryError (CUDA) or a RuntimeError (CPU)."""
-    return type(exc).__name__ == "OutOfMemoryError" or (
-        isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("can't allocate memory", "out of memory")))
-
-
-def user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors whose message names the problem and where: bad input and settings (ValueError, which
-    every config check and our data, checkpoint-format and parameter errors derive from), missing
-    files or engine, corrupt checkpoints."""
-    from .checkpoint import CheckpointError
-    from .datagen import WorkDirMismatch
-    from .engine import EngineFailedError, StockfishNotFoundError
-    from .tokenizer import TokenizerFileError
-    from .train_utils import NonFiniteError
-
-    return (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, WorkDirMismatch,
-            CheckpointError, NonFiniteError)
 
 
 if __name__ == "__main__":

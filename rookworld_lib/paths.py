@@ -45,16 +45,6 @@ def git_commit() -> str | None:
     return None
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable; skipped where a directory cannot be opened (Windows)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file that replaces `path` when the ``with`` block ends without an error.
@@ -74,7 +64,12 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_dir(path.parent)
+    with contextlib.suppress(OSError):  # skipped where a directory cannot be opened (Windows)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
@@ -152,7 +147,6 @@ class JsonlAppender:
         self._n = 0
 
     def write(self, obj: Any) -> None:
-        """Append `obj` as one line."""
         line = json_line(obj)
         with self._lock:
             self._fh.write(line)
@@ -162,7 +156,6 @@ class JsonlAppender:
                 os.fsync(self._fh.fileno())
 
     def close(self) -> None:
-        """Flush, fsync and close (idempotent)."""
         with self._lock:
             if not self._fh.closed:
                 self._fh.flush()
