@@ -111,14 +111,7 @@ DEFAULT_ENV_WEIGHTS = EnvWeights()
 
 # --- Truth ---
 
-@dataclass(frozen=True)
-class PolicyTruth:
-    """Engine candidates for a position: moves best first, their evals, and the search limit."""
-
-    fen: str
-    moves: tuple[str, ...]
-    evals: tuple[Eval, ...]
-    limit: str = "depth=8"  # engine.limit_key of the search that produced them
+PolicyTruth = Analysis  # engine candidates for a position: moves best first, their evals, the search's limit key
 
 
 @dataclass(frozen=True)
@@ -136,11 +129,9 @@ def _getter(obj):
 
 
 def policy_truth(obj) -> PolicyTruth:
-    """A PolicyTruth from a P: record (dict or dataclass), an engine.Analysis or a PolicyTruth."""
+    """A PolicyTruth from a P: record (dict or dataclass) or an engine.Analysis (a PolicyTruth)."""
     if isinstance(obj, PolicyTruth):
         return obj
-    if isinstance(obj, Analysis):
-        return PolicyTruth(obj.fen, obj.moves, obj.evals, obj.limit)
     get = _getter(obj)
     evals = tuple(e if isinstance(e, Eval) else tasks.parse_eval(e) for e in get("evals"))
     if any(e is None for e in evals):
@@ -490,24 +481,16 @@ def score_environment(prompt: str, completion: str, *, truth=None, weights: EnvW
 
 # --- Dispatch, batches, cache ---
 
-def score_detailed(prompt: str, completion: str, *, truth=None, engine="auto", policy_weights=None,
-                   env_weights=None, cache: bool = True) -> PolicyScore | EnvScore | None:
-    """The one task dispatch: score_policy_detailed or score_environment_detailed by the prompt's
-    prefix; None for a prompt of neither task."""
+def score(prompt: str, completion: str, *, truth=None, engine="auto", policy_weights=None, env_weights=None,
+          cache: bool = True) -> float:
+    """The one task dispatch: score_policy or score_environment by the prompt's prefix; -1.0 for a
+    prompt of neither task."""
     task = tasks.task_of(prompt)
     if task == "P":
-        return score_policy_detailed(prompt, completion, truth=truth, engine=engine, weights=policy_weights,
-                                     cache=cache)
+        return score_policy(prompt, completion, truth=truth, engine=engine, weights=policy_weights, cache=cache)
     if task == "A":
-        return score_environment_detailed(prompt, completion, truth=truth, weights=env_weights, cache=cache)
-    return None
-
-
-def score(prompt: str, completion: str, *, truth=None, **kwargs) -> float:
-    """score_policy or score_environment by the prompt's prefix; -1.0 for any other prompt.
-    kwargs: engine, policy_weights, env_weights, cache (as :func:`score_detailed`)."""
-    result = score_detailed(prompt, completion, truth=truth, **kwargs)
-    return GARBAGE if result is None else result.total
+        return score_environment(prompt, completion, truth=truth, weights=env_weights, cache=cache)
+    return GARBAGE
 
 
 def score_batch(prompts: list[str], completions: list[str], truths: list | None = None, *,
