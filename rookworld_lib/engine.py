@@ -301,18 +301,17 @@ class EnginePool:
     """Up to `size` Stockfish processes, started lazily, each used by one thread at a time; every
     public method is thread-safe. A failed start or request (the engine died, hung past
     :func:`search_timeout`, or spoke garbage) is retried on a fresh process `settings.max_retries`
-    times, then raises EngineFailedError. `timeout`: seconds for an engine to start, and the floor
-    of every search's time limit."""
+    times, then raises EngineFailedError."""
 
     def __init__(self, settings: EngineSettings | None = None, size: int | None = None, *,
-                 cache: AnalysisCache | bool | None = True, timeout: float | None = None):
+                 cache: AnalysisCache | bool = True):
         self.settings = settings or EngineSettings()
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"EnginePool size must be a positive int, got {size!r}")
         self.size = size or usable_cores()
         self.path = find_stockfish(self.settings.path)
-        self.cache = SHARED_CACHE if cache is True or cache is None else (cache or None)
-        self.timeout = TIMEOUT_FLOOR_S if timeout is None else timeout
+        self.cache = SHARED_CACHE if cache is True else (cache or None)
+        self.timeout = TIMEOUT_FLOOR_S  # for an engine to start, and the floor of every search's time limit
         self.restarts = 0  # engines replaced after a failure
         self._engines: list[chess.engine.SimpleEngine] = []  # every live engine, idle or busy
         self._idle: queue.LifoQueue = queue.LifoQueue()
@@ -595,10 +594,4 @@ def get_pool(settings: EngineSettings | None = None, size: int | None = None) ->
         if pool is None or pool.closed:
             pool = _POOLS[(settings, size)] = EnginePool(settings, size)
         return pool
-
-
-def engine_version(path: str | None = None) -> str:
-    """The UCI id name of the Stockfish binary, e.g. ``Stockfish 15.1``."""
-    with EnginePool(EngineSettings(path=path, depth=1), size=1, cache=False) as pool:
-        return pool.version
 

@@ -102,6 +102,12 @@ def bench_rewards(n: int = 400) -> dict:
     return out
 
 
+def _engine_version() -> str:
+    """The UCI id name of the Stockfish binary, e.g. ``Stockfish 15.1``."""
+    with engine.EnginePool(engine.EngineSettings(depth=1), size=1, cache=False) as pool:
+        return pool.version
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--games", type=int, default=40, help="games per data-generation run")
@@ -109,7 +115,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args()
     result = {"machine": f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} usable cores",
-              "loadavg_before": os.getloadavg(), "engine": engine.engine_version(),
+              "loadavg_before": os.getloadavg(), "engine": _engine_version(),
               "settings": "depth=8, multipv=5, Threads=1, Hash=16, hash cleared per search"}
     if not args.skip_datagen:
         result["datagen"] = [bench_datagen(args.games, w) for w in (1, 2)]
