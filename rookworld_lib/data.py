@@ -4,9 +4,8 @@ The files are JSON lines: ``policy_{train,val,test}.jsonl``, ``env_{train,val,te
 ``mate_in_one.jsonl``, with the fields of :data:`SCHEMA` (described in ``data/README.md``), made by
 ``rookworld datagen`` (:mod:`.datagen`) or ``rookworld convert`` (:mod:`.convert`), which never leave
 an empty file. :func:`load_jsonl` checks every line (JSON, fields and types, FEN, legal moves, texts
-that match the fields): a bad line raises :class:`DataFormatError` ``file:line: reason``, or with
-``on_error="skip"`` is skipped and counted. The audits re-derive the labels (Stockfish, python-chess);
-:func:`summarize` counts what the data card shows.
+that match the fields); the audits re-derive the labels (Stockfish, python-chess); :func:`summarize`
+counts what the data card shows.
 """
 
 from __future__ import annotations
@@ -146,7 +145,6 @@ class LoadedData(list):
 
     @property
     def n_skipped(self) -> int:
-        """How many lines were skipped."""
         return len(self.skipped)
 
 
@@ -175,8 +173,7 @@ def _validate(rec, task):
                 return f"missing field {name!r}"
         elif isinstance(rec[name], bool) or not isinstance(rec[name], typ):  # JSON true is no int here
             return f"field {name!r} has type {type(rec[name]).__name__}"
-    extra = set(rec) - set(SCHEMA[t])
-    if extra:
+    if extra := set(rec) - set(SCHEMA[t]):
         return f"unknown field(s) {sorted(extra)}"
     if rec["split"] not in _SPLITS_OF[t]:
         return f"field 'split' must be one of {_SPLITS_OF[t]}, got {rec['split']!r}"
@@ -227,8 +224,7 @@ def _validate_env(rec, board):
     hist = rec["history"]
     if not hist or hist[-1] != move or len(hist) > tasks.HISTORY_LEN or not all(isinstance(h, str) for h in hist):
         return f"field 'history' must be 1..{tasks.HISTORY_LEN} moves ending with the current move"
-    err = tasks.fen_error(rec["new_fen"])
-    if err:
+    if err := tasks.fen_error(rec["new_fen"]):
         return f"field 'new_fen': {err}"
     if rec["reward"] not in tasks.ENV_REWARDS:
         return f"field 'reward' must be one of {tasks.ENV_REWARDS}, got {rec['reward']!r}"
@@ -416,7 +412,6 @@ def summarize(data_dir=None) -> dict:
             info["limit"] = sorted({r["limit"] for r in recs})
             info["engine"] = sorted({r["engine"] for r in recs})
         out["files"][name] = info
-    # positions (FEN without clocks) of P:/A: prompts that two splits share: 0 by construction
     out["shared_positions"] = {f"{a}/{b}": len(keys[a] & keys[b])
                                for i, a in enumerate(SPLITS) for b in SPLITS[i + 1:]}
     return out

@@ -131,9 +131,9 @@ class EvalConfig:
                        max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
 
 
-def complete(model: GPT, prompts: list[str], cfg: EvalConfig, tokenizer=None) -> list[str]:
+def complete(model: GPT, prompts: list[str], cfg: EvalConfig) -> list[str]:
     """Decode one completion per prompt, in batches, with the GRPO sampler."""
-    tokenizer = tokenizer or get_tokenizer()
+    tokenizer = get_tokenizer()
     cfg = cfg.for_model(model)
     out = []
     budget = model.config.block_size

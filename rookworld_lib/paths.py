@@ -133,7 +133,7 @@ def _cut_torn_tail(path: Path) -> None:
         fh.truncate(keep)
 
 
-class JsonlAppender:
+class JsonlAppender(contextlib.AbstractContextManager):
     """Append JSON lines to `path` from any thread, each written whole and flushed, so a kill loses at
     most the line being written (cut off by the next appender, ignored by ``read_jsonl(torn_tail=True)``).
     An fsync every `sync_every` lines and at close bounds what a power cut loses."""
@@ -161,9 +161,6 @@ class JsonlAppender:
                 self._fh.flush()
                 os.fsync(self._fh.fileno())
                 self._fh.close()
-
-    def __enter__(self) -> JsonlAppender:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
