@@ -1,14 +1,8 @@
 """Side-by-side speed benchmarks: our training step, sampler and GRPO step against transformers and TRL.
 
-`rookworld bench [--quick] [--json]` runs, in one process, with the same weights and shapes:
-(a) `tuning.TrainStep` (SFT's step) against transformers' GPT2LMHeadModel with the same AdamW and clip;
-(b) `sampling.generate` against `GPT2LMHeadModel.generate`: same left-padded prompts, temperature 1,
-    every row decoding the same number of tokens;
-(c) `train_grpo.GRPOTrainer.train_step` against TRL's GRPOTrainer (skipped, with the reason, without TRL).
-
-(a) and (b) alternate the contenders, so a noisy neighbour slows both. Speedups are ours over theirs
-in throughput (> 1: ours is faster); with --json the last line is one JSON object. Targets live
-here (TARGETS), never in timed tests.
+`rookworld bench [--quick] [--json]` runs the three comparisons (a), (b), (c) below in one process, with
+the same weights and shapes on both sides; with --json the last line is one JSON object. Targets live
+here (TARGETS), never in timed tests; docs/perf.md has the measurements.
 """
 
 from __future__ import annotations

@@ -82,6 +82,17 @@ def causality_violation(model: GPT, idx: torch.Tensor, position: int) -> dict:
             "max_change_after": (a[:, position:] - b[:, position:]).abs().max().item()}
 
 
+def state_bytes(model: torch.nn.Module, optimizer) -> dict[str, int]:
+    """Bytes held on the model's device by parameters (a tied one once), gradients and the optimizer's
+    per-parameter state (AdamW's moments; not its scalar step counts)."""
+    device = next(model.parameters()).device
+    states = getattr(optimizer, "inner", optimizer).state.values()  # tuning's CPUOffloadAdamW keeps them on the CPU
+    return {"params": tensor_bytes(model.parameters()),
+            "grads": tensor_bytes([p.grad for p in model.parameters() if p.grad is not None]),
+            "optimizer_state": tensor_bytes([v for s in states for v in s.values()
+                                             if torch.is_tensor(v) and v.dim() > 0 and v.device == device])}
+
+
 def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes held after each phase of one training step, by exact accounting of tensors.
 
@@ -89,7 +100,7 @@ def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimi
     forward pass), grads, optimizer_state (after its first step: AdamW's two moments); on CUDA also
     the allocator's own memory_allocated after each phase, as `cuda_after_*`.
     """
-    out = {"params": tensor_bytes(model.parameters()), "batch": tensor_bytes([idx]) * 2}  # parameters() yields a tied one once
+    out = {"batch": tensor_bytes([idx]) * 2}
 
     def allocated(phase: str) -> None:
         if idx.device.type == "cuda":
@@ -111,11 +122,9 @@ def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimi
     out["activations"] = sum(n for ptr, n in saved.items() if ptr not in param_ptrs)
     allocated("forward")
     loss.backward()
-    out["grads"] = tensor_bytes([p.grad for p in model.parameters() if p.grad is not None])
     allocated("backward")
     optimizer.step()
-    state = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    out["optimizer_state"] = tensor_bytes(state)
+    held = state_bytes(model, optimizer)  # before zero_grad: the gradients are still there
     allocated("step")
     optimizer.zero_grad(set_to_none=True)
-    return out
+    return {"params": held["params"], **out, "grads": held["grads"], "optimizer_state": held["optimizer_state"]}

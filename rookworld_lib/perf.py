@@ -1,10 +1,7 @@
 """Honest speed accounting: FLOPs per token, peak tables, measured peaks, MFU, timing, profiling.
 
-Every speed figure in the workbench goes through this module, so the rules live in one place
-(docs/perf.md spells them out): FLOPs are *model* FLOPs (PaLM's MFU: recomputation does not raise
-them, a kernel that skips masked blocks does not lower them); training costs 3x the forward pass,
-and `mfu()` refuses any result above 100% (the 173.81% bug: training FLOPs over a forward timing);
-timings warm up, synchronise the accelerator, repeat, and report the median with its spread.
+Every speed figure in the workbench goes through this module, so the counting rules (docs/perf.md)
+live in one place: model FLOPs, training = 3x forward, and no MFU above 100% (the 173.81% bug).
 """
 
 from __future__ import annotations
@@ -38,11 +35,8 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 # --- FLOPs ---
 
 def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
-    """Forward FLOPs per token of a GPT-2 shaped model whose attention spans `seq_len` keys, by matmul.
-
-    2 FLOPs per multiply-add; the matmuls only (LayerNorm, softmax, GELU, adds, embedding gathers and
-    the loss are left out by convention), attention over the full score matrix: docs/perf.md's table.
-    """
+    """Forward FLOPs per token, by matmul, of a GPT-2 shaped model whose attention spans `seq_len` keys
+    (2 per multiply-add, the matmuls only, attention over the full score matrix: docs/perf.md's table)."""
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     C, L = config.n_embd, config.n_layer
@@ -60,8 +54,7 @@ def flops_per_token(config: GPTConfig, seq_len: int, kind: str = "train") -> int
     """Model FLOPs per token: sum(flops_breakdown(...)), times 3 for "train" (backward = 2x forward).
 
     kind: "forward" (a pass over `seq_len` tokens), "train" (forward + backward, no optimizer step) or
-    "decode" (one new token attending to `seq_len` cached keys, its own included). Within 2% of
-    torch's FlopCounterMode with attn_impl="math" (tests/test_perf.py).
+    "decode" (one new token attending to `seq_len` cached keys, its own included).
     """
     if kind not in FLOP_KINDS:
         raise ValueError(f"kind must be one of {FLOP_KINDS}, got {kind!r}")
@@ -200,10 +193,7 @@ class MFU:
 
 
 def mfu(flops: float, seconds: float, peak: Peak) -> MFU:
-    """Model FLOPs utilisation of `flops` model FLOPs done in `seconds`, against both peaks.
-
-    Raises MFUError above 1: always a bug in the FLOP count or the timing (unsynchronised CUDA).
-    """
+    """Model FLOPs utilisation of `flops` model FLOPs done in `seconds`, against both peaks; MFUError above 1."""
     if not (flops > 0 and seconds > 0 and math.isfinite(flops) and math.isfinite(seconds)):
         raise ValueError(f"mfu needs positive, finite flops and seconds; got flops={flops!r}, seconds={seconds!r}")
     achieved = flops / seconds / 1e12
@@ -256,24 +246,21 @@ def summarize_times(times: list[float]) -> Timing:
 
 
 def _sync_fn(sync) -> Callable[[], None]:
+    """True: every initialised GPU (CPU work is done when fn returns); False: none; a device: that one;
+    a callable: itself."""
     if callable(sync):
         return sync
-    if sync is False or sync is None:
-        return lambda: None
     if sync is True:
-        # Synchronise every initialised GPU; CPU work is already done when fn returns.
-        return lambda: torch.cuda.synchronize() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return lambda: torch.cuda.synchronize() if torch.cuda.is_initialized() else None
+    if not sync:
+        return lambda: None
     device = torch.device(sync)
     return lambda: synchronize(device)
 
 
 def benchmark(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, sync=True) -> Timing:
     """Time fn(): `warmup` untimed calls, then `repeats` timed ones; median, p10/p90, min, mean.
-
-    sync: True (default) synchronises CUDA (when initialised) after warm-up and before each clock
-    stops, so queued GPU work is inside the measurement; False skips it; a device ("cuda:0") syncs
-    that device; a callable is called instead.
-    """
+    `sync` (see _sync_fn) runs after warm-up and before each clock stops, so queued GPU work is timed."""
     return benchmark_interleaved({"fn": fn}, warmup=warmup, repeats=repeats, sync=sync)["fn"]
 
 

@@ -3,11 +3,10 @@
 `TrainStep` is the workbench's one training step: SFT trains with it; the matrix here and
 `rookworld bench` time it, so a speed figure is the speed of training.
 
-The matrix trains a baseline `TuneConfig` for a few steps from a fixed initialisation on fixed
-batches, then each row with one setting changed, and records speed, MFU, memory and the final loss.
-A row whose final loss is more than `tolerance` from the baseline's is marked `changes_result`: a
-speed-up that changes the answer is not a speed-up. Rows a device cannot run are kept as `skipped`
-with the reason; a crash is `failed`.
+The matrix trains a baseline `TuneConfig` and then each row with one setting changed, from the same
+initialisation on seeded batches. A row whose final loss is more than `tolerance` from the baseline's
+is marked `changes_result` (a speed-up that changes the answer is not a speed-up); rows a device
+cannot run are kept as `skipped` with the reason, a crash as `failed`.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import shutil
-import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -23,8 +21,10 @@ from pathlib import Path
 import torch
 
 from . import perf
+from .health import state_bytes
 from .model import GPT, GPTConfig, PRESETS, lm_loss
 from .config import bad_field, option, validate
+from .tokenizer import VOCAB_SIZE
 from .train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 
 COMPILE_MODES = ("off", "default", "max-autotune")
@@ -61,7 +61,7 @@ class TrainStep:
     DDP's no_sync, the non-finite guard) calls the pieces: `accumulate`, `clip`, `update`.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer, runtime: Runtime | None = None, *, grad_accum: int = 1,
+    def __init__(self, model: torch.nn.Module, optimizer, runtime: Runtime, *, grad_accum: int = 1,
                  grad_clip: float = 1.0, loss_impl: str = "auto", forward_model: torch.nn.Module | None = None,
                  ddp=None):
         self.model = model  # holds the parameters the optimizer and clipping see
@@ -69,7 +69,7 @@ class TrainStep:
         # a compiled module proxies len() to the wrapped one, so its truth value raises TypeError.
         self.forward_model = model if forward_model is None else forward_model
         self.optimizer = optimizer
-        self.runtime = runtime or setup_runtime(str(next(model.parameters()).device), "fp32")
+        self.runtime = runtime
         self.grad_accum = grad_accum
         self.grad_clip = grad_clip
         self.loss_impl = resolve_loss_impl(loss_impl, self.runtime.device)
@@ -117,7 +117,7 @@ class CPUOffloadAdamW:
     the two moments (8 bytes/param) stay in host RAM, at the cost of two PCIe transfers per step.
     """
 
-    def __init__(self, param_groups: list[dict], lr: float, betas=(0.9, 0.95), eps: float = 1e-8):
+    def __init__(self, param_groups: list[dict], lr: float):
         pin = torch.cuda.is_available()
         self.device_params = [p for g in param_groups for p in g["params"]]
         cpu_groups = []
@@ -128,8 +128,7 @@ class CPUOffloadAdamW:
                 m.grad = torch.zeros(m.shape, dtype=torch.float32, pin_memory=pin)
             cpu_groups.append({**g, "params": masters})
         self.masters = [m for g in cpu_groups for m in g["params"]]
-        self.inner = build_adamw(cpu_groups, lr=lr, weight_decay=0.0, betas=betas, eps=eps, device_type="cpu",
-                                 fused=False)
+        self.inner = build_adamw(cpu_groups, lr=lr, weight_decay=0.0, device_type="cpu", fused=False)
         self.param_groups = self.inner.param_groups
 
     @torch.no_grad()
@@ -239,19 +238,9 @@ def unsupported_reason(cfg: TuneConfig, device: torch.device) -> str | None:
 
 # --- Data and initialisation shared by every row ---
 
-def random_batches(n: int, batch_size: int, seq_len: int, vocab_size: int = 50257, seed: int = 0) -> list[tuple]:
+def random_batches(n: int, batch_size: int, seq_len: int, seed: int = 0) -> list[tuple]:
     """n (x, y) pairs of uniformly random tokens, y = x shifted by one."""
-    t = torch.randint(0, vocab_size, (n * batch_size, seq_len + 1), generator=torch.Generator().manual_seed(seed))
-    return batches_from_tokens(t.flatten(), n, batch_size, seq_len)
-
-
-def batches_from_tokens(tokens: torch.Tensor, n: int, batch_size: int, seq_len: int) -> list[tuple]:
-    """n (x, y) pairs cut consecutively from a 1-D token stream (e.g. shipped training text)."""
-    need = n * batch_size * (seq_len + 1)
-    if tokens.numel() < need:
-        raise ValueError(f"token stream has {tokens.numel()} tokens, {need} needed for {n} batches of "
-                         f"{batch_size} x {seq_len + 1}")
-    t = tokens[:need].view(n, batch_size, seq_len + 1)
+    t = torch.randint(0, VOCAB_SIZE, (n, batch_size, seq_len + 1), generator=torch.Generator().manual_seed(seed))
     return [(t[i, :, :-1].contiguous(), t[i, :, 1:].contiguous()) for i in range(n)]
 
 
@@ -277,31 +266,21 @@ def load_initial_state(model: GPT, state: dict[str, torch.Tensor]) -> None:
         p[: src.shape[0]].copy_(src)
 
 
-def state_bytes(model: torch.nn.Module, optimizer) -> dict[str, float]:
-    """MB held by parameters, gradients and optimizer state on the model's device."""
-    device = next(model.parameters()).device
-    states = getattr(optimizer, "inner", optimizer).state.values()  # the offloaded one keeps its state on the CPU
-    parts = {"params_mb": model.parameters(), "grads_mb": [p.grad for p in model.parameters() if p.grad is not None],
-             "optimizer_mb": [v for st in states for v in st.values() if torch.is_tensor(v) and v.device == device]}
-    return {key: perf.tensor_bytes(ts) / 2**20 for key, ts in parts.items()}
-
-
 # --- Running one row and the matrix ---
 
-def checked_mfu(flops: float, seconds: float, peaks: dict, device: torch.device, precision: str,
-                measure: bool = True) -> perf.MFU:
+def checked_mfu(flops: float, seconds: float, peaks: dict, device: torch.device, precision: str) -> perf.MFU:
     """perf.mfu against the cached peak; above 100% of the *measured* peak, measure once more.
 
     On a shared machine the first measurement can land in a busy moment; a peak is the best rate the
     hardware shows, so the larger value is kept. Still above 100%, the FLOPs or the timing are wrong.
     """
     if precision not in peaks:
-        peaks[precision] = perf.get_peak(device, precision, measure=measure)
+        peaks[precision] = perf.get_peak(device, precision)
     peak = peaks[precision]
     try:
         return perf.mfu(flops, seconds, peak)
     except perf.MFUError:
-        if not measure or peak.measured_tflops is None:
+        if peak.measured_tflops is None:
             raise
         again = perf.measure_peak_tflops(device, precision, repeats=10)
         peaks[precision] = replace(peak, measured_tflops=max(again, peak.measured_tflops))
@@ -322,19 +301,21 @@ def build_step(cfg: TuneConfig, device: torch.device, init_state: dict) -> Train
 
 
 def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace_path) -> dict:
-    """cfg.steps timed steps, then (if profile) one more under the profiler: losses, times, memory."""
+    """cfg.steps steps, those from cfg.timed_from timed, then (if profile) one more under the profiler."""
     device = step.runtime.device
-    losses, times = [], []
-    perf.reset_max_memory(device)
-    for i in range(cfg.steps):
-        x, y = batches[i % len(batches)]
-        perf.synchronize(device)
-        t0 = time.perf_counter()
+    losses = []
+
+    def one_step():
+        x, y = batches[len(losses) % len(batches)]
         losses.append(step(x, y))
-        perf.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    static = state_bytes(step.model, step.optimizer)
-    out = {"losses": [float(v) for v in losses], "step_times_s": times, "peak_mem_mb": perf.max_memory_mb(device),
+
+    perf.reset_max_memory(device)
+    timing = perf.benchmark(one_step, warmup=cfg.timed_from, repeats=cfg.steps - cfg.timed_from, sync=device)
+    held = state_bytes(step.model, step.optimizer)
+    static = {"params_mb": held["params"] / 2**20, "grads_mb": held["grads"] / 2**20,
+              "optimizer_mb": held["optimizer_state"] / 2**20}
+    out = {"losses": [float(v) for v in losses], "step_times_s": list(timing.times_s),
+           "peak_mem_mb": perf.max_memory_mb(device),
            "state_mb": static, "memory_by_phase": [], "top_ops": [], "trace_path": None}
     if profile:  # after the final loss is recorded, so it never affects parity
         x, y = batches[cfg.steps % len(batches)]
@@ -347,8 +328,7 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
 
 
 def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: dict | None = None,
-               peaks: dict | None = None, measure_peak: bool = True, profile_memory: bool = True,
-               trace_path: str | Path | None = None) -> dict:
+               peaks: dict | None = None, profile_memory: bool = True, trace_path: str | Path | None = None) -> dict:
     """Train `cfg` for cfg.steps steps and measure it: one row (a plain dict) labelled by `variant`,
     skipped or failed as the module docstring says. With profile_memory one more step runs under the
     profiler after the timed ones, for memory by phase and the top operators."""
@@ -368,10 +348,10 @@ def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: d
     losses = run["losses"]
     if not all(math.isfinite(v) for v in losses):
         row["status"], row["reason"] = "failed", f"non-finite loss {losses}"
-    timing = perf.summarize_times(run["step_times_s"][cfg.timed_from:])
+    timing = perf.summarize_times(run["step_times_s"])
     tokens = cfg.batch_size * cfg.seq_len
     flops = perf.flops_per_token(cfg.model_config(), cfg.seq_len, "train") * tokens
-    util = checked_mfu(flops, timing.median_s, {} if peaks is None else peaks, device, cfg.precision, measure_peak)
+    util = checked_mfu(flops, timing.median_s, {} if peaks is None else peaks, device, cfg.precision)
     return {**row, **run, "step_time_s": timing.median_s, "step_time_p10_s": timing.p10_s,
             "step_time_p90_s": timing.p90_s, "tokens_per_step": tokens, "tokens_per_s": tokens / timing.median_s,
             "flops_per_step": flops, "achieved_tflops": util.achieved_tflops,
@@ -471,8 +451,8 @@ class MatrixResult:
 
 
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
-               allow_compile: bool = True, measure_peak: bool = True, profile_memory: bool = True,
-               trace_dir: str | Path | None = None, progress: bool = True, repeat_baseline: bool = False) -> MatrixResult:
+               allow_compile: bool = True, profile_memory: bool = True, trace_dir: str | Path | None = None,
+               progress: bool = True, repeat_baseline: bool = False) -> MatrixResult:
     """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
     loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
     machine's run-to-run noise. trace_dir receives the baseline's profiler trace."""
@@ -488,8 +468,8 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
         for v in tqdm(variants, desc="tuning matrix", disable=not progress):
             cfg = replace(base, **v.overrides)
             trace = Path(trace_dir) / "baseline_trace.json" if (trace_dir and v.variable == "baseline") else None
-            rows.append(run_config(cfg, v, init_state=init, peaks=peaks, measure_peak=measure_peak,
-                                   profile_memory=profile_memory, trace_path=trace))
+            rows.append(run_config(cfg, v, init_state=init, peaks=peaks, profile_memory=profile_memory,
+                                   trace_path=trace))
     base_row = rows[0]
     for r in rows:
         if r["status"] == "ok" and base_row["status"] == "ok":

@@ -8,6 +8,7 @@ import torch
 
 from rookworld_lib import perf, tuning
 from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.train_utils import setup_runtime
 
 # Small enough for CI: tiny model, 2 x 16 tokens, 3 steps.
 BASE = tuning.TuneConfig(model="tiny", batch_size=2, seq_len=16, steps=3, timed_from=1, device="cpu")
@@ -152,14 +153,12 @@ def test_config_validation_names_the_field():
         tuning.TuneConfig(model="gpt5")
 
 
-def test_batches_from_tokens():
-    stream = torch.arange(1000)
-    batches = tuning.batches_from_tokens(stream, n=2, batch_size=3, seq_len=10)
+def test_random_batches_are_seeded_and_shifted():
+    batches = tuning.random_batches(2, batch_size=3, seq_len=10, seed=1)
     x, y = batches[1]
     assert x.shape == y.shape == (3, 10)
     assert torch.equal(x[:, 1:], y[:, :-1])
-    with pytest.raises(ValueError, match="token stream"):
-        tuning.batches_from_tokens(stream, n=100, batch_size=3, seq_len=10)
+    assert torch.equal(tuning.random_batches(2, 3, 10, seed=1)[0][0], batches[0][0])
 
 
 def test_mfu_recheck_remeasures_a_low_peak():
@@ -175,5 +174,6 @@ def test_train_step_accepts_a_compiled_model_without_calling_it():
     # on a GPU run; building the step must not touch the wrapper's truth value.
     model = GPT(GPTConfig.preset("tiny"))
     compiled = torch.compile(model)  # lazy: nothing is compiled until the first call
-    step = tuning.TrainStep(model, tuning.make_optimizer(model, tuning.TuneConfig()), forward_model=compiled)
+    step = tuning.TrainStep(model, tuning.make_optimizer(model, tuning.TuneConfig()), setup_runtime("cpu", "fp32"),
+                            forward_model=compiled)
     assert step.forward_model is compiled
