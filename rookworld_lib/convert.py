@@ -1,15 +1,10 @@
 """The original RookWorld data: read its lines and local copies of its data sets into our records.
 
-Original lines (the generators of the public RookWorld repository, ``dev/data/``)::
-
-    P: <FEN padded to 90 (89 in some files)>M: <moves padded to 30>E: <evals padded to 40>B: <best>
-    [A: ]<FEN>+<move>+<history>+<new FEN>+<reward>+<terminated>+<truncated>
-
-``P:`` (rook sets): (move, eval) pairs shuffled; evals are ``score(mate_score=100000) / 100`` for the
-side to move (``999.85`` = mate in 15); ``B:`` is the first multipv move for white but the *last* (the
-worst) for black, as the generator reversed the list for black. ``A:`` (arbiter sets; the rookworld
-text sets add the ``A: `` prefix): FENs are python-chess's ``board.fen()``, moves were pushed without
-a legality check, and ``outcome()`` saw the game's whole move stack (so repetition endings appear).
+Original lines (the generators of the public RookWorld repository, ``dev/data/``) are written in
+the original layout of :mod:`rookworld_lib.tasks`. ``P:`` (rook sets): ``B:`` is the first multipv
+move for white but the *last* (the worst) for black, as the generator reversed the list for black.
+``A:`` (arbiter sets; the rookworld text sets add the ``A: `` prefix): moves were pushed without a
+legality check, and ``outcome()`` saw the game's whole move stack (so repetition endings appear).
 
 Every line becomes one of our records (``source: "original"``: ``P:`` candidates best first, the
 line's ``B:`` kept as ``original_best``; ``A:`` rows only where python-chess's replay agrees) or an
@@ -53,12 +48,6 @@ class OriginalPolicyLine:
     best: str
     fen_width: int  # 90 or 89: the width the FEN was padded to
 
-    def text(self) -> str:
-        """The line written back in the original layout (equal to the input for a well-formed line)."""
-        prompt, completion = tasks.policy_text(self.fen, self.moves, self.evals, self.best, "original",
-                                               shuffle=False, fen_width=self.fen_width)
-        return prompt + completion
-
 
 @dataclass(frozen=True)
 class OriginalEnvLine:
@@ -69,13 +58,6 @@ class OriginalEnvLine:
     history: tuple[str, ...]
     answer: EnvTruth  # the next FEN, reward and flags the line states
     prefixed: bool  # the line starts with "A: " (rookworld text sets) or not (arbiter sets)
-
-    def text(self) -> str:
-        """The line written back as the original did: python-chess's FENs, the same prefix."""
-        a = self.answer
-        prompt = tasks.env_prompt(tasks.original_fen(self.fen), self.move, self.history)
-        completion = tasks.env_completion(tasks.original_fen(a.new_fen), a.reward, a.terminated, a.truncated)
-        return (prompt if self.prefixed else prompt[len(tasks.ENV_PREFIX):]) + completion
 
 
 def parse_policy_line(text: str) -> OriginalPolicyLine | str:
