@@ -18,6 +18,7 @@ import json
 import math
 import random
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -215,25 +216,22 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
 
 
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
-    """Valid, next position right (:func:`tasks.same_position`), FEN similarity (both FENs in one
-    en-passant convention), reward and flag accuracy on A: records."""
-    records, _, completions = _decode(model, records, cfg, env_prompt_of, cfg.max_env)
-    valid = exact = reward_ok = term_ok = trunc_ok = 0
-    sims = []
-    for rec, text in zip(records, completions):
+    """Valid, FEN similarity (both FENs in one en-passant convention), and how often each part the
+    environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags."""
+    records, prompts, completions = _decode(model, records, cfg, env_prompt_of, cfg.max_env)
+    valid, sims, right = 0, [], Counter()
+    for rec, prompt, text in zip(records, prompts, completions):
         p = tasks.parse_env_completion(text)
         valid += p.ok
-        true_fen = rec["new_fen"]
-        exact += tasks.same_position(p.new_fen, true_fen)
-        pred = p.new_fen or ""
+        pred, true_fen = p.new_fen or "", rec["new_fen"]
         sims.append(similarity(tasks.normalized_fen(pred) or pred, tasks.normalized_fen(true_fen) or true_fen))
-        reward_ok += p.reward is not None and abs(p.reward - float(rec["reward"])) < 1e-9
-        term_ok += p.terminated == int(rec["terminated"])
-        trunc_ok += p.truncated == int(rec["truncated"])
+        score = rewards.score_environment_detailed(prompt, text, truth=rec)  # each part 1.0 (right) or 0.0
+        right.update({part: getattr(score, part) for part in ("fen_exact", "reward", "terminated", "truncated")})
     n = len(records)
-    return {"env/valid": wilson(valid, n), "env/next_fen_exact": wilson(exact, n),
-            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": wilson(reward_ok, n),
-            "env/terminated_accuracy": wilson(term_ok, n), "env/truncated_accuracy": wilson(trunc_ok, n)}
+    return {"env/valid": wilson(valid, n), "env/next_fen_exact": wilson(right["fen_exact"], n),
+            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": wilson(right["reward"], n),
+            "env/terminated_accuracy": wilson(right["terminated"], n),
+            "env/truncated_accuracy": wilson(right["truncated"], n)}
 
 
 def self_play(model: GPT, cfg: EvalConfig) -> dict:
