@@ -1,16 +1,5 @@
-"""Supervised pretraining (SFT) on task text: packed P:/A: samples, AdamW, warm-up + cosine.
-
-A step (`SFTTrainer.train_step`) accumulates `grad_accum` micro-batches of packed rows, clips the
-gradient norm and steps AdamW unless loss or norm is non-finite (then the update is skipped and
-counted); the val loss is measured every `eval_interval` steps, metrics go to `<out_dir>/metrics.jsonl`.
-
-Packing (`PackedStream`): each sample is stored as [EOT] + tokens and the stream reads
-EOT s_0 EOT s_1 ...; a batch is the next batch_size * block_size + 1 tokens cut into rows (input
-row[:-1], target row[1:]), so every token is a target exactly once. Attention crosses sample
-boundaries as in GPT-2 pretraining; the EOT says an unrelated sample starts. The task of the next
-sample is P: with probability `policy_fraction` (None: the data's own mix), and each task's samples
-go in a fresh permutation every epoch. All draws are pure functions of (seed, sample index), so the
-stream position is three numbers and a resumed run reads the same tokens: on CPU with
+"""Supervised pretraining (SFT) on task text: packed P:/A: samples (`PackedStream`), AdamW, warm-up
++ cosine, the val loss every `eval_interval` steps, metrics in `<out_dir>/metrics.jsonl`. On CPU with
 deterministic=True a resumed run ends bit-identical to an uninterrupted one.
 
 Under torchrun (`rookworld sft --nproc N`) every rank reads the same stream and trains on rows
@@ -39,12 +28,12 @@ import torch
 from . import distributed
 from .model import GPT, PRESETS, GPTConfig, layout_for, read_config_json
 from .paths import RUNS_DIR
-from .tasks import LAYOUTS
+from .tasks import LAYOUTS, task_of
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
 from .trainer import FINAL_DIR, Trainer
 from .tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
 from .config import add_config_arguments, bad_field, check_number, config_kwargs_from_args, option, validate
-from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, maybe_compile, seed_everything
+from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -190,12 +179,6 @@ RESUME_MAY_CHANGE = Trainer.resume_may_change | {"train_data", "val_data", "max_
 
 # -- reading sample texts --------------------------------------------------------------------------
 
-def task_of(text: str) -> str | None:
-    """ "P" or "A" from a sample's prefix, or None for any other text."""
-    head = text.lstrip()[:2]
-    return head[0] if head in ("P:", "A:") else None
-
-
 def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -> list[str]:
     """Full training strings (prompt + completion, no EOT) from JSONL files, in file order.
 
@@ -256,6 +239,13 @@ def _encode_pool(enc, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 class PackedStream:
     """An endless, shuffled, packed token stream over sample texts, with a resumable position.
 
+    Each sample is stored as [EOT] + tokens and the stream reads EOT s_0 EOT s_1 ...; a batch is the
+    next batch_size * block_size + 1 tokens cut into rows (input row[:-1], target row[1:]), so every
+    token is a target exactly once. Attention crosses sample boundaries as in GPT-2 pretraining; the
+    EOT says an unrelated sample starts. Each task's samples go in a fresh permutation every epoch.
+    All draws are pure functions of (seed, sample index), so the position is three numbers and a
+    resumed run reads the same tokens.
+
     texts: full sample strings ("P: ... B: e2e4", "A: ...+0.001+0+0"); a trailing <|endoftext|>
     is dropped (each sample gets one in front). policy_fraction: chance that the next sample is
     a P: one (then every text must start with "P:" or "A:"); None: one pool, the data's own mix.
@@ -271,7 +261,7 @@ class PackedStream:
         else:
             groups = {t: [] for t in TASKS}
             for i, text in enumerate(texts):
-                task = task_of(text)
+                task = task_of(text.lstrip())
                 if task is None:
                     raise ValueError(f"{name} sample {i} starts with {text.lstrip()[:24]!r}: with policy_fraction "
                                      "set, every sample must start with 'P:' or 'A:' (or set policy_fraction=None)")
@@ -397,7 +387,8 @@ class SFTTrainer(Trainer):
         if ckpt is not None:
             self.restore(ckpt)
         self.seed_rank(ckpt, cfg.seed)
-        self.compiled = maybe_compile(self.wrap_ddp(self.model), cfg.compile)
+        forward = self.wrap_ddp(self.model)  # torch.compile shares its parameters (checkpoints save through unwrap)
+        self.compiled = torch.compile(forward) if cfg.compile else forward
         # the training step that `rookworld bench` and notebook 04's matrix time (tuning.TrainStep)
         self.stepper = TrainStep(self.model, self.optimizer, self.runtime, grad_accum=cfg.grad_accum,
                                  grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl, forward_model=self.compiled,
@@ -427,7 +418,7 @@ class SFTTrainer(Trainer):
         self.val_stream = None
         if val_texts and cfg.eval_interval > 0:
             mix = cfg.policy_fraction
-            if mix is not None and {task_of(t) for t in val_texts} != set(TASKS):
+            if mix is not None and {task_of(t.lstrip()) for t in val_texts} != set(TASKS):
                 mix = None  # val data with one task only: measure it as it is
             self.val_stream = PackedStream(val_texts, seed=cfg.seed, policy_fraction=mix, name="val")
 
@@ -576,10 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _shipped(split: str) -> tuple[str, ...]:
-    from .paths import DATA_DIR
+    from .data import data_file
 
-    files = [DATA_DIR / f"{name}_{split}.jsonl" for name in ("policy", "env")]
-    return tuple(str(f) for f in files if f.is_file())
+    return tuple(str(f) for f in (data_file("P", split), data_file("A", split)) if f.is_file())
 
 
 def _config_from_args(args: argparse.Namespace) -> SFTConfig:

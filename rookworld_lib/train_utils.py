@@ -1,8 +1,5 @@
-"""Pieces every training loop here shares: schedule, optimizer, precision, NaN guard, metrics, RNG
-and out_dir's lock.
-
-Each piece is small and independent; `trainer.Trainer` puts them together into one loop.
-"""
+"""Pieces every training loop here shares (`trainer.Trainer` puts them together): schedule, optimizer,
+precision, NaN guard, metrics, RNG and out_dir's lock."""
 
 from __future__ import annotations
 
@@ -146,10 +143,6 @@ class Runtime:
     tf32: bool  # allow TF32 matmuls on CUDA (fp32 inputs, ~10-bit mantissa products)
     deterministic: bool  # deterministic algorithms (bit-identical reruns on CPU; best effort on CUDA)
 
-    @property
-    def dtype_name(self) -> str:
-        return "bf16" if self.amp_dtype == torch.bfloat16 else "fp32"
-
     def autocast(self):
         """bf16 autocast around forward passes (weights and optimizer stay fp32), or a no-op."""
         if self.amp_dtype is None:
@@ -203,11 +196,6 @@ def setup_runtime(device: str = "auto", dtype: str = "auto", *, tf32: bool = Tru
         raise ValueError(f"dtype 'bf16' requested but {torch.cuda.get_device_name(dev)} does not support bfloat16")
     use_bf16 = dtype == "bf16" or (dtype == "auto" and cuda_bf16)
     return Runtime(dev, torch.bfloat16 if use_bf16 else None, tf32, deterministic)
-
-
-def maybe_compile(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """torch.compile(model) when enabled; it shares the original's parameters (save through `unwrap`)."""
-    return torch.compile(model) if enabled else model
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
