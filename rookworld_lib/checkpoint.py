@@ -175,12 +175,8 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
 
 
 def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 4 MiB blocks."""
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(4 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _digest_path(path: Path) -> Path:
@@ -202,7 +198,7 @@ def _remove(paths) -> None:
             p.unlink()
 
 
-def load_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> dict:
+def load_checkpoint(path: str | os.PathLike) -> dict:
     """Load a checkpoint file, or the latest one of a checkpoint directory, and check its format.
 
     Raises CheckpointLoadError naming the file when it is missing, truncated, corrupt, or not ours.
@@ -226,7 +222,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location="cpu") -> dict:
         raise CheckpointLoadError(f"{path}: its bytes changed since it was saved (SHA-256 differs from "
                                   f"{_digest_path(path).name}): a corrupted file, not loaded{_others(path)}")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip/pickle errors come in many types; all mean the same here
         raise CheckpointLoadError(f"{path}: corrupt or incomplete checkpoint ({_reason(exc)}){_others(path)}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
@@ -286,8 +282,7 @@ def training_state(*, step: int, model: torch.nn.Module, optimizer=None, schedul
     }
 
 
-def restore_training_state(ckpt: dict, *, model: torch.nn.Module, optimizer=None, scheduler=None, data=None,
-                           rng: bool = True) -> int:
+def restore_training_state(ckpt: dict, *, model: torch.nn.Module, optimizer=None, scheduler=None, data=None) -> int:
     """Load a checkpoint dict into live objects (strictly) and return its step.
 
     The RNG states are restored last, so nothing done while rebuilding the objects (a model's
@@ -300,19 +295,9 @@ def restore_training_state(ckpt: dict, *, model: torch.nn.Module, optimizer=None
         if ckpt.get(name) is None:
             raise CheckpointLoadError(f"checkpoint at step {ckpt['step']} holds no {name} state to resume from")
         obj.load_state_dict(ckpt[name])
-    if rng and ckpt.get("rng") is not None:
+    if ckpt.get("rng") is not None:
         set_rng_state(ckpt["rng"])
     return int(ckpt["step"])
-
-
-def model_from_checkpoint(path: str | os.PathLike, **config_overrides):
-    """A GPT with a checkpoint's weights (a file, or a directory's latest), in eval mode on CPU."""
-    from .model import GPT, config_from_dict
-
-    ckpt = load_checkpoint(path)
-    model = GPT(config_from_dict({**ckpt["model_config"], **config_overrides}))
-    model.load_state_dict(ckpt["model"], strict=True)
-    return model.eval()
 
 
 def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
@@ -326,8 +311,12 @@ def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
         if directory is None:
             raise ValueError("export_hf: give a directory when exporting a model object")
     else:
+        from .model import GPT, config_from_dict
+
         path = Path(source)
-        model = model_from_checkpoint(path, gradient_checkpointing=False)  # names the file it cannot load
+        ckpt = load_checkpoint(path)  # names the file it cannot load
+        model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
+        model.load_state_dict(ckpt["model"], strict=True)
         resolved = latest_checkpoint(path) if path.is_dir() else path
         if directory is None:
             directory = resolved.with_name(resolved.stem + "-hf")

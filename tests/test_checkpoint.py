@@ -238,10 +238,11 @@ def test_a_kill_during_save_leaves_the_latest_checkpoint_whole(tmp_path):
     assert ck.load_checkpoint(tmp_path)["step"] == 2
 
 
-def test_model_from_checkpoint_and_export_hf(tmp_path):
+def test_restore_from_checkpoint_and_export_hf(tmp_path):
     model, *_, state = trained_state()
     path = ck.save_checkpoint(tmp_path / "ckpt", state)
-    restored = ck.model_from_checkpoint(path)
+    restored = small_model(seed=1).eval()
+    assert ck.restore_training_state(ck.load_checkpoint(path), model=restored) == 1
     x = torch.randint(0, 50257, (1, 8))
     model.eval()
     with torch.no_grad():
