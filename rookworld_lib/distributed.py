@@ -34,10 +34,6 @@ class DistInfo:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
 
 def init_from_env(device_type: str = "cpu") -> DistInfo:
     """Join the torchrun process group if there is one (gloo for CPU, NCCL for CUDA)."""
