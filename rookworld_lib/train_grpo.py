@@ -213,9 +213,7 @@ class GRPOTrainer(Trainer):
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         check_world_size(cfg, self.dist.world_size)
         self.model = model.to(self.runtime.device)
-        self.ref = None
-        if cfg.loss.beta > 0:
-            self.ref = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99),
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
@@ -324,8 +322,7 @@ class GRPOTrainer(Trainer):
     # -- one step ---------------------------------------------------------------------------
 
     def train_step(self) -> dict:
-        """One GRPO step: sample and score a rollout batch, group advantages, `mu` passes of
-        minibatch updates; returns the step's metrics record."""
+        """One GRPO step (steps 1-5 of the module docstring); returns its metrics record."""
         cfg = self.cfg
         self.model.eval()  # dropout off for sampling, scoring and the update (see module docstring)
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}
