@@ -8,6 +8,7 @@ notebook may add to the report by writing `report_<anything>.md` into its `run_d
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as dt
 import json
 import platform
@@ -37,8 +38,6 @@ def declared_parameters(notebook: Path) -> set[str]:
     Read with Python's own parser: papermill's inspector gives up on lines whose comments hold
     quotes or parentheses, and a parameter it cannot read would silently not be passed.
     """
-    import ast
-
     import nbformat
 
     nb = nbformat.read(str(notebook), as_version=4)
@@ -108,7 +107,7 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     return run_dir
 
 
-def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | None) -> Path:
+def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | None) -> None:
     """report.md: the run's settings, each notebook's status and time, the notebooks' fragments, figures."""
     lines = [f"# RookWorld run {meta['started']}", "",
              f"profile `{meta['profile']}` · commit `{meta['git_commit']}` · torch {meta['torch']} · "
@@ -122,9 +121,7 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
     figures = sorted((run_dir / "figures").glob("*.html"))
     if figures:
         lines += ["", "## Figures", ""] + [f"- [{f.stem}](figures/{f.name})" for f in figures]
-    path = run_dir / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
 def cli(argv: list[str] | None = None) -> int:
