@@ -139,10 +139,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if hint is bool:
             kw["action"] = argparse.BooleanOptionalAction
-        elif origin is tuple:
-            kw["type"] = args[0]
-            kw["nargs"] = "*" if (len(args) == 2 and args[1] is Ellipsis) else len(args)
-            kw["metavar"] = args[0].__name__.upper()
+        elif origin is tuple:  # tuple[T, ...] takes any number of values, tuple[T, T] exactly two
+            kw.update(type=args[0], nargs="*" if args[-1] is Ellipsis else len(args), metavar=args[0].__name__.upper())
         elif origin is dict or hint is dict:
             kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
         elif hint in (int, float, str):
