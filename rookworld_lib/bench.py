@@ -187,11 +187,8 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
 
 
 def rollout_sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress=print) -> dict:
-    """Our sampler's generated tokens/s against rollout batch size (prompts x group), per decode mode.
-
-    Same prompt lengths and new-token budget as (b); every row decodes the full budget. This is the
-    GRPO rollout's throughput as the batch grows, where a GPU leaves the launch-bound regime.
-    """
+    """Our sampler's generated tokens/s against rollout batch size (prompts x group), per decode mode, with
+    (b)'s prompt lengths and full new-token budget: GRPO's rollout as a GPU leaves the launch-bound regime."""
     from .sampling import NO_EOS, SamplingConfig, generate
 
     cuda = runtime.device.type == "cuda"
@@ -263,7 +260,7 @@ def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
 
 
 def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> list[float]:
-    """Wall time of each GRPOTrainer optimizer step (one generation round per step)."""
+    """Wall time of each GRPOTrainer optimizer step (one generation round per step; the first with TRL's setup)."""
     import datasets
     import transformers
     from trl import GRPOConfig, GRPOTrainer
@@ -275,10 +272,6 @@ def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> li
     stamps: list[float] = []
 
     class StepTimer(transformers.TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            if not stamps:
-                stamps.append(time.perf_counter())
-
         def on_step_end(self, args, state, control, **kw):
             perf.synchronize(device)
             stamps.append(time.perf_counter())
@@ -294,6 +287,7 @@ def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> li
     )
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [vowel_reward(c) for c in completions],
                           args=args, train_dataset=ds, processing_class=hf_gpt2_tokenizer(), callbacks=[StepTimer()])
+    stamps.append(time.perf_counter())
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
     return [b - a for a, b in zip(stamps, stamps[1:])]

@@ -51,11 +51,8 @@ def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
 
 
 def flops_per_token(config: GPTConfig, seq_len: int, kind: str = "train") -> int:
-    """Model FLOPs per token: sum(flops_breakdown(...)), times 3 for "train" (backward = 2x forward).
-
-    kind: "forward" (a pass over `seq_len` tokens), "train" (forward + backward, no optimizer step) or
-    "decode" (one new token attending to `seq_len` cached keys, its own included).
-    """
+    """Model FLOPs per token of `kind`: "forward" (a pass over `seq_len` tokens), "train" (3x forward: backward
+    is 2x, no optimizer step) or "decode" (one new token attending to `seq_len` cached keys, its own included)."""
     if kind not in FLOP_KINDS:
         raise ValueError(f"kind must be one of {FLOP_KINDS}, got {kind!r}")
     fwd = sum(flops_breakdown(config, seq_len).values())
@@ -139,11 +136,8 @@ def synchronize(device: str | torch.device = "auto") -> None:
 
 def measure_peak_tflops(device: str | torch.device = "auto", precision: str = "fp32", n: int | None = None,
                         warmup: int = 2, repeats: int = 5) -> float:
-    """Achievable matmul TFLOP/s: an n x n @ n x n matmul in the run's dtype, warmed up and synced.
-
-    The *best* of `repeats` timings counts: a peak is what the hardware can do, and on a shared machine
-    the slower repeats measure the neighbours. n: 8192 on a GPU, 1024 on a CPU (out of cache, < 1 s).
-    """
+    """Achievable TFLOP/s of an n x n matmul in the run's dtype (n 8192 on a GPU, 1024 on a CPU: out of cache,
+    < 1 s). The *best* repeat counts: a peak is what the hardware can do; slower repeats measure the neighbours."""
     device = resolve_device(device)
     n = n or (8192 if device.type == "cuda" else 1024)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
@@ -406,11 +400,8 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
 
 def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = None,
                    device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
-    """Run fn() once under torch.profiler (with memory); export a trace, tabulate the top ops.
-
-    For each region fn marks with `phase(...)`, memory_by_phase gives the live tensor memory at its
-    start, peak and end (MB, relative to what was allocated before profiling began).
-    """
+    """Run fn() once under torch.profiler (with memory); export a trace, tabulate the top ops, and give each
+    `phase(...)` region's live tensor memory at its start, peak and end (MB, from the profile's start)."""
     from torch.profiler import ProfilerActivity, profile
 
     device = resolve_device(device)
@@ -441,13 +432,6 @@ def max_memory_mb(device: str | torch.device = "auto") -> float | None:
     """Peak allocated accelerator memory since the last reset (CUDA), else None."""
     device = resolve_device(device)
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
-
-
-def reset_max_memory(device: str | torch.device = "auto") -> None:
-    """Start a new peak for max_memory_mb (CUDA; a no-op elsewhere)."""
-    device = resolve_device(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 # --- Provenance ---

@@ -32,11 +32,6 @@ def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None
     return html
 
 
-def load_figure(path: str | Path) -> go.Figure:
-    """Re-open a figure saved by save_figure (from its .json spec)."""
-    return pio.from_json(Path(path).with_suffix(".json").read_text())
-
-
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step") -> go.Figure:
     """One line per metric key over the training history (records of JSON-lines metrics)."""
     fig = go.Figure()
@@ -49,11 +44,8 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
 
 
 class LiveCurves:
-    """A plot that grows with each training step in JupyterLab (a plotly FigureWidget).
-
-    Where widgets are unavailable (papermill, nbval, plain Python) it only records; call
-    `figure()` at the end for the static copy, which is what survives a headless run.
-    """
+    """A plot that grows with each training step in JupyterLab (a plotly FigureWidget). Without widgets
+    (papermill, nbval, plain Python) it only records; `figure()` is the static copy a headless run keeps."""
 
     def __init__(self, keys: list[str], title: str, live: bool = True):
         self.keys, self.title, self.history = keys, title, []

@@ -111,11 +111,8 @@ class TrainStep:
 
 
 class CPUOffloadAdamW:
-    """AdamW whose state and fp32 master weights live in CPU memory (ZeRO-Offload style, one device).
-
-    Gradients go to pinned CPU buffers, a CPU AdamW updates the masters, and they are copied back:
-    the two moments (8 bytes/param) stay in host RAM, at the cost of two PCIe transfers per step.
-    """
+    """AdamW whose state and fp32 master weights live in CPU memory (ZeRO-Offload style, one device): the
+    two moments (8 bytes/param) stay in host RAM, at the cost of two PCIe transfers per step."""
 
     def __init__(self, param_groups: list[dict], lr: float):
         pin = torch.cuda.is_available()
@@ -253,11 +250,8 @@ def initial_state(cfg: TuneConfig) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def load_initial_state(model: GPT, state: dict[str, torch.Tensor]) -> None:
-    """Copy `state` into model; a vocabulary padded beyond the state's rows gets zero rows.
-
-    Padding rows are never looked up and their logits are sliced off, so they get no gradient and stay
-    zero: a padded model computes exactly what the unpadded one does.
-    """
+    """Copy `state` into model; rows of a padded vocabulary beyond the state's are zero, and stay zero (never
+    looked up, logits sliced off: no gradient), so a padded model computes exactly what the unpadded one does."""
     for name, p in model.named_parameters():
         src = state[name]
         if p.dim() != src.dim() or p.shape[1:] != src.shape[1:] or p.shape[0] < src.shape[0]:
@@ -269,11 +263,8 @@ def load_initial_state(model: GPT, state: dict[str, torch.Tensor]) -> None:
 # --- Running one row and the matrix ---
 
 def checked_mfu(flops: float, seconds: float, peaks: dict, device: torch.device, precision: str) -> perf.MFU:
-    """perf.mfu against the cached peak; above 100% of the *measured* peak, measure once more.
-
-    On a shared machine the first measurement can land in a busy moment; a peak is the best rate the
-    hardware shows, so the larger value is kept. Still above 100%, the FLOPs or the timing are wrong.
-    """
+    """perf.mfu against the cached peak; above 100% of the *measured* peak, measure once more and keep the
+    larger (on a shared machine the first can land in a busy moment). Still above 100%: the count is wrong."""
     if precision not in peaks:
         peaks[precision] = perf.get_peak(device, precision)
     peak = peaks[precision]
@@ -309,7 +300,8 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
         x, y = batches[len(losses) % len(batches)]
         losses.append(step(x, y))
 
-    perf.reset_max_memory(device)
+    if device.type == "cuda":  # a new peak for perf.max_memory_mb
+        torch.cuda.reset_peak_memory_stats(device)
     timing = perf.benchmark(one_step, warmup=cfg.timed_from, repeats=cfg.steps - cfg.timed_from, sync=device)
     held = state_bytes(step.model, step.optimizer)
     static = {"params_mb": held["params"] / 2**20, "grads_mb": held["grads"] / 2**20,
@@ -390,13 +382,11 @@ def default_variants(base: TuneConfig, allow_compile: bool = True) -> list[Varia
 
 
 def default_baseline(device: str = "auto", **overrides) -> TuneConfig:
-    """A sensible baseline: SFT's CPU step on CPU; on GPU nanoGPT's set (GPT-2 124M, bf16, fused
-    AdamW, padded vocabulary, T 1024)."""
+    """SFT's CPU step on CPU; on GPU nanoGPT's set (GPT-2 124M, bf16, fused AdamW, padded vocabulary, T 1024)."""
+    base = TuneConfig(device=device)
     if resolve_device(device).type == "cuda":
-        base = TuneConfig(model="gpt2", batch_size=16, seq_len=1024, precision="bf16", optimizer="fused",
-                          pad_vocab_to_multiple=64, steps=12, timed_from=4, device=device)
-    else:
-        base = TuneConfig(device=device)
+        base = replace(base, model="gpt2", batch_size=16, seq_len=1024, precision="bf16", optimizer="fused",
+                       pad_vocab_to_multiple=64, steps=12, timed_from=4)
     return replace(base, **overrides)
 
 
