@@ -567,9 +567,7 @@ class EngineSession:
         return result.move
 
 
-def _to_analysis(fen: str, turn: chess.Color, infos, limit: str) -> Analysis:
-    if isinstance(infos, dict):
-        infos = [infos]
+def _to_analysis(fen: str, turn: chess.Color, infos: list, limit: str) -> Analysis:
     lines, depths = {}, []  # first move -> eval, one per principal variation
     for info in infos:
         pv, score = info.get("pv"), info.get("score")

@@ -493,14 +493,13 @@ def score(prompt: str, completion: str, *, truth=None, engine="auto", policy_wei
     return GARBAGE
 
 
-def score_batch(prompts: list[str], completions: list[str], truths: list | None = None, *,
-                engine="auto", prefetch: bool = True) -> list[float]:
-    """Scores for a batch. With `prefetch` and an engine at hand, the items are scored on one
-    thread per engine process, so that their searches run in parallel (same results)."""
+def score_batch(prompts: list[str], completions: list[str], truths: list | None = None, *, engine="auto") -> list[float]:
+    """Scores for a batch. With an engine at hand, the items are scored on one thread per engine
+    process, so that their searches run in parallel (same results)."""
     if len(prompts) != len(completions) or (truths is not None and len(truths) != len(prompts)):
         raise ValueError("score_batch: prompts, completions and truths must have the same length")
     jobs = list(zip(prompts, completions, truths or [None] * len(prompts)))
-    pool = _resolve_engine(engine) if prefetch else None
+    pool = _resolve_engine(engine)
     one = lambda job: score(job[0], job[1], truth=job[2], engine=engine)  # noqa: E731
     return pool.map(one, jobs) if pool is not None else [one(job) for job in jobs]
 
