@@ -18,10 +18,7 @@ The objective (DeepSeekMath, arXiv:2402.03300, eq. 3), as a loss to minimise::
 (loss_type="vespo" replaces the clipped policy term by -phi_i * A_i * logprobs_it, see `vespo_weights`.)
 The entropy bonus is TRL's: the call's mean token entropy whatever the loss type, scaled only for
 accumulation (N / N_glob equals TRL's division by the accumulation steps for equal micro-batches).
-
-Option names and meanings are TRL's GRPOConfig's (``epsilon`` / ``epsilon_high`` are called
-``clip_eps_low`` / ``clip_eps_high``), checked against TRL's own code in tests/test_trl_parity.py;
-docs/grpo_options.md lists every option and each difference from TRL.
+Option names and meanings are TRL's GRPOConfig's (see GRPOConfig).
 
 Signs: the loss is *minus* the advantage-weighted ratio. On the first inner iteration
 (pi_theta == pi_old) every ratio is 1, nothing is clipped and the default loss equals -mean(A)
@@ -349,11 +346,8 @@ def effective_mask(mask: Tensor, truncated: Tensor | None = None, config: GRPOCo
 
 def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_items_in_batch: int | float | None = None,
                         num_completions_in_batch: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Per-token weights w [N, T] with loss = sum_it w_it * l_it (zero on masked tokens).
-
-    The d loss / d l_it of each aggregation mode (see GRPOConfig): grpo 1/(N_glob |o_i|),
-    bnpo 1/(N_glob/N * sum m), dr_grpo 1/(N_glob * max_completion_length), dapo and vespo 1/K.
-    """
+    """Per-token weights w [N, T] with loss = sum_it w_it * l_it (zero on masked tokens): each
+    aggregation mode's d loss / d l_it (the formulas of GRPOConfig's docstring)."""
     config = config or GRPOConfig()
     m = mask.bool()
     mf = m.to(dtype)
@@ -378,7 +372,8 @@ def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_item
 
 def importance_log_weights(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, level: str = "token",
                            log_ratio_clamp: float | None = None) -> Tensor:
-    """log importance weights: [N, T] per token (level "token") or [N, 1] per completion ("sequence").
+    """log importance weights (exp: the ratio pi_theta / pi_old): [N, T] per token (level "token") or
+    [N, 1] per completion ("sequence").
 
     token:    logprobs_it - old_logprobs_it, 0 on masked positions (whatever they hold, even NaN);
     sequence: the masked mean of those (GSPO's log of the geometric-mean ratio); 0 for empty rows.
@@ -393,12 +388,6 @@ def importance_log_weights(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor,
     if log_ratio_clamp is not None:
         log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     return log_ratio
-
-
-def importance_ratios(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, level: str = "token",
-                      log_ratio_clamp: float | None = None) -> Tensor:
-    """exp(importance_log_weights(...)): the ratio pi_theta / pi_old, per token or per completion."""
-    return importance_log_weights(logprobs, old_logprobs, mask, level, log_ratio_clamp).exp()
 
 
 def policy_objective(ratio: Tensor, advantages: Tensor, config: GRPOConfig | None = None) -> Tensor:
@@ -512,7 +501,7 @@ def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: 
     """The per-token policy loss (0 off the mask), the importance ratio ([N, T] or [N, 1]) and, for
     "vespo", the detached Gamma weights phi [N, 1] (None otherwise)."""
     N, T = logprobs.shape
-    ratio = importance_ratios(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp)
+    ratio = importance_log_weights(logprobs, old, m, config.importance_sampling_level, config.log_ratio_clamp).exp()
     a = adv[:, None]
     phi = None
     if config.loss_type == "vespo":
@@ -596,6 +585,14 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     return loss, metrics
 
 
+def _loss_and_gradient(logprobs: Tensor, *args, **kwargs) -> tuple[float, Tensor]:
+    """grpo_loss(logprobs, *args, **kwargs) as a float, and its gradient with respect to logprobs."""
+    lp = logprobs.detach().clone().requires_grad_(True)
+    loss, _ = grpo_loss(lp, *args, **kwargs)
+    (grad,) = torch.autograd.grad(loss, lp, allow_unused=True)
+    return float(loss.detach()), torch.zeros_like(lp) if grad is None else grad
+
+
 def logprob_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
                      ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None, **kwargs) -> Tensor:
     """d grpo_loss / d logprobs [N, T]: how hard, and in which direction, each token is pushed.
@@ -605,10 +602,7 @@ def logprob_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
     """
     if "logits" in kwargs:
         raise ValueError("logprob_gradient: logits are not supported (entropy gradients flow through logits)")
-    lp = logprobs.detach().clone().requires_grad_(True)
-    loss, _ = grpo_loss(lp, old_logprobs, advantages, mask, ref_logprobs, config, **kwargs)
-    (grad,) = torch.autograd.grad(loss, lp, allow_unused=True)
-    return torch.zeros_like(lp) if grad is None else grad
+    return _loss_and_gradient(logprobs, old_logprobs, advantages, mask, ref_logprobs, config, **kwargs)[1]
 
 
 def micro_batch_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
@@ -626,27 +620,13 @@ def micro_batch_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Ten
     if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise ValueError(f"micro_batch_gradient: micro_batch_size must be a positive integer, got {micro_batch_size!r}")
     N = logprobs.shape[0]
-    lp = logprobs.detach().clone().requires_grad_(True)
-    starts = list(range(0, N, micro_batch_size))
     counts = {"num_items_in_batch": int(effective_mask(mask, truncated, config).sum()),
               "num_completions_in_batch": N} if global_counts else {}
-    total = 0.0
-    for s in starts:
-        sl = slice(s, s + micro_batch_size)
-        loss, _ = grpo_loss(lp[sl], old_logprobs[sl], advantages.reshape(-1)[sl], mask[sl],
-                            None if ref_logprobs is None else ref_logprobs[sl], config,
-                            truncated=None if truncated is None else truncated[sl], **counts)
-        if not global_counts:
-            loss = loss / len(starts)
-        loss.backward()
-        total += float(loss.detach())
-    grad = lp.grad if lp.grad is not None else torch.zeros_like(lp)
-    return grad, total
-
-
-__all__ = [
-    "ADVANTAGE_SCALES", "IMPORTANCE_SAMPLING_LEVELS", "KL_ESTIMATORS", "LOSS_TYPES",
-    "GRPOConfig", "GroupStats", "aggregation_weights", "effective_mask", "entropy_from_logits", "group_advantages",
-    "grpo_loss", "importance_log_weights", "importance_ratios", "kl_estimate", "logprob_gradient", "micro_batch_gradient",
-    "MULTI_OBJECTIVE_AGGREGATIONS", "policy_objective", "token_logprobs", "vespo_weights",
-]
+    parts = []
+    for start in range(0, N, micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        parts.append(_loss_and_gradient(logprobs[rows], old_logprobs[rows], advantages.reshape(-1)[rows], mask[rows],
+                                        None if ref_logprobs is None else ref_logprobs[rows], config,
+                                        truncated=None if truncated is None else truncated[rows], **counts))
+    steps = 1 if global_counts else len(parts)  # the averaged losses divide by the accumulation steps
+    return torch.cat([grad for _, grad in parts]) / steps, sum(loss for loss, _ in parts) / steps
