@@ -234,10 +234,9 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def num_params(self, exclude_positions: bool = False) -> int:
+    def num_params(self) -> int:
         """Unique parameters (the tied head counted once); padded vocab rows included if any."""
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if exclude_positions else n
+        return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None,
                 start: int | torch.Tensor = 0,

@@ -23,16 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .grpo import token_logprobs  # the one definition, shared with GRPO scoring
 from .model import GPT, KVCache
 from .tokenizer import EOT_ID
 from .config import option, validate
-
-
-def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(logits / T) at `tokens`; the single definition shared by sampler and GRPO."""
-    from . import grpo  # grpo owns the definition; imported late to keep module load light
-
-    return grpo.token_logprobs(logits, tokens, temperature)
 
 
 # How each decode step runs. dynamic: attention over the cache prefix written so far (shapes grow
@@ -96,10 +90,6 @@ class Rollout:
     group_size: int = 1
     eos_id: int = EOT_ID
     stats: dict = field(default_factory=dict)  # prefill/generated token counts, decode steps
-
-    @property
-    def lengths(self) -> torch.Tensor:
-        return self.mask.sum(dim=1)
 
     @property
     def truncated(self) -> torch.Tensor:
@@ -394,14 +384,11 @@ def _faster_threads(model: GPT, rows: int, context: int, default: int) -> int:
     pos = torch.full((rows, 1), context, dtype=torch.long)
     attend_all = torch.ones((rows, 1, 1, context + 1), dtype=torch.bool)
     best_s: dict[int, float] = {}
-    try:
-        for threads in (default, 1, default, 1):
-            torch.set_num_threads(threads)
+    for threads in (default, 1, default, 1):
+        with _intra_op_threads(threads):
             start = time.perf_counter()
             model(tok, pos, attend_all, cache, context)
             best_s[threads] = min(best_s.get(threads, math.inf), time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(default)
     return min(best_s, key=best_s.get)
 
 
