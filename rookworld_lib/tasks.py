@@ -31,6 +31,7 @@ raise: their ``errors`` name everything wrong, and ``ok`` is True only for well-
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -331,9 +332,9 @@ class _Parsed:
 
 @dataclass(frozen=True)
 class PolicyParse(_Parsed):
-    """A policy completion (or full sample) as written: every token of ``M:``, one eval per token
-    of ``E:`` (None where it does not parse), the ``B:`` token, and how many of the markers
-    M:/E:/B: were found in order (`sections`)."""
+    """A policy prompt, completion or full sample as written: the FEN (prompts and samples), every
+    token of ``M:``, one eval per token of ``E:`` (None where it does not parse), the ``B:`` token,
+    and how many of the markers M:/E:/B: were found in order (`sections`)."""
 
     fen: str | None = None
     moves: tuple[str, ...] = ()
@@ -456,21 +457,13 @@ def parse_policy_completion(completion: str) -> PolicyParse:
                        errors=tuple(errors))
 
 
-@dataclass(frozen=True)
-class PromptParse(_Parsed):
-    """A parsed ``P: <FEN>`` prompt: the FEN (None if absent) and its layout."""
-
-    fen: str | None = None
-    layout: str = "unknown"
-
-
-@_parser(PromptParse, "prompt", POLICY_PREFIX)
-def parse_policy_prompt(prompt: str) -> PromptParse:
+@_parser(PolicyParse, "prompt", POLICY_PREFIX)
+def parse_policy_prompt(prompt: str) -> PolicyParse:
     """Parse ``P: <FEN>`` in either layout (the original pads the FEN with spaces). Never raises."""
     body = prompt[len(POLICY_PREFIX):]
     fen = body.rstrip(" ")
     err = fen_error(fen)
-    return PromptParse(fen=fen, layout="compact" if fen == body else "original", errors=(err,) if err else ())
+    return PolicyParse(fen=fen, layout="compact" if fen == body else "original", errors=(err,) if err else ())
 
 
 def split_policy_text(text: str) -> tuple[str, str] | None:
@@ -492,8 +485,7 @@ def parse_policy(text: str) -> PolicyParse:
     pp, cp = parse_policy_prompt(parts[0]), parse_policy_completion(parts[1])
     errors = tuple(f"prompt: {e}" for e in pp.errors) + cp.errors
     layout = cp.layout if pp.layout == cp.layout else "unknown"
-    return PolicyParse(fen=pp.fen, moves=cp.moves, evals=cp.evals, best=cp.best, layout=layout,
-                       sections=cp.sections, errors=errors)
+    return dataclasses.replace(cp, fen=pp.fen, layout=layout, errors=errors)
 
 
 # --- Environment task ---
