@@ -365,7 +365,6 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
 def build_parser() -> argparse.ArgumentParser:
     """The `rookworld bench` options."""
     p = argparse.ArgumentParser(prog="rookworld bench", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Speedups are ours/theirs in throughput (> 1: ours is faster). Targets: "
                                        + ", ".join(f"{k} >= {v}x" for k, v in TARGETS.items()) + ".")
     p.add_argument("--quick", action="store_true", help="small shapes, about a minute on two CPU cores")
@@ -404,7 +403,3 @@ def cli(argv: list[str] | None = None) -> int:
         value = f"{result[key]:.2f}x" if result[key] is not None else f"{g['status']} ({g['reason']})"
         print(f"{key.replace('_', ' ')}: {value} (target {target}x)")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(cli())

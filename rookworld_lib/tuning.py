@@ -435,9 +435,7 @@ class MatrixResult:
 
     def as_dict(self) -> dict:
         """Everything as JSON-ready values (what notebook 04 writes to its results file)."""
-        return {"baseline": asdict(self.baseline), "tolerance": self.tolerance, "environment": self.environment,
-                "peaks": {k: v.as_dict() for k, v in self.peaks.items()}, "utilization": self.utilization,
-                "flagged": self.flagged(), "rows": self.rows}
+        return {**asdict(self), "flagged": self.flagged()}  # asdict recurses into the baseline and the peaks
 
 
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
