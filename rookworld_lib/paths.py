@@ -122,15 +122,12 @@ def _cut_torn_tail(path: Path) -> None:
     """Truncate an unterminated last line (left by a kill mid-write) so the next line starts clean."""
     with open(path, "a+b") as fh:
         size = fh.seek(0, os.SEEK_END)
-        if size == 0:
-            return
-        fh.seek(size - 1)
-        if fh.read(1) == b"\n":
+        fh.seek(max(size - 1, 0))
+        if size == 0 or fh.read(1) == b"\n":
             return
         fh.seek(0)
-        keep = fh.read().rfind(b"\n") + 1
         log.warning("%s: dropping a torn last line left by an interrupted run", path)
-        fh.truncate(keep)
+        fh.truncate(fh.read().rfind(b"\n") + 1)
 
 
 class JsonlAppender(contextlib.AbstractContextManager):
