@@ -342,7 +342,7 @@ def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
     return Eval(cp=max(-tasks.MATE_CP // 2, last.cp - weights.unlisted_margin_cp)), True
 
 
-def _env_truth_for(pp: tasks.EnvPromptParse, prompt, truth: EnvTruth | None) -> tuple[EnvTruth | None, str]:
+def _env_truth_for(pp: tasks.EnvParse, prompt, truth: EnvTruth | None) -> tuple[EnvTruth | None, str]:
     if truth is not None:
         return truth, "given"
     with _REGISTRY_LOCK:

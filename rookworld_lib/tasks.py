@@ -566,20 +566,28 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
 
 
 @dataclass(frozen=True)
-class EnvPromptParse(_Parsed):
-    """A parsed ``A: <FEN>+<move>+<history>+`` prompt."""
+class EnvParse(_Parsed):
+    """A parsed environment prompt (its fen, move, history) or completion (the other fields). Fields
+    are None where they are missing or malformed; `new_fen` is the text as written (`fen_valid`
+    says whether it is a valid FEN)."""
 
     fen: str | None = None
     move: str | None = None
     history: tuple[str, ...] = ()
+    new_fen: str | None = None
+    reward: float | None = None
+    terminated: int | None = None
+    truncated: int | None = None
+    fields: int = 0  # how many '+'-separated fields the completion had
+    fen_valid: bool = False
 
 
-@_parser(EnvPromptParse, "prompt", ENV_PREFIX)
-def parse_env_prompt(prompt: str) -> EnvPromptParse:
+@_parser(EnvParse, "prompt", ENV_PREFIX)
+def parse_env_prompt(prompt: str) -> EnvParse:
     """Parse an environment prompt. Never raises."""
     parts = prompt[len(ENV_PREFIX):].split("+")
     if len(parts) != 4 or parts[3] != "":
-        return EnvPromptParse(errors=("prompt must be 'A: <FEN>+<move>+<history>+'",))
+        return EnvParse(errors=("prompt must be 'A: <FEN>+<move>+<history>+'",))
     fen, move, hist = parts[:3]
     err = fen_error(fen)
     history = tuple(hist.split(" ")) if hist else ()
@@ -590,20 +598,7 @@ def parse_env_prompt(prompt: str) -> EnvPromptParse:
         (len(history) > HISTORY_LEN, f"history has {len(history)} moves, at most {HISTORY_LEN}"),
         (hist != hist.strip() or "  " in hist, "history has stray whitespace"),
     ) if wrong)
-    return EnvPromptParse(fen=fen if not err else None, move=move, history=history, errors=errors)
-
-
-@dataclass(frozen=True)
-class EnvParse(_Parsed):
-    """A parsed environment completion. Fields are None where they are missing or malformed;
-    `new_fen` is the text as written (checked separately against the FEN grammar)."""
-
-    new_fen: str | None = None
-    reward: float | None = None
-    terminated: int | None = None
-    truncated: int | None = None
-    fields: int = 0  # how many '+'-separated fields were present
-    fen_valid: bool = False
+    return EnvParse(fen=fen if not err else None, move=move, history=history, errors=errors)
 
 
 _FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
