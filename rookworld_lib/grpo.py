@@ -417,8 +417,7 @@ def vespo_weights(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
     with the _pos (k, lambda) where A >= 0 and the _neg ones where A < 0; NaN or inf become 0.
     """
     config = config or GRPOConfig()
-    m = mask.bool()
-    lr = torch.where(m, (logprobs - old_logprobs).clamp(-VESPO_LOG_RATIO_CLAMP, VESPO_LOG_RATIO_CLAMP), 0.0)
+    lr = importance_log_weights(logprobs, old_logprobs, mask, "token", VESPO_LOG_RATIO_CLAMP)
     log_w = lr.sum(dim=1, keepdim=True).clamp(math.log(VESPO_MIN_WEIGHT), VESPO_LOG_RATIO_CLAMP)
     a = advantages.reshape(-1, 1).to(logprobs.dtype)
     nonneg = a >= 0

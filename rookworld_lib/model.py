@@ -211,12 +211,10 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
-        # The P: layout the model reads and writes (tasks.LAYOUTS); saved in config.json and read
-        # back by from_pretrained ("original" for a GPT-2 directory that records none).
+        # The P: layout the model reads and writes (tasks.LAYOUTS), and what every prompt is preceded
+        # by (tokenizer.encode_prompt): EOT for the models our SFT trains, which saw EOT before every
+        # sample. Both travel in config.json (LAYOUT_KEY, PROMPT_PREFIX_KEY).
         self.layout = "compact"
-        # What every prompt is preceded by (tokenizer.encode_prompt): EOT for the models our SFT
-        # trains, which saw EOT before every sample; saved in config.json and read back ("" for a
-        # GPT-2 directory that records none, as the original RookWorld evaluation prompts).
         self.prompt_prefix = EOT_TOKEN
         self.apply(self._init_weights)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
@@ -400,12 +398,10 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 # transformers' GPT2Config (every GPT-2 release writes them).
 HF_DROPOUTS = {"resid_pdrop": "dropout", "embd_pdrop": "embd_dropout", "attn_pdrop": "attn_dropout"}
 HF_DEFAULT_PDROP = 0.1
-# The P: layout a model was trained on travels in its config.json under this key (transformers
-# ignores unknown keys). A GPT-2 directory without it is taken as an original RookWorld model,
-# which reads and writes the original fixed-width layout (rookworld_lib.tasks).
+# The config.json keys (transformers ignores unknown keys) of GPT.layout and GPT.prompt_prefix, for any
+# tool that prompts the model. A GPT-2 directory without them is taken as an original RookWorld model:
+# the original fixed-width layout (rookworld_lib.tasks), no prompt prefix.
 LAYOUT_KEY = "rookworld_layout"
-# What a prompt must be preceded by (GPT.prompt_prefix), for any tool that prompts the model:
-# "<|endoftext|>" for models our SFT trained; a directory without the key gets "".
 PROMPT_PREFIX_KEY = "rookworld_prompt_prefix"
 
 
