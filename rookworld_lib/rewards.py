@@ -319,7 +319,7 @@ def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine, poo
             raise MissingTruthError(f"no ground truth for {board.fen()!r} and engine=None: pass truth=, call "
                                     "register_truth() with the data set, or allow the engine")
         find_stockfish()  # raises StockfishNotFoundError naming the install commands
-    return policy_truth(pool.analyse(board)), "engine"
+    return pool.analyse(board), "engine"  # an Analysis is a PolicyTruth
 
 
 def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
