@@ -157,10 +157,6 @@ class Peak:
     table_tflops: float | None  # data-sheet dense peak; None where PEAK_TFLOPS has no entry (CPUs)
     measured_tflops: float | None  # best large-matmul rate measured here; None if not measured
 
-    def as_dict(self) -> dict:
-        """The fields as a JSON-ready dict."""
-        return asdict(self)
-
 
 def get_peak(device: str | torch.device = "auto", precision: str = "fp32", measure: bool = True,
              **measure_kwargs) -> Peak:
