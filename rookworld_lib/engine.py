@@ -527,11 +527,6 @@ class EnginePool:
         self._finalizer()  # runs _kill_all once (a garbage-collected pool runs it too)
         _LIVE_POOLS.discard(self)
 
-    @property
-    def closed(self) -> bool:
-        """True after :meth:`close`."""
-        return self._closed
-
     def __enter__(self) -> EnginePool:
         return self
 
@@ -589,7 +584,7 @@ def get_pool(settings: EngineSettings | None = None, size: int | None = None) ->
     settings = settings or _DEFAULT_SETTINGS  # built once: the rewards ask for this pool on every score
     with _POOLS_LOCK:
         pool = _POOLS.get((settings, size))
-        if pool is None or pool.closed:
+        if pool is None or pool._closed:
             pool = _POOLS[(settings, size)] = EnginePool(settings, size)
         return pool
 
