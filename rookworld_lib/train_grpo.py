@@ -209,7 +209,7 @@ class GRPOTrainer(Trainer):
                  init_from: str | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
-        super().__init__(cfg, on_step=on_step)
+        super().__init__(cfg, cfg.steps, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         check_world_size(cfg, self.dist.world_size)
         self.model = model.to(self.runtime.device)
@@ -217,7 +217,7 @@ class GRPOTrainer(Trainer):
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99),
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
-        self.prompts = PromptSampler(items, cfg.policy_fraction, cfg.seed)
+        self.prompts = self.data = PromptSampler(items, cfg.policy_fraction, cfg.seed)
         self.reward_fn = reward_fn
         self.tokenizer = get_tokenizer()
         self.last_batch: RolloutBatch | None = None
@@ -237,12 +237,6 @@ class GRPOTrainer(Trainer):
         return self.guard.total
 
     # -- what the scaffold asks -----------------------------------------------------------
-
-    def total_steps(self) -> int:
-        return self.cfg.steps
-
-    def data_state(self):
-        return self.prompts
 
     def checkpoint_extra(self) -> dict:
         extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint}

@@ -367,7 +367,8 @@ class SFTTrainer(Trainer):
 
     def __init__(self, cfg: SFTConfig, *, train_texts: Sequence[str] | None = None,
                  val_texts: Sequence[str] | None = None, on_step: Callable[[dict], None] | None = None):
-        super().__init__(cfg, on_step=on_step)
+        super().__init__(cfg, cfg.max_steps, on_step=on_step)
+        self.export_at_end = cfg.export_hf
         W = self.dist.world_size
         if W > 1 and cfg.batch_size % W:
             raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
@@ -377,6 +378,7 @@ class SFTTrainer(Trainer):
         self.layout, why = (cfg.layout, "SFTConfig.layout") if cfg.layout else layout_for(cfg.init_from)
         log.info("layout: %s (%s)", self.layout, why)
         self._load_data(train_texts, val_texts)
+        self.data = self.train_stream
 
         ckpt = self.find_checkpoint()
         seed_everything(cfg.seed)
@@ -438,16 +440,6 @@ class SFTTrainer(Trainer):
         return model
 
     # -- what the scaffold asks -----------------------------------------------------------
-
-    def total_steps(self) -> int:
-        return self.cfg.max_steps
-
-    def data_state(self):
-        return self.train_stream
-
-    @property
-    def export_at_end(self) -> bool:
-        return self.cfg.export_hf
 
     def start(self, metrics) -> None:
         """Write the settings beside the metrics; a fresh run logs the val loss before step 1."""

@@ -1,7 +1,7 @@
 """The training scaffold SFT and GRPO share (minGPT's trainer: one loop, extended by subclasses).
 
-A subclass sets `model`, `optimizer` and `schedule`, and supplies `train_step()` (one step's
-metrics record), `total_steps()` and `data_state()` (what holds the data position). `Trainer` does
+A subclass passes the run's length, sets `model`, `optimizer`, `schedule` and `data` (what holds the
+data position), and supplies `train_step()` (one step's metrics record). `Trainer` does
 the rest, identically for both: device, precision and the torchrun process group (one GPU per
 rank, the DDP wrapper); resume checks (kind, settings, the same latest file on every rank); saving
 (rank 0 writes, every rank's RNG state gathered) and export; the loop with out_dir's lock, one
@@ -43,9 +43,11 @@ class Trainer:
                                    "resume", "device", "progress"})
     stop_hint = ""  # what to try after a non-finite stop
 
-    def __init__(self, cfg, *, on_step: Callable[[dict], None] | None = None):
+    def __init__(self, cfg, total_steps: int, *, on_step: Callable[[dict], None] | None = None):
         """cfg: the run's config (out_dir, device, dtype, resume, checkpoint and non-finite settings)."""
         self.cfg = cfg
+        self.total_steps = total_steps
+        self.data = None  # the object whose state_dict() holds the data position (None: nothing to restore)
         self.on_step = on_step
         self.out_dir = Path(cfg.out_dir) if cfg.out_dir else None
         self.ckpt_dir = self.out_dir / CHECKPOINT_DIR if self.out_dir else None
@@ -66,13 +68,6 @@ class Trainer:
     def train_step(self) -> dict:
         raise NotImplementedError
 
-    def total_steps(self) -> int:
-        raise NotImplementedError
-
-    def data_state(self):
-        """The object whose state_dict() holds the data position (None: nothing to restore)."""
-        return None
-
     def checkpoint_extra(self) -> dict:
         """What this loop adds to a checkpoint's `extra` (restored by `restore_extra`)."""
         return {}
@@ -90,7 +85,7 @@ class Trainer:
     def postfix(self, record: dict) -> str:
         return ""
 
-    export_at_end = False  # write the Hugging Face export when the run reaches total_steps()
+    export_at_end = False  # write the Hugging Face export when the run reaches total_steps
 
     @property
     def fresh(self) -> bool:
@@ -145,7 +140,7 @@ class Trainer:
     def restore(self, ckpt: dict) -> None:
         """Continue from `ckpt` (see find_checkpoint): weights, optimizer, schedule, data, RNGs."""
         self.step = ckpt_lib.restore_training_state(ckpt, model=self.model, optimizer=self.optimizer,
-                                                    scheduler=self.schedule, data=self.data_state())
+                                                    scheduler=self.schedule, data=self.data)
         extra = ckpt["extra"]
         self.guard.load_state_dict(extra["guard"])
         self.restore_extra(extra)
@@ -208,8 +203,8 @@ class Trainer:
         error, path = None, ckpt_lib.checkpoint_path(self.ckpt_dir, self.step)
         if self.dist.is_main:
             state = ckpt_lib.training_state(step=self.step, model=self.model, optimizer=self.optimizer,
-                                            scheduler=self.schedule,
-                                            data=self.data_state(), config=self.cfg, extra=extra, kind=self.kind)
+                                            scheduler=self.schedule, data=self.data, config=self.cfg,
+                                            extra=extra, kind=self.kind)
             try:
                 path = ckpt_lib.save_checkpoint(self.ckpt_dir, state, keep_last=self.cfg.keep_checkpoints)
             except ckpt_lib.CheckpointSaveError as exc:
@@ -238,7 +233,7 @@ class Trainer:
     # -- the loop ---------------------------------------------------------------------------
 
     def train(self, until: int | None = None) -> list[dict]:
-        """Train to total_steps(), or stop after step `until` (a checkpoint is saved where it stops).
+        """Train to total_steps, or stop after step `until` (a checkpoint is saved where it stops).
 
         Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row (metrics and
         checkpoints stay on disk), RunDirBusyError when another run holds out_dir's lock."""
@@ -255,7 +250,7 @@ class Trainer:
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        total = self.total_steps()
+        total = self.total_steps
         target = total if until is None else min(until, total)
         main, show = self.dist.is_main, self.cfg.progress and self.dist.is_main
         with contextlib.ExitStack() as stack:
