@@ -300,8 +300,8 @@ class GPT(nn.Module):
         layout, _ = _layout_of(hf, config_path)
         prefix = hf.get(PROMPT_PREFIX_KEY, "")
         if not isinstance(prefix, str):
-            raise CheckpointFormatError(f"{config_path}: {PROMPT_PREFIX_KEY} must be a string (e.g. \"<|endoftext|>\"), "
-                                        f"got {prefix!r}")
+            raise CheckpointFormatError(f"{config_path}: {PROMPT_PREFIX_KEY} must be a string "
+                                        f"(e.g. \"<|endoftext|>\"), got {prefix!r}")
         # Checkpoints saved from GPT2Model (no LM head) have no "transformer." prefix.
         state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v
                  for k, v in read_safetensors(weights_path).items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
@@ -446,7 +446,8 @@ def read_config_json(path: Path) -> dict:
     except FileNotFoundError:
         raise _not_found(path) from None
     except json.JSONDecodeError as exc:
-        raise CheckpointFormatError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+        raise CheckpointFormatError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: "
+                                    f"{exc.msg})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CheckpointFormatError(f"{path}: cannot read ({exc})") from None
     if not isinstance(d, dict):
@@ -493,7 +494,8 @@ def config_from_hf(d: dict, source: Path, **overrides) -> GPTConfig:
                                     f"{', '.join(map(repr, missing))}")
     n_inner = d.get("n_inner")
     if n_inner is not None and (not isinstance(d["n_embd"], int) or n_inner != 4 * d["n_embd"]):
-        raise CheckpointFormatError(f"{source}: n_inner={n_inner} is not 4 * n_embd; only GPT-2's MLP width is supported")
+        raise CheckpointFormatError(f"{source}: n_inner={n_inner} is not 4 * n_embd; only GPT-2's MLP width "
+                                    "is supported")
     for key, want in REQUIRED_HF_SETTINGS.items():
         if d.get(key, want) != want:
             raise CheckpointFormatError(f"{source}: {key}={d[key]!r} is not supported (GPT-2 uses {want!r})")
