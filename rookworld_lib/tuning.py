@@ -306,8 +306,8 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
     held = state_bytes(step.model, step.optimizer)
     static = {"params_mb": held["params"] / 2**20, "grads_mb": held["grads"] / 2**20,
               "optimizer_mb": held["optimizer_state"] / 2**20}
-    out = {"losses": [float(v) for v in losses], "step_times_s": list(timing.times_s),
-           "peak_mem_mb": perf.max_memory_mb(device),
+    out = {"losses": [float(v) for v in losses], "step_times_s": list(timing.times_s), "step_time_s": timing.median_s,
+           "step_time_p10_s": timing.p10_s, "step_time_p90_s": timing.p90_s, "peak_mem_mb": perf.max_memory_mb(device),
            "state_mb": static, "memory_by_phase": [], "top_ops": [], "trace_path": None}
     if profile:  # after the final loss is recorded, so it never affects parity
         x, y = batches[cfg.steps % len(batches)]
@@ -340,14 +340,11 @@ def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: d
     losses = run["losses"]
     if not all(math.isfinite(v) for v in losses):
         row["status"], row["reason"] = "failed", f"non-finite loss {losses}"
-    timing = perf.summarize_times(run["step_times_s"])
-    tokens = cfg.batch_size * cfg.seq_len
+    tokens, seconds = cfg.batch_size * cfg.seq_len, run["step_time_s"]
     flops = perf.flops_per_token(cfg.model_config(), cfg.seq_len, "train") * tokens
-    util = checked_mfu(flops, timing.median_s, {} if peaks is None else peaks, device, cfg.precision)
-    return {**row, **run, "step_time_s": timing.median_s, "step_time_p10_s": timing.p10_s,
-            "step_time_p90_s": timing.p90_s, "tokens_per_step": tokens, "tokens_per_s": tokens / timing.median_s,
-            "flops_per_step": flops, "achieved_tflops": util.achieved_tflops,
-            "mfu_table": util.vs_table, "mfu_measured": util.vs_measured,
+    util = checked_mfu(flops, seconds, {} if peaks is None else peaks, device, cfg.precision)
+    return {**row, **run, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds, "flops_per_step": flops,
+            "achieved_tflops": util.achieved_tflops, "mfu_table": util.vs_table, "mfu_measured": util.vs_measured,
             "peak_table_tflops": util.peak.table_tflops, "peak_measured_tflops": util.peak.measured_tflops,
             "final_loss": losses[-1]}
 
