@@ -317,6 +317,10 @@ def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
         ckpt = load_checkpoint(path)  # names the file it cannot load
         model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
         model.load_state_dict(ckpt["model"], strict=True)
+        if ids := ckpt.get("extra", {}).get("task_vocab"):  # an SFT run with vocab="task": the full GPT-2
+            from .task_vocab import TaskVocab
+
+            model = TaskVocab(ids).expand(model)
         resolved = latest_checkpoint(path) if path.is_dir() else path
         if directory is None:
             directory = resolved.with_name(resolved.stem + "-hf")

@@ -30,6 +30,7 @@ from .model import GPT, PRESETS, GPTConfig, layout_for, read_config_json
 from .paths import RUNS_DIR
 from .tasks import LAYOUTS, task_of
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
+from .task_vocab import TaskVocab, pin_bias_coordinate
 from .trainer import FINAL_DIR, Trainer
 from .tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
 from .config import add_config_arguments, bad_field, check_number, config_kwargs_from_args, option, validate
@@ -82,6 +83,7 @@ class SFTConfig:
     compile: bool = option(False, "torch.compile the model (faster on GPU after a slow first step)")
     loss_impl: str = option("auto", 'LM head + loss: "fused" (chunked, logits never stored), "plain" (logits, then cross-entropy), "auto" (see LOSS_IMPLS)', choices=LOSS_IMPLS)
     activation_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% slower")
+    vocab: str = option("full", 'LM head: "full" (GPT-2\'s 50,257 tokens) or "task": a compact model over the tokens of the train and val text, exported as the exact full GPT-2 (scratch starts; see task_vocab)', choices=("full", "task"))
     deterministic: bool = option(False, "deterministic algorithms: bit-identical reruns and resumes on CPU")
     seed: int = option(1337, "seeds the init, dropout, the val split and the data order", min=0)
     # evaluation, logging, checkpoints
@@ -105,6 +107,8 @@ class SFTConfig:
                       f"must be <= the model's block_size {model_block} (raise it with "
                       f"model_overrides={{'block_size': {self.block_size}}})")
         check_number(self, "min_lr", min=0.0, max=self.lr)
+        if self.vocab == "task" and self.init_from != "scratch":
+            bad_field(name, "vocab", self.vocab, "'task' trains a new compact head: it needs init_from='scratch'")
         if self.warmup_steps > self.max_steps:
             bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
         betas = self.betas
@@ -379,6 +383,12 @@ class SFTTrainer(Trainer):
         log.info("layout: %s (%s)", self.layout, why)
         self._load_data(train_texts, val_texts)
         self.data = self.train_stream
+        # vocab="task": the model is trained over the tokens its text uses and exported as full GPT-2
+        self.vocab = None
+        if cfg.vocab == "task":
+            streams = [s for s in (self.train_stream, self.val_stream) if s is not None]
+            self.vocab = TaskVocab(np.unique(np.concatenate([tokens for s in streams for tokens, _ in s.pools])))
+            log.info("task vocabulary: %d of GPT-2's %d tokens", len(self.vocab), VOCAB_SIZE)
 
         ckpt = self.find_checkpoint()
         seed_everything(cfg.seed)
@@ -431,13 +441,26 @@ class SFTTrainer(Trainer):
             model = GPT(dataclasses.replace(GPTConfig(**ckpt["model_config"]),
                                             gradient_checkpointing=cfg.activation_checkpointing))
         elif cfg.init_from == "scratch":
-            model = GPT(cfg.model_config())
+            model = GPT(self.vocab.compact_config(cfg.model_config()) if self.vocab else cfg.model_config())
         else:
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
         model.layout = self.layout
         model.prompt_prefix = EOT_TOKEN  # PackedStream puts EOT before every sample
+        if self.vocab is not None:
+            pin_bias_coordinate(model)  # a checkpoint's values, loaded later, were pinned since step 0
         return model
+
+    def model_ids(self, tokens: torch.Tensor) -> torch.Tensor:
+        """GPT-2 token ids as the model reads them (compact ids under vocab='task')."""
+        return tokens if self.vocab is None else self.vocab.compact(tokens)
+
+    def checkpoint_extra(self) -> dict:
+        return {} if self.vocab is None else {"task_vocab": self.vocab.ids.tolist()}  # export_hf expands with it
+
+    def export_model(self) -> GPT:
+        """The full GPT-2 (the compact model expanded under vocab='task')."""
+        return self.model if self.vocab is None else self.vocab.expand(self.model)
 
     # -- what the scaffold asks -----------------------------------------------------------
 
@@ -479,6 +502,7 @@ class SFTTrainer(Trainer):
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(cfg.grad_accum):
             x, y = batch if batch is not None else self.train_stream.next_batch(cfg.batch_size, cfg.block_size)
+            x, y = self.model_ids(x), self.model_ids(y)
             # under DDP, gradients are all-reduced once, in the backward of the last micro-batch
             loss_sum += self.stepper.accumulate(rt.to_device(self.my_rows(x)), rt.to_device(self.my_rows(y)),
                                                 sync=micro == cfg.grad_accum - 1)
@@ -508,7 +532,7 @@ class SFTTrainer(Trainer):
         self.val_stream.reset()
         total = torch.zeros((), device=rt.device)
         for _ in range(cfg.eval_steps):
-            x, y = self.val_stream.next_batch(cfg.batch_size, cfg.block_size)
+            x, y = map(self.model_ids, self.val_stream.next_batch(cfg.batch_size, cfg.block_size))
             total += self.stepper.loss(rt.to_device(self.my_rows(x)), rt.to_device(self.my_rows(y)))
         self.compiled.train()
         return self.rank_mean((total / cfg.eval_steps).item())
@@ -535,7 +559,7 @@ def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_t
     trainer = SFTTrainer(cfg, train_texts=train_texts, val_texts=val_texts, on_step=on_step)
     history = trainer.train(until=until)
     done = trainer.step >= cfg.max_steps and cfg.export_hf
-    return SFTResult(trainer.model, trainer.step, history, trainer.last_checkpoint,
+    return SFTResult(trainer.export_model(), trainer.step, history, trainer.last_checkpoint,
                      trainer.out_dir / FINAL_DIR if done else None, trainer.out_dir)
 
 

@@ -226,9 +226,13 @@ class Trainer:
             directory = self.out_dir / FINAL_DIR
         directory = Path(directory)
         if self.dist.is_main:
-            ckpt_lib.export_hf(self.model, directory)
+            ckpt_lib.export_hf(self.export_model(), directory)
         distributed.barrier()
         return directory
+
+    def export_model(self) -> torch.nn.Module:
+        """What `export` writes: the trained model (a loop may expand it first)."""
+        return self.model
 
     # -- the loop ---------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Train a model over the tokens its task text uses; export it as the full GPT-2 it stands for.
+
+Chess text in our layouts uses a few hundred of GPT-2's 50,257 tokens (515 in the shipped data, EOT
+included), yet a full-vocabulary LM head costs 6 * n_embd * 50,257 FLOPs per trained token: for
+cpu-small about eight times its transformer blocks. A `TaskVocab` trains a compact model, whose
+embedding has one row per task token, and `expand` writes the GPT-2 model it stands for, exactly:
+
+- one coordinate of the final LayerNorm's output is pinned (gain 0, bias PINNED_BIAS) from the
+  start, so each token's weight on it is a per-token logit bias, learned like any other weight;
+- every token outside the vocabulary gets a row that is -OFF_LOGIT / PINNED_BIAS on that coordinate
+  and 0 elsewhere: its logit is -OFF_LOGIT whatever the input, so all of them together hold at most
+  50,257 * e^-40 (2e-13) of the probability, below float32's resolution. The expanded model's
+  log-probs of task tokens, its samples and its cross-entropy on task text are the compact model's.
+
+The expanded model is a plain GPT-2 (transformers loads it). A token outside the vocabulary in a
+prompt gets that fixed row as its embedding: like a token a full-vocabulary model never saw in
+training, it carries no meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+import torch
+
+from .model import GPT, GPTConfig
+from .tokenizer import VOCAB_SIZE
+
+PINNED = 0  # the final LayerNorm's output coordinate that carries the constant
+PINNED_BIAS = 5.0  # its value; the off-vocabulary rows are -OFF_LOGIT / PINNED_BIAS there (norm 8, not 40)
+OFF_LOGIT = 40.0  # minus the logit of every token outside the vocabulary
+
+
+class TaskVocab:
+    """The GPT-2 token ids a task's text uses, in ascending order; compact id i is GPT-2 id ids[i]."""
+
+    def __init__(self, token_ids: Iterable[int]):
+        ids = sorted({int(t) for t in token_ids})
+        if not ids or ids[0] < 0 or ids[-1] >= VOCAB_SIZE:
+            raise ValueError(f"TaskVocab needs GPT-2 token ids in [0, {VOCAB_SIZE}), got {len(ids)} ids "
+                             f"spanning {ids[:1]}..{ids[-1:]}")
+        self.ids = torch.tensor(ids)
+        self.index = torch.full((VOCAB_SIZE,), -1, dtype=torch.long)  # GPT-2 id -> compact id (-1: outside)
+        self.index[self.ids] = torch.arange(len(ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def compact(self, tokens: torch.Tensor) -> torch.Tensor:
+        """GPT-2 ids -> compact ids; a negative id (an ignored target) stays -1."""
+        out = self.index[tokens.clamp(min=0)].masked_fill(tokens < 0, -1)
+        if bool(((out < 0) & (tokens >= 0)).any()):
+            missing = sorted(set(tokens[(out < 0) & (tokens >= 0)].tolist()))[:10]
+            raise ValueError(f"token ids {missing} are not in the task vocabulary ({len(self)} tokens, built from "
+                             "the training and val text): build it from every text the model reads")
+        return out
+
+    def compact_config(self, config: GPTConfig) -> GPTConfig:
+        """`config`'s shape over this vocabulary (pin_bias_coordinate the model built from it)."""
+        return replace(config, vocab_size=len(self))
+
+    def expand(self, model: GPT) -> GPT:
+        """The full GPT-2 that a compact `model` stands for (see the module docstring)."""
+        C = model.config
+        assert C.bias, "the pinned coordinate needs the LayerNorm bias"
+        assert C.vocab_size == len(self), f"a model over {C.vocab_size} tokens, a vocabulary of {len(self)}"
+        ln = model.transformer.ln_f
+        assert ln.weight[PINNED].item() == 0.0 and ln.bias[PINNED].item() == PINNED_BIAS, "an unpinned model"
+        full = GPT(replace(C, vocab_size=VOCAB_SIZE)).to(ln.weight.device, ln.weight.dtype)
+        state = {k: v for k, v in model.state_dict().items() if k not in ("transformer.wte.weight", "lm_head.weight")}
+        missing, unexpected = full.load_state_dict(state, strict=False)
+        assert not unexpected and set(missing) == {"transformer.wte.weight", "lm_head.weight"}, (missing, unexpected)
+        with torch.no_grad():
+            wte = full.transformer.wte.weight  # tied to lm_head.weight
+            wte.zero_()
+            wte[:VOCAB_SIZE, PINNED] = -OFF_LOGIT / PINNED_BIAS
+            wte[self.ids.to(wte.device)] = model.transformer.wte.weight[: len(self)]
+        full.layout, full.prompt_prefix = model.layout, model.prompt_prefix
+        full.train(model.training)
+        return full
+
+
+def pin_bias_coordinate(model: GPT) -> None:
+    """Pin the final LayerNorm's output coordinate PINNED to PINNED_BIAS: gain 0, bias PINNED_BIAS,
+    and their gradients there zeroed, so that AdamW (which decays neither) never moves them."""
+    ln = model.transformer.ln_f
+    with torch.no_grad():
+        ln.weight[PINNED] = 0.0
+        ln.bias[PINNED] = PINNED_BIAS
+    for p in (ln.weight, ln.bias):
+        p.register_hook(lambda grad: grad.index_fill(0, torch.tensor([PINNED], device=grad.device), 0.0))
