@@ -23,10 +23,10 @@ import torch
 
 from . import perf
 from .model import GPT, GPTConfig, PRESETS
-from .tokenizer import EOT_ID, VOCAB_SIZE
+from .tokenizer import EOT_ID
 from .config import option, validate
 from .train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
-from .tuning import TrainStep
+from .tuning import TrainStep, random_batches
 
 # A few policy prompts (`P: <FEN>`) for the GRPO comparison; positions from well-known openings.
 FENS = (
@@ -111,9 +111,7 @@ def _race(cfg: BenchConfig, device: torch.device, ours, theirs, tokens: int) -> 
 def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dict:
     """SFT's TrainStep against transformers' usual step, same batch, optimizer factory and clip."""
     device = runtime.device
-    g = torch.Generator().manual_seed(cfg.seed + 1)
-    data = torch.randint(0, VOCAB_SIZE, (cfg.train_batch, cfg.train_seq_len + 1), generator=g).to(device)
-    x, y = data[:, :-1], data[:, 1:]
+    x, y = (t.to(device) for t in random_batches(1, cfg.train_batch, cfg.train_seq_len, seed=cfg.seed + 1)[0])
     with torch.no_grad():
         diff = (ours.eval()(x) - theirs.eval()(input_ids=x).logits).abs().max().item()
     ours.train()
