@@ -18,9 +18,8 @@ import json
 import math
 import random
 import sys
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import chess
@@ -55,6 +54,8 @@ class Estimate:
     high: float
     n: int
     kind: str = "rate"  # "rate" (Wilson interval) or "mean" (normal approximation)
+    # the per-record outcomes behind a rate (1 or 0 per record, in record order), for paired comparisons
+    outcomes: tuple[int, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
         if self.kind == "rate":
@@ -71,6 +72,12 @@ def wilson(k: int, n: int, z: float = 1.959964) -> Estimate:
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
+
+
+def rate(outcomes: Sequence[bool | float]) -> Estimate:
+    """The Wilson estimate of a rate that keeps its per-record outcomes (see `paired_change`)."""
+    hits = tuple(int(bool(x)) for x in outcomes)
+    return replace(wilson(sum(hits), len(hits)), outcomes=hits)
 
 
 def mean_interval(values: Sequence[float], z: float = 1.959964) -> Estimate:
@@ -180,22 +187,20 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
     """Valid, legal-best, best-move accuracy (against Stockfish's best), top-5 overlap and centipawn
     loss on P: records; on converted original records also agreement with the original B: label."""
     records, prompts, completions = _decode(model, records, cfg, policy_prompt_of, cfg.max_policy, completions)
-    valid = legal = correct = 0
-    overlaps, cp_losses, agree = [], [], []
+    valid, legal, correct, overlaps, cp_losses, agree = [], [], [], [], [], []
     for rec, prompt, text in zip(records, prompts, completions):
         parse = tasks.parse_policy_completion(text)
-        valid += parse.ok
+        valid.append(parse.ok)
         score = rewards.score_policy_detailed(prompt, text, truth=rec)
-        legal += score.best_legal >= 1.0
-        correct += parse.best is not None and parse.best == rec["moves"][0]
+        legal.append(score.best_legal >= 1.0)
+        correct.append(parse.best is not None and parse.best == rec["moves"][0])
         if rec.get("original_best") is not None:
             agree.append(parse.best is not None and parse.best == rec["original_best"])
         overlaps.append(score.moves_overlap)
         if score.cp_loss is not None:
             cp_losses.append(score.cp_loss)
-    n = len(records)
-    out = {"policy/valid": wilson(valid, n), "policy/legal_best_move": wilson(legal, n),
-           "policy/best_move_accuracy": wilson(correct, n), "policy/top5_overlap": mean_interval(overlaps),
+    out = {"policy/valid": rate(valid), "policy/legal_best_move": rate(legal),
+           "policy/best_move_accuracy": rate(correct), "policy/top5_overlap": mean_interval(overlaps),
            "policy/cp_loss": mean_interval(cp_losses)}
     if agree:
         out["policy/original_label_agreement"] = wilson(sum(agree), len(agree))
@@ -219,19 +224,18 @@ def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
     """Valid, FEN similarity (both FENs in one en-passant convention), and how often each part the
     environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags."""
     records, prompts, completions = _decode(model, records, cfg, env_prompt_of, cfg.max_env)
-    valid, sims, right = 0, [], Counter()
+    valid, sims, right = [], [], {part: [] for part in ("fen_exact", "reward", "terminated", "truncated")}
     for rec, prompt, text in zip(records, prompts, completions):
         p = tasks.parse_env_completion(text)
-        valid += p.ok
+        valid.append(p.ok)
         pred, true_fen = p.new_fen or "", rec["new_fen"]
         sims.append(similarity(tasks.normalized_fen(pred) or pred, tasks.normalized_fen(true_fen) or true_fen))
         score = rewards.score_environment_detailed(prompt, text, truth=rec)  # each part 1.0 (right) or 0.0
-        right.update({part: getattr(score, part) for part in ("fen_exact", "reward", "terminated", "truncated")})
-    n = len(records)
-    return {"env/valid": wilson(valid, n), "env/next_fen_exact": wilson(right["fen_exact"], n),
-            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": wilson(right["reward"], n),
-            "env/terminated_accuracy": wilson(right["terminated"], n),
-            "env/truncated_accuracy": wilson(right["truncated"], n)}
+        for part, hits in right.items():
+            hits.append(getattr(score, part) >= 1.0)
+    return {"env/valid": rate(valid), "env/next_fen_exact": rate(right["fen_exact"]),
+            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": rate(right["reward"]),
+            "env/terminated_accuracy": rate(right["terminated"]), "env/truncated_accuracy": rate(right["truncated"])}
 
 
 def self_play(model: GPT, cfg: EvalConfig) -> dict:
@@ -307,11 +311,34 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estima
     return mean_interval([a - b for a, b in zip(after, before)])
 
 
+# The metrics a chess verdict rests on: each is right or wrong per record, with no partial credit.
+STRICT_METRICS = ("policy/valid", "policy/legal_best_move", "policy/best_move_accuracy", "env/valid",
+                  "env/next_fen_exact")
+
+
+def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_METRICS):
+    """For each strict rate measured on the same records before and after: both rates, the change
+    with its paired 95% interval, and a plain word on whether it moved (up / down: the interval
+    excludes zero; "no resolved change" otherwise). A pandas DataFrame, one row per metric."""
+    import pandas as pd
+
+    rows = []
+    for m in metrics:
+        if m not in before or m not in after:
+            continue
+        diff = paired_difference(before[m].outcomes, after[m].outcomes)
+        moved = "up" if diff.low > 0 else "down" if diff.high < 0 else "no resolved change"
+        rows.append({"metric": m, "before": str(before[m]), "after": str(after[m]),
+                     "change (points)": f"{100 * diff.value:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]",
+                     "moved": moved})
+    return pd.DataFrame(rows, columns=["metric", "before", "after", "change (points)", "moved"]).set_index("metric")
+
+
 def results_to_json(results: dict) -> dict:
     """Results as plain data for strict JSON: an undefined value (NaN: a rate over no records, say)
     becomes None (null), since strict parsers reject NaN and Infinity."""
-    return {k: {f: None if isinstance(x, float) and not math.isfinite(x) else x for f, x in asdict(v).items()}
-            for k, v in results.items()}
+    return {k: {f: None if isinstance(x, float) and not math.isfinite(x) else x for f, x in asdict(v).items()
+                if f != "outcomes"} for k, v in results.items()}
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -54,6 +54,34 @@ def test_policy_metrics_by_hand():
     assert res["policy/best_move_accuracy"].value == pytest.approx(1 / 4)
     assert res["policy/top5_overlap"].value == pytest.approx((1.0 + 0.4 + 0.0 + 0.0) / 4)
     assert res["policy/cp_loss"].n == 2 and res["policy/cp_loss"].value == pytest.approx(2.5)  # (0 + 5) / 2
+    # the rates keep their per-record outcomes, in record order, for paired comparisons
+    assert res["policy/valid"].outcomes == (1, 1, 1, 0)
+    assert res["policy/legal_best_move"].outcomes == (1, 1, 0, 0)
+    assert res["policy/best_move_accuracy"].outcomes == (1, 0, 0, 0)
+
+
+def test_rate_is_wilson_with_outcomes():
+    est = ev.rate([True, False, 1.0, 0.0, True])
+    assert est.outcomes == (1, 0, 1, 0, 1)
+    assert (est.value, est.low, est.high, est.n) == (lambda w: (w.value, w.low, w.high, w.n))(ev.wilson(3, 5))
+    assert ev.rate([]).n == 0 and math.isnan(ev.rate([]).value)
+
+
+def test_paired_change_says_which_strict_metric_moved():
+    n = 200
+    before = {"policy/valid": ev.rate([0] * n), "policy/legal_best_move": ev.rate([1, 0] * (n // 2)),
+              "env/next_fen_exact": ev.rate([1] * n), "env/valid": ev.rate([i % 3 == 0 for i in range(n)])}
+    after = {"policy/valid": ev.rate([1] * 60 + [0] * (n - 60)),  # 0% -> 30%: up
+             "policy/legal_best_move": ev.rate([1, 0] * (n // 2)),  # the same records right: no change
+             "env/next_fen_exact": ev.rate([0] * 40 + [1] * (n - 40)),  # 100% -> 80%: down
+             "env/valid": ev.rate([i % 3 == 1 for i in range(n)])}  # same rate, other records: no change
+    table = ev.paired_change(before, after)
+    assert list(table.index) == ["policy/valid", "policy/legal_best_move", "env/valid", "env/next_fen_exact"]
+    assert table["moved"].tolist() == ["up", "no resolved change", "no resolved change", "down"]
+    assert table.loc["policy/valid", "change (points)"].startswith("+30.0 [")
+    assert table.loc["env/next_fen_exact", "change (points)"].startswith("-20.0 [")
+    with pytest.raises(ValueError, match="equal lengths"):
+        ev.paired_change({"env/valid": ev.rate([1, 0])}, {"env/valid": ev.rate([1])})
 
 
 def test_end_to_end_small_model_runs_every_suite():
@@ -90,6 +118,10 @@ def test_heldout_rewards_exact_completion_scores_high():
     rec = {**start_record(), "prompt": "P: " + chess.Board().fen()}
     values = ev.heldout_rewards(model, [rec], ev.EvalConfig(max_new_tokens=4, selfplay_games=0))
     assert len(values) == 1 and -1.0 <= values[0] <= 1.0
+
+
+def test_results_to_json_leaves_the_outcomes_out():
+    assert "outcomes" not in ev.results_to_json({"policy/valid": ev.rate([1, 0])})["policy/valid"]
 
 
 def test_results_to_json_is_strict_json():

@@ -48,3 +48,20 @@ def test_gpu_profile_pads_the_vocabulary_and_cpu_does_not(tmp_path):
     assert gpu.model_overrides == {"pad_vocab_to_multiple": 64}
     assert cpu.model_overrides == {"pad_vocab_to_multiple": 1}
     assert gpu.model_config().padded_vocab_size == 50304 and cpu.model_config().padded_vocab_size == 50257
+
+
+def test_chess_verdict_and_report_name_the_strict_metrics_that_moved():
+    from rookworld_lib import evaluate as ev
+
+    before = {"policy/valid": ev.rate([0] * 100), "env/next_fen_exact": ev.rate([1, 0] * 50)}
+    after = {"policy/valid": ev.rate([1] * 40 + [0] * 60), "env/next_fen_exact": ev.rate([1, 0] * 50)}
+    strict = ev.paired_change(before, after)
+    verdict = workflow.chess_verdict(strict)
+    assert verdict.startswith("Strict chess metrics that GRPO moved") and "policy/valid up (+40.0 [" in verdict
+    assert "env/next_fen_exact" not in verdict
+    same = ev.paired_change(before, before)
+    assert workflow.chess_verdict(same).startswith("GRPO moved no strict chess metric")
+    table = ev.comparison_table({"SFT": before, "SFT+GRPO": after})
+    report = workflow.training_report(workflow.PROFILES["ci"], table, ev.paired_difference([0.0, 0.1], [0.2, 0.3]),
+                                      {"SFT": 1.0}, strict)
+    assert "| policy/valid | 0.0% [0.0, 3.7] (n=100) | 40.0% [" in report and f"**Chess verdict:** {verdict}" in report
