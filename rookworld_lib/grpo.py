@@ -523,7 +523,7 @@ def _kl_per_token(ref_logprobs: Tensor, logprobs: Tensor, ratio: Tensor, m: Tens
 
 def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
               ref_logprobs: Tensor | None = None, config: GRPOConfig | None = None, *,
-              logits: Tensor | None = None, truncated: Tensor | None = None,
+              logits: Tensor | None = None, entropy: Tensor | None = None, truncated: Tensor | None = None,
               num_items_in_batch: int | float | None = None, num_completions_in_batch: int | None = None,
               group_stats: GroupStats | None = None) -> tuple[Tensor, dict[str, float]]:
     """The GRPO loss and its metrics: returns (scalar loss tensor, dict of plain floats).
@@ -535,7 +535,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     selected away, never multiplied by 0); masked positions of `logits` must be finite.
 
     Keyword-only: logits [N, T, V], the policy's raw logits at the completion positions, give the
-    `entropy` metric (at config.temperature) and, with entropy_coef > 0, the entropy bonus;
+    `entropy` metric (at config.temperature) and, with entropy_coef > 0, the entropy bonus; or entropy
+    [N, T], the per-token entropies already measured (`sampling.sequence_logprobs(return_entropy=True)`),
+    for the metric only;
     truncated [N] bool is required with mask_truncated_completions; num_items_in_batch ("dapo",
     "vespo") and num_completions_in_batch ("grpo", "bnpo", "dr_grpo", the entropy bonus) count the
     whole accumulated batch, so that summed micro-batch losses reproduce the one-batch loss;
@@ -551,6 +553,8 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     """
     config = config or GRPOConfig()
     _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, logits, config)
+    if entropy is not None and (not torch.is_tensor(entropy) or entropy.shape != logprobs.shape):
+        raise ValueError(f"grpo_loss: entropy must have the shape of logprobs {tuple(logprobs.shape)}, got {_shape(entropy)}")
     if logprobs.dtype in (torch.float16, torch.bfloat16):
         logprobs = logprobs.float()
     N, T = logprobs.shape
@@ -571,8 +575,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
 
     # entropy bonus (TRL's): the micro-batch's mean token entropy, scaled for accumulation only
     ent_tok = None
-    if logits is not None:
-        ent_tok = torch.where(m, entropy_from_logits(logits, config.temperature).to(dtype), 0.0)
+    if logits is not None or entropy is not None:
+        measured = entropy_from_logits(logits, config.temperature) if logits is not None else entropy.detach()
+        ent_tok = torch.where(m, measured.to(dtype), 0.0)
         if config.entropy_coef > 0:
             n_glob = float(N if num_completions_in_batch is None else num_completions_in_batch)
             loss = loss - config.entropy_coef * ent_tok.sum() / m.sum().clamp(min=1) * (N / n_glob)

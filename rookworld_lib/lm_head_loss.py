@@ -26,20 +26,27 @@ CPU_CHUNK_ROWS = 256
 DEVICE_CHUNK_ROWS = 2048
 
 
-_CPU_WORKSPACE = threading.local()  # .logits: this thread's CPU logits buffer, reused across chunks and calls
+_CPU_WORKSPACE = threading.local()  # this thread's CPU chunk buffers, by name, reused across chunks and calls
 
 
-def _logits_buffer(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
+def _logits_buffer(weight: torch.Tensor, rows: int, name: str = "logits") -> torch.Tensor | None:
     """A (V, rows) float32 buffer for one chunk's logits on the CPU, reused: a fresh 25 MB block
     costs its page faults on every chunk (the (V, C) @ (C, 128) matmul ran 15.7 ms into a new
     block, 11.5 ms into a reused one). None elsewhere: the caching allocator already reuses."""
     if weight.device.type != "cpu":
         return None
     need = weight.size(0) * rows
-    buf = getattr(_CPU_WORKSPACE, "logits", None)
+    buf = getattr(_CPU_WORKSPACE, name, None)
     if buf is None or buf.numel() < need:
-        buf = _CPU_WORKSPACE.logits = torch.empty(need, dtype=torch.float32)  # 51 MB at 256 rows
+        buf = torch.empty(need, dtype=torch.float32)  # 51 MB at 256 rows
+        setattr(_CPU_WORKSPACE, name, buf)
     return buf[:need].view(weight.size(0), rows)
+
+
+def _chunk_logits(weight: torch.Tensor, h: torch.Tensor, name: str = "logits") -> torch.Tensor:
+    """(V, rows) float32 logits weight @ h.T, into the reused CPU buffer when there is one."""
+    buf = _logits_buffer(weight, h.size(0), name)
+    return (weight @ h.t()).float() if buf is None else torch.mm(weight, h.t(), out=buf)
 
 
 def default_chunk_rows(device: torch.device) -> int:
@@ -65,10 +72,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             t = targets[start:start + chunk_rows]
             keep = t != ignore_index
             safe_t = torch.where(keep, t, torch.zeros_like(t))[None, :]
-            if plain_fp32 and (buf := _logits_buffer(weight, h.size(0))) is not None:
-                logits = torch.mm(weight, h.t(), out=buf)  # (V, rows)
-            else:
-                logits = (weight @ h.t()).float()  # autocast may run this matmul in bf16
+            # (V, rows); under autocast the matmul may run in bf16
+            logits = _chunk_logits(weight, h) if plain_fp32 else (weight @ h.t()).float()
             picked = logits.gather(0, safe_t)[0]
             row_max = logits.amax(dim=0)
             probs = logits.sub_(row_max).exp_()  # in place: unnormalised softmax, no new buffer
@@ -129,3 +134,58 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
         raise ValueError(f"linear_cross_entropy: chunk_rows must be >= 1, got {chunk_rows}")
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1),
                                      ignore_index, chunk_rows, torch.is_grad_enabled())
+
+
+class _LinearTokenLogprobs(torch.autograd.Function):
+    # forward keeps each row's log-sum-exp only; backward recomputes the chunk's logits (one more
+    # matmul) instead of holding (rows, V) of them
+    @staticmethod
+    def forward(ctx, hidden, weight, tokens, inv_temp, chunk_rows):
+        M = hidden.size(0)
+        logprobs = torch.empty(M, dtype=torch.float32, device=hidden.device)
+        entropy, lse = torch.empty_like(logprobs), torch.empty_like(logprobs)
+        for start in range(0, M, chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            y = _chunk_logits(weight, hidden[rows]).mul_(inv_temp)  # (V, r) scaled logits
+            picked = y.gather(0, tokens[rows][None])[0]
+            row_max = y.amax(dim=0)
+            y.sub_(row_max)
+            e = torch.exp(y, out=_logits_buffer(weight, y.size(1), "exp")) if y.device.type == "cpu" else y.exp()
+            total = e.sum(dim=0)
+            # entropy = log(total) - sum(e * y) / total, with y the max-shifted scaled logits
+            entropy[rows] = total.log() - e.mul_(y).sum(dim=0) / total
+            lse[rows] = row_max + total.log()
+            logprobs[rows] = picked - lse[rows]
+        ctx.save_for_backward(hidden, weight, tokens, lse)
+        ctx.inv_temp, ctx.chunk_rows = inv_temp, chunk_rows
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        hidden, weight, tokens, lse = ctx.saved_tensors
+        grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        for start in range(0, hidden.size(0), ctx.chunk_rows):
+            rows = slice(start, start + ctx.chunk_rows)
+            h, u = hidden[rows], grad_logprobs[rows].float()
+            # d logprob / d logits = (onehot - softmax) / T, times the incoming gradient u per row
+            g = _chunk_logits(weight, h).mul_(ctx.inv_temp).sub_(lse[rows]).exp_().mul_(-u * ctx.inv_temp)
+            g.scatter_add_(0, tokens[rows][None], (u * ctx.inv_temp)[None])
+            torch.mm(g.t(), weight, out=grad_hidden[rows])
+            grad_weight.addmm_(g, h)
+        return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None, None
+
+
+@torch.compiler.disable
+def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor,
+                          temperature: float = 1.0, chunk_rows: int | None = None):
+    """(log-probs, entropies) of softmax(hidden @ weight.T / temperature), per position, without
+    materialising the logits: hidden (..., C) float32, weight (V, C), tokens (...) long -> two
+    float32 tensors shaped like tokens. The log-probs are `grpo.token_logprobs` of those logits to
+    float rounding and carry gradients to hidden and weight; the entropies (nats) are detached."""
+    if hidden.shape[:-1] != tokens.shape:
+        raise ValueError(f"linear_token_logprobs: hidden {tuple(hidden.shape)} and tokens {tuple(tokens.shape)} disagree")
+    lp, ent = _LinearTokenLogprobs.apply(hidden.reshape(-1, hidden.size(-1)), weight, tokens.reshape(-1).long(),
+                                         1.0 / temperature, chunk_rows or default_chunk_rows(hidden.device))
+    return lp.view(tokens.shape), ent.view(tokens.shape)

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.utils.checkpoint import checkpoint
 
-from .lm_head_loss import linear_cross_entropy
+from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import atomic_write
 from .tasks import LAYOUTS
 from .tokenizer import EOT_TOKEN
@@ -238,13 +238,17 @@ class GPT(nn.Module):
 
     def forward(self, idx, position_ids=None, attn_mask=None, cache: KVCache | None = None,
                 start: int | torch.Tensor = 0,
-                last_only: bool = False, targets: torch.Tensor | None = None, logits_from: int = 0):
+                last_only: bool = False, targets: torch.Tensor | None = None, logits_from: int = 0,
+                score_tokens: torch.Tensor | None = None, temperature: float = 1.0):
         """Logits (B, T, vocab_size) for token ids idx (B, T); (B, 1, vocab_size) with last_only.
 
         logits_from skips the LM head (a large share of a small model's cost) on positions before it,
         which still feed attention: scoring completions needs no logits over the prompt. With targets
         (B, T) it returns the mean next-token cross-entropy instead (targets of -1 ignored), equal to
         `lm_loss(model(idx), targets)` but from the fused, chunked `lm_head_loss` (no logits stored).
+        With score_tokens (B, T - logits_from) it returns (log-probs, entropies), each (B, T - logits_from),
+        of those tokens under softmax(logits / temperature) at the positions from logits_from on, from
+        `lm_head_loss.linear_token_logprobs` (no logits stored; the entropies carry no gradient).
 
         position_ids (B, T) default to start..start+T-1; attn_mask is a boolean (B, 1, T, T_total)
         mask, True = may attend (left-padded batches), else plain causal. `start` is where idx goes
@@ -268,9 +272,11 @@ class GPT(nn.Module):
         # Padded vocabulary rows are never targets, sampled or scored. Sliced only when there are
         # any: a slice's backward is a zeroed copy of the whole (V, C) gradient.
         padded = self.config.padded_vocab_size > self.config.vocab_size
+        weight = self.lm_head.weight[: self.config.vocab_size] if padded else self.lm_head.weight
         if targets is not None:
-            weight = self.lm_head.weight[: self.config.vocab_size] if padded else self.lm_head.weight
             return linear_cross_entropy(self.transformer.ln_f(x), weight, targets)
+        if score_tokens is not None:
+            return linear_token_logprobs(self.transformer.ln_f(x[:, logits_from:]), weight, score_tokens, temperature)
         if last_only:
             x = x[:, -1:]
         elif logits_from:

@@ -476,12 +476,15 @@ class _GraphedDecodeStep:
 
 
 def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens: torch.Tensor,
-                      temperature: float = 1.0, pad_id: int = EOT_ID, return_logits: bool = False):
+                      temperature: float = 1.0, pad_id: int = EOT_ID, return_logits: bool = False,
+                      return_entropy: bool = False):
     """Log-probs (N, L) of completion tokens under `model`, from one full forward pass.
 
     The sequence is [left pad][prompt][completion], with the same position ids and attention mask
     the sampler used, so for an unchanged model this reproduces Rollout.logprobs. Gradients flow.
-    Returns (logprobs, completion_logits) when return_logits is set, for entropy terms.
+    Returns (logprobs, completion_logits) when return_logits is set, for entropy terms, and
+    (logprobs, entropies) when return_entropy is set: the head fused with the log-softmax, chunk by
+    chunk (`lm_head_loss.linear_token_logprobs`; no (N, L, V) logits kept; entropies detached).
     """
     device = completion_tokens.device
     ids, valid = left_pad(prompt_ids, pad_id, device)
@@ -492,8 +495,11 @@ def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens
     # the last completion token is predicted, never fed: P + L - 1 positions (as in sampling)
     full = torch.cat([ids, completion_tokens[:, :-1]], dim=1)
     full_valid = torch.cat([valid, torch.ones_like(completion_tokens[:, :-1], dtype=torch.bool)], dim=1)
-    logits = model(full, position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L - 1),
-                   logits_from=P - 1)  # the head runs only where a completion token is predicted
+    position_ids, attn_mask = position_ids_from_valid(full_valid), padded_attention_mask(full_valid, P + L - 1)
+    if return_entropy:
+        return model(full, position_ids, attn_mask, logits_from=P - 1, score_tokens=completion_tokens,
+                     temperature=temperature)
+    logits = model(full, position_ids, attn_mask, logits_from=P - 1)  # the head runs only where a token is predicted
     completion_logits = logits[:, :L]
     lp = token_logprobs(completion_logits, completion_tokens, temperature)
     return (lp, completion_logits) if return_logits else lp

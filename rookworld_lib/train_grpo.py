@@ -350,19 +350,28 @@ class GRPOTrainer(Trainer):
         n = len(batch.items)
         effective = grpo.effective_mask(mask, truncated, cfg.loss)
         out = {"metrics": [], "grad_norms": [], "losses": [], "first": None}
+        # fp32 on a CPU: score with the head fused into the log-softmax (no (rows, tokens, V) logits;
+        # 1.65x faster at cpu-small); the entropy bonus needs the logits themselves
+        fused = dev.type == "cpu" and rt.amp_dtype is None and cfg.loss.entropy_coef == 0
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         for _ in range(cfg.mu):
             order = torch.randperm(n, generator=gen)  # the same on every rank
             for start in range(0, n, cfg.minibatch_size):
                 global_rows = order[start:start + cfg.minibatch_size]
                 rows = self.my_rows(global_rows).to(dev)
+                prompts = [batch.prompt_ids[i] for i in rows.tolist()]
+                logits = entropy = None
                 with rt.autocast():
-                    lp, logits = sequence_logprobs(self.policy, [batch.prompt_ids[i] for i in rows.tolist()],
-                                                   tokens[rows], cfg.temperature, return_logits=True)
+                    if fused:
+                        lp, entropy = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature,
+                                                        return_entropy=True)
+                    else:
+                        lp, logits = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature,
+                                                       return_logits=True)
                 # Normalise by the whole minibatch's counts (all ranks), then undo DDP's mean over ranks.
                 loss, metrics = grpo.grpo_loss(
                     lp.float(), old_lp[rows], adv[rows], mask[rows],
-                    ref_logprobs=None if ref_lp is None else ref_lp[rows], config=cfg.loss, logits=logits,
+                    ref_logprobs=None if ref_lp is None else ref_lp[rows], config=cfg.loss, logits=logits, entropy=entropy,
                     truncated=truncated[rows], group_stats=adv_stats,
                     num_items_in_batch=float(effective[global_rows.to(dev)].sum()),
                     num_completions_in_batch=len(global_rows))

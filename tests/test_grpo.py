@@ -662,6 +662,22 @@ def test_entropy_from_logits():
     assert torch.all(grpo.entropy_from_logits(logits, 0.3) < grpo.entropy_from_logits(logits, 3.0))
 
 
+def test_measured_entropies_give_the_logits_entropy_metric():
+    g = torch.Generator().manual_seed(2)
+    N, T = 3, 5
+    logits = torch.randn(N, T, 11, generator=g)
+    lp = grpo.token_logprobs(logits, torch.randint(0, 11, (N, T), generator=g))
+    old, adv = lp.detach() - 0.1, torch.randn(N, generator=g)
+    mask = torch.rand(N, T, generator=g) > 0.3
+    cfg = GRPOConfig(temperature=0.8)
+    loss_a, from_logits = grpo_loss(lp, old, adv, mask, config=cfg, logits=logits)
+    loss_b, from_entropy = grpo_loss(lp, old, adv, mask, config=cfg, entropy=grpo.entropy_from_logits(logits, 0.8))
+    assert from_entropy["entropy"] == pytest.approx(from_logits["entropy"], rel=1e-6)
+    torch.testing.assert_close(loss_a, loss_b)  # metric only: no bonus without entropy_coef
+    with pytest.raises(ValueError, match="entropy must have the shape"):
+        grpo_loss(lp, old, adv, mask, config=cfg, entropy=torch.zeros(N, T + 1))
+
+
 # ------------------------------------------------------------------------------------------
 # Config validation and input errors
 # ------------------------------------------------------------------------------------------

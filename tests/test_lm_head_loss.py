@@ -125,3 +125,43 @@ def test_default_chunking_spans_several_chunks_and_matches_reference():
     torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(h1.grad.double(), h2.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_rows,temperature", [(1, 1.0), (7, 0.7), (1000, 1.3)])
+def test_token_logprobs_entropies_and_gradients_match_float64_reference(chunk_rows, temperature):
+    from rookworld_lib.grpo import entropy_from_logits, token_logprobs
+    from rookworld_lib.lm_head_loss import linear_token_logprobs
+
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 11, 16, generator=g, dtype=torch.float64)
+    weight = torch.randn(300, 16, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, 300, (3, 11), generator=g)
+    upstream = torch.randn(3, 11, generator=g, dtype=torch.float64)
+    h1, w1 = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    lp, ent = linear_token_logprobs(h1, w1, tokens, temperature, chunk_rows=chunk_rows)
+    logits = h2 @ w2.t()
+    ref_lp, ref_ent = token_logprobs(logits, tokens, temperature), entropy_from_logits(logits.detach(), temperature)
+    assert lp.shape == ent.shape == tokens.shape and lp.dtype == torch.float32 and not ent.requires_grad
+    torch.testing.assert_close(lp.double(), ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent, rtol=1e-5, atol=1e-5)
+    (lp.double() * upstream).sum().backward()
+    (ref_lp * upstream).sum().backward()
+    torch.testing.assert_close(h1.grad.double(), h2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w1.grad.double(), w2.grad, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="disagree"):
+        linear_token_logprobs(h1, w1, tokens[:, :-1])
+
+
+def test_model_scores_tokens_fused_as_from_its_logits():
+    # a padded vocabulary: the fused scores cover the real tokens only, as the logits do
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=300, pad_vocab_to_multiple=64))
+    idx = torch.randint(0, 300, (2, 12))
+    tokens = torch.randint(0, 300, (2, 7))
+    from rookworld_lib.grpo import token_logprobs
+
+    lp, ent = model(idx, logits_from=5, score_tokens=tokens, temperature=0.9)
+    logits = model(idx, logits_from=5)
+    assert logits.shape[-1] == 300
+    torch.testing.assert_close(lp, token_logprobs(logits, tokens, 0.9), rtol=1e-5, atol=1e-5)

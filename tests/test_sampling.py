@@ -438,3 +438,17 @@ def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_thre
     generate(model, [[1, 2, 3]] * 5, cfg)
     assert calls == [2] * 5
 
+
+
+def test_fused_scoring_matches_the_logits_path():
+    from rookworld_lib.grpo import entropy_from_logits
+
+    model = sharp_model()
+    prompts = mixed_prompts()
+    ro = generate(model, prompts, SamplingConfig(max_new_tokens=9, seed=3))
+    lp_logits, logits = sequence_logprobs(model, ro.prompt_ids, ro.tokens, 0.8, return_logits=True)
+    lp_fused, entropy = sequence_logprobs(model, ro.prompt_ids, ro.tokens, 0.8, return_entropy=True)
+    torch.testing.assert_close(lp_fused, lp_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy, entropy_from_logits(logits, 0.8), rtol=1e-5, atol=1e-5)
+    lp_fused.sum().backward()  # gradients reach the model through the fused head
+    assert model.transformer.wte.weight.grad is not None and model.transformer.h[0].attn.c_attn.weight.grad is not None
