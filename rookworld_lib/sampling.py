@@ -303,7 +303,9 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
         decode_step = _decode_step(model, cache, valid_all, P, L, _decode_mode(config.decode, device))
         steps = 0
-        with _intra_op_threads(_decode_threads(model, N, P + L // 2, device)):  # the prefill keeps torch's
+        # the prefill keeps torch's threads; with no decode step (L == 1) there is nothing to choose
+        threads = _decode_threads(model, N, P + L // 2, device) if L > 1 else torch.get_num_threads()
+        with _intra_op_threads(threads):
             for t in range(L):
                 next_tok, lp_full, lp_samp = _next_token(logits.float(), config, generator)
                 active = ~finished

@@ -501,8 +501,8 @@ class SFTTrainer(Trainer):
         lr = self.schedule.apply(self.optimizer, self.step)
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(cfg.grad_accum):
-            x, y = batch if batch is not None else self.train_stream.next_batch(cfg.batch_size, cfg.block_size)
-            x, y = self.model_ids(x), self.model_ids(y)
+            x, y = map(self.model_ids, batch if batch is not None
+                       else self.train_stream.next_batch(cfg.batch_size, cfg.block_size))
             # under DDP, gradients are all-reduced once, in the backward of the last micro-batch
             loss_sum += self.stepper.accumulate(rt.to_device(self.my_rows(x)), rt.to_device(self.my_rows(y)),
                                                 sync=micro == cfg.grad_accum - 1)

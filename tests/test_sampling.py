@@ -452,3 +452,14 @@ def test_fused_scoring_matches_the_logits_path():
     torch.testing.assert_close(entropy, entropy_from_logits(logits, 0.8), rtol=1e-5, atol=1e-5)
     lp_fused.sum().backward()  # gradients reach the model through the fused head
     assert model.transformer.wte.weight.grad is not None and model.transformer.h[0].attn.c_attn.weight.grad is not None
+
+
+def test_a_full_block_prompt_with_one_new_token_decodes(monkeypatch):
+    # one new token means no decode step: nothing for the thread probe to time (it once built a
+    # cache one slot past block_size here and raised)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=16))
+    ro = generate(model, [list(range(16))], SamplingConfig(max_new_tokens=1, temperature=0))
+    assert ro.tokens.shape == (1, 1)
+    assert ro.tokens[0, 0].item() == model(torch.tensor([list(range(16))]))[0, -1].argmax().item()
