@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= auto
 
-.PHONY: setup stockfish test test-fast test-fault run lab clean
+.PHONY: setup stockfish chromium test test-fast test-fault run lab clean
 
-setup: $(STAMP) stockfish
+setup: $(STAMP) stockfish chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,18 @@ stockfish:
 	  echo "Install it with 'sudo apt-get install -y stockfish' (Debian/Ubuntu)," >&2; \
 	  echo "'conda install -c conda-forge stockfish', or 'brew install stockfish', or set STOCKFISH_PATH." >&2; \
 	  exit 1; \
+	fi
+
+# Chromium renders the PNG copies of figures (kaleido) and runs the real-browser test (Playwright).
+# Optional: where it cannot be installed, figures stay HTML-only and the browser test skips, saying why.
+chromium:
+	@if [ -n "$$CHROMIUM_PATH" ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "Installing Chromium (Debian package)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "Chromium could not be installed: PNG figures and the browser test are skipped" >&2; \
+	else \
+	  echo "Chromium not found (sudo apt-get install -y chromium, or set CHROMIUM_PATH): PNG figures and the browser test are skipped" >&2; \
 	fi
 
 # Lint (ruff, configured in pyproject.toml), then the library tests plus every numbered notebook

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDA_TO_PIP = {"pytorch": "torch", "python-chess": "chess"}
+CONDA_TO_PIP = {"pytorch": "torch", "python-chess": "chess", "python-kaleido": "kaleido"}
 CONDA_ONLY = {"python", "pip", "stockfish"}  # the interpreter, the installer, and the engine binary
 
 
