@@ -44,19 +44,28 @@ def _garbage(rng: random.Random) -> str:
 
 def policy_examples(rec, seed: int = 0) -> dict[str, str]:
     """Completions of graded quality for one P: record, keyed by category: the record's M:/E: with
-    B: = best, 2nd, 5th candidate, a random legal move outside them, an illegal move; a garbled
-    copy of the true completion (3-8 character edits); and random garbage."""
+    B: = best, 2nd, 5th candidate; a random legal move outside them, then an illegal move, each put in
+    M: as the last candidate and named in B: (format-valid); the best move repeated in every M: slot
+    (malformed: a small model's greedy failure); a garbled copy of the true completion (3-8
+    character edits); and random garbage."""
     rng = random.Random(f"{seed}:{rec['id']}")
     board = chess.Board(rec["fen"])
     head = f" M: {' '.join(rec['moves'])} E: {' '.join(rec['evals'])} B: "
     out = {name: head + rec["moves"][k] for k, name in ((0, "best"), (1, "2nd"), (4, "5th")) if k < len(rec["moves"])}
-    others = sorted(m.uci() for m in board.legal_moves if m.uci() not in rec["moves"])
+    moves, evals = rec["moves"], rec["evals"]
+
+    def as_last_candidate(move: str) -> str:  # format-valid: the move replaces the last candidate and is B:
+        return f" M: {' '.join([*moves[:-1], move])} E: {' '.join(evals)} B: {move}"
+
+    others = sorted(m.uci() for m in board.legal_moves if m.uci() not in moves)
     if others:
-        out["random legal"] = head + rng.choice(others)
+        out["random legal"] = as_last_candidate(rng.choice(others))
     while "illegal" not in out:
         m = chess.Move(rng.choice(chess.SQUARES), rng.choice(chess.SQUARES))
         if m.from_square != m.to_square and not board.is_legal(m):
-            out["illegal"] = head + m.uci()
+            out["illegal"] = as_last_candidate(m.uci())
+    if len(moves) > 1:
+        out["best repeated"] = f" M: {' '.join([moves[0]] * len(moves))} E: {' '.join([evals[0]] * len(moves))} B: {moves[0]}"
     out["garbled"] = mutate_text(rec["completion"], rng, rng.randint(3, 8))
     out["garbage"] = _garbage(rng)
     return out

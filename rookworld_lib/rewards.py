@@ -21,6 +21,13 @@ when ``B:`` is missing or illegal; else the weighted sum in [0, 1] (:class:`Poli
     - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
     - ``evals_accuracy``: mean 1 - |W(predicted) - W(true)| over listed moves the truth lists too
       (W the logistic win probability; 0 when there is none).
+With ``PolicyWeights.format_gate`` (the default), a completion that is not format-valid (the parser
+reports an error: the strict ``policy/valid`` metric) is then mapped affinely into
+[-0.95, -0.55], below every format-valid one, so the reward ranks format-valid with a legal ``B:``
+([0, 1]) above format-valid with an illegal ``B:`` (-0.25) above malformed above garbage (-1.0).
+Without the gate a malformed answer that names the best move (five copies of it in ``M:``, the
+typical greedy failure of a small SFT model) scored 0.78, above a format-valid answer with a worse
+legal move, and GRPO had nothing to gain from valid text.
 
 Environment: -1.0 when no field is well-formed; else the weighted sum (:class:`EnvWeights`) of
 ``format``, ``fen_exact`` (:func:`tasks.same_position`), ``fen_fields`` (:func:`fen_field_credit`: a
@@ -63,6 +70,7 @@ POLICY_RANGE = (-1.0, 1.0)
 GARBAGE = -1.0
 ILLEGAL_BASE = -0.5
 ILLEGAL_FORMAT_WEIGHT = 0.25
+MALFORMED_RANGE = (-0.95, -0.55)  # gated malformed policy answers: above garbage, below valid-illegal (-0.25)
 CP_LOSS_CAP = 1000
 
 
@@ -71,9 +79,11 @@ CP_LOSS_CAP = 1000
 class _Weights:
     """Checked at construction: each field (`option`), then the sum, 1 so that legal answers score in [0, 1]."""
 
+    _SETTINGS = ("unlisted_margin_cp", "format_gate")  # fields that are not weights
+
     def __post_init__(self):
         validate(self)
-        total = math.fsum(getattr(self, f.name) for f in fields(self) if f.name != "unlisted_margin_cp")
+        total = math.fsum(getattr(self, f.name) for f in fields(self) if f.name not in self._SETTINGS)
         if abs(total - 1.0) > 1e-9:
             raise ValueError(f"{type(self).__name__}: weights must sum to 1 (so legal answers score in [0, 1]), "
                              f"got {total}")
@@ -90,6 +100,8 @@ class PolicyWeights(_Weights):
     evals_accuracy: float = option(0.15, "accuracy of the E: evals of the candidates the engine also lists", min=0.0)
     unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
                                      "this", min=0, max=10_000)
+    format_gate: bool = option(True, "score every answer that is not format-valid in [-0.95, -0.55], below every "
+                               "format-valid one (the ranking valid-legal > valid-illegal > malformed)")
 
 
 @dataclass(frozen=True)
@@ -391,13 +403,23 @@ def _policy(prompt, completion, truth, engine, weights, registry_version) -> Pol
     if parse.sections == 0:
         return PolicyScore(total=GARBAGE, truth_source=source, errors=parse.errors)
     listed = _listed_components(board, parse, truth)
+    gate = weights.format_gate and not parse.ok
     if parse.best is None or tasks.legal_move(board, parse.best) is None:
         why = "B: missing" if parse.best is None else "B: is not a legal move"
-        return PolicyScore(total=round(ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * listed["format"], 12),
-                           truth_source=source, errors=parse.errors + (why,), **listed)
+        total = ILLEGAL_BASE + ILLEGAL_FORMAT_WEIGHT * listed["format"]
+        return PolicyScore(total=_gated(total) if gate else round(total, 12), truth_source=source,
+                           errors=parse.errors + (why,), **listed)
     best = _best_components(board, parse.best, truth, pool, weights)
     total = _wsum(weights, {**listed, "best_quality": best["best_quality"]})
-    return PolicyScore(total=total, best_legal=1.0, truth_source=source, errors=parse.errors, **listed, **best)
+    return PolicyScore(total=_gated(total) if gate else total, best_legal=1.0, truth_source=source,
+                       errors=parse.errors, **listed, **best)
+
+
+def _gated(total: float) -> float:
+    """An ungated policy reward in [ILLEGAL_BASE, 1] mapped affinely into MALFORMED_RANGE: the order among
+    malformed answers is kept (a legal best move still beats an illegal one), all below valid ones."""
+    lo, hi = MALFORMED_RANGE
+    return round(lo + (hi - lo) * (total - ILLEGAL_BASE) / (1.0 - ILLEGAL_BASE), 12)
 
 
 def _listed_components(board: chess.Board, parse: tasks.PolicyParse, truth: PolicyTruth) -> dict[str, float]:

@@ -82,6 +82,40 @@ def test_policy_reward_ranks_best_2nd_5th_random_illegal_garbage(val_policy):
     assert ok / len(recs) >= 0.95, failures[:5]
 
 
+def test_policy_reward_ranks_valid_legal_above_valid_illegal_above_malformed_with_margins(val_policy):
+    """Issue 14's check: the bands GRPO's group advantages see. Format-valid means the parser's verdict,
+    the strict policy/valid metric. The malformed cases are the SFT model's real failures: the best move
+    five times (greedy repetition), B: outside M:, a missing field."""
+    rng = random.Random(4)
+    bands = {"valid_legal": [], "valid_illegal": [], "malformed": [], "garbage": []}
+    for r in [x for x in val_policy if len(x["moves"]) == 5 and x["n_legal"] > 5][:60]:
+        board, m, e, p = chess.Board(r["fen"]), r["moves"], r["evals"], r["prompt"]
+        other = rng.choice(sorted(x.uci() for x in board.legal_moves if x.uci() not in m))
+        il = _illegal_uci(board, rng)
+        texts = {"valid_legal": [policy_completion_for(r, m[k]) for k in (0, 4)]
+                 + [f" M: {' '.join(m[:4] + [other])} E: {' '.join(e)} B: {other}"],
+                 "valid_illegal": [f" M: {' '.join(m[:4] + [il])} E: {' '.join(e)} B: {il}"],
+                 "malformed": [f" M: {' '.join([m[0]] * 5)} E: {' '.join([e[0]] * 5)} B: {m[0]}",
+                               policy_completion_for(r, other), f" M: {' '.join(m)} B: {m[0]}"],
+                 "garbage": [_garbage(rng), ""]}
+        for band, completions in texts.items():
+            assert all(tasks.parse_policy_completion(c).ok == band.startswith("valid") for c in completions), band
+            bands[band] += [rewards.score_policy(p, c, truth=r) for c in completions]
+    lo = {k: min(v) for k, v in bands.items()}
+    hi = {k: max(v) for k, v in bands.items()}
+    # every member of a band above every member of the next, by at least 0.2 (garbage: a floor)
+    assert lo["valid_legal"] >= hi["valid_illegal"] + 0.2
+    assert lo["valid_illegal"] >= hi["malformed"] + 0.2
+    assert lo["malformed"] > hi["garbage"] == -1.0
+    # the ungated reward let the greedy failure (best move x5) outscore a valid answer with a worse move
+    ungated = rewards.PolicyWeights(format_gate=False)
+    r = next(x for x in val_policy if len(x["moves"]) == 5 and x["n_legal"] > 5)
+    repeat = f" M: {' '.join([r['moves'][0]] * 5)} E: {' '.join([r['evals'][0]] * 5)} B: {r['moves'][0]}"
+    worse = policy_completion_for(r, r["moves"][4])
+    assert rewards.score_policy(r["prompt"], repeat, truth=r, weights=ungated) > 0.75
+    assert rewards.score_policy(r["prompt"], repeat, truth=r) < 0 < rewards.score_policy(r["prompt"], worse, truth=r)
+
+
 def test_environment_reward_ranks_exact_corrupted_garbage(val_env):
     rng = random.Random(1)
     for r in val_env:
@@ -108,9 +142,14 @@ def test_policy_components_on_a_worked_example(val_policy):
     prompt, best = r["prompt"], r["best"]
     perfect = rewards.score_policy_detailed(prompt, r["completion"], truth=r)
     assert perfect.total == 1.0 and perfect.best_rank == 1 and perfect.cp_loss == 0 and perfect.errors == ()
-    # only B: present: legal best move, no candidates or evals
-    only_b = rewards.score_policy_detailed(prompt, f" B: {best}", truth=r)
+    # only B: present: legal best move, no candidates or evals. Ungated it earns its components; gated
+    # (the default) it is malformed, so it lands in MALFORMED_RANGE at the same affine position
+    ungated = rewards.PolicyWeights(format_gate=False)
+    only_b = rewards.score_policy_detailed(prompt, f" B: {best}", truth=r, weights=ungated)
     assert only_b.best_quality == 1.0 and only_b.moves_overlap == 0 and 0 < only_b.total < perfect.total
+    lo, hi = rewards.MALFORMED_RANGE
+    gated = rewards.score_policy(prompt, f" B: {best}", truth=r)
+    assert gated == pytest.approx(lo + (hi - lo) * (only_b.total + 0.5) / 1.5)
     # wrong evals cost eval accuracy only
     bad_e = policy_completion_for(r, best).replace(" E: ", " E: 9.0 ", 1)
     bad_e = bad_e.replace(" " + r["evals"][-1] + " B:", " B:")
@@ -121,9 +160,10 @@ def test_policy_components_on_a_worked_example(val_policy):
     bad_m = f" M: {_illegal_uci(board, random.Random(2))} {' '.join(r['moves'][1:])} E: {' '.join(r['evals'])} B: {r['moves'][1]}"
     d = rewards.score_policy_detailed(prompt, bad_m, truth=r)
     assert d.moves_legal == 0.8 and d.moves_overlap == 0.8 and d.best_rank == 2
-    # B: missing or illegal: in [-0.5, -0.25], above garbage
-    missing = rewards.score_policy(prompt, f" M: {best} E: 0.1", truth=r)
-    illegal = rewards.score_policy(prompt, policy_completion_for(r, _illegal_uci(board, random.Random(3))), truth=r)
+    # B: missing or illegal: ungated in [-0.5, -0.25], above garbage
+    missing = rewards.score_policy(prompt, f" M: {best} E: 0.1", truth=r, weights=ungated)
+    illegal = rewards.score_policy(prompt, policy_completion_for(r, _illegal_uci(board, random.Random(3))), truth=r,
+                                   weights=ungated)
     assert -0.5 <= missing <= -0.25 and -0.5 <= illegal <= -0.25 and missing < illegal
     assert rewards.score_policy(prompt, "", truth=r) == -1.0
 
