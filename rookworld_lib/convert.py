@@ -276,7 +276,7 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     for ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
     ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when
     the whole input is done, only for a task with records (another task's file is left as it is)."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

@@ -17,6 +17,8 @@ import platform
 import shutil
 import statistics
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, is_dataclass
@@ -394,6 +396,26 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
     return out
 
 
+@contextlib.contextmanager
+def _without_kineto_usdt_lines():
+    """Kineto prints a `USDT: ... profiler_start` / `profiler_stop` line on the C stderr at every profile
+    (a notebook cell shows each one). Only KINETO_LOG_LEVEL=6 silences them, which hides its errors too,
+    so fd 2 goes to a file while profiling and every other line is written back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith("USDT:")]
+            sys.stderr.write("".join(kept))
+
+
 def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = None,
                    device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
     """Run fn() once under torch.profiler (with memory); export a trace, tabulate the top ops, and give each
@@ -402,7 +424,7 @@ def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = Non
 
     device = resolve_device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
+    with _without_kineto_usdt_lines(), profile(activities=activities, profile_memory=True, record_shapes=False) as prof:
         fn()
         synchronize(device)
     if trace_path is not None:

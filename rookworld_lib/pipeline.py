@@ -3,6 +3,13 @@
 Executes the numbered notebooks in order with papermill into `runs/<timestamp>/`, passing each
 the parameters of the chosen profile that it declares, and writes a short Markdown report. A
 notebook may add to the report by writing `report_<anything>.md` into its `run_dir`.
+
+The terminal shows one line per notebook (name, status, seconds) and, while a notebook runs, the
+few lines its loops and stages write to `<run>/progress.log` (`progress.tqdm`, `progress.report`),
+followed by a thread. A side file rather than papermill's `log_output`: that would echo every output
+of every cell to the terminal, and the progress lines would be stored in the executed notebook too.
+What the kernel process itself prints goes to `<run>/logs/<notebook>.kernel.log`, named in the
+error when a notebook fails.
 """
 
 from __future__ import annotations
@@ -11,13 +18,19 @@ import argparse
 import ast
 import datetime as dt
 import json
+import os
 import platform
 import sys
+import threading
 import time
 from pathlib import Path
 
+from jupyter_client import AsyncKernelManager
+from traitlets import Unicode
+
 from .config import ParameterError, json_or_text
 from .paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
+from .progress import PROGRESS_ENV
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
@@ -58,12 +71,75 @@ def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
                              f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
 
 
+class NotebookKernelManager(AsyncKernelManager):
+    """The kernel of one notebook in a run.
+
+    - Its process's own stdout and stderr go to `log_path`, not the terminal: ipykernel echoes there
+      what C libraries write to the process's file descriptors, e.g. the `USDT: ...
+      profiler_start` / `profiler_stop` pair PyTorch's profiler (Kineto) prints at every profile of
+      notebook 04; the kernel's log lines land there too. A cell's own output stays in the notebook.
+    - IPC sockets where the OS has them: over TCP, ipykernel warns at every start that the traffic
+      is unencrypted (the kernel is local; IPC is the transport the warning itself recommends).
+    - Its environment names the run's progress file and drops what would tell `progress` that
+      a frontend watches (a `rookworld run` started from a notebook cell inherits JPY_SESSION_NAME).
+    """
+
+    log_path = Unicode(config=True, help="file for the kernel process's stdout and stderr")
+    progress_path = Unicode(config=True, help="the run's progress file ($ROOKWORLD_PROGRESS in the kernel)")
+
+    async def start_kernel(self, **kw):
+        env = {k: v for k, v in os.environ.items() if k != "JPY_SESSION_NAME" and not k.startswith("VSCODE_")}
+        env[PROGRESS_ENV] = self.progress_path
+        with open(self.log_path, "a") as log:  # the child holds its own copy of the descriptor
+            await super().start_kernel(stdout=log, stderr=log, env=env, **kw)
+
+
+class Echo(threading.Thread):
+    """Print the lines appended to a file, indented under `label`, until stopped (then the rest)."""
+
+    def __init__(self, path: Path, label: str):
+        super().__init__(daemon=True)
+        self.path, self.label, self.done = path, label, threading.Event()
+
+    def run(self):
+        with open(self.path) as f:
+            f.seek(0, os.SEEK_END)
+            while True:
+                stopping = self.done.wait(0.5)  # read once more after the stop: the last lines
+                for line in f.readlines():
+                    print(f"  {self.label} | {line.rstrip()}", flush=True)
+                if stopping:
+                    return
+
+    def stop(self):
+        self.done.set()
+        self.join()
+
+
+def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
+    """Run one notebook with papermill, its progress echoed to the terminal (see the module doc)."""
+    import papermill as pm
+    from traitlets.config import Config
+
+    logs, progress = run_dir / "logs", run_dir / "progress.log"
+    logs.mkdir(exist_ok=True)
+    progress.touch()
+    config = Config({"NotebookKernelManager": {"log_path": str(logs / f"{nb.stem}.kernel.log"),
+                                               "progress_path": str(progress),
+                                               "transport": "ipc" if os.name == "posix" else "tcp"}})
+    echo = Echo(progress, nb.stem)
+    echo.start()
+    try:
+        pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3", cwd=str(nb.parent),
+                            progress_bar=False, kernel_manager_class=NotebookKernelManager, config=config)
+    finally:
+        echo.stop()
+
+
 def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
                  extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
-    import papermill as pm
     import torch
-    from tqdm.auto import tqdm
 
     if profile == "auto":
         profile = "gpu" if torch.cuda.is_available() else "cpu"
@@ -83,17 +159,20 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     figures.mkdir(parents=True, exist_ok=True)
     offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
 
+    print(f"rookworld run ({profile}): {len(notebooks)} notebook(s) into {run_dir}", flush=True)
+    width = max(len(nb.name) for nb in notebooks)
     results, failure = [], None
-    for nb in tqdm(notebooks, desc=f"rookworld run ({profile})", unit="notebook"):
+    for nb in notebooks:
         params = {k: v for k, v in offered.items() if k in declared[nb]}
         start = time.perf_counter()
         try:
-            pm.execute_notebook(str(nb), str(run_dir / nb.name), parameters=params, kernel_name="python3",
-                                cwd=str(nb.parent), progress_bar=False)
+            execute(nb, run_dir / nb.name, params, run_dir)
         except Exception as exc:  # papermill wraps the cell's error; keep going to the report
-            failure = f"{nb.name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]}"
+            failure = (f"{nb.name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]} "
+                       f"(kernel log: {run_dir / 'logs' / (nb.stem + '.kernel.log')})")
         results.append({"notebook": nb.name, "status": "failed" if failure else "ok",
                         "seconds": round(time.perf_counter() - start, 1), "parameters": params})
+        print(f"{nb.name:<{width}}  {results[-1]['status']:<6}  {results[-1]['seconds']:8.1f} s", flush=True)
         if failure:
             break  # later notebooks may depend on this one's outputs
 
@@ -118,9 +197,9 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
     lines += [f"| {r['notebook']} | {r['status']} | {r['seconds']} |" for r in results]
     for fragment in sorted(run_dir.glob("report_*.md")):
         lines += ["", fragment.read_text().rstrip()]
-    figures = sorted((run_dir / "figures").glob("*.html"))
-    if figures:
-        lines += ["", "## Figures", ""] + [f"- [{f.stem}](figures/{f.name})" for f in figures]
+    from .plots import report_figure_lines  # (plotly: imported only where a report is written)
+
+    lines += report_figure_lines(run_dir)
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 

@@ -3,12 +3,21 @@
 A plotly figure shown in JupyterLab lives in the browser; under papermill or nbval nothing of it
 remains but a JSON blob. Every notebook plot therefore also goes through `save_figure`, which
 writes a self-contained static copy into the figures directory: an HTML file that opens offline
-(plotly.js is written once beside it) and the figure's JSON spec for later re-rendering.
+(plotly.js is written once beside it), the figure's JSON spec for later re-rendering, and a PNG
+that a Markdown report can embed (`report_figure_lines`). The PNG needs kaleido and a Chromium
+(`CHROMIUM_PATH`, else `chromium` on PATH, else /usr/bin/chromium); without them a figure stays
+HTML + JSON and one warning per process says why.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import logging
+import os
 import re
+import shutil
+import threading
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -16,11 +25,96 @@ import plotly.io as pio
 
 from .paths import FIGURES_DIR
 
+log = logging.getLogger(__name__)
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+PNG_TIMEOUT_S = 60.0  # a browser that hangs costs the run this much once, then PNGs are off
+
+
+class _PngRenderer:
+    """One headless Chromium kept open for the whole process (a cold start costs ~2 s, a warm image
+    much less), driven by kaleido on an event loop of its own thread, so that it works the same in
+    a script and inside Jupyter's running loop. Any failure switches PNGs off for the process with
+    one warning; a figure is never lost over it (its HTML and JSON are already written)."""
+
+    def __init__(self):
+        self.browser, self.loop, self.failed = None, None, None
+
+    @staticmethod
+    def chromium() -> str:
+        path = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            where = "CHROMIUM_PATH" if os.environ.get("CHROMIUM_PATH") else "chromium on PATH or /usr/bin/chromium"
+            raise RuntimeError(f"no executable Chromium at {path!r} ({where})")
+        return path
+
+    def _run(self, coro):
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(PNG_TIMEOUT_S)
+        finally:
+            future.cancel()  # after a timeout: stop waiting on the browser (no-op once done)
+
+    def _start(self) -> None:
+        import kaleido  # noqa: F401  (ImportError: reported below as the reason)
+
+        path = self.chromium()
+        for name in ("choreographer", "kaleido"):  # their warnings of a failed start: ours is the one line
+            logging.getLogger(name).setLevel(logging.ERROR)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="kaleido", daemon=True).start()
+
+        async def open_browser():  # built on its loop; mathjax off: its default is a CDN (we are offline)
+            browser = kaleido.Kaleido(path=path, n=1, mathjax=False, timeout=PNG_TIMEOUT_S)
+            await browser.open()
+            return browser
+
+        self.browser = self._run(open_browser())
+        atexit.register(self.close)
+
+    def png(self, fig: go.Figure, path: Path) -> bool:
+        """Write `fig` as a PNG at `path`; False (with the one warning) when PNGs are unavailable."""
+        if self.failed is None and self.browser is None:
+            try:
+                self._start()
+            except Exception as exc:  # noqa: BLE001  (no kaleido, no browser, browser would not start)
+                self._fail(exc)
+        if self.failed is not None:
+            return False
+        layout = fig.layout
+        opts = {"format": "png", "width": layout.width or pio.defaults.default_width,
+                "height": layout.height or pio.defaults.default_height, "scale": 1}
+        try:
+            path.write_bytes(self._run(self.browser.calc_fig(fig.to_dict(), opts=opts)))
+            return True
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return False
+
+    def _fail(self, exc: BaseException) -> None:
+        why = f"no answer within {PNG_TIMEOUT_S:.0f} s" if isinstance(exc, TimeoutError) else exc.args[0] if exc.args else exc
+        self.failed = f"{type(exc).__name__}: {why}".splitlines()[0]
+        log.warning("figures are saved as HTML + JSON only, without PNG copies: %s", self.failed)
+        self.close()
+
+    def close(self) -> None:
+        browser, self.browser = self.browser, None
+        if browser is not None:
+            try:
+                self._run(browser.close())
+            except Exception:  # noqa: BLE001  (at exit: the browser may be gone already)
+                pass
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.loop = None
+
+
+_png = _PngRenderer()
 
 
 def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None) -> Path:
-    """Write `<name>.html` (offline, plotly.js beside it) and `<name>.json`; return the HTML path."""
+    """Write `<name>.html` (offline, plotly.js beside it), `<name>.json` and, where a Chromium
+    renders it, `<name>.png`; return the HTML path."""
     if not _NAME.match(name):
         raise ValueError(f"figure name {name!r} must be letters, digits, '_', '-' or '.'")
     out = Path(figures_dir) if figures_dir is not None else FIGURES_DIR
@@ -29,7 +123,24 @@ def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None
     # "directory" writes plotly.min.js once into `out` and references it: offline and small.
     fig.write_html(html, include_plotlyjs="directory", full_html=True)
     (out / f"{name}.json").write_text(pio.to_json(fig))
+    png = out / f"{name}.png"
+    if not _png.png(fig, png):
+        png.unlink(missing_ok=True)  # a stale image of an earlier run would contradict the HTML
     return html
+
+
+def report_figure_lines(run_dir: str | Path) -> list[str]:
+    """Markdown for the figures in `<run_dir>/figures`: a "## Figures" section with each PNG inline
+    (and its interactive HTML linked), or the HTML link alone where no PNG was made; [] if none."""
+    figures = Path(run_dir) / "figures"
+    lines = []
+    for html in sorted(figures.glob("*.html")):
+        name = html.stem
+        if (figures / f"{name}.png").is_file():
+            lines += [f"![{name}](figures/{name}.png)", "", f"[{name}, interactive](figures/{html.name})", ""]
+        else:
+            lines += [f"- [{name}](figures/{html.name})", ""]
+    return ["", "## Figures", "", *lines[:-1]] if lines else []
 
 
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step") -> go.Figure:
@@ -44,36 +155,51 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
 
 
 class LiveCurves:
-    """A plot that grows with each training step in JupyterLab (a plotly FigureWidget). Without widgets
-    (papermill, nbval, plain Python) it only records; `figure()` is the static copy a headless run keeps."""
+    """Training curves that grow with each step. In JupyterLab a plotly FigureWidget, extended by the
+    training loop's `on_step` callback while the cell runs: each update is a widget message the
+    kernel sends on its iopub channel at once, so the browser redraws during the long cell. Where no
+    widget frontend watches (papermill, nbval, plain Python) it only records; `figure()` is the
+    static copy every run keeps.
 
-    def __init__(self, keys: list[str], title: str, live: bool = True):
-        self.keys, self.title, self.history = keys, title, []
-        self.widget = None
-        if live:
-            try:
-                import ipywidgets  # noqa: F401  (FigureWidget needs it)
-                from IPython import get_ipython
-                from IPython.display import display
+    panels: metric keys for one plot, or {panel title: keys} for plots stacked on one step axis
+    (metrics of different scales: reward, KL, clip fraction). A record without a key (or with None,
+    as SFT's steps between val-loss points) adds no point to that key's line."""
 
-                if type(get_ipython()).__name__ == "ZMQInteractiveShell":  # None outside IPython
-                    self.widget = go.FigureWidget(curves_figure([], keys, title))
-                    for key in keys:
-                        self.widget.add_scatter(x=[], y=[], mode="lines+markers", name=key)
-                    display(self.widget)
-            except Exception:  # no widget support: record only
-                self.widget = None
+    def __init__(self, panels: list[str] | dict[str, list[str]], title: str, live: bool = True):
+        from .progress import widget_frontend
+
+        self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
+        self.title, self.history, self.widget = title, [], None
+        if live and widget_frontend():
+            from IPython.display import display
+
+            self.widget = go.FigureWidget(self._figure([]))
+            display(self.widget)
+
+    def _figure(self, history: list[dict]) -> go.Figure:
+        from plotly.subplots import make_subplots
+
+        titles = list(self.panels)
+        fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                            subplot_titles=titles if len(titles) > 1 else None)
+        for row, keys in enumerate(self.panels.values(), start=1):
+            for key in keys:  # every key gets its trace, points or not: the widget extends them by name
+                pts = [(r.get("step", i + 1), r[key]) for i, r in enumerate(history) if r.get(key) is not None]
+                fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key,
+                                row=row, col=1)
+        fig.update_xaxes(title_text="step", row=len(titles), col=1)
+        return fig.update_layout(title=self.title, height=200 + 220 * len(titles))
 
     def __call__(self, record: dict) -> None:
         """Record one metrics record; extend the live plot, if there is one."""
         self.history.append(record)
         if self.widget is not None:
+            step = record.get("step", len(self.history))
             with self.widget.batch_update():
-                for trace, key in zip(self.widget.data, self.keys):
-                    if key in record:
-                        trace.x = (*trace.x, record.get("step", len(self.history)))
-                        trace.y = (*trace.y, record[key])
+                for trace in self.widget.data:
+                    if record.get(trace.name) is not None:
+                        trace.x, trace.y = (*trace.x, step), (*trace.y, record[trace.name])
 
     def figure(self) -> go.Figure:
         """The static figure of everything recorded."""
-        return curves_figure(self.history, self.keys, self.title)
+        return self._figure(self.history)

@@ -7,8 +7,10 @@ One step:
 4. compute group advantages; optionally drop zero-variance groups and refill (dynamic sampling);
 5. run `mu` passes over the rollout in minibatches, each an optimizer step on `grpo_loss`, with
    the sampler's log-probs as the old policy and, when beta > 0, a frozen reference model.
-Every step appends one JSON line of metrics. The model stays in eval mode throughout, so dropout
-never perturbs the log-probs that the ratio compares (TRL's `disable_dropout`).
+Every step appends one JSON line of metrics (and TensorBoard scalars); every `completions_interval`
+steps the step's completions go to completions.jsonl, one row each (COMPLETION_KEYS). The model stays
+in eval mode throughout, so dropout never perturbs the log-probs that the ratio compares (TRL's
+`disable_dropout`).
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from .trainer import Trainer
 from .config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
-from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, setup_runtime
+from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, setup_runtime, to_jsonable
 
 METRICS_FILE = "grpo_metrics.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"
+# A completions.jsonl row: the step; the group (prompt index within the step); task "P"/"A"; prompt and
+# completion text; reward and advantage; the completion's mean token ratio new/old at its first update
+# and the fraction of its tokens with a ratio outside [1 - clip_eps_low, 1 + clip_eps_high] (null when
+# none of its tokens enter the loss).
+COMPLETION_KEYS = ("step", "group", "task", "prompt", "completion", "reward", "advantage", "ratio", "clip_fraction")
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,9 @@ class GRPOTrainConfig:
     dtype: str = option("fp32", '"fp32", "bf16" (autocast on CUDA) or "auto"', choices=("fp32", "bf16", "auto"))
     checkpoint_interval: int = option(0, "steps between checkpoints (0 = only where the run stops), with out_dir", min=0)
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=0)
-    out_dir: str | None = option(None, "grpo_metrics.jsonl and checkpoints/ go here (None = keep nothing)")
+    out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl and checkpoints/ go here (None = keep nothing)")
+    report_to: str = option("tensorboard", '"tensorboard": the metrics also as event files in out_dir (tensorboard --logdir runs); "none"', choices=("tensorboard", "none"))
+    completions_interval: int = option(10, "write the step's completions (completions.jsonl, TensorBoard text) at step 1 and every this many steps (0 = never)", min=0)
     resume: bool = option(True, "continue from out_dir/checkpoints when it holds a checkpoint of this run")
     seed: int = option(0, "seeds prompt order and sampling", min=0)
     device: str = option("cpu", '"cpu", "cuda" or "auto"')
@@ -91,7 +101,7 @@ class GRPOTrainConfig:
 
 
 RewardFn = Callable[[PromptItem, str], float]
-RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps"}  # and how long it runs
+RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to"}  # how long, what is logged
 
 
 def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
@@ -201,6 +211,7 @@ class GRPOTrainer(Trainer):
     """
 
     kind, name, metrics_file = "grpo", "GRPO", METRICS_FILE
+    log_files = (COMPLETIONS_FILE,)
     resume_may_change = RESUME_MAY_CHANGE
     stop_hint = "Lower lr, or check the rewards and the model."
 
@@ -222,6 +233,7 @@ class GRPOTrainer(Trainer):
         self.tokenizer = get_tokenizer()
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
+        self.last_rollout: list[dict] = []  # the latest step's completions, as completions.jsonl rows
         ckpt = self.find_checkpoint()
         if ckpt is not None:
             self.restore(ckpt)
@@ -333,8 +345,30 @@ class GRPOTrainer(Trainer):
         record.update(info)
         record.update({f"group/{k}": v for k, v in adv_stats.as_metrics().items()})
         record.update(self._batch_record(batch, timings, time.perf_counter() - t_start))
+        self.last_rollout = self._rollout_rows(batch, adv, updates["row_stats"])
         self.step += 1
         return record
+
+    def after_step(self, record: dict) -> None:
+        """At step 1 and every completions_interval steps: the step's completions to completions.jsonl
+        and, as a table, to TensorBoard (rank 0, in train())."""
+        every, step = self.cfg.completions_interval, record["step"]
+        if not every or (step % every and step != 1):
+            return
+        if (out := self.logs.get(COMPLETIONS_FILE)) is not None:
+            for row in self.last_rollout:
+                out.write(row)
+        if self.tensorboard is not None:
+            self.tensorboard.add_text("completions", completions_markdown(self.last_rollout), step)
+
+    def _rollout_rows(self, batch: RolloutBatch, adv: torch.Tensor, row_stats: torch.Tensor) -> list[dict]:
+        """The step's completions as COMPLETION_KEYS rows; each rank measured the ratios of its rows."""
+        ratio, clip = torch.stack(distributed.all_gather_objects(row_stats.cpu())).nanmean(0).tolist()
+        G, step = self.cfg.group_size, self.step + 1
+        return to_jsonable([dict(zip(COMPLETION_KEYS, (step, i // G, item.task, item.prompt, text, *values)))
+                            for i, (item, text, *values) in enumerate(zip(batch.items, batch.completions,
+                                                                          batch.rewards.tolist(), adv.tolist(),
+                                                                          ratio, clip))])
 
     def _update(self, batch: RolloutBatch, adv: torch.Tensor, adv_stats) -> dict:
         """`mu` passes over the batch in minibatches, each an optimizer step on grpo_loss (skipped,
@@ -349,12 +383,13 @@ class GRPOTrainer(Trainer):
                 ref_lp = sequence_logprobs(self.ref, batch.prompt_ids, tokens, cfg.temperature).float()
         n = len(batch.items)
         effective = grpo.effective_mask(mask, truncated, cfg.loss)
-        out = {"metrics": [], "grad_norms": [], "losses": [], "first": None}
+        out = {"metrics": [], "grad_norms": [], "losses": [], "first": None,
+               "row_stats": torch.full((2, n), float("nan"), device=dev)}  # see _row_ratio_stats
         # fp32 on a CPU: score with the head fused into the log-softmax (no (rows, tokens, V) logits;
         # 1.65x faster at cpu-small); the entropy bonus needs the logits themselves
         fused = dev.type == "cpu" and rt.amp_dtype is None and cfg.loss.entropy_coef == 0
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
-        for _ in range(cfg.mu):
+        for pass_ in range(cfg.mu):
             order = torch.randperm(n, generator=gen)  # the same on every rank
             for start in range(0, n, cfg.minibatch_size):
                 global_rows = order[start:start + cfg.minibatch_size]
@@ -376,6 +411,9 @@ class GRPOTrainer(Trainer):
                     num_items_in_batch=float(effective[global_rows.to(dev)].sum()),
                     num_completions_in_batch=len(global_rows))
                 out["first"] = out["first"] or metrics  # scored before any update: its ratio must be 1
+                if pass_ == 0:  # each row's ratio at its first update, from tensors at hand (no host sync)
+                    out["row_stats"][:, rows] = _row_ratio_stats(lp.detach().float(), old_lp[rows], effective[rows],
+                                                                 cfg.loss)
                 self.optimizer.zero_grad(set_to_none=True)
                 (loss * W).backward()
                 norm = clip_grad_norm(self.model, cfg.grad_clip)
@@ -423,6 +461,29 @@ class GRPOTrainer(Trainer):
                        "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
                        "world_size": self.dist.world_size})
         return record
+
+
+def _row_ratio_stats(lp: torch.Tensor, old_lp: torch.Tensor, m: torch.Tensor, loss: grpo.GRPOConfig) -> torch.Tensor:
+    """[2, rows]: each completion's mean ratio new/old over its loss tokens `m` (as grpo_loss forms the
+    ratio: per token, or GSPO's per sequence) and the fraction of those tokens outside the clip range
+    [1 - clip_eps_low, 1 + clip_eps_high]; NaN for a completion without loss tokens."""
+    r = grpo.importance_log_weights(lp, old_lp, m, loss.importance_sampling_level, loss.log_ratio_clamp).exp()
+    r = r.expand_as(m)
+    outside = (r < 1.0 - loss.clip_eps_low) | (r > 1.0 + loss.clip_eps_high)
+    n = m.sum(dim=1)
+    return torch.stack([torch.where(m, r, 0.0).sum(dim=1), (outside & m).sum(dim=1).to(r.dtype)]) / n
+
+
+def completions_markdown(rows: list[dict]) -> str:
+    """Completions rows as a Markdown table (TensorBoard's text tab renders it)."""
+    cols = ("group", "task", "reward", "advantage", "ratio", "clip_fraction", "prompt", "completion")
+
+    def cell(v):
+        text = "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+        return text.replace("|", "\\|").replace("\n", "\\n")
+
+    return "\n".join([f"| {' | '.join(cols)} |", "|" + " --- |" * len(cols)]
+                     + [f"| {' | '.join(cell(r[c]) for c in cols)} |" for r in rows])
 
 
 def _mean(values):

@@ -5,7 +5,8 @@ data position), and supplies `train_step()` (one step's metrics record). `Traine
 the rest, identically for both: device, precision and the torchrun process group (one GPU per
 rank, the DDP wrapper); resume checks (kind, settings, the same latest file on every rank); saving
 (rank 0 writes, every rank's RNG state gathered) and export; the loop with out_dir's lock, one
-metrics line per step, a tqdm bar, periodic checkpoints and the non-finite stop.
+metrics line per step (and, unless cfg.report_to is "none", the same scalars in TensorBoard event
+files beside it: `tensorboard --logdir runs`), a tqdm bar, periodic checkpoints and the non-finite stop.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
+from .progress import tqdm
 from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, rng_state, run_lock, set_rng_state,
                           setup_runtime, to_jsonable)
 
@@ -38,6 +40,7 @@ class Trainer:
     kind = ""  # checkpoint kind ("sft", "grpo"): a resume refuses another kind's checkpoint
     name = ""  # shown in the progress bar and messages
     metrics_file = "metrics.jsonl"
+    log_files: tuple[str, ...] = ()  # more JSON-lines files of step-tagged rows in out_dir, resumed like the metrics
     # config fields a resume may change (the rest must match the checkpoint's run): where it runs and how shown
     resume_may_change = frozenset({"max_nonfinite_in_a_row", "checkpoint_interval", "keep_checkpoints", "out_dir",
                                    "resume", "device", "progress"})
@@ -62,6 +65,8 @@ class Trainer:
         self.resumed_from: Path | None = None
         self.ddp = None
         self.closed = False
+        self.logs: dict[str, MetricsLogger] = {}  # rank 0, during train(): metrics_file and log_files, open
+        self.tensorboard = None  # rank 0, during train(): the SummaryWriter of out_dir (report_to "tensorboard")
 
     # -- what a subclass provides ---------------------------------------------------------
 
@@ -251,7 +256,6 @@ class Trainer:
         """Runs once before the first step of a call to train() (SFT logs its step-0 val loss)."""
 
     def _loop(self, until: int | None) -> list[dict]:
-        from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         total = self.total_steps
@@ -259,10 +263,10 @@ class Trainer:
         main, show = self.dist.is_main, self.cfg.progress and self.dist.is_main
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.runtime.backend_flags())
-            metrics = None  # rank 0 writes; a resume first drops the records after its checkpoint
-            if main and self.out_dir:
-                metrics = stack.enter_context(MetricsLogger(self.out_dir / self.metrics_file, fresh=self.fresh,
-                                                            resume_step=None if self.fresh else self.step))
+            stack.callback(self._close_logs)
+            if main and self.out_dir:  # rank 0 writes; a resume first drops the records after its checkpoint
+                self._open_logs(stack)
+            metrics = self.logs.get(self.metrics_file)
             bar = stack.enter_context(tqdm(total=total, initial=self.step, desc=self.name, disable=not show,
                                            dynamic_ncols=True))
             if show:
@@ -284,9 +288,32 @@ class Trainer:
             self.export()
         return self.history
 
+    def _open_logs(self, stack: contextlib.ExitStack) -> None:
+        resume_step = None if self.fresh else self.step
+        for name in (self.metrics_file, *self.log_files):
+            self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,
+                                                                resume_step=resume_step))
+        if getattr(self.cfg, "report_to", "tensorboard") == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step hides the events of earlier writers from this step on: a resume redoes the steps
+            # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything
+            self.tensorboard = stack.enter_context(SummaryWriter(
+                str(self.out_dir), purge_step=0 if resume_step is None else resume_step + 1, flush_secs=10))
+
+    def _close_logs(self) -> None:
+        self.logs, self.tensorboard = {}, None
+
     def record(self, metrics: MetricsLogger | None, record: dict) -> dict:
-        """Log a step's record (rank 0 writes it), keep it in history as written, call on_step."""
+        """Log a step's record (rank 0 writes it; its numbers also to TensorBoard), keep it in history
+        as written, call on_step."""
         record = metrics.log(record) if metrics is not None else to_jsonable(record)
+        if self.tensorboard is not None:  # one event of every number (add_scalar per key: ~15x slower)
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            values = [Summary.Value(tag=k, simple_value=v) for k, v in record.items()
+                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            self.tensorboard.file_writer.add_summary(Summary(value=values), record["step"])
         self.history.append(record)
         if self.on_step is not None and record["step"] > 0 and self.dist.is_main:
             self.on_step(record)

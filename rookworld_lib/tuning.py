@@ -441,7 +441,7 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
     loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
     machine's run-to-run noise. trace_dir receives the baseline's profiler trace."""
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     variants = list(variants if variants is not None else default_variants(base, allow_compile))
     if not variants or variants[0].variable != "baseline":

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from . import grpo as grpo_lib
+from . import progress
 from .evaluate import EvalConfig, Estimate
 from .tasks import COMPLETION_BUDGET
 from .train_grpo import GRPOTrainConfig
@@ -137,7 +138,8 @@ def grpo_summary(history: list[dict], last: int = 10):
 
 
 class StageTimer:
-    """Wall time per named stage: `with timer("SFT"): ...`; `timer.seconds` keeps the record."""
+    """Wall time per named stage: `with timer("SFT"): ...`; `timer.seconds` keeps the record. Each
+    stage's start and end are also progress lines of a `rookworld run` (`progress.report`)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -145,10 +147,12 @@ class StageTimer:
     @contextlib.contextmanager
     def __call__(self, stage: str):
         t0 = time.perf_counter()
+        progress.report(f"{stage} started")
         try:
             yield
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
+            progress.report(f"{stage} done ({time.perf_counter() - t0:.1f} s)")
 
 
 def improvement_verdict(diff: Estimate, metric: str = "held-out reward") -> str:

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -201,3 +202,13 @@ def test_environment_info_is_json():
     info = perf.environment_info("cpu")
     assert info["torch"] == torch.__version__ and info["device_type"] == "cpu"
     json.dumps(info)
+
+
+def test_profile_phases_drops_kineto_usdt_lines_and_keeps_other_stderr(capfd):
+    def step():  # C-level stderr written while profiling: a real line must survive
+        os.write(2, b"a real warning\n")
+        torch.ones(3).add_(1)
+
+    perf.profile_phases(step, device="cpu")
+    err = capfd.readouterr().err
+    assert "a real warning" in err and "USDT:" not in err

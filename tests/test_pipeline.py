@@ -7,18 +7,18 @@ from rookworld_lib import pipeline
 from rookworld_lib.paths import NOTEBOOKS_DIR
 
 
-def write_notebook(path, parameters: str, body: str):
+def write_notebook(path, parameters: str, *bodies: str):
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell(parameters)
     cell.metadata["tags"] = ["parameters"]
-    nb.cells = [cell, nbformat.v4.new_code_cell(body)]
+    nb.cells = [cell, *map(nbformat.v4.new_code_cell, bodies)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, str(path))
 
 
 def test_declared_parameters_of_the_shipped_notebooks():
     declared = {nb.name[:2]: pipeline.declared_parameters(nb) for nb in pipeline.numbered_notebooks()}
-    assert set(declared) == {"00", "01", "02", "03", "04", "05"}
+    assert set(declared) == {"00", "01", "02", "03", "04", "05", "06"}
     # every notebook can be pointed at the run's figures folder
     assert all("figures_dir" in names for names in declared.values())
     # comments with quotes and parentheses must not hide a parameter (papermill's inspector drops these)
@@ -87,3 +87,40 @@ def test_a_refused_run_leaves_no_run_directory(tmp_path):
     with pytest.raises(ValueError, match=r"no notebooks selected .* by --only 99 \(available: 00_first.ipynb\)"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", only=["99"], notebooks_dir=nbs)
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_terminal_shows_a_line_per_notebook_and_the_progress_lines_nothing_else(tmp_path, capfd):
+    # a loop with the library's bar, a stage line, and what C code writes to the kernel process's
+    # stderr (the line PyTorch's profiler prints at every profile in notebook 04)
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    write_notebook(nbs / "00_loop.ipynb", "steps = 8",
+                   "import os\nos.write(2, b'USDT:2026-11-25 10:13:27 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\\n')",
+                   "from rookworld_lib import progress\nprogress.report('stage: SFT')\n"
+                   "with progress.tqdm(total=steps, desc='SFT') as bar:\n    for _ in range(steps):\n        bar.update(1)")
+    run_dir = pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
+    out, err = capfd.readouterr()
+    lines = out.splitlines()
+    assert lines[0] == f"rookworld run (cpu): 1 notebook(s) into {run_dir}"
+    assert lines[1:3] == ["  00_loop | stage: SFT", "  00_loop | SFT:   0%|          | 0/8 [00:00<?, ?it/s]"]
+    assert [line.split("|")[-1].split()[0] for line in lines[3:7]] == ["2/8", "4/8", "6/8", "8/8"]  # each quarter
+    assert lines[7].split() [:2] == ["00_loop.ipynb", "ok"] and lines[7].endswith(" s") and len(lines) == 8
+    assert err == ""  # no kernel log lines (the TCP warning), no profiler lines: they are in the kernel log
+    assert "profiler_start" in (run_dir / "logs" / "00_loop.kernel.log").read_text()
+    # the executed notebook keeps one line for the loop, not one output per refresh, and no widget
+    loop = nbformat.read(str(run_dir / "00_loop.ipynb"), as_version=4).cells[2]
+    assert [(o.output_type, o.get("name")) for o in loop.outputs] == [("stream", "stderr")]
+    assert loop.outputs[0].text.count("\n") == 1 and "8/8" in loop.outputs[0].text
+
+
+def test_headless_bar_reports_each_quarter_and_one_closing_line(tmp_path, monkeypatch, capsys):
+    from rookworld_lib import progress
+
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(tmp_path / "progress.log"))
+    with progress.HeadlessTqdm(total=10, desc="GRPO") as bar:
+        for _ in range(10):
+            bar.update(1)
+    reported = (tmp_path / "progress.log").read_text().splitlines()
+    assert [line.split("|")[-1].split()[0] for line in reported] == ["0/10", "3/10", "5/10", "8/10", "10/10"]
+    assert capsys.readouterr().err == reported[-1] + "\n"
+    assert not progress.widget_frontend() and not progress.headless_kernel()  # plain Python: no kernel

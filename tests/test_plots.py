@@ -31,3 +31,63 @@ def test_live_curves_records_without_widgets():
     fig = live.figure()
     assert [t.name for t in fig.data] == ["reward", "kl"]
     assert list(fig.data[0].y) == [0.1, 0.3] and list(fig.data[1].y) == [0.0]
+
+
+def test_live_curves_panels_and_the_widget_extend_by_name():
+    # outside a kernel there is no widget; a FigureWidget built as in JupyterLab shows what the browser gets
+    live = plots.LiveCurves({"reward": ["reward", "rewards/P/mean"], "KL": ["kl"]}, "GRPO")
+    assert live.widget is None
+    live.widget = plots.go.FigureWidget(live._figure([]))
+    live({"step": 1, "reward": -1.0, "rewards/P/mean": -0.5, "kl": None})  # None: SFT's steps without a val loss
+    live({"step": 2, "reward": -0.5, "kl": 0.01})
+    assert [(t.name, t.x, t.y, t.yaxis) for t in live.widget.data] == [
+        ("reward", (1, 2), (-1.0, -0.5), "y"), ("rewards/P/mean", (1,), (-0.5,), "y"), ("kl", (2,), (0.01,), "y2")]
+    static = live.figure()
+    assert [(t.name, t.x, t.y) for t in static.data] == [(t.name, t.x, t.y) for t in live.widget.data]
+    assert [a.text for a in static.layout.annotations] == ["reward", "KL"]  # the panel titles
+
+
+def chromium_or_skip():
+    try:
+        import kaleido  # noqa: F401
+
+        return plots._PngRenderer.chromium()
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"no PNG copies here: {exc}")
+
+
+def test_save_figure_writes_a_png_of_the_layout_size(tmp_path):
+    chromium_or_skip()
+    fig = go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 1, 2]))
+    fig.update_layout(width=640, height=360)
+    plots.save_figure(fig, "demo", tmp_path)
+    head = (tmp_path / "demo.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (640, 360)
+
+
+def test_without_chromium_figures_stay_html_and_json_with_one_warning(tmp_path, monkeypatch, caplog):
+    not_executable = tmp_path / "chromium"
+    not_executable.write_text("")
+    monkeypatch.setenv("CHROMIUM_PATH", str(not_executable))
+    monkeypatch.setattr(plots, "_png", plots._PngRenderer())  # this process's renderer, not yet started
+    (tmp_path / "figs").mkdir()
+    (tmp_path / "figs" / "b.png").write_bytes(b"stale")  # an earlier run's image must not outlive its figure
+    with caplog.at_level("WARNING", logger="rookworld_lib.plots"):
+        for name in ("a", "b"):
+            plots.save_figure(go.Figure(go.Scatter(y=[1, 2])), name, tmp_path / "figs")
+    assert [r.getMessage().count("\n") for r in caplog.records] == [0]  # one warning, one line
+    assert "CHROMIUM_PATH" in caplog.records[0].getMessage()
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["a.html", "a.json", "b.html", "b.json",
+                                                                    "plotly.min.js"]
+
+
+def test_report_figure_lines_embed_pngs_and_link_the_rest(tmp_path):
+    assert plots.report_figure_lines(tmp_path) == []
+    figs = tmp_path / "figures"
+    figs.mkdir()
+    for name in ("curves.html", "curves.png", "table.html", "plotly.min.js"):
+        (figs / name).write_text("")
+    assert plots.report_figure_lines(tmp_path) == [
+        "", "## Figures", "", "![curves](figures/curves.png)", "", "[curves, interactive](figures/curves.html)", "",
+        "- [table](figures/table.html)"]

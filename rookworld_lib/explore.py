@@ -1,0 +1,451 @@
+"""Interactive explorers (JupyterLab widgets) with static snapshots for headless runs.
+
+- PositionExplorer: a held-out P: position (slider over a split, or a pasted FEN): the board with
+  Stockfish's candidates and the model's greedy best move as arrows, the model's probability of each
+  candidate, its greedy completion and the reward breakdown;
+- GroupInspector: one prompt, G sampled completions, their rewards and group advantages (GRPO's view);
+- RolloutBrowser: a GRPO step's batch as the loss saw it (reward, advantage, ratio, clipping);
+- ClipControls: the clip-region and length-bias figures of notebook 03 under epsilon / loss type /
+  group size controls.
+
+Every explorer holds its state in plain attributes (tests drive it without a browser) and a widget
+tree in `.widget`. Displayed in a notebook (last expression of a cell), it sends the widget *and*
+a static HTML snapshot: JupyterLab shows the widget, a headless run (papermill, nbval, nbconvert)
+keeps the snapshot. Outside a Jupyter kernel only the snapshot is sent. CSS classes (`rw-...`) on
+the widgets and on the snapshot are the contract of the browser tests.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import chess
+import chess.svg
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from . import grpo, rewards, tasks
+from .evaluate import EvalConfig, complete, policy_prompt_of
+from .model import GPT, GPTConfig
+from .paths import RUNS_DIR, read_jsonl
+from .progress import widget_frontend
+from .sampling import SamplingConfig, generate, sequence_logprobs
+from .tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
+from .train_grpo import default_reward, prompt_items
+
+CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
+ROLLOUT_KEYS = ("step", "group", "task", "prompt", "completion", "reward", "advantage")  # ratio, clip_fraction optional
+
+
+WIDGETS: bool | None = None  # None: widgets where a frontend can show them (see _live); True / False: force
+
+
+def _live() -> bool:
+    """Widgets where a frontend renders them (progress.widget_frontend); papermill and nbval keep the
+    static snapshot only. WIDGETS forces either mode."""
+    return widget_frontend() if WIDGETS is None else WIDGETS
+
+
+def load_model(model_dir: str | None = None, run_dir: str | None = None, seed: int = 0,
+               device: str = "cpu") -> tuple[GPT, str]:
+    """(model in eval mode on `device`, where it came from): `model_dir`; "latest": the newest export
+    under runs/; None: the export notebook 05 wrote into `run_dir` if any, else a seeded random-init tiny GPT."""
+    if model_dir == "latest":
+        found = sorted(RUNS_DIR.glob("*/**/final/config.json"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            raise FileNotFoundError(f"model_dir='latest': no exported model (final/config.json) under {RUNS_DIR}")
+        model_dir = str(found[-1].parent)
+    elif model_dir is None and run_dir is not None and (Path(run_dir) / "training" / "final" / "config.json").exists():
+        model_dir = str(Path(run_dir) / "training" / "final")
+    if model_dir is not None:
+        return GPT.from_pretrained(model_dir).to(device).eval(), model_dir
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.preset("tiny")).to(device).eval(), "a random-init tiny GPT (GPTConfig.preset('tiny'))"
+
+
+def read_rollouts(source) -> list[dict]:
+    """Rollout rows from a list of dicts or a completions.jsonl path; a row without a required key
+    raises naming it (ratio and clip_fraction may be missing or null: before an update)."""
+    rows = list(source) if not isinstance(source, (str, Path)) else [
+        obj if err is None else f"line {n}: {err}" for n, obj, err in read_jsonl(source, torn_tail=True)]
+    for i, r in enumerate(rows):  # torn_tail: a live run may be mid-append
+        if not isinstance(r, dict) or (missing := [k for k in ROLLOUT_KEYS if k not in r]):
+            raise ValueError(f"{source if isinstance(source, (str, Path)) else 'rollouts'}: row {i + 1}: "
+                             + (f"missing {missing} (needs {list(ROLLOUT_KEYS)})" if isinstance(r, dict) else str(r)))
+    return rows
+
+
+# --- HTML pieces (escaped; shared by widgets and static snapshots)
+
+def _fmt(x, spec: str = "+.3f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return format(x, spec) if isinstance(x, float) else str(x)
+
+
+def _table(headers, rows, cls: str, row_cls: str = "", raw: tuple = ()) -> str:
+    """An HTML table; cells are escaped except the columns named in `raw` (already HTML)."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(f'<tr class="{row_cls}">' + "".join(
+        f"<td>{c if h in raw else html.escape(str(c))}</td>" for h, c in zip(headers, r)) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _push(advantage: float) -> str:
+    return "up" if advantage > 0 else "down" if advantage < 0 else "none (A = 0)"
+
+
+def _pre(text: str) -> str:
+    return f"<code style='white-space:pre-wrap;line-height:1.25'>{html.escape(text)}</code>"
+
+
+class _Explorer:
+    """A widget tree (`widget`) plus a static snapshot (`html()`), displayed together in a kernel."""
+
+    widget: W.Widget
+
+    def html(self) -> str:
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": f"<{type(self).__name__}: a widget; static snapshot in text/html>",
+                  "text/html": self.html()}
+        if _live():  # JupyterLab renders the widget view, other readers of the notebook the text/html
+            bundle.update({k: v for k, v in self.widget._repr_mimebundle_().items() if k != "text/plain"})
+        return bundle
+
+
+# --- Position explorer
+
+@torch.no_grad()
+def candidate_probabilities(model: GPT, record: dict) -> list[dict]:
+    """For each Stockfish candidate of a P: record: the model's log-prob of the completion naming it
+    as B: (the record's own M:/E: fields, the move, then EOT) and p(B: = move | prompt, M:, E:), the
+    probability of the tokens after "B:" (disjoint events: they add up to at most 1)."""
+    cfg, tok = EvalConfig().for_model(model), get_tokenizer()
+    texts = [tasks.policy_completion(record["moves"], record["evals"], m, cfg.layout) for m in record["moves"]]
+    ids = [encode(t, tok) + [EOT_ID] for t in texts]
+    head = encode(texts[0][:texts[0].rindex("B:") + 2], tok)  # " M: ... E: ... B:", the same in every text
+    assert all(x[:len(head)] == head for x in ids), "the B: move must start a new token"
+    L, device = max(map(len, ids)), next(model.parameters()).device
+    tokens = torch.tensor([x + [EOT_ID] * (L - len(x)) for x in ids], device=device)
+    prompt = encode_prompt(policy_prompt_of(record, cfg.layout), cfg.prompt_prefix, tok)
+    lp = sequence_logprobs(model.eval(), [prompt] * len(ids), tokens).double().cpu()
+    return [{"move": m, "eval": str(e), "logp_completion": float(lp[i, :len(ids[i])].sum()),
+             "p_best": math.exp(float(lp[i, len(head):len(ids[i])].sum()))}
+            for i, (m, e) in enumerate(zip(record["moves"], record["evals"]))]
+
+
+def record_for_fen(fen: str) -> dict:
+    """A P: record for a pasted FEN: Stockfish's candidates when it is installed, none otherwise."""
+    board = chess.Board(fen)  # ValueError names a malformed FEN
+    if not board.is_valid() or not any(board.legal_moves):
+        raise ValueError(f"not a playable position: {fen!r} ({'no legal moves' if board.is_valid() else board.status()!r})")
+    from .engine import get_pool, stockfish_available
+
+    a = get_pool().analyse(board) if stockfish_available() else None
+    return {"fen": board.fen(), "moves": list(a.moves) if a else [], "evals": list(a.evals) if a else [],
+            "best": a.best if a else None, "limit": a.limit if a else None}
+
+
+class PositionExplorer(_Explorer):
+    """One P: position at a time: `select(index)` over `records`, or `set_fen(fen)`."""
+
+    def __init__(self, model: GPT, records: list[dict], index: int = 0, *, max_new_tokens: int | None = None,
+                 size: int = 360):
+        assert records, "PositionExplorer needs at least one P: record"
+        self.model, self.records, self.size = model.eval(), records, size
+        self.decoding = EvalConfig(batch_size=1, max_new_tokens=max_new_tokens)  # greedy, the model's layout
+        self.slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="position",
+                                  continuous_update=False)
+        self.fen_box = W.Text(placeholder="paste a FEN and press Enter", description="FEN",
+                              continuous_update=False, layout=W.Layout(width="60%"))
+        self.board_html, self.info_html = W.HTML(), W.HTML()
+        self.widget = W.VBox([W.HBox([self.slider, self.fen_box]), W.HBox([self.board_html, self.info_html])])
+        for w, cls in ((self.widget, "rw-position-explorer"), (self.slider, "rw-position-slider"),
+                       (self.board_html, "rw-board"), (self.info_html, "rw-position-info")):
+            w.add_class(cls)
+        self.index = None
+        self.select(index)
+        self.slider.observe(lambda ch: self.select(ch["new"]), names="value")
+        self.fen_box.observe(lambda ch: self._fen_typed(ch["new"]), names="value")
+
+    def select(self, index: int) -> PositionExplorer:
+        """Show records[index] (the slider follows)."""
+        if not 0 <= index < len(self.records):
+            raise IndexError(f"position index {index} is outside 0..{len(self.records) - 1}")
+        if index != self.index:
+            self.index = index
+            self._show(self.records[index])
+            self.slider.value = index
+        return self
+
+    def set_fen(self, fen: str) -> PositionExplorer:
+        """Show a pasted position (candidates from Stockfish, when installed)."""
+        self.index = None
+        self._show(record_for_fen(fen.strip()))
+        return self
+
+    def _fen_typed(self, fen: str) -> None:
+        try:
+            if fen.strip():  # a cleared box: nothing to show
+                self.set_fen(fen)
+        except ValueError as exc:  # a user's typo: say so in place, keep the last board
+            self.info_html.value = f"<b>{html.escape(str(exc))}</b>" + self.info_html.value
+
+    def _show(self, record: dict) -> None:
+        self.record, self.fen = record, record["fen"]
+        board = chess.Board(self.fen)
+        self.prompt = policy_prompt_of(record, EvalConfig().for_model(self.model).layout)
+        self.greedy = complete(self.model, [self.prompt], self.decoding)[0]
+        best = tasks.parse_policy_completion(self.greedy).best
+        self.greedy_move = best if best and tasks.legal_move(board, best) else None
+        self.candidates = candidate_probabilities(self.model, record) if record["moves"] else []
+        self.score = (rewards.score_policy_detailed(self.prompt, self.greedy, truth=record).as_dict()
+                      if record["moves"] else None)
+        arrows = [chess.svg.Arrow(m.from_square, m.to_square, color=CANDIDATE_COLOR)
+                  for m in map(chess.Move.from_uci, record["moves"])]
+        if self.greedy_move:
+            m = chess.Move.from_uci(self.greedy_move)
+            arrows.append(chess.svg.Arrow(m.from_square, m.to_square, color=MODEL_COLOR))
+        self.svg = chess.svg.board(board, arrows=arrows, size=self.size)
+        self.board_html.value, self.info_html.value = self.svg, self._info()
+
+    def _info(self) -> str:
+        board = chess.Board(self.fen)
+        cands = _table(["move", "SAN", "Stockfish eval", "log p(completion)", "p(B: = move)"],
+                       [[c["move"] + (" (model)" if c["move"] == self.greedy_move else ""),
+                         board.san(chess.Move.from_uci(c["move"])), c["eval"], _fmt(c["logp_completion"], ".2f"),
+                         _fmt(c["p_best"], ".3g")] for c in self.candidates], "rw-candidates")
+        score = ("<i>no ground truth (Stockfish not installed): no reward</i>" if self.score is None else
+                 _table(["component", "value"], [[k, "; ".join(v) or "none" if k == "errors" else _fmt(v)]
+                                                  for k, v in self.score.items()], "rw-reward"))
+        where = f"test position {self.index}" if self.index is not None else "pasted FEN"
+        return (f"<div><b>{where}</b>: {html.escape(self.fen)}<br>"
+                f"<span style='color:#15781B'>&#9632;</span> Stockfish candidates &nbsp; "
+                f"<span style='color:#1f4fd8'>&#9632;</span> model's greedy B: "
+                f"{html.escape(self.greedy_move or 'none legal')}<br>{cands}"
+                f"<b>greedy completion</b><br>{_pre(self.greedy)}<br><b>reward</b> (score_policy_detailed)<br>{score}</div>")
+
+    def html(self) -> str:
+        return (f"<div class='rw-position-explorer' style='display:flex;gap:1em'>"
+                f"<div class='rw-board'>{self.svg}</div>{self._info()}</div>")
+
+
+# --- Group inspector
+
+def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, max_new_tokens: int | None = None, seed: int = 0, scale: str = "group",
+                  step: int = 0) -> list[dict]:
+    """One rollout batch as GRPO's samples it: G completions per record's prompt in one batched
+    `generate` call, each scored by the trainer's reward, with its group advantage. Rows in the
+    RolloutBrowser format, group = the record's index (ratio, clip_fraction None: no update yet)."""
+    cfg, tok = EvalConfig().for_model(model), get_tokenizer()
+    items = prompt_items(records, cfg.layout)
+    assert len(items) == len(records), "records must be P: or A: records"
+    ids = [encode_prompt(i.prompt, cfg.prompt_prefix, tok) for i in items]
+    budget = max(1, min(max_new_tokens or cfg.max_new_tokens, model.config.block_size - max(map(len, ids))))
+    ro = generate(model.eval(), ids, SamplingConfig(max_new_tokens=budget, temperature=temperature, top_k=top_k,
+                                                    top_p=top_p, num_samples=group_size, seed=seed))
+    texts, rows = ro.completions(tok), [i for i in items for _ in range(group_size)]
+    scores = [default_reward(i, t) for i, t in zip(rows, texts)]
+    adv, _ = grpo.group_advantages(scores, group_size, scale=scale)
+    return [{"step": step, "group": n // group_size, "task": i.task, "prompt": i.prompt, "completion": t,
+             "reward": r, "advantage": float(a), "ratio": None, "clip_fraction": None,
+             "tokens": int(ro.mask[n].sum()), "truncated": bool(ro.truncated[n])}
+            for n, (i, t, r, a) in enumerate(zip(rows, texts, scores, adv))]
+
+
+class GroupInspector(_Explorer):
+    """G completions for one prompt under the chosen sampling settings; `sample()` draws a new group."""
+
+    def __init__(self, model: GPT, records: list[dict], index: int = 0, *, group_size: int = 4,
+                 temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int | None = None,
+                 seed: int = 0, sample: bool = True):
+        assert records, "GroupInspector needs at least one record"
+        self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
+        self.prompt_slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="prompt")
+        self.group_size = W.IntSlider(value=group_size, min=2, max=max(32, group_size), description="G")
+        self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature")
+        self.top_k = W.IntSlider(value=top_k, min=0, max=100, description="top-k (0 off)")
+        self.top_p = W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p")
+        self.button = W.Button(description="Sample", button_style="primary")
+        self.table = W.HTML()
+        self.button.on_click(lambda _: self.sample())
+        self.button.add_class("rw-sample-button")
+        self.table.add_class("rw-group-table")
+        self.widget = W.VBox([W.HBox([self.prompt_slider, self.group_size, self.button]),
+                              W.HBox([self.temperature, self.top_k, self.top_p]), self.table])
+        self.widget.add_class("rw-group-inspector")
+        self.rows: list[dict] = []
+        if sample:
+            self.sample()
+
+    def sample(self) -> list[dict]:
+        """Draw a group with the controls' settings (a new seed each call); return and show its rows."""
+        self.rows = sample_groups(self.model, [self.records[self.prompt_slider.value]], self.group_size.value,
+                                 temperature=self.temperature.value, top_k=self.top_k.value, top_p=self.top_p.value,
+                                 max_new_tokens=self.max_new_tokens, seed=self.seed + self.draws)
+        self.draws += 1
+        self.table.value = self._table()
+        return self.rows
+
+    def _table(self) -> str:
+        if not self.rows:
+            return "<i>press Sample</i>"
+        rows = [[i, _pre(r["completion"]), _fmt(r["reward"]), _fmt(r["advantage"]), _push(r["advantage"]),
+                 r["tokens"], "yes" if r["truncated"] else "no"] for i, r in enumerate(self.rows)]
+        return (f"<div><b>prompt</b> {_pre(self.rows[0]['prompt'])}</div>"
+                + _table(["#", "completion", "reward", "advantage", "loss pushes log p", "tokens", "truncated"],
+                         rows, "rw-completions", "rw-completion", raw=("completion",))
+                + "<p>On-policy (the first inner step) the new policy is the sampling policy: every ratio is "
+                  "exactly 1, so nothing is clipped and each completion's log-probability is pushed up (A &gt; 0) "
+                  "or down (A &lt; 0) in proportion to A. A group with equal rewards has A = 0: no gradient.</p>")
+
+    def html(self) -> str:
+        return f"<div class='rw-group-inspector'><div class='rw-group-table'>{self._table()}</div></div>"
+
+
+# --- Rollout browser
+
+class RolloutBrowser(_Explorer):
+    """A GRPO step's rollout rows as the loss saw them; `select(step)` picks the step."""
+
+    def __init__(self, source, step: int | None = None):
+        self.all_rows = read_rollouts(source)
+        assert self.all_rows, "RolloutBrowser needs at least one rollout row"
+        self.steps = sorted({r["step"] for r in self.all_rows})
+        self.slider = W.SelectionSlider(options=self.steps, description="step", continuous_update=False)
+        self.table = W.HTML()
+        self.table.add_class("rw-rollout-table")
+        self.widget = W.VBox([self.slider, self.table])
+        self.widget.add_class("rw-rollout-browser")
+        self.step = None
+        self.select(self.steps[0] if step is None else step)
+        self.slider.observe(lambda ch: self.select(ch["new"]), names="value")
+
+    def select(self, step: int) -> list[dict]:
+        """Show one step's rows, group by group; return them."""
+        if step not in self.steps:
+            raise ValueError(f"step {step} is not in the rollouts (steps {self.steps[0]}..{self.steps[-1]})")
+        self.step = step
+        self.rows = sorted((r for r in self.all_rows if r["step"] == step), key=lambda r: r["group"])
+        self.slider.value = step
+        self.table.value = self._table()
+        return self.rows
+
+    def _table(self) -> str:
+        def clipped(r):
+            c = r.get("clip_fraction")
+            return "n/a" if c is None else f"yes ({c:.0%} of tokens)" if c > 0 else "no"
+
+        rows = [[r["group"], r["task"], _pre(r["prompt"]), _pre(r["completion"]), _fmt(r["reward"]),
+                 _fmt(r["advantage"]), _push(r["advantage"]), _fmt(r.get("ratio"), ".4f"), clipped(r)]
+                for r in self.rows]
+        mean = sum(r["reward"] for r in self.rows) / len(self.rows)
+        return (f"<p>step {self.step}: {len(self.rows)} completions in {len({r['group'] for r in self.rows})} "
+                f"groups, mean reward {mean:+.3f}. ratio = mean per-token new/old probability ratio "
+                f"(n/a before an update); clipped = share of tokens whose ratio the loss clipped.</p>"
+                + _table(["group", "task", "prompt", "completion", "reward", "advantage", "loss pushes log p",
+                          "ratio", "clipped"], rows, "rw-rollouts", "rw-rollout", raw=("prompt", "completion")))
+
+    def html(self) -> str:
+        return f"<div class='rw-rollout-browser'><div class='rw-rollout-table'>{self._table()}</div></div>"
+
+
+# --- Notebook 03's figures, and their controls
+
+def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: str = "grpo") -> go.Figure:
+    """The clipped surrogate against the ratio for A = +-1 (top) and the push it gives the token's
+    log-prob, -d loss / d log p (bottom; zero where the clip holds the objective flat)."""
+    cfg = grpo.GRPOConfig(loss_type=loss_type, clip_eps_low=eps_low, clip_eps_high=eps_high, max_completion_length=1)
+    r = torch.linspace(0.5, 1.5, 201, dtype=torch.float64)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("objective min(rA, clip(r)A) (maximised)",
+                                        f"push on log p of that token, -d loss / d log p ({loss_type})"))
+    for a, color in ((1.0, "#1f77b4"), (-1.0, "#d62728")):
+        adv = torch.full((201,), a, dtype=torch.float64)
+        # one one-token completion per ratio; x N undoes the 1/N of every aggregation
+        push = -201 * grpo.logprob_gradient(r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), adv,
+                                            torch.ones(201, 1, dtype=torch.bool), config=cfg)[:, 0]
+        fig.add_scatter(x=r.tolist(), y=grpo.policy_objective(r, adv, cfg).tolist(), name=f"A = {a:+.0f}",
+                        line_color=color, row=1, col=1)
+        fig.add_scatter(x=r.tolist(), y=push.tolist(), name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
+    for x in (1 - eps_low, 1 + eps_high):
+        fig.add_vline(x=x, line_dash="dot")
+    fig.update_layout(title=f"Clip range [{1 - eps_low:.2f}, {1 + eps_high:.2f}]: flat (no gradient) on one side "
+                            "per sign of A", height=560)
+    fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
+    return fig
+
+
+def length_bias_weights(lengths: list[int]) -> dict[str, torch.Tensor]:
+    """grpo.aggregation_weights [N, max(lengths)] (float64) for completions of these lengths, per loss type."""
+    mask = torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]
+    return {lt: grpo.aggregation_weights(mask, grpo.GRPOConfig(loss_type=lt, max_completion_length=max(lengths)),
+                                         dtype=torch.float64) for lt in grpo.LOSS_TYPES}
+
+
+def _group_lengths(short_len: int, long_len: int, group_size: int) -> list[int]:
+    assert group_size >= 2 and 1 <= short_len < long_len, "a group of at least two, from short to long"
+    return [round(short_len + (long_len - short_len) * i / (group_size - 1)) for i in range(group_size)]
+
+
+def length_bias_figure(short_len: int = 5, long_len: int = 40, group_size: int = 2, loss_type: str | None = None) -> go.Figure:
+    """Per-token and whole-completion weight of G completions with lengths from short_len to long_len,
+    one line per loss type (`loss_type` drawn bold)."""
+    lengths = _group_lengths(short_len, long_len, group_size)
+    w = length_bias_weights(lengths)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("weight of one token", "weight of the whole completion"))
+    for lt, x in w.items():
+        width = 4 if lt == loss_type else 1.5
+        fig.add_scatter(x=lengths, y=x[:, 0].tolist(), name=lt, mode="lines+markers", line_width=width, legendgroup=lt, row=1, col=1)
+        fig.add_scatter(x=lengths, y=x.sum(1).tolist(), name=lt, mode="lines+markers", line_width=width, legendgroup=lt,
+                        showlegend=False, row=1, col=2)
+    fig.update_layout(title=f"Length bias: a group of {group_size} completions, {short_len} to {long_len} tokens")
+    fig.update_xaxes(title_text="completion length (tokens)")
+    return fig
+
+
+class ClipControls(_Explorer):
+    """Sliders for eps low / high, loss type and group size over notebook 03's two figures."""
+
+    def __init__(self, eps_low: float = 0.2, eps_high: float = 0.2, loss_type: str = "grpo", group_size: int = 4,
+                 short_len: int = 5, long_len: int = 40):
+        self.short_len, self.long_len = short_len, long_len
+        self.eps_low = W.FloatSlider(value=eps_low, min=0.0, max=0.9, step=0.01, description="ε low")
+        self.eps_high = W.FloatSlider(value=eps_high, min=0.0, max=1.0, step=0.01, description="ε high")
+        self.loss_type = W.Dropdown(options=grpo.LOSS_TYPES, value=loss_type, description="loss_type")
+        self.group_size = W.IntSlider(value=group_size, min=2, max=max(64, group_size), description="G")
+        self.clip_fig, self.length_fig = go.FigureWidget(), go.FigureWidget()
+        self.widget = W.VBox([W.HBox([self.eps_low, self.eps_high]), W.HBox([self.loss_type, self.group_size]),
+                              self.clip_fig, self.length_fig])
+        self.widget.add_class("rw-clip-controls")
+        self.update()
+        for c in (self.eps_low, self.eps_high, self.loss_type, self.group_size):
+            c.observe(lambda _: self.update(), names="value")
+
+    def update(self) -> tuple[go.Figure, go.Figure]:
+        """Redraw both figures from the controls; return them (static copies)."""
+        lt = self.loss_type.value
+        figs = (clip_region_figure(self.eps_low.value, self.eps_high.value, lt),
+                length_bias_figure(self.short_len, self.long_len, self.group_size.value, lt))
+        for live, fig in zip((self.clip_fig, self.length_fig), figs):
+            with live.batch_update():
+                live.data = ()
+                live.add_traces(fig.data)
+                live.layout = fig.layout
+        self.figures = figs
+        return figs
+
+    def html(self) -> str:
+        """The settings and the per-token weights by completion length (the figures are saved apart)."""
+        lengths = _group_lengths(self.short_len, self.long_len, self.group_size.value)
+        rows = [[lt, *(f"{x:.4g}" for x in w[:, 0].tolist())] for lt, w in length_bias_weights(lengths).items()]
+        return (f"<div class='rw-clip-controls'><p>clip range [{1 - self.eps_low.value:.2f}, {1 + self.eps_high.value:.2f}],"
+                f" loss_type {self.loss_type.value}, G = {self.group_size.value}; weight of one token by length:</p>"
+                + _table(["loss_type", *map(str, lengths)], rows, "rw-length-weights") + "</div>")

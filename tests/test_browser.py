@@ -1,0 +1,244 @@
+"""The notebooks in a real browser: JupyterLab 4 on a free local port, driven by Chromium (Playwright).
+
+nbval checks that a notebook's code runs; only a browser shows what a user sees: that the live
+training curves grow while SFT runs (widget messages reach the page during a long cell), that the
+explorers of notebook 06 answer a slider, and that the page logs no JavaScript errors. JupyterLab
+serves copies of the notebooks from a temporary folder (the repository's stay untouched);
+screenshots go to the test's tmp_path and to runs/browser-test/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rookworld_lib.paths import NOTEBOOKS_DIR, RUNS_DIR
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOTS = RUNS_DIR / "browser-test"
+# Chromium on a machine without internet: no sandbox (root in containers), no GPU, and none of the
+# background fetches (component updates, sync, QUIC probes) that would flood refused connections.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+# JupyterLab settings for a test: every cell kept in the DOM (the default windowing leaves cells out
+# of view out of the DOM), and no news or update checks (the machine is offline).
+LAB_SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                         "checkForUpdates": False},
+}
+
+# skipped as a module: one line in the summary says why
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover
+    pytest.skip("browser tests skipped: playwright is not installed", allow_module_level=True)
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(f"browser tests skipped: no Chromium at {CHROMIUM} (make chromium, or set CHROMIUM_PATH)",
+                allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A JupyterLab server on copies of the notebooks; yields (base url, token, notebooks folder)."""
+    root = tmp_path_factory.mktemp("lab")
+    nbs = root / "notebooks"
+    shutil.copytree(NOTEBOOKS_DIR, nbs, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    settings = root / "settings"
+    for name, value in LAB_SETTINGS.items():
+        (settings / name).parent.mkdir(parents=True, exist_ok=True)
+        (settings / name).write_text(json.dumps(value))
+    port, token = free_port(), secrets.token_hex(16)
+    # the kernels inherit this environment: no progress file of an enclosing `rookworld run`
+    env = {k: v for k, v in os.environ.items() if k != "ROOKWORLD_PROGRESS"} | {"JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+    log = (root / "lab.log").open("w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+         "--allow-root", "--ServerApp.terminals_enabled=False", "--LabApp.extension_manager=readonly",
+         f"--ServerApp.root_dir={nbs}", f"--LabApp.user_settings_dir={settings}",
+         f"--LabApp.workspaces_dir={root / 'workspaces'}", "--LabApp.news_url=None"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"jupyter lab exited: {(root / 'lab.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        else:
+            pytest.fail("jupyter lab did not answer within 60 s")
+        yield url, token, nbs
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def page(lab):
+    """A Chromium page; JavaScript console errors and uncaught page errors are collected in page.errors
+    (none is ignored: a fresh Lab on these notebooks logs none). Its kernels are shut down after."""
+    url, token, _ = lab
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.errors = []
+        pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text} ({m.location})"))
+        pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+        yield pg
+        browser.close()
+    # two cores: the next test's kernel should not share them with this one's idle kernel
+    for kernel in json.load(urllib.request.urlopen(f"{url}/api/kernels?token={token}")):
+        urllib.request.urlopen(urllib.request.Request(f"{url}/api/kernels/{kernel['id']}?token={token}", method="DELETE"))
+
+
+def screenshot(page, tmp_path, name: str, top=None) -> Path:
+    """Save a screenshot (with the element `top` scrolled to the top of the notebook, if given) in
+    tmp_path and copy it to runs/browser-test/; print both paths."""
+    if top is not None:
+        top.evaluate("e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)  # let plotly redraw what scrolled into view
+    path = tmp_path / f"{name}.png"
+    page.screenshot(path=str(path))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, SCREENSHOTS / path.name)
+    print(f"screenshot: {path} (copy: {SCREENSHOTS / path.name})")
+    return path
+
+
+def open_notebook(page, lab, name: str) -> None:
+    url, token, _ = lab
+    # a workspace of its own: restoring an earlier test's tabs would reopen notebooks whose saved widget
+    # outputs name models of a kernel that is gone
+    page.goto(f"{url}/lab/workspaces/{name.split('.')[0]}/tree/{name}?token={token}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
+    # the kernel is up when the status bar says so (the toolbar's indicator reads idle before it connects)
+    page.wait_for_selector(".jp-StatusBar-Widget:has-text('| Idle')", timeout=120_000)
+
+
+def run_all(page) -> None:
+    page.click(".lm-MenuBar-item:has-text('Run')")
+    page.click(".lm-Menu-item:has-text('Run All Cells')")
+    page.wait_for_function("() => [...document.querySelectorAll('.jp-InputPrompt')]"
+                           ".some(e => e.textContent.includes('*'))", timeout=30_000)
+
+
+def running(page) -> bool:
+    return page.evaluate("() => [...document.querySelectorAll('.jp-InputPrompt')].some(e => e.textContent.includes('*'))")
+
+
+def wait_done(page, timeout_s: float) -> None:
+    page.wait_for_function("() => ![...document.querySelectorAll('.jp-InputPrompt')]"
+                           ".some(e => e.textContent.includes('*'))", timeout=timeout_s * 1000, polling=1000)
+
+
+def saved_errors(page, lab, name: str) -> list[str]:
+    """Save the notebook, then read its error outputs from disk (what the user's file holds)."""
+    page.keyboard.press("Control+s")
+    path = lab[2] / name
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        nb = json.loads(path.read_text())
+        if any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"):
+            break
+        time.sleep(0.5)
+    errors = [f"cell {i}: {o['ename']}: {o['evalue']}" for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+              for o in c.get("outputs", []) if o["output_type"] == "error"]
+    unrun = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
+    return errors + [f"cells {unrun} did not run"] * bool(unrun)
+
+
+def plot_points(page, index: int) -> int:
+    """Marker points drawn in the index-th plotly plot of the page."""
+    return page.evaluate("(i) => { const p = document.querySelectorAll('.js-plotly-plot')[i];"
+                         " return p ? p.querySelectorAll('.scatterlayer .points path').length : -1; }", index)
+
+
+def parameter(notebook: Path, name: str):
+    """A default of the notebook's parameters cell."""
+    cell = next(c for c in json.loads(notebook.read_text())["cells"] if "parameters" in c["metadata"].get("tags", []))
+    values = {}
+    exec("".join(cell["source"]), values)
+    return values[name]
+
+
+def test_notebook_05_live_curves_in_jupyterlab(lab, page, tmp_path):
+    t0 = time.time()
+    open_notebook(page, lab, "05_full_training.ipynb")
+    run_all(page)
+    # the SFT cell's live plot is the first plotly plot; sample its points while SFT runs
+    counts, shot = [], None
+    while running(page) and time.time() - t0 < 400:
+        n = plot_points(page, 0)
+        sft_running = page.evaluate("() => { const c = [...document.querySelectorAll('.jp-CodeCell')]"
+                                    ".find(c => c.textContent.includes('sft_curves = LiveCurves'));"
+                                    " return !!c && c.querySelector('.jp-InputPrompt').textContent.includes('*'); }")
+        if sft_running and n > 0 and (not counts or n != counts[-1]):
+            counts.append(n)
+            if shot is None and n >= 3:
+                shot = screenshot(page, tmp_path, "05_mid_sft_live_curve", top=page.locator(".js-plotly-plot").first)
+        if counts and not sft_running:
+            break
+        time.sleep(0.5)
+    wait_done(page, timeout_s=600)
+    # plots in page order: SFT live, SFT static, GRPO live (reward, KL, clip fraction), GRPO static, diagnostics
+    grpo_points = plot_points(page, 2)
+    screenshot(page, tmp_path, "05_end_grpo_live_curves", top=page.locator(".js-plotly-plot").nth(2))
+    print(f"notebook 05 in the browser: {time.time() - t0:.0f} s; live SFT plot point counts seen: {counts}")
+    assert len(counts) >= 2 and counts == sorted(counts), f"the SFT plot did not grow while SFT ran: {counts}"
+    assert grpo_points > 0, "the GRPO live curves have no points"
+    assert saved_errors(page, lab, "05_full_training.ipynb") == []
+    assert page.errors == []
+
+
+def test_notebook_06_explorers(lab, page, tmp_path):
+    name = "06_lab.ipynb"
+    if not (lab[2] / name).exists():
+        pytest.skip(f"{name} does not exist yet")
+    t0 = time.time()
+    open_notebook(page, lab, name)
+    run_all(page)
+    wait_done(page, timeout_s=400)
+    assert saved_errors(page, lab, name) == []
+    explorer = page.locator(".rw-position-explorer").first
+    explorer.scroll_into_view_if_needed()
+    board = page.locator(".rw-board").first
+    before = board.inner_html()
+    handle = page.locator(".rw-position-slider .ui-slider-handle, .rw-position-slider .noUi-handle").first
+    handle.focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("(b) => document.querySelector('.rw-board').innerHTML !== b", arg=before, timeout=30_000)
+    assert "<svg" in board.inner_html()
+    screenshot(page, tmp_path, "06_position_explorer", top=explorer)
+    groups = page.locator(".rw-group-inspector").first
+    rows = groups.locator(".rw-group-table tr.rw-completion")
+    assert rows.count() == parameter(lab[2] / name, "group_size")
+    assert all(re.search(r"-?\d+\.\d+", rows.nth(i).inner_text()) for i in range(rows.count()))  # each has a reward
+    screenshot(page, tmp_path, "06_group_inspector", top=groups)
+    screenshot(page, tmp_path, "06_rollout_browser", top=page.locator(".rw-rollout-browser").first)
+    print(f"notebook 06 in the browser: {time.time() - t0:.0f} s")
+    assert page.errors == []

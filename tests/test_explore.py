@@ -1,0 +1,243 @@
+"""The explorers of rookworld_lib.explore, driven without a browser: state changes, rows, static snapshots.
+
+References are independent of explore.py: python-chess legality, rewards.score, grpo.group_advantages,
+a plain forward pass for log-probs, and the aggregation formulas of grpo.GRPOConfig's docstring.
+"""
+
+import html
+import json
+import math
+import os
+import re
+
+import chess
+import pytest
+import torch
+
+from rookworld_lib import data, explore, grpo, rewards, tasks
+from rookworld_lib.engine import stockfish_available
+from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.tokenizer import EOT_ID, encode, encode_prompt
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset("tiny")).eval()
+
+
+@pytest.fixture(scope="module")
+def policy_records():
+    return data.load_split("P", "test").records[:6]
+
+
+def test_position_explorer_follows_the_slider_and_scores_the_candidates(model, policy_records):
+    pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
+    assert pe.fen == policy_records[0]["fen"] and "<svg" in pe.board_html.value
+    first_svg = pe.svg
+    pe.slider.value = 3  # what a user's drag does
+    rec = policy_records[3]
+    assert pe.index == 3 and pe.fen == rec["fen"] and pe.svg != first_svg
+    board = chess.Board(rec["fen"])
+    assert [c["move"] for c in pe.candidates] == rec["moves"]
+    assert all(board.is_legal(chess.Move.from_uci(c["move"])) for c in pe.candidates)
+    assert pe.svg.count(explore.CANDIDATE_COLOR[:7]) >= len(rec["moves"])  # one arrow per candidate
+    # log p(completion) against a plain forward pass over prompt + completion + EOT
+    prompt = encode_prompt(rec["prompt"], model.prompt_prefix)
+    for c in pe.candidates:
+        text = tasks.policy_completion(rec["moves"], rec["evals"], c["move"])
+        comp = encode(text) + [EOT_ID]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([prompt + comp]))[0, len(prompt) - 1:-1].double(), -1)
+        token_logp = logp.gather(1, torch.tensor(comp)[:, None])[:, 0]
+        assert math.isclose(c["logp_completion"], token_logp.sum().item(), abs_tol=1e-3)
+        head = len(encode(text[:text.index(" B:") + 3]))  # the move's tokens and EOT come after " B:"
+        assert math.isclose(c["p_best"], math.exp(token_logp[head:].sum().item()), rel_tol=1e-3)
+    # the candidates' B: continuations are disjoint events
+    assert all(0 < c["p_best"] <= 1 for c in pe.candidates) and sum(c["p_best"] for c in pe.candidates) <= 1 + 1e-9
+    assert pe.score["total"] == rewards.score_policy(pe.prompt, pe.greedy, truth=rec)
+    snapshot = pe.html()
+    assert "rw-position-explorer" in snapshot and "rw-board" in snapshot and "<svg" in snapshot
+    with pytest.raises(IndexError):
+        pe.select(len(policy_records))
+    only = explore.candidate_probabilities(model, dict(rec, moves=rec["moves"][:1], evals=rec["evals"][:1]))
+    assert 0 < only[0]["p_best"] < 1  # one candidate: still the probability of writing its move
+
+
+def test_position_explorer_draws_the_models_legal_best_move(model, policy_records, monkeypatch):
+    rec = policy_records[0]
+    move = rec["moves"][1]
+    monkeypatch.setattr(explore, "complete", lambda *a, **k: [f" M: {move} E: 0.1 B: {move}"])
+    pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
+    assert pe.greedy_move == move and explore.MODEL_COLOR[:7] in pe.svg
+    assert pe.score["total"] == rewards.score_policy(pe.prompt, pe.greedy, truth=rec) and pe.score["best_legal"] == 1.0
+    monkeypatch.setattr(explore, "complete", lambda *a, **k: [" M: a1a8 E: 0.1 B: a1a8"])  # illegal: no model arrow
+    pe.select(1)
+    assert pe.greedy_move is None and explore.MODEL_COLOR[:7] not in pe.svg
+
+
+@pytest.mark.skipif(not stockfish_available(), reason="Stockfish not installed")
+def test_position_explorer_takes_a_pasted_fen(model, policy_records):
+    pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
+    fen = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"  # Ra8 mates
+    pe.fen_box.value = fen
+    board = chess.Board(fen)
+    assert pe.index is None and pe.fen == board.fen() and pe.candidates
+    assert all(board.is_legal(chess.Move.from_uci(c["move"])) for c in pe.candidates)
+    assert pe.record["best"] == "a1a8"
+    pe.fen_box.value = "not a fen"  # a typo is reported in place; the board stays
+    with pytest.raises(ValueError) as info:
+        chess.Board("not a fen")
+    assert pe.fen == board.fen() and html.escape(str(info.value)) in pe.info_html.value
+    with pytest.raises(ValueError):
+        pe.set_fen("8/8/8/8/8/8/8/8 w - - 0 1")  # no kings: not a playable position
+
+
+def check_group(rows, G):
+    assert len(rows) == G
+    adv, _ = grpo.group_advantages([r["reward"] for r in rows], G)
+    assert torch.allclose(torch.tensor([r["advantage"] for r in rows], dtype=torch.float64), adv.double(), atol=1e-6)
+    assert abs(sum(r["advantage"] for r in rows)) < 1e-5
+
+
+def test_group_inspector_samples_scores_and_advantages(model, policy_records):
+    env = data.load_split("A", "test").records[:3]
+    gi = explore.GroupInspector(model, policy_records + env, 0, group_size=4, max_new_tokens=16)
+    assert len(gi.rows) == 4  # sampled once at construction: rows visible without a click
+    for i in (0, len(policy_records)):  # a P: prompt and an A: prompt
+        gi.prompt_slider.value, gi.group_size.value, gi.temperature.value = i, 5, 1.5
+        rows = gi.sample()
+        rec = gi.records[i]
+        check_group(rows, 5)
+        for r in rows:
+            assert r["task"] == rec["task"] and r["prompt"] == data.record_text(rec)[0]
+            assert r["reward"] == rewards.score(r["prompt"], r["completion"], truth=rec)
+            assert 1 <= r["tokens"] <= 16
+        assert gi.table.value.count('<tr class="rw-completion">') == 5
+        for r in rows:
+            assert f"{r['reward']:+.3f}" in gi.table.value
+    assert "rw-group-inspector" in gi.html() and gi.html().count('<tr class="rw-completion">') == 5
+    # the seed advances per draw; a new inspector with the same seed draws the same first group
+    again = explore.GroupInspector(model, policy_records + env, len(policy_records), group_size=4, max_new_tokens=16,
+                                   temperature=1.5)
+    first = explore.GroupInspector(model, policy_records + env, len(policy_records), group_size=4, max_new_tokens=16,
+                                   temperature=1.5)
+    assert [r["completion"] for r in again.rows] == [r["completion"] for r in first.rows]
+
+
+def test_sample_groups_lays_out_a_batch_group_by_group(model, policy_records):
+    recs = policy_records[:2] + data.load_split("A", "test").records[:1]
+    rows = explore.sample_groups(model, recs, 3, max_new_tokens=12, temperature=1.5, seed=1, step=7)
+    assert [r["group"] for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2] and {r["step"] for r in rows} == {7}
+    assert [r["task"] for r in rows[::3]] == ["P", "P", "A"]
+    for g, rec in enumerate(recs):
+        group = rows[3 * g:3 * g + 3]
+        check_group(group, 3)
+        assert all(r["reward"] == rewards.score(r["prompt"], r["completion"], truth=rec) for r in group)
+
+
+def test_group_inspector_advantages_with_varied_rewards(model, policy_records, monkeypatch):
+    monkeypatch.setattr(explore, "default_reward", lambda item, text: float(len(text) % 7))
+    gi = explore.GroupInspector(model, policy_records, 1, group_size=6, max_new_tokens=12, temperature=2.0)
+    check_group(gi.rows, 6)
+    assert len({r["reward"] for r in gi.rows}) > 1 and any(r["advantage"] > 0 for r in gi.rows)
+    assert "loss pushes log p" in gi.table.value and ">up<" in gi.table.value and ">down<" in gi.table.value
+
+
+def rollout_rows():
+    rows = []
+    for step in (0, 1):
+        for group in (0, 1):
+            adv, _ = grpo.group_advantages([0.0, 1.0, 0.5], 3)
+            for i, a in enumerate(adv.tolist()):
+                rows.append({"step": step, "group": group, "task": "P", "prompt": f"P: fen{group}",
+                             "completion": f" B: <m{i}>", "reward": [0.0, 1.0, 0.5][i], "advantage": a,
+                             **({"ratio": 1.0 + 0.1 * i, "clip_fraction": [0.0, 0.25, 0.0][i]} if step else {})})
+    return rows
+
+
+def test_rollout_browser_from_rows_and_from_a_file(tmp_path):
+    rows = rollout_rows()
+    rb = explore.RolloutBrowser(rows)
+    assert rb.steps == [0, 1] and rb.step == 0 and len(rb.rows) == 6
+    assert rb.table.value.count('<tr class="rw-rollout">') == 6 and rb.table.value.count("<td>n/a</td>") == 12
+    assert "&lt;m0&gt;" in rb.table.value  # completions are escaped
+    rb.slider.value = 1
+    assert rb.step == 1 and [r["step"] for r in rb.rows] == [1] * 6
+    assert "1.1000" in rb.table.value and "yes (25% of tokens)" in rb.table.value and "<td>n/a</td>" not in rb.table.value
+    path = tmp_path / "completions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "torn')  # a torn last line
+    from_file = explore.RolloutBrowser(path, step=1)
+    assert from_file.steps == [0, 1] and from_file.rows == rb.rows
+    assert "rw-rollout-browser" in from_file.html()
+    with pytest.raises(ValueError, match="missing .*advantage"):
+        explore.RolloutBrowser([{k: v for k, v in rows[0].items() if k != "advantage"}])
+    path.write_text("not json\n")
+    with pytest.raises(ValueError, match=r"completions.jsonl: row 1: line 1: invalid JSON"):
+        explore.RolloutBrowser(path)
+    with pytest.raises(ValueError, match="step 7"):
+        rb.select(7)
+
+
+def test_clip_controls_redraw_the_figures():
+    cc = explore.ClipControls(eps_low=0.2, eps_high=0.2, group_size=4, short_len=5, long_len=40)
+    vlines = lambda: sorted({s.x0 for s in cc.clip_fig.layout.shapes})  # noqa: E731
+    assert vlines() == pytest.approx([0.8, 1.2])
+    cc.eps_high.value = 0.28
+    assert vlines() == pytest.approx([0.8, 1.28])
+    r, push_pos, push_neg = (torch.tensor(cc.clip_fig.data[i][k]) for i, k in ((0, "x"), (1, "y"), (3, "y")))
+    assert torch.all((push_pos == 0) == (r > 1.28 + 1e-9)) and torch.all((push_neg == 0) == (r < 0.8 - 1e-9))
+    # length bias: G completions from 5 to 40 tokens; the weights of GRPOConfig's docstring
+    cc.group_size.value = 6
+    lengths = list(cc.length_fig.data[0].x)
+    assert len(lengths) == 6 and lengths[0] == 5 and lengths[-1] == 40
+    by_type = {t.name: list(t.y) for t in cc.length_fig.data if t.xaxis == "x"}
+    assert by_type["grpo"] == pytest.approx([1 / (6 * n) for n in lengths])
+    assert by_type["dapo"] == pytest.approx([1 / sum(lengths)] * 6)
+    assert by_type["dr_grpo"] == pytest.approx([1 / (6 * 40)] * 6)
+    cc.loss_type.value = "vespo"  # no clipping: the push no longer drops to 0 outside the range
+    assert all(y != 0 for y in cc.clip_fig.data[1].y)
+    assert [t.line.width for t in cc.length_fig.data if t.xaxis == "x" and t.name == "vespo"] == [4]
+    assert "rw-clip-controls" in cc.html() and "loss_type vespo" in cc.html() and "[0.80, 1.28]" in cc.html()
+
+
+def test_static_snapshot_headless_and_widget_in_a_kernel(model, policy_records, monkeypatch):
+    browser = explore.RolloutBrowser(rollout_rows())
+    bundle = browser._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" not in bundle  # plain Python: the snapshot only
+    assert "rw-rollout-browser" in bundle["text/html"]
+    monkeypatch.setattr(explore, "WIDGETS", True)
+    bundle = explore.PositionExplorer(model, policy_records, 2, max_new_tokens=16)._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and re.search(r"rw-board.*<svg", bundle["text/html"], re.S)
+    # the DOM contract: classes on the widgets themselves
+    pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
+    assert "rw-position-explorer" in pe.widget._dom_classes and "rw-position-slider" in pe.slider._dom_classes
+    assert "rw-board" in pe.board_html._dom_classes and "rw-clip-controls" in explore.ClipControls().widget._dom_classes
+    assert "rw-rollout-browser" in browser.widget._dom_classes
+
+
+def test_load_model_sources(tmp_path, monkeypatch):
+    m, why = explore.load_model(None)
+    assert m.config == GPTConfig.preset("tiny") and "random-init" in why and not m.training
+    export = tmp_path / "run" / "training" / "final"
+    GPT(GPTConfig.preset("tiny")).save_pretrained(export)
+    assert explore.load_model(None, run_dir=str(tmp_path / "run"))[1] == str(export)
+    monkeypatch.setattr(explore, "RUNS_DIR", tmp_path)
+    assert explore.load_model("latest")[1] == str(export)
+    monkeypatch.setattr(explore, "RUNS_DIR", tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no exported model"):
+        explore.load_model("latest")
+
+
+def test_widgets_only_where_a_frontend_can_show_them(monkeypatch):
+    class ZMQInteractiveShell:  # an IPython kernel, as papermill, nbval and JupyterLab all run
+        pass
+
+    monkeypatch.setattr("IPython.get_ipython", lambda: ZMQInteractiveShell())
+    for key in [k for k in os.environ if k == "JPY_SESSION_NAME" or k.startswith("VSCODE_")]:
+        monkeypatch.delenv(key)
+    assert not explore._live()  # papermill / nbval: a kernel without a frontend
+    monkeypatch.setenv("JPY_SESSION_NAME", "/work/notebooks/06_lab.ipynb")  # what jupyter_server sets
+    assert explore._live()
+    monkeypatch.setattr(explore, "WIDGETS", False)
+    assert not explore._live()

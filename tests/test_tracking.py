@@ -1,0 +1,129 @@
+"""Experiment tracking: TensorBoard event files that agree with the metrics JSON lines (and stay so
+across a resume), and GRPO's completions.jsonl, checked against the reward and advantage functions."""
+
+import json
+
+import pytest
+import torch
+from sft_helpers import TEXTS, one_thread, tiny_cfg  # noqa: F401  (one_thread: autouse fixture)
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_train_grpo import make, toy_reward
+
+from rookworld_lib import grpo, rewards
+from rookworld_lib.data import data_file, load_jsonl
+from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.train_grpo import (COMPLETION_KEYS, COMPLETIONS_FILE, METRICS_FILE, GRPOTrainConfig, GRPOTrainer,
+                                      completions_markdown, prompt_items)
+from rookworld_lib.train_sft import SFTTrainer
+from rookworld_lib.train_utils import read_metrics
+
+
+def interrupted(trainer, until: int, checkpoint_at: int):
+    """Train to step `until` with the last checkpoint at `checkpoint_at`: the records and events after
+    it are on disk, as when a run is killed before its next checkpoint."""
+    save = trainer.save
+    trainer.save = lambda: save() if trainer.step == checkpoint_at else None
+    trainer.train(until=until)
+
+
+def assert_events_equal_metrics(out_dir, metrics_file):
+    """Every number of every metrics record is a TensorBoard scalar of the same name and step, once."""
+    events = EventAccumulator(str(out_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    records = read_metrics(out_dir / metrics_file)
+    expected = {}
+    for rec in records:
+        for key, value in rec.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                expected.setdefault(key, []).append((rec["step"], value))
+    assert set(events.Tags()["scalars"]) == set(expected)
+    for key, points in expected.items():
+        logged = [(e.step, e.value) for e in events.Scalars(key)]
+        assert [s for s, _ in logged] == [s for s, _ in points], key  # each step once: the resume purged
+        assert [v for _, v in logged] == pytest.approx([v for _, v in points], rel=1e-6, abs=1e-30), key
+    return records
+
+
+def test_grpo_events_and_completions_resume_without_duplicates(tmp_path):
+    cfg = {"steps": 3, "prompts_per_step": 2, "max_new_tokens": 5, "minibatch_size": 8, "checkpoint_interval": 1,
+           "completions_interval": 1, "out_dir": str(tmp_path)}
+    interrupted(make(cfg), until=2, checkpoint_at=1)
+    resumed = make(cfg)
+    assert resumed.step == 1
+    resumed.train()
+    records = assert_events_equal_metrics(tmp_path, METRICS_FILE)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    rows = [json.loads(line) for line in (tmp_path / COMPLETIONS_FILE).read_text().splitlines()]
+    assert [r["step"] for r in rows] == [s for s in (1, 2, 3) for _ in range(2 * 4)]
+    assert rows[-8:] == resumed.last_rollout
+    # the text tables: the dashboard's own loader (the legacy EventAccumulator never purges tensors)
+    events = plugin_event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    events.Reload()
+    tables = events.Tensors("completions/text_summary")
+    assert [t.step for t in tables] == [1, 2, 3]
+    assert tables[-1].tensor_proto.string_val[0].decode() == completions_markdown(resumed.last_rollout)
+
+
+def test_report_to_none_writes_no_event_files(tmp_path):
+    make({"out_dir": str(tmp_path), "report_to": "none", "prompts_per_step": 2, "max_new_tokens": 4}).train()
+    assert (tmp_path / METRICS_FILE).exists() and not list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_sft_events_equal_metrics_after_a_resume(tmp_path):
+    cfg = tiny_cfg(tmp_path, max_steps=4, eval_interval=2, eval_steps=1, checkpoint_interval=1)
+    interrupted(SFTTrainer(cfg, train_texts=TEXTS), until=3, checkpoint_at=2)
+    SFTTrainer(cfg, train_texts=TEXTS).train()
+    records = assert_events_equal_metrics(tmp_path, "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+
+
+TYPES = {"step": int, "group": int, "task": str, "prompt": str, "completion": str, "reward": float,
+         "advantage": float, "ratio": float, "clip_fraction": float}
+
+
+def check_rows(rows, G, reward_of):
+    """completions.jsonl rows: the keys and types, reward_of(row) as the reward, and each group's
+    advantages as grpo.group_advantages gives them for its rewards."""
+    for r in rows:
+        assert list(r) == list(COMPLETION_KEYS) and all(type(r[k]) is t for k, t in TYPES.items()), r
+        assert r["task"] in ("P", "A") and r["prompt"].startswith(r["task"] + ": ") and 0 <= r["clip_fraction"] <= 1
+        assert r["reward"] == reward_of(r)
+    for g in range(len(rows) // G):
+        group = rows[g * G:(g + 1) * G]
+        assert {r["group"] for r in group} == {g} and len({r["prompt"] for r in group}) == 1
+        adv, _ = grpo.group_advantages(torch.tensor([r["reward"] for r in group]), G)
+        assert [r["advantage"] for r in group] == pytest.approx(adv.tolist(), abs=1e-6)
+
+
+def test_completion_rows_carry_the_chess_rewards_of_their_text():
+    records = [r for task in ("P", "A") for r in load_jsonl(data_file(task, "train"), task=task).records[:3]]
+    truth = {item.prompt: rec for item, rec in zip(prompt_items(records), records)}
+    score = {"P": rewards.score_policy, "A": rewards.score_environment}
+    torch.manual_seed(0)
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=12, minibatch_size=16,
+                          loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
+    trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=128)), prompt_items(records), cfg)  # chess rewards
+    trainer.train_step()
+    check_rows(trainer.last_rollout, 4, lambda r: score[r["task"]](r["prompt"], r["completion"], truth=truth[r["prompt"]]))
+    assert {r["task"] for r in trainer.last_rollout} == {"P", "A"} and {r["step"] for r in trainer.last_rollout} == {1}
+
+
+def test_completion_ratios_are_the_losses_at_each_rows_first_update():
+    """Four minibatches, so that later rows are scored after updates; varied rewards (a parity toy)."""
+    trainer = make({"minibatch_size": 4, "lr": 3e-2})
+    rec = trainer.train_step()
+    rows = trainer.last_rollout
+    check_rows(rows, 4, lambda r: toy_reward(None, r["completion"]))
+    assert any(r["advantage"] != 0 for r in rows)
+    # Token-weighted within each minibatch, the rows' ratios give grpo_loss's ratio/mean. Rows go into
+    # minibatches in _update's order (seeded by the step); the first minibatch is scored on-policy.
+    order = torch.randperm(16, generator=torch.Generator().manual_seed(trainer.cfg.seed * 7_919 + 0))
+    tokens = trainer.last_batch.mask.sum(1).float()
+    means = []
+    for mb in order.view(4, 4):
+        ratio = torch.tensor([rows[i]["ratio"] for i in mb.tolist()])
+        means.append(float((ratio * tokens[mb]).sum() / tokens[mb].sum()))
+    assert rec["ratio/mean"] == pytest.approx(sum(means) / 4, rel=1e-6)
+    assert all(abs(rows[i]["ratio"] - 1) < 1e-4 and rows[i]["clip_fraction"] == 0 for i in order[:4].tolist())
+    assert max(abs(r["ratio"] - 1) for r in rows) > 1e-2  # later minibatches ran after updates
