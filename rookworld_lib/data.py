@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ SPLITS = ("train", "val", "test")
 TASK_FILES = {"P": "policy_{split}.jsonl", "A": "env_{split}.jsonl"}
 MATE_FILE = "mate_in_one.jsonl"
 DATA_FILES = (*(TASK_FILES[t].format(split=s) for t in ("P", "A") for s in SPLITS), MATE_FILE)  # the data card's order
+GZIP_LEVEL = 6  # of compressed output: near level 9's size at a third of its time
 GAME_KINDS = ("random", "opening", "selfplay")
 ORIGINAL_SOURCE = "original"  # records converted from the original RookWorld data (rookworld convert)
 ENV_KINDS = ("legal", "illegal", "unparseable")
@@ -270,8 +272,8 @@ def json_lines(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
             if reason is not None:
                 raise DataFormatError(f"{path}:{lineno}: {reason}")
             yield lineno, value
-    except OSError as exc:
-        raise DataFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
+        raise DataFormatError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: str = "raise") -> LoadedData:
@@ -294,13 +296,46 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
                 raise DataFormatError(str(LineError(str(path), lineno, reason)))
             else:
                 skipped.append(LineError(str(path), lineno, reason))
-    except OSError as exc:
-        raise DataFormatError(f"{path}: cannot read ({exc.strerror}); {fix}") from None
+    except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
+        raise DataFormatError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc}); {fix}") from None
     if not records and not skipped:
         raise DataFormatError(f"{path}: no records (the file is empty); {fix}")
     if skipped:
         log.warning("%s: skipped %d malformed line(s); first: %s", path, len(skipped), skipped[0])
     return LoadedData(str(path), records, skipped)
+
+
+def data_file_name(name: str, shard: int | None = None, compress: bool = False) -> str:
+    """The file holding `name` (a DATA_FILES name such as ``env_train.jsonl``): itself, or its shard
+    ``env_train-00003.jsonl``; ``.gz`` appended when compressed."""
+    stem = name.removesuffix(".jsonl")
+    return f"{stem}{'' if shard is None else f'-{shard:05d}'}.jsonl{'.gz' if compress else ''}"
+
+
+def data_files_of(name: str, data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Every file of `name` in a directory, in record order: ``name`` or ``name.gz``, else its
+    shards (``<stem>-00000.jsonl[.gz]``, ...). Empty when there is none."""
+    base, stem = Path(data_dir or DATA_DIR), name.removesuffix(".jsonl")
+    whole = [base / data_file_name(name, None, gz) for gz in (False, True)]
+    shards = [p for p in base.glob(f"{stem}-*.jsonl*") if _SHARD_RE.fullmatch(p.name[len(stem):])]
+    return [p for p in whole if p.exists()] + sorted(shards)
+
+
+_SHARD_RE = re.compile(r"-\d{5}\.jsonl(\.gz)?")
+
+
+def iter_records(paths, *, task: str | None = None) -> Iterator[tuple[str, int, dict]]:
+    """(file, line number, record) of every line of `paths` in order, each validated as it is read
+    (memory does not grow with the files): a bad line raises DataFormatError ``file:line: reason``."""
+    for path in paths:
+        try:
+            for lineno, rec, reason in read_jsonl(path):
+                reason = reason or validate_record(rec, task)
+                if reason is not None:
+                    raise DataFormatError(str(LineError(str(path), lineno, reason)))
+                yield str(path), lineno, rec
+        except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
+            raise DataFormatError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> Path:
@@ -314,13 +349,22 @@ def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike |
 
 
 def load_split(task: str, split: str, data_dir=None, *, on_error: str = "raise") -> LoadedData:
-    """The records of one task ('P' or 'A') and split ('train', 'val', 'test')."""
-    return load_jsonl(data_file(task, split, data_dir), task=task, on_error=on_error)
+    """The records of one task ('P' or 'A') and split ('train', 'val', 'test'): its file or its shards."""
+    return _load_all(data_file(task, split, data_dir), task, on_error)
 
 
 def load_mate_in_one(data_dir=None, *, on_error: str = "raise") -> LoadedData:
     """The mate-in-one records (val and test)."""
-    return load_jsonl(data_file("M1", None, data_dir), task="M1", on_error=on_error)
+    return _load_all(data_file("M1", None, data_dir), "M1", on_error)
+
+
+def _load_all(path: Path, task: str, on_error: str) -> LoadedData:
+    """load_jsonl over every file of a data file's name (data_files_of), as one LoadedData."""
+    files = data_files_of(path.name, path.parent) or [path]  # none: load_jsonl says the file is missing
+    parts = [load_jsonl(f, task=task, on_error=on_error) for f in files]
+    if len(parts) == 1:
+        return parts[0]
+    return LoadedData(str(files[0]), [r for part in parts for r in part], [e for part in parts for e in part.skipped])
 
 
 def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
@@ -391,12 +435,12 @@ def summarize(data_dir=None) -> dict:
     out: dict = {"files": {}}
     keys: dict[str, set] = {s: set() for s in SPLITS}
     for name in DATA_FILES:
-        path = base / name
-        if not path.exists():
+        files = data_files_of(name, base)  # the file, or its shards
+        if not files:
             continue
-        recs = load_jsonl(path)  # holds at least one record
+        recs = [r for f in files for r in load_jsonl(f)]  # each holds at least one record
         task = recs[0]["task"]
-        info = {"records": len(recs), "bytes": path.stat().st_size,
+        info = {"records": len(recs), "bytes": sum(f.stat().st_size for f in files),
                 "white_to_move": sum(" w " in r["fen"] for r in recs),
                 "black_to_move": sum(" b " in r["fen"] for r in recs),
                 "games": len({r["game"] for r in recs}),

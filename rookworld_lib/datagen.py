@@ -14,7 +14,10 @@ and one that would be empty is not written (an older one of that name is removed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
+import gzip
 import json
 import logging
 import math
@@ -22,6 +25,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +33,9 @@ import chess
 import chess.engine
 
 from . import tasks
-from .data import (DATA_FILES, MATE_FILE, TASK_FILES, DataFormatError, json_lines, load_jsonl, mating_moves, move_tags,
-                   position_tags, render_card_tables, summarize)
-from .paths import DATA_DIR, JsonlAppender, atomic_write, write_jsonl
+from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, DataFormatError, data_file_name, data_files_of,
+                   json_lines, load_jsonl, mating_moves, move_tags, position_tags, render_card_tables, summarize)
+from .paths import DATA_DIR, JsonlAppender, atomic_file, atomic_write, json_line
 from .config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
 log = logging.getLogger(__name__)
@@ -56,14 +60,17 @@ class DatagenConfig:
     nodes: int | None = option(None, "Stockfish node budget of the P: labels instead of a depth", min=1)
     multipv: int = option(5, "candidate moves per P: label", min=1, max=tasks.MAX_CANDIDATES)
     workers: int = option(2, "Stockfish processes (and threads) in parallel", min=1, max=256)
-    policy_rate: float = option(0.12, "share of a game's positions sampled as P: (x3 for special ones)", min=0, max=1)
-    env_rate: float = option(0.12, "share of a game's moves sampled as A: (the last move always)", min=0, max=1)
+    policy_rate: float = option(0.12, "share of a game's positions sampled as P: (x3 for special ones; 0: no P:)", min=0, max=1)
+    env_rate: float = option(0.12, "share of a game's moves sampled as A: (the last move always; 1: every move)", min=0, max=1)
     illegal_rate: float = option(0.12, "per A: sample, chance of an extra illegal/unparseable move there", min=0, max=1)
     random_share: float = option(0.15, "share of random-move games", min=0, max=1)
     opening_share: float = option(0.3, "share of random-opening games (the rest are engine self-play)", min=0, max=1)
     max_plies: int = option(300, "half-move cap per game", min=1, max=2000)
     mate_games: int = option(160, "extra held-out games (strong vs weak side) feeding only the mate-in-one set", min=0)
+    test_games: int = option(0, "extra test-split games after the mate games (grow the test split; train/val unchanged)", min=0)
     work_dir: str | None = option(None, "resumable state (None: <out>/.datagen-work)")
+    shard_size: int = option(0, "records per output shard, <name>-00000.jsonl (0: one file per split)", min=0)
+    compress: bool = option(False, "gzip the output files (.jsonl.gz)")
     keep_work: bool = option(False, "keep the work directory after a successful run")
     stockfish: str | None = option(None, "Stockfish binary (None: STOCKFISH_PATH, PATH, /usr/games/stockfish)")
 
@@ -85,7 +92,8 @@ class DatagenConfig:
 
 
 def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
-    """test for i % 10 == 9, val for i % 10 == 8, train otherwise; the mate games are test."""
+    """test for i % 10 == 9, val for i % 10 == 8, train otherwise; the mate games and the extra
+    test games (every index from cfg.games on) are test."""
     if cfg is not None and index >= cfg.games:
         return "test"
     return {8: "val", 9: "test"}.get(index % 10, "train")
@@ -96,7 +104,7 @@ def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
 def game_plan(index: int, cfg: DatagenConfig) -> dict:
     """The seeded recipe of game `index`: its kind and engine strength/noise per colour."""
     rng = random.Random(f"{cfg.seed}:plan:{index}")
-    if index >= cfg.games:  # a mate game: a strong side against a weak, noisy one
+    if cfg.games <= index < cfg.games + cfg.mate_games:  # a mate game: a strong side against a weak, noisy one
         strong = rng.choice((0, 1))
         nodes, noise = [0, 0], [0.0, 0.0]
         nodes[strong], noise[strong] = rng.choice((128, 512, 2048)), 0.0
@@ -116,7 +124,9 @@ def game_plan(index: int, cfg: DatagenConfig) -> dict:
 
 def play_game(index: int, cfg: DatagenConfig, pool) -> dict:
     """Play game `index`: deterministic given the seed, since each game holds one engine for its
-    whole length (hash cleared at its start) and is replayed from the start if that engine dies."""
+    whole length (hash cleared at its start) and is replayed from the start if that engine dies.
+    The engine is a lean UCI process (EnginePool.lean_session): the moves python-chess's session
+    plays, without its per-move overhead (about as much CPU as a short search)."""
     from .engine import EngineFailedError, EngineSessionLost
 
     plan = game_plan(index, cfg)
@@ -124,7 +134,7 @@ def play_game(index: int, cfg: DatagenConfig, pool) -> dict:
         return _play(index, cfg, plan, None)
     for _ in range(4):
         try:
-            with pool.session() as session:
+            with pool.lean_session() as session:  # python-chess's moves at half its CPU per short search
                 return _play(index, cfg, plan, session)
         except EngineSessionLost as exc:
             log.warning("game %d: %s; replaying it on a fresh engine", index, exc)
@@ -211,24 +221,26 @@ class _Selection:
     mate: list = field(default_factory=list)
 
 
-def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False) -> _Selection:
-    """Deterministic sample selection from the games (in game order), with the split ownership
-    and dedupe rules of the module docstring."""
-    sel = _Selection()
+def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False) -> Iterator[_Selection]:
+    """Deterministic sample selection, one _Selection per game in game order, with the split
+    ownership and dedupe rules of the module docstring (a generator: A: records can be written
+    while later games are still being sampled)."""
     owner: dict[str, str] = {}
     seen_p: set[str] = set()
     seen_a: set[tuple[str, str]] = set()
     seen_m: set[str] = set()
-    from tqdm.auto import tqdm
+    from .progress import tqdm
 
     for g in tqdm(sorted(games, key=lambda g: g["game"]), desc="sampling", unit="game", disable=not progress):
+        sel = _Selection()
         split = split_of_game(g["game"], cfg)
         rng = random.Random(f"{cfg.seed}:sample:{g['game']}")
         board = chess.Board()
+        fen = tasks.canonical_fen(board)
         history: list[str] = []
         for ply, uci in enumerate(g["moves"]):
-            fen = tasks.canonical_fen(board)
             key = tasks.position_key(fen)
+            played = None  # the A: sample of the move played, if taken
             move = chess.Move.from_uci(uci)
             mine = owner.setdefault(key, split) == split
             here = {"split": split, "game": g["game"], "source": g["kind"], "ply": ply, "fen": fen}
@@ -237,18 +249,19 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
             if mine and not g.get("mate_only"):
                 ptags = position_tags(board)
                 rate = cfg.policy_rate * (3 if ptags else 1) * (RANDOM_POLICY_WEIGHT if g["kind"] == "random" else 1)
-                if {"en_passant", "promotion"} & set(ptags):
-                    rate = 1.0  # rare: keep them all
+                if {"en_passant", "promotion"} & set(ptags) and cfg.policy_rate > 0:
+                    rate = 1.0  # rare: keep them all (unless P: samples are off)
                 if u_p < rate and key not in seen_p:
                     seen_p.add(key)
                     sel.policy.append({**here, "tags": ptags, "n_legal": board.legal_moves.count()})
                 mtags = move_tags(board, move)
                 rare = bool({"en_passant", "promotion"} & set(mtags))
                 env_rate = cfg.env_rate * (3 if "castling" in mtags else 1) * (RANDOM_ENV_WEIGHT if g["kind"] == "random" else 1)
-                take = u_a < env_rate or rare or ply == len(g["moves"]) - 1
+                take = cfg.env_rate >= 1 or u_a < env_rate or rare or ply == len(g["moves"]) - 1  # 1: every move
                 if take and (key, uci) not in seen_a:
                     seen_a.add((key, uci))
-                    sel.env.append({**here, "move": uci, "previous": previous, "tags": mtags})
+                    played = {**here, "move": uci, "previous": previous, "tags": mtags}
+                    sel.env.append(played)
                     if u_x < cfg.illegal_rate:  # at most one wrong sibling per position
                         text = wrong_move(board, rng)
                         if (key, text) not in seen_a:
@@ -261,7 +274,150 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
                     sel.mate.append({**here, "mating_moves": mates})
             board.push(move)
             history.append(uci)
-    return sel
+            fen = tasks.canonical_fen(board)  # the next position: this move's new FEN too
+            if played is not None:  # its transition from the board at hand (see env_record)
+                played["after"] = (fen, board.outcome(claim_draw=False))
+        yield sel
+
+
+def _record(task: str, s: dict, suffix: str = "", **fields) -> dict:
+    """A record: the fields every kind starts with, then `fields`."""
+    return {"id": f"{task}-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": task, "split": s["split"],
+            "game": s["game"], "ply": s["ply"], "source": s["source"], "fen": s["fen"], **fields}
+
+
+def policy_record(s: dict, label: dict, engine_name: str) -> dict:
+    """The P: record of a selected position and its Stockfish label (a position with legal moves)."""
+    moves, evals = label["moves"], label["evals"]
+    tags = list(s["tags"]) + (["mate"] if tasks.parse_eval(evals[0]).mate is not None else [])
+    prompt, completion = tasks.policy_text(s["fen"], moves, evals, moves[0])
+    return _record("P", s, moves=moves, evals=evals, best=moves[0], n_legal=s["n_legal"], tags=tags,
+                   engine=engine_name, limit=label["limit"], prompt=prompt, completion=completion)
+
+
+def env_record(s: dict) -> dict:
+    """The A: record of a selected move as python-chess replays it; a wrong-move sibling (one per
+    position at most) is A-<game>-<ply>-x1. A move of the game carries its transition from the
+    sampling pass (`after`: new FEN and outcome), which is tasks.environment_step's without parsing
+    the FEN again (a third of the cost; tests/test_datagen.py checks they agree on every move)."""
+    if "after" in s:
+        new_fen, outcome = s["after"]
+        reward = tasks.REWARD_LEGAL if outcome is None else tasks.REWARD_WIN if outcome.winner is not None \
+            else tasks.REWARD_DRAW
+        tr = tasks.EnvTransition(s["fen"], s["move"], (*s["previous"], s["move"])[-tasks.HISTORY_LEN:], new_fen,
+                                 reward, int(outcome is not None), 0, "legal",
+                                 outcome.termination.name.lower() if outcome else None)
+    else:
+        tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
+    return _record("A", s, "-x1" if s.get("wrong") else "", move=tr.move, history=list(tr.history),
+                   new_fen=tr.new_fen, reward=tr.reward, terminated=tr.terminated, truncated=tr.truncated,
+                   kind=tr.kind, termination=tr.termination, tags=s["tags"], prompt=tr.prompt,
+                   completion=tr.completion)
+
+
+def mate_record(s: dict) -> dict:
+    return _record("M1", s, mating_moves=s["mating_moves"], prompt=tasks.policy_prompt(s["fen"]))
+
+
+class _Outputs:
+    """The record files of a run, written in record order while it runs: each name as one file or
+    as shards of cfg.shard_size records (``env_train-00000.jsonl[.gz]``), each shard written
+    atomically into the work directory as soon as it is full. The record stream is deterministic,
+    so a resumed run keeps the shards already there and only counts their records (it never builds
+    them again). :meth:`publish` moves the files into the output directory at the end."""
+
+    def __init__(self, work: Path, cfg: DatagenConfig):
+        self.dir = work / "out"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.size, self.compress = cfg.shard_size, cfg.compress
+        self.counts: dict[str, int] = {}  # file name -> records so far
+        self.pending: dict[str, list[dict]] = {}  # the records of each name's shard being filled
+        self._plain: dict[str, tuple] = {}  # unsharded: name -> (atomic_file context, its file, what writes to it)
+        self._done: dict[str, tuple[int, bool]] = {}  # name -> (shard, whether it was on disk at its first record)
+
+    def file_name(self, name: str, shard: int | None) -> str:
+        return data_file_name(name, shard if self.size else None, self.compress)
+
+    def add(self, name: str, make: Callable[[], dict]) -> None:
+        """Append the record make() builds to `name`; make() is not called for a record of a shard
+        that an interrupted run finished."""
+        n = self.counts.get(name, 0)
+        self.counts[name] = n + 1
+        if self.size and self._finished(name, n // self.size):
+            return
+        rec = make()
+        if not self.size:
+            self._write(self._plain_file(name), [rec])
+            return
+        self.pending.setdefault(name, []).append(rec)
+        if len(self.pending[name]) == self.size:
+            self._flush(name, n // self.size)
+
+    def _finished(self, name: str, shard: int) -> bool:
+        """Whether shard `shard` of `name` is on disk (one stat per shard, not per record)."""
+        if self._done.get(name, (None,))[0] != shard:
+            self._done[name] = (shard, (self.dir / self.file_name(name, shard)).exists())
+        return self._done[name][1]
+
+    def _plain_file(self, name: str):
+        """The open (temporary) file of an unsharded name, gzipped when compressing."""
+        if name not in self._plain:
+            ctx = atomic_file(self.dir / self.file_name(name, None))
+            raw = ctx.__enter__()
+            f = _gzip_writer(raw) if self.compress else raw
+            self._plain[name] = (ctx, raw, f)
+        return self._plain[name][2]
+
+    @staticmethod
+    def _write(f, recs: list[dict]) -> None:
+        f.write(b"".join(json_line(r) for r in recs))
+
+    def _flush(self, name: str, shard: int) -> None:
+        recs, self.pending[name] = self.pending[name], []
+
+        def write(raw):
+            if not self.compress:
+                return self._write(raw, recs)
+            with _gzip_writer(raw) as f:
+                self._write(f, recs)
+
+        atomic_write(self.dir / self.file_name(name, shard), write)
+
+    def finish(self) -> None:
+        """Write the last shard of every name; complete the unsharded files."""
+        for name, recs in self.pending.items():
+            if recs:
+                self._flush(name, (self.counts[name] - 1) // self.size)
+        for ctx, raw, f in self._plain.values():
+            if f is not raw:
+                f.close()  # writes the gzip trailer; the atomic file is renamed below
+            ctx.__exit__(None, None, None)
+        self._plain.clear()
+
+    def abort(self) -> None:
+        """An error: the unsharded files being written are dropped (finished shards stay)."""
+        for ctx, _, _ in self._plain.values():
+            with contextlib.suppress(Exception):
+                ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        self._plain.clear()
+
+    def publish(self, out: Path) -> dict:
+        """Move every file into `out`, removing that name's older files there (another layout, a
+        longer run's extra shards, a file this run leaves empty); return {name: records}."""
+        for name in DATA_FILES:
+            mine = {p.name for p in data_files_of(name, self.dir)}
+            for old in data_files_of(name, out):
+                if old.name not in mine:
+                    old.unlink()
+            for f in sorted(mine):
+                shutil.move(self.dir / f, out / f)  # a rename, unless --work-dir is on another filesystem
+        return {name: self.counts[name] for name in DATA_FILES if self.counts.get(name)}
+
+
+def _gzip_writer(raw) -> gzip.GzipFile:
+    """A gzip stream into the binary file `raw`, with no name or time in its header: the same
+    records give the same bytes on every run."""
+    return gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0, filename="")
 
 
 # --- Generation ---
@@ -281,6 +437,7 @@ class DatagenReport:
     labels_reused: int
     seconds: dict  # stage -> wall seconds
     engine: str
+    env_records: int = 0  # A: records written (their building is timed in "select")
 
     @property
     def label_positions_per_s(self) -> float:
@@ -305,18 +462,37 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) 
         t = clock()
         games, played = _play_games(cfg, pool, work / "games.jsonl", progress)
         seconds["games"], t = clock() - t, clock()
-        sel = select_samples(games, cfg, progress=progress)  # cheap and deterministic: never stored
-        seconds["select"], t = clock() - t, clock()
-        fens = list(dict.fromkeys(s["fen"] for s in sel.policy))
-        labels, labelled = _label(fens, pool, work / "labels.jsonl", progress)
-        seconds["label"], t = clock() - t, clock()
-        counts = _write_outputs(Path(cfg.out_dir), sel, labels, engine_name)
+        outputs = _Outputs(work, cfg)
+        try:
+            # one pass: A: records are written as their games are sampled (memory does not grow with
+            # them); P: positions and mate-in-one positions wait for the labels
+            policy, mate = [], []
+            for sel in select_samples(games, cfg, progress=progress):  # cheap and deterministic: never stored
+                policy += sel.policy
+                mate += sel.mate
+                for s in sel.env:
+                    outputs.add(TASK_FILES["A"].format(split=s["split"]), functools.partial(env_record, s))
+            seconds["select"], t = clock() - t, clock()
+            labels, labelled = _label(list(dict.fromkeys(s["fen"] for s in policy)), pool, work / "labels.jsonl",
+                                      progress)
+            seconds["label"], t = clock() - t, clock()
+            for s in policy:
+                if labels[s["fen"]]["moves"]:  # a position without legal moves has no label
+                    outputs.add(TASK_FILES["P"].format(split=s["split"]),
+                                functools.partial(policy_record, s, labels[s["fen"]], engine_name))
+            for s in mate:
+                outputs.add(MATE_FILE, functools.partial(mate_record, s))
+            outputs.finish()
+        except BaseException:
+            outputs.abort()
+            raise
+        counts = outputs.publish(Path(cfg.out_dir))
         seconds["write"] = clock() - t
     if not cfg.keep_work:
         shutil.rmtree(work, ignore_errors=True)
     return DatagenReport(counts=counts, games_played=played, games_reused=len(games) - played,
                          positions_labelled=labelled, labels_reused=len(labels) - labelled, seconds=seconds,
-                         engine=engine_name)
+                         engine=engine_name, env_records=sum(n for k, n in counts.items() if k.startswith("env_")))
 
 
 def _open_work_dir(work: Path, state: dict, fresh: bool) -> None:
@@ -355,7 +531,7 @@ def _play_games(cfg: DatagenConfig, pool, path: Path, progress: bool) -> tuple[l
     from .engine import threaded
 
     games = {g["game"]: g for g in _read_work(path)}
-    todo = [i for i in range(cfg.games + cfg.mate_games) if i not in games]
+    todo = [i for i in range(cfg.games + cfg.mate_games + cfg.test_games) if i not in games]
     if todo:
         with JsonlAppender(path, sync_every=8) as app:  # a game is slow to replay: sync often
             for _, g in threaded(lambda i: play_game(i, cfg, pool), todo, cfg.workers, progress, "games", unit="game"):
@@ -376,44 +552,8 @@ def _label(fens: list[str], pool, path: Path, progress: bool) -> tuple[dict, int
                 app.write(rec)
                 labels[todo[i]] = rec
 
-            pool.analyse_many(todo, progress=progress, desc="labelling", on_result=on_result)
+            pool.label_many(todo, progress=progress, on_result=on_result)
     return labels, len(todo)
-
-
-def _write_outputs(out: Path, sel: _Selection, labels: dict, engine_name: str) -> dict:
-    """Write the record files (P: with its Stockfish label, A: as python-chess replays it, M1); return
-    {file name: records} of those written."""
-    by_file: dict[str, list[dict]] = {}
-
-    def add(task: str, s: dict, suffix: str = "", **fields) -> None:  # the fields every kind starts with, then `fields`
-        name = MATE_FILE if task == "M1" else TASK_FILES[task].format(split=s["split"])
-        by_file.setdefault(name, []).append(
-            {"id": f"{task}-{s['game']:05d}-{s['ply']:03d}{suffix}", "task": task, "split": s["split"],
-             "game": s["game"], "ply": s["ply"], "source": s["source"], "fen": s["fen"], **fields})
-
-    for s in sel.policy:
-        label = labels[s["fen"]]
-        moves, evals = label["moves"], label["evals"]
-        if not moves:  # a position without legal moves has no label
-            continue
-        tags = list(s["tags"]) + (["mate"] if tasks.parse_eval(evals[0]).mate is not None else [])
-        prompt, completion = tasks.policy_text(s["fen"], moves, evals, moves[0])
-        add("P", s, moves=moves, evals=evals, best=moves[0], n_legal=s["n_legal"], tags=tags,
-            engine=engine_name, limit=label["limit"], prompt=prompt, completion=completion)
-    for s in sel.env:  # a wrong-move sibling (one per position at most) is A-<game>-<ply>-x1
-        tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
-        add("A", s, "-x1" if s.get("wrong") else "", move=tr.move, history=list(tr.history), new_fen=tr.new_fen,
-            reward=tr.reward, terminated=tr.terminated, truncated=tr.truncated, kind=tr.kind,
-            termination=tr.termination, tags=s["tags"], prompt=tr.prompt, completion=tr.completion)
-    for s in sel.mate:
-        add("M1", s, mating_moves=s["mating_moves"], prompt=tasks.policy_prompt(s["fen"]))
-    counts = {}
-    for name in DATA_FILES:
-        if by_file.get(name):
-            counts[name] = write_jsonl(out / name, by_file[name])
-        else:  # an empty file is an error to every reader; an older one would mix two runs
-            (out / name).unlink(missing_ok=True)
-    return counts
 
 
 # --- Command line ---
@@ -448,7 +588,7 @@ def _fail(message: str, status: int, lead: str = "") -> int:
 
 def _validate_files(files: list[Path], out: str) -> int:
     if not files:
-        return _fail(f"error: no data files (*.jsonl) in {out}", 1)
+        return _fail(f"error: no data files (*.jsonl, *.jsonl.gz) in {out}", 1)
     bad = 0
     for f in files:
         try:
@@ -466,7 +606,8 @@ def cli(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.validate is not None:
-        return _validate_files([Path(f) for f in args.validate] or sorted(Path(args.out_dir).glob("*.jsonl")),
+        out = Path(args.out_dir)
+        return _validate_files([Path(f) for f in args.validate] or sorted([*out.glob("*.jsonl"), *out.glob("*.jsonl.gz")]),
                                args.out_dir)
     try:
         if args.summary:

@@ -10,6 +10,7 @@ file. JSON lines, the library's one line format: :func:`write_jsonl`, :class:`Js
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import logging
 import os
@@ -100,9 +101,10 @@ def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
     None, reason)`` for one that is not UTF-8 or not JSON, for the caller to stop at or skip.
 
     torn_tail=True leaves out an unterminated last line: only a kill mid-append leaves one
-    (:class:`JsonlAppender` writes lines whole), and it is not data. OSError propagates.
+    (:class:`JsonlAppender` writes lines whole), and it is not data. A ``.gz`` file is read through
+    gzip. OSError propagates (a corrupt gzip stream included: gzip.BadGzipFile is one).
     """
-    with open(path, "rb") as fh:
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             if torn_tail and not raw.endswith(b"\n"):
                 break

@@ -21,6 +21,9 @@ from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key
 from rookworld_lib.paths import DATA_DIR, JsonlAppender, read_jsonl, write_jsonl
 
 
+SHIPPED = datagen.DatagenConfig(test_games=16)  # the data card's command: its games and their splits
+
+
 @pytest.fixture(scope="module")
 def ship():
     """Every shipped file, loaded (and so validated line by line)."""
@@ -43,6 +46,7 @@ def test_sizes_fit_the_cpu_profile(ship):
     assert len(ship[("P", "train")]) >= 3000 and len(ship[("A", "train")]) >= 3000
     for split in ("val", "test"):
         assert len(ship[("P", split)]) >= 200 and len(ship[("A", split)]) >= 200
+    assert len(ship[("P", "test")]) >= 500 and len(ship[("A", "test")]) >= 500  # test-split evals need n >= 500
     assert len(ship["M1"]) >= 150
     total = sum(p.stat().st_size for p in DATA_DIR.glob("*.jsonl"))
     assert total < 10 * 2**20  # "a few MB"
@@ -59,7 +63,7 @@ def test_no_position_crosses_splits_and_no_duplicates(ship):
         a_keys = [(tasks.position_key(r["fen"]), r["move"]) for r in ship[("A", split)]]
         assert len(a_keys) == len(set(a_keys)), f"duplicate A: sample in {split}"
         games = {r["game"] for task in ("P", "A") for r in ship[(task, split)]}
-        assert all(datagen.split_of_game(g) == split for g in games)
+        assert all(datagen.split_of_game(g, SHIPPED) == split for g in games)
     train_keys = {k for k, s in owners.items() if s == "train"}
     assert not {tasks.position_key(r["fen"]) for r in ship["M1"]} & train_keys
 

@@ -1,0 +1,117 @@
+"""The streaming SFT loader (train_sft.StreamingPackedStream): gzipped shards read as they are used,
+the same samples as the in-memory loader, deterministic, resumable, and the task vocabulary."""
+
+import gzip
+import json
+from collections import Counter
+
+import pytest
+import torch
+from sft_helpers import math_fields, tiny_cfg
+
+from rookworld_lib import data
+from rookworld_lib import train_sft as sft
+from rookworld_lib.tokenizer import EOT_ID, get_tokenizer
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """The shipped val records as gzipped shards of 100 (P: and A: in separate files, as datagen writes)."""
+    d = tmp_path_factory.mktemp("shards")
+    paths = []
+    for task in ("P", "A"):
+        recs = data.load_split(task, "val")
+        name = data.data_file(task, "val").name
+        for k in range(0, len(recs), 100):
+            path = d / data.data_file_name(name, k // 100, compress=True)
+            with gzip.open(path, "wt") as f:
+                f.writelines(json.dumps(r) + "\n" for r in recs[k: k + 100])
+            paths.append(str(path))
+    return paths
+
+
+def _samples(stream, n_batches, B=4, T=64) -> list[str]:
+    """The texts a stream yields, cut at its EOTs (a partial first/last one dropped)."""
+    tokens = torch.cat([stream.next_batch(B, T)[0].flatten() for _ in range(n_batches)]).tolist()
+    enc, out, cur = get_tokenizer(), [], None
+    for t in tokens:
+        if t == EOT_ID:
+            if cur is not None:
+                out.append(enc.decode(cur))
+            cur = []
+        elif cur is not None:
+            cur.append(t)
+    return out
+
+
+def test_stream_yields_the_same_samples_as_the_in_memory_loader(shards):
+    texts = sft.load_texts(shards)
+    assert list(sft.iter_texts(shards)) == texts
+    # a buffer of one: each epoch is every sample once, the files in a seeded order
+    n_batches = sum(len(t) for t in get_tokenizer().encode_batch(texts)) // 256 + len(texts) // 200 + 5
+    epoch = _samples(sft.StreamingPackedStream(shards, seed=3, policy_fraction=None, buffer=1), n_batches)
+    assert Counter(epoch[:len(texts)]) == Counter(texts) and epoch[:len(texts)] != texts
+    mixed = _samples(sft.StreamingPackedStream(shards, seed=3, policy_fraction=0.5, buffer=64), 150)
+    assert set(mixed) <= set(texts)
+    assert 0.4 < sum(t.startswith("P:") for t in mixed) / len(mixed) < 0.6
+
+
+def test_stream_is_deterministic_given_the_seed_and_shuffles(shards):
+    def first(seed, buffer=64):
+        return _samples(sft.StreamingPackedStream(shards, seed=seed, policy_fraction=None, buffer=buffer), 20)
+
+    assert first(1) == first(1)
+    assert first(1) != first(2)
+    assert first(1) != first(1, buffer=1)  # the buffer shuffles within the files too
+
+
+def test_stream_resumes_at_its_position(shards):
+    a = sft.StreamingPackedStream(shards, seed=5, policy_fraction=0.5, buffer=32)
+    for _ in range(7):
+        a.next_batch(3, 50)
+    state = a.state_dict()
+    expected = [a.next_batch(3, 50) for _ in range(5)]
+    b = sft.StreamingPackedStream(shards, seed=5, policy_fraction=0.5, buffer=32)
+    b.load_state_dict(state)
+    for (x, y), (bx, by) in zip(expected, (b.next_batch(3, 50) for _ in range(5))):
+        assert torch.equal(x, bx) and torch.equal(y, by)
+    with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
+        sft.StreamingPackedStream(shards, seed=6, policy_fraction=0.5, buffer=32).load_state_dict(state)
+
+
+def test_stream_task_vocabulary_is_the_in_memory_one(shards):
+    in_memory = sft.PackedStream(sft.load_texts(shards), seed=0, policy_fraction=0.5)
+    streamed = sft.StreamingPackedStream(shards, seed=0, policy_fraction=0.5)
+    assert streamed.token_ids().tolist() == in_memory.token_ids().tolist()
+
+
+def test_stream_names_a_bad_line_when_it_reaches_it_and_empty_pools(tmp_path, shards):
+    bad = tmp_path / "bad.jsonl.gz"
+    recs = data.load_split("P", "val")[:3]
+    with gzip.open(bad, "wt") as f:
+        f.write(json.dumps(recs[0]) + "\n" + json.dumps({**recs[1], "best": "a1a1"}) + "\n")
+    stream = sft.StreamingPackedStream([str(bad)], seed=0, policy_fraction=None, buffer=1)
+    with pytest.raises(data.DataFormatError, match=rf"{bad}:2: field 'best'"):
+        for _ in range(10):
+            stream.next_batch(2, 64)
+    with pytest.raises(ValueError, match="needs A: samples"):
+        sft.StreamingPackedStream([shards[0]], seed=0, policy_fraction=0.5)
+
+
+def test_sft_trains_from_a_stream_with_the_task_vocabulary_and_resumes(tmp_path, shards):
+    val = [shards[0], shards[-1]]
+    cfg = tiny_cfg(tmp_path / "run", train_data=shards, val_data=val, stream=True, shuffle_buffer=50, vocab="task",
+                   eval_interval=3, max_steps=4, checkpoint_interval=2)
+    first = sft.train_sft(cfg, until=2)
+    assert first.step == 2
+    resumed = sft.train_sft(cfg)  # continues from step 2: data position and vocabulary from the checkpoint
+    straight = sft.train_sft(tiny_cfg(tmp_path / "straight", **{k: getattr(cfg, k) for k in (
+        "train_data", "val_data", "stream", "shuffle_buffer", "vocab", "eval_interval", "max_steps",
+        "checkpoint_interval")}))
+    assert [r["step"] for r in resumed.history] == [3, 4]
+    assert math_fields(resumed.history) == math_fields(straight.history[-2:])
+    in_memory = sft.PackedStream(sft.load_texts(shards + val), seed=0, policy_fraction=0.5)
+    assert sft.SFTTrainer(tiny_cfg(tmp_path / "v", train_data=shards, val_data=val, stream=True,
+                                   vocab="task")).vocab.ids.tolist() == in_memory.token_ids().tolist()
+    with pytest.raises(ValueError, match="stream=True holds no samples back for val"):
+        sft.SFTTrainer(tiny_cfg(tmp_path / "w", train_data=shards, stream=True, eval_interval=2))

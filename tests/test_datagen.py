@@ -1,0 +1,163 @@
+"""Data at scale (datagen): A: from every move, sharded and compressed output that resumes, node
+budgets, and the extra test games that leave train/val alone. The shipped set is tests/test_data.py's."""
+
+import gzip
+import json
+import random
+from collections import Counter
+
+import chess
+import pytest
+from helpers_chess import needs_stockfish
+
+from rookworld_lib import data, datagen, tasks
+from rookworld_lib.engine import EnginePool, EngineSettings
+
+TINY = dict(games=10, mate_games=3, depth=4, max_plies=60, workers=2)
+
+
+def _random_games(cfg, n: int) -> list[dict]:
+    """Games of the random kind (python-chess only: no engine)."""
+    return [datagen._play(i, cfg, {"kind": "random"}, None) for i in range(n)]
+
+
+def _replay(fen: str, move: str) -> tuple:
+    """An independent python-chess replay of one step: (new FEN, reward, terminated, truncated)."""
+    board = chess.Board(fen)
+    mv = chess.Move.from_uci(move) if tasks.is_uci_syntax(move) and move != "0000" else None
+    if mv is None or not board.is_legal(mv):
+        return fen, -1.0, 0, 1
+    board.push(mv)
+    if board.is_checkmate():
+        return board.fen(en_passant="fen"), 1.0, 1, 0
+    if board.is_stalemate() or board.is_insufficient_material() or board.is_seventyfive_moves():
+        return board.fen(en_passant="fen"), 0.5, 1, 0
+    return board.fen(en_passant="fen"), 0.001, 0, 0
+
+
+def test_every_move_of_every_game_becomes_an_A_record_that_python_chess_replays():
+    cfg = datagen.DatagenConfig(games=30, mate_games=0, env_rate=1.0, policy_rate=0.0, max_plies=120)
+    games = _random_games(cfg, 30)
+    sels = list(datagen.select_samples(games, cfg))
+    assert not any(s.policy for s in sels)  # policy_rate 0: no P: at all
+    owner, seen = {}, set()
+    for g, sel in zip(games, sels):
+        board, expected, split = chess.Board(), [], datagen.split_of_game(g["game"], cfg)
+        for uci in g["moves"]:  # every (position, move) whose position this game's split owns, once
+            key = tasks.position_key(board.fen(en_passant="fen"))
+            if owner.setdefault(key, split) == split and (key, uci) not in seen:
+                seen.add((key, uci))
+                expected.append((key, uci))
+            board.push_uci(uci)
+        legal = [s for s in sel.env if not s.get("wrong")]
+        assert [(tasks.position_key(s["fen"]), s["move"]) for s in legal] == expected
+        for s in sel.env:
+            rec = datagen.env_record(s)
+            assert (rec["new_fen"], rec["reward"], rec["terminated"], rec["truncated"]) == _replay(rec["fen"], rec["move"])
+            assert data.validate_record(rec, "A") is None, rec["id"]
+            # the record built from the sampling pass equals the reference step's
+            assert rec == datagen.env_record({k: v for k, v in s.items() if k != "after"})
+    env = [s for sel in sels for s in sel.env]
+    wrong = sum(bool(s.get("wrong")) for s in env) / sum(not s.get("wrong") for s in env)
+    assert abs(wrong - cfg.illegal_rate) < 0.03  # wrong-move siblings keep their proportion
+
+
+@needs_stockfish
+def test_sharded_compressed_output_equals_one_plain_file_per_split(tmp_path):
+    plain = datagen.generate(datagen.DatagenConfig(out_dir=str(tmp_path / "plain"), **TINY), progress=False)
+    sharded = datagen.generate(datagen.DatagenConfig(out_dir=str(tmp_path / "sh"), shard_size=7, compress=True, **TINY),
+                               progress=False)
+    assert sharded.counts == plain.counts
+    for name, n in plain.counts.items():
+        shards = data.data_files_of(name, tmp_path / "sh")
+        assert [p.name for p in shards] == [data.data_file_name(name, k, True) for k in range(-(-n // 7))]
+        assert b"".join(gzip.open(p).read() for p in shards) == (tmp_path / "plain" / name).read_bytes()
+    assert data.summarize(tmp_path / "sh")["files"]["env_train.jsonl"]["records"] == plain.counts["env_train.jsonl"]
+    assert len(data.load_split("P", "train", tmp_path / "sh")) == plain.counts["policy_train.jsonl"]
+
+
+@pytest.mark.fault
+@needs_stockfish
+def test_sharded_run_interrupted_mid_write_resumes_without_losing_or_duplicating(tmp_path, monkeypatch):
+    cfg = datagen.DatagenConfig(out_dir=str(tmp_path / "a"), shard_size=5, compress=True, **TINY)
+    ref = datagen.generate(datagen.DatagenConfig(**{**vars(cfg), "out_dir": str(tmp_path / "ref")}), progress=False)
+    flushes, built = [], Counter()
+    real_flush, real_env = datagen._Outputs._flush, datagen.env_record
+
+    def flaky_flush(self, name, shard):
+        real_flush(self, name, shard)
+        flushes.append((name, shard))
+        if len(flushes) == 6:
+            raise KeyboardInterrupt("test interruption")
+
+    monkeypatch.setattr(datagen._Outputs, "_flush", flaky_flush)
+    with pytest.raises(KeyboardInterrupt):
+        datagen.generate(cfg, progress=False)
+    assert not list((tmp_path / "a").glob("*.jsonl*"))  # nothing published before the end
+    monkeypatch.setattr(datagen._Outputs, "_flush", real_flush)
+    monkeypatch.setattr(datagen, "env_record", lambda s: built.update([s["split"]]) or real_env(s))
+    report = datagen.generate(cfg, progress=False)
+    assert report.counts == ref.counts
+    assert sum(built.values()) == ref.counts["env_train.jsonl"] + ref.counts.get("env_val.jsonl", 0) \
+        + ref.counts.get("env_test.jsonl", 0) - 5 * 6  # the 6 finished shards were not built again
+    for p in (tmp_path / "ref").iterdir():
+        assert (tmp_path / "a" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+@needs_stockfish
+def test_node_budget_labels_are_recorded_and_reproduced(tmp_path):
+    cfg = datagen.DatagenConfig(out_dir=str(tmp_path), **{**TINY, "depth": None, "nodes": 2000, "keep_work": True})
+    datagen.generate(cfg, progress=False)
+    recs = data.load_split("P", "train", tmp_path)
+    assert {r["limit"] for r in recs} == {"nodes=2000"}
+    assert json.loads((tmp_path / ".datagen-work" / "config.json").read_text())["config"]["nodes"] == 2000
+    sample = random.Random(0).sample(recs, 12)
+    with EnginePool(EngineSettings(depth=None, nodes=2000, multipv=5), size=1, cache=False) as pool:
+        for r in sample:  # python-chess at the recorded node budget gives the same label
+            a = pool.analyse(r["fen"])
+            assert (list(a.moves), [tasks.format_eval(e) for e in a.evals]) == (r["moves"], r["evals"]), r["id"]
+    assert data.audit_policy_labels(sample) == []
+    with pytest.raises(ValueError, match="set depth or nodes"):
+        datagen.DatagenConfig(depth=None, nodes=None)
+
+
+def test_extra_test_games_leave_train_and_val_alone():
+    """Extra test games come after every other game, so they own no position that an earlier game
+    reached, and the selection of the train/val games does not change."""
+    base = datagen.DatagenConfig(games=20, mate_games=2, env_rate=0.5, policy_rate=0.5, max_plies=80)
+    more = datagen.DatagenConfig(**{**vars(base), "test_games": 6})
+    assert [datagen.split_of_game(i, more) for i in range(22, 28)] == ["test"] * 6
+    assert not any(datagen.game_plan(i, more).get("mate_only") for i in range(22, 28))
+    assert all(datagen.game_plan(i, more).get("mate_only") for i in range(20, 22))
+    games = _random_games(more, 28)
+    for g in games[20:22]:
+        g["mate_only"] = True  # as play_game marks the mate games
+    sel_base = list(datagen.select_samples(games[:22], base))
+    sel_more = list(datagen.select_samples(games, more))
+    assert sel_more[:22] == sel_base
+    keys = {split: set() for split in data.SPLITS}
+    for sel in sel_more:
+        for s in sel.policy + sel.env:
+            keys[s["split"]].add(tasks.position_key(s["fen"]))
+    assert not (keys["test"] & keys["train"]) and not (keys["test"] & keys["val"])
+    assert any(s["game"] >= 22 for sel in sel_more for s in sel.env)
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(shard_size=-1), "shard_size"), (dict(test_games=-2), "test_games"),
+                                           (dict(compress="yes"), "compress")])
+def test_new_settings_reject_bad_values_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"DatagenConfig.{field}"):
+        datagen.DatagenConfig(**kwargs)
+
+
+def test_validate_reads_compressed_shards_and_names_a_corrupt_one(tmp_path, capsys):
+    recs = data.load_split("A", "val")[:3]
+    with gzip.open(tmp_path / "env_val-00000.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in recs)
+    (tmp_path / "env_val-00001.jsonl.gz").write_bytes(gzip.compress(json.dumps(recs[0]).encode() + b"\n")[:-6])  # truncated
+    assert datagen.cli(["--validate", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "env_val-00000.jsonl.gz: 3 records OK" in out
+    assert "env_val-00001.jsonl.gz: cannot read" in err
+    (tmp_path / "env_val-00001.jsonl.gz").unlink()
+    assert [r["id"] for r in data.load_split("A", "val", tmp_path)] == [r["id"] for r in recs]
