@@ -1,4 +1,5 @@
-"""Supervised pretraining (SFT) on task text: packed P:/A: samples (`PackedStream`), AdamW, warm-up
+"""Supervised pretraining (SFT) on task text: packed P:/A: samples (`PackedStream` in memory, or
+`StreamingPackedStream` reading large sharded sets as it goes, stream=True), AdamW, warm-up
 + cosine, the val loss every `eval_interval` steps, metrics in `<out_dir>/metrics.jsonl`. On CPU with
 deterministic=True a resumed run ends bit-identical to an uninterrupted one.
 
@@ -16,9 +17,11 @@ import functools
 import hashlib
 import json
 import logging
+import itertools
 import os
+import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +66,8 @@ class SFTConfig:
     val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
     layout: str | None = option(None, "how records are rendered: \"compact\" or \"original\"; None: init_from's own (compact from scratch)", choices=LAYOUTS)
     policy_fraction: float | None = option(0.5, "share of P: samples in the packed stream; None keeps the data's mix", min=0.0, max=1.0)
+    stream: bool = option(False, "read train_data/val_data as they are used (tokenized on the fly through a shuffle buffer): memory does not grow with the data; for large sharded sets")
+    shuffle_buffer: int = option(10_000, "samples held in each task's shuffle buffer when stream=True", min=1)
     val_fraction: float = option(0.05, "share of training samples held out for val when there is no val data (0 = none)", min=0.0, max=1.0, max_open=True)
     # batch
     block_size: int = option(256, "tokens per packed sequence (at most the model's block_size)", min=1)
@@ -95,6 +100,7 @@ class SFTConfig:
     resume: bool = option(True, "continue from out_dir's latest checkpoint when there is one")
     export_hf: bool = option(True, "at the end, write the model in Hugging Face format to <out_dir>/final")
     progress: bool = option(True, "show a tqdm progress bar")
+    report_to: str = option("tensorboard", '"tensorboard": the metrics also as event files in out_dir (tensorboard --logdir runs); "none"', choices=("tensorboard", "none"))
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (see the option() checks above)
@@ -177,7 +183,7 @@ class SFTConfig:
 
 # Beyond Trainer's, fields a resume may change: they do not change the math of the steps taken.
 # max_steps may grow (the schedule stretches; a warning says so). Everything else must match.
-RESUME_MAY_CHANGE = Trainer.resume_may_change | {"train_data", "val_data", "max_steps", "compile",
+RESUME_MAY_CHANGE = Trainer.resume_may_change | {"report_to", "train_data", "val_data", "max_steps", "compile",
                                                  "activation_checkpointing", "eval_interval", "eval_steps", "export_hf"}
 
 
@@ -190,27 +196,52 @@ def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
     - records of `rookworld datagen` (fields task, prompt, completion, ...), loaded and validated
       by `data.load_jsonl`; P: records are rendered in `layout`;
     - {"text": "P: ... B: e2e4"} lines, for any other source of text.
-    A bad line raises data.DataFormatError (a ValueError) as "file:line: reason".
+    Files may be gzipped (``.jsonl.gz``, e.g. datagen's shards). A bad line raises
+    data.DataFormatError (a ValueError) as "file:line: reason".
     """
     from . import data
 
     texts: list[str] = []
     for path in map(Path, paths):
-        first = next(data.json_lines(path), (0, None))[1]
-        if first is None:
-            raise data.DataFormatError(f"{path}: no samples (the file is empty)")
-        if isinstance(first, dict) and "task" in first and "text" not in first:  # validated datagen records
-            for rec in data.load_jsonl(path):
-                if rec["task"] not in TASKS:
-                    raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), "
-                                               "not P:/A: training samples")
-                texts.append("".join(data.record_text(rec, layout)))
+        if _holds_records(path):
+            texts += [_record_text(rec, path, layout) for rec in data.load_jsonl(path)]  # also checks duplicate ids
+        else:
+            texts += iter_texts([path], layout=layout)
+    return texts
+
+
+def iter_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -> Iterator[str]:
+    """load_texts' strings one at a time, each line validated as it is read: memory does not grow
+    with the files (ids are not checked for duplicates across a file; `rookworld datagen --validate` does)."""
+    from . import data
+
+    for path in map(Path, paths):
+        if _holds_records(path):
+            for _, _, rec in data.iter_records([path]):
+                yield _record_text(rec, path, layout)
             continue
         for lineno, rec in data.json_lines(path):
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
                 raise data.DataFormatError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
-            texts.append(rec["text"])
-    return texts
+            yield rec["text"]
+
+
+def _holds_records(path: Path) -> bool:
+    """True for a file of datagen records, False for {"text": ...} lines (decided by its first line)."""
+    from . import data
+
+    first = next(data.json_lines(path), (0, None))[1]
+    if first is None:
+        raise data.DataFormatError(f"{path}: no samples (the file is empty)")
+    return isinstance(first, dict) and "task" in first and "text" not in first
+
+
+def _record_text(rec: dict, path: Path, layout: str) -> str:
+    from . import data
+
+    if rec["task"] not in TASKS:
+        raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
+    return "".join(data.record_text(rec, layout))
 
 
 # -- packing ---------------------------------------------------------------------------------------
@@ -348,6 +379,99 @@ class PackedStream:
         buf = torch.from_numpy(np.concatenate([body, last]))
         return buf[:-1].view(batch_size, block_size), buf[1:].view(batch_size, block_size)
 
+    def token_ids(self) -> np.ndarray:
+        """The distinct GPT-2 ids of the stream (EOT included): what a task vocabulary must hold."""
+        return np.unique(np.concatenate([tokens for tokens, _ in self.pools]))
+
+
+class StreamingPackedStream(PackedStream):
+    """PackedStream's stream (same packing, task draws and resumable position) read from JSONL files
+    as it goes: each pool's samples come through a seeded shuffle buffer of `buffer` texts, the
+    files in a fresh seeded order every epoch, each line validated and tokenized when it is used.
+    Memory is the buffer, whatever the size of the files. Deterministic given the seed; a resume
+    (load_state_dict) replays the draws up to the saved position without tokenizing them."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], *, seed: int, policy_fraction: float | None = None,
+                 layout: str = "compact", buffer: int = 10_000, name: str = "train", tokenizer=None):
+        self.name, self.seed, self.policy_fraction = name, int(seed), policy_fraction
+        self.paths, self.layout, self.buffer = [str(p) for p in paths], layout, int(buffer)
+        self.enc = tokenizer or get_tokenizer()
+        self.pool_names = ["all"] if policy_fraction is None else list(TASKS)
+        for task in self.pool_names:  # fail now, not at the first draw from an empty pool
+            needed = task == "all" or (policy_fraction > 0 if task == "P" else policy_fraction < 1)
+            if needed and next(self._texts(task, 0), None) is None:
+                raise ValueError(f"{name} data is empty: no samples to train on" if task == "all" else
+                                 f"policy_fraction={policy_fraction} needs {task}: samples, but the {name} data has none")
+        self.pools = [None] * len(self.pool_names)  # nothing held: see token_ids
+        self.n_samples = self.n_tokens = None  # unknown without a pass over the data
+        self.fingerprint = self._fingerprint()
+        self.reset()
+
+    def _texts(self, pool: str, epoch: int) -> Iterator[str]:
+        """One epoch of a pool's texts: the files in this epoch's seeded order."""
+        files = list(self.paths)
+        random.Random(f"{self.seed}:{pool}:{epoch}").shuffle(files)
+        for text in iter_texts(files, layout=self.layout):
+            if pool == "all" or task_of(text.lstrip()) == pool:
+                yield text
+
+    def _shuffled(self, pool: str) -> Iterator[str]:
+        """The pool's endless sample sequence: every epoch's texts through the shuffle buffer."""
+        rng, buf = random.Random(f"{self.seed}:{pool}:buffer"), []
+        for text in itertools.chain.from_iterable(self._texts(pool, e) for e in itertools.count()):
+            if len(buf) < self.buffer:
+                buf.append(text)
+                continue
+            j = rng.randrange(self.buffer)
+            buf[j], text = text, buf[j]
+            yield text
+
+    def reset(self) -> None:
+        super().reset()
+        self._sources = [self._shuffled(pool) for pool in self.pool_names]
+        self._drawn = [0] * len(self.pool_names)  # samples taken from each source
+        self._recent: list[dict] = [{} for _ in self.pool_names]  # k -> tokens of the last samples read
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)  # checks the fingerprint, sets the cursor
+        cursor = self._cursor
+        self.reset()
+        self._cursor = cursor
+        for pool, k in enumerate(cursor[2]):  # replay: the k samples before the position, untokenized
+            for _ in range(k):
+                next(self._sources[pool])
+            self._drawn[pool] = k
+
+    def _fingerprint(self) -> str:
+        files = [(Path(p).name, Path(p).stat().st_size) for p in self.paths]
+        return hashlib.sha256(json.dumps(["stream", self.seed, self.policy_fraction, self.pool_names, self.layout,
+                                          self.buffer, files]).encode()).hexdigest()[:32]
+
+    def _sample_tokens(self, pool: int, k: int) -> np.ndarray:
+        """The k-th sample of a pool; reads go forward (a batch looks one sample ahead, then resumes there)."""
+        recent = self._recent[pool]
+        while k not in recent:
+            if k < self._drawn[pool]:
+                raise RuntimeError(f"{self.name} stream: sample {k} of pool {pool} was read and dropped")
+            text = next(self._sources[pool]).removesuffix(EOT_TOKEN)
+            if not text.strip():
+                raise ValueError(f"{self.name} data hold an empty sample")
+            recent[self._drawn[pool]] = np.array([EOT_ID, *self.enc.encode(text, allowed_special={EOT_TOKEN})],
+                                                 dtype=np.int32)
+            self._drawn[pool] += 1
+            recent.pop(self._drawn[pool] - 3, None)  # keep the last two
+        return recent[k]
+
+    def token_ids(self) -> np.ndarray:
+        """The distinct GPT-2 ids of the data, from one pass over the files (bounded memory: a mark per id)."""
+        seen = np.zeros(VOCAB_SIZE, dtype=bool)
+        seen[EOT_ID] = True
+        texts = (t.removesuffix(EOT_TOKEN) for t in iter_texts(self.paths, layout=self.layout))
+        while chunk := list(itertools.islice(texts, 8192)):
+            for ids in self.enc.encode_batch(chunk, allowed_special={EOT_TOKEN}):
+                seen[ids] = True
+        return np.flatnonzero(seen)
+
 
 def split_val(texts: Sequence[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
     """(train, val): a seeded random `fraction` of the samples (at least one) held out for val."""
@@ -383,14 +507,15 @@ class SFTTrainer(Trainer):
         log.info("layout: %s (%s)", self.layout, why)
         self._load_data(train_texts, val_texts)
         self.data = self.train_stream
-        # vocab="task": the model is trained over the tokens its text uses and exported as full GPT-2
+        ckpt = self.find_checkpoint()
+        # vocab="task": the model is trained over the tokens its text uses and exported as full GPT-2;
+        # a resumed run keeps its checkpoint's (no pass over streamed data)
         self.vocab = None
         if cfg.vocab == "task":
+            saved = (ckpt or {}).get("extra", {}).get("task_vocab")
             streams = [s for s in (self.train_stream, self.val_stream) if s is not None]
-            self.vocab = TaskVocab(np.unique(np.concatenate([tokens for s in streams for tokens, _ in s.pools])))
+            self.vocab = TaskVocab(saved or np.unique(np.concatenate([s.token_ids() for s in streams])))
             log.info("task vocabulary: %d of GPT-2's %d tokens", len(self.vocab), VOCAB_SIZE)
-
-        ckpt = self.find_checkpoint()
         seed_everything(cfg.seed)
         self.model = self._build_model(ckpt).to(self.runtime.device)
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
@@ -409,6 +534,8 @@ class SFTTrainer(Trainer):
 
     def _load_data(self, train_texts, val_texts) -> None:
         cfg = self.cfg
+        if cfg.stream and train_texts is None and val_texts is None:
+            return self._stream_data()
         if train_texts is None:
             if not cfg.train_data:
                 raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
@@ -433,6 +560,24 @@ class SFTTrainer(Trainer):
             if mix is not None and {task_of(t.lstrip()) for t in val_texts} != set(TASKS):
                 mix = None  # val data with one task only: measure it as it is
             self.val_stream = PackedStream(val_texts, seed=cfg.seed, policy_fraction=mix, name="val")
+
+    def _stream_data(self) -> None:
+        """stream=True: both streams read their files as they go (see StreamingPackedStream)."""
+        cfg = self.cfg
+        if not cfg.train_data:
+            raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
+        if cfg.eval_interval > 0 and not cfg.val_data:
+            raise ValueError("SFTConfig.stream=True holds no samples back for val: set val_data, or eval_interval=0")
+        opts = dict(seed=cfg.seed, layout=self.layout, buffer=cfg.shuffle_buffer)
+        self.train_stream = StreamingPackedStream(cfg.train_data, policy_fraction=cfg.policy_fraction, name="train", **opts)
+        self.val_stream = None
+        if cfg.eval_interval > 0:
+            try:
+                self.val_stream = StreamingPackedStream(cfg.val_data, policy_fraction=cfg.policy_fraction, name="val", **opts)
+            except ValueError:  # val data with one task only: measure it as it is
+                self.val_stream = StreamingPackedStream(cfg.val_data, policy_fraction=None, name="val", **opts)
+        log.info("SFT data: streaming %d train file(s), %d val file(s), shuffle buffer %d", len(cfg.train_data),
+                 len(cfg.val_data), cfg.shuffle_buffer)
 
     def _build_model(self, ckpt: dict | None) -> GPT:
         """The checkpoint's model shape, a scratch preset, or a Hugging Face start."""

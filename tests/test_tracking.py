@@ -70,6 +70,11 @@ def test_report_to_none_writes_no_event_files(tmp_path):
     assert (tmp_path / METRICS_FILE).exists() and not list(tmp_path.glob("events.out.tfevents.*"))
 
 
+def test_sft_report_to_none_writes_no_event_files(tmp_path):
+    SFTTrainer(tiny_cfg(tmp_path, max_steps=2, report_to="none"), train_texts=TEXTS).train()
+    assert (tmp_path / "metrics.jsonl").exists() and not list(tmp_path.glob("events.out.tfevents.*"))
+
+
 def test_sft_events_equal_metrics_after_a_resume(tmp_path):
     cfg = tiny_cfg(tmp_path, max_steps=4, eval_interval=2, eval_steps=1, checkpoint_interval=1)
     interrupted(SFTTrainer(cfg, train_texts=TEXTS), until=3, checkpoint_at=2)
