@@ -1007,7 +1007,8 @@ def fuzz_rewards(n: int, seed: int) -> dict:
     A = data.load_split("A", "train").records + data.load_split("A", "val").records
     p_truths = [rewards.policy_truth(r) for r in P]  # converted once, as GRPO's registry would
     rng = random.Random(seed)
-    policy_ok = lambda x: x == -1.0 or -0.5 <= x <= -0.25 or 0.0 <= x <= 1.0  # noqa: E731 (documented ranges)
+    lo, hi = rewards.MALFORMED_RANGE  # the documented ranges: garbage, malformed (gated), valid-illegal, valid
+    policy_ok = lambda x: x == -1.0 or lo <= x <= hi or x == -0.25 or 0.0 <= x <= 1.0  # noqa: E731
     env_ok = lambda x: x == -1.0 or 0.0 <= x <= 1.0  # noqa: E731
     counts = {"P": 0, "A": 0, "garbage": 0, "top": 0, "truth_error": 0}
     t0 = time.perf_counter()
