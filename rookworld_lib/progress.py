@@ -23,6 +23,7 @@ from tqdm.auto import tqdm as _auto_tqdm
 
 PROGRESS_ENV = "ROOKWORLD_PROGRESS"  # the progress file of a `rookworld run` (set for its kernels only)
 REPORT_EVERY_S = 30.0
+QUIET_FOR_S = 5.0  # a loop shorter than this reports only its closing line
 
 
 FRONTEND_ENV = ("JPY_SESSION_NAME", "VSCODE_PID")
@@ -66,24 +67,25 @@ class _Silent:
 
 class HeadlessTqdm(std.tqdm):
     """A tqdm bar for a kernel nobody watches: quiet while running, one line at close (stderr, so
-    one stream output in the saved notebook), a few lines in the progress file."""
+    one stream output in the saved notebook); in the progress file the closing line and, once the
+    loop has run QUIET_FOR_S, a line per quarter (at least every REPORT_EVERY_S)."""
 
     def __init__(self, *args, **kwargs):
-        self._quarter, self._reported = 0, time.monotonic()
+        self._quarter = 0
+        self._started = self._reported = time.monotonic()
         # no terminal width to fit (the default bar is 10 wide, the postfix whole); the silent file
         # has no encoding, which tqdm would read as ASCII-only
         kwargs.update(file=_Silent(), dynamic_ncols=False, ncols=None)
         kwargs.setdefault("ascii", False)
         super().__init__(*args, **kwargs)
-        if not self.disable:
-            report(str(self))
 
     def update(self, n=1):
         displayed = super().update(n)
         if not self.disable:
             quarter = int(4 * self.n / self.total) if self.total else 0
-            if quarter > self._quarter or time.monotonic() - self._reported >= REPORT_EVERY_S:
-                self._quarter, self._reported = quarter, time.monotonic()
+            now = time.monotonic()
+            if (quarter > self._quarter and now - self._started >= QUIET_FOR_S) or now - self._reported >= REPORT_EVERY_S:
+                self._quarter, self._reported = quarter, now
                 if quarter < 4:  # the last line comes from close(), with the final postfix
                     report(str(self))
         return displayed
