@@ -35,10 +35,11 @@ from .paths import RUNS_DIR, read_jsonl
 from .progress import widget_frontend
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from .train_grpo import default_reward, prompt_items
+from .train_grpo import COMPLETION_KEYS, default_reward, prompt_items
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
-ROLLOUT_KEYS = ("step", "group", "task", "prompt", "completion", "reward", "advantage")  # ratio, clip_fraction optional
+# the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
+ROLLOUT_KEYS = tuple(k for k in COMPLETION_KEYS if k not in ("ratio", "clip_fraction"))
 
 
 WIDGETS: bool | None = None  # None: widgets where a frontend can show them (see _live); True / False: force

@@ -6,7 +6,7 @@ notebook may add to the report by writing `report_<anything>.md` into its `run_d
 
 The terminal shows one line per notebook (name, status, seconds) and, while a notebook runs, the
 few lines its loops and stages write to `<run>/progress.log` (`progress.tqdm`, `progress.report`),
-followed by a thread. A side file rather than papermill's `log_output`: that would echo every output
+which a thread follows. A side file rather than papermill's `log_output`: that would echo every output
 of every cell to the terminal, and the progress lines would be stored in the executed notebook too.
 What the kernel process itself prints goes to `<run>/logs/<notebook>.kernel.log`, named in the
 error when a notebook fails.
@@ -75,9 +75,9 @@ class NotebookKernelManager(AsyncKernelManager):
     """The kernel of one notebook in a run.
 
     - Its process's own stdout and stderr go to `log_path`, not the terminal: ipykernel echoes there
-      what C libraries write to the process's file descriptors, e.g. the `USDT: ...
-      profiler_start` / `profiler_stop` pair PyTorch's profiler (Kineto) prints at every profile of
-      notebook 04; the kernel's log lines land there too. A cell's own output stays in the notebook.
+      what C libraries write to the process's file descriptors (Kineto's `USDT: ...` lines are
+      dropped earlier, in perf.profile_phases), and its log lines (a KeyboardInterrupt caught at
+      shutdown) land there too. A cell's own output stays in the notebook.
     - IPC sockets where the OS has them: over TCP, ipykernel warns at every start that the traffic
       is unencrypted (the kernel is local; IPC is the transport the warning itself recommends).
     - Its environment names the run's progress file and drops what would tell `progress` that

@@ -5,8 +5,8 @@
 - A notebook executed headless (papermill, nbval): nothing renders a widget there (a saved widget
   output shows its first state, "0%"), and every refresh of a text bar would be one more stream
   output in the saved notebook. The bar stays silent while it runs and prints one line when it
-  closes; under `rookworld run` it also writes a few lines (each quarter of the loop, or every
-  `REPORT_EVERY_S`) to the progress file named by $ROOKWORLD_PROGRESS, which the pipeline echoes
+  closes; under `rookworld run` it also writes a few lines (the closing one and, for a loop that
+  runs past `QUIET_FOR_S`, each quarter or every `REPORT_EVERY_S`) to the progress file named by $ROOKWORLD_PROGRESS, which the pipeline echoes
   to the terminal. `report()` writes any other line there (the stages of notebook 05).
 
 The library's loops take their bar from here: `from .progress import tqdm`.
