@@ -300,6 +300,21 @@ def restore_training_state(ckpt: dict, *, model: torch.nn.Module, optimizer=None
     return int(ckpt["step"])
 
 
+def model_from_checkpoint(path: str | os.PathLike):
+    """The full GPT-2-vocabulary model a checkpoint file (or a run's checkpoint directory: its
+    latest) holds, on CPU; an SFT run over the task vocabulary is expanded back to every GPT-2 token."""
+    from .model import GPT, config_from_dict
+
+    ckpt = load_checkpoint(Path(path))  # names the file it cannot load
+    model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
+    model.load_state_dict(ckpt["model"], strict=True)
+    if ids := ckpt.get("extra", {}).get("task_vocab"):  # an SFT run with vocab="task": the full GPT-2
+        from .task_vocab import TaskVocab
+
+        model = TaskVocab(ids).expand(model)
+    return model
+
+
 def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
     """Write a model in Hugging Face GPT-2 format (config.json + model.safetensors).
 
@@ -311,16 +326,8 @@ def export_hf(source, directory: str | os.PathLike | None = None) -> Path:
         if directory is None:
             raise ValueError("export_hf: give a directory when exporting a model object")
     else:
-        from .model import GPT, config_from_dict
-
         path = Path(source)
-        ckpt = load_checkpoint(path)  # names the file it cannot load
-        model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
-        model.load_state_dict(ckpt["model"], strict=True)
-        if ids := ckpt.get("extra", {}).get("task_vocab"):  # an SFT run with vocab="task": the full GPT-2
-            from .task_vocab import TaskVocab
-
-            model = TaskVocab(ids).expand(model)
+        model = model_from_checkpoint(path)
         resolved = latest_checkpoint(path) if path.is_dir() else path
         if directory is None:
             directory = resolved.with_name(resolved.stem + "-hf")

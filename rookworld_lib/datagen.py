@@ -3,7 +3,8 @@ samples and the mate-in-one set, as the record files :mod:`rookworld_lib.data` l
 (``data/README.md``) describes the recipe with the shipped set's numbers.
 
 Games are seeded per index (:func:`game_plan`, :func:`play_game`) and split by game
-(:func:`split_of_game`): a position belongs to the split of the first game that reaches it.
+(:func:`split_of_game`): a position belongs to the split of the first game that reaches it, or to none
+when `exclude_dir` names a data set that holds it in val or test.
 :func:`select_samples` picks positions (``P:``), moves (``A:``, with :func:`wrong_move` siblings) and
 mate-in-one positions; Stockfish labels ``P:`` at a reproducible limit (one thread, cleared hash) and
 python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
@@ -73,6 +74,8 @@ class DatagenConfig:
     compress: bool = option(False, "gzip the output files (.jsonl.gz)")
     keep_work: bool = option(False, "keep the work directory after a successful run")
     stockfish: str | None = option(None, "Stockfish binary (None: STOCKFISH_PATH, PATH, /usr/games/stockfish)")
+    exclude_dir: str | None = option(None, "a data set whose val and test positions (P:, A: and mate-in-one) are "
+                                     "never sampled: more training data for a model evaluated on that set's test split")
 
     def __post_init__(self):
         validate(self)  # types and ranges of every field (the option() checks above)
@@ -221,11 +224,21 @@ class _Selection:
     mate: list = field(default_factory=list)
 
 
+def heldout_positions(data_dir: str | Path) -> set[str]:
+    """The position keys of a data set's val and test records (P:, A: and mate-in-one): a run with
+    exclude_dir gives them to no split, so its training data never holds that set's held-out positions."""
+    names = [TASK_FILES[t].format(split=s) for t in ("P", "A") for s in ("val", "test")] + [MATE_FILE]
+    files = [f for name in names for f in data_files_of(name, data_dir)]
+    if not files:
+        raise FileNotFoundError(f"exclude_dir={str(data_dir)!r}: no val/test data files there ({', '.join(names)})")
+    return {tasks.position_key(r["fen"]) for f in files for r in load_jsonl(f).records if r["split"] != "train"}
+
+
 def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False) -> Iterator[_Selection]:
     """Deterministic sample selection, one _Selection per game in game order, with the split
     ownership and dedupe rules of the module docstring (a generator: A: records can be written
     while later games are still being sampled)."""
-    owner: dict[str, str] = {}
+    owner: dict[str, str] = dict.fromkeys(heldout_positions(cfg.exclude_dir), "excluded") if cfg.exclude_dir else {}
     seen_p: set[str] = set()
     seen_a: set[tuple[str, str]] = set()
     seen_m: set[str] = set()

@@ -334,6 +334,59 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
     return pd.DataFrame(rows, columns=["metric", "before", "after", "change (points)", "moved"]).set_index("metric")
 
 
+def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
+    """One point of a learning curve: from a training run's metrics records (`metrics.jsonl`), the
+    training tokens, the training wall time up to `step` (the sum of `time/step`: val-loss and
+    checkpoint pauses left out), the train loss at `step` and the latest val loss at or before it;
+    from `results` (an evaluation), every STRICT_METRICS rate with its interval and n."""
+    done = [r for r in history if 0 < r["step"] <= step]
+    at = next((r for r in reversed(done) if r["step"] == step), None)
+    vals = [r for r in history if r["step"] <= step and r.get("eval/loss") is not None]
+    row = {"step": step, "tokens": at["num_tokens"] if at else None,
+           "train_wall_s": round(sum(r.get("time/step") or 0.0 for r in done), 1),
+           "train_loss": at["loss"] if at else None,
+           "val_loss": vals[-1]["eval/loss"] if vals else None, "val_loss_step": vals[-1]["step"] if vals else None}
+    for m in STRICT_METRICS:
+        e = results[m]
+        row[m] = {"value": e.value, "low": e.low, "high": e.high, "n": e.n}
+    return row
+
+
+def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records: Sequence, cfg: EvalConfig,
+                     on_point=None) -> list[dict]:
+    """The learning curve of a training run: a `curve_point` per checkpoint, oldest first.
+
+    run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
+    checkpoint is evaluated on the P: and A: records. on_point(row) is called as each row is ready."""
+    from .checkpoint import list_checkpoints, model_from_checkpoint
+    from .paths import read_jsonl
+
+    run_dir = Path(run_dir)
+    found = list_checkpoints(run_dir / "checkpoints")
+    if not found:
+        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint; train with "
+                                f"--checkpoint-interval N --keep-checkpoints 0 to keep one every N steps")
+    history = [obj for _, obj, err in read_jsonl(run_dir / "metrics.jsonl", torn_tail=True) if err is None]
+    rows = []
+    for step, path in found:
+        model = model_from_checkpoint(path).eval()
+        results = {**evaluate_policy(model, policy_records, cfg), **evaluate_environment(model, env_records, cfg)}
+        rows.append(curve_point(history, step, results))
+        if on_point is not None:
+            on_point(rows[-1])
+    return rows
+
+
+def curve_table(rows: Sequence[dict]):
+    """A learning curve's rows as a table: tokens, wall time, losses and the strict rates in percent."""
+    import pandas as pd
+
+    table = pd.DataFrame([{"step": r["step"], "tokens (M)": round(r["tokens"] / 1e6, 2) if r["tokens"] else None,
+                           "train wall (s)": r["train_wall_s"], "train loss": r["train_loss"], "val loss": r["val_loss"],
+                           **{m: round(100 * r[m]["value"], 1) for m in STRICT_METRICS}} for r in rows])
+    return table.set_index("step")
+
+
 def results_to_json(results: dict) -> dict:
     """Results as plain data for strict JSON: an undefined value (NaN: a rate over no records, say)
     becomes None (null), since strict parsers reject NaN and Infinity."""
@@ -356,8 +409,13 @@ def cli(argv: list[str] | None = None) -> int:
     add_config_arguments(ap, EvalConfig, skip=("max_policy", "max_env"),
                          metavars={"layout": "{" + ",".join(tasks.LAYOUTS) + "}"})
     ap.add_argument("--json", action="store_true", help="print results as one JSON object")
+    ap.add_argument("--every-checkpoint", action="store_true",
+                    help="MODEL is a `rookworld sft` run directory: evaluate each of its checkpoints on the P: and A: "
+                         "suites (a learning curve), print the table and write <run>/curve.json")
     args = ap.parse_args(argv)
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
+    if args.every_checkpoint:
+        return _curve_cli(args, cfg)
     model = GPT.from_pretrained(args.model).eval()
     if torch.cuda.is_available():
         model = model.cuda()
@@ -377,4 +435,21 @@ def cli(argv: list[str] | None = None) -> int:
         print(json.dumps(results_to_json(results), allow_nan=False))
     else:
         print(comparison_table({Path(args.model).name: results}).to_string())
+    return 0
+
+
+def _curve_cli(args, cfg: EvalConfig) -> int:
+    from . import data
+
+    suites = {key: data.load_jsonl(data.data_file(key, "test", args.data_dir), task=key).records for key in ("P", "A")}
+    cfg = replace(cfg, selfplay_games=0)
+
+    def show(row):
+        print(json.dumps({k: v["value"] if isinstance(v, dict) else v for k, v in row.items()}), file=sys.stderr)
+
+    rows = checkpoint_curve(args.model, suites["P"], suites["A"], cfg, on_point=show)  # capped by cfg.max_*
+    out = Path(args.model) / "curve.json"
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(json.dumps(rows) if args.json else curve_table(rows).to_string())
+    print(f"written: {out}", file=sys.stderr)
     return 0

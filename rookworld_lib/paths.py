@@ -35,6 +35,7 @@ DATA_DIR = _dir("ROOKWORLD_DATA_DIR", REPO_ROOT / "data")
 FIGURES_DIR = _dir("ROOKWORLD_FIGURES_DIR", REPO_ROOT / "figures")
 RUNS_DIR = _dir("ROOKWORLD_RUNS_DIR", REPO_ROOT / "runs")
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+DOCS_DIR = REPO_ROOT / "docs"
 TMP_PREFIX = ".tmp-"  # temporary files of atomic writes; a torn one is left only by a kill
 
 

@@ -36,6 +36,7 @@ from .progress import PROGRESS_ENV
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
 PROFILES: dict[str, dict] = {
     "cpu": {"profile": "cpu"},
+    "cpu-long": {"profile": "cpu-long"},  # notebook 05 generates its own data and trains longer (workflow.PROFILES)
     "gpu": {"profile": "gpu", "device": "cuda"},
 }
 

@@ -154,6 +154,39 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
     return fig
 
 
+CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"}
+
+
+def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", title: str = "Learning curve") -> go.Figure:
+    """Val loss and every strict chess rate (with its 95% interval) against training tokens or wall
+    time, one line per run: curves maps a run's name to its `evaluate.checkpoint_curve` rows."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    from .evaluate import STRICT_METRICS
+
+    if x not in CURVE_X:
+        raise ValueError(f"x={x!r}: choose one of {sorted(CURVE_X)}")
+    panels = ["val_loss", *STRICT_METRICS]
+    fig = make_subplots(rows=2, cols=3, subplot_titles=["val loss", *(f"{m} (%)" for m in STRICT_METRICS)],
+                        horizontal_spacing=0.07, vertical_spacing=0.14)
+    for i, (name, rows) in enumerate(curves.items()):
+        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        for j, key in enumerate(panels):
+            pts = [r for r in rows if r.get(key) is not None and r.get(x) is not None]
+            if key == "val_loss":
+                ys, err = [r[key] for r in pts], None
+            else:
+                ys = [100 * r[key]["value"] for r in pts]
+                err = dict(type="data", symmetric=False, array=[100 * r[key]["high"] - y for r, y in zip(pts, ys)],
+                           arrayminus=[y - 100 * r[key]["low"] for r, y in zip(pts, ys)], thickness=1)
+            fig.add_scatter(x=[r[x] for r in pts], y=ys, error_y=err, mode="lines+markers", name=name,
+                            legendgroup=name, showlegend=j == 0, line=dict(color=color),
+                            row=j // 3 + 1, col=j % 3 + 1)
+    fig.update_xaxes(title_text=CURVE_X[x], row=2)
+    return fig.update_layout(title=title, height=650, width=1100)
+
+
 class LiveCurves:
     """Training curves that grow with each step. In JupyterLab a plotly FigureWidget, extended by the
     training loop's `on_step` callback while the cell runs: each update is a widget message the

@@ -5,6 +5,10 @@ A profile holds the SFT, GRPO and evaluation configs of every stage for one kind
 - `cpu`: a small model on 2 CPU cores, all of `make run` within about 20 minutes; SFT trains over
   the task's tokens only (`SFTConfig.vocab="task"`: 7.6x the tokens per second of a full GPT-2 head
   at this size) and the evaluations cover the whole test split;
+- `cpu-long`: at most 3 hours on 2 CPU cores: its own training data first (`datagen`: more games
+  than the shipped set, every move an `A:` record, none of the shipped val/test positions), then a
+  6 x 192 model (the learning curve's best at equal time on `A:` validity and legal best moves),
+  checkpoints along SFT for the curve, GRPO with the `cpu` recipe, evaluation on the shipped test split;
 - `gpu`: GPT-2 124M with bf16 autocast and torch.compile.
 """
 
@@ -36,18 +40,28 @@ class Profile:
     eval: EvalConfig  # before/after evaluation (budget, layout, seed: see eval_config)
     eval_mate: int  # mate-in-one test records evaluated
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
+    datagen: dict | None = None  # DatagenConfig fields of the profile's own training data; None: the shipped set
 
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
-             dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False) -> Profile:
+             dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict = {},
+             datagen: dict | None = None) -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
     return Profile(
         name,
-        SFTConfig(model=model, device=device, dtype=dtype, compile=compile, eval_steps=4, checkpoint_interval=0,
-                  resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple}, **sft),
+        SFTConfig(**{**dict(model=model, device=device, dtype=dtype, compile=compile, eval_steps=4, checkpoint_interval=0,
+                            resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **model_overrides}),
+                     **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
                         loss=grpo_lib.GRPOConfig(beta=beta, temperature=grpo.get("temperature", 1.0)), **grpo),
-        EvalConfig(**evals), eval_mate, heldout)
+        EvalConfig(**evals), eval_mate, heldout, datagen)
+
+
+# the cpu profile's GRPO: sampled at T=0.7 (closer to the greedy answers evaluated) with the format-gated
+# reward, lr 5e-5 and KL 0.04 lift format-valid P: answers; T=1, T=0.5, lr 2e-5 or 1e-4 lift nothing and
+# 1e-4 halves the valid A: answers (docs/learning_curve.md)
+_CPU_GRPO = dict(steps=40, prompts_per_step=8, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=16,
+                 temperature=0.7)
 
 
 PROFILES = {
@@ -58,13 +72,19 @@ PROFILES = {
                    eval_mate=4, heldout=8),
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
-                    # sampled at T=0.7 (closer to the greedy answers evaluated) with the format-gated reward, lr
-                    # 5e-5 and KL 0.04 lift format-valid P: answers; T=1, T=0.5, lr 2e-5 or 1e-4 lift nothing and
-                    # 1e-4 halves the valid A: answers (docs/learning_curve.md)
-                    grpo=dict(steps=40, prompts_per_step=8, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=16,
-                              temperature=0.7),
-                    beta=0.04, evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40),
+                    grpo=_CPU_GRPO, beta=0.04,
+                    evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40),
                     eval_mate=50, heldout=160),
+    # about 70 minutes on 2 idle cores: data ~10 min (700 games: ~43k P: labels, ~85k A: moves), SFT
+    # 6,000 steps of 8 x 256 tokens (12M tokens, ~1.5 P: epochs; a checkpoint every 1,500 steps for the
+    # learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO as cpu's, 80 steps
+    "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
+                         sft=dict(max_steps=6000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200, vocab="task",
+                                  checkpoint_interval=1500, keep_checkpoints=0),
+                         grpo={**_CPU_GRPO, "steps": 80}, beta=0.04,
+                         evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40),
+                         eval_mate=50, heldout=160,
+                         datagen=dict(games=700, policy_rate=0.5, env_rate=1.0, mate_games=0, seed=20261125)),
     "gpu": _profile("gpu", "cuda", "gpt2",
                     sft=dict(max_steps=4000, batch_size=32, block_size=512, lr=6e-4, warmup_steps=200),
                     grpo=dict(steps=200, prompts_per_step=64, group_size=8, max_new_tokens=96, lr=1e-6,
@@ -89,13 +109,25 @@ def resolve(name: str, *, device: str | None = None, dtype: str | None = None, s
     return dataclasses.replace(p, sft=dataclasses.replace(p.sft, **sft), grpo=dataclasses.replace(p.grpo, **grpo))
 
 
-def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str = "compact") -> SFTConfig:
-    """The profile's SFT settings for one run: the data set's train/val files, ten val-loss points."""
-    d = Path(data_dir)
+def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str = "compact",
+               train_dir: Path | None = None) -> SFTConfig:
+    """The profile's SFT settings for one run: the train files of train_dir (default: data_dir), the
+    val files of data_dir, ten val-loss points."""
+    d, t = Path(data_dir), Path(train_dir or data_dir)
     return dataclasses.replace(
-        p.sft, train_data=(str(d / "policy_train.jsonl"), str(d / "env_train.jsonl")),
+        p.sft, train_data=(str(t / "policy_train.jsonl"), str(t / "env_train.jsonl")),
         val_data=(str(d / "policy_val.jsonl"), str(d / "env_val.jsonl")), layout=layout, min_lr=p.sft.lr / 10,
         seed=seed, eval_interval=max(1, p.sft.max_steps // 10), out_dir=str(out_dir))
+
+
+def datagen_config(p: Profile, out_dir: Path, exclude_dir: Path, workers: int | None = None):
+    """The profile's own training data: generated into out_dir, never on exclude_dir's val/test positions."""
+    import os
+
+    from .datagen import DatagenConfig
+
+    return DatagenConfig(**{**p.datagen, "out_dir": str(out_dir), "exclude_dir": str(exclude_dir),
+                            "workers": workers or len(os.sched_getaffinity(0))})
 
 
 def _budget(p: Profile, layout: str) -> int:

@@ -161,3 +161,27 @@ def test_validate_reads_compressed_shards_and_names_a_corrupt_one(tmp_path, caps
     assert "env_val-00001.jsonl.gz: cannot read" in err
     (tmp_path / "env_val-00001.jsonl.gz").unlink()
     assert [r["id"] for r in data.load_split("A", "val", tmp_path)] == [r["id"] for r in recs]
+
+
+def test_exclude_dir_keeps_the_shipped_held_out_positions_out_of_every_split():
+    """More training data for a model evaluated on the shipped test split: with exclude_dir, no
+    sampled record (P:, A:, mate) sits on a position of the shipped val or test files, and the rest of
+    the selection is what it would have been (the same games, the same positions otherwise)."""
+    shipped = {split: {tasks.position_key(r["fen"]) for t in ("P", "A") for r in data.load_split(t, split).records}
+               for split in ("val", "test")}
+    held = datagen.heldout_positions(data.DATA_DIR)
+    assert held >= shipped["val"] | shipped["test"]
+    base = datagen.DatagenConfig(games=40, mate_games=0, env_rate=1.0, policy_rate=0.5, max_plies=60, seed=7)
+    excl = datagen.DatagenConfig(**{**vars(base), "exclude_dir": str(data.DATA_DIR)})
+    games = _random_games(base, 40)
+    for g in games[:6]:  # random games rarely reach the shipped positions; six short opening lines do
+        g["moves"] = ["e2e4", "e7e5", "g1f3", "b8c6"][:2 + g["game"] % 3]
+    plain = [s for sel in datagen.select_samples(games, base) for s in sel.policy + sel.env + sel.mate]
+    kept = [s for sel in datagen.select_samples(games, excl) for s in sel.policy + sel.env + sel.mate]
+    hit = [s for s in plain if tasks.position_key(s["fen"]) in held]
+    assert hit, "the check needs samples on held-out positions to remove"
+    assert not [s for s in kept if tasks.position_key(s["fen"]) in held]
+    strip = lambda rows: [(s["split"], s["game"], s["fen"], s.get("move")) for s in rows]  # noqa: E731
+    assert strip(kept) == strip([s for s in plain if tasks.position_key(s["fen"]) not in held])
+    with pytest.raises(FileNotFoundError, match="exclude_dir="):
+        datagen.heldout_positions(data.DATA_DIR / "nope")
