@@ -44,13 +44,13 @@ class Profile:
 
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
-             dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict = {},
+             dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict | None = None,
              datagen: dict | None = None) -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
     return Profile(
         name,
         SFTConfig(**{**dict(model=model, device=device, dtype=dtype, compile=compile, eval_steps=4, checkpoint_interval=0,
-                            resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **model_overrides}),
+                            resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **(model_overrides or {})}),
                      **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
                         loss=grpo_lib.GRPOConfig(beta=beta, temperature=grpo.get("temperature", 1.0)), **grpo),
