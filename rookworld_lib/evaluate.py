@@ -358,14 +358,14 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
 
     run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
     checkpoint is evaluated on the P: and A: records. on_point(row) is called as each row is ready."""
-    from .checkpoint import list_checkpoints, model_from_checkpoint
+    from .checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
     from .paths import read_jsonl
 
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
-        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint; train with "
-                                f"--checkpoint-interval N --keep-checkpoints 0 to keep one every N steps")
+        raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
+                                  f"--out-dir, trained with --checkpoint-interval N --keep-checkpoints 0)")
     history = [obj for _, obj, err in read_jsonl(run_dir / "metrics.jsonl", torn_tail=True) if err is None]
     rows = []
     for step, path in found:
@@ -440,16 +440,16 @@ def cli(argv: list[str] | None = None) -> int:
 
 def _curve_cli(args, cfg: EvalConfig) -> int:
     from . import data
+    from .paths import atomic_write
 
     suites = {key: data.load_jsonl(data.data_file(key, "test", args.data_dir), task=key).records for key in ("P", "A")}
-    cfg = replace(cfg, selfplay_games=0)
 
     def show(row):
         print(json.dumps({k: v["value"] if isinstance(v, dict) else v for k, v in row.items()}), file=sys.stderr)
 
     rows = checkpoint_curve(args.model, suites["P"], suites["A"], cfg, on_point=show)  # capped by cfg.max_*
     out = Path(args.model) / "curve.json"
-    out.write_text(json.dumps(rows, indent=1) + "\n")
+    atomic_write(out, lambda f: f.write((json.dumps(rows, indent=1) + "\n").encode()))
     print(json.dumps(rows) if args.json else curve_table(rows).to_string())
     print(f"written: {out}", file=sys.stderr)
     return 0

@@ -183,8 +183,9 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
             fig.add_scatter(x=[r[x] for r in pts], y=ys, error_y=err, mode="lines+markers", name=name,
                             legendgroup=name, showlegend=j == 0, line=dict(color=color),
                             row=j // 3 + 1, col=j % 3 + 1)
-    fig.update_xaxes(title_text=CURVE_X[x], row=2)
-    return fig.update_layout(title=title, height=650, width=1100)
+    fig.update_xaxes(type="log")  # a learning curve's budgets span orders of magnitude
+    fig.update_xaxes(title_text=f"{CURVE_X[x]}, log scale", row=2)
+    return fig.update_layout(title=title, height=700, width=1100, legend=dict(orientation="h", y=-0.14))
 
 
 class LiveCurves:

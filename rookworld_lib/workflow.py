@@ -122,12 +122,11 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str
 
 def datagen_config(p: Profile, out_dir: Path, exclude_dir: Path, workers: int | None = None):
     """The profile's own training data: generated into out_dir, never on exclude_dir's val/test positions."""
-    import os
-
     from .datagen import DatagenConfig
+    from .engine import usable_cores
 
     return DatagenConfig(**{**p.datagen, "out_dir": str(out_dir), "exclude_dir": str(exclude_dir),
-                            "workers": workers or len(os.sched_getaffinity(0))})
+                            "workers": workers or usable_cores()})
 
 
 def _budget(p: Profile, layout: str) -> int:
@@ -217,8 +216,9 @@ def chess_verdict(strict) -> str:
 def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, float], strict=None) -> str:
     """Markdown for the run report: stage times, the before/after table, the strict chess metrics
     (an `evaluate.paired_change` table) and the verdicts."""
-    g = profile.grpo
-    lines = [f"## Training ({profile.name} profile: {profile.sft.model}, {profile.sft.max_steps} SFT steps, "
+    g, shape = profile.grpo, profile.sft.model_config()
+    lines = [f"## Training ({profile.name} profile: {profile.sft.model} at {shape.n_layer} x {shape.n_embd}, "
+             f"{profile.sft.max_steps} SFT steps, "
              f"{g.steps} GRPO steps of {g.prompts_per_step}x{g.group_size})", "",
              "| stage | wall time (s) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]

@@ -183,5 +183,5 @@ def test_exclude_dir_keeps_the_shipped_held_out_positions_out_of_every_split():
     assert not [s for s in kept if tasks.position_key(s["fen"]) in held]
     strip = lambda rows: [(s["split"], s["game"], s["fen"], s.get("move")) for s in rows]  # noqa: E731
     assert strip(kept) == strip([s for s in plain if tasks.position_key(s["fen"]) not in held])
-    with pytest.raises(FileNotFoundError, match="exclude_dir="):
+    with pytest.raises(ValueError, match="DatagenConfig.exclude_dir="):
         datagen.heldout_positions(data.DATA_DIR / "nope")

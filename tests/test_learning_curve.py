@@ -1,0 +1,130 @@
+"""The learning curve (issue 14): every checkpoint of an SFT run evaluated on the strict metrics
+(`evaluate.checkpoint_curve`, `rookworld eval --every-checkpoint`), its figure, the measured curve
+shipped in docs/, and the cpu-long profile that trains on data of its own."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from rookworld_lib import cli, data, evaluate, pipeline, workflow
+from rookworld_lib.checkpoint import export_hf, list_checkpoints, model_from_checkpoint
+from rookworld_lib.model import GPT
+from rookworld_lib.paths import DATA_DIR, DOCS_DIR, NOTEBOOKS_DIR, read_jsonl
+from rookworld_lib.plots import learning_curve_figure
+from rookworld_lib.train_sft import train_sft
+
+EVAL = evaluate.EvalConfig(max_new_tokens=12, batch_size=8, selfplay_games=0)
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """A ci-sized SFT run over the task vocabulary with a checkpoint every 2 of its 6 steps."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("sft")
+    cfg = workflow.sft_config(workflow.resolve("ci", sft_steps=6), out, DATA_DIR, seed=0)
+    cfg = dataclasses.replace(cfg, checkpoint_interval=2, keep_checkpoints=0, eval_interval=3, progress=False,
+                              report_to="none")
+    train_sft(cfg)
+    return out, cfg
+
+
+def _records():
+    return data.load_split("P", "test").records[:6], data.load_split("A", "test").records[:6]
+
+
+def test_checkpoint_curve_equals_each_checkpoints_export_evaluated_on_its_own(sft_run):
+    run, cfg = sft_run
+    test_p, test_a = _records()
+    seen = []
+    rows = evaluate.checkpoint_curve(run, test_p, test_a, EVAL, on_point=seen.append)
+    assert seen == rows and [r["step"] for r in rows] == [2, 4, 6]
+    history = [obj for _, obj, _ in read_jsonl(run / "metrics.jsonl")]
+    for row, (step, path) in zip(rows, list_checkpoints(run / "checkpoints")):
+        # the reference: the checkpoint written out as a Hugging Face model, loaded back, evaluated alone
+        model = GPT.from_pretrained(export_hf(path, run / f"hf-{step}")).eval()
+        ref = {**evaluate.evaluate_policy(model, test_p, EVAL), **evaluate.evaluate_environment(model, test_a, EVAL)}
+        assert {m: (row[m]["value"], row[m]["n"]) for m in evaluate.STRICT_METRICS} == \
+            {m: (ref[m].value, ref[m].n) for m in evaluate.STRICT_METRICS}
+        assert row["tokens"] == step * cfg.batch_size * cfg.grad_accum * cfg.block_size
+        assert row["train_wall_s"] == pytest.approx(sum(r["time/step"] for r in history if 0 < r["step"] <= step), abs=0.06)
+        vals = [(r["step"], r["eval/loss"]) for r in history if r["step"] <= step and r.get("eval/loss") is not None]
+        assert (row["val_loss_step"], row["val_loss"]) == vals[-1]
+        assert row["train_loss"] == next(r["loss"] for r in history if r["step"] == step)
+        for m in evaluate.STRICT_METRICS:
+            assert row[m]["low"] <= row[m]["value"] <= row[m]["high"]
+    table = evaluate.curve_table(rows)
+    assert list(table.index) == [2, 4, 6] and list(table.columns[-5:]) == list(evaluate.STRICT_METRICS)
+
+
+def test_model_from_checkpoint_is_the_full_vocabulary_model_export_hf_writes(sft_run):
+    run, _ = sft_run
+    step, path = list_checkpoints(run / "checkpoints")[-1]
+    model = model_from_checkpoint(path)
+    exported = GPT.from_pretrained(export_hf(path, run / "hf-last"))
+    assert model.config.vocab_size == 50257  # the task vocabulary expanded back to GPT-2's
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), exported.state_dict().values()))
+
+
+def test_eval_every_checkpoint_writes_curve_json_and_names_a_run_without_checkpoints(sft_run, tmp_path, capsys):
+    run, _ = sft_run
+    assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "4", "--max-env", "4",
+                     "--max-new-tokens", "12", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    written = json.loads((run / "curve.json").read_text())
+    assert printed == written and [r["step"] for r in written] == [2, 4, 6]
+    assert all(r["policy/valid"]["n"] == 4 and r["env/valid"]["n"] == 4 for r in written)
+    assert cli.main(["eval", str(tmp_path), "--every-checkpoint"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rookworld eval: error: ") and "no step_*.pt checkpoint" in err[-1]
+
+
+def test_learning_curve_figure_draws_every_metric_with_its_interval():
+    rows = [{"step": s, "tokens": 1000 * s, "train_wall_s": 2.0 * s, "val_loss": 3.0 - s / 10,
+             **{m: {"value": 0.1 * s, "low": 0.05 * s, "high": 0.2 * s, "n": 100} for m in evaluate.STRICT_METRICS}}
+            for s in (1, 2)]
+    fig = learning_curve_figure({"a": rows, "b": rows[:1]}, x="train_wall_s")
+    assert len(fig.data) == 2 * 6 and sum(t.showlegend for t in fig.data) == 2
+    valid = next(t for t in fig.data if t.name == "a" and t.yaxis == "y2")  # the policy/valid panel
+    assert list(valid.x) == [2.0, 4.0] and list(valid.y) == pytest.approx([10.0, 20.0])
+    assert list(valid.error_y.array) == pytest.approx([10.0, 20.0]) and list(valid.error_y.arrayminus) == pytest.approx([5.0, 10.0])
+    with pytest.raises(ValueError, match="x='step'"):
+        learning_curve_figure({"a": rows}, x="step")
+
+
+def test_the_shipped_learning_curve_is_well_formed():
+    """docs/learning_curve.json holds the measured runs that notebook 05 and docs/learning_curve.md show."""
+    curves = json.loads((DOCS_DIR / "learning_curve.json").read_text())
+    assert len(curves) >= 2
+    for name, run in curves.items():
+        assert run["command"] and run["machine"], name
+        tokens = [r["tokens"] for r in run["rows"]]
+        assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), name
+        for r in run["rows"]:
+            assert math.isfinite(r["val_loss"]) and r["train_wall_s"] > 0
+            for m in evaluate.STRICT_METRICS:
+                e = r[m]
+                assert 0 <= e["low"] <= e["value"] <= e["high"] <= 1 and e["n"] >= 500, (name, r["step"], m)
+                assert evaluate.wilson(round(e["value"] * e["n"]), e["n"]).low == pytest.approx(e["low"])
+
+
+def test_cpu_long_profile_trains_on_its_own_data_and_is_measured_on_the_shipped_test_split(tmp_path):
+    prof = workflow.resolve("cpu-long")
+    gen = workflow.datagen_config(prof, tmp_path / "data", DATA_DIR, workers=2)
+    assert gen.exclude_dir == str(DATA_DIR) and gen.out_dir == str(tmp_path / "data") and gen.env_rate == 1.0
+    (tmp_path / "data").mkdir()
+    for name in ("policy_train.jsonl", "env_train.jsonl"):  # SFTConfig checks that its files exist
+        (tmp_path / "data" / name).write_text((DATA_DIR / name).read_text())
+    sft = workflow.sft_config(prof, tmp_path / "sft", DATA_DIR, seed=0, train_dir=tmp_path / "data")
+    assert sft.train_data == (str(tmp_path / "data" / "policy_train.jsonl"), str(tmp_path / "data" / "env_train.jsonl"))
+    assert sft.val_data == (str(DATA_DIR / "policy_val.jsonl"), str(DATA_DIR / "env_val.jsonl"))
+    assert sft.checkpoint_interval > 0 and sft.keep_checkpoints == 0  # every checkpoint stays: a curve
+    assert workflow.resolve("cpu").datagen is None
+    # `rookworld run --profile cpu-long` reaches notebook 05, and every notebook that takes a profile accepts it
+    assert pipeline.PROFILES["cpu-long"] == {"profile": "cpu-long"}
+    for name in ("02_forward_pass_health", "05_full_training"):
+        nb = json.loads((NOTEBOOKS_DIR / f"{name}.ipynb").read_text())
+        assert any("cpu-long" in "".join(c["source"]) or "sorted(workflow.PROFILES)" in "".join(c["source"])
+                   for c in nb["cells"] if "check(\"profile\"" in "".join(c["source"])), name
