@@ -273,7 +273,11 @@ def json_lines(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
                 raise DataFormatError(f"{path}:{lineno}: {reason}")
             yield lineno, value
     except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
-        raise DataFormatError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+        raise DataFormatError(_unreadable(path, exc)) from None
+
+
+def _unreadable(path, exc: OSError | EOFError) -> str:
+    return f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})"
 
 
 def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: str = "raise") -> LoadedData:
@@ -297,7 +301,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
             else:
                 skipped.append(LineError(str(path), lineno, reason))
     except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
-        raise DataFormatError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc}); {fix}") from None
+        raise DataFormatError(f"{_unreadable(path, exc)}; {fix}") from None
     if not records and not skipped:
         raise DataFormatError(f"{path}: no records (the file is empty); {fix}")
     if skipped:
@@ -335,7 +339,7 @@ def iter_records(paths, *, task: str | None = None) -> Iterator[tuple[str, int, 
                     raise DataFormatError(str(LineError(str(path), lineno, reason)))
                 yield str(path), lineno, rec
         except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
-            raise DataFormatError(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+            raise DataFormatError(_unreadable(path, exc)) from None
 
 
 def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> Path:

@@ -314,12 +314,7 @@ def env_record(s: dict) -> dict:
     sampling pass (`after`: new FEN and outcome), which is tasks.environment_step's without parsing
     the FEN again (a third of the cost; tests/test_datagen.py checks they agree on every move)."""
     if "after" in s:
-        new_fen, outcome = s["after"]
-        reward = tasks.REWARD_LEGAL if outcome is None else tasks.REWARD_WIN if outcome.winner is not None \
-            else tasks.REWARD_DRAW
-        tr = tasks.EnvTransition(s["fen"], s["move"], (*s["previous"], s["move"])[-tasks.HISTORY_LEN:], new_fen,
-                                 reward, int(outcome is not None), 0, "legal",
-                                 outcome.termination.name.lower() if outcome else None)
+        tr = tasks.legal_transition(s["fen"], s["move"], s["previous"], *s["after"])
     else:
         tr = tasks.environment_step(s["fen"], s["move"], s["previous"])
     return _record("A", s, "-x1" if s.get("wrong") else "", move=tr.move, history=list(tr.history),

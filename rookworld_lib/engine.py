@@ -668,7 +668,7 @@ class UciAnalyser:
 
     def __init__(self, path: str, settings: EngineSettings, floor: float = TIMEOUT_FLOOR_S):
         limit = settings.limit
-        self.go = "go" + "".join(f" {k} {getattr(limit, k)}" for k in ("depth", "nodes") if getattr(limit, k))
+        self.go = _go_command(limit)
         self.limit_key, self.multipv = settings.limit_key, settings.multipv
         self.timeout, self.floor = search_timeout(limit, settings.multipv, floor), floor
         self.dead, self.name = False, "unknown"
@@ -737,8 +737,7 @@ class UciAnalyser:
         root = board.root().fen(en_passant="fen")
         position = "startpos" if root == chess.STARTING_FEN else f"fen {root}"
         moves = " ".join(m.uci() for m in board.move_stack)
-        go = "go" + "".join(f" {k} {getattr(limit, k)}" for k in ("depth", "nodes") if getattr(limit, k))
-        last = self._exchange(f"position {position}{' moves ' + moves if moves else ''}\n{go}\n", "bestmove",
+        last = self._exchange(f"position {position}{' moves ' + moves if moves else ''}\n{_go_command(limit)}\n", "bestmove",
                               search_timeout(limit, 1, self.floor))[-1]
         return chess.Move.from_uci(last.split()[1])
 
@@ -751,6 +750,11 @@ class UciAnalyser:
             self.proc.stdin.close()
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=5)
+
+
+def _go_command(limit: chess.engine.Limit) -> str:
+    """The UCI `go` line of a depth or node limit."""
+    return "go" + "".join(f" {k} {getattr(limit, k)}" for k in ("depth", "nodes") if getattr(limit, k))
 
 
 def _to_analysis(fen: str, turn: chess.Color, infos: list, limit: str) -> Analysis:

@@ -359,14 +359,15 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
     checkpoint is evaluated on the P: and A: records. on_point(row) is called as each row is ready."""
     from .checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
-    from .paths import read_jsonl
+    from .train_sft import METRICS_FILE
+    from .train_utils import read_metrics
 
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
                                   f"--out-dir, trained with --checkpoint-interval N --keep-checkpoints 0)")
-    history = [obj for _, obj, err in read_jsonl(run_dir / "metrics.jsonl", torn_tail=True) if err is None]
+    history = read_metrics(run_dir / METRICS_FILE)
     rows = []
     for step, path in found:
         model = model_from_checkpoint(path).eval()
@@ -442,7 +443,7 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
     from . import data
     from .paths import atomic_write
 
-    suites = {key: data.load_jsonl(data.data_file(key, "test", args.data_dir), task=key).records for key in ("P", "A")}
+    suites = {key: data.load_split(key, "test", args.data_dir).records for key in ("P", "A")}
 
     def show(row):
         print(json.dumps({k: v["value"] if isinstance(v, dict) else v for k, v in row.items()}), file=sys.stderr)

@@ -557,8 +557,15 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
         kind = "illegal" if is_uci_syntax(move) else "unparseable"
         return EnvTransition(fen, move, history, fen, REWARD_ILLEGAL, 0, 1, kind)
     board.push(legal)
-    new_fen = canonical_fen(board)
-    outcome = board.outcome(claim_draw=False)  # the position alone: ten moves of history cannot prove a repetition
+    # the position alone decides the outcome: ten moves of history cannot prove a repetition
+    return legal_transition(fen, move, previous_moves, canonical_fen(board), board.outcome(claim_draw=False))
+
+
+def legal_transition(fen: str, move: str, previous_moves: Iterable[str], new_fen: str,
+                     outcome: chess.Outcome | None) -> EnvTransition:
+    """The transition of a legal `move` from `fen`, given the position it reaches and that position's
+    outcome (``board.outcome(claim_draw=False)``): for a caller that has the board after the move."""
+    history = (*previous_moves, move)[-HISTORY_LEN:]
     if outcome is None:
         return EnvTransition(fen, move, history, new_fen, REWARD_LEGAL, 0, 0, "legal")
     reward = REWARD_WIN if outcome.winner is not None else REWARD_DRAW

@@ -534,11 +534,11 @@ class SFTTrainer(Trainer):
 
     def _load_data(self, train_texts, val_texts) -> None:
         cfg = self.cfg
+        if train_texts is None and not cfg.train_data:
+            raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
         if cfg.stream and train_texts is None and val_texts is None:
             return self._stream_data()
         if train_texts is None:
-            if not cfg.train_data:
-                raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
             train_texts = load_texts(cfg.train_data, layout=self.layout)
         if val_texts is None and cfg.val_data:
             val_texts = load_texts(cfg.val_data, layout=self.layout)
@@ -564,8 +564,6 @@ class SFTTrainer(Trainer):
     def _stream_data(self) -> None:
         """stream=True: both streams read their files as they go (see StreamingPackedStream)."""
         cfg = self.cfg
-        if not cfg.train_data:
-            raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
         if cfg.eval_interval > 0 and not cfg.val_data:
             raise ValueError("SFTConfig.stream=True holds no samples back for val: set val_data, or eval_interval=0")
         opts = dict(seed=cfg.seed, layout=self.layout, buffer=cfg.shuffle_buffer)

@@ -53,7 +53,7 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
                             resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **(model_overrides or {})}),
                      **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
-                        loss=grpo_lib.GRPOConfig(beta=beta, temperature=grpo.get("temperature", 1.0)), **grpo),
+                        loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
         EvalConfig(**evals), eval_mate, heldout, datagen)
 
 
@@ -62,6 +62,8 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
 # 1e-4 halves the valid A: answers (docs/learning_curve.md)
 _CPU_GRPO = dict(steps=40, prompts_per_step=8, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=16,
                  temperature=0.7)
+_CPU_EVALS = dict(evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40), eval_mate=50,
+                  heldout=160)  # the whole test split
 
 
 PROFILES = {
@@ -72,18 +74,14 @@ PROFILES = {
                    eval_mate=4, heldout=8),
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
-                    grpo=_CPU_GRPO, beta=0.04,
-                    evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40),
-                    eval_mate=50, heldout=160),
+                    grpo=_CPU_GRPO, beta=0.04, **_CPU_EVALS),
     # about 70 minutes on 2 idle cores: data ~10 min (700 games: ~43k P: labels, ~85k A: moves), SFT
     # 6,000 steps of 8 x 256 tokens (12M tokens, ~1.5 P: epochs; a checkpoint every 1,500 steps for the
     # learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO as cpu's, 80 steps
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
                          sft=dict(max_steps=6000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200, vocab="task",
                                   checkpoint_interval=1500, keep_checkpoints=0),
-                         grpo={**_CPU_GRPO, "steps": 80}, beta=0.04,
-                         evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40),
-                         eval_mate=50, heldout=160,
+                         grpo={**_CPU_GRPO, "steps": 80}, beta=0.04, **_CPU_EVALS,
                          datagen=dict(games=700, policy_rate=0.5, env_rate=1.0, mate_games=0, seed=20261125)),
     "gpu": _profile("gpu", "cuda", "gpt2",
                     sft=dict(max_steps=4000, batch_size=32, block_size=512, lr=6e-4, warmup_steps=200),
