@@ -52,7 +52,7 @@ def main() -> int:
         for i in range(args.lines):
             fh.write(lines[i % len(lines)] + "\n")
     t0 = time.perf_counter()
-    proc = subprocess.run(["/usr/bin/time", "-f", "maxrss_kib=%M", sys.executable, "-m", "rookworld_lib.cli", "convert", str(src), "--out", str(work / "out"),
+    proc = subprocess.run(["/usr/bin/time", "-f", "maxrss_kib=%M", sys.executable, "-m", "rookworld_lib.lab.cli", "convert", str(src), "--out", str(work / "out"),
                            "--workers", str(args.workers), "--no-progress", "--json"],
                           capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0

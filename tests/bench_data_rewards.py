@@ -20,7 +20,7 @@ import time
 
 import chess
 
-from rookworld_lib import data, engine, rewards
+from rookworld_lib.chess import data, engine, rewards
 
 
 def _children_cpu() -> float:

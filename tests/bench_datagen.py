@@ -25,8 +25,8 @@ import tempfile
 import threading
 import time
 
-from rookworld_lib import data, datagen, engine
-from rookworld_lib.tokenizer import get_tokenizer
+from rookworld_lib.chess import data, datagen, engine
+from rookworld_lib.core.tokenizer import get_tokenizer
 
 
 def _cpu() -> tuple[float, float]:
@@ -135,7 +135,7 @@ def bench_games(n: int) -> None:
 
 def bench_loader(mode: str, files: list[str], batches: int, batch_size: int, block_size: int,
                  full_pass: bool = False) -> None:
-    from rookworld_lib.train_sft import PackedStream, StreamingPackedStream, load_texts
+    from rookworld_lib.core.train_sft import PackedStream, StreamingPackedStream, load_texts
 
     t0 = time.perf_counter()
     if mode == "stream":

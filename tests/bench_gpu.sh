@@ -17,7 +17,7 @@ for part in $parts; do
       $py -m pytest -q -p no:cacheprovider tests/test_sampling.py tests/test_model.py tests/test_lm_head_loss.py \
         tests/test_train_utils.py tests/test_perf.py 2>&1 | tail -n 15 || status=1 ;;
     bench)    # GPT-2 124M, bf16, side by side with transformers and TRL, plus the rollout sweep
-      $py -m rookworld_lib.cli bench --device cuda --rollout-sweep --json --out "$out/bench_gpu.json" \
+      $py -m rookworld_lib.lab.cli bench --device cuda --rollout-sweep --json --out "$out/bench_gpu.json" \
         > "$out/bench_gpu.log" 2>&1 || status=1
       tail -n 25 "$out/bench_gpu.log" | grep '^\[bench\]' ;;
     scaling)  # one-GPU SFT tokens/s (with MFU) and GRPO samples/s

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-ROOKWORLD = [sys.executable, "-m", "rookworld_lib.cli"]
+ROOKWORLD = [sys.executable, "-m", "rookworld_lib.lab.cli"]
 
 
 def run(args: list[str], threads: int) -> None:
@@ -80,8 +80,8 @@ def main() -> None:
                                   f"{args.dtype}, compile {args.compile}, vocab padded to a multiple of "
                                   f"{args.pad_vocab}", "tokens_per_s_1": s1}
         if gpu:
-            from rookworld_lib import perf
-            from rookworld_lib.model import GPTConfig
+            from rookworld_lib.lab import perf
+            from rookworld_lib.core.model import GPTConfig
             flops = perf.flops_per_token(GPTConfig.preset(args.model), args.block_size, "train") * s1
             peak = perf.table_peak(out["gpu"], "bf16" if args.dtype in ("auto", "bf16") else "fp32")
             out["sft"]["model_tflops"] = flops / 1e12

@@ -8,9 +8,9 @@ import sys
 
 import torch
 
-from rookworld_lib import distributed, grpo
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+from rookworld_lib.core import distributed, grpo
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
 
 def reward(item, text):

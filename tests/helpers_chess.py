@@ -10,9 +10,9 @@ import time
 import chess
 import pytest
 
-from rookworld_lib import data, tasks
-from rookworld_lib.engine import stockfish_available
-from rookworld_lib.reward_examples import MUTATION_ALPHABET, mutate_text
+from rookworld_lib.chess import data, tasks
+from rookworld_lib.chess.engine import stockfish_available
+from rookworld_lib.chess.reward_examples import MUTATION_ALPHABET, mutate_text
 
 needs_stockfish = pytest.mark.skipif(not stockfish_available(), reason="Stockfish is not installed")
 

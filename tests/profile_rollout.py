@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.sampling import SamplingConfig, generate
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.sampling import SamplingConfig, generate
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ TEXTS = chess_texts()
 
 
 def tiny_cfg(out_dir, **kw):
-    from rookworld_lib.train_sft import SFTConfig
+    from rookworld_lib.core.train_sft import SFTConfig
 
     base = dict(model="tiny", model_overrides=TINY_MODEL, block_size=32, batch_size=2, max_steps=6, warmup_steps=2,
                 lr=3e-3, min_lr=3e-4, eval_interval=0, checkpoint_interval=2, out_dir=str(out_dir), progress=False,
@@ -127,7 +127,7 @@ def sigkill(proc: subprocess.Popen) -> None:
 
 
 def last_step(metrics: Path) -> int:
-    from rookworld_lib.train_utils import read_metrics
+    from rookworld_lib.core.train_utils import read_metrics
 
     return max((r["step"] for r in read_metrics(metrics)), default=-1) if metrics.exists() else -1
 
@@ -146,8 +146,8 @@ def _child_main(argv: list[str]) -> None:
     ap.add_argument("--pause-at-pointer", nargs=2, default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from rookworld_lib import checkpoint as ck
-    from rookworld_lib.train_sft import SFTConfig, train_sft
+    from rookworld_lib.core import checkpoint as ck
+    from rookworld_lib.core.train_sft import SFTConfig, train_sft
 
     def wait_to_be_killed(marker: str, step: int) -> None:
         # whole or absent: the test kills this process as soon as the marker exists

@@ -37,7 +37,7 @@ def test_quick_json_bench_at_tiny_size(capsys):
 
 
 def test_hf_tokenizer_matches_tiktoken():
-    from rookworld_lib.tokenizer import get_tokenizer
+    from rookworld_lib.core.tokenizer import get_tokenizer
 
     hf = bench.hf_gpt2_tokenizer()
     enc = get_tokenizer()

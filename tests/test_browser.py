@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rookworld_lib.paths import NOTEBOOKS_DIR, RUNS_DIR
+from rookworld_lib.core.paths import NOTEBOOKS_DIR, RUNS_DIR
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
 SCREENSHOTS = RUNS_DIR / "browser-test"

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 import torch
 
-from rookworld_lib import checkpoint as ck
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.train_utils import WarmupCosineSchedule, build_adamw
+from rookworld_lib.core import checkpoint as ck
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.train_utils import WarmupCosineSchedule, build_adamw
 
 
 def small_model(seed=0):
@@ -207,8 +207,8 @@ def test_flipped_bytes_are_refused_by_their_checksum(tmp_path):
 
 KILL_DURING_SAVE = textwrap.dedent("""
     import os, signal, sys, torch
-    from rookworld_lib import checkpoint as ck
-    from rookworld_lib.model import GPT, GPTConfig
+    from rookworld_lib.core import checkpoint as ck
+    from rookworld_lib.core.model import GPT, GPTConfig
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=16))
     state = ck.training_state(step=1, model=model)
@@ -301,8 +301,8 @@ def test_a_checkpoint_directory_below_a_file_is_named(tmp_path):
 def test_hf_directory_errors_name_the_file(tmp_path):
     from safetensors import SafetensorError
 
-    from rookworld_lib import model as model_module
-    from rookworld_lib.model import CheckpointFormatError
+    from rookworld_lib.core import model as model_module
+    from rookworld_lib.core.model import CheckpointFormatError
 
     small_model().save_pretrained(tmp_path / "m")
     weights, config = tmp_path / "m" / "model.safetensors", tmp_path / "m" / "config.json"
@@ -336,7 +336,7 @@ def test_hf_directory_errors_name_the_file(tmp_path):
 def test_prompt_prefix_travels_in_config_json(tmp_path):
     """How the model must be prompted is written beside its layout, so transformers, TRL or vLLM
     users can read it; a directory without the key (a RookWorld-LM download) gets none."""
-    from rookworld_lib.model import PROMPT_PREFIX_KEY, CheckpointFormatError
+    from rookworld_lib.core.model import PROMPT_PREFIX_KEY, CheckpointFormatError
 
     small_model().save_pretrained(tmp_path / "m")
     path = tmp_path / "m" / "config.json"

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from rookworld_lib import config
+from rookworld_lib.core import config
 
 
 # ---- config helpers ---------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import chess
 import chess.engine
 import pytest
 
-from rookworld_lib.cli import main
-from rookworld_lib import convert, data, evaluate, rewards, tasks
-from rookworld_lib.tokenizer import get_tokenizer
+from rookworld_lib.lab.cli import main
+from rookworld_lib.chess import convert, data, evaluate, rewards, tasks
+from rookworld_lib.core.tokenizer import get_tokenizer
 
 ENC = get_tokenizer()
 
@@ -316,10 +316,10 @@ def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
 def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_layout(tmp_path, capfd):
     import torch
 
-    from rookworld_lib import train_grpo
-    from rookworld_lib.model import LAYOUT_KEY, PROMPT_PREFIX_KEY
-    from rookworld_lib.model import GPT
-    from rookworld_lib.train_sft import SFTConfig, train_sft
+    from rookworld_lib.core import train_grpo
+    from rookworld_lib.core.model import LAYOUT_KEY, PROMPT_PREFIX_KEY
+    from rookworld_lib.core.model import GPT
+    from rookworld_lib.core.train_sft import SFTConfig, train_sft
 
     pol, env = write_original_files(tmp_path)
     for split in ("train", "test"):

@@ -16,9 +16,9 @@ import chess.engine
 import pytest
 from helpers_chess import default_sigint, needs_stockfish, random_positions, shipped, wait_gone
 
-from rookworld_lib import data, datagen, tasks
-from rookworld_lib.engine import EnginePool, EngineSettings, parse_limit_key
-from rookworld_lib.paths import DATA_DIR, JsonlAppender, read_jsonl, write_jsonl
+from rookworld_lib.chess import data, datagen, tasks
+from rookworld_lib.chess.engine import EnginePool, EngineSettings, parse_limit_key
+from rookworld_lib.core.paths import DATA_DIR, JsonlAppender, read_jsonl, write_jsonl
 
 
 SHIPPED = datagen.DatagenConfig(test_games=16)  # the data card's command: its games and their splits
@@ -392,7 +392,7 @@ def start_until_labelled(args: list[str], labels: Path, n: int, **popen) -> subp
 def test_sigkilled_generation_resumes(reference_run, tmp_path):
     """A real kill -9 of `rookworld datagen` mid-run, then the same command again."""
     ref_dir, ref = reference_run
-    args = [sys.executable, "-c", "import sys; from rookworld_lib.cli import main; sys.exit(main(sys.argv[1:]))",
+    args = [sys.executable, "-c", "import sys; from rookworld_lib.lab.cli import main; sys.exit(main(sys.argv[1:]))",
             "datagen", "--out", str(tmp_path), "--no-progress", "--games", str(TINY["games"]),
             "--mate-games", str(TINY["mate_games"]), "--depth", str(TINY["depth"]),
             "--max-plies", str(TINY["max_plies"]), "--workers", "2"]

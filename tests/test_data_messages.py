@@ -14,8 +14,8 @@ import pytest
 from helpers_chess import needs_stockfish, shipped
 from test_data import start_until_labelled
 
-from rookworld_lib import convert, data, datagen, engine
-from rookworld_lib.cli import main
+from rookworld_lib.chess import convert, data, datagen, engine
+from rookworld_lib.lab.cli import main
 
 pytestmark = pytest.mark.fault
 
@@ -67,7 +67,7 @@ def test_validate_without_files_is_an_error(tmp_path, capsys):
 def test_grpo_names_an_empty_policy_file(tmp_path, capsys):
     import torch
 
-    from rookworld_lib.model import GPT, GPTConfig
+    from rookworld_lib.core.model import GPT, GPTConfig
 
     torch.manual_seed(0)
     GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(tmp_path / "hf")
@@ -162,7 +162,7 @@ def test_an_engine_that_dies_at_its_first_search_ends_datagen_in_one_line(tmp_pa
     fake.write_text(FAKE_ENGINE.format(python=sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "rookworld_lib.cli", *DATAGEN, "--out", str(out), "--stockfish", str(fake),
+    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", *DATAGEN, "--out", str(out), "--stockfish", str(fake),
            "--random-share", "0", "--opening-share", "0"]  # every game needs the engine
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -195,7 +195,7 @@ def test_an_engine_failure_mid_labelling_keeps_every_finished_label(tmp_path, mo
 
 @needs_stockfish
 def test_sigint_during_datagen_exits_130_in_one_line_and_resumes(tmp_path):
-    cmd = [sys.executable, "-m", "rookworld_lib.cli", *DATAGEN, "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", *DATAGEN, "--out", str(tmp_path)]
     labels = tmp_path / ".datagen-work" / "labels.jsonl"
     proc = start_until_labelled(cmd, labels, 3, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     os.kill(proc.pid, signal.SIGINT)  # as the user's Ctrl-C reaches datagen

@@ -9,9 +9,9 @@ import pytest
 import torch
 from sft_helpers import math_fields, tiny_cfg
 
-from rookworld_lib import data
+from rookworld_lib.chess import data
 from rookworld_lib import train_sft as sft
-from rookworld_lib.tokenizer import EOT_ID, get_tokenizer
+from rookworld_lib.core.tokenizer import EOT_ID, get_tokenizer
 
 
 @pytest.fixture(scope="module")

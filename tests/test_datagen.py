@@ -10,8 +10,8 @@ import chess
 import pytest
 from helpers_chess import needs_stockfish
 
-from rookworld_lib import data, datagen, tasks
-from rookworld_lib.engine import EnginePool, EngineSettings
+from rookworld_lib.chess import data, datagen, tasks
+from rookworld_lib.chess.engine import EnginePool, EngineSettings
 
 TINY = dict(games=10, mate_games=3, depth=4, max_plies=60, workers=2)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rookworld_lib import distributed
-from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.core import distributed
+from rookworld_lib.core.model import GPT, GPTConfig
 
 WORKER = Path(__file__).with_name("dist_grpo_worker.py")
 

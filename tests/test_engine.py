@@ -13,9 +13,9 @@ import chess
 import pytest
 from helpers_chess import engine_pids, needs_stockfish, random_positions, wait_gone
 
-from rookworld_lib import engine
-from rookworld_lib.engine import EnginePool, EngineSettings
-from rookworld_lib.tasks import Eval
+from rookworld_lib.chess import engine
+from rookworld_lib.chess.engine import EnginePool, EngineSettings
+from rookworld_lib.chess.tasks import Eval
 
 pytestmark = needs_stockfish
 
@@ -236,7 +236,7 @@ def test_session_reproducible_and_recovers(monkeypatch):
 SCRIPT = textwrap.dedent("""
     import chess
     from helpers_chess import engine_pids
-    from rookworld_lib import engine, rewards, tasks
+    from rookworld_lib.chess import engine, rewards, tasks
     fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
     prompt = tasks.policy_prompt(fen)
     for best in ("f1b5", "b1c3", "a2a3", "e1e2", "h1h5"):

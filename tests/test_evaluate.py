@@ -4,9 +4,9 @@ import chess
 import pytest
 import torch
 
-from rookworld_lib import evaluate as ev
+from rookworld_lib.chess import evaluate as ev
 from rookworld_lib import tasks
-from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.core.model import GPT, GPTConfig
 
 
 def test_wilson_known_values():
@@ -136,7 +136,7 @@ def test_results_to_json_is_strict_json():
 
 def test_prompts_carry_the_models_prompt_prefix(monkeypatch):
     """Evaluation prompts a model as its SFT trained it (EOT first) unless told otherwise."""
-    from rookworld_lib.tokenizer import EOT_ID, encode
+    from rookworld_lib.core.tokenizer import EOT_ID, encode
 
     seen = []
     real = ev.generate

@@ -1,4 +1,4 @@
-"""The explorers of rookworld_lib.explore, driven without a browser: state changes, rows, static snapshots.
+"""The explorers of rookworld_lib.lab.explore, driven without a browser: state changes, rows, static snapshots.
 
 References are independent of explore.py: python-chess legality, rewards.score, grpo.group_advantages,
 a plain forward pass for log-probs, and the aggregation formulas of grpo.GRPOConfig's docstring.
@@ -14,10 +14,12 @@ import chess
 import pytest
 import torch
 
-from rookworld_lib import data, explore, grpo, rewards, tasks
-from rookworld_lib.engine import stockfish_available
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.tokenizer import EOT_ID, encode, encode_prompt
+from rookworld_lib.chess import data, rewards, tasks
+from rookworld_lib.lab import explore
+from rookworld_lib.core import grpo
+from rookworld_lib.chess.engine import stockfish_available
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.tokenizer import EOT_ID, encode, encode_prompt
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,10 @@ and no traceback; `eval --json` is strict JSON.
 
 One table, one test: each row is a `rookworld` command line, a set-up that breaks something, the
 substring the one error line must hold and the exit status. Every row runs as a user runs it, in
-its own process (`python -m rookworld_lib.cli`, what the `rookworld` console script calls). Faults
+its own process (`python -m rookworld_lib.lab.cli`, what the `rookworld` console script calls). Faults
 a test cannot make for real here (a full disk, an unwritable directory as root, running out of
 memory) are simulated in that process: this file, run as a script, applies the named injection and
-then calls `rookworld_lib.cli.main`.
+then calls `rookworld_lib.lab.cli.main`.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def shared(tmp_path_factory) -> dict:
     sys.path.insert(0, str(Path(__file__).parent))
     from sft_helpers import TEXTS
 
-    from rookworld_lib.model import GPT, GPTConfig
+    from rookworld_lib.core.model import GPT, GPTConfig
 
     base = tmp_path_factory.mktemp("fault-messages")
     GPT(GPTConfig.preset("tiny", **TINY, block_size=256)).save_pretrained(base / "model")
@@ -199,7 +199,7 @@ def shares_a_process(row: Row) -> bool:
 @pytest.fixture(scope="module")
 def batch(shared) -> dict:
     """{row id: (world, CompletedProcess)} for the rows that share a process (see `shares_a_process`):
-    this file as a script with --batch calls `rookworld_lib.cli.main` for each, its stdout and stderr
+    this file as a script with --batch calls `rookworld_lib.lab.cli.main` for each, its stdout and stderr
     captured at the file-descriptor level."""
     rows = [r for r in ROWS if shares_a_process(r)]
     worlds = {r.id: world(r, shared) for r in rows}
@@ -222,7 +222,7 @@ def test_one_line_no_traceback(row: Row, shared, request):
     else:
         w = world(row, shared)
         argv = [fill(a, w) for a in row.argv]
-        prefix = [sys.executable, "-m", "rookworld_lib.cli"]  # what the `rookworld` console script runs
+        prefix = [sys.executable, "-m", "rookworld_lib.lab.cli"]  # what the `rookworld` console script runs
         if row.inject:
             prefix = [sys.executable, str(Path(__file__).resolve()), "--inject", fill(row.inject, w)]
         proc = run(prefix + argv, child_env(), row.interrupt, w["tmp"] / "run-ci" / "metrics.jsonl")
@@ -272,7 +272,7 @@ def test_rows_are_named_once():
 def _enospc_checkpoint(_arg: str) -> None:
     """A disk that fills after 4 KiB of a checkpoint file: the write fails with ENOSPC, as the
     kernel reports it (torch's zip writer turns that into 'unexpected pos')."""
-    from rookworld_lib import checkpoint as ck
+    from rookworld_lib.core import checkpoint as ck
 
     real = ck.atomic_write
 
@@ -301,7 +301,7 @@ def _enospc_export(_arg: str) -> None:
     """safetensors on a full disk: the error it raises (seen on a 20 MB tmpfs)."""
     from safetensors import SafetensorError
 
-    from rookworld_lib import model
+    from rookworld_lib.core import model
 
     def save_file(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -328,7 +328,7 @@ def _oom(_arg: str) -> None:
     """The forward pass asks for more memory than there is (what a huge batch does), for real."""
     import torch
 
-    from rookworld_lib.model import GPT
+    from rookworld_lib.core.model import GPT
 
     def forward(self, *args, **kwargs):
         return torch.empty(10**13)  # 40 TB: the allocator refuses at once
@@ -346,7 +346,7 @@ def _run_batch(jobs_file: Path) -> None:
     import tempfile
     import traceback
 
-    from rookworld_lib.cli import main
+    from rookworld_lib.lab.cli import main
 
     results = {}
     for job in json.loads(jobs_file.read_text()):
@@ -382,7 +382,7 @@ if __name__ == "__main__":
         sys.exit(0)
     name, _, arg = sys.argv[2].partition(":")  # --inject NAME[:ARG] ARGV...
     INJECTIONS[name](arg)
-    from rookworld_lib.cli import main
+    from rookworld_lib.lab.cli import main
 
     sys.exit(main(sys.argv[3:]))
 
@@ -394,7 +394,7 @@ if __name__ == "__main__":
 def test_user_errors_get_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
     import types
 
-    from rookworld_lib import cli
+    from rookworld_lib.lab import cli
 
     assert cli.user_error_message(AttributeError("'NoneType' object has no attribute 'x'")) is None
     assert cli.user_error_message(TypeError("unsupported operand")) is None

@@ -46,15 +46,16 @@ from helpers_chess import default_sigint, engine_pids, needs_stockfish
 from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
                          sigkill, start_sft_child, tiny_cfg, wait_for)
 
-from rookworld_lib import checkpoint as ck
-from rookworld_lib.cli import main
-from rookworld_lib import data, engine, grpo, reward_examples, rewards
+from rookworld_lib.core import checkpoint as ck
+from rookworld_lib.lab.cli import main
+from rookworld_lib.chess import data, engine, reward_examples, rewards
+from rookworld_lib.core import grpo
 from rookworld_lib import train_grpo as tg
-from rookworld_lib import tuning
+from rookworld_lib.lab import tuning
 from rookworld_lib import train_sft as sft
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.train_sft import SFTTrainer, train_sft
-from rookworld_lib.train_utils import read_metrics
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.train_sft import SFTTrainer, train_sft
+from rookworld_lib.core.train_utils import read_metrics
 
 pytestmark = pytest.mark.fault
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +171,7 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     args = ["--train-data", str(data_file), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
             "--max-steps", "100000", "--warmup-steps", "1", "--checkpoint-interval", "1", "--eval-interval", "0",
             "--val-fraction", "0", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path / "run")]
-    cmd = [sys.executable, "-m", "rookworld_lib.cli", "sft", "--nproc", "2", *args]
+    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -198,7 +199,7 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
             "--max-steps", "30", "--warmup-steps", "1", "--lr", "5e-4", "--min-lr", "5e-5", "--checkpoint-interval", "2",
             "--eval-interval", "0", "--val-fraction", "0", "--deterministic", "--device", "cpu", "--no-progress"]
     run = tmp_path / "two"
-    cmd = [sys.executable, "-m", "rookworld_lib.cli", "sft", "--nproc", "2", *args, "--out-dir", str(run)]
+    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args, "--out-dir", str(run)]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -215,7 +216,7 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
 
     shutil.copytree(run, tmp_path / "one")
     for out, nproc in ((run, ["--nproc", "2"]), (tmp_path / "one", [])):
-        done = subprocess.run([sys.executable, "-m", "rookworld_lib.cli", "sft", *nproc, *args, "--out-dir", str(out)],
+        done = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "sft", *nproc, *args, "--out-dir", str(out)],
                               env=child_env(), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     ref = tmp_path / "ref"
@@ -420,8 +421,8 @@ DATAGEN_ARGS = ["--games", "2", "--mate-games", "0", "--random-share", "0", "--w
 
 
 def test_datagen_with_a_broken_engine_ends_in_one_line_within_seconds(tmp_path):
-    jobs = [f"from rookworld_lib import engine\nengine.TIMEOUT_FLOOR_S = 1.0\nengine.SLOW_NODES_PER_S = 1e8\n"
-            f"from rookworld_lib.cli import main\n"
+    jobs = [f"from rookworld_lib.chess import engine\nengine.TIMEOUT_FLOOR_S = 1.0\nengine.SLOW_NODES_PER_S = 1e8\n"
+            f"from rookworld_lib.lab.cli import main\n"
             f"raise SystemExit(main({['datagen', '--out', str(tmp_path / k.split()[0]), '--stockfish', fake_engine(tmp_path, k), *DATAGEN_ARGS]!r}))"
             for k in FAKE_ENGINES]
     t0 = time.monotonic()
@@ -439,7 +440,7 @@ def test_ctrl_c_ends_datagen_at_once_even_with_a_hung_engine(tmp_path):
 
     marker = tmp_path / "searching"
     marker.mkdir()
-    cmd = [sys.executable, "-m", "rookworld_lib.cli", "datagen", "--out", str(tmp_path / "d"), "--stockfish",
+    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "datagen", "--out", str(tmp_path / "d"), "--stockfish",
            fake_engine(tmp_path, "never answers go"), *DATAGEN_ARGS]
     proc = subprocess.Popen(cmd, env=child_env(FAKE_ENGINE_MARKER=str(marker)), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
@@ -549,10 +550,10 @@ def test_malformed_lines_stop_with_file_and_line_or_are_skipped_and_counted(tmp_
 
 DRIVER = r"""
 import contextlib, io, json, sys, traceback
-from rookworld_lib import engine
+from rookworld_lib.chess import engine
 if sys.argv[2] != "-":
     engine.DEBIAN_PATH = sys.argv[2]  # hide the Debian binary too
-from rookworld_lib.cli import main
+from rookworld_lib.lab.cli import main
 results = []
 for job in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()
@@ -592,7 +593,7 @@ def assert_one_clear_message(result: dict, prog: str, *needles: str) -> None:
         assert needle in lines[0], (needle, lines[0])
 
 
-SCORE_WITHOUT_TRUTH = ("from rookworld_lib import rewards, tasks\n"
+SCORE_WITHOUT_TRUTH = ("from rookworld_lib.chess import rewards, tasks\n"
                        "rewards.score_policy(tasks.policy_prompt('4k3/8/8/8/8/8/3PP3/4K3 w - - 0 1'), "
                        "' M: e1f1 E: 0.1 B: e1f1')")
 
@@ -641,13 +642,13 @@ def tokenizer_results(tmp_path_factory, tiny_hf):
              "--data-dir", str(small)],
             ["eval", str(tiny_hf), "--max-policy", "1", "--max-env", "1", "--selfplay-games", "0", "--data-dir",
              str(small)],
-            "from rookworld_lib.tokenizer import get_tokenizer\nget_tokenizer()"]
+            "from rookworld_lib.core.tokenizer import get_tokenizer\nget_tokenizer()"]
     states = (("missing", tmp / "nowhere" / "gpt2.tiktoken"), ("corrupt", corrupt))
     # one child for both states: each job points ROOKWORLD_TOKENIZER_FILE (read at every load) first
     driven = []
     for _, path in states:
         point = f"import os\nos.environ['ROOKWORLD_TOKENIZER_FILE'] = {str(path)!r}\n"
-        driven += [point + (f"from rookworld_lib.cli import main\nraise SystemExit(main({job!r}))"
+        driven += [point + (f"from rookworld_lib.lab.cli import main\nraise SystemExit(main({job!r}))"
                             if isinstance(job, list) else job) for job in jobs]
     results = iter(run_driver(driven, child_env()))
     return {(state, name): (path, next(results)) for state, path in states
@@ -852,7 +853,7 @@ def sft_args(tmp_path: Path, *extra: str) -> list[str]:
 def test_a_second_run_into_a_busy_out_dir_is_refused_and_mixes_nothing(tmp_path, capsys):
     run = tmp_path / "run"
     argv = sft_args(tmp_path, "--max-steps", "80", "--checkpoint-interval", "20", "--out-dir", str(run))
-    first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.cli", *argv], env=child_env(),
+    first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.lab.cli", *argv], env=child_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for(first, lambda: f"pid {first.pid}" in ((run / ".lock").read_text() if (run / ".lock").exists() else ""))
@@ -892,7 +893,7 @@ def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_newest_intact_one
 
 
 def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_path, capsys, caplog):
-    caplog.set_level(logging.INFO, logger="rookworld_lib.trainer")
+    caplog.set_level(logging.INFO, logger="rookworld_lib.core.trainer")
     hf, hf2 = tmp_path / "hf", tmp_path / "hf2"
     for seed, d in ((0, hf), (1, hf2)):
         torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""Tests for rookworld_lib.grpo.
+"""Tests for rookworld_lib.core.grpo.
 
 The centrepiece is `reference_loss`: the GRPO objective written out from the papers' formulas
 (DeepSeekMath eq. 3, DAPO eq. 8, Dr. GRPO, GSPO eq. 5-7, Schulman's k1/k2/k3) with explicit
@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rookworld_lib import grpo
-from rookworld_lib.grpo import GRPOConfig, group_advantages, grpo_loss
+from rookworld_lib.core import grpo
+from rookworld_lib.core.grpo import GRPOConfig, group_advantages, grpo_loss
 
 F64 = torch.float64
 
@@ -724,7 +724,7 @@ def test_grpo_loss_input_errors():
 # ------------------------------------------------------------------------------------------
 
 def test_one_sgd_step_on_tiny_gpt_follows_advantages():
-    from rookworld_lib.model import GPT, GPTConfig
+    from rookworld_lib.core.model import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny"))

@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from rookworld_lib import health
-from rookworld_lib.model import GPT, GPTConfig
+from rookworld_lib.lab import health
+from rookworld_lib.core.model import GPT, GPTConfig
 
 
 def tiny():

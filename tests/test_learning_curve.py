@@ -9,12 +9,13 @@ import math
 import pytest
 import torch
 
-from rookworld_lib import cli, data, evaluate, pipeline, workflow
-from rookworld_lib.checkpoint import export_hf, list_checkpoints, model_from_checkpoint
-from rookworld_lib.model import GPT
-from rookworld_lib.paths import DATA_DIR, DOCS_DIR, NOTEBOOKS_DIR, read_jsonl
-from rookworld_lib.plots import learning_curve_figure
-from rookworld_lib.train_sft import train_sft
+from rookworld_lib.lab import cli, pipeline, workflow
+from rookworld_lib.chess import data, evaluate
+from rookworld_lib.core.checkpoint import export_hf, list_checkpoints, model_from_checkpoint
+from rookworld_lib.core.model import GPT
+from rookworld_lib.core.paths import DATA_DIR, DOCS_DIR, NOTEBOOKS_DIR, read_jsonl
+from rookworld_lib.lab.plots import learning_curve_figure
+from rookworld_lib.core.train_sft import train_sft
 
 EVAL = evaluate.EvalConfig(max_new_tokens=12, batch_size=8, selfplay_games=0)
 

@@ -2,9 +2,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rookworld_lib.lm_head_loss import (CPU_CHUNK_ROWS, DEVICE_CHUNK_ROWS, default_chunk_rows,
+from rookworld_lib.core.lm_head_loss import (CPU_CHUNK_ROWS, DEVICE_CHUNK_ROWS, default_chunk_rows,
                                          linear_cross_entropy)
-from rookworld_lib.model import GPT, GPTConfig, lm_loss
+from rookworld_lib.core.model import GPT, GPTConfig, lm_loss
 
 
 def reference(hidden, weight, targets):
@@ -129,8 +129,8 @@ def test_default_chunking_spans_several_chunks_and_matches_reference():
 
 @pytest.mark.parametrize("chunk_rows,temperature", [(1, 1.0), (7, 0.7), (1000, 1.3)])
 def test_token_logprobs_entropies_and_gradients_match_float64_reference(chunk_rows, temperature):
-    from rookworld_lib.grpo import entropy_from_logits, token_logprobs
-    from rookworld_lib.lm_head_loss import linear_token_logprobs
+    from rookworld_lib.core.grpo import entropy_from_logits, token_logprobs
+    from rookworld_lib.core.lm_head_loss import linear_token_logprobs
 
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(3, 11, 16, generator=g, dtype=torch.float64)
@@ -159,7 +159,7 @@ def test_model_scores_tokens_fused_as_from_its_logits():
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=300, pad_vocab_to_multiple=64))
     idx = torch.randint(0, 300, (2, 12))
     tokens = torch.randint(0, 300, (2, 7))
-    from rookworld_lib.grpo import token_logprobs
+    from rookworld_lib.core.grpo import token_logprobs
 
     lp, ent = model(idx, logits_from=5, score_tokens=tokens, temperature=0.9)
     logits = model(idx, logits_from=5)

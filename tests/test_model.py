@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from rookworld_lib.model import GPT, CheckpointFormatError, GPTConfig, PRESETS, lm_loss
+from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, PRESETS, lm_loss
 
 transformers = pytest.importorskip("transformers")
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from rookworld_lib.model import GPT, CheckpointFormatError, GPTConfig
+from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig
 
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=32)
 

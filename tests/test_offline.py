@@ -33,9 +33,10 @@ tiktoken.registry.get_encoding = refuse
 tiktoken.load.read_file = refuse
 
 import torch
-from rookworld_lib import tokenizer, tasks
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.sampling import SamplingConfig, generate
+from rookworld_lib.core import tokenizer
+from rookworld_lib.chess import tasks
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.sampling import SamplingConfig, generate
 
 enc = tokenizer.get_tokenizer()
 ids = tokenizer.encode(tasks.policy_prompt("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1"))

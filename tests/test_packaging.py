@@ -43,6 +43,6 @@ def test_readme_shows_the_two_commands():
 
 
 def test_cli_help_lists_every_subcommand():
-    out = subprocess.run([sys.executable, "-m", "rookworld_lib.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "--help"], capture_output=True, text=True, check=True)
     for sub in ("datagen", "sft", "grpo", "eval", "bench", "run"):
         assert sub in out.stdout

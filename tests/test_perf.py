@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from rookworld_lib import perf
-from rookworld_lib.model import GPT, GPTConfig, KVCache, lm_loss
+from rookworld_lib.lab import perf
+from rookworld_lib.core.model import GPT, GPTConfig, KVCache, lm_loss
 
 # Several shapes: the tiny preset, a wider/deeper one with a padded vocabulary, and small-vocab
 # shapes where attention is a large share of the FLOPs (so a wrong attention term shows).

@@ -3,8 +3,8 @@ import json
 import nbformat
 import pytest
 
-from rookworld_lib import pipeline
-from rookworld_lib.paths import NOTEBOOKS_DIR
+from rookworld_lib.lab import pipeline
+from rookworld_lib.core.paths import NOTEBOOKS_DIR
 
 
 def write_notebook(path, parameters: str, *bodies: str):
@@ -80,7 +80,7 @@ def test_a_refused_run_leaves_no_run_directory(tmp_path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
     write_notebook(nbs / "00_first.ipynb", "steps = 1\nseed = 0", "pass")
-    from rookworld_lib.config import ParameterError
+    from rookworld_lib.core.config import ParameterError
 
     with pytest.raises(ParameterError, match=r"\['stepz'\] are declared by none .*; allowed: seed, steps"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"stepz": 5}, notebooks_dir=nbs)
@@ -96,7 +96,7 @@ def test_the_terminal_shows_a_line_per_notebook_and_the_progress_lines_nothing_e
     nbs.mkdir()
     write_notebook(nbs / "00_loop.ipynb", "steps = 8",
                    "import os\nos.write(2, b'USDT:2026-11-25 10:13:27 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\\n')",
-                   "from rookworld_lib import progress\nprogress.report('stage: SFT')\n"
+                   "from rookworld_lib.core import progress\nprogress.report('stage: SFT')\n"
                    "with progress.tqdm(total=steps, desc='SFT') as bar:\n    for _ in range(steps):\n        bar.update(1)")
     run_dir = pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
     out, err = capfd.readouterr()
@@ -114,7 +114,7 @@ def test_the_terminal_shows_a_line_per_notebook_and_the_progress_lines_nothing_e
 
 
 def test_headless_bar_reports_each_quarter_of_a_long_loop_and_one_closing_line(tmp_path, monkeypatch, capsys):
-    from rookworld_lib import progress
+    from rookworld_lib.core import progress
 
     clock = [0.0]  # each step "takes" 1 s: the first quarters pass before QUIET_FOR_S, later ones after
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])

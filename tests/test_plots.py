@@ -4,7 +4,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 import pytest
 
-from rookworld_lib import plots
+from rookworld_lib.lab import plots
 
 
 def test_save_figure_writes_offline_html_and_json(tmp_path):
@@ -73,7 +73,7 @@ def test_without_chromium_figures_stay_html_and_json_with_one_warning(tmp_path, 
     monkeypatch.setattr(plots, "_png", plots._PngRenderer())  # this process's renderer, not yet started
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs" / "b.png").write_bytes(b"stale")  # an earlier run's image must not outlive its figure
-    with caplog.at_level("WARNING", logger="rookworld_lib.plots"):
+    with caplog.at_level("WARNING", logger="rookworld_lib.lab.plots"):
         for name in ("a", "b"):
             plots.save_figure(go.Figure(go.Scatter(y=[1, 2])), name, tmp_path / "figs")
     assert [r.getMessage().count("\n") for r in caplog.records] == [0]  # one warning, one line

@@ -9,8 +9,8 @@ from helpers_chess import corrupt_one_char, mutate, needs_stockfish, policy_comp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rookworld_lib import engine, rewards, tasks
-from rookworld_lib.reward_examples import edit_chars
+from rookworld_lib.chess import engine, rewards, tasks
+from rookworld_lib.chess.reward_examples import edit_chars
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.sampling import SamplingConfig, filter_logits, generate, sequence_logprobs
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.sampling import SamplingConfig, filter_logits, generate, sequence_logprobs
 
 
 def sharp_model(seed=0, **kw):
@@ -157,7 +157,7 @@ def test_prompt_too_long_for_block_size():
 
 
 def test_sample_categorical_matches_probabilities_chi_square():
-    from rookworld_lib.sampling import sample_categorical
+    from rookworld_lib.core.sampling import sample_categorical
 
     g = torch.Generator().manual_seed(7)
     # 600 categories spread over three 256-blocks, including zeros and a dominant entry
@@ -182,7 +182,7 @@ def test_sample_categorical_matches_probabilities_chi_square():
 
 
 def test_sample_categorical_edges():
-    from rookworld_lib.sampling import sample_categorical
+    from rookworld_lib.core.sampling import sample_categorical
 
     one_hot = torch.zeros(3, 50257)
     one_hot[0, 0] = 1.0
@@ -409,7 +409,7 @@ def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_thre
     and torch's setting is restored afterwards. A big step is never probed."""
     import time
 
-    from rookworld_lib import sampling
+    from rookworld_lib.core import sampling
 
     state = {"threads": 2}
     monkeypatch.setattr(torch, "get_num_threads", lambda: state["threads"])
@@ -441,7 +441,7 @@ def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_thre
 
 
 def test_fused_scoring_matches_the_logits_path():
-    from rookworld_lib.grpo import entropy_from_logits
+    from rookworld_lib.core.grpo import entropy_from_logits
 
     model = sharp_model()
     prompts = mixed_prompts()

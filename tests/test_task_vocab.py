@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.task_vocab import OFF_LOGIT, PINNED, PINNED_BIAS, TaskVocab, pin_bias_coordinate
-from rookworld_lib.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
-from rookworld_lib.train_utils import build_adamw
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.task_vocab import OFF_LOGIT, PINNED, PINNED_BIAS, TaskVocab, pin_bias_coordinate
+from rookworld_lib.core.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
+from rookworld_lib.core.train_utils import build_adamw
 
 TEXTS = ["P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 M: e7e5 c7c5 E: 0.2 0.3 B: e7e5",
          "A: 8/8/8/8/8/8/6k1/4K2R w K - 0 1+e1g1+e1g1+8/8/8/8/8/8/6k1/5RK1 b - - 1 1+0.001+0+0"]
@@ -100,8 +100,8 @@ def test_off_vocabulary_mass_is_below_float32_resolution():
 
 
 def test_sft_with_the_task_vocabulary_trains_resumes_and_exports_full_gpt2(tmp_path):
-    from rookworld_lib.checkpoint import export_hf
-    from rookworld_lib.train_sft import SFTConfig, SFTTrainer, train_sft
+    from rookworld_lib.core.checkpoint import export_hf
+    from rookworld_lib.core.train_sft import SFTConfig, SFTTrainer, train_sft
 
     enc = get_tokenizer()
     texts = TEXTS * 20

@@ -8,9 +8,9 @@ from helpers_chess import mutate, random_positions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rookworld_lib import tasks
-from rookworld_lib.tasks import Eval
-from rookworld_lib.tokenizer import encode
+from rookworld_lib.chess import tasks
+from rookworld_lib.chess.tasks import Eval
+from rookworld_lib.core.tokenizer import encode
 
 START = chess.STARTING_FEN
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,7 +5,7 @@ import shutil
 import chess
 import pytest
 
-from rookworld_lib import tokenizer as tok
+from rookworld_lib.core import tokenizer as tok
 
 
 def test_vocab_and_eot():

@@ -10,13 +10,14 @@ from tensorboard.backend.event_processing import plugin_event_accumulator
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_train_grpo import make, toy_reward
 
-from rookworld_lib import grpo, rewards
-from rookworld_lib.data import data_file, load_jsonl
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.train_grpo import (COMPLETION_KEYS, COMPLETIONS_FILE, METRICS_FILE, GRPOTrainConfig, GRPOTrainer,
+from rookworld_lib.core import grpo
+from rookworld_lib.chess import rewards
+from rookworld_lib.chess.data import data_file, load_jsonl
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.train_grpo import (COMPLETION_KEYS, COMPLETIONS_FILE, METRICS_FILE, GRPOTrainConfig, GRPOTrainer,
                                       completions_markdown, prompt_items)
-from rookworld_lib.train_sft import SFTTrainer
-from rookworld_lib.train_utils import read_metrics
+from rookworld_lib.core.train_sft import SFTTrainer
+from rookworld_lib.core.train_utils import read_metrics
 
 
 def interrupted(trainer, until: int, checkpoint_at: int):

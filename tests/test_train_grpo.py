@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from rookworld_lib.cli import main
-from rookworld_lib import grpo
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.sampling import sequence_logprobs
-from rookworld_lib.tokenizer import EOT_ID, encode
-from rookworld_lib.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+from rookworld_lib.lab.cli import main
+from rookworld_lib.core import grpo
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.sampling import sequence_logprobs
+from rookworld_lib.core.tokenizer import EOT_ID, encode
+from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
 
 def toy_items():
@@ -182,7 +182,7 @@ def test_close_drops_the_wrapper_and_a_closed_multiprocess_trainer_refuses_to_tr
 
 
 def test_resume_refuses_another_run_naming_what_differs(tmp_path):
-    from rookworld_lib import checkpoint as ck
+    from rookworld_lib.core import checkpoint as ck
 
     out = str(tmp_path / "run")
     cfg = {"steps": 1, "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "out_dir": out}
@@ -217,7 +217,7 @@ def test_resume_refuses_another_init_model(tmp_path):
 
 
 def test_grpo_refuses_a_run_dir_another_run_is_writing(tmp_path):
-    from rookworld_lib.train_utils import RunDirBusyError, run_lock
+    from rookworld_lib.core.train_utils import RunDirBusyError, run_lock
 
     trainer = make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8})
     with run_lock(tmp_path), pytest.raises(RunDirBusyError, match="being written by another run"):

@@ -9,13 +9,13 @@ import torch
 from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
                          sigkill, start_sft_child, tiny_cfg, wait_for)
 
-from rookworld_lib.cli import main
-from rookworld_lib import checkpoint as ck
+from rookworld_lib.lab.cli import main
+from rookworld_lib.core import checkpoint as ck
 from rookworld_lib import tuning
-from rookworld_lib import train_sft as sft
-from rookworld_lib.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
-from rookworld_lib.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
-from rookworld_lib.train_utils import NonFiniteError, read_metrics
+from rookworld_lib.core import train_sft as sft
+from rookworld_lib.core.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
+from rookworld_lib.core.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
+from rookworld_lib.core.train_utils import NonFiniteError, read_metrics
 
 
 # ---- config -----------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
     assert [r["step"] for r in seen] == [1, 2, 3, 4]
     assert [s for s, _ in ck.list_checkpoints(Path(cfg.out_dir) / "checkpoints")] == [3, 4]
     assert result.step == 4 and result.checkpoint.name == "step_00000004.pt"
-    from rookworld_lib.model import GPT
+    from rookworld_lib.core.model import GPT
 
     hf = GPT.from_pretrained(result.final_dir).eval()
     x = torch.randint(0, 50257, (1, 16))
@@ -215,7 +215,7 @@ def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
 
 
 def test_init_from_a_hugging_face_directory(tmp_path):
-    from rookworld_lib.model import GPT, GPTConfig
+    from rookworld_lib.core.model import GPT, GPTConfig
 
     torch.manual_seed(5)
     source = GPT(GPTConfig.preset("tiny", **TINY_MODEL))
@@ -388,7 +388,7 @@ def test_cli_help():
 def test_a_second_writer_into_the_same_out_dir_stops_at_once(tmp_path):
     """Two runs into one out_dir (issue: their checkpoints and metrics mixed): the second gets one
     clear error before it writes anything, and the first run's files are untouched."""
-    from rookworld_lib.train_utils import RunDirBusyError, run_lock
+    from rookworld_lib.core.train_utils import RunDirBusyError, run_lock
 
     train_sft(tiny_cfg(tmp_path, max_steps=2), train_texts=TEXTS)
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}

@@ -21,12 +21,12 @@ import pytest
 import torch
 from sft_helpers import TEXTS, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
-from rookworld_lib.cli import main
-from rookworld_lib.paths import DATA_DIR
-from rookworld_lib import checkpoint as ck
+from rookworld_lib.lab.cli import main
+from rookworld_lib.core.paths import DATA_DIR
+from rookworld_lib.core import checkpoint as ck
 from rookworld_lib import distributed
-from rookworld_lib import train_sft as sft
-from rookworld_lib.train_utils import read_metrics
+from rookworld_lib.core import train_sft as sft
+from rookworld_lib.core.train_utils import read_metrics
 
 TOL = 1e-5
 ARGS = ["--model", "tiny", "--block-size", "32", "--batch-size", "4", "--grad-accum", "2", "--max-steps", "4",
@@ -42,7 +42,7 @@ def argv(data: Path, out: Path) -> list[str]:
 def torchrun_sft(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
     """`rookworld sft --nproc N ...` as a user would type it (the CLI re-launches itself under torchrun)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "rookworld_lib.cli", "sft", "--nproc", str(nproc), *args],
+    proc = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", str(nproc), *args],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from rookworld_lib import train_utils as tu
+from rookworld_lib.core import train_utils as tu
 
 
 # ---- learning-rate schedule ---------------------------------------------------------------

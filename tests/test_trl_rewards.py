@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from rookworld_lib import rewards
-from rookworld_lib.paths import DATA_DIR
+from rookworld_lib.chess import rewards
+from rookworld_lib.core.paths import DATA_DIR
 
 COLUMNS = ("task", "fen", "moves", "evals", "limit", "new_fen", "reward", "terminated", "truncated")
 
@@ -78,7 +78,7 @@ def test_never_raises_and_says_why(caplog):
     recs = _records(1, 1)
     prompts = [r["prompt"] for r in recs]
     rewards._TRL_WARNED.clear()
-    with caplog.at_level(logging.WARNING, logger="rookworld_lib.rewards"):
+    with caplog.at_level(logging.WARNING, logger="rookworld_lib.chess.rewards"):
         # no truth columns, nothing registered, no engine: the policy reward cannot be computed -> None;
         # the environment truth is replayed from the prompt
         out = rewards.trl_reward(prompts, [r["completion"] for r in recs])

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rookworld_lib import perf, tuning
-from rookworld_lib.model import GPT, GPTConfig
-from rookworld_lib.train_utils import setup_runtime
+from rookworld_lib.lab import perf, tuning
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.train_utils import setup_runtime
 
 # Small enough for CI: tiny model, 2 x 16 tokens, 3 steps.
 BASE = tuning.TuneConfig(model="tiny", batch_size=2, seq_len=16, steps=3, timed_from=1, device="cpu")
@@ -123,7 +123,7 @@ def test_cpu_offload_adamw_matches_adamw():
     x = torch.randint(0, 300, (2, 17))
     for _ in range(3):
         for m, o in ((a, oa), (b, ob)):
-            from rookworld_lib.model import lm_loss
+            from rookworld_lib.core.model import lm_loss
 
             lm_loss(m(x[:, :-1]), x[:, 1:]).backward()
             o.step()

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from rookworld_lib import workflow
-from rookworld_lib.evaluate import Estimate
-from rookworld_lib.paths import DATA_DIR
+from rookworld_lib.lab import workflow
+from rookworld_lib.chess.evaluate import Estimate
+from rookworld_lib.core.paths import DATA_DIR
 
 
 def history(with_kl: bool):
@@ -51,7 +51,7 @@ def test_gpu_profile_pads_the_vocabulary_and_cpu_does_not(tmp_path):
 
 
 def test_chess_verdict_and_report_name_the_strict_metrics_that_moved():
-    from rookworld_lib import evaluate as ev
+    from rookworld_lib.chess import evaluate as ev
 
     before = {"policy/valid": ev.rate([0] * 100), "env/next_fen_exact": ev.rate([1, 0] * 50)}
     after = {"policy/valid": ev.rate([1] * 40 + [0] * 60), "env/next_fen_exact": ev.rate([1, 0] * 50)}

@@ -28,14 +28,15 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from . import grpo, rewards, tasks
-from .evaluate import EvalConfig, complete, policy_prompt_of
-from .model import GPT, GPTConfig
-from .paths import RUNS_DIR, read_jsonl
-from .progress import widget_frontend
-from .sampling import SamplingConfig, generate, sequence_logprobs
-from .tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from .train_grpo import COMPLETION_KEYS, default_reward, prompt_items
+from ..core import grpo
+from ..chess import rewards, tasks
+from ..chess.evaluate import EvalConfig, complete, policy_prompt_of
+from ..core.model import GPT, GPTConfig
+from ..core.paths import RUNS_DIR, read_jsonl
+from ..core.progress import widget_frontend
+from ..core.sampling import SamplingConfig, generate, sequence_logprobs
+from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
+from ..core.train_grpo import COMPLETION_KEYS, default_reward, prompt_items
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
@@ -146,7 +147,7 @@ def record_for_fen(fen: str) -> dict:
     board = chess.Board(fen)  # ValueError names a malformed FEN
     if not board.is_valid() or not any(board.legal_moves):
         raise ValueError(f"not a playable position: {fen!r} ({'no legal moves' if board.is_valid() else board.status()!r})")
-    from .engine import get_pool, stockfish_available
+    from ..chess.engine import get_pool, stockfish_available
 
     a = get_pool().analyse(board) if stockfish_available() else None
     return {"fen": board.fen(), "moves": list(a.moves) if a else [], "evals": list(a.evals) if a else [],

@@ -28,9 +28,9 @@ from pathlib import Path
 from jupyter_client import AsyncKernelManager
 from traitlets import Unicode
 
-from .config import ParameterError, json_or_text
-from .paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
-from .progress import PROGRESS_ENV
+from ..core.config import ParameterError, json_or_text
+from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
+from ..core.progress import PROGRESS_ENV
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.

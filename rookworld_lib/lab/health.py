@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import torch
 
-from .model import GPT, lm_loss
+from ..core.model import GPT, lm_loss
 from .perf import tensor_bytes
 
 

@@ -22,10 +22,10 @@ import torch
 
 from . import perf
 from .health import state_bytes
-from .model import GPT, GPTConfig, PRESETS, lm_loss
-from .config import bad_field, option, validate
-from .tokenizer import VOCAB_SIZE
-from .train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
+from ..core.model import GPT, GPTConfig, PRESETS, lm_loss
+from ..core.config import bad_field, option, validate
+from ..core.tokenizer import VOCAB_SIZE
+from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 
 COMPILE_MODES = ("off", "default", "max-autotune")
 OPTIMIZERS = ("auto", "foreach", "fused")
@@ -441,7 +441,7 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
     loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
     machine's run-to-run noise. trace_dir receives the baseline's profiler trace."""
-    from .progress import tqdm
+    from ..core.progress import tqdm
 
     variants = list(variants if variants is not None else default_variants(base, allow_compile))
     if not variants or variants[0].variable != "baseline":

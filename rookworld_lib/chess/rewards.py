@@ -51,7 +51,7 @@ from . import tasks
 from .engine import (SHARED_CACHE, Analysis, EngineFailedError, StockfishNotFoundError, find_stockfish, get_pool,
                      parse_limit_key, stockfish_available)
 from .tasks import Eval
-from .config import option, validate
+from ..core.config import option, validate
 
 log = logging.getLogger(__name__)
 

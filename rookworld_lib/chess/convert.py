@@ -1,7 +1,7 @@
 """The original RookWorld data: read its lines and local copies of its data sets into our records.
 
 Original lines (the generators of the public RookWorld repository, ``dev/data/``) are written in
-the original layout of :mod:`rookworld_lib.tasks`. ``P:`` (rook sets): ``B:`` is the first multipv
+the original layout of :mod:`rookworld_lib.chess.tasks`. ``P:`` (rook sets): ``B:`` is the first multipv
 move for white but the *last* (the worst) for black, as the generator reversed the list for black.
 ``A:`` (arbiter sets; the rookworld text sets add the ``A: `` prefix): moves were pushed without a
 legality check, and ``outcome()`` saw the game's whole move stack (so repetition endings appear).
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
-from .paths import atomic_file, json_line, read_jsonl
+from ..core.paths import atomic_file, json_line, read_jsonl
 from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
@@ -276,7 +276,7 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     for ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
     ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when
     the whole input is done, only for a task with records (another task's file is left as it is)."""
-    from .progress import tqdm
+    from ..core.progress import tqdm
 
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

@@ -21,7 +21,7 @@ from pathlib import Path
 import chess
 
 from . import tasks
-from .paths import DATA_DIR, read_jsonl
+from ..core.paths import DATA_DIR, read_jsonl
 
 log = logging.getLogger(__name__)
 

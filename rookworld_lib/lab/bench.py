@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from . import perf
-from .model import GPT, GPTConfig, PRESETS
-from .tokenizer import EOT_ID
-from .config import option, validate
-from .train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
+from ..core.model import GPT, GPTConfig, PRESETS
+from ..core.tokenizer import EOT_ID
+from ..core.config import option, validate
+from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 from .tuning import TrainStep, random_batches
 
 # A few policy prompts (`P: <FEN>`) for the GRPO comparison; positions from well-known openings.
@@ -147,7 +147,7 @@ def rollout_prompts(cfg: BenchConfig) -> list[list[int]]:
 
 def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dict:
     """Our sampler against transformers' generate, the same rows and tokens, interleaved."""
-    from .sampling import NO_EOS, SamplingConfig, generate, left_pad
+    from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
 
     device = runtime.device
     ours.eval()
@@ -187,7 +187,7 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
 def rollout_sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress=print) -> dict:
     """Our sampler's generated tokens/s against rollout batch size (prompts x group), per decode mode, with
     (b)'s prompt lengths and full new-token budget: GRPO's rollout as a GPU leaves the launch-bound regime."""
-    from .sampling import NO_EOS, SamplingConfig, generate
+    from ..core.sampling import NO_EOS, SamplingConfig, generate
 
     cuda = runtime.device.type == "cuda"
     rows, modes = (SWEEP_ROWS, ("dynamic", "static", "cuda_graph")) if cuda else (SWEEP_ROWS[:2], ("dynamic", "static"))
@@ -233,7 +233,7 @@ def hf_gpt2_tokenizer():
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from .tokenizer import EOT_TOKEN, GPT2_PATTERN, default_ranks_path
+    from ..core.tokenizer import EOT_TOKEN, GPT2_PATTERN, default_ranks_path
 
     conv = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
                              extra_special_tokens=[EOT_TOKEN])
@@ -244,8 +244,8 @@ def hf_gpt2_tokenizer():
 def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
     """The GRPOTrainer `rookworld grpo` runs, set up as TRL is in `_trl_grpo_times` (dapo, beta 0,
     one minibatch per step, clip 1.0, no weight decay), rewarding completions with vowel_reward."""
-    from . import grpo
-    from .train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+    from ..core import grpo
+    from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
     G = cfg.group_size
     items = [PromptItem("P", t) for t in grpo_prompt_texts(len(FENS))]

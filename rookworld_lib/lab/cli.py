@@ -18,13 +18,13 @@ import os
 import sys
 
 SUBCOMMANDS = {
-    "datagen": ("rookworld_lib.datagen", "generate Stockfish-labelled P:/A: data and eval sets"),
-    "convert": ("rookworld_lib.convert", "convert original RookWorld data (text, JSON lines, Parquet, Arrow) into records"),
-    "sft": ("rookworld_lib.train_sft", "supervised pretraining on task text"),
-    "grpo": ("rookworld_lib.train_grpo", "GRPO with verifiable chess rewards"),
-    "eval": ("rookworld_lib.evaluate", "evaluate a checkpoint on held-out chess tasks"),
-    "bench": ("rookworld_lib.bench", "side-by-side speed benchmarks against transformers/TRL"),
-    "run": ("rookworld_lib.pipeline", "execute the numbered notebooks headless into runs/<timestamp>/"),
+    "datagen": ("rookworld_lib.chess.datagen", "generate Stockfish-labelled P:/A: data and eval sets"),
+    "convert": ("rookworld_lib.chess.convert", "convert original RookWorld data (text, JSON lines, Parquet, Arrow) into records"),
+    "sft": ("rookworld_lib.core.train_sft", "supervised pretraining on task text"),
+    "grpo": ("rookworld_lib.core.train_grpo", "GRPO with verifiable chess rewards"),
+    "eval": ("rookworld_lib.chess.evaluate", "evaluate a checkpoint on held-out chess tasks"),
+    "bench": ("rookworld_lib.lab.bench", "side-by-side speed benchmarks against transformers/TRL"),
+    "run": ("rookworld_lib.lab.pipeline", "execute the numbered notebooks headless into runs/<timestamp>/"),
 }
 TRACEBACK_ENV = "ROOKWORLD_TRACEBACK"  # =1: let every error through with its traceback (debugging)
 ERRORS_DIR_ENV = "ROOKWORLD_ERRORS_DIR"  # set by distributed.torchrun for its workers
@@ -91,11 +91,11 @@ def report(command: str, message: str, code: int, kind: str = "error: ", seconda
 
 def user_error_message(exc: BaseException) -> str | None:
     """The one-line message for an error a user can cause, or None for a bug (see the module doc)."""
-    from .checkpoint import CheckpointError
-    from .datagen import WorkDirMismatch
-    from .engine import EngineFailedError, StockfishNotFoundError
-    from .tokenizer import TokenizerFileError
-    from .train_utils import NonFiniteError
+    from ..core.checkpoint import CheckpointError
+    from ..chess.datagen import WorkDirMismatch
+    from ..chess.engine import EngineFailedError, StockfishNotFoundError
+    from ..core.tokenizer import TokenizerFileError
+    from ..core.train_utils import NonFiniteError
 
     # messages that name the problem and where: bad input and settings (ValueError, which every config
     # check and our data, checkpoint-format and parameter errors derive from), missing files or engine

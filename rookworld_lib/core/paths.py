@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dir(env_var: str, default: Path) -> Path:

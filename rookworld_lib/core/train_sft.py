@@ -31,11 +31,11 @@ import torch
 from . import distributed
 from .model import GPT, PRESETS, GPTConfig, layout_for, read_config_json
 from .paths import RUNS_DIR
-from .tasks import LAYOUTS, task_of
+from ..chess.tasks import LAYOUTS, task_of
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
 from .task_vocab import TaskVocab, pin_bias_coordinate
 from .trainer import FINAL_DIR, Trainer
-from .tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
+from ..lab.tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
 from .config import add_config_arguments, bad_field, check_number, config_kwargs_from_args, option, validate
 from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, seed_everything
 
@@ -199,7 +199,7 @@ def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
     Files may be gzipped (``.jsonl.gz``, e.g. datagen's shards). A bad line raises
     data.DataFormatError (a ValueError) as "file:line: reason".
     """
-    from . import data
+    from ..chess import data
 
     texts: list[str] = []
     for path in map(Path, paths):
@@ -213,7 +213,7 @@ def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
 def iter_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -> Iterator[str]:
     """load_texts' strings one at a time, each line validated as it is read: memory does not grow
     with the files (ids are not checked for duplicates across a file; `rookworld datagen --validate` does)."""
-    from . import data
+    from ..chess import data
 
     for path in map(Path, paths):
         if _holds_records(path):
@@ -228,7 +228,7 @@ def iter_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -
 
 def _holds_records(path: Path) -> bool:
     """True for a file of datagen records, False for {"text": ...} lines (decided by its first line)."""
-    from . import data
+    from ..chess import data
 
     first = next(data.json_lines(path), (0, None))[1]
     if first is None:
@@ -237,7 +237,7 @@ def _holds_records(path: Path) -> bool:
 
 
 def _record_text(rec: dict, path: Path, layout: str) -> str:
-    from . import data
+    from ..chess import data
 
     if rec["task"] not in TASKS:
         raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
@@ -726,7 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _shipped(split: str) -> tuple[str, ...]:
-    from .data import data_file
+    from ..chess.data import data_file
 
     return tuple(str(f) for f in (data_file("P", split), data_file("A", split)) if f.is_file())
 

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import atomic_write
-from .tasks import LAYOUTS
+from ..chess.tasks import LAYOUTS
 from .tokenizer import EOT_TOKEN
 
 ATTN_IMPLS = ("sdpa", "math")
@@ -406,7 +406,7 @@ HF_DROPOUTS = {"resid_pdrop": "dropout", "embd_pdrop": "embd_dropout", "attn_pdr
 HF_DEFAULT_PDROP = 0.1
 # The config.json keys (transformers ignores unknown keys) of GPT.layout and GPT.prompt_prefix, for any
 # tool that prompts the model. A GPT-2 directory without them is taken as an original RookWorld model:
-# the original fixed-width layout (rookworld_lib.tasks), no prompt prefix.
+# the original fixed-width layout (rookworld_lib.chess.tasks), no prompt prefix.
 LAYOUT_KEY = "rookworld_layout"
 PROMPT_PREFIX_KEY = "rookworld_prompt_prefix"
 

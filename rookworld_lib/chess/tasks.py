@@ -13,7 +13,7 @@ each field to a fixed width, shuffles the (move, eval) pairs and spells evals it
 
 Its prompt keeps all but the last padding space: GPT-2's BPE attaches that space to the ``M``, so
 cutting there keeps tokens(prompt) + tokens(completion) == tokens(text). The original generator's
-``B:`` for black is the *worst* candidate (it reversed the list); :mod:`rookworld_lib.convert`
+``B:`` for black is the *worst* candidate (it reversed the list); :mod:`rookworld_lib.chess.convert`
 keeps that label apart (``original_best``) and uses Stockfish's best.
 
 Environment (the truth: :func:`environment_step`)::

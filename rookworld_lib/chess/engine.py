@@ -39,7 +39,7 @@ import chess
 import chess.engine
 
 from .tasks import Eval
-from .config import bad_field, option, validate
+from ..core.config import bad_field, option, validate
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def threaded(fn: Callable, items: list, workers: int, progress: bool = False, de
              unit: str = "item") -> Iterator[tuple[int, object]]:
     """(index, fn(item)) as each call completes, on up to `workers` threads. An exception (or Ctrl-C)
     cancels the calls not yet started and propagates without waiting for the running ones."""
-    from .progress import tqdm
+    from ..core.progress import tqdm
 
     if not items:
         return

@@ -99,13 +99,13 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
     preflight(argv, nproc) runs first: its ValueError stops the command once, before any worker
     starts. The workers hand their one-line errors here (cli.ERRORS_DIR_ENV); each distinct line is
     printed once, without torchrun's traceback, and the exit status returned."""
-    from .cli import ERRORS_DIR_ENV, report_interrupted
+    from ..lab.cli import ERRORS_DIR_ENV, report_interrupted
 
     assert nproc >= 1, nproc
     if preflight is not None:
         preflight(list(argv), nproc)
-    cmd = [sys.executable, "-m", "rookworld_lib.distributed", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "rookworld_lib.cli", subcommand, *argv]
+    cmd = [sys.executable, "-m", "rookworld_lib.core.distributed", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "rookworld_lib.lab.cli", subcommand, *argv]
     # each process gets its share of the cores; oversubscribed threads slow everything down (a set value wins)
     env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), **os.environ}
     with tempfile.TemporaryDirectory(prefix="rookworld-errors-") as errors_dir:
@@ -158,7 +158,7 @@ def worker_errors(errors_dir: Path) -> tuple[list[str], list[int]]:
 
 
 def _launch(argv: list[str]) -> int:
-    """`python -m rookworld_lib.distributed <torchrun args>`: torchrun, minus the traceback it prints
+    """`python -m rookworld_lib.core.distributed <torchrun args>`: torchrun, minus the traceback it prints
     when a worker fails (the worker has said why, in one line or with its own traceback)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

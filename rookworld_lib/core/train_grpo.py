@@ -31,7 +31,7 @@ import torch
 
 from . import distributed, grpo
 from .model import GPT, read_layout
-from .tasks import COMPLETION_BUDGET, LAYOUTS
+from ..chess.tasks import COMPLETION_BUDGET, LAYOUTS
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from .trainer import Trainer
@@ -105,15 +105,15 @@ RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval"
 
 
 def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
-    """PromptItems from data-set records (rookworld_lib.data), each carrying its record as truth."""
-    from .data import record_text
+    """PromptItems from data-set records (rookworld_lib.chess.data), each carrying its record as truth."""
+    from ..chess.data import record_text
 
     return [PromptItem(r["task"], record_text(r, layout)[0], r) for r in records if r["task"] in ("P", "A")]
 
 
 def default_reward(item: PromptItem, completion: str) -> float:
     """The chess rewards: policy or environment scorer by task, with ground truth when present."""
-    from . import rewards
+    from ..chess import rewards
 
     return float(rewards.score(item.prompt, completion, truth=item.truth))
 
@@ -494,7 +494,7 @@ def _mean(values):
 def train_records(data_dir=None) -> list[dict]:
     """The P: and A: training records of a data directory; either file may be absent (a converted
     original set may hold one task only), not both."""
-    from .data import data_file, load_jsonl
+    from ..chess.data import data_file, load_jsonl
 
     paths = [data_file(task, "train", data_dir) for task in ("P", "A")]
     if not any(p.exists() for p in paths):

@@ -27,9 +27,9 @@ from typing import Callable
 
 import torch
 
-from .model import GPTConfig
-from .paths import git_commit
-from .train_utils import Runtime, resolve_device
+from ..core.model import GPTConfig
+from ..core.paths import git_commit
+from ..core.train_utils import Runtime, resolve_device
 
 FLOP_KINDS = ("train", "forward", "decode")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from . import grpo as grpo_lib
-from . import progress
-from .evaluate import EvalConfig, Estimate
-from .tasks import COMPLETION_BUDGET
-from .train_grpo import GRPOTrainConfig
-from .train_sft import SFTConfig
+from ..core import grpo as grpo_lib
+from ..core import progress
+from ..chess.evaluate import EvalConfig, Estimate
+from ..chess.tasks import COMPLETION_BUDGET
+from ..core.train_grpo import GRPOTrainConfig
+from ..core.train_sft import SFTConfig
 
 
 @dataclass(frozen=True)
@@ -120,8 +120,8 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str
 
 def datagen_config(p: Profile, out_dir: Path, exclude_dir: Path, workers: int | None = None):
     """The profile's own training data: generated into out_dir, never on exclude_dir's val/test positions."""
-    from .datagen import DatagenConfig
-    from .engine import usable_cores
+    from ..chess.datagen import DatagenConfig
+    from ..chess.engine import usable_cores
 
     return DatagenConfig(**{**p.datagen, "out_dir": str(out_dir), "exclude_dir": str(exclude_dir),
                             "workers": workers or usable_cores()})

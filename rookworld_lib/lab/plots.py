@@ -23,7 +23,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from .paths import FIGURES_DIR
+from ..core.paths import FIGURES_DIR
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    from .evaluate import STRICT_METRICS
+    from ..chess.evaluate import STRICT_METRICS
 
     if x not in CURVE_X:
         raise ValueError(f"x={x!r}: choose one of {sorted(CURVE_X)}")
@@ -200,7 +200,7 @@ class LiveCurves:
     as SFT's steps between val-loss points) adds no point to that key's line."""
 
     def __init__(self, panels: list[str] | dict[str, list[str]], title: str, live: bool = True):
-        from .progress import widget_frontend
+        from ..core.progress import widget_frontend
 
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
         self.title, self.history, self.widget = title, [], None

@@ -1,5 +1,5 @@
 """Data generation (``rookworld datagen``, :func:`generate`): Stockfish-labelled ``P:``/``A:``
-samples and the mate-in-one set, as the record files :mod:`rookworld_lib.data` loads. The data card
+samples and the mate-in-one set, as the record files :mod:`rookworld_lib.chess.data` loads. The data card
 (``data/README.md``) describes the recipe with the shipped set's numbers.
 
 Games are seeded per index (:func:`game_plan`, :func:`play_game`) and split by game
@@ -36,8 +36,8 @@ import chess.engine
 from . import tasks
 from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, DataFormatError, data_file_name, data_files_of,
                    json_lines, load_jsonl, mating_moves, move_tags, position_tags, render_card_tables, summarize)
-from .paths import DATA_DIR, JsonlAppender, atomic_file, atomic_write, json_line
-from .config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
+from ..core.paths import DATA_DIR, JsonlAppender, atomic_file, atomic_write, json_line
+from ..core.config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
     seen_p: set[str] = set()
     seen_a: set[tuple[str, str]] = set()
     seen_m: set[str] = set()
-    from .progress import tqdm
+    from ..core.progress import tqdm
 
     for g in tqdm(sorted(games, key=lambda g: g["game"]), desc="sampling", unit="game", disable=not progress):
         sel = _Selection()

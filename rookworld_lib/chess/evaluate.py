@@ -26,10 +26,10 @@ import chess
 import torch
 
 from . import rewards, tasks
-from .model import GPT
-from .sampling import SamplingConfig, generate
-from .tokenizer import encode_prompt, get_tokenizer
-from .config import add_config_arguments, config_kwargs_from_args, option, validate
+from ..core.model import GPT
+from ..core.sampling import SamplingConfig, generate
+from ..core.tokenizer import encode_prompt, get_tokenizer
+from ..core.config import add_config_arguments, config_kwargs_from_args, option, validate
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing: {metric: (value, what it measured and on which data)}.
@@ -358,9 +358,9 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
 
     run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
     checkpoint is evaluated on the P: and A: records. on_point(row) is called as each row is ready."""
-    from .checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
-    from .train_sft import METRICS_FILE
-    from .train_utils import read_metrics
+    from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
+    from ..core.train_sft import METRICS_FILE
+    from ..core.train_utils import read_metrics
 
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir / "checkpoints")
@@ -397,7 +397,7 @@ def results_to_json(results: dict) -> dict:
 
 def cli(argv: list[str] | None = None) -> int:
     from . import data
-    from .model import read_layout
+    from ..core.model import read_layout
 
     ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
@@ -441,7 +441,7 @@ def cli(argv: list[str] | None = None) -> int:
 
 def _curve_cli(args, cfg: EvalConfig) -> int:
     from . import data
-    from .paths import atomic_write
+    from ..core.paths import atomic_write
 
     suites = {key: data.load_split(key, "test", args.data_dir).records for key in ("P", "A")}
 

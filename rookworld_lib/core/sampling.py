@@ -365,7 +365,7 @@ _DECODE_THREADS: dict[tuple, int] = {}  # (model config, rows, torch's threads) 
 def _decode_threads(model: GPT, rows: int, context: int, device: torch.device) -> int:
     """The intra-op threads this process decodes `rows` rows of `model` on (see
     SINGLE_THREAD_DECODE_FLOPS): torch's own, or one when one was faster on the first call."""
-    from .perf import flops_per_token
+    from ..lab.perf import flops_per_token
 
     default = torch.get_num_threads()
     small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
