@@ -51,7 +51,7 @@ def chromium_or_skip():
     try:
         import kaleido  # noqa: F401
 
-        return plots._PngRenderer.chromium()
+        return plots._chromium()
     except (ImportError, RuntimeError) as exc:
         pytest.skip(f"no PNG copies here: {exc}")
 
@@ -70,7 +70,7 @@ def test_without_chromium_figures_stay_html_and_json_with_one_warning(tmp_path, 
     not_executable = tmp_path / "chromium"
     not_executable.write_text("")
     monkeypatch.setenv("CHROMIUM_PATH", str(not_executable))
-    monkeypatch.setattr(plots, "_png", plots._PngRenderer())  # this process's renderer, not yet started
+    monkeypatch.setattr(plots, "_png_off", None)  # PNGs not yet off in this process
     (tmp_path / "figs").mkdir()
     (tmp_path / "figs" / "b.png").write_bytes(b"stale")  # an earlier run's image must not outlive its figure
     with caplog.at_level("WARNING", logger="rookworld_lib.lab.plots"):

@@ -21,7 +21,7 @@ from pathlib import Path
 import chess
 
 from . import tasks
-from ..core.paths import DATA_DIR, read_jsonl
+from ..core.paths import DATA_DIR, DataFormatError, read_jsonl, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,6 @@ def mating_moves(board: chess.Board) -> list[str]:
 
 
 # --- Loading and validation ---
-
-class DataFormatError(ValueError):
-    """A malformed data line; the message is ``file:line: reason``."""
-
 
 @dataclass(frozen=True)
 class LineError:
@@ -263,23 +259,6 @@ def _validate_mate(rec, board):
     return None
 
 
-def json_lines(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[tuple[int, object]]:
-    """(line number, value) of each non-blank line of any JSON-lines file, e.g. ``{"text": ...}``
-    training files; a line that is not UTF-8 or not JSON, or a file that cannot be read, raises
-    DataFormatError naming the file (and line). torn_tail: see :func:`paths.read_jsonl`."""
-    try:
-        for lineno, value, reason in read_jsonl(path, torn_tail=torn_tail):
-            if reason is not None:
-                raise DataFormatError(f"{path}:{lineno}: {reason}")
-            yield lineno, value
-    except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
-        raise DataFormatError(_unreadable(path, exc)) from None
-
-
-def _unreadable(path, exc: OSError | EOFError) -> str:
-    return f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})"
-
-
 def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: str = "raise") -> LoadedData:
     """Load and validate every line of a data file: the first bad line raises DataFormatError
     ("file:line: reason"), or with on_error="skip" is skipped, listed in LoadedData.skipped and counted
@@ -301,7 +280,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
             else:
                 skipped.append(LineError(str(path), lineno, reason))
     except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
-        raise DataFormatError(f"{_unreadable(path, exc)}; {fix}") from None
+        raise DataFormatError(f"{unreadable(path, exc)}; {fix}") from None
     if not records and not skipped:
         raise DataFormatError(f"{path}: no records (the file is empty); {fix}")
     if skipped:
@@ -339,7 +318,7 @@ def iter_records(paths, *, task: str | None = None) -> Iterator[tuple[str, int, 
                     raise DataFormatError(str(LineError(str(path), lineno, reason)))
                 yield str(path), lineno, rec
         except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
-            raise DataFormatError(_unreadable(path, exc)) from None
+            raise DataFormatError(unreadable(path, exc)) from None
 
 
 def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> Path:

@@ -2,7 +2,7 @@
 
 Every rate comes with a Wilson 95% interval and every mean with a normal-approximation one, so a
 before/after difference can be read against its noise. Completions are decoded in batches by the
-GRPO sampler (greedy by default), in the model's own layout (``model.layout``) unless told otherwise.
+GRPO sampler (greedy by default), in the model's own layout (``training.layout_of(model)``) unless told otherwise.
 Positions are compared as positions (:func:`tasks.same_position`), never as strings.
 
 ``policy/best_move_accuracy`` is agreement with Stockfish's best move; on converted original data
@@ -30,6 +30,7 @@ from ..core.model import GPT
 from ..core.sampling import SamplingConfig, generate
 from ..core.tokenizer import encode_prompt, get_tokenizer
 from ..core.config import add_config_arguments, config_kwargs_from_args, option, validate
+from .training import layout_of, read_layout
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing: {metric: (value, what it measured and on which data)}.
@@ -123,7 +124,7 @@ class EvalConfig:
     max_env: int | None = option(None, "cap on A: records evaluated (None = all)", min=0)
     selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
     selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
-    layout: str | None = option(None, "prompt layout; None: the model's own (model.layout; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
+    layout: str | None = option(None, "prompt layout; None: the model's own (training.layout_of; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
     prompt_prefix: str | None = option(None, "text before every prompt; None: the model's own (model.prompt_prefix: "
                                        "<|endoftext|> for models our SFT trained, \"\" for RookWorld-LM)")
     seed: int = option(0, "sampling seed and self-play opening randomisation", min=0)
@@ -133,7 +134,7 @@ class EvalConfig:
 
     def for_model(self, model) -> EvalConfig:
         """This config with the layout, prompt prefix and budget resolved: given values win, else the model's."""
-        layout = self.layout or getattr(model, "layout", "compact")
+        layout = self.layout or layout_of(model)
         prefix = getattr(model, "prompt_prefix", "") if self.prompt_prefix is None else self.prompt_prefix
         return replace(self, layout=layout, prompt_prefix=prefix,
                        max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
@@ -397,7 +398,6 @@ def results_to_json(results: dict) -> dict:
 
 def cli(argv: list[str] | None = None) -> int:
     from . import data
-    from ..core.model import read_layout
 
     ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "

@@ -27,7 +27,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import atomic_write
-from ..chess.tasks import LAYOUTS
 from .tokenizer import EOT_TOKEN
 
 ATTN_IMPLS = ("sdpa", "math")
@@ -211,11 +210,13 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in GPT-2
-        # The P: layout the model reads and writes (tasks.LAYOUTS), and what every prompt is preceded
-        # by (tokenizer.encode_prompt): EOT for the models our SFT trains, which saw EOT before every
-        # sample. Both travel in config.json (LAYOUT_KEY, PROMPT_PREFIX_KEY).
-        self.layout = "compact"
+        # What every prompt is preceded by (tokenizer.encode_prompt): EOT for the models our SFT trains,
+        # which saw EOT before every sample. `meta`: what a task layer records about the model (the
+        # chess layer: its text layout), under keys starting with META_PREFIX. Both travel in config.json;
+        # `source`: the directory from_pretrained read (None for a fresh model).
         self.prompt_prefix = EOT_TOKEN
+        self.meta: dict = {}
+        self.source: str | None = None
         self.apply(self._init_weights)
         # GPT-2 scales the residual projections by 1/sqrt(2 * n_layer) so the residual stream's
         # variance does not grow with depth.
@@ -303,7 +304,6 @@ class GPT(nn.Module):
                 raise _not_found(path)
         hf = read_config_json(config_path)
         config = config_from_hf(hf, config_path, **config_overrides)
-        layout, _ = _layout_of(hf, config_path)
         prefix = hf.get(PROMPT_PREFIX_KEY, "")
         if not isinstance(prefix, str):
             raise CheckpointFormatError(f"{config_path}: {PROMPT_PREFIX_KEY} must be a string "
@@ -335,13 +335,14 @@ class GPT(nn.Module):
             converted[key] = tensor.to(own[key].dtype)
         converted["lm_head.weight"] = converted["transformer.wte.weight"]  # the same tied parameter
         model.load_state_dict(converted, strict=True)
-        model.layout, model.prompt_prefix = layout, prefix
+        model.prompt_prefix, model.source = prefix, str(directory)
+        model.meta = {k: v for k, v in hf.items() if k.startswith(META_PREFIX) and k != PROMPT_PREFIX_KEY}
         return model
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads."""
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"model.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if bad := [k for k in self.meta if not k.startswith(META_PREFIX) or k == PROMPT_PREFIX_KEY]:
+            raise ValueError(f"model.meta keys must start with {META_PREFIX!r} (and not be {PROMPT_PREFIX_KEY!r}): {bad}")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = {}
@@ -362,8 +363,8 @@ class GPT(nn.Module):
                 tmp.unlink()
             raise _os_error(exc, weights) from None
         tmp.replace(weights)
-        text = json.dumps({**hf_config_dict(self.config), LAYOUT_KEY: self.layout,
-                           PROMPT_PREFIX_KEY: self.prompt_prefix}, indent=2) + "\n"
+        text = json.dumps({**hf_config_dict(self.config), **self.meta, PROMPT_PREFIX_KEY: self.prompt_prefix},
+                          indent=2) + "\n"
         config_path = directory / "config.json"
         try:
             atomic_write(config_path, lambda f: f.write(text.encode()))
@@ -404,39 +405,14 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 # transformers' GPT2Config (every GPT-2 release writes them).
 HF_DROPOUTS = {"resid_pdrop": "dropout", "embd_pdrop": "embd_dropout", "attn_pdrop": "attn_dropout"}
 HF_DEFAULT_PDROP = 0.1
-# The config.json keys (transformers ignores unknown keys) of GPT.layout and GPT.prompt_prefix, for any
-# tool that prompts the model. A GPT-2 directory without them is taken as an original RookWorld model:
-# the original fixed-width layout (rookworld_lib.chess.tasks), no prompt prefix.
-LAYOUT_KEY = "rookworld_layout"
+# config.json keys of our own (transformers ignores unknown keys): GPT.prompt_prefix, and a task
+# layer's GPT.meta. A GPT-2 directory without PROMPT_PREFIX_KEY is prompted with no prefix.
+META_PREFIX = "rookworld_"
 PROMPT_PREFIX_KEY = "rookworld_prompt_prefix"
 
 
 class CheckpointFormatError(ValueError):
     """A Hugging Face GPT-2 directory that cannot be loaded faithfully."""
-
-
-def read_layout(directory: str | Path) -> tuple[str, str]:
-    """(layout, why) of a Hugging Face GPT-2 directory: its recorded layout, or "original" when
-    config.json records none (a model that is not ours: RookWorld-LM-124M and its kin)."""
-    path = Path(directory) / "config.json"
-    return _layout_of(read_config_json(path), path)
-
-
-def layout_for(init_from: str | os.PathLike | None) -> tuple[str, str]:
-    """(layout, why) of a run starting from `init_from`: compact from scratch (None or "scratch"),
-    else the init model's own (read_layout)."""
-    if not init_from or init_from == "scratch":
-        return "compact", "a scratch start trains the compact layout"
-    return read_layout(init_from)
-
-
-def _layout_of(d: dict, path: Path) -> tuple[str, str]:
-    if LAYOUT_KEY not in d:
-        return "original", f"{path} records no {LAYOUT_KEY!r}: taken as an original RookWorld model"
-    layout = d[LAYOUT_KEY]
-    if layout not in LAYOUTS:
-        raise CheckpointFormatError(f"{path}: {LAYOUT_KEY} is {layout!r}, expected one of {LAYOUTS}")
-    return layout, f"{path} records {LAYOUT_KEY}={layout!r}"
 
 
 def _not_found(path: Path) -> CheckpointFormatError:
@@ -531,3 +507,33 @@ def _os_error(exc: Exception, path: Path) -> OSError:
     m = re.search(r"os error (\d+)", str(exc))
     code = int(m.group(1)) if m else errno.EIO
     return OSError(code, os.strerror(code) if m else f"could not write the model ({exc})", str(path))
+
+
+# --- FLOPs of the model's matmuls (lab.perf turns them into MFU; sampling picks decode threads by them)
+
+FLOP_KINDS = ("train", "forward", "decode")
+
+
+def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
+    """Forward FLOPs per token, by matmul, of a GPT-2 shaped model whose attention spans `seq_len` keys
+    (2 per multiply-add, the matmuls only, attention over the full score matrix: docs/perf.md's table)."""
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    C, L = config.n_embd, config.n_layer
+    return {
+        "qkv": L * 2 * C * 3 * C,
+        "attn_scores": L * 2 * seq_len * C,
+        "attn_values": L * 2 * seq_len * C,
+        "attn_proj": L * 2 * C * C,
+        "mlp": L * 2 * C * 4 * C * 2,
+        "lm_head": 2 * C * config.padded_vocab_size,
+    }
+
+
+def flops_per_token(config: GPTConfig, seq_len: int, kind: str = "train") -> int:
+    """Model FLOPs per token of `kind`: "forward" (a pass over `seq_len` tokens), "train" (3x forward: backward
+    is 2x, no optimizer step) or "decode" (one new token attending to `seq_len` cached keys, its own included)."""
+    if kind not in FLOP_KINDS:
+        raise ValueError(f"kind must be one of {FLOP_KINDS}, got {kind!r}")
+    fwd = sum(flops_breakdown(config, seq_len).values())
+    return 3 * fwd if kind == "train" else fwd

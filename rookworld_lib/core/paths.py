@@ -164,3 +164,24 @@ class JsonlAppender(contextlib.AbstractContextManager):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class DataFormatError(ValueError):
+    """A malformed data line; the message is ``file:line: reason``."""
+
+
+def json_lines(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-blank line of any JSON-lines file, e.g. ``{"text": ...}``
+    training files; a line that is not UTF-8 or not JSON, or a file that cannot be read, raises
+    DataFormatError naming the file (and line). torn_tail: see :func:`read_jsonl`."""
+    try:
+        for lineno, value, reason in read_jsonl(path, torn_tail=torn_tail):
+            if reason is not None:
+                raise DataFormatError(f"{path}:{lineno}: {reason}")
+            yield lineno, value
+    except (OSError, EOFError) as exc:  # EOFError: a truncated .gz
+        raise DataFormatError(unreadable(path, exc)) from None
+
+
+def unreadable(path, exc: OSError | EOFError) -> str:
+    return f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .grpo import token_logprobs  # the one definition, shared with GRPO scoring
-from .model import GPT, KVCache
+from .model import GPT, KVCache, flops_per_token
 from .tokenizer import EOT_ID
 from .config import option, validate
 
@@ -365,8 +365,6 @@ _DECODE_THREADS: dict[tuple, int] = {}  # (model config, rows, torch's threads) 
 def _decode_threads(model: GPT, rows: int, context: int, device: torch.device) -> int:
     """The intra-op threads this process decodes `rows` rows of `model` on (see
     SINGLE_THREAD_DECODE_FLOPS): torch's own, or one when one was faster on the first call."""
-    from ..lab.perf import flops_per_token
-
     default = torch.get_num_threads()
     small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
     if device.type != "cpu" or default == 1 or not small:

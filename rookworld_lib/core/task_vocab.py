@@ -76,7 +76,7 @@ class TaskVocab:
             wte.zero_()
             wte[:VOCAB_SIZE, PINNED] = -OFF_LOGIT / PINNED_BIAS
             wte[self.ids.to(wte.device)] = model.transformer.wte.weight[: len(self)]
-        full.layout, full.prompt_prefix = model.layout, model.prompt_prefix
+        full.meta, full.prompt_prefix = dict(model.meta), model.prompt_prefix
         full.train(model.training)
         return full
 

@@ -3,7 +3,8 @@
 One step:
 1. draw `prompts_per_step` prompts (P: and A: mixed by `policy_fraction`);
 2. sample `group_size` completions per prompt with the KV-cached sampler (dropout off);
-3. score each completion with the chess rewards (ground truth from the data set where present);
+3. score each completion with the reward functions (TRL's signature: `f(prompts, completions, **columns)`,
+   the columns being each prompt item's `task` and `truth`; a task layer supplies them);
 4. compute group advantages; optionally drop zero-variance groups and refill (dynamic sampling);
 5. run `mu` passes over the rollout in minibatches, each an optimizer step on `grpo_loss`, with
    the sampler's log-probs as the old policy and, when beta > 0, a frozen reference model.
@@ -15,28 +16,25 @@ in eval mode throughout, so dropout never perturbs the log-probs that the ratio 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import hashlib
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
 from . import distributed, grpo
-from .model import GPT, read_layout
-from ..chess.tasks import COMPLETION_BUDGET, LAYOUTS
+from .config import bad_field, option, validate
+from .model import GPT
 from .sampling import SamplingConfig, generate, sequence_logprobs
 from .tokenizer import EOT_ID, encode_prompt, get_tokenizer
+from .train_utils import TASKS, WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
 from .trainer import Trainer
-from .config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
-from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, setup_runtime, to_jsonable
 
 METRICS_FILE = "grpo_metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
@@ -49,7 +47,8 @@ COMPLETION_KEYS = ("step", "group", "task", "prompt", "completion", "reward", "a
 
 @dataclass(frozen=True)
 class PromptItem:
-    """One training prompt: its task ("P" or "A"), the prompt text, and ground truth if known."""
+    """One training prompt: its task (one of TASKS, the pools policy_fraction mixes), the prompt text,
+    and ground truth if known (handed to the reward functions as the `truth` column)."""
 
     task: str
     prompt: str
@@ -63,7 +62,7 @@ class GRPOTrainConfig:
     steps: int = option(20, "optimizer-level GRPO steps (each = one rollout batch)", min=1)
     prompts_per_step: int = option(8, "prompts per rollout batch", min=1)
     group_size: int = option(4, "completions per prompt (G)", min=2)
-    policy_fraction: float = option(0.5, "share of P: prompts; the rest are A: prompts", min=0.0, max=1.0)
+    policy_fraction: float = option(0.5, "share of prompts of the first task (TASKS: P); the rest are of the second (A)", min=0.0, max=1.0)
     max_new_tokens: int = option(96, "completion budget; longer completions are truncated", min=1)
     temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=0.0, min_open=True)
     top_k: int = option(0, "sampler top-k (0 = off; GRPO scores the full distribution)", min=0)
@@ -100,33 +99,39 @@ class GRPOTrainConfig:
             bad_field(type(self).__name__, "loss", self.loss, "must be a grpo.GRPOConfig")
 
 
-RewardFn = Callable[[PromptItem, str], float]
+# TRL's reward-function signature: f(prompts, completions, **columns) -> one float (or None:
+# unscorable) per completion; the columns here are `task` and `truth`, one value per completion.
+RewardFunc = Callable[..., Sequence[float | None]]
 RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to"}  # how long, what is logged
 
 
-def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
-    """PromptItems from data-set records (rookworld_lib.chess.data), each carrying its record as truth."""
-    from ..chess.data import record_text
-
-    return [PromptItem(r["task"], record_text(r, layout)[0], r) for r in records if r["task"] in ("P", "A")]
-
-
-def default_reward(item: PromptItem, completion: str) -> float:
-    """The chess rewards: policy or environment scorer by task, with ground truth when present."""
-    from ..chess import rewards
-
-    return float(rewards.score(item.prompt, completion, truth=item.truth))
+def score_completions(reward_funcs: Sequence[RewardFunc], weights: Sequence[float], items: list[PromptItem],
+                      completions: list[str]) -> torch.Tensor:
+    """The weighted sum of the reward functions per completion, as TRL sums them: None counts as
+    NaN and is left out of the sum (nansum); every function must give one value per completion."""
+    columns = {"task": [i.task for i in items], "truth": [i.truth for i in items]}
+    prompts = [i.prompt for i in items]
+    per_func = []
+    for f in reward_funcs:
+        values = list(f(prompts=prompts, completions=completions, **columns))
+        if len(values) != len(completions):
+            raise ValueError(f"reward function {getattr(f, '__name__', f)!r} gave {len(values)} values for "
+                             f"{len(completions)} completions")
+        per_func.append([float("nan") if v is None else float(v) for v in values])
+    r = torch.tensor(per_func, dtype=torch.float32)
+    return (r * torch.tensor(weights, dtype=torch.float32)[:, None]).nansum(0)
 
 
 class PromptSampler:
     """Draws P:/A: prompts in the configured ratio, reshuffling each pool when it runs out."""
 
     def __init__(self, items: list[PromptItem], policy_fraction: float, seed: int):
-        self.pools = {t: [i for i in items if i.task == t] for t in ("P", "A")}
-        if policy_fraction > 0 and not self.pools["P"]:
-            raise ValueError("policy_fraction > 0 but there are no P: prompts")
-        if policy_fraction < 1 and not self.pools["A"]:
-            raise ValueError("policy_fraction < 1 but there are no A: prompts")
+        first, second = TASKS
+        self.pools = {t: [i for i in items if i.task == t] for t in TASKS}
+        if policy_fraction > 0 and not self.pools[first]:
+            raise ValueError(f"policy_fraction > 0 but there are no {first}: prompts")
+        if policy_fraction < 1 and not self.pools[second]:
+            raise ValueError(f"policy_fraction < 1 but there are no {second}: prompts")
         self.fraction = policy_fraction
         self.rng = random.Random(seed)
         self.order = {t: [] for t in self.pools}
@@ -139,13 +144,13 @@ class PromptSampler:
 
     def draw(self, n: int) -> list[PromptItem]:
         n_policy = round(n * self.fraction)
-        return [self._next("P") for _ in range(n_policy)] + [self._next("A") for _ in range(n - n_policy)]
+        return [self._next(TASKS[0]) for _ in range(n_policy)] + [self._next(TASKS[1]) for _ in range(n - n_policy)]
 
     @property
     def fingerprint(self) -> str:
         """SHA-256 of the prompt pools (task and text, in order): a resume must draw from the same."""
         h = hashlib.sha256()
-        for t in ("P", "A"):
+        for t in TASKS:
             for item in self.pools[t]:
                 h.update(f"{t}\x00{item.prompt}\x00".encode())
         return h.hexdigest()
@@ -216,8 +221,8 @@ class GRPOTrainer(Trainer):
     stop_hint = "Lower lr, or check the rewards and the model."
 
     def __init__(self, model: GPT, items: list[PromptItem], cfg: GRPOTrainConfig,
-                 reward_fn: RewardFn = default_reward, on_step: Callable[[dict], None] | None = None,
-                 init_from: str | None = None):
+                 reward_funcs: RewardFunc | Sequence[RewardFunc], reward_weights: Sequence[float] | None = None,
+                 on_step: Callable[[dict], None] | None = None, init_from: str | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
         super().__init__(cfg, cfg.steps, on_step=on_step)
@@ -229,7 +234,11 @@ class GRPOTrainer(Trainer):
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
         self.prompts = self.data = PromptSampler(items, cfg.policy_fraction, cfg.seed)
-        self.reward_fn = reward_fn
+        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+        self.reward_weights = [1.0] * len(self.reward_funcs) if reward_weights is None else list(map(float, reward_weights))
+        if not self.reward_funcs or len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(f"give one or more reward functions and one weight each (got {len(self.reward_funcs)} "
+                             f"functions, {len(self.reward_weights)} weights)")
         self.tokenizer = get_tokenizer()
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
@@ -294,7 +303,7 @@ class GRPOTrainer(Trainer):
             t1 = time.perf_counter()
             completions = rollout.completions(self.tokenizer)
             rows = [item for item in chunk for _ in range(G)]
-            rewards = torch.tensor([self.reward_fn(i, t) for i, t in zip(rows, completions)], dtype=torch.float32)
+            rewards = score_completions(self.reward_funcs, self.reward_weights, rows, completions)
             timings["sampling"] += t1 - t0
             timings["scoring"] += time.perf_counter() - t1
             mine.append((c, RolloutBatch(rows, rollout.prompt_ids, rollout.tokens.cpu(), rollout.logprobs.cpu(),
@@ -447,7 +456,7 @@ class GRPOTrainer(Trainer):
     def _batch_record(self, batch: RolloutBatch, timings: dict, elapsed: float) -> dict:
         """Rewards per task, completion lengths, truncation and timings of the step's rollout batch."""
         record = {}
-        for task in ("P", "A"):
+        for task in TASKS:
             sel = torch.tensor([i.task == task for i in batch.items])
             if sel.any():
                 record[f"rewards/{task}/mean"] = batch.rewards[sel].mean().item()
@@ -491,52 +500,6 @@ def _mean(values):
     return sum(values) / len(values) if values else float("nan")
 
 
-def train_records(data_dir=None) -> list[dict]:
-    """The P: and A: training records of a data directory; either file may be absent (a converted
-    original set may hold one task only), not both."""
-    from ..chess.data import data_file, load_jsonl
-
-    paths = [data_file(task, "train", data_dir) for task in ("P", "A")]
-    if not any(p.exists() for p in paths):
-        raise ValueError(f"no training data: neither {paths[0]} nor {paths[1]} exists "
-                         "(rookworld datagen or rookworld convert --split train writes them)")
-    return [r for task, p in zip(("P", "A"), paths) if p.exists() for r in load_jsonl(p, task=task).records]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """`rookworld grpo`'s options: the model, data and layout, --nproc, and one per config field."""
-    ap = distributed.command_parser(
-        "grpo", "GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
-                "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out-dir>/checkpoints.",
-        "rookworld grpo --init-from runs/sft-cpu/final --out-dir runs/grpo-cpu --steps 50")
-    ap.add_argument("--init-from", required=True, metavar="DIR",
-                    help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
-    ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
-    ap.add_argument("--layout", default=None, choices=list(LAYOUTS),
-                    help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
-                         "without our record, such as RookWorld-LM-124M, is original)")
-    add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
-                         help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
-                                         + " / ".join(f"{v} {k}" for k, v in COMPLETION_BUDGET.items()) + ")"})
-    ap.set_defaults(max_new_tokens=None)
-    add_config_arguments(ap, grpo.GRPOConfig, skip=("temperature", "max_completion_length"))
-    return ap
-
-
-def _config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
-    """The run's config and layout (the model's own unless --layout), with the layout's budget."""
-    layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
-    budget = args.max_new_tokens or COMPLETION_BUDGET[layout]
-    print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
-    loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
-                           max_completion_length=budget, temperature=args.temperature)
-    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)),
-                             "max_new_tokens": budget}, loss=loss)
-    if not cfg.out_dir:
-        raise ValueError("give an output directory: --out-dir DIR")
-    return cfg, layout
-
-
 def check_world_size(cfg: GRPOTrainConfig, world_size: int) -> None:
     """Settings that cannot be split over `world_size` processes (torchrun, --nproc) raise ValueError."""
     if world_size == 1:
@@ -548,32 +511,3 @@ def check_world_size(cfg: GRPOTrainConfig, world_size: int) -> None:
     if cfg.minibatch_size % world_size or n % world_size:
         raise ValueError(f"minibatch_size ({cfg.minibatch_size}) and prompts_per_step * group_size ({n}) must be "
                          f"multiples of the number of processes ({world_size})")
-
-
-def _preflight(argv: list[str], nproc: int) -> None:
-    """Refuse, before torchrun starts, settings that every worker would refuse."""
-    check_world_size(_config_from_args(build_parser().parse_args(argv))[0], nproc)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """`rookworld grpo`; errors are reported in one line by cli.main."""
-    return distributed.run_command("grpo", argv, build_parser, _run, preflight=_preflight)
-
-
-def _run(args: argparse.Namespace) -> int:
-    cfg, layout = _config_from_args(args)
-    records = train_records(args.data_dir)
-    # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
-    # logits and every result are unchanged (docs/perf.md).
-    pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
-    model = GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad)
-    model.layout = layout  # what this run trains on; the export records it
-    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, init_from=args.init_from)
-    try:
-        trainer.train()
-        final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier
-        if trainer.dist.is_main:
-            print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / METRICS_FILE}; model in {final}")
-    finally:
-        trainer.close()  # before the process group goes (see Trainer.close)
-    return 0

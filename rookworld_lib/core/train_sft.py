@@ -11,7 +11,6 @@ another world size. Losses are averaged over ranks before the NaN guard sees the
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -28,20 +27,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import distributed
-from .model import GPT, PRESETS, GPTConfig, layout_for, read_config_json
-from .paths import RUNS_DIR
-from ..chess.tasks import LAYOUTS, task_of
-from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
+from .config import bad_field, check_number, option, validate
+from .model import GPT, PRESETS, GPTConfig, read_config_json
+from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
+from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
+from .train_step import LOSS_IMPLS, TrainStep
+from .train_utils import DTYPES, TASKS, WarmupCosineSchedule, build_adamw, seed_everything, task_of
 from .trainer import FINAL_DIR, Trainer
-from ..lab.tuning import LOSS_IMPLS, TrainStep, batch_loss, resolve_loss_impl  # noqa: F401  (public here too)
-from .config import add_config_arguments, bad_field, check_number, config_kwargs_from_args, option, validate
-from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, seed_everything
 
 log = logging.getLogger(__name__)
 
-TASKS = ("P", "A")
 METRICS_FILE = "metrics.jsonl"
 # One metrics record per step, in this order, named as TRL names them. loss is null when non-finite;
 # eval/loss is null except at eval steps (and step 0); grad_norm is before clipping; time/step and
@@ -62,10 +58,9 @@ class SFTConfig:
     model_overrides: dict = option(factory=dict, help="GPTConfig fields to override, e.g. dropout=0.1")
     init_from: str = option("scratch", '"scratch" (random init of the preset) or a Hugging Face GPT-2 directory')
     # data
-    train_data: tuple[str, ...] = option((), 'JSONL training files: data.py P:/A: records or {"text": ...} lines')
+    train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines; the chess layer\'s also reads its P:/A: records)')
     val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
-    layout: str | None = option(None, "how records are rendered: \"compact\" or \"original\"; None: init_from's own (compact from scratch)", choices=LAYOUTS)
-    policy_fraction: float | None = option(0.5, "share of P: samples in the packed stream; None keeps the data's mix", min=0.0, max=1.0)
+    policy_fraction: float | None = option(0.5, "share of samples of the first task (TASKS: P) in the packed stream; None keeps the data's mix", min=0.0, max=1.0)
     stream: bool = option(False, "read train_data/val_data as they are used (tokenized on the fly through a shuffle buffer): memory does not grow with the data; for large sharded sets")
     shuffle_buffer: int = option(10_000, "samples held in each task's shuffle buffer when stream=True", min=1)
     val_fraction: float = option(0.05, "share of training samples held out for val when there is no val data (0 = none)", min=0.0, max=1.0, max_open=True)
@@ -189,59 +184,26 @@ RESUME_MAY_CHANGE = Trainer.resume_may_change | {"report_to", "train_data", "val
 
 # -- reading sample texts --------------------------------------------------------------------------
 
-def load_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -> list[str]:
-    """Full training strings (prompt + completion, no EOT) from JSONL files, in file order.
+class TextReader:
+    """How SFT reads its data files: JSON lines ``{"text": "..."}`` (``.jsonl`` or gzipped ``.jsonl.gz``),
+    each line checked as it is read (a bad one raises DataFormatError "file:line: reason"). A task layer
+    passes its own (rookworld_lib.chess.training.RecordReader also renders its records); `name` enters
+    a streamed run's fingerprint and `meta` is recorded in the model's export (GPT.meta)."""
 
-    Two line formats, decided per file by its first record:
-    - records of `rookworld datagen` (fields task, prompt, completion, ...), loaded and validated
-      by `data.load_jsonl`; P: records are rendered in `layout`;
-    - {"text": "P: ... B: e2e4"} lines, for any other source of text.
-    Files may be gzipped (``.jsonl.gz``, e.g. datagen's shards). A bad line raises
-    data.DataFormatError (a ValueError) as "file:line: reason".
-    """
-    from ..chess import data
+    name = "text"
+    meta: dict = {}
 
-    texts: list[str] = []
-    for path in map(Path, paths):
-        if _holds_records(path):
-            texts += [_record_text(rec, path, layout) for rec in data.load_jsonl(path)]  # also checks duplicate ids
-        else:
-            texts += iter_texts([path], layout=layout)
-    return texts
+    def iter_texts(self, paths: Sequence[str | os.PathLike]) -> Iterator[str]:
+        """The sample texts of `paths`, one at a time (memory does not grow with the files)."""
+        for path in paths:
+            for lineno, rec in json_lines(path):
+                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
+                    raise DataFormatError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
+                yield rec["text"]
 
-
-def iter_texts(paths: Sequence[str | os.PathLike], *, layout: str = "compact") -> Iterator[str]:
-    """load_texts' strings one at a time, each line validated as it is read: memory does not grow
-    with the files (ids are not checked for duplicates across a file; `rookworld datagen --validate` does)."""
-    from ..chess import data
-
-    for path in map(Path, paths):
-        if _holds_records(path):
-            for _, _, rec in data.iter_records([path]):
-                yield _record_text(rec, path, layout)
-            continue
-        for lineno, rec in data.json_lines(path):
-            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
-                raise data.DataFormatError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
-            yield rec["text"]
-
-
-def _holds_records(path: Path) -> bool:
-    """True for a file of datagen records, False for {"text": ...} lines (decided by its first line)."""
-    from ..chess import data
-
-    first = next(data.json_lines(path), (0, None))[1]
-    if first is None:
-        raise data.DataFormatError(f"{path}: no samples (the file is empty)")
-    return isinstance(first, dict) and "task" in first and "text" not in first
-
-
-def _record_text(rec: dict, path: Path, layout: str) -> str:
-    from ..chess import data
-
-    if rec["task"] not in TASKS:
-        raise data.DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
-    return "".join(data.record_text(rec, layout))
+    def load_texts(self, paths: Sequence[str | os.PathLike]) -> list[str]:
+        """All the sample texts of `paths`, in file order."""
+        return list(self.iter_texts(paths))
 
 
 # -- packing ---------------------------------------------------------------------------------------
@@ -392,9 +354,9 @@ class StreamingPackedStream(PackedStream):
     (load_state_dict) replays the draws up to the saved position without tokenizing them."""
 
     def __init__(self, paths: Sequence[str | os.PathLike], *, seed: int, policy_fraction: float | None = None,
-                 layout: str = "compact", buffer: int = 10_000, name: str = "train", tokenizer=None):
+                 reader: TextReader | None = None, buffer: int = 10_000, name: str = "train", tokenizer=None):
         self.name, self.seed, self.policy_fraction = name, int(seed), policy_fraction
-        self.paths, self.layout, self.buffer = [str(p) for p in paths], layout, int(buffer)
+        self.paths, self.reader, self.buffer = [str(p) for p in paths], reader or TextReader(), int(buffer)
         self.enc = tokenizer or get_tokenizer()
         self.pool_names = ["all"] if policy_fraction is None else list(TASKS)
         for task in self.pool_names:  # fail now, not at the first draw from an empty pool
@@ -411,7 +373,7 @@ class StreamingPackedStream(PackedStream):
         """One epoch of a pool's texts: the files in this epoch's seeded order."""
         files = list(self.paths)
         random.Random(f"{self.seed}:{pool}:{epoch}").shuffle(files)
-        for text in iter_texts(files, layout=self.layout):
+        for text in self.reader.iter_texts(files):
             if pool == "all" or task_of(text.lstrip()) == pool:
                 yield text
 
@@ -444,7 +406,7 @@ class StreamingPackedStream(PackedStream):
 
     def _fingerprint(self) -> str:
         files = [(Path(p).name, Path(p).stat().st_size) for p in self.paths]
-        return hashlib.sha256(json.dumps(["stream", self.seed, self.policy_fraction, self.pool_names, self.layout,
+        return hashlib.sha256(json.dumps(["stream", self.seed, self.policy_fraction, self.pool_names, self.reader.name,
                                           self.buffer, files]).encode()).hexdigest()[:32]
 
     def _sample_tokens(self, pool: int, k: int) -> np.ndarray:
@@ -466,7 +428,7 @@ class StreamingPackedStream(PackedStream):
         """The distinct GPT-2 ids of the data, from one pass over the files (bounded memory: a mark per id)."""
         seen = np.zeros(VOCAB_SIZE, dtype=bool)
         seen[EOT_ID] = True
-        texts = (t.removesuffix(EOT_TOKEN) for t in iter_texts(self.paths, layout=self.layout))
+        texts = (t.removesuffix(EOT_TOKEN) for t in self.reader.iter_texts(self.paths))
         while chunk := list(itertools.islice(texts, 8192)):
             for ids in self.enc.encode_batch(chunk, allowed_special={EOT_TOKEN}):
                 seen[ids] = True
@@ -494,7 +456,8 @@ class SFTTrainer(Trainer):
     stop_hint = "Lower lr, check the data, or try dtype='fp32'."
 
     def __init__(self, cfg: SFTConfig, *, train_texts: Sequence[str] | None = None,
-                 val_texts: Sequence[str] | None = None, on_step: Callable[[dict], None] | None = None):
+                 val_texts: Sequence[str] | None = None, reader: TextReader | None = None,
+                 on_step: Callable[[dict], None] | None = None):
         super().__init__(cfg, cfg.max_steps, on_step=on_step)
         self.export_at_end = cfg.export_hf
         W = self.dist.world_size
@@ -502,9 +465,7 @@ class SFTTrainer(Trainer):
             raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
                              "under torchrun: each rank trains on batch_size / world_size rows of every "
                              "micro-batch, so the global batch stays the same whatever the world size")
-        # the layout records are rendered in, and the one the export records (model.LAYOUT_KEY)
-        self.layout, why = (cfg.layout, "SFTConfig.layout") if cfg.layout else layout_for(cfg.init_from)
-        log.info("layout: %s (%s)", self.layout, why)
+        self.reader = reader or TextReader()  # how data files become texts; its meta goes into the export
         self._load_data(train_texts, val_texts)
         self.data = self.train_stream
         ckpt = self.find_checkpoint()
@@ -539,9 +500,9 @@ class SFTTrainer(Trainer):
         if cfg.stream and train_texts is None and val_texts is None:
             return self._stream_data()
         if train_texts is None:
-            train_texts = load_texts(cfg.train_data, layout=self.layout)
+            train_texts = self.reader.load_texts(cfg.train_data)
         if val_texts is None and cfg.val_data:
-            val_texts = load_texts(cfg.val_data, layout=self.layout)
+            val_texts = self.reader.load_texts(cfg.val_data)
         if val_texts is None:
             if cfg.val_fraction > 0:  # held out whether or not eval is on, so the training data never depend on it
                 train_texts, val_texts = split_val(train_texts, cfg.val_fraction, cfg.seed)
@@ -566,7 +527,7 @@ class SFTTrainer(Trainer):
         cfg = self.cfg
         if cfg.eval_interval > 0 and not cfg.val_data:
             raise ValueError("SFTConfig.stream=True holds no samples back for val: set val_data, or eval_interval=0")
-        opts = dict(seed=cfg.seed, layout=self.layout, buffer=cfg.shuffle_buffer)
+        opts = dict(seed=cfg.seed, reader=self.reader, buffer=cfg.shuffle_buffer)
         self.train_stream = StreamingPackedStream(cfg.train_data, policy_fraction=cfg.policy_fraction, name="train", **opts)
         self.val_stream = None
         if cfg.eval_interval > 0:
@@ -588,7 +549,7 @@ class SFTTrainer(Trainer):
         else:
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
-        model.layout = self.layout
+        model.meta.update(self.reader.meta)
         model.prompt_prefix = EOT_TOKEN  # PackedStream puts EOT before every sample
         if self.vocab is not None:
             pin_bias_coordinate(model)  # a checkpoint's values, loaded later, were pinned since step 0
@@ -694,76 +655,15 @@ class SFTResult:
 
 
 def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_texts: Sequence[str] | None = None,
-              until: int | None = None, on_step: Callable[[dict], None] | None = None) -> SFTResult:
-    """Run (or resume) SFT as configured. Texts given here replace cfg.train_data / cfg.val_data.
+              reader: TextReader | None = None, until: int | None = None,
+              on_step: Callable[[dict], None] | None = None) -> SFTResult:
+    """Run (or resume) SFT as configured. Texts given here replace cfg.train_data / cfg.val_data, which
+    `reader` reads (default: {"text": ...} lines).
 
     on_step(record) is called after every step's metrics are written (e.g. to update a live plot).
     """
-    trainer = SFTTrainer(cfg, train_texts=train_texts, val_texts=val_texts, on_step=on_step)
+    trainer = SFTTrainer(cfg, train_texts=train_texts, val_texts=val_texts, reader=reader, on_step=on_step)
     history = trainer.train(until=until)
     done = trainer.step >= cfg.max_steps and cfg.export_hf
     return SFTResult(trainer.export_model(), trainer.step, history, trainer.last_checkpoint,
                      trainer.out_dir / FINAL_DIR if done else None, trainer.out_dir)
-
-
-# -- command line ----------------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    """`rookworld sft`'s options: --nproc and one per SFTConfig field."""
-    ap = distributed.command_parser(
-        "sft", "Supervised pretraining on P:/A: task text: packed samples, AdamW, warm-up + cosine, periodic val "
-               "loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
-        "rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl --val-data data/policy_val.jsonl "
-        "data/env_val.jsonl --model cpu-small --max-steps 300 --out-dir runs/sft-cpu",
-        nproc_note="; --batch-size must be a multiple of N")
-    docs = {"train_data": "JSONL training files: data.py P:/A: records or {\"text\": ...} lines (default: the "
-                          "shipped data/policy_train.jsonl and data/env_train.jsonl)",
-            "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
-                        "not given, else val_fraction of the training samples)"}
-    add_config_arguments(ap, SFTConfig, help_overrides=docs,
-                         metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR", "out_dir": "DIR"})
-    return ap
-
-
-def _shipped(split: str) -> tuple[str, ...]:
-    from ..chess.data import data_file
-
-    return tuple(str(f) for f in (data_file("P", split), data_file("A", split)) if f.is_file())
-
-
-def _config_from_args(args: argparse.Namespace) -> SFTConfig:
-    kwargs = config_kwargs_from_args(SFTConfig, args)
-    if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
-        kwargs["train_data"] = _shipped("train")
-        if not kwargs["val_data"]:
-            kwargs["val_data"] = _shipped("val")
-        if not kwargs["train_data"]:
-            raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
-                             "writes data/policy_train.jsonl and data/env_train.jsonl)")
-        log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
-    return SFTConfig(**kwargs)
-
-
-def _preflight(argv: list[str], nproc: int) -> None:
-    """Refuse, before torchrun starts, settings that every worker would refuse."""
-    cfg = _config_from_args(build_parser().parse_args(argv))
-    if cfg.batch_size % nproc:
-        raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --nproc ({nproc}): each process "
-                         "trains on batch_size / nproc rows of every micro-batch")
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """`rookworld sft`; errors are reported in one line by cli.main."""
-    return distributed.run_command("sft", argv, build_parser, _run, preflight=_preflight)
-
-
-def _run(args: argparse.Namespace) -> int:
-    result = train_sft(_config_from_args(args))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
-        return 0
-    last = result.history[-1] if result.history else {}
-    val = [r["eval/loss"] for r in result.history if r.get("eval/loss") is not None]
-    print(f"SFT finished at step {result.step}: loss {last.get('loss')}, val loss {val[-1] if val else None}; "
-          f"checkpoint {result.checkpoint}; metrics {result.out_dir / METRICS_FILE}"
-          + (f"; Hugging Face model in {result.final_dir}" if result.final_dir else ""))
-    return 0

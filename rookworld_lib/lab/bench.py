@@ -26,7 +26,8 @@ from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.tokenizer import EOT_ID
 from ..core.config import option, validate
 from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
-from .tuning import TrainStep, random_batches
+from ..core.train_step import TrainStep
+from .tuning import random_batches
 
 # A few policy prompts (`P: <FEN>`) for the GRPO comparison; positions from well-known openings.
 FENS = (
@@ -254,7 +255,7 @@ def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
                            lr=1e-6, weight_decay=0.0, grad_clip=1.0, loss=grpo.GRPOConfig(loss_type="dapo", beta=0.0),
                            dtype=cfg.precision, device=str(device), seed=cfg.seed, progress=False)
     torch.manual_seed(cfg.seed)
-    return GRPOTrainer(GPT.from_pretrained(workdir), items, tcfg, reward_fn=lambda item, text: vowel_reward(text))
+    return GRPOTrainer(GPT.from_pretrained(workdir), items, tcfg, reward_funcs=lambda completions, **_: [vowel_reward(c) for c in completions])
 
 
 def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> list[float]:

@@ -10,26 +10,28 @@ ROOKWORLD_TRACEBACK=1. Under `--nproc N` a worker hands its line to the launcher
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import importlib
-import json
 import os
 import sys
+
+from ..chess.datagen import WorkDirMismatch
+from ..chess.engine import EngineFailedError, StockfishNotFoundError
+from ..core.checkpoint import CheckpointError
+from ..core.distributed import is_worker, report, report_interrupted
+from ..core.tokenizer import TokenizerFileError
+from ..core.train_utils import NonFiniteError
 
 SUBCOMMANDS = {
     "datagen": ("rookworld_lib.chess.datagen", "generate Stockfish-labelled P:/A: data and eval sets"),
     "convert": ("rookworld_lib.chess.convert", "convert original RookWorld data (text, JSON lines, Parquet, Arrow) into records"),
-    "sft": ("rookworld_lib.core.train_sft", "supervised pretraining on task text"),
-    "grpo": ("rookworld_lib.core.train_grpo", "GRPO with verifiable chess rewards"),
+    "sft": ("rookworld_lib.chess.training:sft_cli", "supervised pretraining on P:/A: task text"),
+    "grpo": ("rookworld_lib.chess.training:grpo_cli", "GRPO with verifiable chess rewards"),
     "eval": ("rookworld_lib.chess.evaluate", "evaluate a checkpoint on held-out chess tasks"),
     "bench": ("rookworld_lib.lab.bench", "side-by-side speed benchmarks against transformers/TRL"),
     "run": ("rookworld_lib.lab.pipeline", "execute the numbered notebooks headless into runs/<timestamp>/"),
 }
 TRACEBACK_ENV = "ROOKWORLD_TRACEBACK"  # =1: let every error through with its traceback (debugging)
-ERRORS_DIR_ENV = "ROOKWORLD_ERRORS_DIR"  # set by distributed.torchrun for its workers
-INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
-RESUMABLE = ("sft", "grpo")  # commands that continue from their latest checkpoint when run again
 
 
 def usage() -> str:
@@ -52,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = os.environ.get(TRACEBACK_ENV) == "1"
     try:
-        module = importlib.import_module(SUBCOMMANDS[name][0])
-        return int(module.cli(rest) or 0)
+        module, _, func = SUBCOMMANDS[name][0].partition(":")
+        return int(getattr(importlib.import_module(module), func or "cli")(rest) or 0)
     except KeyboardInterrupt:
         if debug:
             raise
@@ -68,35 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return report(name, message, 1)
 
 
-def report_interrupted(command: str) -> int:
-    """`rookworld <command>: interrupted (Ctrl-C)...`, one line; returns 130."""
-    resume = "; the same command resumes from the latest checkpoint" if command in RESUMABLE else ""
-    return report(command, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
-
-
-def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:
-    """Print `rookworld <command>: error: <message>` (one line) and return `code`; a torchrun
-    worker hands the line to its launcher instead (see the module doc). A secondary error (this
-    worker stopped because a peer died) is shown only when no worker reported a primary one."""
-    line = f"rookworld {command}: {kind}{' '.join(message.split())}"
-    if _is_worker():
-        with contextlib.suppress(OSError, ValueError):  # the launcher is gone or the directory with it: say it here
-            with open(os.path.join(os.environ[ERRORS_DIR_ENV], f"rank{int(os.environ['RANK']):05d}.json"), "w") as f:
-                json.dump({"line": line, "code": code, "secondary": secondary}, f)
-            return code
-    with contextlib.suppress(OSError, ValueError):  # stderr closed (a pipe whose reader is gone): nothing left to tell
-        print(line, file=sys.stderr, flush=True)
-    return code
-
-
 def user_error_message(exc: BaseException) -> str | None:
     """The one-line message for an error a user can cause, or None for a bug (see the module doc)."""
-    from ..core.checkpoint import CheckpointError
-    from ..chess.datagen import WorkDirMismatch
-    from ..chess.engine import EngineFailedError, StockfishNotFoundError
-    from ..core.tokenizer import TokenizerFileError
-    from ..core.train_utils import NonFiniteError
-
     # messages that name the problem and where: bad input and settings (ValueError, which every config
     # check and our data, checkpoint-format and parameter errors derive from), missing files or engine
     if isinstance(exc, (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, WorkDirMismatch,
@@ -129,18 +104,13 @@ def os_error_message(exc: OSError) -> str:
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
 
 
-def _is_worker() -> bool:
-    """A process that distributed.torchrun started (it collects the error lines)."""
-    return bool(os.environ.get(ERRORS_DIR_ENV)) and os.environ.get("RANK") is not None
-
-
 # What gloo and NCCL say in the surviving workers when one worker of the group has exited.
 PEER_FAILURE_MARKS = ("Connection closed by peer", "remote worker crashing", "Connection reset by peer",
                       "NCCL communicator was aborted", "Broken pipe")
 
 
 def _peer_failed(exc: BaseException) -> bool:
-    return _is_worker() and isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_FAILURE_MARKS)
+    return is_worker() and isinstance(exc, RuntimeError) and any(m in str(exc) for m in PEER_FAILURE_MARKS)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -36,7 +36,8 @@ from ..core.paths import RUNS_DIR, read_jsonl
 from ..core.progress import widget_frontend
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from ..core.train_grpo import COMPLETION_KEYS, default_reward, prompt_items
+from ..chess.training import chess_reward, prompt_items
+from ..core.train_grpo import COMPLETION_KEYS
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
@@ -254,7 +255,7 @@ def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, tempe
     ro = generate(model.eval(), ids, SamplingConfig(max_new_tokens=budget, temperature=temperature, top_k=top_k,
                                                     top_p=top_p, num_samples=group_size, seed=seed))
     texts, rows = ro.completions(tok), [i for i in items for _ in range(group_size)]
-    scores = [default_reward(i, t) for i, t in zip(rows, texts)]
+    scores = chess_reward([i.prompt for i in rows], texts, truth=[i.truth for i in rows])
     adv, _ = grpo.group_advantages(scores, group_size, scale=scale)
     return [{"step": step, "group": n // group_size, "task": i.task, "prompt": i.prompt, "completion": t,
              "reward": r, "advantage": float(a), "ratio": None, "clip_fraction": None,

@@ -27,39 +27,14 @@ from typing import Callable
 
 import torch
 
-from ..core.model import GPTConfig
+from ..core.model import FLOP_KINDS, GPTConfig, flops_breakdown, flops_per_token  # noqa: F401  (public here too)
+from ..core.train_step import PHASE_PREFIX, phase  # noqa: F401  (public here too)
 from ..core.paths import git_commit
 from ..core.train_utils import Runtime, resolve_device
 
-FLOP_KINDS = ("train", "forward", "decode")
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 # --- FLOPs ---
-
-def flops_breakdown(config: GPTConfig, seq_len: int) -> dict[str, int]:
-    """Forward FLOPs per token, by matmul, of a GPT-2 shaped model whose attention spans `seq_len` keys
-    (2 per multiply-add, the matmuls only, attention over the full score matrix: docs/perf.md's table)."""
-    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-    C, L = config.n_embd, config.n_layer
-    return {
-        "qkv": L * 2 * C * 3 * C,
-        "attn_scores": L * 2 * seq_len * C,
-        "attn_values": L * 2 * seq_len * C,
-        "attn_proj": L * 2 * C * C,
-        "mlp": L * 2 * C * 4 * C * 2,
-        "lm_head": 2 * C * config.padded_vocab_size,
-    }
-
-
-def flops_per_token(config: GPTConfig, seq_len: int, kind: str = "train") -> int:
-    """Model FLOPs per token of `kind`: "forward" (a pass over `seq_len` tokens), "train" (3x forward: backward
-    is 2x, no optimizer step) or "decode" (one new token attending to `seq_len` cached keys, its own included)."""
-    if kind not in FLOP_KINDS:
-        raise ValueError(f"kind must be one of {FLOP_KINDS}, got {kind!r}")
-    fwd = sum(flops_breakdown(config, seq_len).values())
-    return 3 * fwd if kind == "train" else fwd
-
 
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs that torch.utils.flop_counter.FlopCounterMode counts while running fn()."""
@@ -353,14 +328,6 @@ class UtilizationSampler:
 
 
 # --- Profiling: trace export, top operators, memory by phase ---
-
-PHASE_PREFIX = "phase:"
-
-
-def phase(name: str):
-    """Mark a region (e.g. phase("forward")) so profile_phases can attribute time and memory to it."""
-    return torch.profiler.record_function(PHASE_PREFIX + name)
-
 
 @dataclass
 class ProfileResult:

@@ -5,19 +5,19 @@ remains but a JSON blob. Every notebook plot therefore also goes through `save_f
 writes a self-contained static copy into the figures directory: an HTML file that opens offline
 (plotly.js is written once beside it), the figure's JSON spec for later re-rendering, and a PNG
 that a Markdown report can embed (`report_figure_lines`). The PNG needs kaleido and a Chromium
-(`CHROMIUM_PATH`, else `chromium` on PATH, else /usr/bin/chromium); without them a figure stays
-HTML + JSON and one warning per process says why.
+(`CHROMIUM_PATH`, else `chromium` on PATH, else /usr/bin/chromium), which kaleido's own sync server
+keeps open for the whole process (a cold start costs seconds, a warm image much less) and stops at
+exit; without them a figure stays HTML + JSON and one warning per process says why.
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import logging
 import os
 import re
 import shutil
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -29,87 +29,47 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 PNG_TIMEOUT_S = 60.0  # a browser that hangs costs the run this much once, then PNGs are off
+_png_off: str | None = None  # why this process writes no PNGs, once one failed
 
 
-class _PngRenderer:
-    """One headless Chromium kept open for the whole process (a cold start costs ~2 s, a warm image
-    much less), driven by kaleido on an event loop of its own thread, so that it works the same in
-    a script and inside Jupyter's running loop. Any failure switches PNGs off for the process with
-    one warning; a figure is never lost over it (its HTML and JSON are already written)."""
+def _chromium() -> str:
+    path = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        where = "CHROMIUM_PATH" if os.environ.get("CHROMIUM_PATH") else "chromium on PATH or /usr/bin/chromium"
+        raise RuntimeError(f"no executable Chromium at {path!r} ({where})")
+    return path
 
-    def __init__(self):
-        self.browser, self.loop, self.failed = None, None, None
 
-    @staticmethod
-    def chromium() -> str:
-        path = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            where = "CHROMIUM_PATH" if os.environ.get("CHROMIUM_PATH") else "chromium on PATH or /usr/bin/chromium"
-            raise RuntimeError(f"no executable Chromium at {path!r} ({where})")
-        return path
+def _write_png(fig: go.Figure, path: Path) -> bool:
+    """Write `fig` as a PNG at `path`; False (with the process's one warning) when PNGs are off."""
+    global _png_off
+    if _png_off is not None:
+        return False
+    done: Future = Future()
 
-    def _run(self, coro):
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+    def write() -> None:  # on a thread of its own: kaleido's server waits forever on a browser that died at start
         try:
-            return future.result(PNG_TIMEOUT_S)
-        finally:
-            future.cancel()  # after a timeout: stop waiting on the browser (no-op once done)
+            import kaleido  # optional heavy dependency
 
-    def _start(self) -> None:
-        import kaleido  # noqa: F401  (ImportError: reported below as the reason)
+            try:  # the browser is given (nothing searched or downloaded); mathjax off: its default is a CDN
+                kaleido.start_sync_server(path=_chromium(), n=1, mathjax=False, timeout=PNG_TIMEOUT_S,
+                                          silence_warnings=True)  # already running: a no-op
+                done.set_result(fig.write_image(path, format="png"))  # plotly renders on the running server
+            except BaseException:
+                kaleido.stop_sync_server(silence_warnings=True)  # PNGs are off from here: free the browser
+                raise
+        except BaseException as exc:  # noqa: BLE001  (no kaleido, no browser, a failed render)
+            done.set_exception(exc)
 
-        path = self.chromium()
-        for name in ("choreographer", "kaleido"):  # their warnings of a failed start: ours is the one line
-            logging.getLogger(name).setLevel(logging.ERROR)
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, name="kaleido", daemon=True).start()
-
-        async def open_browser():  # built on its loop; mathjax off: its default is a CDN (we are offline)
-            browser = kaleido.Kaleido(path=path, n=1, mathjax=False, timeout=PNG_TIMEOUT_S)
-            await browser.open()
-            return browser
-
-        self.browser = self._run(open_browser())
-        atexit.register(self.close)
-
-    def png(self, fig: go.Figure, path: Path) -> bool:
-        """Write `fig` as a PNG at `path`; False (with the one warning) when PNGs are unavailable."""
-        if self.failed is None and self.browser is None:
-            try:
-                self._start()
-            except Exception as exc:  # noqa: BLE001  (no kaleido, no browser, browser would not start)
-                self._fail(exc)
-        if self.failed is not None:
-            return False
-        layout = fig.layout
-        opts = {"format": "png", "width": layout.width or pio.defaults.default_width,
-                "height": layout.height or pio.defaults.default_height, "scale": 1}
-        try:
-            path.write_bytes(self._run(self.browser.calc_fig(fig.to_dict(), opts=opts)))
-            return True
-        except Exception as exc:  # noqa: BLE001
-            self._fail(exc)
-            return False
-
-    def _fail(self, exc: BaseException) -> None:
+    threading.Thread(target=write, name="png", daemon=True).start()
+    try:
+        done.result(PNG_TIMEOUT_S)
+        return True
+    except Exception as exc:  # noqa: BLE001
         why = f"no answer within {PNG_TIMEOUT_S:.0f} s" if isinstance(exc, TimeoutError) else exc.args[0] if exc.args else exc
-        self.failed = f"{type(exc).__name__}: {why}".splitlines()[0]
-        log.warning("figures are saved as HTML + JSON only, without PNG copies: %s", self.failed)
-        self.close()
-
-    def close(self) -> None:
-        browser, self.browser = self.browser, None
-        if browser is not None:
-            try:
-                self._run(browser.close())
-            except Exception:  # noqa: BLE001  (at exit: the browser may be gone already)
-                pass
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.loop = None
-
-
-_png = _PngRenderer()
+        _png_off = f"{type(exc).__name__}: {why}".splitlines()[0]
+        log.warning("figures are saved as HTML + JSON only, without PNG copies: %s", _png_off)
+        return False
 
 
 def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None) -> Path:
@@ -124,7 +84,7 @@ def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None
     fig.write_html(html, include_plotlyjs="directory", full_html=True)
     (out / f"{name}.json").write_text(pio.to_json(fig))
     png = out / f"{name}.png"
-    if not _png.png(fig, png):
+    if not _write_png(fig, png):
         png.unlink(missing_ok=True)  # a stale image of an earlier run would contradict the HTML
     return html
 

@@ -1,7 +1,5 @@
-"""The training step, and the tuning matrix that times it one setting at a time.
-
-`TrainStep` is the workbench's one training step: SFT trains with it; the matrix here and
-`rookworld bench` time it, so a speed figure is the speed of training.
+"""The tuning matrix: core.train_step.TrainStep (the step SFT trains with) timed one setting at a time,
+so a speed figure is the speed of training.
 
 The matrix trains a baseline `TuneConfig` and then each row with one setting changed, from the same
 initialisation on seeded batches. A row whose final loss is more than `tolerance` from the baseline's
@@ -14,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import shutil
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -22,92 +19,16 @@ import torch
 
 from . import perf
 from .health import state_bytes
-from ..core.model import GPT, GPTConfig, PRESETS, lm_loss
+from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.config import bad_field, option, validate
 from ..core.tokenizer import VOCAB_SIZE
-from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
+from ..core.train_step import LOSS_IMPLS, TrainStep, resolve_loss_impl
+from ..core.train_utils import build_adamw, resolve_device, setup_runtime
 
 COMPILE_MODES = ("off", "default", "max-autotune")
 OPTIMIZERS = ("auto", "foreach", "fused")
 TUNE_PRECISIONS = ("fp32", "tf32", "bf16")
-LOSS_IMPLS = ("auto", "fused", "plain")
 PARITY_TOLERANCE = 0.05
-
-
-# --- The training step ---
-
-def resolve_loss_impl(impl: str, device: torch.device) -> str:
-    """"auto" -> the fused chunked LM head + loss on CPU (no logits written), the plain one on CUDA
-    (cuBLAS wins there; docs/perf.md has both measured)."""
-    if impl == "auto":
-        return "plain" if device.type == "cuda" else "fused"
-    return impl
-
-
-def batch_loss(model, x: torch.Tensor, y: torch.Tensor, impl: str = "fused") -> torch.Tensor:
-    """Mean next-token loss of a batch: "plain" forms the logits, then cross-entropy; "fused" asks
-    the model for the loss (lm_head_loss, logits never stored). Called through any wrapper."""
-    if impl == "plain":
-        return lm_loss(model(x), y)
-    return model(x, targets=y)
-
-
-class TrainStep:
-    """One optimizer step of next-token training, its phases marked for `perf.profile_phases`.
-
-    `step(x, y)` runs forward and backward on `grad_accum` micro-batches (losses scaled by 1/grad_accum:
-    the full batch's mean gradient), clips, steps, zeroes the gradients and returns the mean loss,
-    detached, without a device sync. A loop that decides between micro-batches (SFT: its data stream,
-    DDP's no_sync, the non-finite guard) calls the pieces: `accumulate`, `clip`, `update`.
-    """
-
-    def __init__(self, model: torch.nn.Module, optimizer, runtime: Runtime, *, grad_accum: int = 1,
-                 grad_clip: float = 1.0, loss_impl: str = "auto", forward_model: torch.nn.Module | None = None,
-                 ddp=None):
-        self.model = model  # holds the parameters the optimizer and clipping see
-        # what the loss runs through (torch.compile / DDP wrapper). Not `forward_model or model`:
-        # a compiled module proxies len() to the wrapped one, so its truth value raises TypeError.
-        self.forward_model = model if forward_model is None else forward_model
-        self.optimizer = optimizer
-        self.runtime = runtime
-        self.grad_accum = grad_accum
-        self.grad_clip = grad_clip
-        self.loss_impl = resolve_loss_impl(loss_impl, self.runtime.device)
-        self.ddp = ddp  # a DistributedDataParallel wrapper: gradients all-reduce on the last micro-batch only
-
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The batch's mean loss under the runtime's autocast (also SFT's val loss, under no_grad)."""
-        with perf.phase("forward"), self.runtime.autocast():
-            return batch_loss(self.forward_model, x, y, impl=self.loss_impl)
-
-    def accumulate(self, x: torch.Tensor, y: torch.Tensor, sync: bool = True) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its loss / grad_accum, detached.
-        sync=False skips DDP's all-reduce (every micro-batch but the last)."""
-        with nullcontext() if sync or self.ddp is None else self.ddp.no_sync():
-            loss = self.loss(x, y) / self.grad_accum
-            with perf.phase("backward"):
-                loss.backward()
-        return loss.detach()
-
-    def clip(self) -> torch.Tensor:
-        """Clip the global grad norm to grad_clip (0: measure only); the norm before, as a tensor."""
-        return clip_grad_norm(self.model, self.grad_clip)
-
-    def update(self, apply: bool = True) -> None:
-        """The optimizer step (skipped when not `apply`, e.g. a non-finite loss), then zero_grad."""
-        if apply:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        total = torch.zeros((), device=x.device)
-        chunks = list(zip(x.chunk(self.grad_accum), y.chunk(self.grad_accum)))
-        for i, (xm, ym) in enumerate(chunks):
-            total += self.accumulate(xm, ym, sync=i == len(chunks) - 1).float()
-        with perf.phase("optimizer"):
-            self.clip()
-            self.update()
-        return total
 
 
 class CPUOffloadAdamW:

@@ -35,7 +35,7 @@ class Profile:
     """One kind of machine's sizes for every stage of notebook 05 (the fields say what each run fills in)."""
 
     name: str  # profile name
-    sft: SFTConfig  # SFT from scratch (train/val data, out_dir, seed, layout: see sft_config)
+    sft: SFTConfig  # SFT from scratch (train/val data, out_dir, seed: see sft_config)
     grpo: GRPOTrainConfig  # GRPO after SFT (out_dir, seed, completion budget: see grpo_config)
     eval: EvalConfig  # before/after evaluation (budget, layout, seed: see eval_config)
     eval_mate: int  # mate-in-one test records evaluated
@@ -107,14 +107,13 @@ def resolve(name: str, *, device: str | None = None, dtype: str | None = None, s
     return dataclasses.replace(p, sft=dataclasses.replace(p.sft, **sft), grpo=dataclasses.replace(p.grpo, **grpo))
 
 
-def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, layout: str = "compact",
-               train_dir: Path | None = None) -> SFTConfig:
+def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, train_dir: Path | None = None) -> SFTConfig:
     """The profile's SFT settings for one run: the train files of train_dir (default: data_dir), the
     val files of data_dir, ten val-loss points."""
     d, t = Path(data_dir), Path(train_dir or data_dir)
     return dataclasses.replace(
         p.sft, train_data=(str(t / "policy_train.jsonl"), str(t / "env_train.jsonl")),
-        val_data=(str(d / "policy_val.jsonl"), str(d / "env_val.jsonl")), layout=layout, min_lr=p.sft.lr / 10,
+        val_data=(str(d / "policy_val.jsonl"), str(d / "env_val.jsonl")), min_lr=p.sft.lr / 10,
         seed=seed, eval_interval=max(1, p.sft.max_steps // 10), out_dir=str(out_dir))
 
 

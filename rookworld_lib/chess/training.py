@@ -1,0 +1,274 @@
+"""The chess tasks on the core's trainers: a model's text layout (recorded in its export), SFT's reader
+of P:/A: records, GRPO's prompts and reward function, and the `rookworld sft` / `rookworld grpo` commands.
+
+The core trains on text and reward functions; this module is where chess meets it: records are
+rendered in the model's layout (tasks.LAYOUTS), the layout goes into the export's config.json
+(LAYOUT_KEY, through GPT.meta), and GRPO scores completions with rewards.score and the records' truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..core import distributed, grpo
+from ..core.config import add_config_arguments, config_kwargs_from_args
+from ..core.model import GPT, PROMPT_PREFIX_KEY, CheckpointFormatError, read_config_json
+from ..core.paths import DataFormatError, json_lines
+from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
+from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, check_world_size
+from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
+from ..core.train_utils import TASKS, setup_runtime
+from . import data, rewards, tasks
+
+log = logging.getLogger(__name__)
+
+# The config.json key of the layout a model reads and writes (GPT.meta). A GPT-2 directory with neither
+# it nor PROMPT_PREFIX_KEY is an original RookWorld model: the original fixed-width layout.
+LAYOUT_KEY = "rookworld_layout"
+
+
+# -- a model's layout ------------------------------------------------------------------------------
+
+def _layout_of(d: dict, where) -> tuple[str, str]:
+    if LAYOUT_KEY not in d:
+        if PROMPT_PREFIX_KEY in d:  # trained by our SFT on plain text: the compact layout
+            return "compact", f"{where} records no {LAYOUT_KEY!r} but a prompt prefix: our compact layout"
+        return "original", f"{where} records no {LAYOUT_KEY!r}: taken as an original RookWorld model"
+    layout = d[LAYOUT_KEY]
+    if layout not in tasks.LAYOUTS:
+        raise CheckpointFormatError(f"{where}: {LAYOUT_KEY} is {layout!r}, expected one of {tasks.LAYOUTS}")
+    return layout, f"{where} records {LAYOUT_KEY}={layout!r}"
+
+
+def read_layout(directory: str | os.PathLike) -> tuple[str, str]:
+    """(layout, why) of a Hugging Face GPT-2 directory: its recorded layout, or "original" when
+    config.json records none (a model that is not ours: RookWorld-LM-124M and its kin)."""
+    path = Path(directory) / "config.json"
+    return _layout_of(read_config_json(path), path)
+
+
+def layout_for(init_from: str | os.PathLike | None) -> tuple[str, str]:
+    """(layout, why) of a run starting from `init_from`: compact from scratch (None or "scratch"),
+    else the init model's own (read_layout)."""
+    if not init_from or init_from == "scratch":
+        return "compact", "a scratch start trains the compact layout"
+    return read_layout(init_from)
+
+
+def layout_of(model: GPT) -> str:
+    """The layout `model` reads and writes: its recorded one; a model loaded without a record is
+    original unless it records a prompt prefix; a fresh model is compact."""
+    meta, source, prefix = getattr(model, "meta", {}), getattr(model, "source", None), getattr(model, "prompt_prefix", "")
+    if source is None and LAYOUT_KEY not in meta:
+        return "compact"
+    return _layout_of({**meta, **({PROMPT_PREFIX_KEY: prefix} if prefix else {})}, source or "the model")[0]
+
+
+def set_layout(model: GPT, layout: str) -> GPT:
+    """Record `layout` in the model (its export's config.json carries it)."""
+    if layout not in tasks.LAYOUTS:
+        raise ValueError(f"layout must be one of {tasks.LAYOUTS}, got {layout!r}")
+    model.meta[LAYOUT_KEY] = layout
+    return model
+
+
+# -- SFT: P:/A: records as text --------------------------------------------------------------------
+
+class RecordReader(TextReader):
+    """SFT's reader of chess data: files of `rookworld datagen` records (task, prompt, completion, ...),
+    validated by data.load_jsonl / iter_records and rendered in `layout`, or {"text": ...} lines;
+    decided per file by its first line. The export records the layout."""
+
+    def __init__(self, layout: str = "compact"):
+        if layout not in tasks.LAYOUTS:
+            raise ValueError(f"layout must be one of {tasks.LAYOUTS}, got {layout!r}")
+        self.layout, self.name, self.meta = layout, f"records-{layout}", {LAYOUT_KEY: layout}
+
+    def iter_texts(self, paths):
+        for path in map(Path, paths):
+            if not _holds_records(path):
+                yield from super().iter_texts([path])
+                continue
+            for _, _, rec in data.iter_records([path]):
+                yield self._text(rec, path)
+
+    def load_texts(self, paths) -> list[str]:
+        texts: list[str] = []
+        for path in map(Path, paths):
+            if _holds_records(path):  # load_jsonl also checks for duplicate ids
+                texts += [self._text(rec, path) for rec in data.load_jsonl(path)]
+            else:
+                texts += super().iter_texts([path])
+        return texts
+
+    def _text(self, rec: dict, path: Path) -> str:
+        if rec["task"] not in TASKS:
+            raise DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
+        return "".join(data.record_text(rec, self.layout))
+
+
+def _holds_records(path: Path) -> bool:
+    """True for a file of datagen records, False for {"text": ...} lines (decided by its first line)."""
+    first = next(json_lines(path), (0, None))[1]
+    if first is None:
+        raise DataFormatError(f"{path}: no samples (the file is empty)")
+    return isinstance(first, dict) and "task" in first and "text" not in first
+
+
+# -- GRPO: prompts and the reward ------------------------------------------------------------------
+
+def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
+    """PromptItems from data-set records (rookworld_lib.chess.data), each carrying its record as truth."""
+    return [PromptItem(r["task"], data.record_text(r, layout)[0], r) for r in records if r["task"] in TASKS]
+
+
+def chess_reward(prompts, completions, truth=None, **_) -> list[float]:
+    """GRPO's reward function (TRL's signature): rewards.score of each completion, policy or
+    environment by the prompt's prefix, with the record's ground truth where the prompt has one."""
+    truth = truth if truth is not None else [None] * len(prompts)
+    return [float(rewards.score(p, c, truth=t)) for p, c, t in zip(prompts, completions, truth)]
+
+
+def train_records(data_dir=None) -> list[dict]:
+    """The P: and A: training records of a data directory; either file may be absent (a converted
+    original set may hold one task only), not both."""
+    paths = [data.data_file(task, "train", data_dir) for task in TASKS]
+    if not any(p.exists() for p in paths):
+        raise ValueError(f"no training data: neither {paths[0]} nor {paths[1]} exists "
+                         "(rookworld datagen or rookworld convert --split train writes them)")
+    return [r for task, p in zip(TASKS, paths) if p.exists() for r in data.load_jsonl(p, task=task).records]
+
+
+# -- rookworld sft ---------------------------------------------------------------------------------
+
+def build_sft_parser() -> argparse.ArgumentParser:
+    """`rookworld sft`'s options: --nproc, --layout and one per SFTConfig field."""
+    ap = distributed.command_parser(
+        "sft", "Supervised pretraining on P:/A: task text: packed samples, AdamW, warm-up + cosine, periodic val "
+               "loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
+        "rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl --val-data data/policy_val.jsonl "
+        "data/env_val.jsonl --model cpu-small --max-steps 300 --out-dir runs/sft-cpu",
+        nproc_note="; --batch-size must be a multiple of N")
+    ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
+                    help="how records are rendered (default: --init-from's own; compact from scratch)")
+    docs = {"train_data": "JSONL training files: P:/A: records or {\"text\": ...} lines (default: the "
+                          "shipped data/policy_train.jsonl and data/env_train.jsonl)",
+            "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
+                        "not given, else val_fraction of the training samples)"}
+    add_config_arguments(ap, SFTConfig, help_overrides=docs,
+                         metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR", "out_dir": "DIR"})
+    return ap
+
+
+def _shipped(split: str) -> tuple[str, ...]:
+    return tuple(str(f) for f in (data.data_file("P", split), data.data_file("A", split)) if f.is_file())
+
+
+def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordReader]:
+    kwargs = config_kwargs_from_args(SFTConfig, args)
+    if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
+        kwargs["train_data"] = _shipped("train")
+        if not kwargs["val_data"]:
+            kwargs["val_data"] = _shipped("val")
+        if not kwargs["train_data"]:
+            raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
+                             "writes data/policy_train.jsonl and data/env_train.jsonl)")
+        log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
+    cfg = SFTConfig(**kwargs)
+    layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
+    log.info("layout: %s (%s)", layout, why)
+    return cfg, RecordReader(layout)
+
+
+def _sft_preflight(argv: list[str], nproc: int) -> None:
+    """Refuse, before torchrun starts, settings that every worker would refuse."""
+    cfg, _ = _sft_config_from_args(build_sft_parser().parse_args(argv))
+    if cfg.batch_size % nproc:
+        raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --nproc ({nproc}): each process "
+                         "trains on batch_size / nproc rows of every micro-batch")
+
+
+def sft_cli(argv: list[str] | None = None) -> int:
+    """`rookworld sft`; errors are reported in one line by the lab's cli.main."""
+    return distributed.run_command("sft", argv, build_sft_parser, _run_sft, preflight=_sft_preflight)
+
+
+def _run_sft(args: argparse.Namespace) -> int:
+    cfg, reader = _sft_config_from_args(args)
+    result = train_sft(cfg, reader=reader)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        return 0
+    last = result.history[-1] if result.history else {}
+    val = [r["eval/loss"] for r in result.history if r.get("eval/loss") is not None]
+    print(f"SFT finished at step {result.step}: loss {last.get('loss')}, val loss {val[-1] if val else None}; "
+          f"checkpoint {result.checkpoint}; metrics {result.out_dir / METRICS_FILE}"
+          + (f"; Hugging Face model in {result.final_dir}" if result.final_dir else ""))
+    return 0
+
+
+# -- rookworld grpo --------------------------------------------------------------------------------
+
+def build_grpo_parser() -> argparse.ArgumentParser:
+    """`rookworld grpo`'s options: the model, data and layout, --nproc, and one per config field."""
+    ap = distributed.command_parser(
+        "grpo", "GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
+                "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out-dir>/checkpoints.",
+        "rookworld grpo --init-from runs/sft-cpu/final --out-dir runs/grpo-cpu --steps 50")
+    ap.add_argument("--init-from", required=True, metavar="DIR",
+                    help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
+    ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
+    ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
+                    help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
+                         "without our record, such as RookWorld-LM-124M, is original)")
+    add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
+                         help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
+                                         + " / ".join(f"{v} {k}" for k, v in tasks.COMPLETION_BUDGET.items()) + ")"})
+    ap.set_defaults(max_new_tokens=None)
+    add_config_arguments(ap, grpo.GRPOConfig, skip=("temperature", "max_completion_length"))
+    return ap
+
+
+def _grpo_config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
+    """The run's config and layout (the model's own unless --layout), with the layout's budget."""
+    layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
+    budget = args.max_new_tokens or tasks.COMPLETION_BUDGET[layout]
+    print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
+    loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
+                           max_completion_length=budget, temperature=args.temperature)
+    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)),
+                             "max_new_tokens": budget}, loss=loss)
+    if not cfg.out_dir:
+        raise ValueError("give an output directory: --out-dir DIR")
+    return cfg, layout
+
+
+def _grpo_preflight(argv: list[str], nproc: int) -> None:
+    """Refuse, before torchrun starts, settings that every worker would refuse."""
+    check_world_size(_grpo_config_from_args(build_grpo_parser().parse_args(argv))[0], nproc)
+
+
+def grpo_cli(argv: list[str] | None = None) -> int:
+    """`rookworld grpo`; errors are reported in one line by the lab's cli.main."""
+    return distributed.run_command("grpo", argv, build_grpo_parser, _run_grpo, preflight=_grpo_preflight)
+
+
+def _run_grpo(args: argparse.Namespace) -> int:
+    cfg, layout = _grpo_config_from_args(args)
+    records = train_records(args.data_dir)
+    # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
+    # logits and every result are unchanged (docs/perf.md).
+    pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
+    model = set_layout(GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad), layout)  # the export records it
+    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=chess_reward, init_from=args.init_from)
+    try:
+        trainer.train()
+        final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier
+        if trainer.dist.is_main:
+            print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / GRPO_METRICS_FILE}; model in {final}")
+    finally:
+        trainer.close()  # before the process group goes (see Trainer.close)
+    return 0
