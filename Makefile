@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= auto
 
-.PHONY: setup stockfish chromium test test-fast test-fault run lab clean
+.PHONY: setup stockfish chromium test test-fast test-fault run lab docs-figures clean
 
 setup: $(STAMP) stockfish chromium
 
@@ -48,10 +48,11 @@ chromium:
 	  echo "Chromium not found (sudo apt-get install -y chromium, or set CHROMIUM_PATH): PNG figures and the browser test are skipped" >&2; \
 	fi
 
-# Lint (ruff, configured in pyproject.toml), then the library tests plus every numbered notebook
+# Lint (ruff), the layer contract (import-linter; both configured in pyproject.toml), then the library tests plus every numbered notebook
 # under nbval, in one pytest run.
 test: setup
 	$(VENV)/bin/ruff check rookworld_lib tests notebooks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
 
 test-fast: setup
@@ -63,6 +64,14 @@ test-fault: setup
 # Execute the numbered notebooks headless (papermill) into runs/<timestamp>/, with a report.
 run: setup
 	$(VENV)/bin/rookworld run --profile $(PROFILE)
+
+# The learning-curve figures of docs/learning_curve.md, redrawn from docs/learning_curve.json.
+docs-figures: setup
+	$(PY) -c 'import json, shutil, tempfile; from rookworld_lib.core.paths import DOCS_DIR; \
+	from rookworld_lib.lab.plots import learning_curve_figure, save_figure; \
+	c = {k: v["rows"] for k, v in json.loads((DOCS_DIR / "learning_curve.json").read_text()).items()}; d = tempfile.mkdtemp(); \
+	[shutil.copy(save_figure(learning_curve_figure(c, x=x), f"learning_curve_{x}", d).with_suffix(".png"), DOCS_DIR) \
+	 for x in ("tokens", "train_wall_s")]'
 
 lab: setup
 	$(VENV)/bin/nbstripout --install --attributes .gitattributes

@@ -11,6 +11,7 @@ import torch
 from rookworld_lib.core import distributed, grpo
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+from sft_helpers import item_reward
 
 
 def reward(item, text):
@@ -25,7 +26,7 @@ def main(out_path: str, loss_type: str) -> None:
     cfg = GRPOTrainConfig(steps=2, prompts_per_step=4, group_size=4, rollout_chunks=2, max_new_tokens=6,
                           minibatch_size=8, mu=2, lr=1e-3, seed=3, progress=False,
                           loss=grpo.GRPOConfig(beta=0.04, loss_type=loss_type, max_completion_length=6))
-    trainer = GRPOTrainer(model, items, cfg, reward_fn=reward)
+    trainer = GRPOTrainer(model, items, cfg, reward_funcs=item_reward(reward))
     trainer.train()
     if trainer.dist.is_main:
         torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, out_path)

@@ -79,6 +79,18 @@ def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module):
         assert torch.equal(sa[k], sb[k]), f"{k} differs"
 
 
+def item_reward(fn):
+    """A GRPO reward function (TRL's signature, GRPOTrainer's reward_funcs) from `fn(item, completion)`:
+    each row's PromptItem(task, prompt, truth) is rebuilt from the trainer's columns."""
+    from rookworld_lib.core.train_grpo import PromptItem
+
+    def reward(prompts, completions, task, truth, **_):
+        return [fn(PromptItem(t, p, tr), c) for p, c, t, tr in zip(prompts, completions, task, truth)]
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    return reward
+
+
 def math_fields(records):
     keep = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "nonfinite/skipped", "nonfinite/total")
     return [{k: r.get(k) for k in keep} for r in records]

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from rookworld_lib import bench  # noqa: E402
+from rookworld_lib.lab import bench  # noqa: E402
 
 
 def _positive_finite(x):

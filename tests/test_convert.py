@@ -316,9 +316,10 @@ def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
 def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_layout(tmp_path, capfd):
     import torch
 
+    from rookworld_lib.chess import training
+    from rookworld_lib.chess.training import LAYOUT_KEY
     from rookworld_lib.core import train_grpo
-    from rookworld_lib.core.model import LAYOUT_KEY, PROMPT_PREFIX_KEY
-    from rookworld_lib.core.model import GPT
+    from rookworld_lib.core.model import GPT, PROMPT_PREFIX_KEY
     from rookworld_lib.core.train_sft import SFTConfig, train_sft
 
     pol, env = write_original_files(tmp_path)
@@ -326,15 +327,15 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
         convert.convert([pol, env], tmp_path / "orig", split=split)
     sft = train_sft(SFTConfig(model="tiny", model_overrides={"n_layer": 1, "n_embd": 32, "n_head": 2},
                               train_data=(str(tmp_path / "orig/policy_train.jsonl"), str(tmp_path / "orig/env_train.jsonl")),
-                              layout="original", block_size=256, batch_size=2, max_steps=2, warmup_steps=0,
+                              block_size=256, batch_size=2, max_steps=2, warmup_steps=0,
                               eval_interval=0, val_fraction=0.0, checkpoint_interval=0, device="cpu",
-                              out_dir=str(tmp_path / "sft"), progress=False))
+                              out_dir=str(tmp_path / "sft"), progress=False), reader=training.RecordReader("original"))
     config = json.loads((sft.final_dir / "config.json").read_text())
     assert config[LAYOUT_KEY] == "original" and config[PROMPT_PREFIX_KEY] == "<|endoftext|>"
     del config[LAYOUT_KEY], config[PROMPT_PREFIX_KEY]  # what a downloaded RookWorld-LM-124M looks like
     (sft.final_dir / "config.json").write_text(json.dumps(config))
     loaded = GPT.from_pretrained(sft.final_dir)
-    assert loaded.layout == "original" and loaded.prompt_prefix == ""
+    assert training.layout_of(loaded) == "original" and loaded.prompt_prefix == ""
     capfd.readouterr()
 
     assert evaluate.cli([str(sft.final_dir), "--data-dir", str(tmp_path / "orig"), "--max-policy", "2",
@@ -356,9 +357,9 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
     import unittest.mock as mock
 
     with mock.patch.object(train_grpo.GRPOTrainer, "__init__", spy):
-        assert train_grpo.cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
-                               "--out-dir", str(tmp_path / "grpo"), "--steps", "1", "--prompts-per-step", "2",
-                               "--group-size", "2", "--minibatch-size", "4", "--device", "cpu"]) == 0
+        assert training.grpo_cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
+                                  "--out-dir", str(tmp_path / "grpo"), "--steps", "1", "--prompts-per-step", "2",
+                                  "--group-size", "2", "--minibatch-size", "4", "--device", "cpu"]) == 0
     err = capfd.readouterr().err
     assert "layout: original" in err
     items, cfg = seen[:-1], seen[-1]

@@ -172,7 +172,7 @@ def test_an_engine_that_dies_at_its_first_search_ends_datagen_in_one_line(tmp_pa
 
 @needs_stockfish
 def test_an_engine_failure_mid_labelling_keeps_every_finished_label(tmp_path, monkeypatch, capsys):
-    real, calls = engine.UciAnalyser.analyse, []  # what datagen labels with (EnginePool.label_many)
+    real, calls = datagen.UciAnalyser.analyse, []  # what datagen labels with (datagen.LeanPool.label_many)
 
     def dies_after_five(self, *args, **kwargs):
         calls.append(1)
@@ -180,14 +180,14 @@ def test_an_engine_failure_mid_labelling_keeps_every_finished_label(tmp_path, mo
             raise engine.EngineFailedError("Stockfish failed on every attempt during analyse: test")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(engine.UciAnalyser, "analyse", dies_after_five)
+    monkeypatch.setattr(datagen.UciAnalyser, "analyse", dies_after_five)
     rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
     assert rc == 1
     one_line(err, "rookworld datagen", "Stockfish failed")
     work = tmp_path / ".datagen-work"
     kept = len((work / "labels.jsonl").read_text().splitlines())
     assert kept >= 1 and (work / "games.jsonl").exists() and not list(tmp_path.glob("*.jsonl"))
-    monkeypatch.setattr(engine.UciAnalyser, "analyse", real)
+    monkeypatch.setattr(datagen.UciAnalyser, "analyse", real)
     assert main([*DATAGEN, "--out", str(tmp_path)]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["games_played"] == 0 and summary["labels_reused"] == kept

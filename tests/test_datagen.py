@@ -1,17 +1,24 @@
 """Data at scale (datagen): A: from every move, sharded and compressed output that resumes, node
-budgets, and the extra test games that leave train/val alone. The shipped set is tests/test_data.py's."""
+budgets, and the extra test games that leave train/val alone; datagen's lean UCI client (labels and
+games equal to python-chess's, faults). The shipped set is tests/test_data.py's."""
 
 import gzip
 import json
+import os
 import random
+import signal
+import sys
+import time
 from collections import Counter
 
 import chess
 import pytest
-from helpers_chess import needs_stockfish
+from helpers_chess import needs_stockfish, random_positions, wait_gone
 
-from rookworld_lib.chess import data, datagen, tasks
-from rookworld_lib.chess.engine import EnginePool, EngineSettings
+from rookworld_lib.chess import data, datagen, engine, tasks
+from rookworld_lib.chess.datagen import LeanPool
+from rookworld_lib.chess.engine import EngineFailedError, EnginePool, EngineSessionLost, EngineSettings
+from rookworld_lib.chess.tasks import Eval
 
 TINY = dict(games=10, mate_games=3, depth=4, max_plies=60, workers=2)
 
@@ -185,3 +192,128 @@ def test_exclude_dir_keeps_the_shipped_held_out_positions_out_of_every_split():
     assert strip(kept) == strip([s for s in plain if tasks.position_key(s["fen"]) not in held])
     with pytest.raises(ValueError, match="DatagenConfig.exclude_dir="):
         datagen.heldout_positions(data.DATA_DIR / "nope")
+
+
+# ------------------------------------------------------------------------------------------
+# Datagen's lean UCI client (LeanPool): python-chess's labels and moves, the pool's faults
+# ------------------------------------------------------------------------------------------
+
+@needs_stockfish
+@pytest.mark.fault
+@pytest.mark.parametrize("limit", [dict(depth=6), dict(depth=None, nodes=3000)])
+def test_lean_labels_equal_python_chess_analysis_even_when_engines_are_killed(limit):
+    """Same candidates, evals (mates for both colours included), limit and depth; a position without
+    moves gets no label. Engines killed mid-run are replaced, and no process is left."""
+    boards = random_positions(40, seed=51, max_plies=120)
+    boards += [chess.Board("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"), chess.Board("r5k1/8/8/8/8/8/5PPP/6K1 b - - 0 1"),
+               chess.Board("7k/5Q2/6K1/8/8/8/8/8 b - - 0 1")]  # mate in 1 for white, for black; stalemate
+    fens = [b.fen(en_passant="fen") for b in boards]
+    settings = EngineSettings(**limit, multipv=5)
+    pool, killed, got = LeanPool(settings, size=2), [], {}
+
+    def on_result(i, analysis):
+        got[i] = analysis
+        if len(killed) < 3 and i % 7 == 3:
+            with pool._lock:
+                pids = [p.proc.pid for p in pool._live if not p.dead]
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+
+    pool.label_many(fens, on_result=on_result)
+    pids = [p.proc.pid for p in pool._live]
+    pool.close()
+    assert killed and wait_gone(killed + pids, timeout=10) == []
+    with EnginePool(settings, size=1, cache=False) as ref:
+        expected = [ref.analyse(f) for f in fens]
+    assert [got[i] for i in range(len(fens))] == expected
+    assert expected[-3].evals[0] == Eval(mate=1) and expected[-2].evals[0] == Eval(mate=1)
+    assert expected[-1].moves == ()
+    with pytest.raises(ValueError, match="reproducible"):
+        LeanPool(EngineSettings(depth=None, time=0.1), size=1).label_many(fens[:1])
+
+
+@needs_stockfish
+@pytest.mark.parametrize("nodes", [1, 64, 2048])
+def test_lean_sessions_play_python_chess_sessions_moves(nodes):
+    """Same commands (a cleared hash at the start, the game's history with every search), so the
+    same moves, game after game on one process."""
+    def game(pool, seed):
+        rng, b = random.Random(seed), chess.Board()
+        with pool.session() as s:
+            while len(b.move_stack) < 40 and not b.is_game_over():
+                b.push(rng.choice(list(b.legal_moves)) if rng.random() < 0.2 else s.play(b, chess.engine.Limit(nodes=nodes)))
+        return [m.uci() for m in b.move_stack]
+
+    with LeanPool(EngineSettings(), size=1) as lean, EnginePool(EngineSettings(), size=1, cache=False) as pool:
+        assert [game(lean, seed) for seed in range(3)] == [game(pool, seed) for seed in range(3)]
+        assert len(lean._live) == 1  # one process, kept between games
+
+
+@needs_stockfish
+@pytest.mark.fault
+def test_lean_session_lost_when_its_engine_dies():
+    with LeanPool(EngineSettings(), size=1) as pool:
+        with pytest.raises(EngineSessionLost):
+            with pool.session() as s:
+                os.kill(pool._live[0].proc.pid, signal.SIGKILL)
+                s.play(chess.Board(), chess.engine.Limit(nodes=64))
+        assert pool._live == []
+        with pool.session() as s:  # a fresh process replaces it
+            assert s.play(chess.Board(), chess.engine.Limit(nodes=64)) in chess.Board().legal_moves
+        pid = pool._live[0].proc.pid  # killed while idle between games: the next session says so
+        os.kill(pid, signal.SIGKILL)
+        assert wait_gone([pid]) == []
+        with pytest.raises(EngineSessionLost):
+            with pool.session():
+                pass
+        with pool.session() as s:
+            assert s.play(chess.Board(), chess.engine.Limit(nodes=64)) in chess.Board().legal_moves
+    with pytest.raises(EngineFailedError, match="closed"):
+        with pool.session():
+            pass
+
+
+HUNG_ENGINE = """import os, sys, time
+for line in sys.stdin:
+    cmd = (line.split() or [""])[0]
+    if cmd == "uci":
+        print(*(f"option name {o} type spin default 1 min 1 max 1024" for o in ("Threads", "Hash", "MultiPV")),
+              "uciok", sep="\\n", flush=True)
+    elif cmd == "isready":
+        print("readyok", flush=True)
+    elif cmd == "go":  # hung in a search, deaf to its closed stdin
+        open(os.path.join(sys.argv[1], str(os.getpid())), "w").close() or time.sleep(60)
+"""
+
+
+@pytest.mark.fault
+def test_a_hung_engine_behind_a_wrapper_script_is_killed_with_its_child(tmp_path, monkeypatch):
+    """A shell script runs the engine, hung in a search, as its child, which keeps the pipes open
+    when the script is killed: every search still fails within seconds, and the lean client kills the
+    child too (python-chess's pool, as fast, leaves it to end by itself)."""
+    marker = tmp_path / "searching"
+    marker.mkdir()
+    (tmp_path / "hung.py").write_text(HUNG_ENGINE)
+    wrapper = tmp_path / "stockfish.sh"
+    wrapper.write_text(f"#!/bin/sh\n{sys.executable} {tmp_path / 'hung.py'} {marker}\nexit $?\n")  # no exec: a child
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 1.0)  # engine start and search limits: 1 s + the budget,
+    monkeypatch.setattr(engine, "SLOW_NODES_PER_S", 1e8)  # and the budget of a depth-8 search next to nothing
+    settings = EngineSettings(path=str(wrapper), max_retries=1)
+    t0 = time.monotonic()
+    with LeanPool(settings, size=1) as pool:
+        with pytest.raises(EngineFailedError, match="every attempt while labelling"):
+            pool.label_many([chess.STARTING_FEN])
+    with LeanPool(settings, size=1) as pool:
+        with pytest.raises(EngineSessionLost):
+            with pool.session() as s:
+                s.play(chess.Board(), chess.engine.Limit(nodes=64))
+    children = [int(p) for p in os.listdir(marker)]
+    assert len(children) == 3 and wait_gone(children, timeout=5) == []
+    with EnginePool(settings, size=1, cache=False) as pool:
+        with pytest.raises(EngineFailedError, match="every attempt during analyse"):
+            pool.analyse(chess.STARTING_FEN)
+    assert time.monotonic() - t0 < 30
+    for pid in {int(p) for p in os.listdir(marker)} - set(children):
+        os.kill(pid, signal.SIGKILL)

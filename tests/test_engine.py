@@ -1,7 +1,6 @@
 """The Stockfish component: settings, discovery, analysis, cache, faults, clean exit."""
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -260,89 +259,3 @@ def test_script_scoring_completions_exits_by_itself(tmp_path):
     pids = [int(p) for p in lines[-1].split()[1:]]
     assert pids, "the script should have started engines"
     assert wait_gone(pids, timeout=10) == []
-
-
-# ------------------------------------------------------------------------------------------
-# label_many: datagen's lean labeller
-# ------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("limit", [dict(depth=6), dict(depth=None, nodes=3000)])
-def test_label_many_equals_python_chess_analysis(limit):
-    """The lean UCI labeller returns what python-chess's analyse returns: same candidates, evals
-    (mates for both colours included), limit and depth; a position without moves gets no label."""
-    boards = random_positions(40, seed=51, max_plies=120)
-    boards += [chess.Board("6k1/5ppp/8/8/8/8/8/R5K1 w - - 0 1"), chess.Board("r5k1/8/8/8/8/8/5PPP/6K1 b - - 0 1"),
-               chess.Board("7k/5Q2/6K1/8/8/8/8/8 b - - 0 1")]  # mate in 1 for white, for black; stalemate
-    fens = [b.fen(en_passant="fen") for b in boards]
-    settings = EngineSettings(**limit, multipv=5)
-    with EnginePool(settings, size=2, cache=False) as pool:
-        got = {}
-        pool.label_many(fens, on_result=got.__setitem__)
-        assert pool._analysers == []  # the lean processes end with the call
-        with EnginePool(settings, size=1, cache=False) as ref:
-            expected = [ref.analyse(f) for f in fens]
-    assert [got[i] for i in range(len(fens))] == expected
-    assert expected[-3].evals[0] == Eval(mate=1) and expected[-2].evals[0] == Eval(mate=1)
-    assert expected[-1].moves == ()
-
-
-@pytest.mark.fault
-def test_label_many_survives_killed_engines_and_leaves_no_process():
-    fens = [b.fen() for b in random_positions(30, seed=61, max_plies=60)]
-    pool = EnginePool(EngineSettings(depth=7), size=2, cache=False)
-    killed, results = [], {}
-
-    def on_result(i, analysis):
-        results[i] = analysis
-        if len(killed) < 3 and i % 7 == 3:
-            with pool._lock:
-                pids = [a.proc.pid for a in pool._analysers if not a.dead]
-            if pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
-
-    pool.label_many(fens, on_result=on_result)
-    assert killed and pool.restarts >= 1 and sorted(results) == list(range(len(fens)))
-    with EnginePool(EngineSettings(depth=7), size=1, cache=False) as ref:
-        assert [results[i] for i in range(len(fens))] == [ref.analyse(f) for f in fens]
-    pool.close()
-    assert wait_gone(killed, timeout=10) == []
-    with pytest.raises(ValueError, match="reproducible"):
-        EnginePool(EngineSettings(depth=None, time=0.1), size=1).label_many(fens[:1])
-
-
-@pytest.mark.parametrize("nodes", [1, 64, 2048])
-def test_lean_session_plays_python_chess_sessions_moves(nodes):
-    """A lean session plays exactly the moves of a python-chess session (same commands: a cleared
-    hash at the start, the game's history with every search), game after game on one process."""
-    def game(open_session, seed):
-        rng, b = random.Random(seed), chess.Board()
-        with open_session() as s:
-            while len(b.move_stack) < 40 and not b.is_game_over():
-                b.push(rng.choice(list(b.legal_moves)) if rng.random() < 0.2 else s.play(b, chess.engine.Limit(nodes=nodes)))
-        return [m.uci() for m in b.move_stack]
-
-    with EnginePool(EngineSettings(), size=1, cache=False) as pool:
-        lean = [game(pool.lean_session, seed) for seed in range(3)]
-        assert len(pool._lean_idle) == 1  # one process, kept between games
-        assert lean == [game(pool.session, seed) for seed in range(3)]
-
-
-@pytest.mark.fault
-def test_lean_session_lost_when_its_engine_dies():
-    with EnginePool(EngineSettings(), size=1, cache=False) as pool:
-        with pytest.raises(engine.EngineSessionLost):
-            with pool.lean_session() as s:
-                os.kill(pool._analysers[0].proc.pid, signal.SIGKILL)
-                s.play(chess.Board(), chess.engine.Limit(nodes=64))
-        assert pool._analysers == [] and pool._lean_idle == []
-        with pool.lean_session() as s:  # a fresh process replaces it
-            assert s.play(chess.Board(), chess.engine.Limit(nodes=64)) in chess.Board().legal_moves
-        pid = pool._lean_idle[0].proc.pid  # killed while idle between games: the next session says so
-        os.kill(pid, signal.SIGKILL)
-        assert wait_gone([pid]) == []
-        with pytest.raises(engine.EngineSessionLost):
-            with pool.lean_session():
-                pass
-        with pool.lean_session() as s:
-            assert s.play(chess.Board(), chess.engine.Limit(nodes=64)) in chess.Board().legal_moves

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rookworld_lib.chess import evaluate as ev
-from rookworld_lib import tasks
+from rookworld_lib.chess import tasks
 from rookworld_lib.core.model import GPT, GPTConfig
 
 

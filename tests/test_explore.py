@@ -139,7 +139,7 @@ def test_sample_groups_lays_out_a_batch_group_by_group(model, policy_records):
 
 
 def test_group_inspector_advantages_with_varied_rewards(model, policy_records, monkeypatch):
-    monkeypatch.setattr(explore, "default_reward", lambda item, text: float(len(text) % 7))
+    monkeypatch.setattr(explore, "chess_reward", lambda prompts, completions, **_: [float(len(t) % 7) for t in completions])
     gi = explore.GroupInspector(model, policy_records, 1, group_size=6, max_new_tokens=12, temperature=2.0)
     check_group(gi.rows, 6)
     assert len({r["reward"] for r in gi.rows}) > 1 and any(r["advantage"] > 0 for r in gi.rows)

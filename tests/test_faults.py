@@ -43,16 +43,16 @@ from pathlib import Path
 import pytest
 import torch
 from helpers_chess import default_sigint, engine_pids, needs_stockfish
-from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, math_fields, one_thread,  # noqa: F401
-                         sigkill, start_sft_child, tiny_cfg, wait_for)
+from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, item_reward, last_step, math_fields,  # noqa: F401
+                         one_thread, sigkill, start_sft_child, tiny_cfg, wait_for)
 
 from rookworld_lib.core import checkpoint as ck
 from rookworld_lib.lab.cli import main
 from rookworld_lib.chess import data, engine, reward_examples, rewards
 from rookworld_lib.core import grpo
-from rookworld_lib import train_grpo as tg
-from rookworld_lib.lab import tuning
-from rookworld_lib import train_sft as sft
+from rookworld_lib.chess import training
+from rookworld_lib.core import train_grpo as tg
+from rookworld_lib.core import train_step
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.train_sft import SFTTrainer, train_sft
 from rookworld_lib.core.train_utils import read_metrics
@@ -220,7 +220,7 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
                               env=child_env(), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     ref = tmp_path / "ref"
-    assert sft.cli([*args, "--out-dir", str(ref)]) == 0
+    assert training.sft_cli([*args, "--out-dir", str(ref)]) == 0
     want = ck.load_checkpoint(ref / "checkpoints")["model"]
     for out in (run, tmp_path / "one"):
         got = ck.load_checkpoint(out / "checkpoints")["model"]
@@ -281,7 +281,7 @@ def test_engine_killed_mid_grpo_step_every_reward_arrives():
     The random tiny model writes garbage, which the reward would score -1 right after the truth
     lookup; so that the rewards exercise more of the engine (best-move checks, searches restricted
     to a move outside the candidates), each completion is swapped for a perturbed real answer
-    before it reaches the default reward.
+    before it reaches the chess reward (training.chess_reward).
     """
     val = [r for r in data.load_split("P", "val") if r["n_legal"] > 5][:4]
     by_prompt = {r["prompt"]: r for r in val}
@@ -320,13 +320,13 @@ def test_engine_killed_mid_grpo_step_every_reward_arrives():
         if calls["n"] == 5 and not killer.killed:  # none caught searching yet: kill one between searches
             killer.now.set()
             killer.done_now.wait(10)
-        return tg.default_reward(item, answer(item, completion))
+        return training.chess_reward([item.prompt], [answer(item, completion)], truth=[item.truth])[0]
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128))
     cfg = tg.GRPOTrainConfig(steps=1, prompts_per_step=4, group_size=2, policy_fraction=1.0, max_new_tokens=4,
                              minibatch_size=8, lr=1e-3, progress=False, seed=0)
-    trainer = tg.GRPOTrainer(model, items, cfg, reward_fn=reward_fn)
+    trainer = tg.GRPOTrainer(model, items, cfg, reward_funcs=item_reward(reward_fn))
     restarts = pool.restarts
     try:
         record = trainer.train_step()
@@ -713,8 +713,8 @@ def snapshot(model, optimizer):
 def test_sft_nan_update_is_skipped_counted_and_the_run_goes_on(tmp_path, monkeypatch, where):
     nan = NaNAt({3})  # step 3 (no eval, no accumulation: one forward and one backward per step)
     if where == "loss":
-        real = tuning.batch_loss  # what the training step (tuning.TrainStep) calls
-        monkeypatch.setattr(tuning, "batch_loss", lambda model, x, y, **kw: nan(real(model, x, y, **kw)))
+        real = train_step.batch_loss  # what the training step (train_step.TrainStep) calls
+        monkeypatch.setattr(train_step, "batch_loss", lambda model, x, y, **kw: nan(real(model, x, y, **kw)))
     snaps = {}
     trainer = SFTTrainer(tiny_cfg(tmp_path, max_steps=5), train_texts=TEXTS,
                          on_step=lambda rec: snaps.__setitem__(rec["step"], snapshot(trainer.model, trainer.optimizer)))
@@ -758,7 +758,7 @@ def test_grpo_nan_update_is_skipped_counted_and_the_run_goes_on(monkeypatch, whe
         monkeypatch.setattr(grpo, "grpo_loss", flaky)
     model, items, cfg = tiny_grpo()
     snaps = {}
-    trainer = tg.GRPOTrainer(model, items, cfg, reward_fn=length_reward,
+    trainer = tg.GRPOTrainer(model, items, cfg, reward_funcs=item_reward(length_reward),
                              on_step=lambda rec: snaps.__setitem__(rec["step"], snapshot(trainer.model,
                                                                                          trainer.optimizer)))
     if where == "gradients":
@@ -812,8 +812,8 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
     assert not [p for p in os.listdir(ckpt_dir) if p.startswith(".tmp-")]
 
     # space again: the same command resumes from step 2 and ends where an undisturbed run ends
-    assert sft.cli([*args, "--out-dir", str(run)]) == 0
-    assert sft.cli([*args, "--out-dir", str(tmp_path / "ref")]) == 0
+    assert training.sft_cli([*args, "--out-dir", str(run)]) == 0
+    assert training.sft_cli([*args, "--out-dir", str(tmp_path / "ref")]) == 0
     got, want = ck.load_checkpoint(ckpt_dir), ck.load_checkpoint(tmp_path / "ref" / "checkpoints")
     assert got["step"] == want["step"] == 6
     assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
@@ -824,13 +824,13 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
 def test_full_disk_while_checkpointing_grpo(tmp_path, monkeypatch):
     model, items, cfg = tiny_grpo(steps=3, checkpoint_interval=1, out_dir=str(tmp_path))
     disk_full_on(monkeypatch, call=2)
-    trainer = tg.GRPOTrainer(model, items, cfg, reward_fn=length_reward)
+    trainer = tg.GRPOTrainer(model, items, cfg, reward_funcs=item_reward(length_reward))
     with pytest.raises(ck.CheckpointSaveError, match="step_00000001.pt is intact"):
         trainer.train()
     monkeypatch.undo()
     assert ck.load_checkpoint(tmp_path / "checkpoints")["step"] == 1
     model, items, cfg = tiny_grpo(steps=3, checkpoint_interval=1, out_dir=str(tmp_path))
-    resumed = tg.GRPOTrainer(model, items, cfg, reward_fn=length_reward)
+    resumed = tg.GRPOTrainer(model, items, cfg, reward_funcs=item_reward(length_reward))
     assert resumed.step == 1
     resumed.train()
     assert ck.load_checkpoint(tmp_path / "checkpoints")["step"] == 3

@@ -11,6 +11,7 @@ import torch
 
 from rookworld_lib.lab import cli, pipeline, workflow
 from rookworld_lib.chess import data, evaluate
+from rookworld_lib.chess.training import RecordReader
 from rookworld_lib.core.checkpoint import export_hf, list_checkpoints, model_from_checkpoint
 from rookworld_lib.core.model import GPT
 from rookworld_lib.core.paths import DATA_DIR, DOCS_DIR, NOTEBOOKS_DIR, read_jsonl
@@ -28,7 +29,7 @@ def sft_run(tmp_path_factory):
     cfg = workflow.sft_config(workflow.resolve("ci", sft_steps=6), out, DATA_DIR, seed=0)
     cfg = dataclasses.replace(cfg, checkpoint_interval=2, keep_checkpoints=0, eval_interval=3, progress=False,
                               report_to="none")
-    train_sft(cfg)
+    train_sft(cfg, reader=RecordReader())  # the shipped records, in the compact layout
     return out, cfg
 
 

@@ -30,6 +30,8 @@ def test_the_numbered_sequence_is_there():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_hygiene(path):
     nb = json.loads(path.read_text())
+    ids = [c.get("id") for c in nb["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids), f"{path.name}: every cell needs its own id (nbformat 4.5)"
     cells = code_cells(nb)
     params = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import nbformat
 import pytest
@@ -113,20 +115,26 @@ def test_the_terminal_shows_a_line_per_notebook_and_the_progress_lines_nothing_e
     assert loop.outputs[0].text.count("\n") == 1 and "8/8" in loop.outputs[0].text
 
 
-def test_headless_bar_reports_each_quarter_of_a_long_loop_and_one_closing_line(tmp_path, monkeypatch, capsys):
+def test_headless_bar_reports_every_30_s_and_one_closing_line(tmp_path, monkeypatch, capsys):
     from rookworld_lib.core import progress
 
-    clock = [0.0]  # each step "takes" 1 s: the first quarters pass before QUIET_FOR_S, later ones after
+    clock = [0.0]  # each step "takes" 10 s: a report after the 3rd, 6th and 9th, then the closing line
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
     monkeypatch.setenv(progress.PROGRESS_ENV, str(tmp_path / "progress.log"))
     with progress.HeadlessTqdm(total=10, desc="GRPO") as bar:
         for _ in range(10):
-            clock[0] += 1.0
+            clock[0] += 10.0
             bar.update(1)
     reported = (tmp_path / "progress.log").read_text().splitlines()
-    assert [line.split("|")[-1].split()[0] for line in reported] == ["5/10", "8/10", "10/10"]
-    assert capsys.readouterr().err == reported[-1] + "\n"
-    with progress.HeadlessTqdm(total=10, desc="quick") as bar:  # under QUIET_FOR_S: the closing line only
+    assert [line.split("|")[-1].split()[0] for line in reported] == ["3/10", "6/10", "9/10", "10/10"]
+    assert capsys.readouterr().err == reported[-1] + "\n"  # stderr (the saved notebook): the closing line only
+    with progress.HeadlessTqdm(total=10, desc="quick") as bar:
         bar.update(10)
-    assert [line.split("|")[-1].split()[0] for line in (tmp_path / "progress.log").read_text().splitlines()[3:]] == ["10/10"]
+    assert [line.split("|")[-1].split()[0] for line in (tmp_path / "progress.log").read_text().splitlines()[4:]] == ["10/10"]
     assert not progress.widget_frontend() and not progress.headless_kernel()  # plain Python: no kernel
+
+
+def test_the_progress_module_imports_no_widgets_and_nothing_of_the_lab():
+    code = ("import sys, rookworld_lib.core.progress; "
+            "print([m for m in ('IPython', 'ipywidgets', 'tqdm.notebook', 'rookworld_lib.lab') if m in sys.modules])")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

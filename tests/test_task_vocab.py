@@ -48,6 +48,7 @@ def test_training_keeps_the_bias_coordinate_pinned():
 def test_expanded_model_is_the_compact_one_over_gpt2_ids():
     vocab, x, y = _vocab_and_batch()
     compact = _trained_compact(vocab, x, y).eval()
+    compact.meta["rookworld_layout"] = "original"  # what a task layer records (GPT.meta) travels with the model
     full = vocab.expand(compact).eval()
     assert full.config.vocab_size == VOCAB_SIZE and full.transformer.wte.weight.shape[0] == VOCAB_SIZE
     with torch.no_grad():
@@ -63,7 +64,7 @@ def test_expanded_model_is_the_compact_one_over_gpt2_ids():
         # the compact model's training loss is the full model's cross-entropy on the same text
         torch.testing.assert_close(full(x, targets=y), compact(vocab.compact(x), targets=vocab.compact(y)),
                                    atol=2e-5, rtol=0)
-    assert (full.layout, full.prompt_prefix) == (compact.layout, compact.prompt_prefix)
+    assert (full.meta, full.prompt_prefix) == (compact.meta, compact.prompt_prefix) and full.meta is not compact.meta
 
 
 def test_expanded_model_loads_in_transformers(tmp_path):

@@ -14,8 +14,9 @@ from rookworld_lib.core import grpo
 from rookworld_lib.chess import rewards
 from rookworld_lib.chess.data import data_file, load_jsonl
 from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.chess.training import chess_reward, prompt_items
 from rookworld_lib.core.train_grpo import (COMPLETION_KEYS, COMPLETIONS_FILE, METRICS_FILE, GRPOTrainConfig, GRPOTrainer,
-                                      completions_markdown, prompt_items)
+                                           completions_markdown)
 from rookworld_lib.core.train_sft import SFTTrainer
 from rookworld_lib.core.train_utils import read_metrics
 
@@ -109,7 +110,8 @@ def test_completion_rows_carry_the_chess_rewards_of_their_text():
     torch.manual_seed(0)
     cfg = GRPOTrainConfig(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=12, minibatch_size=16,
                           loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
-    trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=128)), prompt_items(records), cfg)  # chess rewards
+    trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=128)), prompt_items(records), cfg,
+                          reward_funcs=chess_reward)  # chess rewards
     trainer.train_step()
     check_rows(trainer.last_rollout, 4, lambda r: score[r["task"]](r["prompt"], r["completion"], truth=truth[r["prompt"]]))
     assert {r["task"] for r in trainer.last_rollout} == {"P", "A"} and {r["step"] for r in trainer.last_rollout} == {1}

@@ -7,6 +7,7 @@ from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.sampling import sequence_logprobs
 from rookworld_lib.core.tokenizer import EOT_ID, encode
 from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+from sft_helpers import item_reward
 
 
 def toy_items():
@@ -25,7 +26,7 @@ def make(cfg_kw=None, reward=toy_reward):
     kw = dict(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=3e-3, minibatch_size=16,
               loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
     kw.update(cfg_kw or {})
-    return GRPOTrainer(model, toy_items(), GRPOTrainConfig(**kw), reward_fn=reward)
+    return GRPOTrainer(model, toy_items(), GRPOTrainConfig(**kw), reward_funcs=item_reward(reward))
 
 
 def per_row_logprob(trainer):
@@ -197,7 +198,7 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(prompts: "):
         GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), other_prompts,
                     GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
-                                       "loss": grpo.GRPOConfig(beta=0.0)}), reward_fn=toy_reward)
+                                       "loss": grpo.GRPOConfig(beta=0.0)}), reward_funcs=item_reward(toy_reward))
     # a checkpoint of another kind (here: relabelled as SFT) is refused by kind
     path = ck.latest_checkpoint(tmp_path / "run" / "checkpoints")
     state = ck.load_checkpoint(path)
@@ -210,10 +211,10 @@ def test_resume_refuses_another_init_model(tmp_path):
     cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=4, max_new_tokens=4, minibatch_size=8,
                           loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False, out_dir=str(tmp_path / "run"))
     model = GPT(GPTConfig.preset("tiny", block_size=64))
-    GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "a")).train()
+    GRPOTrainer(model, toy_items(), cfg, reward_funcs=item_reward(toy_reward), init_from=str(tmp_path / "a")).train()
     with pytest.raises(ValueError, match=r"other settings \(init_from: "):
-        GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "b"))
-    assert GRPOTrainer(model, toy_items(), cfg, reward_fn=toy_reward, init_from=str(tmp_path / "a")).resumed_from
+        GRPOTrainer(model, toy_items(), cfg, reward_funcs=item_reward(toy_reward), init_from=str(tmp_path / "b"))
+    assert GRPOTrainer(model, toy_items(), cfg, reward_funcs=item_reward(toy_reward), init_from=str(tmp_path / "a")).resumed_from
 
 
 def test_grpo_refuses_a_run_dir_another_run_is_writing(tmp_path):

@@ -11,7 +11,8 @@ from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, last_step, m
 
 from rookworld_lib.lab.cli import main
 from rookworld_lib.core import checkpoint as ck
-from rookworld_lib import tuning
+from rookworld_lib.chess import training
+from rookworld_lib.core import train_step
 from rookworld_lib.core import train_sft as sft
 from rookworld_lib.core.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from rookworld_lib.core.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
@@ -27,7 +28,6 @@ from rookworld_lib.core.train_utils import NonFiniteError, read_metrics
     (dict(model_overrides={"gradient_checkpointing": True}), r"SFTConfig\.model_overrides .*activation_checkpointing"),
     (dict(init_from="/no/such/dir"), r"SFTConfig\.init_from"),
     (dict(train_data=("/no/such/file.jsonl",)), r"SFTConfig\.train_data .*do not exist"),
-    (dict(layout="wide"), r"SFTConfig\.layout must be one of"),
     (dict(policy_fraction=1.5), r"SFTConfig\.policy_fraction must be a finite number in \[0\.0, 1\.0\]"),
     (dict(val_fraction=1.0), r"SFTConfig\.val_fraction"),
     (dict(block_size=1024), r"SFTConfig\.block_size must be <= the model's block_size 256"),
@@ -53,6 +53,12 @@ from rookworld_lib.core.train_utils import NonFiniteError, read_metrics
 def test_config_rejects_bad_values_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
         SFTConfig(**kw)
+
+
+def test_record_reader_rejects_an_unknown_layout():
+    # the layout records are rendered in is the chess reader's (SFTConfig.layout before the core was chess-free)
+    with pytest.raises(ValueError, match=r"layout must be one of"):
+        training.RecordReader("wide")
 
 
 def test_config_defaults_are_valid_and_lists_become_tuples(tmp_path):
@@ -144,19 +150,19 @@ def test_load_texts_reads_text_lines_and_datagen_records(tmp_path):
     lines.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:3]) + "\n")
     records = tmp_path / "env_train.jsonl"
     records.write_text(json.dumps(A_RECORD) + "\n")
-    assert sft.load_texts([lines, records]) == TEXTS[:3] + [A_RECORD["prompt"] + A_RECORD["completion"]]
+    assert training.RecordReader().load_texts([lines, records]) == TEXTS[:3] + [A_RECORD["prompt"] + A_RECORD["completion"]]
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "P: x"}\n{"txt": "oops"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected an object with a non-empty string field 'text'"):
-        sft.load_texts([bad])
+        training.RecordReader().load_texts([bad])
     bad.write_text('{"text": "P: x"}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: invalid JSON"):
-        sft.load_texts([bad])
+        training.RecordReader().load_texts([bad])
     broken = tmp_path / "broken_env.jsonl"
     broken.write_text(json.dumps({**A_RECORD, "reward": 7.0}) + "\n")
     with pytest.raises(ValueError, match=r"broken_env\.jsonl:1: .*reward"):
-        sft.load_texts([broken])
+        training.RecordReader().load_texts([broken])
 
 
 # ---- training -----------------------------------------------------------------------------------
@@ -180,8 +186,8 @@ def test_fused_and_plain_loss_train_alike(tmp_path):
         runs[impl] = [r["loss"] for r in train_sft(cfg, train_texts=TEXTS).history if r.get("loss") is not None]
     assert len(runs["fused"]) == 5
     assert runs["fused"] == pytest.approx(runs["plain"], rel=1e-4)
-    assert sft.resolve_loss_impl("auto", torch.device("cpu")) == "fused"
-    assert sft.resolve_loss_impl("auto", torch.device("cuda")) == "plain"
+    assert train_step.resolve_loss_impl("auto", torch.device("cpu")) == "fused"
+    assert train_step.resolve_loss_impl("auto", torch.device("cuda")) == "plain"
     with pytest.raises(ValueError, match="loss_impl"):
         tiny_cfg(tmp_path, loss_impl="chunked")
 
@@ -297,15 +303,15 @@ def test_activation_checkpointing_and_bf16_autocast_paths(tmp_path):
 # ---- non-finite losses --------------------------------------------------------------------------
 
 def nan_loss_on(monkeypatch, bad_calls):
-    """Make batch_loss (as the training step, tuning.TrainStep, calls it) return NaN on the given 1-based call numbers."""
-    real, calls = tuning.batch_loss, {"n": 0}
+    """Make batch_loss (as the training step, train_step.TrainStep, calls it) return NaN on the given 1-based call numbers."""
+    real, calls = train_step.batch_loss, {"n": 0}
 
     def flaky(model, x, y, **kw):
         calls["n"] += 1
         loss = real(model, x, y, **kw)
         return loss * float("nan") if bad_calls(calls["n"]) else loss
 
-    monkeypatch.setattr(tuning, "batch_loss", flaky)
+    monkeypatch.setattr(train_step, "batch_loss", flaky)
 
 
 def test_an_injected_nan_is_skipped_and_counted(tmp_path, monkeypatch):
@@ -361,7 +367,7 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
             "--model-overrides", "n_embd=32", "--model-overrides", "n_head=2", "--block-size", "32",
             "--batch-size", "2", "--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "2", "--eval-steps", "1",
             "--out-dir", str(out), "--no-progress", "--device", "cpu", "--val-fraction", "0.1"]
-    assert sft.cli(argv) == 0
+    assert training.sft_cli(argv) == 0
     printed = capsys.readouterr().out
     assert "SFT finished at step 2" in printed and str(out / "final") in printed
     assert (out / "final" / "model.safetensors").is_file() and (out / "checkpoints" / "latest").is_file()
@@ -369,19 +375,19 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
 
     assert main(["sft", *argv[:-2], "--batch-size", "0"]) == 1  # rookworld sft: errors in one line
     assert "SFTConfig.batch_size must be an integer >= 1" in capsys.readouterr().err
-    monkeypatch.setattr(sft, "_shipped", lambda split: ())  # as before `rookworld datagen` has run
+    monkeypatch.setattr(training, "_shipped", lambda split: ())  # as before `rookworld datagen` has run
     assert main(["sft", "--model", "tiny"]) == 1
     assert "--train-data" in capsys.readouterr().err
-    monkeypatch.setattr(sft, "_shipped", lambda split: (str(data),) if split == "train" else ())
-    assert sft.cli(argv[2:] + ["--max-steps", "3"]) == 0  # no --train-data: the shipped files, resumed here
+    monkeypatch.setattr(training, "_shipped", lambda split: (str(data),) if split == "train" else ())
+    assert training.sft_cli(argv[2:] + ["--max-steps", "3"]) == 0  # no --train-data: the shipped files, resumed here
     assert "SFT finished at step 3" in capsys.readouterr().out
 
 
 def test_cli_help():
     with pytest.raises(SystemExit) as info:
-        sft.build_parser().parse_args(["--help"])
+        training.build_sft_parser().parse_args(["--help"])
     assert info.value.code == 0
-    text = sft.build_parser().format_help()
+    text = training.build_sft_parser().format_help()
     assert text.startswith("usage: rookworld sft") and "--max-nonfinite-in-a-row" in text and "--no-resume" in text
 
 

@@ -24,7 +24,8 @@ from sft_helpers import TEXTS, one_thread  # noqa: F401  (one_thread: autouse fi
 from rookworld_lib.lab.cli import main
 from rookworld_lib.core.paths import DATA_DIR
 from rookworld_lib.core import checkpoint as ck
-from rookworld_lib import distributed
+from rookworld_lib.chess import training
+from rookworld_lib.core import distributed
 from rookworld_lib.core import train_sft as sft
 from rookworld_lib.core.train_utils import read_metrics
 
@@ -73,7 +74,7 @@ def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_fi
     torch.set_num_threads(1)
     # 1 process, in this process: the reference, with checkpoints at steps 2 and 4
     ref = tmp_path / "one"
-    assert sft.cli(argv(data_file, ref)) == 0
+    assert training.sft_cli(argv(data_file, ref)) == 0
     assert "SFT finished at step 4" in capsys.readouterr().out
 
     # the same run as 2 processes under torchrun, fresh
@@ -110,7 +111,7 @@ def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_fi
     # and back: the 2-process checkpoint at step 2, resumed by 1 process
     back = tmp_path / "two-then-one"
     copy_checkpoint(two, 2, back)
-    assert sft.cli(argv(data_file, back)) == 0
+    assert training.sft_cli(argv(data_file, back)) == 0
     worst = max_diff(params_at(ref, 4), params_at(back, 4))
     print(f"max |1 process - resumed 2 -> 1| = {worst:.2e}")
     assert worst <= TOL, worst
@@ -118,7 +119,7 @@ def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_fi
 
 
 def test_batch_size_must_divide_by_the_world_size(tmp_path, monkeypatch):
-    monkeypatch.setattr(sft.distributed, "init_from_env", lambda device_type: distributed.DistInfo(0, 2, 0))
+    monkeypatch.setattr(distributed, "init_from_env", lambda device_type: distributed.DistInfo(0, 2, 0))
     cfg = sft.SFTConfig(model="tiny", block_size=32, batch_size=3, max_steps=2, warmup_steps=0, eval_interval=0,
                         out_dir=str(tmp_path), progress=False, device="cpu")
     with pytest.raises(ValueError, match=r"SFTConfig\.batch_size \(3\) must be a multiple of the world size 2"):
@@ -126,12 +127,12 @@ def test_batch_size_must_divide_by_the_world_size(tmp_path, monkeypatch):
 
 
 def test_nproc_is_in_the_help_and_wraps_torchrun(monkeypatch):
-    assert "--nproc N" in sft.build_parser().format_help()
+    assert "--nproc N" in training.build_sft_parser().format_help()
     calls = []
-    monkeypatch.setattr(sft.distributed, "torchrun",
+    monkeypatch.setattr(training.distributed, "torchrun",
                         lambda sub, args, n, preflight: calls.append((sub, args, n, preflight)) or 0)
-    assert sft.cli(["--nproc", "2", "--max-steps", "3"]) == 0
-    assert calls == [("sft", ["--max-steps", "3"], 2, sft._preflight)]
+    assert training.sft_cli(["--nproc", "2", "--max-steps", "3"]) == 0
+    assert calls == [("sft", ["--max-steps", "3"], 2, training._sft_preflight)]
 
 
 def test_nproc_that_does_not_split_the_batch_is_refused_once_before_torchrun(capsys):

@@ -28,7 +28,7 @@ import torch
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="trl is in the dev extras (make setup installs it)")
 from trl.trainer.utils import entropy_from_logits as trl_entropy_from_logits  # noqa: E402
 
-from rookworld_lib import grpo  # noqa: E402
+from rookworld_lib.core import grpo  # noqa: E402
 from rookworld_lib.core.grpo import GRPOConfig, group_advantages, grpo_loss  # noqa: E402
 
 GRPOTrainer = trl_grpo.GRPOTrainer

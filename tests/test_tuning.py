@@ -8,6 +8,7 @@ import torch
 
 from rookworld_lib.lab import perf, tuning
 from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.train_step import TrainStep
 from rookworld_lib.core.train_utils import setup_runtime
 
 # Small enough for CI: tiny model, 2 x 16 tokens, 3 steps.
@@ -174,6 +175,6 @@ def test_train_step_accepts_a_compiled_model_without_calling_it():
     # on a GPU run; building the step must not touch the wrapper's truth value.
     model = GPT(GPTConfig.preset("tiny"))
     compiled = torch.compile(model)  # lazy: nothing is compiled until the first call
-    step = tuning.TrainStep(model, tuning.make_optimizer(model, tuning.TuneConfig()), setup_runtime("cpu", "fp32"),
-                            forward_model=compiled)
+    step = TrainStep(model, tuning.make_optimizer(model, tuning.TuneConfig()), setup_runtime("cpu", "fp32"),
+                     forward_model=compiled)
     assert step.forward_model is compiled

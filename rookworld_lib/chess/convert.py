@@ -29,6 +29,8 @@ from pathlib import Path
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
 from ..core.paths import atomic_file, json_line, read_jsonl
+from ..core.progress import tqdm
+from .engine import usable_cores
 from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
@@ -276,8 +278,6 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     for ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
     ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when
     the whole input is done, only for a task with records (another task's file is left as it is)."""
-    from ..core.progress import tqdm
-
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     inputs = [Path(p) for p in inputs]
@@ -319,8 +319,6 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld convert`: 0 when the inputs were read (lines that do not convert are reported); an
     input that cannot be read raises (cli.main reports it in one line, exit status 1)."""
-    from .engine import usable_cores
-
     ap = argparse.ArgumentParser(
         prog="rookworld convert",
         description="Convert original RookWorld data (P: rook lines, A: arbiter/rookworld lines; .txt, "

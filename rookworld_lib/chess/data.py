@@ -21,6 +21,7 @@ from pathlib import Path
 import chess
 
 from . import tasks
+from .engine import EnginePool, EngineSettings, parse_limit_key
 from ..core.paths import DATA_DIR, DataFormatError, read_jsonl, unreadable
 
 log = logging.getLogger(__name__)
@@ -367,8 +368,6 @@ def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
 def audit_policy_labels(records: list[dict], *, workers: int | None = None, progress: bool = False) -> list[dict]:
     """Re-run Stockfish at each P: record's recorded limit and report every difference in the
     candidate moves or evals (an empty list: every label, B: included, is reproduced)."""
-    from .engine import EnginePool, EngineSettings, parse_limit_key
-
     problems = []
     groups: dict[tuple[str, int], list[dict]] = {}
     for rec in records:  # multipv is not stored: len(moves), or any value >= n_legal for a full list
@@ -458,18 +457,3 @@ def render_card_tables(summary: dict) -> str:
         rows.append(f"| {name} | {fmt(f.get('sources'))} | {fmt(f.get('tags'))} | {fmt(f.get('kinds'))} "
                     f"| {fmt(f.get('terminations'))} |")
     return "\n".join(rows)
-
-
-# --- Generation lives in datagen; these names stay importable from here ---
-
-_MOVED_TO_DATAGEN = frozenset({"DatagenConfig", "DatagenReport", "generate", "cli", "WorkDirMismatch"})
-
-
-def __getattr__(name: str):
-    # imported on first use: datagen imports this module, and loading data needs no generator
-    if name in _MOVED_TO_DATAGEN:
-        from . import datagen
-
-        return getattr(datagen, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-

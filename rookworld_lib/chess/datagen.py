@@ -6,8 +6,8 @@ Games are seeded per index (:func:`game_plan`, :func:`play_game`) and split by g
 (:func:`split_of_game`): a position belongs to the split of the first game that reaches it, or to none
 when `exclude_dir` names a data set that holds it in val or test.
 :func:`select_samples` picks positions (``P:``), moves (``A:``, with :func:`wrong_move` siblings) and
-mate-in-one positions; Stockfish labels ``P:`` at a reproducible limit (one thread, cleared hash) and
-python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
+mate-in-one positions; Stockfish (on datagen's own UCI client, :class:`LeanPool`) labels ``P:`` at a
+reproducible limit (one thread, cleared hash) and python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
 interrupted run resumes with the same settings; record files are written atomically at the end,
 and one that would be empty is not written (an older one of that name is removed).
 """
@@ -22,21 +22,28 @@ import gzip
 import json
 import logging
 import math
+import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import chess
 import chess.engine
 
-from . import tasks
-from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, DataFormatError, data_file_name, data_files_of,
-                   json_lines, load_jsonl, mating_moves, move_tags, position_tags, render_card_tables, summarize)
-from ..core.paths import DATA_DIR, JsonlAppender, atomic_file, atomic_write, json_line
+from . import engine, tasks
+from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, data_file_name, data_files_of, load_jsonl,
+                   mating_moves, move_tags, position_tags, render_card_tables, summarize)
+from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
+                     find_stockfish, search_timeout, threaded, usable_cores)
+from ..core.paths import DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines
+from ..core.progress import tqdm
 from ..core.config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
 log = logging.getLogger(__name__)
@@ -125,19 +132,16 @@ def game_plan(index: int, cfg: DatagenConfig) -> dict:
     return plan
 
 
-def play_game(index: int, cfg: DatagenConfig, pool) -> dict:
+def play_game(index: int, cfg: DatagenConfig, pool: LeanPool) -> dict:
     """Play game `index`: deterministic given the seed, since each game holds one engine for its
     whole length (hash cleared at its start) and is replayed from the start if that engine dies.
-    The engine is a lean UCI process (EnginePool.lean_session): the moves python-chess's session
-    plays, without its per-move overhead (about as much CPU as a short search)."""
-    from .engine import EngineFailedError, EngineSessionLost
-
+    `pool` is datagen's LeanPool (or an EnginePool: the same moves, at more CPU per move)."""
     plan = game_plan(index, cfg)
     if plan["kind"] == "random":
         return _play(index, cfg, plan, None)
     for _ in range(4):
         try:
-            with pool.lean_session() as session:  # python-chess's moves at half its CPU per short search
+            with pool.session() as session:
                 return _play(index, cfg, plan, session)
         except EngineSessionLost as exc:
             log.warning("game %d: %s; replaying it on a fresh engine", index, exc)
@@ -242,8 +246,6 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
     seen_p: set[str] = set()
     seen_a: set[tuple[str, str]] = set()
     seen_m: set[str] = set()
-    from ..core.progress import tqdm
-
     for g in tqdm(sorted(games, key=lambda g: g["game"]), desc="sampling", unit="game", disable=not progress):
         sel = _Selection()
         split = split_of_game(g["game"], cfg)
@@ -428,6 +430,203 @@ def _gzip_writer(raw) -> gzip.GzipFile:
     return gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0, filename="")
 
 
+# --- Stockfish: datagen's lean UCI client ---
+# python-chess's commands, but only the last info line of each PV parsed (python-chess turns every
+# line's PV into moves): the same labels and moves for 1/1.3 of its CPU (benchmarks/bench_datagen.py).
+
+def go_command(limit: chess.engine.Limit) -> str:
+    """The UCI `go` line of a depth or node limit."""
+    return "go" + "".join(f" {k} {getattr(limit, k)}" for k in ("depth", "nodes") if getattr(limit, k))
+
+
+class UciAnalyser:
+    """One Stockfish process (in a process group of its own) spoken to in plain UCI. Raises
+    EngineFailedError when the process dies, or is killed by the watchdog past its time limit."""
+
+    def __init__(self, path: str, settings: EngineSettings):
+        self.go, self.limit_key = go_command(settings.limit), settings.limit_key
+        self.floor = engine.TIMEOUT_FLOOR_S  # read now: the fault tests lower it
+        self.timeout = search_timeout(settings.limit, settings.multipv, self.floor)
+        self.dead, self.name = False, "unknown"
+        try:
+            self.proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         text=True, bufsize=1, start_new_session=True)
+        except OSError as exc:
+            raise StockfishNotFoundError(f"cannot start Stockfish at {path!r} ({exc}). {INSTALL_HINT}") from None
+        for line in self._exchange("uci\n", "uciok", self.floor):
+            if line.startswith("id name "):
+                self.name = line[8:].strip()
+        self._exchange(f"setoption name Threads value {settings.threads}\nsetoption name Hash value "
+                       f"{settings.hash_mb}\nsetoption name MultiPV value {settings.multipv}\nisready\n",
+                       "readyok", self.floor)
+
+    def _exchange(self, commands: str, until: str, timeout: float) -> list[str]:
+        """Send `commands`, return the lines up to the one starting with `until` (included); a watchdog kills
+        the process after `timeout` seconds, so a hung engine fails instead of blocking."""
+        watchdog = threading.Timer(timeout, self.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        lines = []
+        try:
+            self.proc.stdin.write(commands)
+            self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                lines.append(line)
+                if line.startswith(until):
+                    return lines
+        except (OSError, ValueError):  # a broken pipe, or a pipe closed by kill()
+            pass
+        finally:
+            watchdog.cancel()
+        self.kill()
+        raise EngineFailedError(f"Stockfish ended without {until!r} (died, or no answer within {timeout} s)")
+
+    def analyse(self, fen: str) -> Analysis:
+        """The multipv analysis of `fen` from a cleared hash: what EnginePool.analyse returns."""
+        board = chess.Board(fen)  # a position of a played game: valid
+        fen = board.fen(en_passant="fen")
+        if not any(board.legal_moves):
+            return Analysis(fen, (), (), self.limit_key, 0)
+        last = {}  # multipv index -> tokens of its last info line with a PV
+        for line in self._exchange(f"ucinewgame\nposition fen {fen}\n{self.go}\n", "bestmove", self.timeout):
+            if line.startswith("info depth") and " pv " in line:
+                t = line.split()
+                last[int(t[t.index("multipv") + 1]) if "multipv" in t else 1] = t
+        lines = {}  # first move -> eval, best first (as engine._to_analysis)
+        for _, t in sorted(last.items()):
+            i = t.index("score")
+            score = chess.engine.Mate(int(t[i + 2])) if t[i + 1] == "mate" else chess.engine.Cp(int(t[i + 2]))
+            lines.setdefault(t[t.index("pv") + 1], tasks.Eval.from_score(score))
+        depth = max((int(t[t.index("depth") + 1]) for t in last.values()), default=None)
+        return Analysis(fen, tuple(lines), tuple(lines.values()), self.limit_key, depth)
+
+    def play(self, board: chess.Board, limit: chess.engine.Limit) -> chess.Move:
+        """The engine's move in `board` under `limit` (depth or nodes), sent as python-chess's session
+        sends it: the root position and every move since. EngineSessionLost if the process fails."""
+        root = board.root().fen(en_passant="fen")
+        position = "startpos" if root == chess.STARTING_FEN else f"fen {root}"
+        moves = " ".join(m.uci() for m in board.move_stack)
+        try:
+            last = self._exchange(f"position {position}{' moves ' + moves if moves else ''}\n{go_command(limit)}\n",
+                                  "bestmove", search_timeout(limit, 1, self.floor))[-1]
+            return chess.Move.from_uci(last.split()[1])
+        except (EngineFailedError, ValueError, IndexError) as exc:  # the last two: a garbled bestmove
+            self.kill()
+            raise EngineSessionLost(f"Stockfish failed during a session ({type(exc).__name__}: {exc})") from None
+
+    def kill(self) -> None:
+        """End the process and its process group (idempotent); it is reaped before this returns."""
+        if not self.dead:  # once, before the reaping below frees the group id
+            self.dead = True
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.stdin.close()
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
+
+
+class LeanPool:
+    """Datagen's engine processes (:class:`UciAnalyser`), one per thread and MultiPV, started on first
+    use and replaced when one dies: `size` threads label at once (:meth:`label_many`), a game plays on
+    its thread's (:meth:`session`). :meth:`close` (``with``) kills every process and refuses new work."""
+
+    def __init__(self, settings: EngineSettings, size: int):
+        self.settings, self.size = settings, size
+        self.path = find_stockfish(settings.path)
+        self._live: list[UciAnalyser] = []  # every process, for close()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineFailedError("engine pool is closed")
+
+    def _process(self, multipv: int) -> UciAnalyser:
+        """The calling thread's process at `multipv`, started if it has none or it died."""
+        p = getattr(self._local, f"multipv{multipv}", None)
+        if p is None or p.dead:
+            self._check_open()
+            p = UciAnalyser(self.path, dataclasses.replace(self.settings, multipv=multipv))
+            with self._lock:
+                self._live.append(p)
+            if self._closed:  # closed while it started
+                p.kill()
+                self._check_open()
+            setattr(self._local, f"multipv{multipv}", p)
+        return p
+
+    def _end(self, p: UciAnalyser) -> None:
+        p.kill()
+        with self._lock:
+            if p in self._live:
+                self._live.remove(p)
+
+    def version(self) -> str:
+        """The engine's UCI id name, e.g. ``Stockfish 15.1`` (starts this thread's game process)."""
+        return self._process(multipv=1).name
+
+    def label_many(self, fens: Sequence[str], *, progress: bool = False,
+                   on_result: Callable[[int, Analysis], None] | None = None) -> None:
+        """Analyse `fens` at the pool's settings (the results of EnginePool.analyse) on `size` threads;
+        `on_result(index, analysis)` runs in the calling thread as each completes. A failed search is
+        retried on a fresh process `max_retries` times; an error or Ctrl-C closes the pool at once."""
+        if not self.settings.reproducible:
+            raise ValueError("label_many needs reproducible settings (a depth or node limit, one thread, fresh_search)")
+
+        def label(fen: str) -> Analysis:
+            failures = []
+            for _ in range(self.settings.max_retries + 1):
+                p = self._process(self.settings.multipv)
+                try:
+                    return p.analyse(fen)
+                except EngineFailedError as exc:
+                    self._end(p)
+                    self._check_open()  # killed on purpose (close, Ctrl-C): no retry
+                    failures.append(str(exc))
+                    log.warning("Stockfish failed while labelling (%s); restarting it", exc)
+            raise EngineFailedError(f"Stockfish failed on every attempt while labelling: {failures[-1]}")
+
+        try:
+            for i, analysis in threaded(label, list(fens), self.size, progress, "labelling", unit="pos"):
+                if on_result is not None:
+                    on_result(i, analysis)
+        except BaseException:
+            self.close()
+            raise
+
+    @contextlib.contextmanager
+    def session(self):
+        """This thread's game process, as :meth:`.engine.EnginePool.session` (MultiPV 1, the hash
+        cleared at the start): its `play` gives the same moves. If the process dies, EngineSessionLost
+        asks the caller to replay the game."""
+        p = self._process(multipv=1)
+        try:
+            try:
+                p._exchange("ucinewgame\nisready\n", "readyok", p.floor)  # as python-chess's first move of a game
+            except EngineFailedError as exc:  # it died while idle
+                raise EngineSessionLost(f"Stockfish failed at a session's start ({exc})") from None
+            yield p
+        except BaseException:
+            self._end(p)
+            raise
+
+    def close(self) -> None:
+        """Kill every process (each is reaped) and refuse new work. Idempotent."""
+        with self._lock:
+            self._closed = True
+            victims, self._live = self._live, []
+        for p in victims:
+            p.kill()
+
+    def __enter__(self) -> LeanPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 # --- Generation ---
 
 class WorkDirMismatch(RuntimeError):
@@ -457,14 +656,12 @@ class DatagenReport:
 def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) -> DatagenReport:
     """Run (or resume) data generation into cfg.out_dir. Engine failures and Ctrl-C propagate; what was
     finished stays in the work directory for the next run."""
-    from .engine import EnginePool, EngineSettings
-
     work = cfg.work_path()
     settings = EngineSettings(depth=cfg.depth, nodes=cfg.nodes, multipv=cfg.multipv, path=cfg.stockfish)
     seconds: dict[str, float] = {}
     clock = time.perf_counter
-    with EnginePool(settings, size=cfg.workers, cache=False) as pool:  # finds Stockfish first: no stray dirs
-        engine_name = pool.version
+    with LeanPool(settings, size=cfg.workers) as pool:  # finds and starts Stockfish first: no stray dirs
+        engine_name = pool.version()
         _open_work_dir(work, {"config": cfg.content_key(), "engine": engine_name}, fresh)
         Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
         t = clock()
@@ -534,10 +731,8 @@ def _read_work(path: Path) -> list[dict]:
         raise DataFormatError(f"corrupt work file: {exc}; delete {path.parent} or rerun with --fresh") from None
 
 
-def _play_games(cfg: DatagenConfig, pool, path: Path, progress: bool) -> tuple[list[dict], int]:
+def _play_games(cfg: DatagenConfig, pool: LeanPool, path: Path, progress: bool) -> tuple[list[dict], int]:
     """Every game in index order (those in the work file reused), and how many were played now."""
-    from .engine import threaded
-
     games = {g["game"]: g for g in _read_work(path)}
     todo = [i for i in range(cfg.games + cfg.mate_games + cfg.test_games) if i not in games]
     if todo:
@@ -548,7 +743,7 @@ def _play_games(cfg: DatagenConfig, pool, path: Path, progress: bool) -> tuple[l
     return [games[i] for i in sorted(games)], len(todo)
 
 
-def _label(fens: list[str], pool, path: Path, progress: bool) -> tuple[dict, int]:
+def _label(fens: list[str], pool: LeanPool, path: Path, progress: bool) -> tuple[dict, int]:
     """Stockfish labels by FEN (those in the work file reused), and how many were analysed now."""
     labels = {rec["fen"]: rec for rec in _read_work(path)}
     todo = [f for f in fens if f not in labels]
@@ -610,8 +805,6 @@ def _validate_files(files: list[Path], out: str) -> int:
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld datagen`: 0 on success; 1 for bad data files, a failed engine or an I/O error;
     2 for bad settings or a missing Stockfish; 130 after Ctrl-C. Errors are one line on stderr."""
-    from .engine import EngineFailedError, StockfishNotFoundError, usable_cores
-
     args = build_parser().parse_args(argv)
     if args.validate is not None:
         out = Path(args.out_dir)

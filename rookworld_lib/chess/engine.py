@@ -6,11 +6,7 @@ search starts from a cleared hash, so its result depends only on (position, limi
 and audited. :class:`EnginePool` runs up to ``size`` engines, one thread each. Engines fail loudly
 and never hang: every search has a time limit from its budget (:func:`search_timeout`), and a failed
 start or request is retried on a fresh process, then raises :class:`EngineFailedError`.
-
-:meth:`EnginePool.label_many` labels many positions for data generation on lean UCI processes
-(:class:`UciAnalyser`): the same search and result as :meth:`EnginePool.analyse` without
-python-chess's per-line parsing, which costs about as much CPU as a depth-8 search;
-:meth:`EnginePool.lean_session` plays games on them, with the moves of :meth:`EnginePool.session`.
+(Data generation labels and plays on its own lean UCI client, :class:`.datagen.LeanPool`: same results.)
 
 Engines end one way, :meth:`EnginePool.close` (``with``, garbage collection, Ctrl-C in ``map``, and
 interpreter exit). python-chess runs each engine's event loop on a *non-daemon* thread, which Python
@@ -21,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
 import queue
 import shutil
-import subprocess
 import threading
 import weakref
 from collections import OrderedDict
@@ -40,6 +34,7 @@ import chess.engine
 
 from .tasks import Eval
 from ..core.config import bad_field, option, validate
+from ..core.progress import tqdm
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +230,6 @@ def threaded(fn: Callable, items: list, workers: int, progress: bool = False, de
              unit: str = "item") -> Iterator[tuple[int, object]]:
     """(index, fn(item)) as each call completes, on up to `workers` threads. An exception (or Ctrl-C)
     cancels the calls not yet started and propagates without waiting for the running ones."""
-    from ..core.progress import tqdm
-
     if not items:
         return
     ex = ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="rookworld")
@@ -260,16 +253,12 @@ def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
         eng.returncode.result(timeout=wait)
 
 
-def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue, analysers: list) -> None:
+def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue) -> None:
     """End every engine of a pool, idle or busy: the one way they end. A module function, so that the
     pool's weakref finalizer runs it without keeping the pool alive."""
     with lock:
         victims = list(engines)
         engines.clear()
-        lean = list(analysers)
-        analysers.clear()
-    for a in lean:
-        a.kill()
     with contextlib.suppress(queue.Empty):
         while True:
             idle.get_nowait()
@@ -325,15 +314,13 @@ class EnginePool:
         self.timeout = TIMEOUT_FLOOR_S  # for an engine to start, and the floor of every search's time limit
         self.restarts = 0  # engines replaced after a failure
         self._engines: list[chess.engine.SimpleEngine] = []  # every live engine, idle or busy
-        self._analysers: list[UciAnalyser] = []  # every lean process (label_many, lean_session)
-        self._lean_idle: list[UciAnalyser] = []  # lean session processes between games
         self._idle: queue.LifoQueue = queue.LifoQueue()
         self._lock = threading.Lock()
         self._starting = 0  # engines being started (they count against `size`)
         self._generation = 0  # bumped when the engines are killed on purpose: in-flight requests stop
         self._closed = False
         self._version: str | None = None
-        self._finalizer = weakref.finalize(self, _kill_all, self._engines, self._lock, self._idle, self._analysers)
+        self._finalizer = weakref.finalize(self, _kill_all, self._engines, self._lock, self._idle)
         _LIVE_POOLS.add(self)
 
     # -- engine lifecycle ------------------------------------------------------------------
@@ -510,89 +497,6 @@ class EnginePool:
         analyse = functools.partial(self.analyse, multipv=multipv, limit=limit)
         return self.map(analyse, positions, progress=progress, desc=desc, unit="pos", on_result=on_result)
 
-    def label_many(self, fens: Sequence[str], *, progress: bool = False, desc: str = "labelling",
-                   on_result: Callable[[int, Analysis], None] | None = None) -> None:
-        """Analyse `fens` at the pool's settings on `size` lean processes (:class:`UciAnalyser`),
-        uncached; `on_result(index, analysis)` runs in the calling thread as each completes. The
-        results equal :meth:`analyse`'s (reproducible settings only). A failed search is retried on a
-        fresh process `max_retries` times; Ctrl-C kills the processes at once."""
-        if not self.settings.reproducible:
-            raise ValueError("label_many needs reproducible settings (a depth or node limit, one thread, fresh_search)")
-        local = threading.local()
-        generation = self._generation
-        mine: list[UciAnalyser] = []
-
-        def analyser() -> UciAnalyser:  # one per worker thread, registered so close() and Ctrl-C reach it
-            a = getattr(local, "analyser", None)
-            if a is None or a.dead:
-                a = local.analyser = self._start_analyser(self.settings, generation)
-                mine.append(a)
-            return a
-
-        def label(fen: str) -> Analysis:
-            failures = []
-            for _ in range(self.settings.max_retries + 1):
-                a = analyser()
-                try:
-                    return a.analyse(fen)
-                except EngineFailedError as exc:
-                    a.kill()
-                    self._check_open(generation)  # killed on purpose (close, Ctrl-C): no retry
-                    failures.append(str(exc))
-                    self.restarts += 1
-                    log.warning("Stockfish failed while labelling (%s); restarting it", exc)
-            raise EngineFailedError(f"Stockfish failed on every attempt while labelling: {failures[-1]}")
-
-        try:
-            self.map(label, fens, progress=progress, desc=desc, unit="pos", on_result=on_result)
-        finally:
-            for a in mine:
-                self._end_analyser(a)
-
-    def _start_analyser(self, settings: EngineSettings, generation: int) -> UciAnalyser:
-        """A lean process, registered so that close() and Ctrl-C kill it."""
-        self._check_open(generation)
-        a = UciAnalyser(self.path, settings, self.timeout)
-        with self._lock:
-            self._analysers.append(a)
-        self._version = self._version or a.name
-        return a
-
-    def _end_analyser(self, a: UciAnalyser) -> None:
-        a.kill()
-        with self._lock:
-            if a in self._analysers:
-                self._analysers.remove(a)
-
-    @contextlib.contextmanager
-    def lean_session(self):
-        """:meth:`session` on a lean UCI process (MultiPV 1, as python-chess plays): the same moves
-        for a depth or node limit, at about half the CPU of a short search. Its process is kept
-        for the next lean session."""
-        generation = self._generation
-        with self._lock:
-            idle = [a for a in self._lean_idle if not a.dead]
-            a = idle.pop() if idle else None
-            self._lean_idle[:] = idle
-        if a is None:
-            a = self._start_analyser(dataclasses.replace(self.settings, multipv=1), generation)
-        try:
-            a.new_game()
-        except EngineFailedError as exc:  # died while idle: the caller starts the game again
-            self._end_analyser(a)
-            raise EngineSessionLost(f"Stockfish failed at a session's start ({exc})") from None
-        sess = EngineSession(self, a)
-        try:
-            yield sess
-        except BaseException:
-            self._end_analyser(a)
-            raise
-        if a.dead:
-            self._end_analyser(a)
-        else:
-            with self._lock:
-                self._lean_idle.append(a)
-
     @contextlib.contextmanager
     def session(self):
         """Exclusive use of one engine for related searches (one game): the hash is cleared once, not
@@ -615,7 +519,7 @@ class EnginePool:
         the pool stays open and starts fresh engines for later requests."""
         with self._lock:
             self._generation += 1
-        _kill_all(self._engines, self._lock, self._idle, self._analysers)
+        _kill_all(self._engines, self._lock, self._idle)
 
     def close(self) -> None:
         """Kill every engine process and wait for it to be reaped; refuse new work. Idempotent."""
@@ -648,113 +552,14 @@ class EngineSession:
         if self.dead:
             raise EngineSessionLost("session engine already lost")
         try:
-            if isinstance(self._eng, UciAnalyser):  # a lean_session
-                return self._eng.play(board, limit)
             result = self.pool._search(self._eng, board, limit, game=self._game)
-        except (*_RETRYABLE, EngineFailedError, ValueError, IndexError) as exc:  # the last two: a garbled bestmove
+        except _RETRYABLE as exc:
             self.dead = True
             self.pool.restarts += 1
             raise EngineSessionLost(f"Stockfish failed during a session ({type(exc).__name__}: {exc})") from None
         if result.move is None:
             raise EngineFailedError(f"Stockfish returned no move for {board.fen()!r}")
         return result.move
-
-
-class UciAnalyser:
-    """One Stockfish process spoken to in plain UCI for fresh-search multipv analyses: a request is
-    ``ucinewgame`` / ``position`` / ``go`` and only the last info line of each principal variation is
-    parsed (python-chess parses every line's PV into moves, about as much CPU as the search). Raises
-    EngineFailedError when the process dies, or is killed by the watchdog past search_timeout."""
-
-    def __init__(self, path: str, settings: EngineSettings, floor: float = TIMEOUT_FLOOR_S):
-        limit = settings.limit
-        self.go = _go_command(limit)
-        self.limit_key, self.multipv = settings.limit_key, settings.multipv
-        self.timeout, self.floor = search_timeout(limit, settings.multipv, floor), floor
-        self.dead, self.name = False, "unknown"
-        try:
-            self.proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.DEVNULL, text=True, bufsize=1)
-        except OSError as exc:
-            raise StockfishNotFoundError(f"cannot start Stockfish at {path!r} ({exc}). {INSTALL_HINT}") from None
-        for line in self._exchange("uci\n", "uciok", floor):
-            if line.startswith("id name "):
-                self.name = line[8:].strip()
-        self._exchange(f"setoption name Threads value {settings.threads}\nsetoption name Hash value "
-                       f"{settings.hash_mb}\nsetoption name MultiPV value {settings.multipv}\nisready\n",
-                       "readyok", floor)
-
-    def _exchange(self, commands: str, until: str, timeout: float | None) -> list[str]:
-        """Send `commands`, return the lines up to the one starting with `until` (included); a watchdog kills
-        the process after `timeout` seconds, so a hung engine fails instead of blocking."""
-        watchdog = threading.Timer(timeout or 0, self.kill)
-        watchdog.daemon = True
-        if timeout is not None:
-            watchdog.start()
-        lines = []
-        try:
-            self.proc.stdin.write(commands)
-            self.proc.stdin.flush()
-            for line in self.proc.stdout:
-                lines.append(line)
-                if line.startswith(until):
-                    return lines
-        except (OSError, ValueError):  # a broken pipe, or a pipe closed by kill()
-            pass
-        finally:
-            watchdog.cancel()
-        self.kill()
-        raise EngineFailedError(f"Stockfish ended without {until!r} (died, or no answer within {timeout} s)")
-
-    def analyse(self, fen: str) -> Analysis:
-        """The multipv analysis of `fen` from a cleared hash: what EnginePool.analyse returns."""
-        board = chess.Board(fen)
-        if not board.is_valid():
-            raise ValueError(f"cannot analyse an invalid position {fen!r} (status {board.status()!r})")
-        fen = board.fen(en_passant="fen")
-        if not any(board.legal_moves):
-            return Analysis(fen, (), (), self.limit_key, 0)
-        last = {}  # multipv index -> tokens of its last info line with a PV
-        for line in self._exchange(f"ucinewgame\nposition fen {fen}\n{self.go}\n", "bestmove", self.timeout):
-            if line.startswith("info depth") and " pv " in line:
-                t = line.split()
-                last[int(t[t.index("multipv") + 1]) if "multipv" in t else 1] = t
-        lines = {}  # first move -> eval, best first (as _to_analysis)
-        for _, t in sorted(last.items()):
-            i = t.index("score")
-            score = chess.engine.Mate(int(t[i + 2])) if t[i + 1] == "mate" else chess.engine.Cp(int(t[i + 2]))
-            lines.setdefault(t[t.index("pv") + 1], Eval.from_score(score))
-        depth = max((int(t[t.index("depth") + 1]) for t in last.values()), default=None)
-        return Analysis(fen, tuple(lines), tuple(lines.values()), self.limit_key, depth)
-
-    def new_game(self) -> None:
-        """Clear the hash (``ucinewgame``), as python-chess does at a session's first move."""
-        self._exchange("ucinewgame\nisready\n", "readyok", self.floor)
-
-    def play(self, board: chess.Board, limit: chess.engine.Limit) -> chess.Move:
-        """The engine's move in `board` under `limit` (depth or nodes), sent as python-chess sends it:
-        the root position and every move since, so the engine sees the game's history."""
-        root = board.root().fen(en_passant="fen")
-        position = "startpos" if root == chess.STARTING_FEN else f"fen {root}"
-        moves = " ".join(m.uci() for m in board.move_stack)
-        last = self._exchange(f"position {position}{' moves ' + moves if moves else ''}\n{_go_command(limit)}\n", "bestmove",
-                              search_timeout(limit, 1, self.floor))[-1]
-        return chess.Move.from_uci(last.split()[1])
-
-    def kill(self) -> None:
-        """End the process (idempotent); it is reaped before this returns."""
-        self.dead = True
-        with contextlib.suppress(Exception):
-            self.proc.kill()
-        with contextlib.suppress(Exception):
-            self.proc.stdin.close()
-        with contextlib.suppress(Exception):
-            self.proc.wait(timeout=5)
-
-
-def _go_command(limit: chess.engine.Limit) -> str:
-    """The UCI `go` line of a depth or node limit."""
-    return "go" + "".join(f" {k} {getattr(limit, k)}" for k in ("depth", "nodes") if getattr(limit, k))
 
 
 def _to_analysis(fen: str, turn: chess.Color, infos: list, limit: str) -> Analysis:

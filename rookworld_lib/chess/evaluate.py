@@ -25,10 +25,14 @@ from pathlib import Path
 import chess
 import torch
 
-from . import rewards, tasks
+from . import data, rewards, tasks
+from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
 from ..core.model import GPT
+from ..core.paths import atomic_write
 from ..core.sampling import SamplingConfig, generate
 from ..core.tokenizer import encode_prompt, get_tokenizer
+from ..core.train_sft import METRICS_FILE
+from ..core.train_utils import read_metrics
 from ..core.config import add_config_arguments, config_kwargs_from_args, option, validate
 from .training import layout_of, read_layout
 
@@ -359,9 +363,6 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
 
     run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
     checkpoint is evaluated on the P: and A: records. on_point(row) is called as each row is ready."""
-    from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
-    from ..core.train_sft import METRICS_FILE
-    from ..core.train_utils import read_metrics
 
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir / "checkpoints")
@@ -397,7 +398,6 @@ def results_to_json(results: dict) -> dict:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    from . import data
 
     ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
@@ -440,8 +440,6 @@ def cli(argv: list[str] | None = None) -> int:
 
 
 def _curve_cli(args, cfg: EvalConfig) -> int:
-    from . import data
-    from ..core.paths import atomic_write
 
     suites = {key: data.load_split(key, "test", args.data_dir).records for key in ("P", "A")}
 

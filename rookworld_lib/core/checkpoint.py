@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
+from .model import GPT, config_from_dict
 from .paths import TMP_PREFIX, atomic_write
+from .task_vocab import TaskVocab
 from .train_utils import rng_state, set_rng_state, unwrap
 
 log = logging.getLogger(__name__)
@@ -303,14 +305,10 @@ def restore_training_state(ckpt: dict, *, model: torch.nn.Module, optimizer=None
 def model_from_checkpoint(path: str | os.PathLike):
     """The full GPT-2-vocabulary model a checkpoint file (or a run's checkpoint directory: its
     latest) holds, on CPU; an SFT run over the task vocabulary is expanded back to every GPT-2 token."""
-    from .model import GPT, config_from_dict
-
     ckpt = load_checkpoint(Path(path))  # names the file it cannot load
     model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
     model.load_state_dict(ckpt["model"], strict=True)
     if ids := ckpt.get("extra", {}).get("task_vocab"):  # an SFT run with vocab="task": the full GPT-2
-        from .task_vocab import TaskVocab
-
         model = TaskVocab(ids).expand(model)
     return model
 

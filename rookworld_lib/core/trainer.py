@@ -294,7 +294,7 @@ class Trainer:
             self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,
                                                                 resume_step=resume_step))
         if getattr(self.cfg, "report_to", "tensorboard") == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # heavy (tensorboard): only where event files are written
 
             # purge_step hides the events of earlier writers from this step on: a resume redoes the steps
             # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything
@@ -308,12 +308,10 @@ class Trainer:
         """Log a step's record (rank 0 writes it; its numbers also to TensorBoard), keep it in history
         as written, call on_step."""
         record = metrics.log(record) if metrics is not None else to_jsonable(record)
-        if self.tensorboard is not None:  # one event of every number (add_scalar per key: ~15x slower)
-            from tensorboard.compat.proto.summary_pb2 import Summary
-
-            values = [Summary.Value(tag=k, simple_value=v) for k, v in record.items()
-                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
-            self.tensorboard.file_writer.add_summary(Summary(value=values), record["step"])
+        if self.tensorboard is not None:  # every number of the record (null stays out)
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tensorboard.add_scalar(k, v, record["step"])
         self.history.append(record)
         if self.on_step is not None and record["step"] > 0 and self.dist.is_main:
             self.on_step(record)

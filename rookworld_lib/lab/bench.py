@@ -22,8 +22,11 @@ from pathlib import Path
 import torch
 
 from . import perf
+from ..core import grpo
 from ..core.model import GPT, GPTConfig, PRESETS
-from ..core.tokenizer import EOT_ID
+from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
+from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path
+from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 from ..core.config import option, validate
 from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 from ..core.train_step import TrainStep
@@ -148,8 +151,6 @@ def rollout_prompts(cfg: BenchConfig) -> list[list[int]]:
 
 def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dict:
     """Our sampler against transformers' generate, the same rows and tokens, interleaved."""
-    from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
-
     device = runtime.device
     ours.eval()
     theirs.eval()
@@ -188,8 +189,6 @@ def bench_sampling(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dic
 def rollout_sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress=print) -> dict:
     """Our sampler's generated tokens/s against rollout batch size (prompts x group), per decode mode, with
     (b)'s prompt lengths and full new-token budget: GRPO's rollout as a GPU leaves the launch-bound regime."""
-    from ..core.sampling import NO_EOS, SamplingConfig, generate
-
     cuda = runtime.device.type == "cuda"
     rows, modes = (SWEEP_ROWS, ("dynamic", "static", "cuda_graph")) if cuda else (SWEEP_ROWS[:2], ("dynamic", "static"))
     # On a GPU the padded vocabulary (50304 rows), as GRPO there: the same logits, on fast matmul kernels.
@@ -234,8 +233,6 @@ def hf_gpt2_tokenizer():
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    from ..core.tokenizer import EOT_TOKEN, GPT2_PATTERN, default_ranks_path
-
     conv = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
                              extra_special_tokens=[EOT_TOKEN])
     return PreTrainedTokenizerFast(tokenizer_object=conv.converted(), eos_token=EOT_TOKEN, pad_token=EOT_TOKEN,
@@ -245,9 +242,6 @@ def hf_gpt2_tokenizer():
 def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
     """The GRPOTrainer `rookworld grpo` runs, set up as TRL is in `_trl_grpo_times` (dapo, beta 0,
     one minibatch per step, clip 1.0, no weight decay), rewarding completions with vowel_reward."""
-    from ..core import grpo
-    from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
-
     G = cfg.group_size
     items = [PromptItem("P", t) for t in grpo_prompt_texts(len(FENS))]
     tcfg = GRPOTrainConfig(steps=cfg.grpo_steps + 1, prompts_per_step=cfg.grpo_prompts, group_size=G,

@@ -30,6 +30,7 @@ from plotly.subplots import make_subplots
 
 from ..core import grpo
 from ..chess import rewards, tasks
+from ..chess.engine import get_pool, stockfish_available
 from ..chess.evaluate import EvalConfig, complete, policy_prompt_of
 from ..core.model import GPT, GPTConfig
 from ..core.paths import RUNS_DIR, read_jsonl
@@ -148,8 +149,6 @@ def record_for_fen(fen: str) -> dict:
     board = chess.Board(fen)  # ValueError names a malformed FEN
     if not board.is_valid() or not any(board.legal_moves):
         raise ValueError(f"not a playable position: {fen!r} ({'no legal moves' if board.is_valid() else board.status()!r})")
-    from ..chess.engine import get_pool, stockfish_available
-
     a = get_pool().analyse(board) if stockfish_available() else None
     return {"fen": board.fen(), "moves": list(a.moves) if a else [], "evals": list(a.evals) if a else [],
             "best": a.best if a else None, "limit": a.limit if a else None}

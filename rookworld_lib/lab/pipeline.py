@@ -4,12 +4,12 @@ Executes the numbered notebooks in order with papermill into `runs/<timestamp>/`
 the parameters of the chosen profile that it declares, and writes a short Markdown report. A
 notebook may add to the report by writing `report_<anything>.md` into its `run_dir`.
 
-The terminal shows one line per notebook (name, status, seconds) and, while a notebook runs, the
-few lines its loops and stages write to `<run>/progress.log` (`progress.tqdm`, `progress.report`),
-which a thread follows. A side file rather than papermill's `log_output`: that would echo every output
-of every cell to the terminal, and the progress lines would be stored in the executed notebook too.
-What the kernel process itself prints goes to `<run>/logs/<notebook>.kernel.log`, named in the
-error when a notebook fails.
+The terminal shows one line per notebook (name, status, seconds) and, while it runs, the lines its
+kernel appends to `<run>/progress.log` (`progress.report`: notebook 05's stages, the library's bars),
+which a thread prints (papermill's `log_output` / `stderr_file` would relay every cell's stream
+output, warnings included, and store the 30-s lines in the notebook). The kernel process's own
+output (what C libraries write to its file descriptors, its log) goes to
+`<run>/logs/<notebook>.kernel.log`, named when a notebook fails.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from traitlets import Unicode
 from ..core.config import ParameterError, json_or_text
 from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
 from ..core.progress import PROGRESS_ENV
+from .plots import report_figure_lines
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
@@ -73,17 +74,10 @@ def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
 
 
 class NotebookKernelManager(AsyncKernelManager):
-    """The kernel of one notebook in a run.
-
-    - Its process's own stdout and stderr go to `log_path`, not the terminal: ipykernel echoes there
-      what C libraries write to the process's file descriptors (Kineto's `USDT: ...` lines are
-      dropped earlier, in perf.profile_phases), and its log lines (a KeyboardInterrupt caught at
-      shutdown) land there too. A cell's own output stays in the notebook.
-    - IPC sockets where the OS has them: over TCP, ipykernel warns at every start that the traffic
-      is unencrypted (the kernel is local; IPC is the transport the warning itself recommends).
-    - Its environment names the run's progress file and drops what would tell `progress` that
-      a frontend watches (a `rookworld run` started from a notebook cell inherits JPY_SESSION_NAME).
-    """
+    """The kernel of one notebook in a run: its process's stdout and stderr go to `log_path` (ipykernel
+    echoes there what is written to its file descriptors), over IPC where the OS has it (over TCP
+    ipykernel warns at every start), with $ROOKWORLD_PROGRESS set and without the variables that
+    tell `progress` a frontend watches (a run started from a notebook cell inherits them)."""
 
     log_path = Unicode(config=True, help="file for the kernel process's stdout and stderr")
     progress_path = Unicode(config=True, help="the run's progress file ($ROOKWORLD_PROGRESS in the kernel)")
@@ -95,46 +89,39 @@ class NotebookKernelManager(AsyncKernelManager):
             await super().start_kernel(stdout=log, stderr=log, env=env, **kw)
 
 
-class Echo(threading.Thread):
-    """Print the lines appended to a file, indented under `label`, until stopped (then the rest)."""
-
-    def __init__(self, path: Path, label: str):
-        super().__init__(daemon=True)
-        self.path, self.label, self.done = path, label, threading.Event()
-
-    def run(self):
-        with open(self.path) as f:
-            f.seek(0, os.SEEK_END)
-            while True:
-                stopping = self.done.wait(0.5)  # read once more after the stop: the last lines
-                for line in f.readlines():
-                    print(f"  {self.label} | {line.rstrip()}", flush=True)
-                if stopping:
-                    return
-
-    def stop(self):
-        self.done.set()
-        self.join()
-
-
 def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
-    """Run one notebook with papermill, its progress echoed to the terminal (see the module doc)."""
+    """Run one notebook with papermill while a thread prints the lines its kernel appends to the
+    progress file, as `  <notebook> | <line>` (see the module doc)."""
     import papermill as pm
     from traitlets.config import Config
 
     logs, progress = run_dir / "logs", run_dir / "progress.log"
     logs.mkdir(exist_ok=True)
     progress.touch()
+    printed = progress.stat().st_size  # the lines of earlier notebooks
     config = Config({"NotebookKernelManager": {"log_path": str(logs / f"{nb.stem}.kernel.log"),
                                                "progress_path": str(progress),
                                                "transport": "ipc" if os.name == "posix" else "tcp"}})
-    echo = Echo(progress, nb.stem)
-    echo.start()
+    done = threading.Event()
+
+    def echo():
+        with open(progress) as f:
+            f.seek(printed)
+            while True:
+                stopping = done.wait(0.5)  # read once more after the notebook ends: its last lines
+                for line in f.readlines():
+                    print(f"  {nb.stem} | {line.rstrip()}", flush=True)
+                if stopping:
+                    return
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
     try:
         pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3", cwd=str(nb.parent),
                             progress_bar=False, kernel_manager_class=NotebookKernelManager, config=config)
     finally:
-        echo.stop()
+        done.set()
+        thread.join()
 
 
 def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
@@ -198,8 +185,6 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
     lines += [f"| {r['notebook']} | {r['status']} | {r['seconds']} |" for r in results]
     for fragment in sorted(run_dir.glob("report_*.md")):
         lines += ["", fragment.read_text().rstrip()]
-    from .plots import report_figure_lines  # (plotly: imported only where a report is written)
-
     lines += report_figure_lines(run_dir)
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
 

@@ -23,12 +23,14 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from ..chess.evaluate import STRICT_METRICS
 from ..core.paths import FIGURES_DIR
+from ..core.progress import widget_frontend
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-PNG_TIMEOUT_S = 60.0  # a browser that hangs costs the run this much once, then PNGs are off
+PNG_TIMEOUT_S = 60.0  # a browser that hangs (or died at start) costs the run this much once, then PNGs are off
 _png_off: str | None = None  # why this process writes no PNGs, once one failed
 
 
@@ -54,7 +56,8 @@ def _write_png(fig: go.Figure, path: Path) -> bool:
             try:  # the browser is given (nothing searched or downloaded); mathjax off: its default is a CDN
                 kaleido.start_sync_server(path=_chromium(), n=1, mathjax=False, timeout=PNG_TIMEOUT_S,
                                           silence_warnings=True)  # already running: a no-op
-                done.set_result(fig.write_image(path, format="png"))  # plotly renders on the running server
+                # rendered on the running server: png, the layout's size, else 700x500 as plotly's own
+                done.set_result(path.write_bytes(kaleido.calc_fig_sync(fig)))
             except BaseException:
                 kaleido.stop_sync_server(silence_warnings=True)  # PNGs are off from here: free the browser
                 raise
@@ -66,8 +69,7 @@ def _write_png(fig: go.Figure, path: Path) -> bool:
         done.result(PNG_TIMEOUT_S)
         return True
     except Exception as exc:  # noqa: BLE001
-        why = f"no answer within {PNG_TIMEOUT_S:.0f} s" if isinstance(exc, TimeoutError) else exc.args[0] if exc.args else exc
-        _png_off = f"{type(exc).__name__}: {why}".splitlines()[0]
+        _png_off = f"{type(exc).__name__}: {str(exc) or f'no answer within {PNG_TIMEOUT_S:.0f} s'}".splitlines()[0]
         log.warning("figures are saved as HTML + JSON only, without PNG copies: %s", _png_off)
         return False
 
@@ -123,8 +125,6 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    from ..chess.evaluate import STRICT_METRICS
-
     if x not in CURVE_X:
         raise ValueError(f"x={x!r}: choose one of {sorted(CURVE_X)}")
     panels = ["val_loss", *STRICT_METRICS]
@@ -160,8 +160,6 @@ class LiveCurves:
     as SFT's steps between val-loss points) adds no point to that key's line."""
 
     def __init__(self, panels: list[str] | dict[str, list[str]], title: str, live: bool = True):
-        from ..core.progress import widget_frontend
-
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
         self.title, self.history, self.widget = title, [], None
         if live and widget_frontend():

@@ -19,6 +19,7 @@ import torch
 
 from . import perf
 from .health import state_bytes
+from ..core.progress import tqdm
 from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.config import bad_field, option, validate
 from ..core.tokenizer import VOCAB_SIZE
@@ -362,8 +363,6 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
     loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
     machine's run-to-run noise. trace_dir receives the baseline's profiler trace."""
-    from ..core.progress import tqdm
-
     variants = list(variants if variants is not None else default_variants(base, allow_compile))
     if not variants or variants[0].variable != "baseline":
         variants.insert(0, Variant("baseline", "baseline"))

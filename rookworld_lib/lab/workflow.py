@@ -24,6 +24,8 @@ import torch
 
 from ..core import grpo as grpo_lib
 from ..core import progress
+from ..chess.datagen import DatagenConfig
+from ..chess.engine import usable_cores
 from ..chess.evaluate import EvalConfig, Estimate
 from ..chess.tasks import COMPLETION_BUDGET
 from ..core.train_grpo import GRPOTrainConfig
@@ -119,9 +121,6 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, train_dir: 
 
 def datagen_config(p: Profile, out_dir: Path, exclude_dir: Path, workers: int | None = None):
     """The profile's own training data: generated into out_dir, never on exclude_dir's val/test positions."""
-    from ..chess.datagen import DatagenConfig
-    from ..chess.engine import usable_cores
-
     return DatagenConfig(**{**p.datagen, "out_dir": str(out_dir), "exclude_dir": str(exclude_dir),
                             "workers": workers or usable_cores()})
 

@@ -1,7 +1,7 @@
 """Scaling of 1 vs N processes on one machine (a benchmark, not a test: pytest does not collect it).
 
-    .venv/bin/python tests/bench_scaling.py [--nproc 2] [--model cpu-small] [--json out.json]
-    python tests/bench_scaling.py --device cuda --model gpt2 --sft-batch-size 16 --block-size 1024 \
+    .venv/bin/python benchmarks/bench_scaling.py [--nproc 2] [--model cpu-small] [--json out.json]
+    python benchmarks/bench_scaling.py --device cuda --model gpt2 --sft-batch-size 16 --block-size 1024 \
         --compile --prompts 64 --group-size 8 --max-new-tokens 96 --json gpu.json
 
 Runs `rookworld sft` and `rookworld grpo` once in one process and once under torchrun with

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU figure in docs/perf.md and docs/scaling.md, in one go, on one CUDA device.
-# Usage: tests/bench_gpu.sh OUT_DIR [part ...]   parts: tests bench scaling matrix (default: all)
+# Usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]   parts: tests bench scaling matrix (default: all)
 # Needs python-chess, papermill (for the matrix notebook), transformers and trl beside torch, and
 # Stockfish on the PATH or in STOCKFISH_PATH. Writes one JSON (or executed notebook) per part.
 set -uo pipefail
-out=${1:?usage: tests/bench_gpu.sh OUT_DIR [part ...]}
+out=${1:?usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]}
 shift
 parts=${*:-tests bench scaling matrix}
 mkdir -p "$out"
@@ -21,7 +21,7 @@ for part in $parts; do
         > "$out/bench_gpu.log" 2>&1 || status=1
       tail -n 25 "$out/bench_gpu.log" | grep '^\[bench\]' ;;
     scaling)  # one-GPU SFT tokens/s (with MFU) and GRPO samples/s
-      $py tests/bench_scaling.py --device cuda --model gpt2 --sft-batch-size 16 --block-size 1024 --compile \
+      $py benchmarks/bench_scaling.py --device cuda --model gpt2 --sft-batch-size 16 --block-size 1024 --compile \
         --sft-steps 12 --pad-vocab 64 --prompts 64 --group-size 8 --max-new-tokens 96 --json "$out/scaling_gpu.json" \
         || status=1 ;;
     matrix)   # notebook 04 at the GPT-2 124M scale, compile rows included

@@ -1,6 +1,6 @@
 """Throughput and peak memory of `rookworld convert` on a large generated original-format file.
 
-    python tests/bench_convert.py --lines 1000000 --workers 2 [--dir DIR]
+    python benchmarks/bench_convert.py --lines 1000000 --workers 2 [--dir DIR]
 
 Writes DIR/original.txt (P: and A: lines in the original layouts, half each, from seeded random
 games; the distinct lines are repeated to reach --lines, which costs the converter the same work
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' original-format line builders
 from test_convert import original_env_line, original_policy_line, random_board  # noqa: E402
 
 

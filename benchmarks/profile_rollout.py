@@ -1,6 +1,6 @@
 """Where a GRPO rollout's time goes on a GPU (a diagnostic, not a test: pytest does not collect it).
 
-    python tests/profile_rollout.py [--rows 2048] [--new-tokens 128] [--decode cuda_graph]
+    python benchmarks/profile_rollout.py [--rows 2048] [--new-tokens 128] [--decode cuda_graph]
 
 Samples `rows` completions from a randomly initialised GPT-2 124M under bf16 autocast, prints
 generated tokens/s, then profiles one more rollout and prints the CUDA kernels that took longest.

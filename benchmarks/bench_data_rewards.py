@@ -1,6 +1,6 @@
-"""Throughput of data generation and reward scoring (a benchmark, not a test: pytest skips it).
+"""Throughput of data generation and reward scoring (a benchmark, not a test).
 
-    .venv/bin/python tests/bench_data_rewards.py [--games 40] [--json out.json]
+    .venv/bin/python benchmarks/bench_data_rewards.py [--games 40] [--json out.json]
 
 Prints one JSON object: data-generation rates with 1 and 2 workers at the shipped settings
 (depth 8, multipv 5), and reward-scoring rates with and without the caches. The numbers in
@@ -20,7 +20,7 @@ import time
 
 import chess
 
-from rookworld_lib.chess import data, engine, rewards
+from rookworld_lib.chess import data, datagen, engine, rewards
 
 
 def _children_cpu() -> float:
@@ -31,9 +31,9 @@ def _children_cpu() -> float:
 def bench_datagen(games: int, workers: int) -> dict:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as out:
-        cfg = data.DatagenConfig(out_dir=out, games=games, mate_games=0, workers=workers)
+        cfg = datagen.DatagenConfig(out_dir=out, games=games, mate_games=0, workers=workers)
         c0, t0 = _children_cpu(), time.perf_counter()
-        rep = data.generate(cfg, progress=False)
+        rep = datagen.generate(cfg, progress=False)
         wall, engine_cpu = time.perf_counter() - t0, _children_cpu() - c0
     samples = sum(rep.counts.values())
     return {"workers": workers, "games": games, "loadavg_1min_before": round(load, 2),
