@@ -60,7 +60,8 @@ def lab(tmp_path_factory):
     """A JupyterLab server on copies of the notebooks; yields (base url, token, notebooks folder)."""
     root = tmp_path_factory.mktemp("lab")
     nbs = root / "notebooks"
-    shutil.copytree(NOTEBOOKS_DIR, nbs, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    # kernel-ipc-*: the sockets of a kernel running there with ipc transport (not copyable, not notebooks)
+    shutil.copytree(NOTEBOOKS_DIR, nbs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "kernel-ipc-*"))
     settings = root / "settings"
     for name, value in LAB_SETTINGS.items():
         (settings / name).parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from helpers_chess import needs_stockfish, shipped
 from test_data import start_until_labelled
 
 from rookworld_lib.chess import convert, data, datagen, engine
+from rookworld_lib.core import paths
 from rookworld_lib.lab.cli import main
 
 pytestmark = pytest.mark.fault
@@ -89,14 +90,14 @@ def _text_file_with_a_latin1_line(tmp_path):
 def test_a_non_utf8_line_of_a_text_file_is_named_by_file_and_line(tmp_path):
     path = _text_file_with_a_latin1_line(tmp_path)
     with pytest.raises(data.DataFormatError, match=f"^{path}:2: not UTF-8"):
-        list(data.json_lines(path))
+        list(paths.json_lines(path))
     skipped = data.load_jsonl(path, on_error="skip").skipped  # text lines are not records, but line 2 is not UTF-8
     assert str(skipped[1]).startswith(f"{path}:2: not UTF-8")
     report = convert.convert([path], tmp_path / "out")
     assert [e for e in report.first_errors if e.startswith(f"{path}:2: ")] == [f"{path}:2: not UTF-8 (invalid "
                                                                                 f"continuation byte at byte 16)"]
     with pytest.raises(data.DataFormatError, match="cannot read"):
-        list(data.json_lines(tmp_path / "missing.jsonl"))
+        list(paths.json_lines(tmp_path / "missing.jsonl"))
 
 
 def test_sft_names_the_non_utf8_line_of_a_text_file(tmp_path, capsys):
@@ -207,10 +208,3 @@ def test_sigint_during_datagen_exits_130_in_one_line_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-2000:]
     summary = json.loads(again.stdout)
     assert summary["games_played"] == 0 and summary["labels_reused"] >= kept - 1  # at most a torn line redone
-
-
-def test_data_still_exports_the_generation_names():
-    assert data.generate is datagen.generate and data.DatagenConfig is datagen.DatagenConfig
-    assert data.cli is datagen.cli and data.WorkDirMismatch is datagen.WorkDirMismatch
-    with pytest.raises(AttributeError):
-        data.no_such_name  # noqa: B018

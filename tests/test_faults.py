@@ -48,7 +48,7 @@ from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, item_reward,
 
 from rookworld_lib.core import checkpoint as ck
 from rookworld_lib.lab.cli import main
-from rookworld_lib.chess import data, engine, reward_examples, rewards
+from rookworld_lib.chess import data, datagen, engine, reward_examples, rewards
 from rookworld_lib.core import grpo
 from rookworld_lib.chess import training
 from rookworld_lib.core import train_grpo as tg
@@ -540,7 +540,7 @@ def test_malformed_lines_stop_with_file_and_line_or_are_skipped_and_counted(tmp_
                  "--steps", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"rookworld grpo: error: {path}:2: " in err and "Traceback" not in err
-    assert data.cli(["--validate", str(path)]) == 1
+    assert datagen.cli(["--validate", str(path)]) == 1
     assert f"{path}:2: " in capsys.readouterr().err
 
 

@@ -35,7 +35,7 @@ LAYOUT_KEY = "rookworld_layout"
 
 def _layout_of(d: dict, where) -> tuple[str, str]:
     if LAYOUT_KEY not in d:
-        if PROMPT_PREFIX_KEY in d:  # trained by our SFT on plain text: the compact layout
+        if d.get(PROMPT_PREFIX_KEY):  # our SFT's models (EOT before every prompt): the compact layout
             return "compact", f"{where} records no {LAYOUT_KEY!r} but a prompt prefix: our compact layout"
         return "original", f"{where} records no {LAYOUT_KEY!r}: taken as an original RookWorld model"
     layout = d[LAYOUT_KEY]
