@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 # The CPU build of torch 2.13.0 lies on these machines; a looser spec would pull GBs of CUDA wheels.
 TORCH_SPEC ?= torch==2.13.0
 PROFILE ?= auto
+# pytest-xdist workers for `make test` (one per core on the 2-core machines; a notebook's cells stay on one worker)
+TEST_WORKERS ?= 2
 
 .PHONY: setup stockfish chromium test test-fast test-fault run lab docs-figures clean
 
@@ -49,11 +51,11 @@ chromium:
 	fi
 
 # Lint (ruff), the layer contract (import-linter; both configured in pyproject.toml), then the library tests plus every numbered notebook
-# under nbval, in one pytest run.
+# under nbval, in one pytest run over TEST_WORKERS processes (pytest-xdist).
 test: setup
 	$(VENV)/bin/ruff check rookworld_lib tests notebooks
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup
 	$(PY) -m pytest tests -p no:cacheprovider

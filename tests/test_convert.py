@@ -380,3 +380,30 @@ def test_an_unreadable_json_line_is_reported_with_its_line_number(tmp_path):
     assert report.written == {"P": 1} and report.lines == 3
     assert report.first_errors == [f"{src}:3: not a JSON object with a 'text' field",
                                    f"{src}:4: not a JSON object with a 'text' field"]
+
+
+def test_layout_records_read_alike_from_a_directory_and_a_loaded_model(tmp_path):
+    """read_layout (a directory) and layout_of (a loaded model) agree: recorded, original (no record,
+    no prefix: a RookWorld-LM-124M copy, even after a save), compact (our SFT's EOT prefix), refused."""
+    from rookworld_lib.chess.training import LAYOUT_KEY, layout_of, read_layout, set_layout
+    from rookworld_lib.core.model import GPT, GPTConfig, CheckpointFormatError
+
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    assert layout_of(model) == "compact"  # a fresh model
+    cases = {"recorded": (set_layout(GPT(model.config), "original"), "original")}
+    plain = GPT(model.config)
+    plain.prompt_prefix = ""
+    cases["no record, no prefix"] = (plain, "original")
+    cases["no record, EOT prefix"] = (GPT(model.config), "compact")
+    for name, (m, want) in cases.items():
+        m.save_pretrained(tmp_path / name)
+        assert read_layout(tmp_path / name)[0] == want, name
+        assert layout_of(GPT.from_pretrained(tmp_path / name)) == want, name
+    config = json.loads((tmp_path / "recorded/config.json").read_text())
+    (tmp_path / "recorded/config.json").write_text(json.dumps({**config, LAYOUT_KEY: "wide"}))
+    with pytest.raises(CheckpointFormatError, match="rookworld_layout is 'wide'"):
+        read_layout(tmp_path / "recorded")
+    with pytest.raises(CheckpointFormatError, match="rookworld_layout is 'wide'"):
+        layout_of(GPT.from_pretrained(tmp_path / "recorded"))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        set_layout(model, "wide")

@@ -47,3 +47,36 @@ def test_core_grpo_learns_a_toy_reward(tmp_path):
     first, last = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
     assert 0.2 <= first <= 0.8, f"SFT should leave yes and no about even, got a first reward of {first:.2f}"
     assert last >= 0.9, f"GRPO should drive the yes-reward near 1 within 40 steps: {[round(r, 2) for r in rewards]}"
+
+
+def test_reward_functions_are_summed_as_trl_sums_them():
+    """Weighted sum over functions; None (unscorable) is left out as TRL's nansum leaves it; a
+    function that gives the wrong number of values is refused."""
+    import pytest
+    import torch
+
+    from rookworld_lib.core.train_grpo import score_completions
+
+    items = [PromptItem("P", "P: a", {"k": 1}), PromptItem("A", "A: b")]
+    length = lambda prompts, completions, **_: [float(len(c)) for c in completions]  # noqa: E731
+    only_policy = lambda prompts, completions, task, truth, **_: [1.0 if t == "P" else None for t in task]  # noqa: E731
+    got = score_completions([length, only_policy], [0.5, 2.0], items, ["xx", "yyyy"])
+    assert torch.equal(got, torch.tensor([0.5 * 2 + 2.0 * 1.0, 0.5 * 4]))
+    with pytest.raises(ValueError, match="gave 1 values for 2 completions"):
+        score_completions([lambda prompts, completions, **_: [0.0]], [1.0], items, ["x", "y"])
+
+
+def test_task_metadata_travels_in_config_json_and_only_under_our_prefix(tmp_path):
+    import pytest
+
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    model.meta["rookworld_task"] = {"name": "toy", "answers": ["yes", "no"]}
+    model.save_pretrained(tmp_path / "m")
+    back = GPT.from_pretrained(tmp_path / "m")
+    assert back.meta == {"rookworld_task": {"name": "toy", "answers": ["yes", "no"]}}
+    assert back.prompt_prefix == model.prompt_prefix and back.source == str(tmp_path / "m")
+    back.meta["layout"] = "x"  # not ours: transformers might read it
+    with pytest.raises(ValueError, match="must start with 'rookworld_'"):
+        back.save_pretrained(tmp_path / "n")
