@@ -1,8 +1,7 @@
-"""Shared pieces of the SFT tests: tiny chess texts and configs, a killable SFT child process, and
-`warm_popen`, which starts such processes without paying for Python and the library's imports again.
+"""Shared pieces of the SFT tests: tiny chess texts and configs, and a killable SFT child process.
 
-Imported by test_train_sft.py, test_train_sft_distributed.py, test_faults.py and the data and
-fault-message tests. Run as a script, it is the child that those tests SIGKILL:
+Imported by test_train_sft.py, test_train_sft_distributed.py and test_faults.py. Run as a script,
+it is the child that those tests SIGKILL:
 
     python tests/sft_helpers.py CONFIG.json TEXTS.json THREADS [--pace S] [--hold-at STEP]
                                 [--pause-in-save K FRACTION MARKER] [--pause-at-pointer K MARKER]
@@ -13,26 +12,17 @@ kill); --pause-in-save stops inside the K-th checkpoint write of this process, a
 the file's bytes are on disk, writes MARKER ({"pid", "step"}: the step being saved) and waits to be
 killed; --pause-at-pointer does the same after the K-th checkpoint file is complete but before the
 `latest` pointer names it.
-
-    python tests/sft_helpers.py --serve MODULE...
-
-is the server behind `warm_popen` (see there).
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import os
-import queue
 import random
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -110,8 +100,8 @@ def math_fields(records):
 
 def start_sft_child(cfg, texts_file: Path, *, pace: float = 0.05, hold_at: int | None = None,
                     pause_in_save: tuple[int, float, Path] | None = None,
-                    pause_at_pointer: tuple[int, Path] | None = None) -> WarmProcess:
-    """Start `train_sft(cfg)` in a child process (same thread count as this one), warm (warm_popen)."""
+                    pause_at_pointer: tuple[int, Path] | None = None) -> subprocess.Popen:
+    """Start `train_sft(cfg)` in a child process (same thread count as this one)."""
     args = [sys.executable, str(CHILD), json.dumps(dataclasses.asdict(cfg)), str(texts_file),
             str(torch.get_num_threads()), "--pace", str(pace)]
     if hold_at is not None:
@@ -122,10 +112,10 @@ def start_sft_child(cfg, texts_file: Path, *, pace: float = 0.05, hold_at: int |
     if pause_at_pointer is not None:
         k, marker = pause_at_pointer
         args += ["--pause-at-pointer", str(k), str(marker)]
-    return warm_popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def wait_for(proc: subprocess.Popen | WarmProcess, condition, timeout: float = 180.0, poll: float = 0.005) -> None:
+def wait_for(proc: subprocess.Popen, condition, timeout: float = 180.0, poll: float = 0.005) -> None:
     """Poll until condition() holds; fail with the child's stderr if it exits first or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -139,7 +129,7 @@ def wait_for(proc: subprocess.Popen | WarmProcess, condition, timeout: float = 1
     raise AssertionError(f"timed out waiting for the child: {proc.communicate()[1][-3000:]}")
 
 
-def sigkill(proc: subprocess.Popen | WarmProcess) -> None:
+def sigkill(proc: subprocess.Popen) -> None:
     """SIGKILL the child and reap it; assert that the kill (not anything else) ended it."""
     try:
         os.kill(proc.pid, signal.SIGKILL)
@@ -152,274 +142,6 @@ def last_step(metrics: Path) -> int:
     from rookworld_lib.core.train_utils import read_metrics
 
     return max((r["step"] for r in read_metrics(metrics)), default=-1) if metrics.exists() else -1
-
-
-# ---- processes started warm ---------------------------------------------------------------------
-#
-# A fresh interpreter spends 4-6 s of a shared test machine's CPU importing the library (torch and
-# torch._dynamo) before a `rookworld` command or an SFT child does anything: most of the time of
-# every test that needs a real process to SIGKILL, interrupt or lock a run directory. warm_popen
-# starts the same process, a process of its own with its own pid, environment, working directory,
-# session, standard streams, signal handlers, atexit hooks and exit status, but forks it from a
-# server that imported the library once per pytest process; the child then runs its command line as
-# `python` runs it (`-m module`, `-c code` or a script), and ends as Python ends (threads joined,
-# atexit functions run, streams flushed, the same exit status, an uncaught Ctrl-C re-raised as
-# SIGINT). Paid once instead of per process: the imports, and the teardown of the imported modules.
-# (The server imports modules and nothing more: no tokenizer is built, no engine path looked up, no
-# thread started, so a child sees its own environment as a fresh interpreter would.)
-
-WARM_MODULES = ("rookworld_lib.lab.cli", "rookworld_lib.chess.training", "rookworld_lib.chess.evaluate",
-                "rookworld_lib.lab.pipeline")
-
-
-class WarmProcess:
-    """What subprocess.Popen returns, for a process that warm_popen started: pid, returncode
-    (negative: killed by that signal), poll, wait, communicate, send_signal, terminate, kill."""
-
-    def __init__(self, server: _WarmServer, args: list[str], pid: int, out: Path | None, err: Path | None, text: bool):
-        self.args, self.pid, self.returncode = args, pid, None
-        self._server, self._files, self._text = server, (out, err), text
-
-    def poll(self) -> int | None:
-        return self._exit(0.0)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self._exit(timeout) is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
-    def communicate(self, timeout: float | None = None):
-        self.wait(timeout)
-        return tuple(None if f is None else (f.read_text(errors="replace") if self._text else f.read_bytes())
-                     for f in self._files)
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-    def _exit(self, timeout: float | None) -> int | None:
-        if self.returncode is None:
-            status = self._server.exit_status(self.pid, timeout)
-            if status is not None:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-
-class _WarmServer:
-    """`sft_helpers.py --serve WARM_MODULES`, one per pytest process: it forks a child per request and
-    reports the child's pid, then its wait status, as JSON lines."""
-
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="rookworld-warm-"))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-        with open(self.dir / "server.log", "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, str(CHILD), "--serve", *WARM_MODULES], env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
-        self.lock, self.changed = threading.Lock(), threading.Condition()
-        self.exits: dict[int, int] = {}
-        self.replies: queue.Queue = queue.Queue()
-        self.n = 0
-        threading.Thread(target=self._read, daemon=True).start()
-        atexit.register(self.close)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            msg = json.loads(line)
-            if "exit" in msg:
-                with self.changed:
-                    self.exits[msg["exit"]] = msg["status"]
-                    self.changed.notify_all()
-            else:
-                self.replies.put(msg)
-        self.replies.put({"error": "the server exited"})
-        with self.changed:
-            self.proc.wait()
-            self.changed.notify_all()
-
-    def spawn(self, job: dict) -> int:
-        with self.lock:
-            self.proc.stdin.write((json.dumps(job) + "\n").encode())
-            self.proc.stdin.flush()
-            reply = self.replies.get(timeout=300)  # the first one waits for the imports
-        if "pid" not in reply:
-            raise RuntimeError(f"warm_popen: {reply['error']}: {(self.dir / 'server.log').read_text()[-3000:]}")
-        return reply["pid"]
-
-    def exit_status(self, pid: int, timeout: float | None) -> int | None:
-        with self.changed:
-            self.changed.wait_for(lambda: pid in self.exits or self.proc.returncode is not None, timeout)
-            if pid not in self.exits and self.proc.returncode is not None:
-                raise RuntimeError(f"warm_popen: the server exited: {(self.dir / 'server.log').read_text()[-3000:]}")
-            return self.exits.get(pid)
-
-    def new_file(self, suffix: str) -> Path:
-        self.n += 1
-        return self.dir / f"{self.n}.{suffix}"
-
-    def close(self) -> None:  # end of the pytest process: the server kills what is left and exits
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-_SERVER: list[_WarmServer] = []
-
-
-def warm_popen(args: list[str], *, env: dict | None = None, cwd=None, stdout=None, stderr=None, text: bool = False,
-               start_new_session: bool = False, sigint_default: bool = False) -> WarmProcess:
-    """subprocess.Popen(args, ...) for `args` = [sys.executable, "-m", module | "-c", code | script, *argv],
-    started warm (see above). stdout and stderr: subprocess.PIPE (read by communicate), DEVNULL, or None
-    (the server's log). sigint_default: Ctrl-C raises KeyboardInterrupt in the child even when this
-    process ignores SIGINT (a shell that started the test run in the background does), as a preexec_fn
-    that restores SIG_DFL before `python` starts would."""
-    if not args or args[0] != sys.executable or len(args) < 2 or (args[1] in ("-m", "-c") and len(args) < 3):
-        raise ValueError(f"warm_popen runs `{sys.executable} -m MODULE|-c CODE|SCRIPT ...`, not {args!r}")
-    if not _SERVER:
-        _SERVER.append(_WarmServer())
-    server = _SERVER[0]
-    files = [server.new_file(name) if how == subprocess.PIPE else None for name, how in (("out", stdout), ("err", stderr))]
-    targets = [str(f) if f is not None else os.devnull if how == subprocess.DEVNULL else None
-               for f, how in zip(files, (stdout, stderr))]
-    pid = server.spawn({"args": [str(a) for a in args[1:]], "env": dict(os.environ if env is None else env),
-                        "cwd": str(cwd or os.getcwd()), "stdout": targets[0], "stderr": targets[1],
-                        "new_session": start_new_session, "sigint_default": sigint_default})
-    return WarmProcess(server, list(args), pid, files[0], files[1], text)
-
-
-def _serve(modules: list[str]) -> dict | None:
-    """The server's loop: import `modules`, then fork a child for each request line on stdin. Returns
-    the request in a forked child (which then runs it, `_run_warm`), None in the server at EOF."""
-    import importlib
-    import select
-
-    for name in modules:
-        importlib.import_module(name)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select below
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    children, pending = set(), b""
-
-    def say(msg: dict) -> None:
-        os.write(1, (json.dumps(msg) + "\n").encode())
-
-    while True:
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            say({"exit": pid, "status": status})
-        ready, _, _ = select.select([0, wake_r], [], [])
-        if wake_r in ready:
-            while True:
-                try:
-                    if not os.read(wake_r, 512):
-                        break
-                except BlockingIOError:
-                    break
-        if 0 not in ready:
-            continue
-        chunk = os.read(0, 1 << 16)
-        if not chunk:  # the pytest process closed us (or died): its children go too
-            for pid in children:
-                os.kill(pid, signal.SIGKILL)
-            return None
-        pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            job = json.loads(line)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(wake_r)
-                os.close(wake_w)
-                return job
-            children.add(pid)
-            say({"pid": pid})
-
-
-def _run_warm(job: dict) -> None:
-    """In a forked child: become the process `python *job["args"]` would be, run it, and exit. What
-    it raises (SystemExit, KeyboardInterrupt, a bug) ends this process as it would end `python`."""
-    import runpy
-    import types
-
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)  # not the server's request pipe
-    for fd, target in ((1, job["stdout"]), (2, job["stderr"])):
-        if target is None:  # stdout: not the server's reply pipe; stderr: the server's log
-            if fd == 1:
-                os.dup2(null, 1)
-            continue
-        f = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
-    os.close(null)
-    if job["new_session"]:
-        os.setsid()
-    if job["sigint_default"]:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # what python installs where SIGINT is not ignored
-    os.environ.clear()
-    os.environ.update(job["env"])
-    os.chdir(job["cwd"])
-    args, status, interrupted = job["args"], 0, False
-    try:
-        if args[0] == "-m":
-            sys.argv, sys.path[0] = ["-m", *args[2:]], os.getcwd()
-            sys.modules.pop(args[1], None)  # as `python -m`, which has not imported it before it runs
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
-        elif args[0] == "-c":
-            sys.argv, sys.path[0] = ["-c", *args[2:]], ""
-            main = types.ModuleType("__main__")
-            sys.modules["__main__"] = main
-            exec(compile(args[1], "<string>", "exec"), main.__dict__)
-        else:
-            sys.argv, sys.path[0] = list(args), os.path.dirname(os.path.abspath(args[0]))
-            runpy.run_path(args[0], run_name="__main__")
-    except SystemExit as exc:  # as the interpreter reads it
-        if exc.code is None or isinstance(exc.code, int):
-            status = exc.code or 0
-        else:
-            print(exc.code, file=sys.stderr)
-            status = 1
-    except BaseException as exc:  # a traceback, status 1; an uncaught Ctrl-C ends by SIGINT
-        sys.excepthook(type(exc), exc, exc.__traceback__)
-        status, interrupted = 1, isinstance(exc, KeyboardInterrupt)
-    # What Python does at exit, but the teardown of every imported module (1.2 s with torch loaded):
-    # join the threads (and run their exit hooks), run the atexit functions, flush the streams.
-    import atexit
-    import threading
-
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if interrupted:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(status & 0xFF)
 
 
 def _child_main(argv: list[str]) -> None:
@@ -489,9 +211,4 @@ def _child_main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(CHILD.parent.parent))
-    if sys.argv[1:2] == ["--serve"]:
-        job = _serve(sys.argv[2:])
-        if job is not None:  # a forked child
-            _run_warm(job)
-    else:
-        _child_main(sys.argv[1:])
+    _child_main(sys.argv[1:])
