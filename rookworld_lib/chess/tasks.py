@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import chess
 
+from ..core.tokenizer import task_of  # noqa: F401  (the P:/A: tag of a prompt: tasks.task_of)
+
 EOT = "<|endoftext|>"
 POLICY_PREFIX = "P: "
 ENV_PREFIX = "A: "
@@ -640,14 +642,4 @@ def parse_env_completion(completion: str) -> EnvParse:
             errors.append(f"{name} is not 0/1: {field[:16]!r}")
     return EnvParse(new_fen=new_fen, reward=reward, fields=len(parts), fen_valid=new_fen is not None and not fen_err,
                     errors=tuple(errors), **flags)
-
-
-def task_of(prompt: str) -> str | None:
-    """'P' or 'A' from a prompt's prefix; None for anything else."""
-    if isinstance(prompt, str):
-        if prompt.startswith(POLICY_PREFIX):
-            return "P"
-        if prompt.startswith(ENV_PREFIX):
-            return "A"
-    return None
 

@@ -21,7 +21,8 @@ from ..core.paths import DataFormatError, json_lines
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, check_world_size
 from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
-from ..core.train_utils import TASKS, setup_runtime
+from ..core.tokenizer import TASKS
+from ..core.train_utils import setup_runtime
 from . import data, rewards, tasks
 
 log = logging.getLogger(__name__)

@@ -80,3 +80,13 @@ def token_boundaries(text: str, tokenizer: tiktoken.Encoding | None = None) -> l
     """The text of each token, so a reader can see where the BPE cuts a string."""
     enc = tokenizer or get_tokenizer()
     return [enc.decode_single_token_bytes(t).decode("utf-8", errors="replace") for t in encode(text, enc)]
+
+
+# The two task pools SFT and GRPO mix (policy_fraction: the share of the first): a sample or prompt
+# belongs to task T when its text starts with "T: " (the chess layer's policy and environment tasks).
+TASKS = ("P", "A")
+
+
+def task_of(text: str) -> str | None:
+    """The task pool of a sample or prompt text ("P: ..." -> "P"); None when it is tagged with neither."""
+    return next((t for t in TASKS if isinstance(text, str) and text.startswith(f"{t}: ")), None)

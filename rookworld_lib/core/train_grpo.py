@@ -32,8 +32,8 @@ from . import distributed, grpo
 from .config import bad_field, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, generate, sequence_logprobs
-from .tokenizer import EOT_ID, encode_prompt, get_tokenizer
-from .train_utils import TASKS, WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
+from .tokenizer import EOT_ID, TASKS, encode_prompt, get_tokenizer
+from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
 from .trainer import Trainer
 
 METRICS_FILE = "grpo_metrics.jsonl"

@@ -31,9 +31,9 @@ from .config import bad_field, check_number, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
-from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, get_tokenizer
+from .tokenizer import EOT_ID, EOT_TOKEN, TASKS, VOCAB_SIZE, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
-from .train_utils import DTYPES, TASKS, WarmupCosineSchedule, build_adamw, seed_everything, task_of
+from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, seed_everything
 from .trainer import FINAL_DIR, Trainer
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,6 @@ from .paths import JsonlAppender, read_jsonl, write_jsonl
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "fp32", "bf16")
-# The two task pools SFT and GRPO mix (policy_fraction: the share of the first): a sample or prompt
-# belongs to task T when its text starts with "T: " (the chess layer's policy and environment tasks).
-TASKS = ("P", "A")
-
-
-def task_of(text: str) -> str | None:
-    """The task pool of a sample or prompt text ("P: ..." -> "P"); None when it is tagged with neither."""
-    return next((t for t in TASKS if isinstance(text, str) and text.startswith(f"{t}: ")), None)
 
 
 # -- learning-rate schedule -----------------------------------------------------------------
