@@ -1,10 +1,15 @@
-"""Run a small GRPO job (as one process or under torchrun) and save the final parameters.
+"""A small GRPO job whose final parameters test_distributed.py compares across world sizes.
 
-Used by test_distributed.py: the same global batch at world size 1 and 2 must give the same
-parameters.
+`train(loss_type)` trains it in the calling process (world size 1: the test's reference, no
+subprocess). Run as a script under torchrun, every loss type named on the command line is trained
+in turn inside the same process group (one launch for all of them: the launch, not the training,
+is what costs seconds) and rank 0 saves each one's parameters to OUT_DIR/<loss_type>.pt:
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 dist_grpo_worker.py OUT_DIR grpo dapo
 """
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -18,21 +23,43 @@ def reward(item, text):
     return float(len(text) % 3) / 2.0
 
 
-def main(out_path: str, loss_type: str) -> None:
-    torch.set_num_threads(1)
+def initial_model() -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", block_size=64))
-    items = [PromptItem("P", f"P: prompt {i}") for i in range(8)] + [PromptItem("A", f"A: env {i}+") for i in range(8)]
-    cfg = GRPOTrainConfig(steps=2, prompts_per_step=4, group_size=4, rollout_chunks=2, max_new_tokens=6,
-                          minibatch_size=8, mu=2, lr=1e-3, seed=3, progress=False,
-                          loss=grpo.GRPOConfig(beta=0.04, loss_type=loss_type, max_completion_length=6))
-    trainer = GRPOTrainer(model, items, cfg, reward_funcs=item_reward(reward))
-    trainer.train()
-    if trainer.dist.is_main:
-        torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, out_path)
-    trainer.close()  # drop the DDP wrapper before the group goes (GRPOTrainer.close)
-    distributed.cleanup()
+    return GPT(GPTConfig.preset("tiny", block_size=64))
+
+
+def train(loss_type: str) -> tuple[dict, bool]:
+    """Train the job once at this process's world size; returns (the final parameters, is rank 0).
+
+    The trainer's DDP wrapper is dropped before returning (GRPOTrainer.close), so the next job of the
+    same process group gets a fresh one; the process group itself stays up."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        items = [PromptItem("P", f"P: prompt {i}") for i in range(8)] + [PromptItem("A", f"A: env {i}+") for i in range(8)]
+        cfg = GRPOTrainConfig(steps=2, prompts_per_step=4, group_size=4, rollout_chunks=2, max_new_tokens=6,
+                              minibatch_size=8, mu=2, lr=1e-3, seed=3, progress=False,
+                              loss=grpo.GRPOConfig(beta=0.04, loss_type=loss_type, max_completion_length=6))
+        trainer = GRPOTrainer(initial_model(), items, cfg, reward_funcs=item_reward(reward))
+        try:
+            trainer.train()
+            params = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+            return params, trainer.dist.is_main
+        finally:
+            trainer.close()  # drop the DDP wrapper before the group goes (GRPOTrainer.close)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main(out_dir: str, loss_types: list[str]) -> None:
+    try:
+        for loss_type in loss_types:
+            params, is_main = train(loss_type)
+            if is_main:
+                torch.save(params, Path(out_dir) / f"{loss_type}.pt")
+    finally:
+        distributed.cleanup()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])

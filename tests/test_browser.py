@@ -5,6 +5,11 @@ training curves grow while SFT runs (widget messages reach the page during a lon
 explorers of notebook 06 answer a slider, and that the page logs no JavaScript errors. JupyterLab
 serves copies of the notebooks from a temporary folder (the repository's stay untouched);
 screenshots go to the test's tmp_path and to runs/browser-test/ (git-ignored).
+
+Cost (2 cores, shared with a second pytest-xdist worker): one JupyterLab server and one Chromium
+serve both tests (`make test` runs a file on one xdist worker); the kernels compute on one thread each, as the xdist workers do
+(a second thread only spins against the browser's rendering); the notebooks' parameters cells get
+the smallest values that still show what is asserted (NOTEBOOK_PARAMETERS).
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
                                                                          "checkForUpdates": False},
 }
+# Appended to the parameters cell of the served copies (papermill's way of injecting parameters).
+# 05: one GRPO step fills the GRPO live curves (one point per trace) and runs every GRPO cell; SFT
+# keeps its 8 steps: each is one live-plot update, and the plot must be seen growing (they cost
+# about 50 ms each; SFT's seconds go to loading and checking the data). 06: completions of 32
+# tokens instead of the layout's 96 (a random-init model never stops early): every explorer still
+# samples, scores and renders them.
+NOTEBOOK_PARAMETERS = {"05_full_training.ipynb": {"grpo_steps": 1}, "06_lab.ipynb": {"max_new_tokens": 32}}
+
 
 # skipped as a module: one line in the summary says why
 try:
@@ -62,13 +75,18 @@ def lab(tmp_path_factory):
     nbs = root / "notebooks"
     # kernel-ipc-*: the sockets of a kernel running there with ipc transport (not copyable, not notebooks)
     shutil.copytree(NOTEBOOKS_DIR, nbs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "kernel-ipc-*"))
+    for name, values in NOTEBOOK_PARAMETERS.items():
+        if (nbs / name).exists():
+            inject_parameters(nbs / name, values)
     settings = root / "settings"
     for name, value in LAB_SETTINGS.items():
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
         (settings / name).write_text(json.dumps(value))
     port, token = free_port(), secrets.token_hex(16)
-    # the kernels inherit this environment: no progress file of an enclosing `rookworld run`
-    env = {k: v for k, v in os.environ.items() if k != "ROOKWORLD_PROGRESS"} | {"JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+    # the kernels inherit this environment: no progress file of an enclosing `rookworld run`; one
+    # compute thread per kernel (on 2 busy cores a second one spin-waits: ~25% more kernel CPU)
+    env = {k: v for k, v in os.environ.items() if k != "ROOKWORLD_PROGRESS"} | {
+        "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "OMP_NUM_THREADS": "1"}
     log = (root / "lab.log").open("w")
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
@@ -99,19 +117,27 @@ def lab(tmp_path_factory):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module's tests (each gets a context of its own: no shared storage)."""
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
 @pytest.fixture
-def page(lab):
+def page(lab, browser):
     """A Chromium page; JavaScript console errors and uncaught page errors are collected in page.errors
     (none is ignored: a fresh Lab on these notebooks logs none). Its kernels are shut down after."""
     url, token, _ = lab
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
-        pg.errors = []
-        pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text} ({m.location})"))
-        pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
-        yield pg
-        browser.close()
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: m.type == "error" and pg.errors.append(f"console: {m.text} ({m.location})"))
+    pg.on("pageerror", lambda e: pg.errors.append(f"pageerror: {e}"))
+    yield pg
+    context.close()
     # two cores: the next test's kernel should not share them with this one's idle kernel
     for kernel in json.load(urllib.request.urlopen(f"{url}/api/kernels?token={token}")):
         urllib.request.urlopen(urllib.request.Request(f"{url}/api/kernels/{kernel['id']}?token={token}", method="DELETE"))
@@ -154,19 +180,24 @@ def running(page) -> bool:
 
 def wait_done(page, timeout_s: float) -> None:
     page.wait_for_function("() => ![...document.querySelectorAll('.jp-InputPrompt')]"
-                           ".some(e => e.textContent.includes('*'))", timeout=timeout_s * 1000, polling=1000)
+                           ".some(e => e.textContent.includes('*'))", timeout=timeout_s * 1000, polling=250)
 
 
 def saved_errors(page, lab, name: str) -> list[str]:
     """Save the notebook, then read its error outputs from disk (what the user's file holds)."""
     page.keyboard.press("Control+s")
     path = lab[2] / name
-    deadline = time.time() + 30
+    deadline, nb = time.time() + 30, None
     while time.time() < deadline:
-        nb = json.loads(path.read_text())
-        if any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"):
-            break
-        time.sleep(0.5)
+        try:
+            nb = json.loads(path.read_text())
+        except json.JSONDecodeError:  # Jupyter writes the file in place: a read can catch it half written
+            nb = None
+        else:
+            if any(c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code"):
+                break
+        time.sleep(0.25)
+    assert nb is not None, f"{name} did not read back as JSON within 30 s of saving"
     errors = [f"cell {i}: {o['ename']}: {o['evalue']}" for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
               for o in c.get("outputs", []) if o["output_type"] == "error"]
     unrun = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and c.get("execution_count") is None]
@@ -179,32 +210,67 @@ def plot_points(page, index: int) -> int:
                          " return p ? p.querySelectorAll('.scatterlayer .points path').length : -1; }", index)
 
 
+def parameters_cell(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+
+
 def parameter(notebook: Path, name: str):
-    """A default of the notebook's parameters cell."""
-    cell = next(c for c in json.loads(notebook.read_text())["cells"] if "parameters" in c["metadata"].get("tags", []))
+    """A value of the notebook's parameters cell (with what the test injected)."""
     values = {}
-    exec("".join(cell["source"]), values)
+    exec("".join(parameters_cell(json.loads(notebook.read_text()))["source"]), values)
     return values[name]
+
+
+def inject_parameters(notebook: Path, values: dict) -> None:
+    """Append `name = value` lines to the notebook's parameters cell, after its defaults."""
+    nb = json.loads(notebook.read_text())
+    cell = parameters_cell(nb)
+    source = "".join(cell["source"]).rstrip("\n")
+    defaults = {}
+    exec(source, defaults)
+    assert set(values) <= set(defaults), f"{notebook.name} has no parameters {set(values) - set(defaults)}"
+    lines = [f"{k} = {v!r}  # injected by tests/test_browser.py" for k, v in values.items()]
+    cell["source"] = "\n".join([source, *lines]).splitlines(keepends=True)
+    notebook.write_text(json.dumps(nb, indent=1) + "\n")
+
+
+# Records, in the page, each point count the SFT live plot (the first plotly plot) reaches while the
+# SFT cell runs: a MutationObserver sees the DOM after every widget update (each SFT step is one, and
+# the page may get several at once), where a poll from the test process would see only some of them.
+RECORD_SFT_COUNTS = """() => {
+  window.sftCounts = [];
+  let cell = null;
+  window.sftObserver = new MutationObserver(() => {
+    if (!cell || !cell.isConnected)
+      cell = [...document.querySelectorAll('.jp-CodeCell')].find(c => c.textContent.includes('sft_curves = LiveCurves'));
+    if (!cell || !cell.querySelector('.jp-InputPrompt').textContent.includes('*')) return;
+    const plot = document.querySelector('.js-plotly-plot');
+    const n = plot ? plot.querySelectorAll('.scatterlayer .points path').length : 0;
+    const counts = window.sftCounts;
+    if (n > 0 && n !== counts[counts.length - 1]) counts.push(n);
+  });
+  window.sftObserver.observe(document.body, {childList: true, subtree: true});
+}"""
 
 
 def test_notebook_05_live_curves_in_jupyterlab(lab, page, tmp_path):
     t0 = time.time()
     open_notebook(page, lab, "05_full_training.ipynb")
+    page.evaluate(RECORD_SFT_COUNTS)
     run_all(page)
-    # the SFT cell's live plot is the first plotly plot; sample its points while SFT runs
-    counts, shot = [], None
+    # the SFT cell's live plot is the first plotly plot: the page records its point counts while SFT
+    # runs; here, a screenshot once it shows a few points, and the end of SFT
+    shot = None
     while running(page) and time.time() - t0 < 400:
-        n = plot_points(page, 0)
-        sft_running = page.evaluate("() => { const c = [...document.querySelectorAll('.jp-CodeCell')]"
-                                    ".find(c => c.textContent.includes('sft_curves = LiveCurves'));"
-                                    " return !!c && c.querySelector('.jp-InputPrompt').textContent.includes('*'); }")
-        if sft_running and n > 0 and (not counts or n != counts[-1]):
-            counts.append(n)
-            if shot is None and n >= 3:
-                shot = screenshot(page, tmp_path, "05_mid_sft_live_curve", top=page.locator(".js-plotly-plot").first)
+        counts, sft_running = page.evaluate("() => [window.sftCounts, [...document.querySelectorAll('.jp-CodeCell')]"
+                                            ".some(c => c.textContent.includes('sft_curves = LiveCurves')"
+                                            " && c.querySelector('.jp-InputPrompt').textContent.includes('*'))]")
+        if shot is None and sft_running and counts and counts[-1] >= 3:
+            shot = screenshot(page, tmp_path, "05_mid_sft_live_curve", top=page.locator(".js-plotly-plot").first)
         if counts and not sft_running:
             break
-        time.sleep(0.5)
+        time.sleep(0.25)
+    counts = page.evaluate("() => { window.sftObserver.disconnect(); return window.sftCounts; }")
     wait_done(page, timeout_s=600)
     # plots in page order: SFT live, SFT static, GRPO live (reward, KL, clip fraction), GRPO static, diagnostics
     grpo_points = plot_points(page, 2)

@@ -6,40 +6,49 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dist_grpo_worker
 import pytest
 import torch
 
 from rookworld_lib.core import distributed
-from rookworld_lib.core.model import GPT, GPTConfig
 
 WORKER = Path(__file__).with_name("dist_grpo_worker.py")
+LOSS_TYPES = ["grpo", "dapo"]
 
 
-def run(nproc: int, out: Path, loss_type: str) -> None:
+@pytest.fixture(scope="module")
+def two_process_params(tmp_path_factory) -> dict[str, dict]:
+    """The job of dist_grpo_worker.py for every loss type, trained by 2 processes under torchrun.
+
+    One launch trains all the loss types in turn (in one process group): a launch costs about
+    three process starts (torchrun, 2 workers importing torch and the library), the training of
+    one loss type well under a second. Both parametrised tests share it (`make test` runs a file on
+    one xdist worker)."""
+    out = tmp_path_factory.mktemp("grpo-2-processes")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if nproc == 1:
-        cmd = [sys.executable, str(WORKER), str(out), loss_type]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(WORKER), str(out), loss_type]
-    # A run takes about 10 s; the limit turns a hang at exit (GRPOTrainer.close) into a quick failure.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(WORKER), str(out), *LOSS_TYPES]
+    # A launch takes about 15 s; the limit turns a hang at exit (GRPOTrainer.close) into a quick failure.
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"{nproc}-process GRPO run did not finish in 180 s:\n{exc.stderr}") from exc
+        raise AssertionError(f"2-process GRPO run did not finish in 180 s:\n{exc.stderr}") from exc
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return {loss_type: torch.load(out / f"{loss_type}.pt") for loss_type in LOSS_TYPES}
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
-def test_grpo_two_processes_match_one(tmp_path, loss_type):
-    run(1, tmp_path / "one.pt", loss_type)
-    run(2, tmp_path / "two.pt", loss_type)
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_grpo_two_processes_match_one(two_process_params, loss_type, monkeypatch):
+    # the reference: the same job as 1 process, in this process (world size 1, no process group)
+    for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    one, is_main = dist_grpo_worker.train(loss_type)
+    two = two_process_params[loss_type]
+    assert is_main
     assert one.keys() == two.keys()
     worst = max((one[k] - two[k]).abs().max().item() for k in one)
     assert worst <= 1e-5, worst
-    torch.manual_seed(0)
-    init = GPT(GPTConfig.preset("tiny", block_size=64)).state_dict()
+    init = dist_grpo_worker.initial_model().state_dict()
     assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-4  # training did move the weights
 
 

@@ -8,13 +8,14 @@ slightly different amount (about 1% of lr) - summation noise, not a difference i
 
 Every run goes through the command line (`rookworld sft`, `--nproc 2` for torchrun), so the
 launcher, rank-0-only writing and the exported model are covered too. One thread per process.
+The command line runs in this process (`cli.main`, what the `rookworld` script calls): its
+torchrun launcher and workers are the only processes started, two launches in all (a fresh
+2-process run, a 1 -> 2 resume); each costs about three interpreter starts, the 4 steps of the
+tiny model a fraction of a second.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,13 +41,14 @@ def argv(data: Path, out: Path) -> list[str]:
     return ["--train-data", str(data), *ARGS, "--out-dir", str(out)]
 
 
-def torchrun_sft(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    """`rookworld sft --nproc N ...` as a user would type it (the CLI re-launches itself under torchrun)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", str(nproc), *args],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+def torchrun_sft(args: list[str], capfd, nproc: int = 2) -> str:
+    """`rookworld sft --nproc N ...` as a user would type it (the CLI re-launches itself under
+    torchrun), run by the CLI's entry point in this process; returns what the workers printed."""
+    capfd.readouterr()  # what came before is not this run's
+    code = main(["sft", "--nproc", str(nproc), *args])
+    out, err = capfd.readouterr()
+    assert code == 0, err[-4000:]
+    return out
 
 
 def params_at(out: Path, step: int) -> dict:
@@ -70,17 +72,18 @@ def data_file(tmp_path_factory):
     return path
 
 
-def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_file, capsys):
+def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_file, capfd, monkeypatch):
     torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the torchrun workers' one thread each
     # 1 process, in this process: the reference, with checkpoints at steps 2 and 4
     ref = tmp_path / "one"
     assert training.sft_cli(argv(data_file, ref)) == 0
-    assert "SFT finished at step 4" in capsys.readouterr().out
+    assert "SFT finished at step 4" in capfd.readouterr().out
 
     # the same run as 2 processes under torchrun, fresh
     two = tmp_path / "two"
-    proc = torchrun_sft(argv(data_file, two))
-    assert proc.stdout.count("SFT finished at step 4") == 1  # rank 0 reports; rank 1 stays quiet
+    out = torchrun_sft(argv(data_file, two), capfd)
+    assert out.count("SFT finished at step 4") == 1  # rank 0 reports; rank 1 stays quiet
     worst = max_diff(params_at(ref, 4), params_at(two, 4))
     print(f"max |1 process - 2 processes| = {worst:.2e}")
     assert worst <= TOL, worst
@@ -90,7 +93,7 @@ def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_fi
     # 1-process checkpoint at step 2, resumed by 2 processes
     resumed = tmp_path / "one-then-two"
     copy_checkpoint(ref, 2, resumed)
-    torchrun_sft(argv(data_file, resumed))
+    torchrun_sft(argv(data_file, resumed), capfd)
     worst = max_diff(params_at(ref, 4), params_at(resumed, 4))
     print(f"max |1 process - resumed 1 -> 2| = {worst:.2e}")
     assert worst <= TOL, worst
