@@ -5,6 +5,12 @@ before/after difference can be read against its noise. Completions are decoded i
 GRPO sampler (greedy by default), in the model's own layout (``training.layout_of(model)``) unless told otherwise.
 Positions are compared as positions (:func:`tasks.same_position`), never as strings.
 
+Beside greedy, ``EvalConfig.samples = k`` adds pass@1 for every strict metric (STRICT_METRICS), as
+DeepSeek-R1 reports it: k completions per prompt at ``sample_temperature`` (GRPO's rollout
+temperature), each scored, and a record's outcome the mean of its k (a value in [0, 1]). Those keys
+are the strict ones with a ``pass@1/`` prefix (``pass@1/policy/valid``: SAMPLED_METRICS,
+:func:`sampled_name`); :func:`paired_change` compares them record by record as it does greedy ones.
+
 ``policy/best_move_accuracy`` is agreement with Stockfish's best move; on converted original data
 ``policy/original_label_agreement`` is agreement with the original ``B:`` label (for black the worst
 of the five listed moves), which is what RookWorld's own best-move figure measured. The reference
@@ -59,8 +65,9 @@ class Estimate:
     high: float
     n: int
     kind: str = "rate"  # "rate" (Wilson interval) or "mean" (normal approximation)
-    # the per-record outcomes behind a rate (1 or 0 per record, in record order), for paired comparisons
-    outcomes: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    # the per-record outcomes behind a rate, in record order, for paired comparisons: 1 or 0 per record,
+    # or for a pass@1 rate the share of the record's samples that were right
+    outcomes: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
         if self.kind == "rate":
@@ -68,8 +75,9 @@ class Estimate:
         return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}] (n={self.n})"
 
 
-def wilson(k: int, n: int, z: float = 1.959964) -> Estimate:
-    """Wilson score interval for k successes in n trials (well-behaved at 0%, 100% and small n)."""
+def wilson(k: float, n: int, z: float = 1.959964) -> Estimate:
+    """Wilson score interval for k successes in n trials (well-behaved at 0%, 100% and small n); k may
+    be a sum of per-trial shares (see `pass_at_1`)."""
     if n == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
     p = k / n
@@ -83,6 +91,15 @@ def rate(outcomes: Sequence[bool | float]) -> Estimate:
     """The Wilson estimate of a rate that keeps its per-record outcomes (see `paired_change`)."""
     hits = tuple(int(bool(x)) for x in outcomes)
     return replace(wilson(sum(hits), len(hits)), outcomes=hits)
+
+
+def pass_at_1(per_record: Sequence[Sequence[bool | float]]) -> Estimate:
+    """pass@1 from each record's sample outcomes: a record's outcome is the share of its samples that
+    were right, the value their mean over records. The interval is Wilson's over the n records, taken
+    as n trials: a record's mean of k draws varies no more than one draw does, so it is conservative
+    and, unlike a normal interval, not empty at 0% or 100%."""
+    shares = tuple(sum(map(bool, s)) / len(s) for s in per_record)
+    return replace(wilson(sum(shares), len(shares)), outcomes=shares)
 
 
 def mean_interval(values: Sequence[float], z: float = 1.959964) -> Estimate:
@@ -123,7 +140,7 @@ class EvalConfig:
     decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
     temperature: float = option(1.0, "for sampled decoding", min=0.0, min_open=True)
     max_new_tokens: int | None = option(None, "completion budget; None: the layout's (tasks.COMPLETION_BUDGET)", min=1)
-    batch_size: int = option(32, "prompts decoded together", min=1)
+    batch_size: int = option(32, "prompts decoded together (each as `samples` rows for pass@1)", min=1)
     max_policy: int | None = option(None, "cap on P: records evaluated (None = all)", min=0)
     max_env: int | None = option(None, "cap on A: records evaluated (None = all)", min=0)
     selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
@@ -132,6 +149,10 @@ class EvalConfig:
     prompt_prefix: str | None = option(None, "text before every prompt; None: the model's own (model.prompt_prefix: "
                                        "<|endoftext|> for models our SFT trained, \"\" for RookWorld-LM)")
     seed: int = option(0, "sampling seed and self-play opening randomisation", min=0)
+    samples: int = option(0, "pass@1 beside greedy: the strict metrics averaged over this many samples per prompt "
+                          "(keys pass@1/<metric>; 4 or more; 0 = greedy only)", min=0)
+    sample_temperature: float = option(1.0, "temperature of the pass@1 samples (GRPO's rollout temperature)",
+                                       min=0.0, min_open=True)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
@@ -144,8 +165,10 @@ class EvalConfig:
                        max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
 
 
-def complete(model: GPT, prompts: list[str], cfg: EvalConfig) -> list[str]:
-    """Decode one completion per prompt, in batches, with the GRPO sampler."""
+def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) -> list[str]:
+    """Decode completions in batches of cfg.batch_size prompts with the GRPO sampler: one per prompt
+    as cfg.decoding says, or with samples=k, k per prompt at cfg.sample_temperature (prompt i's are
+    items i*k to i*k+k-1). Seeded by cfg.seed plus the batch's first prompt index."""
     tokenizer = get_tokenizer()
     cfg = cfg.for_model(model)
     out = []
@@ -154,7 +177,8 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig) -> list[str]:
         chunk = prompts[start:start + cfg.batch_size]
         ids = [encode_prompt(p, cfg.prompt_prefix, tokenizer) for p in chunk]
         new = max(1, min(cfg.max_new_tokens, budget - max(map(len, ids))))
-        sc = SamplingConfig(max_new_tokens=new, temperature=0.0 if cfg.decoding == "greedy" else cfg.temperature,
+        temperature = cfg.sample_temperature if samples else 0.0 if cfg.decoding == "greedy" else cfg.temperature
+        sc = SamplingConfig(max_new_tokens=new, temperature=temperature, num_samples=max(1, samples),
                             seed=cfg.seed + start)
         out += generate(model, ids, sc).completions(tokenizer)
     return out
@@ -188,10 +212,29 @@ def prompt_of(rec: dict, layout: str) -> str:
     return policy_prompt_of(rec, layout) if rec.get("task", "P") == "P" else env_prompt_of(rec, layout)
 
 
+def _with_pass_at_1(score, model: GPT, records: list, prompts: list[str], completions: list[str],
+                    cfg: EvalConfig) -> dict:
+    """score(records, prompts, completions) -> results, for the greedy completions and, with
+    cfg.samples = k, the pass@1 of each strict metric over k samples per prompt (keys `sampled_name`)."""
+    out, k = score(records, prompts, completions), cfg.samples
+    if not k:
+        return out
+    per_sample = score([r for r in records for _ in range(k)], [p for p in prompts for _ in range(k)],
+                       complete(model, prompts, cfg, samples=k))
+    out.update({sampled_name(m): pass_at_1([e.outcomes[i:i + k] for i in range(0, len(e.outcomes), k)])
+                for m, e in per_sample.items() if m in STRICT_METRICS})
+    return out
+
+
 def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
     """Valid, legal-best, best-move accuracy (against Stockfish's best), top-5 overlap and centipawn
-    loss on P: records; on converted original records also agreement with the original B: label."""
-    records, prompts, completions = _decode(model, records, cfg, policy_prompt_of, cfg.max_policy, completions)
+    loss on P: records; on converted original records also agreement with the original B: label.
+    With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
+    return _with_pass_at_1(_score_policy, model, *_decode(model, records, cfg, policy_prompt_of, cfg.max_policy,
+                                                          completions), cfg)
+
+
+def _score_policy(records: list, prompts: list[str], completions: list[str]) -> dict:
     valid, legal, correct, overlaps, cp_losses, agree = [], [], [], [], [], []
     for rec, prompt, text in zip(records, prompts, completions):
         parse = tasks.parse_policy_completion(text)
@@ -227,8 +270,12 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
 
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Valid, FEN similarity (both FENs in one en-passant convention), and how often each part the
-    environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags."""
-    records, prompts, completions = _decode(model, records, cfg, env_prompt_of, cfg.max_env)
+    environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags.
+    With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
+    return _with_pass_at_1(_score_environment, model, *_decode(model, records, cfg, env_prompt_of, cfg.max_env), cfg)
+
+
+def _score_environment(records: list, prompts: list[str], completions: list[str]) -> dict:
     valid, sims, right = [], [], {part: [] for part in ("fen_exact", "reward", "terminated", "truncated")}
     for rec, prompt, text in zip(records, prompts, completions):
         p = tasks.parse_env_completion(text)
@@ -319,12 +366,23 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estima
 # The metrics a chess verdict rests on: each is right or wrong per record, with no partial credit.
 STRICT_METRICS = ("policy/valid", "policy/legal_best_move", "policy/best_move_accuracy", "env/valid",
                   "env/next_fen_exact")
+SAMPLED_PREFIX = "pass@1/"  # EvalConfig.samples = k: the strict metrics' pass@1 over k samples at a temperature
 
 
-def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_METRICS):
-    """For each strict rate measured on the same records before and after: both rates, the change
-    with its paired 95% interval, and a plain word on whether it moved (up / down: the interval
-    excludes zero; "no resolved change" otherwise). A pandas DataFrame, one row per metric."""
+def sampled_name(metric: str) -> str:
+    """The results key of a strict metric's pass@1 (`policy/valid` -> `pass@1/policy/valid`)."""
+    return SAMPLED_PREFIX + metric
+
+
+SAMPLED_METRICS = tuple(map(sampled_name, STRICT_METRICS))
+
+
+def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_METRICS + SAMPLED_METRICS):
+    """For each strict rate measured on the same records before and after (greedy, then pass@1 where
+    both were sampled): both rates, the change with its paired 95% interval, and a plain word on
+    whether it moved (up / down: the interval excludes zero; "no resolved change" otherwise). A pass@1
+    change is the mean of per-record differences of sample shares, with a normal interval
+    (`paired_difference`). A pandas DataFrame, one row per metric measured on both sides."""
     import pandas as pd
 
     rows = []
@@ -343,7 +401,8 @@ def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
     """One point of a learning curve: from a training run's metrics records (`metrics.jsonl`), the
     training tokens, the training wall time up to `step` (the sum of `time/step`: val-loss and
     checkpoint pauses left out), the train loss at `step` and the latest val loss at or before it;
-    from `results` (an evaluation), every STRICT_METRICS rate with its interval and n."""
+    from `results` (an evaluation), every STRICT_METRICS rate with its interval and n, and every
+    SAMPLED_METRICS one the evaluation measured."""
     done = [r for r in history if 0 < r["step"] <= step]
     at = next((r for r in reversed(done) if r["step"] == step), None)
     vals = [r for r in history if r["step"] <= step and r.get("eval/loss") is not None]
@@ -351,7 +410,7 @@ def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
            "train_wall_s": round(sum(r.get("time/step") or 0.0 for r in done), 1),
            "train_loss": at["loss"] if at else None,
            "val_loss": vals[-1]["eval/loss"] if vals else None, "val_loss_step": vals[-1]["step"] if vals else None}
-    for m in STRICT_METRICS:
+    for m in STRICT_METRICS + tuple(m for m in SAMPLED_METRICS if m in results):
         e = results[m]
         row[m] = {"value": e.value, "low": e.low, "high": e.high, "n": e.n}
     return row
@@ -386,7 +445,8 @@ def curve_table(rows: Sequence[dict]):
 
     table = pd.DataFrame([{"step": r["step"], "tokens (M)": round(r["tokens"] / 1e6, 2) if r["tokens"] else None,
                            "train wall (s)": r["train_wall_s"], "train loss": r["train_loss"], "val loss": r["val_loss"],
-                           **{m: round(100 * r[m]["value"], 1) for m in STRICT_METRICS}} for r in rows])
+                           **{m: round(100 * r[m]["value"], 1) for m in STRICT_METRICS + SAMPLED_METRICS if m in r}}
+                          for r in rows])
     return table.set_index("step")
 
 

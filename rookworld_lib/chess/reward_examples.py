@@ -87,9 +87,11 @@ def env_examples(rec, seed: int = 0) -> dict[str, str]:
             "garbled": mutate_text(rec["completion"], rng, rng.randint(3, 8)), "garbage": _garbage(rng)}
 
 
-def reward_distribution(policy_records=(), env_records=(), seed: int = 0) -> list[dict]:
-    """One row per (record, example category): task, category, reward, id (for tables and plots)."""
-    rows = [{"task": "P", "category": cat, "reward": score_policy(rec["prompt"], c, truth=rec), "id": rec["id"]}
+def reward_distribution(policy_records=(), env_records=(), seed: int = 0, policy_weights=None) -> list[dict]:
+    """One row per (record, example category): task, category, reward, id (for tables and plots).
+    `policy_weights`: score_policy's (rewards.GradedWeights() for the graded policy reward)."""
+    rows = [{"task": "P", "category": cat, "reward": score_policy(rec["prompt"], c, truth=rec, weights=policy_weights),
+             "id": rec["id"]}
             for rec in policy_records for cat, c in policy_examples(rec, seed).items()]
     return rows + [{"task": "A", "category": cat, "reward": score_environment(rec["prompt"], c, truth=rec),
                     "id": rec["id"]} for rec in env_records for cat, c in env_examples(rec, seed).items()]

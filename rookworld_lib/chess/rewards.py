@@ -29,6 +29,16 @@ Without the gate a malformed answer that names the best move (five copies of it 
 typical greedy failure of a small SFT model) scored 0.78, above a format-valid answer with a worse
 legal move, and GRPO had nothing to gain from valid text.
 
+Graded policy reward (:class:`GradedWeights` as the weights; issue 26): six components in [0, 1],
+each computed on its own in every answer whose prompt parses, malformed or not (no gate), from the
+fields read leniently (:func:`tasks.read_policy_fields`): ``best_legal`` (B: a legal move),
+``best_quality`` (as above; 0 unless B: is legal), ``moves_legal`` (fraction of the M: entries that are
+legal), ``moves_distinct`` (distinct legal M: moves / min(5, legal moves), capped at 1: the greedy loop
+``M: d2d4 d2d4 ...`` earns 1/5), ``evals_accuracy`` (as above, the (move, eval) pairs read by position)
+and ``format`` (as above). The total is their weighted sum in [0, 1]; garbage (no M:/E:/B: marker, or a
+prompt that is not ``P: <valid FEN>``) scores 0.0, the floor, with every component 0. Each component
+raises the total in every band; :func:`policy_component_rewards` gives them one reward function each.
+
 Environment: -1.0 when no field is well-formed; else the weighted sum (:class:`EnvWeights`) of
 ``format``, ``fen_exact`` (:func:`tasks.same_position`), ``fen_fields`` (:func:`fen_field_credit`: a
 FEN of another position always scores less) and ``reward`` / ``terminated`` / ``truncated`` right.
@@ -72,6 +82,7 @@ ILLEGAL_BASE = -0.5
 ILLEGAL_FORMAT_WEIGHT = 0.25
 MALFORMED_RANGE = (-0.95, -0.55)  # gated malformed policy answers: above garbage, below valid-illegal (-0.25)
 CP_LOSS_CAP = 1000
+GRADED_RANGE = (0.0, 1.0)  # the graded policy reward; garbage scores the floor
 
 
 # --- Weights ---
@@ -105,6 +116,27 @@ class PolicyWeights(_Weights):
 
 
 @dataclass(frozen=True)
+class GradedWeights(_Weights):
+    """Weights of the graded policy reward's components (they sum to 1): legal, good B: (0.4) and a
+    valid answer of distinct candidates (0.4) first, the two headline metrics; the rest support them."""
+
+    best_legal: float = option(0.2, "B: is a legal move", min=0.0)
+    best_quality: float = option(0.2, "quality of B: by centipawn loss against the engine's best (0 unless legal)",
+                                 min=0.0)
+    moves_legal: float = option(0.1, "fraction of the M: entries that are legal moves", min=0.0)
+    moves_distinct: float = option(0.25, "distinct legal M: moves / min(5, legal moves in the position), at most 1",
+                                   min=0.0)
+    evals_accuracy: float = option(0.1, "accuracy of the E: evals of the legal M: moves the engine also lists",
+                                   min=0.0)
+    format: float = option(0.15, "structure of the completion (the five checks of the strict parser)", min=0.0)
+    unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
+                                     "this", min=0, max=10_000)
+
+
+GRADED_COMPONENTS = ("best_legal", "best_quality", "moves_legal", "moves_distinct", "evals_accuracy", "format")
+
+
+@dataclass(frozen=True)
 class EnvWeights(_Weights):
     """Weights of the environment components (they sum to 1). A wrong next position still earns
     fen_fields times fen_field_credit: squares of the placement, then each other FEN field right."""
@@ -119,6 +151,7 @@ class EnvWeights(_Weights):
 
 DEFAULT_POLICY_WEIGHTS = PolicyWeights()
 DEFAULT_ENV_WEIGHTS = EnvWeights()
+DEFAULT_GRADED_WEIGHTS = GradedWeights()
 
 
 # --- Truth ---
@@ -238,6 +271,20 @@ class PolicyScore(_Score):
 
 
 @dataclass(frozen=True)
+class GradedScore(_Score):
+    """Every component of the graded policy reward (see the module docstring)."""
+
+    best_legal: float = 0.0
+    best_quality: float = 0.0
+    moves_legal: float = 0.0
+    moves_distinct: float = 0.0
+    evals_accuracy: float = 0.0
+    cp_loss: float | None = None  # centipawn loss of B: (None when B: is not a legal move)
+    best_rank: int | None = None  # 1-based rank of B: among the truth's candidates, None if unlisted
+    estimated: bool = False  # B:'s eval was estimated (no engine for a move outside the candidates)
+
+
+@dataclass(frozen=True)
 class EnvScore(_Score):
     """Every component of an environment reward (see the module docstring)."""
 
@@ -335,7 +382,7 @@ def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine, poo
 
 
 def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
-                   weights: PolicyWeights) -> tuple[Eval | None, bool]:
+                   weights: PolicyWeights | GradedWeights) -> tuple[Eval | None, bool]:
     """(eval, estimated) of a legal move outside the truth's candidates."""
     last = truth.evals[-1] if truth.evals else None
     if pool is not None:
@@ -371,9 +418,9 @@ def _env_truth_for(pp: tasks.EnvParse, prompt, truth: EnvTruth | None) -> tuple[
 
 # --- Scoring: one safety net, one cache per task ---
 
-def _never_raises(score_type):
+def _never_raises(score_type, floor: float = GARBAGE):
     """The scorers' one safety net: set-up errors (SETUP_ERRORS) propagate; any other exception is a
-    bug, logged and scored as garbage rather than stopping a run (fuzz tests assert it never fires)."""
+    bug, logged and scored as garbage (`floor`) rather than stopping a run (fuzz tests assert it never fires)."""
     def wrap(fn):
         @functools.wraps(fn)
         def guarded(*args):
@@ -383,7 +430,7 @@ def _never_raises(score_type):
                 raise
             except Exception as exc:
                 log.error("internal error in %s: %r", fn.__name__, exc)
-                return score_type(total=GARBAGE, errors=(f"internal error: {type(exc).__name__}: {exc}",))
+                return score_type(total=floor, errors=(f"internal error: {type(exc).__name__}: {exc}",))
         return guarded
     return wrap
 
@@ -391,14 +438,9 @@ def _never_raises(score_type):
 @functools.lru_cache(maxsize=200_000)
 @_never_raises(PolicyScore)
 def _policy(prompt, completion, truth, engine, weights, registry_version) -> PolicyScore:
-    pp = tasks.parse_policy_prompt(prompt)
-    if not pp.ok:
-        return PolicyScore(total=GARBAGE, errors=tuple(f"prompt: {e}" for e in pp.errors))
-    board = chess.Board(pp.fen)
-    if not any(board.legal_moves):
-        return PolicyScore(total=GARBAGE, errors=("prompt: the position has no legal moves",))
-    pool = _resolve_engine(engine)
-    truth, source = _policy_truth_for(board, truth, engine, pool)
+    board, truth, source, pool, errors = _policy_setup(prompt, truth, engine)
+    if board is None:
+        return PolicyScore(total=GARBAGE, errors=errors)
     parse = tasks.parse_policy_completion(completion)
     if parse.sections == 0:
         return PolicyScore(total=GARBAGE, truth_source=source, errors=parse.errors)
@@ -415,6 +457,41 @@ def _policy(prompt, completion, truth, engine, weights, registry_version) -> Pol
                        errors=parse.errors, **listed, **best)
 
 
+def _policy_setup(prompt, truth: PolicyTruth | None, engine) -> tuple:
+    """(board, truth, truth source, engine pool, errors) for a P: prompt; board None, with the errors,
+    when the prompt is not ``P: <valid FEN>`` of a position with legal moves."""
+    pp = tasks.parse_policy_prompt(prompt)
+    if not pp.ok:
+        return None, None, "none", None, tuple(f"prompt: {e}" for e in pp.errors)
+    board = chess.Board(pp.fen)
+    if not any(board.legal_moves):
+        return None, None, "none", None, ("prompt: the position has no legal moves",)
+    pool = _resolve_engine(engine)
+    return (board, *_policy_truth_for(board, truth, engine, pool), pool, ())
+
+
+@functools.lru_cache(maxsize=200_000)
+@_never_raises(GradedScore, floor=GRADED_RANGE[0])
+def _graded_policy(prompt, completion, truth, engine, weights, registry_version) -> GradedScore:
+    board, truth, source, pool, errors = _policy_setup(prompt, truth, engine)
+    if board is None:
+        return GradedScore(total=GRADED_RANGE[0], errors=errors)
+    strict = tasks.parse_policy_completion(completion)
+    read = tasks.read_policy_fields(completion, strict)
+    if read.sections == 0:  # no readable field: garbage
+        return GradedScore(total=GRADED_RANGE[0], truth_source=source, errors=strict.errors)
+    ok = [tasks.legal_move(board, m) is not None for m in read.moves]
+    legal = list(dict.fromkeys(m for m, good in zip(read.moves, ok) if good))
+    best_ok = read.best is not None and tasks.legal_move(board, read.best) is not None
+    best = _best_components(board, read.best, truth, pool, weights) if best_ok else {}
+    pairs = {m: e for m, e in reversed(list(zip(read.moves, read.evals))) if e is not None}  # first eval per move
+    parts = dict(best_legal=float(best_ok), best_quality=best.pop("best_quality", 0.0),
+                 moves_legal=sum(ok) / len(ok) if ok else 0.0,
+                 moves_distinct=min(1.0, len(legal) / min(tasks.MAX_CANDIDATES, board.legal_moves.count())),
+                 evals_accuracy=_evals_accuracy(legal, pairs, truth), format=_format_score(strict))
+    return GradedScore(total=_wsum(weights, parts), truth_source=source, errors=strict.errors, **parts, **best)
+
+
 def _gated(total: float) -> float:
     """An ungated policy reward in [ILLEGAL_BASE, 1] mapped affinely into MALFORMED_RANGE: the order among
     malformed answers is kept (a legal best move still beats an illegal one), all below valid ones."""
@@ -425,16 +502,22 @@ def _gated(total: float) -> float:
 def _listed_components(board: chess.Board, parse: tasks.PolicyParse, truth: PolicyTruth) -> dict[str, float]:
     """format, moves_legal, moves_overlap and evals_accuracy (see the module docstring)."""
     legal = list(dict.fromkeys(m for m in parse.moves if tasks.legal_move(board, m) is not None))
-    true_eval, pred_eval = dict(zip(truth.moves, truth.evals)), parse.eval_map
-    accs = [1.0 - abs(tasks.win_prob(pred_eval[m].to_cp()) - tasks.win_prob(true_eval[m].to_cp()))
-            for m in legal if m in true_eval and m in pred_eval]
     return dict(format=_format_score(parse),
                 moves_legal=len(legal) / len(parse.moves) if parse.moves else 0.0,
                 moves_overlap=len(set(truth.moves).intersection(legal)) / len(truth.moves) if truth.moves else 0.0,
-                evals_accuracy=sum(accs) / len(accs) if accs else 0.0)
+                evals_accuracy=_evals_accuracy(legal, parse.eval_map, truth))
 
 
-def _best_components(board: chess.Board, best: str, truth: PolicyTruth, pool, weights: PolicyWeights) -> dict:
+def _evals_accuracy(moves, predicted: Mapping[str, Eval], truth: PolicyTruth) -> float:
+    """Mean 1 - |W(predicted) - W(true)| over the `moves` that both `predicted` and the truth evaluate; 0 if none."""
+    true_eval = dict(zip(truth.moves, truth.evals))
+    accs = [1.0 - abs(tasks.win_prob(predicted[m].to_cp()) - tasks.win_prob(true_eval[m].to_cp()))
+            for m in moves if m in true_eval and m in predicted]
+    return sum(accs) / len(accs) if accs else 0.0
+
+
+def _best_components(board: chess.Board, best: str, truth: PolicyTruth, pool,
+                     weights: PolicyWeights | GradedWeights) -> dict:
     """best_quality, cp_loss, best_rank and estimated of a legal B: move."""
     true_eval = dict(zip(truth.moves, truth.evals))
     rank = truth.moves.index(best) + 1 if best in true_eval else None
@@ -474,17 +557,19 @@ def _memo(fn, cache: bool, prompt, completion, *args):
 
 
 def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="auto",
-                          weights: PolicyWeights | None = None, cache: bool = True) -> PolicyScore:
-    """Every component of the policy reward. `engine`: "auto" (the shared pool when Stockfish is
-    installed), an EnginePool, or None (offline: needs a truth, estimates unlisted moves). Raises
-    only the set-up errors of the module docstring, never because of the prompt or the completion."""
-    t = _as_truth(truth, policy_truth, "policy")
-    return _memo(_policy, cache, prompt, completion, t, engine, weights or DEFAULT_POLICY_WEIGHTS)
+                          weights: PolicyWeights | GradedWeights | None = None,
+                          cache: bool = True) -> PolicyScore | GradedScore:
+    """Every component of the policy reward: a PolicyScore, or with GradedWeights the graded reward's
+    GradedScore. `engine`: "auto" (the shared pool when Stockfish is installed), an EnginePool, or None
+    (offline: needs a truth, estimates unlisted moves). Raises only the set-up errors of the module
+    docstring, never because of the prompt or the completion."""
+    t, w = _as_truth(truth, policy_truth, "policy"), weights or DEFAULT_POLICY_WEIGHTS
+    return _memo(_graded_policy if isinstance(w, GradedWeights) else _policy, cache, prompt, completion, t, engine, w)
 
 
 def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
-                 weights: PolicyWeights | None = None, cache: bool = True) -> float:
-    """Policy reward in [-1, 1]; raises only for the set-up (see :func:`score_policy_detailed`)."""
+                 weights: PolicyWeights | GradedWeights | None = None, cache: bool = True) -> float:
+    """Policy reward in [-1, 1] (graded: in [0, 1]); raises only for the set-up (see :func:`score_policy_detailed`)."""
     return score_policy_detailed(prompt, completion, truth=truth, engine=engine, weights=weights, cache=cache).total
 
 
@@ -528,13 +613,14 @@ def score_batch(prompts: list[str], completions: list[str], truths: list | None 
 
 def cache_info() -> dict:
     """Hit/miss counts of the reward caches and of the shared engine-analysis cache."""
-    return {"policy": _policy.cache_info()._asdict(), "environment": _env.cache_info()._asdict(),
-            "analysis": SHARED_CACHE.info()}
+    return {"policy": _policy.cache_info()._asdict(), "graded": _graded_policy.cache_info()._asdict(),
+            "environment": _env.cache_info()._asdict(), "analysis": SHARED_CACHE.info()}
 
 
 def clear_cache(analyses: bool = False) -> None:
     """Empty the reward caches (and the engine-analysis cache with `analyses=True`)."""
     _policy.cache_clear()
+    _graded_policy.cache_clear()
     _env.cache_clear()
     if analyses:
         SHARED_CACHE.clear()
@@ -592,6 +678,14 @@ def _column_values(columns: Mapping, i: int, names: tuple[str, ...]) -> dict | N
     return row if len(row) == len(names) and None not in row.values() else None
 
 
+def _truth_from_columns(kind: str, columns: Mapping, i: int) -> dict | None:
+    """Row i's truth for a `kind` ("P" or "A") prompt from TRL's data-set columns; None when absent."""
+    truth = _column_values(columns, i, POLICY_TRUTH_COLUMNS if kind == "P" else ENV_TRUTH_COLUMNS)
+    if truth is not None and kind == "P":
+        truth.update(_column_values(columns, i, ("limit",)) or {})
+    return truth
+
+
 def _trl_score_one(task, prompt, completion, columns, i, **kwargs) -> float | None:
     p = trl_text(prompt, role="user")
     if p is None:
@@ -602,9 +696,7 @@ def _trl_score_one(task, prompt, completion, columns, i, **kwargs) -> float | No
         _trl_warn("task", f"TRL reward: prompt {p[:40]!r} is neither a P: nor an A: prompt; scored None")
     if kind is None or task not in (None, kind):
         return None  # the other task's prompt: not this function's to score
-    truth = _column_values(columns, i, POLICY_TRUTH_COLUMNS if kind == "P" else ENV_TRUTH_COLUMNS)
-    if truth is not None and kind == "P":
-        truth.update(_column_values(columns, i, ("limit",)) or {})
+    truth = _truth_from_columns(kind, columns, i)
     # an empty or unreadable answer is scored as garbage; without truth columns the environment
     # truth is replayed from the prompt (exact)
     return score(p, trl_text(completion) or "", truth=truth, **kwargs)
@@ -643,3 +735,50 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
 trl_reward = trl_reward_function(None)  # P: and A: prompts, by prefix
 trl_policy_reward = trl_reward_function("P")
 trl_env_reward = trl_reward_function("A")
+
+
+# --- Graded components as reward functions: one metric each in the core's GRPO trainer ---
+
+def _task_reward(kind: str, name: str, value):
+    """A reward function with TRL's signature named `name`: value(prompt, completion, truth) for the
+    rows of task `kind`, None for the other task's rows (and a prompt of neither task)."""
+    def reward(prompts, completions, task=None, truth=None, **columns) -> list:
+        out = []
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+            p = trl_text(prompt, role="user")
+            if p is None or tasks.task_of(p) != kind:
+                out.append(None)
+                continue
+            t = truth[i] if truth is not None else _truth_from_columns(kind, columns, i)
+            out.append(float(value(p, trl_text(completion) or "", t)))
+        return out
+
+    reward.__name__ = reward.__qualname__ = name
+    return reward
+
+
+def policy_component_rewards(weights: GradedWeights | None = None, *, engine="auto",
+                             env_weights: EnvWeights | None = None) -> list:
+    """Reward functions with TRL's signature, `f(prompts, completions, task=None, truth=None, **columns)
+    -> list[float | None]`, for the core's GRPO trainer: one per graded policy component, named
+    "P/<component>" (GRADED_COMPONENTS order), None on A: rows; then "A/reward", the environment reward,
+    None on P: rows. With :func:`component_reward_weights` as the trainer's reward_weights, their
+    weighted sum is the graded policy reward on P: rows and the environment reward on A: rows. The six
+    components of a completion come from one memoised score_policy_detailed call. `truth`: one record
+    per row (as the trainer passes it), else TRL's data-set columns; set-up errors propagate."""
+    w = weights or DEFAULT_GRADED_WEIGHTS
+
+    def component(name: str):
+        return lambda p, c, t: getattr(score_policy_detailed(p, c, truth=t, engine=engine, weights=w), name)
+
+    def env(p, c, t):
+        return score_environment(p, c, truth=t, weights=env_weights)
+
+    return [_task_reward("P", f"P/{name}", component(name)) for name in GRADED_COMPONENTS] + \
+        [_task_reward("A", "A/reward", env)]
+
+
+def component_reward_weights(weights: GradedWeights | None = None, env_weight: float = 1.0) -> list[float]:
+    """The reward_weights for :func:`policy_component_rewards`' functions, in their order."""
+    w = weights or DEFAULT_GRADED_WEIGHTS
+    return [getattr(w, name) for name in GRADED_COMPONENTS] + [env_weight]

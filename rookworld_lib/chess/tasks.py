@@ -459,6 +459,27 @@ def parse_policy_completion(completion: str) -> PolicyParse:
                        errors=tuple(errors))
 
 
+def read_policy_fields(completion: str, strict: PolicyParse | None = None) -> PolicyParse:
+    """The M:/E:/B: fields of any text, as far as they can be read (for graded rewards of malformed
+    answers): each marker's first occurrence, in any order, read up to the next marker, in the text
+    before one EOT. `sections` counts the markers found; `errors` are those of the strict parse
+    (`strict`: :func:`parse_policy_completion` of the same text, when the caller has it). A
+    format-valid completion reads as the strict parser reads it. Never raises."""
+    strict = parse_policy_completion(completion) if strict is None else strict
+    if not isinstance(completion, str):
+        return strict
+    text = completion.partition(EOT)[0]
+    starts = sorted(m.start() for p in _MARKERS.values() for m in p.finditer(text))
+    bodies = {}
+    for marker, pattern in _MARKERS.items():
+        found = pattern.search(text)
+        if found is not None:
+            end = next((s for s in starts if s > found.start()), len(text))
+            bodies[marker] = text[found.end(): end].split()
+    return PolicyParse(moves=tuple(bodies.get("M:", ())), evals=tuple(map(parse_eval, bodies.get("E:", ()))),
+                       best=(bodies.get("B:") or [None])[0], sections=len(bodies), errors=strict.errors)
+
+
 @_parser(PolicyParse, "prompt", POLICY_PREFIX)
 def parse_policy_prompt(prompt: str) -> PolicyParse:
     """Parse ``P: <FEN>`` in either layout (the original pads the FEN with spaces). Never raises."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -22,6 +23,8 @@ from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, check_world_size
 from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
 from ..core.tokenizer import TASKS
+from ..core.task_vocab import TaskVocab, outside_logmass
+from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_utils import setup_runtime
 from . import data, rewards, tasks
 
@@ -127,11 +130,46 @@ def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
     return [PromptItem(r["task"], data.record_text(r, layout)[0], r) for r in records if r["task"] in TASKS]
 
 
+def data_vocab(records, layout: str = "compact") -> TaskVocab:
+    """The GPT-2 tokens of the records' texts in `layout` (EOT included): GRPO's opt-in vocabulary
+    for a model that marks none (`rookworld grpo --vocab task` on RookWorld-LM-124M and its kin)."""
+    tok = get_tokenizer()
+    return TaskVocab({t for r in records for part in data.record_text(r, layout) for t in tok.encode(part)} | {EOT_ID})
+
+
+def vocab_distance(model: GPT, vocab: TaskVocab, records, layout: str, n: int = 64, temperature: float = 1.0) -> dict:
+    """How far GRPO over `vocab` is from GRPO over all of GPT-2 for `model`, measured on `n` records'
+    prompts and completions: the KL per token from the restricted policy to the full one
+    (task_vocab.outside_logmass), mean and max, and the share of the probability outside the vocabulary."""
+    tok = get_tokenizer()
+    seqs = [encode_prompt(p, model.prompt_prefix, tok) + tok.encode(c) for p, c in
+            (data.record_text(r, layout) for r in records[:: max(1, len(records) // n)][:n])]
+    kl = outside_logmass(model, vocab, seqs, temperature)
+    return {"records": len(seqs), "positions": len(kl), "kl_mean": kl.mean().item(), "kl_max": kl.max().item(),
+            "mass_outside_max": -math.expm1(-kl.max().item())}
+
+
 def chess_reward(prompts, completions, truth=None, **_) -> list[float]:
     """GRPO's reward function (TRL's signature): rewards.score of each completion, policy or
     environment by the prompt's prefix, with the record's ground truth where the prompt has one."""
     truth = truth if truth is not None else [None] * len(prompts)
     return [float(rewards.score(p, c, truth=t)) for p, c, t in zip(prompts, completions, truth)]
+
+
+REWARD_VARIANTS = ("gated", "graded")
+
+
+def reward_functions(variant: str = "gated") -> tuple[list, list[float]]:
+    """GRPO's reward functions and their weights. "gated": chess_reward alone (rewards.score: the
+    format-gated policy reward, malformed answers below every valid one); "graded": one function per
+    component of the graded policy reward (rewards.policy_component_rewards: B: legal, its quality,
+    M: legal, distinct candidates, evals, format, each counting in every answer) and the environment
+    reward, each logged by the trainer as rewards/<name>/mean, and normalisable one by one (GDPO)."""
+    if variant == "gated":
+        return [chess_reward], [1.0]
+    if variant == "graded":
+        return rewards.policy_component_rewards(), rewards.component_reward_weights()
+    raise ValueError(f"reward variant must be one of {REWARD_VARIANTS}, got {variant!r}")
 
 
 def train_records(data_dir=None) -> list[dict]:
@@ -264,7 +302,15 @@ def _run_grpo(args: argparse.Namespace) -> int:
     # logits and every result are unchanged (docs/perf.md).
     pad = 64 if setup_runtime(cfg.device, cfg.dtype).device.type == "cuda" else 1
     model = set_layout(GPT.from_pretrained(args.init_from, pad_vocab_to_multiple=pad), layout)  # the export records it
-    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=chess_reward, init_from=args.init_from)
+    vocab = None
+    if cfg.vocab == "task" and TaskVocab.of_model(model) is None:  # the opt-in: the data's tokens, distance measured
+        vocab = data_vocab(records, layout)
+        d = vocab_distance(model, vocab, records, layout, temperature=cfg.temperature)
+        print(f"task vocabulary: {len(vocab)} tokens of the training records; on {d['records']} records' text the "
+              f"restricted policy is {d['kl_mean']:.2e} nats/token from the full one (max {d['kl_max']:.2e}; at most "
+              f"{d['mass_outside_max']:.2e} of the probability outside)", file=sys.stderr)
+    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=chess_reward, init_from=args.init_from,
+                          task_vocab=vocab)
     try:
         trainer.train()
         final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier

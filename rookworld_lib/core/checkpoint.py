@@ -308,8 +308,15 @@ def model_from_checkpoint(path: str | os.PathLike):
     ckpt = load_checkpoint(Path(path))  # names the file it cannot load
     model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
     model.load_state_dict(ckpt["model"], strict=True)
-    if ids := ckpt.get("extra", {}).get("task_vocab"):  # an SFT run with vocab="task": the full GPT-2
-        model = TaskVocab(ids).expand(model)
+    extra = ckpt.get("extra", {})
+    if ids := extra.get("task_vocab"):  # a run over a task vocabulary (SFT or GRPO): the full GPT-2
+        outside = None
+        if base := extra.get("task_vocab_base"):  # GRPO's opt-in on a model that marks no vocabulary
+            if not Path(base, "config.json").is_file():
+                raise CheckpointLoadError(f"{path}: a GRPO run over a task vocabulary of the model in {base!r}; "
+                                          "exporting it needs that model's other embedding rows, and it is not there")
+            outside = GPT.from_pretrained(base).transformer.wte.weight.detach()
+        model = TaskVocab(ids).expand(model, outside)
     return model
 
 

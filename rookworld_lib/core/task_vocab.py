@@ -60,25 +60,85 @@ class TaskVocab:
         """`config`'s shape over this vocabulary (pin_bias_coordinate the model built from it)."""
         return replace(config, vocab_size=len(self))
 
-    def expand(self, model: GPT) -> GPT:
-        """The full GPT-2 that a compact `model` stands for (see the module docstring)."""
+    def expand(self, model: GPT, outside: torch.Tensor | None = None) -> GPT:
+        """The full GPT-2 that a compact `model` stands for. Tokens outside the vocabulary get the rows
+        `outside` (VOCAB_SIZE, n_embd): those of the model this one was restricted from; by default
+        the off rows of the module docstring (the model must then be pinned)."""
         C = model.config
-        assert C.bias, "the pinned coordinate needs the LayerNorm bias"
         assert C.vocab_size == len(self), f"a model over {C.vocab_size} tokens, a vocabulary of {len(self)}"
         ln = model.transformer.ln_f
-        assert ln.weight[PINNED].item() == 0.0 and ln.bias[PINNED].item() == PINNED_BIAS, "an unpinned model"
+        if outside is None:
+            assert pinned(model), "an unpinned model: expand it into the rows it was restricted from"
         full = GPT(replace(C, vocab_size=VOCAB_SIZE)).to(ln.weight.device, ln.weight.dtype)
         state = {k: v for k, v in model.state_dict().items() if k not in ("transformer.wte.weight", "lm_head.weight")}
         missing, unexpected = full.load_state_dict(state, strict=False)
         assert not unexpected and set(missing) == {"transformer.wte.weight", "lm_head.weight"}, (missing, unexpected)
         with torch.no_grad():
             wte = full.transformer.wte.weight  # tied to lm_head.weight
-            wte.zero_()
-            wte[:VOCAB_SIZE, PINNED] = -OFF_LOGIT / PINNED_BIAS
+            if outside is None:
+                wte.zero_()
+                wte[:VOCAB_SIZE, PINNED] = -OFF_LOGIT / PINNED_BIAS
+            else:
+                wte[:VOCAB_SIZE] = outside[:VOCAB_SIZE].to(wte)
             wte[self.ids.to(wte.device)] = model.transformer.wte.weight[: len(self)]
-        full.meta, full.prompt_prefix = dict(model.meta), model.prompt_prefix
+        full.meta, full.prompt_prefix, full.source = dict(model.meta), model.prompt_prefix, model.source
         full.train(model.training)
         return full
+
+    def restrict(self, model: GPT) -> GPT:
+        """`model` over this vocabulary only: its embedding rows of these tokens, every other weight
+        shared by value. Its softmax is the full model's renormalised over the vocabulary, the same to
+        float precision when the rest holds no mass (`of_model`'s vocabularies: at most 2e-13); a
+        pinned model stays pinned (pin_bias_coordinate), so `expand` writes it back exactly."""
+        C = model.config
+        compact = GPT(replace(C, vocab_size=len(self))).to(model.transformer.wte.weight.device,
+                                                          model.transformer.wte.weight.dtype)
+        state = {k: v for k, v in model.state_dict().items() if k not in ("transformer.wte.weight", "lm_head.weight")}
+        compact.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            compact.transformer.wte.weight[: len(self)] = model.transformer.wte.weight[self.ids.to(model.transformer.wte.weight.device)]
+        compact.meta, compact.prompt_prefix, compact.source = dict(model.meta), model.prompt_prefix, model.source
+        if pinned(model):
+            pin_bias_coordinate(compact)
+        compact.train(model.training)
+        return compact
+
+    @classmethod
+    def of_model(cls, model: GPT) -> "TaskVocab | None":
+        """The task vocabulary a full model was expanded from (`expand`'s off rows mark the rest), or
+        None for a model that is not pinned or holds no off row (a model trained over all of GPT-2)."""
+        if not pinned(model):
+            return None
+        wte = model.transformer.wte.weight.detach()[:VOCAB_SIZE]
+        off = torch.zeros_like(wte[0])
+        off[PINNED] = -OFF_LOGIT / PINNED_BIAS
+        inside = (wte != off).any(dim=1)
+        return cls(inside.nonzero().squeeze(1).tolist()) if not bool(inside.all()) else None
+
+    def union(self, token_ids: Iterable[int]) -> "TaskVocab":
+        """This vocabulary with `token_ids` added."""
+        return TaskVocab([*self.ids.tolist(), *token_ids])
+
+
+@torch.no_grad()
+def outside_logmass(model: GPT, vocab: TaskVocab, sequences: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
+    """-log of the probability `model` (over all of GPT-2) gives the tokens of `vocab`, at every
+    position of `sequences` (GPT-2 ids; real prompts and completions), at `temperature`: the KL, in
+    nats per token, from the policy restricted to the vocabulary (`TaskVocab.restrict`) to the full one."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for seq in sequences:
+        logits = model(torch.tensor([seq], device=model.transformer.wte.weight.device))[0].float() / temperature
+        out.append(logits.logsumexp(-1) - logits[:, vocab.ids.to(logits.device)].logsumexp(-1))
+    model.train(was_training)
+    return torch.cat(out).cpu()
+
+
+def pinned(model: GPT) -> bool:
+    """True when the final LayerNorm's coordinate PINNED is pinned (gain 0, bias PINNED_BIAS)."""
+    ln = model.transformer.ln_f
+    return ln.bias is not None and ln.weight[PINNED].item() == 0.0 and ln.bias[PINNED].item() == PINNED_BIAS
 
 
 def pin_bias_coordinate(model: GPT) -> None:

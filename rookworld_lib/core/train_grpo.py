@@ -32,6 +32,7 @@ from . import distributed, grpo
 from .config import bad_field, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, generate, sequence_logprobs
+from .task_vocab import TaskVocab
 from .tokenizer import EOT_ID, TASKS, encode_prompt, get_tokenizer
 from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
 from .trainer import Trainer
@@ -65,6 +66,7 @@ class GRPOTrainConfig:
     policy_fraction: float = option(0.5, "share of prompts of the first task (TASKS: P); the rest are of the second (A)", min=0.0, max=1.0)
     max_new_tokens: int = option(96, "completion budget; longer completions are truncated", min=1)
     temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=0.0, min_open=True)
+    vocab: str = option("auto", '"auto": sample and score over the task vocabulary a model marks (a vocab="task" SFT export: the same policy to float precision, several times faster; see task_vocab), else over all of GPT-2; "full": always all 50,257 tokens; "task": the marked vocabulary, or the trainer\'s task_vocab= (an opt-in for a model that marks none)', choices=("auto", "full", "task"))
     top_k: int = option(0, "sampler top-k (0 = off; GRPO scores the full distribution)", min=0)
     top_p: float = option(1.0, "sampler nucleus (1 = off)", min=0.0, max=1.0, min_open=True)
     mu: int = option(1, "inner passes over each rollout batch (1 = strictly on-policy)", min=1)
@@ -74,6 +76,7 @@ class GRPOTrainConfig:
     warmup_steps: int = option(0, "linear warm-up steps", min=0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
     grad_clip: float = option(1.0, "max global grad norm (0 = off)", min=0.0)
+    multi_objective_aggregation: str = option("sum_then_normalize", 'several reward functions: "sum_then_normalize" (their weighted sum is the reward, TRL\'s default) or "normalize_then_sum" (GDPO: each z-scored within its group, then summed and batch-normalised; scale_rewards is then ignored)', choices=("sum_then_normalize", "normalize_then_sum"))
     scale_rewards: str = option("group", 'advantage scaling: "group", "batch" or "none" (Dr. GRPO)', choices=("group", "batch", "none"))
     dynamic_sampling: bool = option(False, "drop zero-variance groups and refill (DAPO)")
     max_refill_rounds: int = option(3, "extra sampling rounds allowed per step when refilling", min=0)
@@ -109,6 +112,16 @@ def score_completions(reward_funcs: Sequence[RewardFunc], weights: Sequence[floa
                       completions: list[str]) -> torch.Tensor:
     """The weighted sum of the reward functions per completion, as TRL sums them: None counts as
     NaN and is left out of the sum (nansum); every function must give one value per completion."""
+    return reward_sum(reward_table(reward_funcs, items, completions), weights)
+
+
+def reward_sum(table: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
+    """[N] weighted nansum of a reward_table's columns."""
+    return (table * torch.tensor(weights, dtype=torch.float32)).nansum(1)
+
+
+def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str]) -> torch.Tensor:
+    """[N, F]: each reward function's value per completion (TRL's rewards_per_func), None as NaN."""
     columns = {"task": [i.task for i in items], "truth": [i.truth for i in items]}
     prompts = [i.prompt for i in items]
     per_func = []
@@ -118,8 +131,7 @@ def score_completions(reward_funcs: Sequence[RewardFunc], weights: Sequence[floa
             raise ValueError(f"reward function {getattr(f, '__name__', f)!r} gave {len(values)} values for "
                              f"{len(completions)} completions")
         per_func.append([float("nan") if v is None else float(v) for v in values])
-    r = torch.tensor(per_func, dtype=torch.float32)
-    return (r * torch.tensor(weights, dtype=torch.float32)[:, None]).nansum(0)
+    return torch.tensor(per_func, dtype=torch.float32).reshape(len(per_func), len(completions)).T
 
 
 class PromptSampler:
@@ -173,12 +185,13 @@ class RolloutBatch:
     old_logprobs: torch.Tensor  # the sampler's log-probs of those tokens
     mask: torch.Tensor  # which tokens belong to the completion
     truncated: torch.Tensor  # cut at max_new_tokens
-    rewards: torch.Tensor
+    rewards: torch.Tensor  # the reward functions' weighted sum
     completions: list[str]
+    reward_table: torch.Tensor  # [rows, functions] (reward_table)
     generated_tokens: int = 0  # tokens sampled for this batch, dropped groups included
 
 
-def _concat(batches: list[RolloutBatch]) -> RolloutBatch:
+def _concat(batches: list[RolloutBatch], eot: int) -> RolloutBatch:
     L = max(b.tokens.size(1) for b in batches)
 
     def pad(t, value):
@@ -186,12 +199,12 @@ def _concat(batches: list[RolloutBatch]) -> RolloutBatch:
 
     return RolloutBatch(
         items=[i for b in batches for i in b.items], prompt_ids=[p for b in batches for p in b.prompt_ids],
-        tokens=torch.cat([pad(b.tokens, EOT_ID) for b in batches]),
+        tokens=torch.cat([pad(b.tokens, eot) for b in batches]),
         old_logprobs=torch.cat([pad(b.old_logprobs, 0.0) for b in batches]),
         mask=torch.cat([pad(b.mask, False) for b in batches]),
         truncated=torch.cat([b.truncated for b in batches]), rewards=torch.cat([b.rewards for b in batches]),
         completions=[c for b in batches for c in b.completions],
-        generated_tokens=sum(b.generated_tokens for b in batches))
+        reward_table=torch.cat([b.reward_table for b in batches]), generated_tokens=sum(b.generated_tokens for b in batches))
 
 
 def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBatch:
@@ -199,7 +212,7 @@ def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBa
     r = rows.tolist()
     return RolloutBatch([batch.items[i] for i in r], [batch.prompt_ids[i] for i in r], batch.tokens[rows],
                         batch.old_logprobs[rows], batch.mask[rows], batch.truncated[rows], batch.rewards[rows],
-                        [batch.completions[i] for i in r], batch.generated_tokens)
+                        [batch.completions[i] for i in r], batch.reward_table[rows], batch.generated_tokens)
 
 
 def _varied_groups(batch: RolloutBatch, G: int) -> RolloutBatch:
@@ -222,12 +235,23 @@ class GRPOTrainer(Trainer):
 
     def __init__(self, model: GPT, items: list[PromptItem], cfg: GRPOTrainConfig,
                  reward_funcs: RewardFunc | Sequence[RewardFunc], reward_weights: Sequence[float] | None = None,
-                 on_step: Callable[[dict], None] | None = None, init_from: str | None = None):
+                 on_step: Callable[[dict], None] | None = None, init_from: str | None = None,
+                 task_vocab: TaskVocab | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
         super().__init__(cfg, cfg.steps, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         check_world_size(cfg, self.dist.world_size)
+        self.tokenizer = get_tokenizer()
+        # over a task vocabulary the model is its restriction (task_vocab.TaskVocab.restrict) and token ids
+        # are compact; `outside`: the rows an export gives every other token (None: the off rows)
+        self.vocab = _rollout_vocab(model, items, cfg.vocab, task_vocab, self.tokenizer)
+        self.outside = None
+        if self.vocab is not None:
+            if task_vocab is not None:
+                self.outside = model.transformer.wte.weight.detach()[:model.config.vocab_size].clone()
+            model = self.vocab.restrict(model)
+        self.eot = EOT_ID if self.vocab is None else int(self.vocab.index[EOT_ID])
         self.model = model.to(self.runtime.device)
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99),
@@ -239,7 +263,6 @@ class GRPOTrainer(Trainer):
         if not self.reward_funcs or len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"give one or more reward functions and one weight each (got {len(self.reward_funcs)} "
                              f"functions, {len(self.reward_weights)} weights)")
-        self.tokenizer = get_tokenizer()
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
         self.last_rollout: list[dict] = []  # the latest step's completions, as completions.jsonl rows
@@ -260,7 +283,9 @@ class GRPOTrainer(Trainer):
     # -- what the scaffold asks -----------------------------------------------------------
 
     def checkpoint_extra(self) -> dict:
-        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint}
+        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint,
+                 "task_vocab": None if self.vocab is None else self.vocab.ids.tolist(),
+                 "task_vocab_base": None if self.outside is None else self.init_from or "unknown"}
         if self.ref is not None:
             extra["ref"] = self.ref.state_dict()
         return extra
@@ -276,7 +301,23 @@ class GRPOTrainer(Trainer):
             diff["init_from"] = (extra["init_from"], self.init_from)
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
+        mine = None if self.vocab is None else self.vocab.ids.tolist()
+        if extra.get("task_vocab", mine) != mine:
+            diff["vocab"] = tuple("all tokens" if v is None else f"{len(v)} task tokens" for v in (extra["task_vocab"], mine))
         return diff
+
+    def export_model(self) -> torch.nn.Module:
+        """The full GPT-2 (the model expanded back from the task vocabulary)."""
+        return self.model if self.vocab is None else self.vocab.expand(self.model, self.outside)
+
+    def encode(self, prompt: str) -> list[int]:
+        """A prompt's token ids as the model reads them (compact over a task vocabulary)."""
+        ids = encode_prompt(prompt, self.model.prompt_prefix, self.tokenizer)
+        return ids if self.vocab is None else self.vocab.index[ids].tolist()
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids as the model reads them."""
+        return self.tokenizer.decode(ids if self.vocab is None else self.vocab.ids[ids].tolist())
 
     def postfix(self, rec: dict) -> str:
         kl = rec.get("kl")
@@ -296,22 +337,22 @@ class GRPOTrainer(Trainer):
             # Sample under the same autocast as scoring: old and new log-probs then round alike,
             # and the on-policy ratio stays at 1 up to summation order.
             with self.runtime.autocast():
-                ids = [encode_prompt(i.prompt, self.model.prompt_prefix, self.tokenizer) for i in chunk]
-                rollout = generate(self.model, ids, SamplingConfig(
+                rollout = generate(self.model, [self.encode(i.prompt) for i in chunk], SamplingConfig(
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                    top_p=cfg.top_p, num_samples=G, seed=seed * 10_007 + c))
+                    top_p=cfg.top_p, num_samples=G, seed=seed * 10_007 + c, eos_id=self.eot, pad_id=self.eot))
             t1 = time.perf_counter()
-            completions = rollout.completions(self.tokenizer)
+            completions = [self.decode(rollout.completion_ids(r)) for r in range(rollout.tokens.size(0))]
             rows = [item for item in chunk for _ in range(G)]
-            rewards = score_completions(self.reward_funcs, self.reward_weights, rows, completions)
+            table = reward_table(self.reward_funcs, rows, completions)
             timings["sampling"] += t1 - t0
             timings["scoring"] += time.perf_counter() - t1
             mine.append((c, RolloutBatch(rows, rollout.prompt_ids, rollout.tokens.cpu(), rollout.logprobs.cpu(),
-                                         rollout.mask.cpu(), rollout.truncated.cpu(), rewards, completions,
+                                         rollout.mask.cpu(), rollout.truncated.cpu(),
+                                         reward_sum(table, self.reward_weights), completions, table,
                                          int(rollout.stats["generated_tokens"]))))
         parts = sorted((p for rank_parts in distributed.all_gather_objects(mine) for p in rank_parts),
                        key=lambda cp: cp[0])
-        return _concat([b for _, b in parts])
+        return _concat([b for _, b in parts], self.eot)
 
     def rollout(self, timings: dict) -> tuple[RolloutBatch, dict]:
         cfg, G = self.cfg, self.cfg.group_size
@@ -327,7 +368,7 @@ class GRPOTrainer(Trainer):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
-            kept = _concat([kept, _varied_groups(more, G)])
+            kept = _concat([kept, _varied_groups(more, G)], self.eot)
             info["dynamic_sampling/refill_rounds"] = round_ + 1
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info
@@ -343,7 +384,9 @@ class GRPOTrainer(Trainer):
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}
         t_start = time.perf_counter()
         batch, info = self.rollout(timings)
-        adv, adv_stats = grpo.group_advantages(batch.rewards, cfg.group_size, scale=cfg.scale_rewards)
+        adv, adv_stats = grpo.group_advantages(batch.reward_table, cfg.group_size, scale=cfg.scale_rewards,
+                                               reward_weights=self.reward_weights,
+                                               multi_objective_aggregation=cfg.multi_objective_aggregation)
         self.last_batch, self.last_advantages = batch, adv  # kept for inspection in notebooks and tests
         lr = self.schedule.apply(self.optimizer, self.step)
         t0 = time.perf_counter()
@@ -389,7 +432,7 @@ class GRPOTrainer(Trainer):
         ref_lp = None
         if self.ref is not None:
             with torch.no_grad(), rt.autocast():
-                ref_lp = sequence_logprobs(self.ref, batch.prompt_ids, tokens, cfg.temperature).float()
+                ref_lp = sequence_logprobs(self.ref, batch.prompt_ids, tokens, cfg.temperature, self.eot).float()
         n = len(batch.items)
         effective = grpo.effective_mask(mask, truncated, cfg.loss)
         out = {"metrics": [], "grad_norms": [], "losses": [], "first": None,
@@ -407,10 +450,10 @@ class GRPOTrainer(Trainer):
                 logits = entropy = None
                 with rt.autocast():
                     if fused:
-                        lp, entropy = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature,
+                        lp, entropy = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature, self.eot,
                                                         return_entropy=True)
                     else:
-                        lp, logits = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature,
+                        lp, logits = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature, self.eot,
                                                        return_logits=True)
                 # Normalise by the whole minibatch's counts (all ranks), then undo DDP's mean over ranks.
                 loss, metrics = grpo.grpo_loss(
@@ -461,6 +504,13 @@ class GRPOTrainer(Trainer):
             if sel.any():
                 record[f"rewards/{task}/mean"] = batch.rewards[sel].mean().item()
                 record[f"rewards/{task}/std"] = batch.rewards[sel].std(unbiased=False).item()
+        if len(self.reward_funcs) > 1:  # TRL's rewards/<function name>/mean and /std (over the rows it scored)
+            for f, column in zip(self.reward_funcs, batch.reward_table.T):
+                scored = column[~column.isnan()]
+                if scored.numel():
+                    name = getattr(f, "__name__", str(f))
+                    record[f"rewards/{name}/mean"] = scored.mean().item()
+                    record[f"rewards/{name}/std"] = scored.std(unbiased=False).item()
         lengths = batch.mask.sum(1).float()
         sampling_s = self.rank_mean(timings["sampling"])
         record.update({"reward": batch.rewards.mean().item(), "completions/mean_length": lengths.mean().item(),
@@ -511,3 +561,17 @@ def check_world_size(cfg: GRPOTrainConfig, world_size: int) -> None:
     if cfg.minibatch_size % world_size or n % world_size:
         raise ValueError(f"minibatch_size ({cfg.minibatch_size}) and prompts_per_step * group_size ({n}) must be "
                          f"multiples of the number of processes ({world_size})")
+
+
+def _rollout_vocab(model: GPT, items: list[PromptItem], mode: str, given: TaskVocab | None, tokenizer) -> TaskVocab | None:
+    """The vocabulary GRPO samples over (GRPOTrainConfig.vocab), None for all of GPT-2; every prompt
+    token and EOT join it (a prompt token the model never produces keeps its row and its -40 logit)."""
+    vocab = None if mode == "full" else given or TaskVocab.of_model(model)
+    if vocab is None:
+        if mode == "task":
+            raise ValueError("GRPOTrainConfig.vocab='task': the model marks no task vocabulary (only vocab='task' "
+                             "SFT exports do); pass task_vocab=TaskVocab(token ids of the task text) to opt in, or "
+                             "use vocab='auto' or 'full'")
+        return None
+    prompt_tokens = {t for i in items for t in encode_prompt(i.prompt, model.prompt_prefix, tokenizer)}
+    return vocab.union(prompt_tokens | {EOT_ID})

@@ -1,6 +1,7 @@
-"""Side-by-side speed benchmarks: our training step, sampler and GRPO step against transformers and TRL.
+"""Side-by-side speed benchmarks: our training step, sampler and GRPO step against transformers and TRL,
+and our GRPO step over a task vocabulary against the same step over all of GPT-2.
 
-`rookworld bench [--quick] [--json]` runs the three comparisons (a), (b), (c) below in one process, with
+`rookworld bench [--quick] [--json]` runs the comparisons (a)-(d) below in one process, with
 the same weights and shapes on both sides; with --json the last line is one JSON object. Targets live
 here (TARGETS), never in timed tests; docs/perf.md has the measurements.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import os
@@ -25,12 +27,16 @@ from . import perf
 from ..core import grpo
 from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
-from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path
+from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path, get_tokenizer
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 from ..core.config import option, validate
 from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 from ..core.train_step import TrainStep
+from ..core.task_vocab import TaskVocab, pin_bias_coordinate
+from ..chess import data as chess_data
+from ..chess.training import chess_reward, prompt_items, train_records
 from .tuning import random_batches
+from .workflow import PROFILES
 
 # A few policy prompts (`P: <FEN>`) for the GRPO comparison; positions from well-known openings.
 FENS = (
@@ -88,7 +94,7 @@ GPU = BenchConfig(model="gpt2", train_batch=16, train_seq_len=1024, sample_promp
 SWEEP_ROWS = (64, 256, 1024, 2048)
 # What the workbench aims for, ours / theirs in throughput (sampling: >= 2x also with the other core busy).
 TARGETS = {"train_step_speedup_vs_transformers": 1.5, "sampling_speedup_vs_transformers": 3.0,
-           "grpo_step_speedup_vs_trl": 5.0}
+           "grpo_step_speedup_vs_trl": 5.0, "grpo_task_vocab_speedup": 5.0}
 
 
 def make_models(cfg: BenchConfig, workdir: Path, device: torch.device):
@@ -315,6 +321,37 @@ def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
             "note": "ours timed in its own loop; TRL timed between its optimizer steps (callbacks), not interleaved"}
 
 
+# --- (d) GRPO step over the task vocabulary ---
+
+def bench_grpo_vocab(cfg: BenchConfig, device: torch.device, profile_grpo: GRPOTrainConfig) -> dict:
+    """The cpu profile's GRPO step (its prompts, group, budget, temperature, KL) on a model marked with
+    the shipped training text's vocabulary, as a vocab="task" SFT export is: vocab="auto" against
+    vocab="full", interleaved, with the chess reward on the shipped training records."""
+    records = train_records()
+    vocab = TaskVocab({t for r in records for t in get_tokenizer().encode("".join(chess_data.record_text(r, "compact")),
+                                                                         allowed_special="all")} | {EOT_ID})
+    torch.manual_seed(cfg.seed)
+    compact = GPT(vocab.compact_config(GPTConfig.preset(cfg.model, dropout=0.0)))
+    pin_bias_coordinate(compact)
+    marked = vocab.expand(compact)
+    tcfg = replace(profile_grpo, device=str(device), dtype=cfg.precision, seed=cfg.seed, progress=False,
+                   out_dir=None, steps=cfg.warmup + cfg.grpo_steps + 1)
+    trainers = {v: GRPOTrainer(copy.deepcopy(marked), prompt_items(records), replace(tcfg, vocab=v),
+                               reward_funcs=chess_reward) for v in ("auto", "full")}
+    steps = {v: [] for v in trainers}
+    t = perf.benchmark_interleaved({v: (lambda v=v: steps[v].append(trainers[v].train_step())) for v in trainers},
+                                   warmup=cfg.warmup, repeats=cfg.grpo_steps, sync=device)
+    n = tcfg.prompts_per_step * tcfg.group_size
+    out = {v: {**t[v].as_dict(), "completions_per_s": n / t[v].median_s,
+               **{k: sum(r[f"time/{k}"] for r in steps[v]) / len(steps[v]) for k in ("sampling", "scoring", "update")},
+               "completion_len_mean": sum(r["completions/mean_length"] for r in steps[v]) / len(steps[v])}
+           for v in trainers}
+    return {"task": out["auto"], "full": out["full"], "speedup": t["full"].median_s / t["auto"].median_s,
+            "task_tokens": len(trainers["auto"].vocab), "model": cfg.model,
+            "settings": {k: getattr(tcfg, k) for k in ("prompts_per_step", "group_size", "max_new_tokens", "temperature",
+                                                       "minibatch_size")} | {"beta": tcfg.loss.beta}}
+
+
 # --- Driver ---
 
 def _report(progress, part: dict) -> None:
@@ -348,11 +385,16 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
         progress(f"[bench] (c) GRPO step: {cfg.grpo_prompts} prompts x {cfg.group_size} x {cfg.grpo_new_tokens} tokens")
         g = out["grpo_step"] = bench_grpo(cfg, workdir, runtime.device)
         progress(f"[bench]     {g['status']}" + (f": speedup {g['speedup']:.2f}x" if g["status"] == "ok" else f": {g['reason']}"))
+        progress("[bench] (d) GRPO step, task vocabulary vs all of GPT-2 (the cpu profile's step)")
+        v = out["grpo_task_vocab"] = bench_grpo_vocab(cfg, runtime.device, PROFILES["cpu"].grpo)
+        progress(f"[bench]     task {v['task']['completions_per_s']:.1f} completions/s, full "
+                 f"{v['full']['completions_per_s']:.1f} completions/s, speedup {v['speedup']:.2f}x")
     # load_average: other users' work on a shared machine, to read beside the speedups
     return {**out, "utilization": util.summary(), "load_average": list(os.getloadavg()),
             "wall_s": time.perf_counter() - t_start, "train_step_speedup_vs_transformers": out["train_step"]["speedup"],
             "sampling_speedup_vs_transformers": out["sampling"]["speedup"],
-            "grpo_step_speedup_vs_trl": out["grpo_step"].get("speedup"), "targets": TARGETS}
+            "grpo_step_speedup_vs_trl": out["grpo_step"].get("speedup"),
+            "grpo_task_vocab_speedup": out["grpo_task_vocab"]["speedup"], "targets": TARGETS}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,233 @@
+"""pass@1 beside greedy (issue 26, item 4): every strict metric averaged over k samples per prompt at a
+temperature (`EvalConfig.samples`, `sample_temperature`), checked against samples drawn here with
+core.sampling.generate and scored here with python-chess and the task parsers.
+
+The model is a tiny one trained in a few seconds over the task vocabulary of six shipped test
+records until it nearly knows their answers, then expanded to the full GPT-2 (core.task_vocab):
+greedy gets them right, samples at T=1 only sometimes, so per-record pass@1 is fractional."""
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import replace
+
+import chess
+import pytest
+import torch
+
+from rookworld_lib.chess import data, rewards, tasks
+from rookworld_lib.chess import evaluate as ev
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.sampling import SamplingConfig, generate
+from rookworld_lib.core.task_vocab import TaskVocab, pin_bias_coordinate
+from rookworld_lib.core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
+
+K, T, SEED, BATCH, BUDGET = 4, 1.0, 3, 3, 80
+CFG = ev.EvalConfig(samples=K, sample_temperature=T, seed=SEED, batch_size=BATCH, max_new_tokens=BUDGET,
+                    selfplay_games=0)
+
+
+def trained_model(records, steps: int = 80) -> GPT:
+    """A tiny GPT-2 that has nearly memorised the records' answers (SFT-style loss on completions)."""
+    tok = get_tokenizer()
+    seqs = [(encode_prompt(p, "<|endoftext|>", tok), tok.encode(c) + [EOT_ID])
+            for p, c in map(data.record_text, records)]
+    vocab = TaskVocab(t for a, b in seqs for t in a + b)
+    torch.manual_seed(0)
+    model = GPT(vocab.compact_config(GPTConfig.preset("tiny", block_size=192)))
+    pin_bias_coordinate(model)
+    width = max(len(a) + len(b) for a, b in seqs)
+    x, y = torch.full((len(seqs), width), EOT_ID), torch.full((len(seqs), width), -1)
+    for i, (a, b) in enumerate(seqs):
+        x[i, :len(a) + len(b)] = torch.tensor(a + b)
+        y[i, len(a) - 1:len(a) + len(b) - 1] = torch.tensor(b)
+    x, y = vocab.compact(x), vocab.compact(y)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    for _ in range(steps):
+        loss = model(x, targets=y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return vocab.expand(model).eval()
+
+
+def reference_samples(model: GPT, prompts: list[str], k: int, seed: int) -> list[list[str]]:
+    """k completions per prompt, drawn here as evaluate documents it: batches of BATCH prompts, each
+    seeded by SEED + its first index, k rows per prompt at T."""
+    tok, out = get_tokenizer(), []
+    for start in range(0, len(prompts), BATCH):
+        ids = [encode_prompt(p, model.prompt_prefix, tok) for p in prompts[start:start + BATCH]]
+        assert max(map(len, ids)) + BUDGET <= model.config.block_size  # the budget is not cut
+        texts = generate(model, ids, SamplingConfig(max_new_tokens=BUDGET, temperature=T, num_samples=k,
+                                                    seed=seed + start)).completions(tok)
+        out += [texts[i:i + k] for i in range(0, len(texts), k)]
+    return out
+
+
+def policy_outcomes(rec: dict, text: str) -> dict[str, bool]:
+    parse = tasks.parse_policy_completion(text)
+    try:
+        legal = parse.best is not None and chess.Move.from_uci(parse.best) in chess.Board(rec["fen"]).legal_moves
+    except ValueError:  # not UCI at all
+        legal = False
+    return {"policy/valid": parse.ok, "policy/legal_best_move": legal,
+            "policy/best_move_accuracy": parse.best == rec["moves"][0]}
+
+
+def env_outcomes(rec: dict, text: str) -> dict[str, bool]:
+    parse = tasks.parse_env_completion(text)
+    return {"env/valid": parse.ok,
+            "env/next_fen_exact": parse.new_fen is not None and tasks.same_position(parse.new_fen, rec["new_fen"])}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)
+    policy, env = data.load_split("P", "test").records[:4], data.load_split("A", "test").records[:2]
+    model = trained_model(policy + env)
+    calls, scored = [], Counter()
+    real_generate, real_score = ev.generate, rewards.score_policy_detailed
+
+    def spy_generate(m, ids, sc):
+        rollout = real_generate(m, ids, sc)
+        calls.append((len(ids), sc.num_samples, sc.temperature, sc.seed, rollout.tokens.size(0)))
+        return rollout
+
+    def spy_score(prompt, text, **kw):
+        scored[prompt] += 1
+        return real_score(prompt, text, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ev, "generate", spy_generate)
+        mp.setattr(rewards, "score_policy_detailed", spy_score)
+        results = {**ev.evaluate_policy(model, policy, CFG), **ev.evaluate_environment(model, env, CFG)}
+    return model, policy, env, results, calls, scored
+
+
+def test_k_samples_per_prompt_are_drawn_and_scored(setup):
+    model, policy, env, results, calls, scored = setup
+    # per suite: greedy batches (1 row per prompt, T=0), then sampled ones (K rows per prompt, T, seeded by index)
+    assert calls == [(3, 1, 0.0, SEED, 3), (1, 1, 0.0, SEED + 3, 1), (3, K, T, SEED, 3 * K), (1, K, T, SEED + 3, K),
+                     (2, 1, 0.0, SEED, 2), (2, K, T, SEED, 2 * K)]
+    layout = ev.EvalConfig().for_model(model).layout
+    assert scored == {ev.policy_prompt_of(r, layout): 1 + K for r in policy}  # one greedy, K sampled
+    for m in ev.SAMPLED_METRICS:
+        assert results[m].n == (len(policy) if m.startswith("pass@1/policy") else len(env))
+        assert all(x * K == round(x * K) for x in results[m].outcomes)  # shares of K samples
+
+
+def test_pass_at_1_is_the_mean_of_independently_scored_samples(setup):
+    model, policy, env, results, _, _ = setup
+    layout = ev.EvalConfig().for_model(model).layout
+    for records, prompt_of, outcomes_of in ((policy, ev.policy_prompt_of, policy_outcomes),
+                                            (env, ev.env_prompt_of, env_outcomes)):
+        samples = reference_samples(model, [prompt_of(r, layout) for r in records], K, SEED)
+        assert [len(s) for s in samples] == [K] * len(records)
+        per_sample = [[outcomes_of(r, text) for text in s] for r, s in zip(records, samples)]
+        for m in per_sample[0][0]:
+            shares = tuple(sum(o[m] for o in sample) / K for sample in per_sample)
+            got = results[ev.sampled_name(m)]
+            assert got.outcomes == pytest.approx(shares), m
+            assert got.value == pytest.approx(sum(shares) / len(shares)), m
+            assert got.low <= got.value <= got.high
+    # the check is not 0 == 0: the model is right on some samples and wrong on others
+    assert any(0 < x < 1 for m in ev.SAMPLED_METRICS for x in results[m].outcomes)
+    # and greedy differs from pass@1 here (greedy repeats the memorised answer)
+    assert any(results[m].value != results[ev.sampled_name(m)].value for m in ev.STRICT_METRICS)
+
+
+def test_samples_are_deterministic_given_the_seed(setup):
+    model, policy, _, _, _, _ = setup
+    prompts = [ev.policy_prompt_of(r, ev.EvalConfig().for_model(model).layout) for r in policy]
+    texts = ev.complete(model, prompts, CFG, samples=K)  # drawn again: the same K samples per prompt
+    assert [texts[i:i + K] for i in range(0, len(texts), K)] == reference_samples(model, prompts, K, SEED)
+    assert ev.complete(model, prompts, replace(CFG, seed=SEED + 1), samples=K) != texts
+
+
+def test_samples_0_leaves_greedy_results_as_they_were(setup):
+    model, policy, env, results, _, _ = setup
+    greedy_cfg = ev.EvalConfig(seed=SEED, batch_size=BATCH, max_new_tokens=BUDGET, selfplay_games=0)
+    assert greedy_cfg == replace(CFG, samples=0)  # the default
+    greedy = {**ev.evaluate_policy(model, policy, greedy_cfg), **ev.evaluate_environment(model, env, greedy_cfg)}
+    assert not any(m.startswith(ev.SAMPLED_PREFIX) for m in greedy)
+    assert set(results) == set(greedy) | set(ev.SAMPLED_METRICS)
+    for m, e in greedy.items():  # every greedy key the same, outcomes included
+        assert (e, e.outcomes) == (results[m], results[m].outcomes), m
+    # and as before this change: argmax completions, scored as given
+    tok = get_tokenizer()
+    layout = greedy_cfg.for_model(model).layout
+    texts = generate(model, [encode_prompt(ev.policy_prompt_of(r, layout), model.prompt_prefix, tok) for r in policy],
+                     SamplingConfig(max_new_tokens=BUDGET, temperature=0.0)).completions(tok)
+    given = ev.evaluate_policy(None, policy, greedy_cfg, completions=texts)
+    assert {m: (e, e.outcomes) for m, e in given.items()} == {m: (greedy[m], greedy[m].outcomes) for m in given}
+
+
+def test_paired_change_on_sampled_metrics(setup):
+    model, policy, _, results, _, _ = setup
+    after = ev.evaluate_policy(model, policy, replace(CFG, sample_temperature=0.5))
+    table = ev.paired_change(results, after)  # greedy rows, then pass@1 rows, of what both measured
+    assert list(table.index) == [m for m in ev.STRICT_METRICS + ev.SAMPLED_METRICS if "policy" in m]
+    for m in table.index[3:]:
+        diff = ev.paired_difference(results[m].outcomes, after[m].outcomes)
+        mean = sum(a - b for a, b in zip(after[m].outcomes, results[m].outcomes)) / results[m].n
+        assert diff.value == pytest.approx(mean)
+        assert table.loc[m, "change (points)"] == f"{100 * diff.value:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]"
+    for m in table.index[:3]:  # greedy does not depend on the sampling temperature
+        assert table.loc[m, "change (points)"] == "+0.0 [+0.0, +0.0]"
+    assert list(ev.paired_change(results, after, ev.SAMPLED_METRICS).index) == list(table.index[3:])
+
+
+def test_paired_change_of_fractional_outcomes_by_hand():
+    n = 100
+    before = {"pass@1/policy/valid": ev.pass_at_1([[1, 0, 0, 0]] * n)}  # 25% on every record
+    after = {"pass@1/policy/valid": ev.pass_at_1([[1, 1, 1, 0]] * (n // 2) + [[1, 0, 0, 0]] * (n // 2))}
+    row = ev.paired_change(before, after).loc["pass@1/policy/valid"]
+    assert row["change (points)"].startswith("+25.0 [") and row["moved"] == "up"
+    # a paired mean difference of shares with a normal interval
+    before, after = [0.25, 0.5, 0.0, 1.0], [0.5, 0.5, 0.25, 0.75]
+    diffs = [a - b for a, b in zip(after, before)]
+    d = ev.paired_difference(before, after)
+    assert d.value == pytest.approx(statistics.mean(diffs)) and d.n == 4 and d.kind == "mean"
+    assert d.high - d.value == pytest.approx(1.959964 * statistics.stdev(diffs) / 2)
+
+
+def test_pass_at_1_estimate():
+    e = ev.pass_at_1([[1, 0, 0, 0], [True, True, True, True], [0, 0, 0, 0]])
+    assert e.outcomes == (0.25, 1.0, 0.0) and e.value == pytest.approx(1.25 / 3) and e.n == 3
+    w = ev.wilson(1.25, 3)
+    assert (e.low, e.high, e.kind) == (w.low, w.high, "rate") and 0 < e.low < e.value < e.high < 1
+    assert str(e).startswith("41.7% [")
+    assert ev.sampled_name("env/valid") == "pass@1/env/valid" and len(ev.SAMPLED_METRICS) == len(ev.STRICT_METRICS)
+
+
+def test_curve_rows_carry_pass_at_1_when_measured(setup):
+    _, _, _, results, _, _ = setup
+    row = ev.curve_point([], 0, results)
+    assert all(m in row for m in ev.STRICT_METRICS + ev.SAMPLED_METRICS)
+    assert list(ev.curve_table([row]).columns[-10:]) == list(ev.STRICT_METRICS + ev.SAMPLED_METRICS)
+    greedy_only = {m: results[m] for m in ev.STRICT_METRICS}
+    assert not any(m in ev.curve_point([], 0, greedy_only) for m in ev.SAMPLED_METRICS)
+
+
+def test_config_checks_the_sampling_fields():
+    with pytest.raises(ValueError, match="EvalConfig.samples"):
+        ev.EvalConfig(samples=-1)
+    with pytest.raises(ValueError, match="EvalConfig.sample_temperature"):
+        ev.EvalConfig(sample_temperature=0.0)
+    assert ev.EvalConfig().samples == 0
+
+
+def test_cli_samples_and_sample_temperature(setup, tmp_path, capsys):
+    model, policy, env, _, _, _ = setup
+    model.save_pretrained(tmp_path / "model")
+    for task, records in (("P", policy), ("A", env)):
+        path = data.data_file(task, "test", tmp_path)
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert ev.cli([str(tmp_path / "model"), "--data-dir", str(tmp_path), "--max-policy", "2", "--max-env", "1",
+                   "--max-new-tokens", str(BUDGET), "--selfplay-games", "0", "--samples", str(K),
+                   "--sample-temperature", "0.7", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {m: out[m]["n"] for m in ev.SAMPLED_METRICS} == {m: 2 if "policy" in m else 1 for m in ev.SAMPLED_METRICS}
+    assert "pass@1/policy/valid" in out and "policy/valid" in out
+    with pytest.raises(ValueError, match="EvalConfig.samples"):  # before the model loads
+        ev.cli([str(tmp_path / "missing"), "--samples", "-2"])
