@@ -97,6 +97,8 @@ def test_grpo_over_the_task_vocabulary_trains_as_the_full_loop(tmp_path, beta):
                               reward_funcs=toy_reward)
         history = trainer.train()
         runs[vocab] = (trainer, history, trainer.export_model())
+        for (name, a), b in zip(full.state_dict().items(), runs[vocab][2].state_dict().values()):
+            assert torch.equal(a, b), f"the model handed in is the trained one ({vocab}): {name}"
     (t_full, h_full, m_full), (t_task, h_task, m_task) = runs["full"], runs["auto"]
     assert t_full.vocab is None and t_task.vocab is not None and t_task.model.config.vocab_size == len(t_task.vocab)
     assert [r["reward"] for r in h_full] == [r["reward"] for r in h_task]

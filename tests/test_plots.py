@@ -91,3 +91,16 @@ def test_report_figure_lines_embed_pngs_and_link_the_rest(tmp_path):
     assert plots.report_figure_lines(tmp_path) == [
         "", "## Figures", "", "![curves](figures/curves.png)", "", "[curves, interactive](figures/curves.html)", "",
         "- [table](figures/table.html)"]
+
+
+def test_curves_figure_trend_lines_are_least_squares_fits():
+    import numpy as np
+
+    from rookworld_lib.lab.plots import curves_figure
+
+    history = [{"step": s, "r": 0.1 * s + (0.05 if s % 2 else -0.05)} for s in range(1, 11)]
+    fig = curves_figure(history, ["r", "absent"], "t", trend=True)
+    data, trend = fig.data  # one series and its trend line; a key nobody logged draws nothing
+    slope, icept = np.polyfit(list(data.x), list(data.y), 1)
+    assert list(trend.x) == [1, 10] and trend.line.dash == "dash" and trend.line.color == data.line.color
+    assert np.allclose(trend.y, [icept + slope * 1, icept + slope * 10])

@@ -65,3 +65,24 @@ def test_chess_verdict_and_report_name_the_strict_metrics_that_moved():
     report = workflow.training_report(workflow.PROFILES["ci"], table, ev.paired_difference([0.0, 0.1], [0.2, 0.3]),
                                       {"SFT": 1.0}, strict)
     assert "| policy/valid | 0.0% [0.0, 3.7] (n=100) | 40.0% [" in report and f"**Chess verdict:** {verdict}" in report
+
+
+def test_reward_trend_compares_the_first_and_last_quarter_of_every_logged_reward():
+    from rookworld_lib.lab import workflow
+
+    history = [{"step": s, "rewards/P/mean": float(s), "rewards/A/mean": 1.0, "rewards/P/best_legal/mean": s / 8,
+                "reward": 0.0} for s in range(1, 9)]
+    history[0]["rewards/A/mean"] = None  # a step without A: rows
+    t = workflow.reward_trend(history)
+    assert sorted(t.index) == ["A", "P", "P/best_legal"]
+    assert t.loc["P"].tolist() == [1.5, 7.5, 6.0]  # steps 1-2 against 7-8
+    assert t.loc["A"].tolist() == [1.0, 1.0, 0.0] and t.loc["P/best_legal", "change"] == 0.75
+
+
+def test_profiles_measure_pass_at_1_at_the_rollout_temperature():
+    from rookworld_lib.lab import workflow
+
+    for name, p in workflow.PROFILES.items():
+        cfg = workflow.eval_config(p, 0)
+        assert cfg.samples >= 4 and cfg.sample_temperature == p.grpo.temperature, name
+        assert p.reward in ("gated", "graded"), name

@@ -36,7 +36,8 @@ from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_
 from ..core.model import GPT
 from ..core.paths import atomic_write
 from ..core.sampling import SamplingConfig, generate
-from ..core.tokenizer import encode_prompt, get_tokenizer
+from ..core.task_vocab import sampling_view
+from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics
 from ..core.config import add_config_arguments, config_kwargs_from_args, option, validate
@@ -171,16 +172,20 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     items i*k to i*k+k-1). Seeded by cfg.seed plus the batch's first prompt index."""
     tokenizer = get_tokenizer()
     cfg = cfg.for_model(model)
+    # a vocab="task" export decodes over its task tokens (task_vocab.sampling_view): the same answers
+    model, vocab, all_ids = sampling_view(model, [encode_prompt(p, cfg.prompt_prefix, tokenizer) for p in prompts])
+    eot = EOT_ID if vocab is None else int(vocab.index[EOT_ID])
     out = []
     budget = model.config.block_size
     for start in range(0, len(prompts), cfg.batch_size):
-        chunk = prompts[start:start + cfg.batch_size]
-        ids = [encode_prompt(p, cfg.prompt_prefix, tokenizer) for p in chunk]
+        ids = all_ids[start:start + cfg.batch_size]
         new = max(1, min(cfg.max_new_tokens, budget - max(map(len, ids))))
         temperature = cfg.sample_temperature if samples else 0.0 if cfg.decoding == "greedy" else cfg.temperature
         sc = SamplingConfig(max_new_tokens=new, temperature=temperature, num_samples=max(1, samples),
-                            seed=cfg.seed + start)
-        out += generate(model, ids, sc).completions(tokenizer)
+                            seed=cfg.seed + start, eos_id=eot, pad_id=eot)
+        rollout = generate(model, ids, sc)
+        out += [tokenizer.decode(c if vocab is None else vocab.ids[c].tolist())
+                for c in map(rollout.completion_ids, range(rollout.tokens.size(0)))]
     return out
 
 

@@ -263,6 +263,9 @@ def build_grpo_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
                     help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
                          "without our record, such as RookWorld-LM-124M, is original)")
+    ap.add_argument("--reward", default="gated", choices=REWARD_VARIANTS,
+                    help="gated: one format-gated reward (rewards.score); graded: one reward function per policy "
+                         "component, each counting in every answer and logged as rewards/P/<component>/mean")
     add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
                          help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
                                          + " / ".join(f"{v} {k}" for k, v in tasks.COMPLETION_BUDGET.items()) + ")"})
@@ -309,8 +312,9 @@ def _run_grpo(args: argparse.Namespace) -> int:
         print(f"task vocabulary: {len(vocab)} tokens of the training records; on {d['records']} records' text the "
               f"restricted policy is {d['kl_mean']:.2e} nats/token from the full one (max {d['kl_max']:.2e}; at most "
               f"{d['mass_outside_max']:.2e} of the probability outside)", file=sys.stderr)
-    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=chess_reward, init_from=args.init_from,
-                          task_vocab=vocab)
+    funcs, weights = reward_functions(args.reward)
+    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
+                          init_from=args.init_from, task_vocab=vocab)
     try:
         trainer.train()
         final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier

@@ -120,6 +120,18 @@ class TaskVocab:
         return TaskVocab([*self.ids.tolist(), *token_ids])
 
 
+def sampling_view(model: GPT, prompts: list[list[int]]) -> tuple[GPT, TaskVocab | None, list[list[int]]]:
+    """(model, vocabulary, prompts) to sample GPT-2-id `prompts` with: the restriction of a model that
+    marks a task vocabulary (of_model) to it and every prompt token, with compact prompt ids (greedy
+    answers the full model's up to float rounding, samples the same to 2e-13, several times faster);
+    (model, None, prompts) for a model that marks none. vocab.ids[compact ids] are the GPT-2 ids."""
+    vocab = TaskVocab.of_model(model)
+    if vocab is None:
+        return model, None, prompts
+    vocab = vocab.union({t for p in prompts for t in p})
+    return vocab.restrict(model), vocab, [vocab.index[p].tolist() for p in prompts]
+
+
 @torch.no_grad()
 def outside_logmass(model: GPT, vocab: TaskVocab, sequences: list[list[int]], temperature: float = 1.0) -> torch.Tensor:
     """-log of the probability `model` (over all of GPT-2) gives the tokens of `vocab`, at every

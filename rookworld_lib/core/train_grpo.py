@@ -246,7 +246,7 @@ class GRPOTrainer(Trainer):
         # over a task vocabulary the model is its restriction (task_vocab.TaskVocab.restrict) and token ids
         # are compact; `outside`: the rows an export gives every other token (None: the off rows)
         self.vocab = _rollout_vocab(model, items, cfg.vocab, task_vocab, self.tokenizer)
-        self.outside = None
+        self.outside, self.full_model = None, model if self.vocab is not None else None
         if self.vocab is not None:
             if task_vocab is not None:
                 self.outside = model.transformer.wte.weight.detach()[:model.config.vocab_size].clone()
@@ -305,6 +305,16 @@ class GRPOTrainer(Trainer):
         if extra.get("task_vocab", mine) != mine:
             diff["vocab"] = tuple("all tokens" if v is None else f"{len(v)} task tokens" for v in (extra["task_vocab"], mine))
         return diff
+
+    def train(self, until: int | None = None) -> list[dict]:
+        """Trainer.train; over a task vocabulary the model handed in is then updated in place to the
+        trained weights (expanded), as the full-vocabulary loop leaves it."""
+        try:
+            return super().train(until)
+        finally:
+            if self.full_model is not None:
+                with torch.no_grad():
+                    self.full_model.load_state_dict(self.export_model().state_dict())
 
     def export_model(self) -> torch.nn.Module:
         """The full GPT-2 (the model expanded back from the task vocabulary)."""

@@ -105,15 +105,33 @@ def report_figure_lines(run_dir: str | Path) -> list[str]:
     return ["", "## Figures", "", *lines[:-1]] if lines else []
 
 
-def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step") -> go.Figure:
-    """One line per metric key over the training history (records of JSON-lines metrics)."""
+def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False) -> go.Figure:
+    """One line per metric key over the training history (records of JSON-lines metrics); with
+    `trend`, each key's least-squares line beside it (dashed, same colour)."""
+    from plotly.colors import qualitative
+
     fig = go.Figure()
-    for key in keys:
+    for i, key in enumerate(keys):
         pts = [(r[x], r[key]) for r in history if key in r and r[key] is not None]
-        if pts:
-            fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key)
+        if not pts:
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        colour = qualitative.Plotly[i % len(qualitative.Plotly)]
+        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=key, line=dict(color=colour), marker=dict(size=4))
+        if trend and len(pts) > 1:
+            slope, icept = _least_squares(xs, ys)
+            fig.add_scatter(x=[xs[0], xs[-1]], y=[icept + slope * xs[0], icept + slope * xs[-1]], mode="lines",
+                            name=f"{key} trend", line=dict(color=colour, dash="dash"), showlegend=False)
     fig.update_layout(title=title, xaxis_title=x)
     return fig
+
+
+def _least_squares(xs, ys) -> tuple[float, float]:
+    """(slope, intercept) of the least-squares line through the points."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return slope, my - slope * mx
 
 
 CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"}

@@ -43,11 +43,12 @@ class Profile:
     eval_mate: int  # mate-in-one test records evaluated
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
     datagen: dict | None = None  # DatagenConfig fields of the profile's own training data; None: the shipped set
+    reward: str = "gated"  # GRPO's reward (chess.training.reward_functions): "gated" or "graded"
 
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
              dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict | None = None,
-             datagen: dict | None = None) -> Profile:
+             datagen: dict | None = None, reward: str = "gated") -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
     return Profile(
         name,
@@ -56,7 +57,7 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
                      **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
-        EvalConfig(**evals), eval_mate, heldout, datagen)
+        EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, reward)
 
 
 # the cpu profile's GRPO: sampled at T=0.7 (closer to the greedy answers evaluated) with the format-gated
@@ -139,8 +140,10 @@ def grpo_config(p: Profile, out_dir: Path, seed: int, layout: str = "compact") -
 
 
 def eval_config(p: Profile, seed: int, layout: str = "compact") -> EvalConfig:
-    """The profile's evaluation settings (room for 24 tokens beyond the GRPO budget)."""
-    return dataclasses.replace(p.eval, max_new_tokens=_budget(p, layout) + 24, layout=layout, seed=seed)
+    """The profile's evaluation settings (room for 24 tokens beyond the GRPO budget; pass@1 sampled at
+    GRPO's rollout temperature)."""
+    return dataclasses.replace(p.eval, max_new_tokens=_budget(p, layout) + 24, layout=layout, seed=seed,
+                               sample_temperature=p.grpo.temperature)
 
 
 def onpolicy_ratio_tolerance(p: Profile) -> float:
@@ -182,6 +185,25 @@ class StageTimer:
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
             progress.report(f"{stage} done ({time.perf_counter() - t0:.1f} s)")
+
+
+def reward_trend(history: list[dict]):
+    """Did the sampled reward rise? Per reward key that the run logged (rewards/<task>/mean, and each
+    reward function's rewards/<name>/mean), the mean over the first and the last quarter of the steps."""
+    import pandas as pd
+
+    keys = sorted({k for r in history for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    q = max(1, len(history) // 4)
+    rows = {}
+    for key in keys:
+        first = [r[key] for r in history[:q] if r.get(key) is not None]
+        last = [r[key] for r in history[-q:] if r.get(key) is not None]
+        if first and last:
+            a, b = sum(first) / len(first), sum(last) / len(last)
+            rows[key.removeprefix("rewards/").removesuffix("/mean")] = {"first quarter": round(a, 4),
+                                                                        "last quarter": round(b, 4),
+                                                                        "change": round(b - a, 4)}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def improvement_verdict(diff: Estimate, metric: str = "held-out reward") -> str:
