@@ -139,3 +139,22 @@ def test_an_unmarked_model_opts_in_with_a_given_vocabulary(tmp_path):
     outside[trainer.vocab.ids] = False
     assert torch.equal(out.transformer.wte.weight[outside], before[outside])
     assert not torch.equal(out.transformer.wte.weight[trainer.vocab.ids], before[trainer.vocab.ids])
+
+
+def test_the_distance_to_the_full_policy_is_the_kl_of_the_restriction():
+    """outside_logmass is KL(restricted || full) per position, computed here from the two softmaxes;
+    for a marked model it is below float32's resolution, for an unmarked one it is not."""
+    from rookworld_lib.core.task_vocab import outside_logmass
+
+    full, vocab = marked_model(3)
+    tok = get_tokenizer()
+    seqs = [encode_prompt(t, full.prompt_prefix, tok) for t in TEXTS[:3]]
+    assert outside_logmass(full, vocab, seqs).max() < 1e-6
+    torch.manual_seed(0)
+    other = GPT(GPTConfig.preset("tiny", block_size=32)).eval()
+    kl = outside_logmass(other, vocab, seqs, temperature=0.7)
+    with torch.no_grad():
+        p = torch.softmax(other(torch.tensor([seqs[0]]))[0].double() / 0.7, -1)
+    q = p[:, vocab.ids] / p[:, vocab.ids].sum(-1, keepdim=True)
+    reference = (q * (q.log() - p[:, vocab.ids].log())).sum(-1)
+    assert torch.allclose(kl[: len(seqs[0])].double(), reference, rtol=1e-4) and kl.min() > 1.0

@@ -317,3 +317,17 @@ def test_reward_distribution_takes_the_graded_weights(recs):
     assert rows["best"] == 1.0 > rows["best repeated"] > rows["illegal"] > rows["garbage"] == 0.0
     old = {row["category"]: row["reward"] for row in reward_distribution([recs["r5"]])}
     assert old["best repeated"] < old["illegal"]  # the default's ranking, unchanged
+
+
+def test_grpo_reward_variants_name_their_functions_and_weigh_a_valid_next_fen():
+    from rookworld_lib.chess import rewards as R
+    from rookworld_lib.chess.training import chess_reward, reward_functions
+
+    funcs, weights = reward_functions("gated")
+    assert funcs == [chess_reward] and weights == [1.0]
+    funcs, weights = reward_functions("graded")
+    assert [f.__name__ for f in funcs] == [f"P/{c}" for c in R.GRADED_COMPONENTS] + ["A/reward"]
+    assert len(weights) == len(funcs) and abs(sum(weights[:-1]) - 1) < 1e-9
+    assert R.GRADED_ENV_WEIGHTS.fen_valid > 0 and R.DEFAULT_ENV_WEIGHTS.fen_valid == 0
+    with pytest.raises(ValueError, match="reward variant"):
+        reward_functions("other")

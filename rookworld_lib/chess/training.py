@@ -164,11 +164,11 @@ def reward_functions(variant: str = "gated") -> tuple[list, list[float]]:
     format-gated policy reward, malformed answers below every valid one); "graded": one function per
     component of the graded policy reward (rewards.policy_component_rewards: B: legal, its quality,
     M: legal, distinct candidates, evals, format, each counting in every answer) and the environment
-    reward, each logged by the trainer as rewards/<name>/mean, and normalisable one by one (GDPO)."""
+    reward with a valid next FEN weighted on its own (rewards.GRADED_ENV_WEIGHTS), each logged by the trainer as rewards/<name>/mean, and normalisable one by one (GDPO)."""
     if variant == "gated":
         return [chess_reward], [1.0]
     if variant == "graded":
-        return rewards.policy_component_rewards(), rewards.component_reward_weights()
+        return rewards.policy_component_rewards(env_weights=rewards.GRADED_ENV_WEIGHTS), rewards.component_reward_weights()
     raise ValueError(f"reward variant must be one of {REWARD_VARIANTS}, got {variant!r}")
 
 
