@@ -49,13 +49,16 @@ def test_policy_metrics_by_hand():
     ]
     cfg = ev.EvalConfig(selfplay_games=0)
     res = ev.evaluate_policy(None, [rec] * 4, cfg, completions=completions)
-    assert res["policy/valid"].value == pytest.approx(3 / 4)  # well-formed, legal or not
+    # format-valid: well-formed with legal candidates, five of them here (the third lists one illegal move)
+    assert res["policy/valid"].value == pytest.approx(2 / 4)
     assert res["policy/legal_best_move"].value == pytest.approx(2 / 4)
     assert res["policy/best_move_accuracy"].value == pytest.approx(1 / 4)
     assert res["policy/top5_overlap"].value == pytest.approx((1.0 + 0.4 + 0.0 + 0.0) / 4)
     assert res["policy/cp_loss"].n == 2 and res["policy/cp_loss"].value == pytest.approx(2.5)  # (0 + 5) / 2
     # the rates keep their per-record outcomes, in record order, for paired comparisons
-    assert res["policy/valid"].outcomes == (1, 1, 1, 0)
+    assert res["policy/valid"].outcomes == (1, 1, 0, 0)
+    short = ev.evaluate_policy(None, [rec], cfg, completions=[" M: e2e4 d2d4 E: 0.35 0.3 B: e2e4"])
+    assert short["policy/valid"].value == 0.0  # legal and well-formed, but two candidates where the data give five
     assert res["policy/legal_best_move"].outcomes == (1, 1, 0, 0)
     assert res["policy/best_move_accuracy"].outcomes == (1, 0, 0, 0)
 

@@ -243,7 +243,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
     valid, legal, correct, overlaps, cp_losses, agree = [], [], [], [], [], []
     for rec, prompt, text in zip(records, prompts, completions):
         parse = tasks.parse_policy_completion(text)
-        valid.append(parse.ok)
+        valid.append(tasks.valid_policy_answer(chess.Board(rec["fen"]), parse))
         score = rewards.score_policy_detailed(prompt, text, truth=rec)
         legal.append(score.best_legal >= 1.0)
         correct.append(parse.best is not None and parse.best == rec["moves"][0])

@@ -129,11 +129,14 @@ class GradedWeights(_Weights):
     evals_accuracy: float = option(0.1, "accuracy of the E: evals of the legal M: moves the engine also lists",
                                    min=0.0)
     format: float = option(0.15, "structure of the completion (the five checks of the strict parser)", min=0.0)
+    valid: float = option(0.0, "the answer is format-valid as the strict policy/valid metric counts it "
+                          "(tasks.valid_policy_answer: no parser error, legal candidates, as many as the data give)",
+                          min=0.0)
     unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
                                      "this", min=0, max=10_000)
 
 
-GRADED_COMPONENTS = ("best_legal", "best_quality", "moves_legal", "moves_distinct", "evals_accuracy", "format")
+GRADED_COMPONENTS = ("best_legal", "best_quality", "moves_legal", "moves_distinct", "evals_accuracy", "format", "valid")
 
 
 @dataclass(frozen=True)
@@ -285,6 +288,7 @@ class GradedScore(_Score):
     moves_legal: float = 0.0
     moves_distinct: float = 0.0
     evals_accuracy: float = 0.0
+    valid: float = 0.0
     cp_loss: float | None = None  # centipawn loss of B: (None when B: is not a legal move)
     best_rank: int | None = None  # 1-based rank of B: among the truth's candidates, None if unlisted
     estimated: bool = False  # B:'s eval was estimated (no engine for a move outside the candidates)
@@ -495,7 +499,8 @@ def _graded_policy(prompt, completion, truth, engine, weights, registry_version)
     parts = dict(best_legal=float(best_ok), best_quality=best.pop("best_quality", 0.0),
                  moves_legal=sum(ok) / len(ok) if ok else 0.0,
                  moves_distinct=min(1.0, len(legal) / min(tasks.MAX_CANDIDATES, board.legal_moves.count())),
-                 evals_accuracy=_evals_accuracy(legal, pairs, truth), format=_format_score(strict))
+                 evals_accuracy=_evals_accuracy(legal, pairs, truth), format=_format_score(strict),
+                 valid=float(tasks.valid_policy_answer(board, strict)))
     return GradedScore(total=_wsum(weights, parts), truth_source=source, errors=strict.errors, **parts, **best)
 
 

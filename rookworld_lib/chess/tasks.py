@@ -410,6 +410,14 @@ def _sections(text: str, errors: list[str]) -> dict[str, str]:
     return {m: text[i + len(m): end] for (m, i), end in zip(starts.items(), ends)}
 
 
+def valid_policy_answer(board: chess.Board, parse: PolicyParse) -> bool:
+    """A format-valid P: answer (the strict `policy/valid` metric): the strict parser finds no error,
+    and its candidates are legal moves, as many as the data give (MAX_CANDIDATES, or every legal move
+    when there are fewer), each with its eval, B: among them."""
+    return parse.ok and all(legal_move(board, m) is not None for m in parse.moves) and \
+        len(parse.moves) == min(MAX_CANDIDATES, board.legal_moves.count())
+
+
 @_parser(PolicyParse, "completion")
 def parse_policy_completion(completion: str) -> PolicyParse:
     """Parse `` M: ... E: ... B: <move>`` (either layout; one trailing EOT allowed). Never raises."""
