@@ -60,11 +60,12 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
         EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, reward)
 
 
-# the cpu profile's GRPO: sampled at T=0.7 (closer to the greedy answers evaluated) with the format-gated
-# reward, lr 5e-5 and KL 0.04 lift format-valid P: answers; T=1, T=0.5, lr 2e-5 or 1e-4 lift nothing and
-# 1e-4 halves the valid A: answers (docs/learning_curve.md)
-_CPU_GRPO = dict(steps=40, prompts_per_step=8, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=16,
-                 temperature=0.7)
+# the cpu profile's GRPO (docs/grpo.md, one change at a time on one SFT model): the graded reward,
+# sampled at T=0.3 (near the greedy answers evaluated), 16 prompts x 4 per step for 150 steps (9,600
+# completions; over the task vocabulary a step costs what an SFT step does), lr 5e-5, KL 0.04: legal
+# best moves +13.3 points [+7.8, +18.9], valid A: +14.0 [+6.6, +21.4], nothing down
+_CPU_GRPO = dict(steps=150, prompts_per_step=16, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=32,
+                 temperature=0.3)
 _CPU_EVALS = dict(evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40), eval_mate=50,
                   heldout=160)  # the whole test split
 
@@ -74,17 +75,17 @@ PROFILES = {
                                                  vocab="task"),
                    grpo=dict(steps=2, prompts_per_step=4, group_size=4, max_new_tokens=24, lr=1e-4, minibatch_size=16),
                    beta=0.04, evals=dict(max_policy=8, max_env=8, selfplay_games=2, selfplay_max_plies=4),
-                   eval_mate=4, heldout=8),
+                   eval_mate=4, heldout=8, reward="graded"),
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
-                    grpo=_CPU_GRPO, beta=0.04, **_CPU_EVALS),
+                    grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS),
     # about 70 minutes on 2 idle cores: data ~10 min (700 games: ~43k P: labels, ~85k A: moves), SFT
     # 6,000 steps of 8 x 256 tokens (12M tokens, ~1.5 P: epochs; a checkpoint every 1,500 steps for the
-    # learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO as cpu's, 80 steps
+    # learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO as cpu's
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
                          sft=dict(max_steps=6000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200, vocab="task",
                                   checkpoint_interval=1500, keep_checkpoints=0),
-                         grpo={**_CPU_GRPO, "steps": 80}, beta=0.04, **_CPU_EVALS,
+                         grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS,
                          datagen=dict(games=700, policy_rate=0.5, env_rate=1.0, mate_games=0, seed=20261125)),
     "gpu": _profile("gpu", "cuda", "gpt2",
                     sft=dict(max_steps=4000, batch_size=32, block_size=512, lr=6e-4, warmup_steps=200),
