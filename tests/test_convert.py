@@ -371,6 +371,20 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
             assert len(item.prompt) == len("P: ") + tasks.ORIGINAL_FEN_WIDTH - 1  # padded, minus the space before M:
     assert json.loads((tmp_path / "grpo/final/config.json").read_text())[LAYOUT_KEY] == "original"
 
+    # the opt-in for a model that marks no task vocabulary: the data's tokens, the distance printed, a full export
+    assert training.grpo_cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
+                              "--out-dir", str(tmp_path / "grpo-task"), "--steps", "1", "--prompts-per-step", "2",
+                              "--group-size", "2", "--minibatch-size", "4", "--device", "cpu", "--vocab", "task",
+                              "--reward", "graded"]) == 0
+    err = capfd.readouterr().err
+    assert "tokens of the training records" in err and "nats/token from the full one" in err, err
+    start, out = GPT.from_pretrained(sft.final_dir), GPT.from_pretrained(tmp_path / "grpo-task/final")
+    vocab = training.data_vocab([i.truth for i in items], "original")
+    outside = torch.ones(start.config.vocab_size, dtype=torch.bool)
+    outside[vocab.ids] = False
+    w0, w1 = start.transformer.wte.weight, out.transformer.wte.weight
+    assert out.config.vocab_size == start.config.vocab_size and torch.equal(w0[outside], w1[outside])
+
 
 def test_an_unreadable_json_line_is_reported_with_its_line_number(tmp_path):
     src = tmp_path / "set.jsonl"

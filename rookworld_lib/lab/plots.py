@@ -105,9 +105,11 @@ def report_figure_lines(run_dir: str | Path) -> list[str]:
     return ["", "## Figures", "", *lines[:-1]] if lines else []
 
 
-def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False) -> go.Figure:
+def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False,
+                  smooth: int = 1) -> go.Figure:
     """One line per metric key over the training history (records of JSON-lines metrics); with
-    `trend`, each key's least-squares line beside it (dashed, same colour)."""
+    `trend`, each key's least-squares line (fitted to the raw points) beside it, dashed, same colour;
+    with `smooth` > 1 the lines are trailing means over that many points."""
     from plotly.colors import qualitative
 
     fig = go.Figure()
@@ -117,7 +119,9 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         colour = qualitative.Plotly[i % len(qualitative.Plotly)]
-        fig.add_scatter(x=xs, y=ys, mode="lines+markers", name=key, line=dict(color=colour), marker=dict(size=4))
+        shown = [sum(ys[max(0, j - smooth + 1): j + 1]) / len(ys[max(0, j - smooth + 1): j + 1]) for j in range(len(ys))]
+        fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=key,
+                        line=dict(color=colour), marker=dict(size=4))
         if trend and len(pts) > 1:
             slope, icept = _least_squares(xs, ys)
             fig.add_scatter(x=[xs[0], xs[-1]], y=[icept + slope * xs[0], icept + slope * xs[-1]], mode="lines",

@@ -193,7 +193,12 @@ def reward_trend(history: list[dict]):
     reward function's rewards/<name>/mean), the mean over the first and the last quarter of the steps."""
     import pandas as pd
 
-    keys = sorted({k for r in history for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    # each task's total first, then its reward functions (a function that covers the whole task, as
+    # A/reward does, repeats the total and is left out)
+    keys = sorted({k for r in history for k in r if k.startswith("rewards/") and k.endswith("/mean")},
+                  key=lambda k: (k.split("/")[1], k.count("/"), k))
+    keys = [k for k in keys if not (k.count("/") == 3 and all(r.get(k) == r.get(f"rewards/{k.split('/')[1]}/mean")
+                                                               for r in history))]
     q = max(1, len(history) // 4)
     rows = {}
     for key in keys:
