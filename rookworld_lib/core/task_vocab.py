@@ -25,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from .model import GPT, GPTConfig
-from .tokenizer import VOCAB_SIZE
+from .tokenizer import EOT_ID, VOCAB_SIZE
 
 PINNED = 0  # the final LayerNorm's output coordinate that carries the constant
 PINNED_BIAS = 5.0  # its value; the off-vocabulary rows are -OFF_LOGIT / PINNED_BIAS there (norm 8, not 40)
@@ -66,13 +66,9 @@ class TaskVocab:
         the off rows of the module docstring (the model must then be pinned)."""
         C = model.config
         assert C.vocab_size == len(self), f"a model over {C.vocab_size} tokens, a vocabulary of {len(self)}"
-        ln = model.transformer.ln_f
         if outside is None:
             assert pinned(model), "an unpinned model: expand it into the rows it was restricted from"
-        full = GPT(replace(C, vocab_size=VOCAB_SIZE)).to(ln.weight.device, ln.weight.dtype)
-        state = {k: v for k, v in model.state_dict().items() if k not in ("transformer.wte.weight", "lm_head.weight")}
-        missing, unexpected = full.load_state_dict(state, strict=False)
-        assert not unexpected and set(missing) == {"transformer.wte.weight", "lm_head.weight"}, (missing, unexpected)
+        full = _resized(model, VOCAB_SIZE)
         with torch.no_grad():
             wte = full.transformer.wte.weight  # tied to lm_head.weight
             if outside is None:
@@ -81,8 +77,6 @@ class TaskVocab:
             else:
                 wte[:VOCAB_SIZE] = outside[:VOCAB_SIZE].to(wte)
             wte[self.ids.to(wte.device)] = model.transformer.wte.weight[: len(self)]
-        full.meta, full.prompt_prefix, full.source = dict(model.meta), model.prompt_prefix, model.source
-        full.train(model.training)
         return full
 
     def restrict(self, model: GPT) -> GPT:
@@ -90,17 +84,12 @@ class TaskVocab:
         shared by value. Its softmax is the full model's renormalised over the vocabulary, the same to
         float precision when the rest holds no mass (`of_model`'s vocabularies: at most 2e-13); a
         pinned model stays pinned (pin_bias_coordinate), so `expand` writes it back exactly."""
-        C = model.config
-        compact = GPT(replace(C, vocab_size=len(self))).to(model.transformer.wte.weight.device,
-                                                          model.transformer.wte.weight.dtype)
-        state = {k: v for k, v in model.state_dict().items() if k not in ("transformer.wte.weight", "lm_head.weight")}
-        compact.load_state_dict(state, strict=False)
+        compact = _resized(model, len(self))
+        wte = model.transformer.wte.weight
         with torch.no_grad():
-            compact.transformer.wte.weight[: len(self)] = model.transformer.wte.weight[self.ids.to(model.transformer.wte.weight.device)]
-        compact.meta, compact.prompt_prefix, compact.source = dict(model.meta), model.prompt_prefix, model.source
+            compact.transformer.wte.weight[: len(self)] = wte[self.ids.to(wte.device)]
         if pinned(model):
             pin_bias_coordinate(compact)
-        compact.train(model.training)
         return compact
 
     @classmethod
@@ -120,15 +109,29 @@ class TaskVocab:
         return TaskVocab([*self.ids.tolist(), *token_ids])
 
 
-def sampling_view(model: GPT, prompts: list[list[int]]) -> tuple[GPT, TaskVocab | None, list[list[int]]]:
-    """(model, vocabulary, prompts) to sample GPT-2-id `prompts` with: the restriction of a model that
-    marks a task vocabulary (of_model) to it and every prompt token, with compact prompt ids (greedy
-    answers the full model's up to float rounding, samples the same to 2e-13, several times faster);
-    (model, None, prompts) for a model that marks none. vocab.ids[compact ids] are the GPT-2 ids."""
-    vocab = TaskVocab.of_model(model)
+def _resized(model: GPT, vocab_size: int) -> GPT:
+    """A GPT of `model`'s shape over `vocab_size` tokens, holding every weight of `model` but the
+    embedding (tied to the head), and its meta, prompt prefix, source and train/eval mode."""
+    wte = model.transformer.wte.weight
+    out = GPT(replace(model.config, vocab_size=vocab_size)).to(wte.device, wte.dtype)
+    state = {k: v for k, v in model.state_dict().items() if k not in ("transformer.wte.weight", "lm_head.weight")}
+    missing, unexpected = out.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) == {"transformer.wte.weight", "lm_head.weight"}, (missing, unexpected)
+    out.meta, out.prompt_prefix, out.source = dict(model.meta), model.prompt_prefix, model.source
+    return out.train(model.training)
+
+
+def sampling_view(model: GPT, prompts: list[list[int]], vocab: TaskVocab | None = None
+                  ) -> tuple[GPT, TaskVocab | None, list[list[int]]]:
+    """(model, vocabulary, prompts) to sample GPT-2-id `prompts` with: the restriction of `model` to
+    `vocab` (default: the one it marks, of_model) joined by every prompt token and EOT, with compact
+    prompt ids (for a marked model: greedy answers the full model's up to float rounding, samples the
+    same to 2e-13, several times faster); (model, None, prompts) when there is no vocabulary.
+    vocab.ids[compact ids] are the GPT-2 ids."""
+    vocab = vocab or TaskVocab.of_model(model)
     if vocab is None:
         return model, None, prompts
-    vocab = vocab.union({t for p in prompts for t in p})
+    vocab = vocab.union({t for p in prompts for t in p} | {EOT_ID})
     return vocab.restrict(model), vocab, [vocab.index[p].tolist() for p in prompts]
 
 

@@ -32,7 +32,7 @@ from . import distributed, grpo
 from .config import bad_field, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, generate, sequence_logprobs
-from .task_vocab import TaskVocab
+from .task_vocab import TaskVocab, sampling_view
 from .tokenizer import EOT_ID, TASKS, encode_prompt, get_tokenizer
 from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
 from .trainer import Trainer
@@ -245,12 +245,18 @@ class GRPOTrainer(Trainer):
         self.tokenizer = get_tokenizer()
         # over a task vocabulary the model is its restriction (task_vocab.TaskVocab.restrict) and token ids
         # are compact; `outside`: the rows an export gives every other token (None: the off rows)
-        self.vocab = _rollout_vocab(model, items, cfg.vocab, task_vocab, self.tokenizer)
-        self.outside, self.full_model = None, model if self.vocab is not None else None
-        if self.vocab is not None:
-            if task_vocab is not None:
-                self.outside = model.transformer.wte.weight.detach()[:model.config.vocab_size].clone()
-            model = self.vocab.restrict(model)
+        self.vocab, self.outside, self.full_model = None, None, None
+        if cfg.vocab != "full":
+            prompts = [encode_prompt(i.prompt, model.prompt_prefix, self.tokenizer) for i in items]
+            compact, self.vocab, _ = sampling_view(model, prompts, task_vocab)
+            if self.vocab is None and cfg.vocab == "task":
+                raise ValueError("GRPOTrainConfig.vocab='task': the model marks no task vocabulary (only vocab='task' "
+                                 "SFT exports do); pass task_vocab=TaskVocab(token ids of the task text) to opt in, "
+                                 "or use vocab='auto' or 'full'")
+            if self.vocab is not None:
+                if task_vocab is not None:
+                    self.outside = model.transformer.wte.weight.detach()[:model.config.vocab_size].clone()
+                self.full_model, model = model, compact
         self.eot = EOT_ID if self.vocab is None else int(self.vocab.index[EOT_ID])
         self.model = model.to(self.runtime.device)
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
@@ -572,16 +578,3 @@ def check_world_size(cfg: GRPOTrainConfig, world_size: int) -> None:
         raise ValueError(f"minibatch_size ({cfg.minibatch_size}) and prompts_per_step * group_size ({n}) must be "
                          f"multiples of the number of processes ({world_size})")
 
-
-def _rollout_vocab(model: GPT, items: list[PromptItem], mode: str, given: TaskVocab | None, tokenizer) -> TaskVocab | None:
-    """The vocabulary GRPO samples over (GRPOTrainConfig.vocab), None for all of GPT-2; every prompt
-    token and EOT join it (a prompt token the model never produces keeps its row and its -40 logit)."""
-    vocab = None if mode == "full" else given or TaskVocab.of_model(model)
-    if vocab is None:
-        if mode == "task":
-            raise ValueError("GRPOTrainConfig.vocab='task': the model marks no task vocabulary (only vocab='task' "
-                             "SFT exports do); pass task_vocab=TaskVocab(token ids of the task text) to opt in, or "
-                             "use vocab='auto' or 'full'")
-        return None
-    prompt_tokens = {t for i in items for t in encode_prompt(i.prompt, model.prompt_prefix, tokenizer)}
-    return vocab.union(prompt_tokens | {EOT_ID})
