@@ -14,11 +14,16 @@ TEST_WORKERS ?= 2
 .PHONY: setup stockfish chromium test test-fast test-fault run lab docs-figures clean
 
 setup: $(STAMP) stockfish chromium
+	@$(PY) -c 'import sys, torch, rookworld_lib; from rookworld_lib.chess.engine import find_stockfish; \
+	print(f"make setup: done: .venv (python {sys.version.split()[0]}, torch {torch.__version__}, rookworld_lib {rookworld_lib.__version__},", \
+	      f"kernel RookWorld (.venv)), Stockfish {find_stockfish()}; the CLI is .venv/bin/rookworld (or source .venv/bin/activate)")' 
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	@# the notebooks' kernel, inside .venv (no per-user kernel that would point at one clone)
+	$(PY) -m ipykernel install --sys-prefix --name rookworld --display-name "RookWorld (.venv)" >/dev/null
 	@touch $(STAMP)
 
 stockfish:
@@ -75,10 +80,12 @@ docs-figures: setup
 	[shutil.copy(save_figure(learning_curve_figure(c, x=x), f"learning_curve_{x}", d).with_suffix(".png"), DOCS_DIR) \
 	 for x in ("tokens", "train_wall_s")]'
 
+# JupyterLab at the repository root: notebooks/ and runs/ (reports, executed notebooks, figures) side
+# by side; the notebooks open on the 'RookWorld (.venv)' kernel. The git filter strips outputs on commit
+# (.gitattributes already names it, so installing it changes no tracked file).
 lab: setup
 	$(VENV)/bin/nbstripout --install --attributes .gitattributes
-	$(PY) -m ipykernel install --user --name rookworld --display-name "RookWorld (.venv)"
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) notebooks/00_data_and_rewards.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import chess
 import chess.engine
@@ -306,6 +308,19 @@ def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
     assert "not converted" in out and "impossible position" in out and "legality" in out
     assert main(["convert", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")]) == 1
     assert "rookworld convert: error: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_converted_files_get_the_users_umask_not_0600(tmp_path, umask, mode):
+    """Files are written atomically (a temporary file renamed over the target); they still get the mode
+    a plain `open()` gives under the user's umask, as `ls -l` shows after `touch`."""
+    pol, _ = write_original_files(tmp_path)
+    code = ("import os, sys; os.umask(int(sys.argv[1])); from rookworld_lib.lab.cli import main; "
+            "sys.exit(main(['convert', sys.argv[2], '--out', sys.argv[3], '--workers', '1', '--no-progress']))")
+    subprocess.run([sys.executable, "-c", code, str(umask), str(pol), str(tmp_path / "o")], check=True,
+                   capture_output=True)
+    written = sorted((tmp_path / "o").iterdir())
+    assert written and {p.name: oct(p.stat().st_mode & 0o777) for p in written} == {p.name: oct(mode) for p in written}
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,6 +6,9 @@ nbval compares, marked NBVAL_CHECK_OUTPUT or tagged keep_output).
 """
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +46,23 @@ def test_notebook_hygiene(path):
         if not kept:
             assert not c.get("outputs") and c.get("execution_count") is None, f"{path.name}: outputs not stripped"
     assert "figures_dir" in source(cells[params[0]]), f"{path.name}: plots need a figures_dir parameter"
+    assert nb["metadata"]["kernelspec"]["name"] == "rookworld", f"{path.name}: opens on the project's kernel (make setup installs it)"
+
+
+def test_git_status_is_clean_after_make_labs_filter_install(tmp_path):
+    """`make lab` installs nbstripout's git filter; on a fresh clone that must change no tracked file and
+    show no notebook as modified (nbstripout renumbers cell ids, so the committed ids are its own)."""
+    root = NOTEBOOKS[0].parents[1]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+    for nb in NOTEBOOKS:  # the working tree's notebooks, as they would be committed
+        shutil.copy(nb, clone / "notebooks" / nb.name)
+    subprocess.run(["git", "add", "-A"], cwd=clone, check=True)
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "--allow-empty", "-m", "wt"],
+                   cwd=clone, check=True)
+    nbstripout = Path(sys.executable).with_name("nbstripout")
+    subprocess.run([str(nbstripout), "--install", "--attributes", ".gitattributes"], cwd=clone, check=True)
+    for nb in NOTEBOOKS:  # touch them, so that git re-reads each through the filter
+        (clone / "notebooks" / nb.name).touch()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, check=True, capture_output=True, text=True)
+    assert status.stdout == "", f"after `nbstripout --install` a fresh clone shows changes:\n{status.stdout}"

@@ -24,6 +24,8 @@ from typing import Any, BinaryIO
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_UMASK = os.umask(0o022)  # read once (os.umask can only be read by setting it) and put back at once
+os.umask(_UMASK)
 
 
 def _dir(env_var: str, default: Path) -> Path:
@@ -57,6 +59,8 @@ def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
     try:
+        # mkstemp makes the file 0600; the result gets the mode a plain open() would give it
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -133,10 +137,23 @@ def _cut_torn_tail(path: Path) -> None:
         fh.truncate(fh.read().rfind(b"\n") + 1)
 
 
+@contextlib.contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Re-raise an OSError that names no file with `path` in it: a failed write or fsync (ENOSPC, EIO)
+    says only "No space left on device", not which file it was writing."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
 class JsonlAppender(contextlib.AbstractContextManager):
     """Append JSON lines to `path` from any thread, each written whole and flushed, so a kill loses at
     most the line being written (cut off by the next appender, ignored by ``read_jsonl(torn_tail=True)``).
-    An fsync every `sync_every` lines and at close bounds what a power cut loses."""
+    An fsync every `sync_every` lines, at `sync()` and at close bounds what a power cut loses. A failed
+    write names the file (``No space left on device: <path>``)."""
 
     def __init__(self, path: str | os.PathLike, *, sync_every: int = 64):
         self.path = Path(path)
@@ -148,19 +165,27 @@ class JsonlAppender(contextlib.AbstractContextManager):
 
     def write(self, obj: Any) -> None:
         line = json_line(obj)
-        with self._lock:
+        with self._lock, _naming(self.path):
             self._fh.write(line)
             self._fh.flush()
             self._n += 1
             if self._n % self._sync_every == 0:
                 os.fsync(self._fh.fileno())
 
+    def sync(self) -> None:
+        """Put every line written so far on disk (fsync): they survive a power cut from now on."""
+        with self._lock, _naming(self.path):
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
     def close(self) -> None:
-        with self._lock:
+        with self._lock, _naming(self.path):
             if not self._fh.closed:
-                self._fh.flush()
-                os.fsync(self._fh.fileno())
-                self._fh.close()
+                try:
+                    self._fh.flush()
+                    os.fsync(self._fh.fileno())
+                finally:
+                    self._fh.close()  # the descriptor goes even when the flush failed
 
     def __exit__(self, *exc) -> None:
         self.close()
