@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	@# the notebooks' kernel, inside .venv (no per-user kernel that would point at one clone)
 	$(PY) -m ipykernel install --sys-prefix --name rookworld --display-name "RookWorld (.venv)" >/dev/null
+	@# JupyterLab saves widget state with the notebook: a saved notebook reopened shows its explorers, not "model not found"
+	@mkdir -p $(VENV)/share/jupyter/lab/settings && echo '{"@jupyter-widgets/jupyterlab-manager:plugin": {"saveState": true}}' \
+	  > $(VENV)/share/jupyter/lab/settings/overrides.json
 	@touch $(STAMP)
 
 stockfish:

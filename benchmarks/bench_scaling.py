@@ -74,7 +74,7 @@ def main() -> None:
                "--checkpoint-interval", "0", "--no-progress", "--device", args.device, "--dtype", args.dtype]
         sft += ["--compile"] if args.compile else []
         sft += ["--model-overrides", f"pad_vocab_to_multiple={args.pad_vocab}"] if args.pad_vocab > 1 else []
-        run(sft + ["--out-dir", str(tmp / "sft1"), "--export-hf"], threads=cores)
+        run(sft + ["--out", str(tmp / "sft1"), "--export-hf"], threads=cores)
         s1 = median_after_warmup(tmp / "sft1" / "metrics.jsonl", "throughput/tokens_per_s")
         out["sft"] = {"settings": f"batch {args.sft_batch_size} x {args.block_size} tokens (global), dtype "
                                   f"{args.dtype}, compile {args.compile}, vocab padded to a multiple of "
@@ -87,7 +87,7 @@ def main() -> None:
             out["sft"]["model_tflops"] = flops / 1e12
             out["sft"]["mfu_vs_table_peak"] = flops / (peak * 1e12) if peak else None
         else:
-            run(sft + ["--out-dir", str(tmp / "sftN"), "--no-export-hf", "--nproc", str(N)],
+            run(sft + ["--out", str(tmp / "sftN"), "--no-export-hf", "--nproc", str(N)],
                 threads=max(1, cores // N))
             sN = median_after_warmup(tmp / "sftN" / "metrics.jsonl", "throughput/tokens_per_s")
             out["sft"].update({f"tokens_per_s_{N}": sN, "efficiency": sN / (N * s1)})
@@ -96,7 +96,7 @@ def main() -> None:
                 str(args.max_new_tokens), "--rollout-chunks", str(N), "--minibatch-size",
                 str(args.prompts * args.group_size // 2), "--no-progress", "--device", args.device, "--dtype",
                 args.dtype]
-        run(grpo + ["--out-dir", str(tmp / "grpo1")], threads=cores)
+        run(grpo + ["--out", str(tmp / "grpo1")], threads=cores)
         per_step = args.prompts * args.group_size
         settings = f"{args.prompts} prompts x {args.group_size} completions x {args.max_new_tokens} new tokens per step"
         g1 = per_step / median_after_warmup(tmp / "grpo1" / "grpo_metrics.jsonl", "time/step")
@@ -104,7 +104,7 @@ def main() -> None:
         for key in ("time/sampling", "time/scoring", "time/update", "throughput/generated_tokens_per_s", "ratio/onpolicy_dev"):
             out["grpo"][key] = median_after_warmup(tmp / "grpo1" / "grpo_metrics.jsonl", key)
         if not gpu:
-            run(grpo + ["--out-dir", str(tmp / "grpoN"), "--nproc", str(N)], threads=max(1, cores // N))
+            run(grpo + ["--out", str(tmp / "grpoN"), "--nproc", str(N)], threads=max(1, cores // N))
             gN = per_step / median_after_warmup(tmp / "grpoN" / "grpo_metrics.jsonl", "time/step")
             out["grpo"].update({f"samples_per_s_{N}": gN, "efficiency": gN / (N * g1)})
     text = json.dumps(out)

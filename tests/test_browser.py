@@ -28,10 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from rookworld_lib.core.paths import NOTEBOOKS_DIR, RUNS_DIR
+from rookworld_lib.chess import data
+from rookworld_lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
+from rookworld_lib.lab import explore
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"
-SCREENSHOTS = RUNS_DIR / "browser-test"
+SCREENSHOTS = REPO_ROOT / "runs" / "browser-test"  # for a person to look at (the session's runs are temporary)
 # Chromium on a machine without internet: no sandbox (root in containers), no GPU, and none of the
 # background fetches (component updates, sync, QUIC probes) that would flood refused connections.
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -204,10 +206,35 @@ def saved_errors(page, lab, name: str) -> list[str]:
     return errors + [f"cells {unrun} did not run"] * bool(unrun)
 
 
-def plot_points(page, index: int) -> int:
-    """Marker points drawn in the index-th plotly plot of the page."""
-    return page.evaluate("(i) => { const p = document.querySelectorAll('.js-plotly-plot')[i];"
-                         " return p ? p.querySelectorAll('.scatterlayer .points path').length : -1; }", index)
+def cell_plots(page, marker: str) -> list[int]:
+    """Marker points drawn in each plotly plot of the (first) code cell whose text holds `marker`."""
+    return page.evaluate("(m) => { const c = [...document.querySelectorAll('.jp-CodeCell')].find(c => c.textContent.includes(m));"
+                         " return c ? [...c.querySelectorAll('.js-plotly-plot')].map("
+                         "p => p.querySelectorAll('.scatterlayer .points path').length) : null; }", marker)
+
+
+# What a reader sees cut off: an output (table, figure, text) wider than the output area that holds
+# it, or a table wider than 1280 px. [cell index, what, its width, the room it had].
+OVERFLOWS = """() => {
+  const found = [];
+  document.querySelectorAll('.jp-CodeCell').forEach((cell, i) => {
+    cell.querySelectorAll('.jp-OutputArea-output').forEach(out => {
+      const room = out.clientWidth;
+      out.querySelectorAll('table, .js-plotly-plot .main-svg').forEach(e => {
+        const w = e.getBoundingClientRect().width;
+        if (w > room + 1 || (e.tagName === 'TABLE' && w > 1280)) found.push([i, e.tagName.toLowerCase(), Math.round(w), room]);
+      });
+    });
+  });
+  return found;
+}"""
+
+
+def output_text(page, marker: str) -> str:
+    """The text of the outputs of the (first) code cell whose source holds `marker`."""
+    return page.evaluate("(m) => { const c = [...document.querySelectorAll('.jp-CodeCell')].find("
+                         "c => c.querySelector('.jp-InputArea').textContent.includes(m));"
+                         " return c ? c.querySelector('.jp-OutputArea').innerText : null; }", marker)
 
 
 def parameters_cell(nb: dict) -> dict:
@@ -272,12 +299,16 @@ def test_notebook_05_live_curves_in_jupyterlab(lab, page, tmp_path):
         time.sleep(0.25)
     counts = page.evaluate("() => { window.sftObserver.disconnect(); return window.sftCounts; }")
     wait_done(page, timeout_s=600)
-    # plots in page order: SFT live, SFT static, GRPO live (reward, KL, clip fraction), GRPO static, diagnostics
-    grpo_points = plot_points(page, 2)
-    screenshot(page, tmp_path, "05_end_grpo_live_curves", top=page.locator(".js-plotly-plot").nth(2))
+    # each training curve is shown once: when training ends, its static copy takes the live plot's place
+    sft_plots, grpo_plots = cell_plots(page, "sft_curves = LiveCurves"), cell_plots(page, "grpo_curves = LiveCurves")
+    screenshot(page, tmp_path, "05_end_grpo_curves", top=page.locator(".jp-CodeCell:has-text('grpo_curves = LiveCurves')"))
     print(f"notebook 05 in the browser: {time.time() - t0:.0f} s; live SFT plot point counts seen: {counts}")
     assert len(counts) >= 2 and counts == sorted(counts), f"the SFT plot did not grow while SFT ran: {counts}"
-    assert grpo_points > 0, "the GRPO live curves have no points"
+    assert len(sft_plots) == 1 and sft_plots[0] >= counts[-1], f"the SFT curves, once, with every point: {sft_plots}"
+    assert len(grpo_plots) == 1 and grpo_plots[0] > 0, f"the GRPO curves, once, with points: {grpo_plots}"
+    for i, section in enumerate(page.locator(".jp-CodeCell:has(.js-plotly-plot)").all()):
+        screenshot(page, tmp_path, f"05_figure_{i}", top=section)
+    assert page.evaluate(OVERFLOWS) == [], "outputs cut off at the right (cell, element, width, room)"
     assert saved_errors(page, lab, "05_full_training.ipynb") == []
     assert page.errors == []
 
@@ -291,6 +322,16 @@ def test_notebook_06_explorers(lab, page, tmp_path):
     run_all(page)
     wait_done(page, timeout_s=400)
     assert saved_errors(page, lab, name) == []
+    # on its defaults, 06 explores the run notebook 05 just made here: its model and its GRPO completions
+    loaded = output_text(page, "explore.load_model(")
+    runs = Path(os.environ["ROOKWORLD_RUNS_DIR"])
+    run = explore.latest_run(runs)
+    assert run is not None and f"run: {run}" in loaded and f"model: {run}/training/final" in loaded, loaded
+    assert "completions.jsonl:" in output_text(page, "explore.RolloutBrowser(")
+    trained, _ = explore.load_model(None, run)
+    record = data.load_split("P", "test").records[:1]
+    greedy = explore.PositionExplorer(trained, record, 0, max_new_tokens=32).greedy
+    assert greedy != explore.PositionExplorer(explore.load_model()[0], record, 0, max_new_tokens=32).greedy
     explorer = page.locator(".rw-position-explorer").first
     explorer.scroll_into_view_if_needed()
     board = page.locator(".rw-board").first
@@ -307,5 +348,17 @@ def test_notebook_06_explorers(lab, page, tmp_path):
     assert all(re.search(r"-?\d+\.\d+", rows.nth(i).inner_text()) for i in range(rows.count()))  # each has a reward
     screenshot(page, tmp_path, "06_group_inspector", top=groups)
     screenshot(page, tmp_path, "06_rollout_browser", top=page.locator(".rw-rollout-browser").first)
+    assert page.evaluate(OVERFLOWS) == [], "outputs cut off at the right (cell, element, width, room)"
+    assert greedy.strip()[:12] in " ".join(explorer.inner_text().split()), "the explorer shows another model's answer"
     print(f"notebook 06 in the browser: {time.time() - t0:.0f} s")
     assert page.errors == []
+    # reopened after the kernel is gone, the saved notebook shows its explorers (their saved widget
+    # state), never "Error displaying widget: model not found"
+    url, token, _ = lab
+    for kernel in json.load(urllib.request.urlopen(f"{url}/api/kernels?token={token}")):
+        urllib.request.urlopen(urllib.request.Request(f"{url}/api/kernels/{kernel['id']}?token={token}", method="DELETE"))
+    page.goto(f"{url}/lab/workspaces/reopened/tree/{name}?token={token}")
+    page.wait_for_selector(".rw-position-explorer .rw-board svg", timeout=60_000)
+    page.wait_for_timeout(2000)  # every output rendered
+    screenshot(page, tmp_path, "06_reopened", top=page.locator(".rw-position-explorer").first)
+    assert "model not found" not in page.locator(".jp-NotebookPanel").inner_text()

@@ -101,6 +101,12 @@ def test_end_to_end_small_model_runs_every_suite():
         assert key in res and res[key].n >= 1
     table = ev.comparison_table({"init": res})
     assert ev.REFERENCE_NAME in table.columns and "reference measured" in table.columns
+    # `rookworld eval`'s terminal table: every line fits 120 columns; its columns are explained below it
+    text = ev.terminal_table(res, ev.model_label("runs/20260101-000000/training/final"))
+    assert max(map(len, text.splitlines())) <= ev.TERMINAL_WIDTH
+    assert text.splitlines()[0].split() == ["training/final", "reported"]
+    assert "training/final: estimate [95% interval]" in text and "reported: RookWorld 7M x 3E" in text
+    assert "  mate_in_one/accuracy: BIG-bench checkmate-in-one" in text
 
 
 def test_config_validation():

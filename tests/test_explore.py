@@ -231,6 +231,17 @@ def test_load_model_sources(tmp_path, monkeypatch):
         explore.load_model("latest")
 
 
+def test_latest_run_is_the_run_folder_of_the_newest_export(tmp_path):
+    assert explore.latest_run(tmp_path) is None
+    (tmp_path / "20260101-000000" / "training").mkdir(parents=True)  # a run that exported nothing (yet)
+    older, newer = tmp_path / "20260101-000001", tmp_path / "20260101-000001-2"
+    for i, run in enumerate((older, newer)):
+        export = run / "training" / "final"
+        GPT(GPTConfig.preset("tiny")).save_pretrained(export)
+        os.utime(export / "config.json", (1e9 + i, 1e9 + i))
+    assert explore.latest_run(tmp_path) == newer
+
+
 def test_widgets_only_where_a_frontend_can_show_them(monkeypatch):
     class ZMQInteractiveShell:  # an IPython kernel, as papermill, nbval and JupyterLab all run
         pass

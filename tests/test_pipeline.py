@@ -138,3 +138,33 @@ def test_the_progress_module_imports_no_widgets_and_nothing_of_the_lab():
     code = ("import sys, rookworld_lib.core.progress; "
             "print([m for m in ('IPython', 'ipywidgets', 'tqdm.notebook', 'rookworld_lib.lab') if m in sys.modules])")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+@pytest.mark.parametrize("profile, extra", [("ci", {}), ("cpu", {"profile": "ci"})])
+def test_every_profile_of_notebook_05_runs_and_the_report_names_it_throughout(tmp_path, profile, extra):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    write_notebook(nbs / "05_train.ipynb", 'profile = "cpu"  # which\nrun_dir = None  # where',
+                   'from pathlib import Path\nassert profile == "ci", profile\n'
+                   'Path(run_dir, "report_05.md").write_text(f"profile {profile}\\n")')
+    run_dir = pipeline.run_pipeline(profile, tmp_path / "runs", extra_parameters=extra, notebooks_dir=nbs)
+    report, meta = (run_dir / "report.md").read_text(), json.loads((run_dir / "run.json").read_text())["meta"]
+    assert "profile `ci`" in report and "profile ci" in report and "profile `cpu`" not in report
+    assert meta["profile"] == "ci"
+
+
+def test_the_command_accepts_every_profile_notebook_05_knows(capsys):
+    from rookworld_lib.lab import workflow
+    from rookworld_lib.lab.cli import main
+
+    assert set(pipeline.PROFILES) == set(workflow.PROFILES)
+    assert main(["run", "--profile", "ci", "--only", "99"]) == 1  # parsed; refused only for selecting nothing
+    assert "no notebooks selected" in capsys.readouterr().err
+
+
+def test_a_bar_off_a_terminal_is_lines_not_carriage_returns():
+    """stderr to a pipe or a log file (CI, `> log 2>&1`): no redraws garbling the file, one line at the
+    end (and one every REPORT_EVERY_S); in a terminal tqdm's own bar."""
+    code = "from rookworld_lib.core.progress import tqdm\nfor _ in tqdm(range(5), desc='convert'): pass"
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "\r" not in err and err.count("\n") == 1 and err.startswith("convert: 100%") and "5/5" in err

@@ -104,3 +104,26 @@ def test_curves_figure_trend_lines_are_least_squares_fits():
     slope, icept = np.polyfit(list(data.x), list(data.y), 1)
     assert list(trend.x) == [1, 10] and trend.line.dash == "dash" and trend.line.color == data.line.color
     assert np.allclose(trend.y, [icept + slope * 1, icept + slope * 10])
+
+
+def test_finish_puts_the_static_figure_in_the_live_widgets_place(tmp_path, monkeypatch):
+    """In JupyterLab the curves are shown once: the saved static figure replaces the widget's output
+    (update_display_data with the figure's own mime bundle: a Figure object would display itself anew)."""
+    updates, shown = [], []
+
+    class Handle:
+        def update(self, obj, **kw):
+            updates.append((obj, kw))
+
+    monkeypatch.setattr(plots, "_write_png", lambda fig, path: False)
+    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append(a))
+    live = plots.LiveCurves(["reward"], "GRPO")
+    live.widget, live._handle = plots.go.FigureWidget(live._figure([])), Handle()
+    live({"step": 1, "reward": 0.5})
+    fig = live.finish("curves", tmp_path)
+    (bundle, kw), = updates
+    assert kw == {"raw": True} and bundle["application/vnd.plotly.v1+json"]["data"][0]["y"] == [0.5]
+    assert shown == [] and live.widget is None and (tmp_path / "curves.html").exists() and list(fig.data[0].y) == [0.5]
+    headless = plots.LiveCurves(["reward"], "GRPO")  # no widget: the static figure is displayed below the cell
+    headless.finish("curves2", tmp_path)
+    assert len(shown) == 1

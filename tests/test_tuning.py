@@ -85,8 +85,15 @@ def test_rows_carry_speed_mfu_and_memory(matrix):
         assert len(row["losses"]) == BASE.steps
     assert base["tokens_per_step"] == 2 * 16
     json.dumps(matrix.as_dict())
-    table = matrix.table()
-    assert list(table["name"]) == [r["name"] for r in matrix.rows]
+    table = matrix.table()  # for people: every row, rounded strings, no NaN; a skipped row shows its reason only
+    assert list(table.index) == [r["name"] for r in matrix.rows] and not table.isna().any().any()
+    assert table.loc["baseline", "vs baseline"] == "1.00x" and table.loc["baseline", "result"] == "same"
+    for r in matrix.rows:
+        shown = table.loc[r["name"]]
+        if r["status"] != "ok":
+            assert shown["note"] == r["reason"] and shown.drop(["status", "note"]).eq("").all()
+        else:
+            assert shown["tokens/s"] == f"{r['tokens_per_s']:,.0f}" and "e" not in shown["ms/step (median)"]
 
 
 def test_scaling_and_figures(matrix):

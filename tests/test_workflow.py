@@ -19,9 +19,15 @@ def history(with_kl: bool):
 def test_grpo_summary_keeps_only_logged_columns():
     # beta = 0 (the cpu profile) runs without a reference model, so no kl is logged
     no_kl = workflow.grpo_summary(history(False))
-    assert "kl" not in no_kl.columns and len(no_kl) == 10 and list(no_kl["step"]) == list(range(3, 13))
-    assert list(no_kl.columns) == [c for c in workflow.GRPO_SUMMARY_COLUMNS if c != "kl"]
-    assert "kl" in workflow.grpo_summary(history(True), last=3).columns
+    assert "KL" not in no_kl.columns and len(no_kl) == 10 and list(no_kl.index) == list(range(3, 13))
+    assert list(no_kl.columns) == [v for k, v in workflow.GRPO_SUMMARY_COLUMNS.items() if k not in ("kl", "step")]
+    assert "KL" in workflow.grpo_summary(history(True), last=3).columns
+
+
+def test_profile_summary_names_every_stage_in_one_short_table():
+    table = workflow.PROFILES["cpu"].summary()
+    assert list(table.index) == ["data", "SFT", "GRPO", "evaluation"] and table.shape == (4, 1)
+    assert "150 steps x 16 prompts x 4 samples" in table.loc["GRPO"].item() and "P: all" in table.loc["evaluation"].item()
 
 
 def test_onpolicy_tolerance_by_precision():

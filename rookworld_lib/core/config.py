@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 import types
 import typing
 from collections.abc import Iterable
@@ -122,6 +123,19 @@ def _optional(kind):
     return parse
 
 
+# Fields whose option is not their name: one word for an output folder in every `rookworld` command
+RENAMED = {"out_dir": "--out"}
+
+
+class _Renamed(argparse.Action):
+    """Stores the value; given under the old option name, says the new one on stderr (once per use)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string != self.option_strings[0]:
+            print(f"{parser.prog}: {option_string} is deprecated, use {self.option_strings[0]}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
                          metavars=None) -> None:
     """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by its
@@ -154,9 +168,13 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         text = docs.get(f.name, "").replace("%", "%%")
         if kw.get("action") == "append":
             text += " (repeatable)"
-        elif default not in ((), {}):
+        elif default not in ((), {}) and "default" not in text.lower():  # one default per option
             text += f" (default: {default!r})".replace("%", "%%")
-        parser.add_argument("--" + f.name.replace("_", "-"), help=text, **kw)
+        flags = [RENAMED.get(f.name, "--" + f.name.replace("_", "-"))]
+        if f.name in RENAMED:  # the old spelling still works, with a line saying the new one
+            flags.append("--" + f.name.replace("_", "-"))
+            kw["action"] = _Renamed
+        parser.add_argument(*flags, help=text, **kw)
 
 
 def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:

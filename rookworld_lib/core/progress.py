@@ -56,11 +56,15 @@ class HeadlessTqdm(std.tqdm):
         silent = SimpleNamespace(write=lambda s: None, flush=lambda: None)
         super().__init__(*args, **{"ascii": False, **kwargs, "file": silent, "dynamic_ncols": False, "ncols": None})
 
+    echo = False  # also print the REPORT_EVERY_S lines on stderr (a log file, a pipe)
+
     def update(self, n=1):
         displayed = super().update(n)
         if not self.disable and time.monotonic() - self._reported >= REPORT_EVERY_S:
             self._reported = time.monotonic()
             report(str(self))
+            if self.echo:
+                print(str(self), file=sys.stderr, flush=True)
         return displayed
 
     def close(self):
@@ -70,8 +74,18 @@ class HeadlessTqdm(std.tqdm):
         super().close()
 
 
+class LineTqdm(HeadlessTqdm):
+    """A bar whose stderr is no terminal (a log file, a pipe, CI): a line every REPORT_EVERY_S and one
+    at the end, instead of carriage-return redraws that garble the file."""
+
+    echo = True
+
+
 def tqdm(*args, **kwargs):
-    """tqdm.auto's bar (a widget in JupyterLab, text in a terminal), or HeadlessTqdm."""
+    """tqdm.auto's bar (a widget in JupyterLab, text in a terminal), HeadlessTqdm in a kernel nobody
+    watches, LineTqdm where stderr is not a terminal."""
     from tqdm.auto import tqdm as auto  # (imports the widgets only in a kernel, and only for a bar)
 
-    return (HeadlessTqdm if headless_kernel() else auto)(*args, **kwargs)
+    if headless_kernel():
+        return HeadlessTqdm(*args, **kwargs)
+    return (auto if _in_kernel() or sys.stderr.isatty() else LineTqdm)(*args, **kwargs)

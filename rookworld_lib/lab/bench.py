@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=sorted(PRESETS), help="model preset (default: cpu-small)")
     p.add_argument("--repeats", type=int, help="timed repetitions per contender")
     p.add_argument("--warmup", type=int, help="untimed repetitions per contender before timing")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="both contenders' precision (default: fp32; "

@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 
+from .. import __version__
 from ..chess.datagen import WorkDirMismatch
 from ..chess.engine import EngineFailedError, StockfishNotFoundError
 from ..core.checkpoint import CheckpointError
@@ -36,7 +37,7 @@ TRACEBACK_ENV = "ROOKWORLD_TRACEBACK"  # =1: let every error through with its tr
 
 def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
-    lines = ["usage: rookworld <command> [options]", "", "commands:"]
+    lines = ["usage: rookworld <command> [options]   (rookworld --version: the version)", "", "commands:"]
     lines += [f"  {name:<{width}}  {doc}" for name, (_, doc) in SUBCOMMANDS.items()]
     lines += ["", "`rookworld <command> --help` describes each command's options.",
               f"Errors a user can cause end in one line and exit status 1; {TRACEBACK_ENV}=1 shows their tracebacks."]
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"rookworld {__version__}")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
@@ -100,7 +104,7 @@ def os_error_message(exc: OSError) -> str:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = "; choose a directory you can write to"
     elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        hint = "; free some space (or choose another --out-dir) and run the same command again"
+        hint = "; free some space (or choose another --out) and run the same command again"
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.colors import qualitative
 
 from ..chess.evaluate import STRICT_METRICS
 from ..core.paths import FIGURES_DIR
@@ -30,6 +31,7 @@ from ..core.progress import widget_frontend
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+PNG_WIDTH = 1000  # px of a saved PNG whose figure sets no width (it fills the notebook's cell)
 PNG_TIMEOUT_S = 60.0  # a browser that hangs (or died at start) costs the run this much once, then PNGs are off
 _png_off: str | None = None  # why this process writes no PNGs, once one failed
 
@@ -56,8 +58,10 @@ def _write_png(fig: go.Figure, path: Path) -> bool:
             try:  # the browser is given (nothing searched or downloaded); mathjax off: its default is a CDN
                 kaleido.start_sync_server(path=_chromium(), n=1, mathjax=False, timeout=PNG_TIMEOUT_S,
                                           silence_warnings=True)  # already running: a no-op
-                # rendered on the running server: png, the layout's size, else 700x500 as plotly's own
-                done.set_result(path.write_bytes(kaleido.calc_fig_sync(fig)))
+                # rendered on the running server: png, the layout's size; a figure that fits its notebook
+                # cell (no width) gets PNG_WIDTH, wide enough for its panels
+                size = {"width": fig.layout.width or PNG_WIDTH, "height": fig.layout.height or 500}
+                done.set_result(path.write_bytes(kaleido.calc_fig_sync(fig, opts=size)))
             except BaseException:
                 kaleido.stop_sync_server(silence_warnings=True)  # PNGs are off from here: free the browser
                 raise
@@ -105,20 +109,35 @@ def report_figure_lines(run_dir: str | Path) -> list[str]:
     return ["", "## Figures", "", *lines[:-1]] if lines else []
 
 
+def legible(frame, digits: int = 3, cell_px: int = 220):
+    """A DataFrame as a table people read in a notebook: floats to `digits` decimals (thousands
+    separated), missing values blank, and cells that wrap (at most `cell_px` wide, long names break
+    anywhere) so that a wide table fits its cell instead of running off the right edge. A pandas
+    Styler: it renders as HTML; the frame itself is unchanged."""
+    return frame.style.format(precision=digits, thousands=",", na_rep="").set_table_styles(
+        [{"selector": "th, td", "props": [("white-space", "normal"), ("overflow-wrap", "anywhere"),
+                                          ("max-width", f"{cell_px}px")]}])
+
+
+def series_colour(i: int) -> str:
+    """The colour of a figure's i-th series, fixed (plotly's default palette, in its order), so that a
+    series drawn in several panels, or with a trend beside it, keeps one colour and its legend entry
+    matches every trace of it."""
+    return qualitative.Plotly[i % len(qualitative.Plotly)]
+
+
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False,
                   smooth: int = 1) -> go.Figure:
     """One line per metric key over the training history (records of JSON-lines metrics); with
     `trend`, each key's least-squares line (fitted to the raw points) beside it, dashed, same colour;
     with `smooth` > 1 the lines are trailing means over that many points."""
-    from plotly.colors import qualitative
-
     fig = go.Figure()
     for i, key in enumerate(keys):
         pts = [(r[x], r[key]) for r in history if key in r and r[key] is not None]
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        colour = qualitative.Plotly[i % len(qualitative.Plotly)]
+        colour = series_colour(i)
         shown = [sum(ys[max(0, j - smooth + 1): j + 1]) / len(ys[max(0, j - smooth + 1): j + 1]) for j in range(len(ys))]
         fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=key,
                         line=dict(color=colour), marker=dict(size=4))
@@ -144,7 +163,6 @@ CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"
 def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", title: str = "Learning curve") -> go.Figure:
     """Val loss and every strict chess rate (with its 95% interval) against training tokens or wall
     time, one line per run: curves maps a run's name to its `evaluate.checkpoint_curve` rows."""
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     if x not in CURVE_X:
@@ -153,7 +171,7 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
     fig = make_subplots(rows=2, cols=3, subplot_titles=["val loss", *(f"{m} (%)" for m in STRICT_METRICS)],
                         horizontal_spacing=0.07, vertical_spacing=0.14)
     for i, (name, rows) in enumerate(curves.items()):
-        color = qualitative.Plotly[i % len(qualitative.Plotly)]
+        color = series_colour(i)
         for j, key in enumerate(panels):
             pts = [r for r in rows if r.get(key) is not None and r.get(x) is not None]
             if key == "val_loss":
@@ -167,7 +185,7 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
                             row=j // 3 + 1, col=j % 3 + 1)
     fig.update_xaxes(type="log")  # a learning curve's budgets span orders of magnitude
     fig.update_xaxes(title_text=f"{CURVE_X[x]}, log scale", row=2)
-    return fig.update_layout(title=title, height=700, width=1100, legend=dict(orientation="h", y=-0.14))
+    return fig.update_layout(title=title, height=700, legend=dict(orientation="h", y=-0.14))
 
 
 class LiveCurves:
@@ -175,7 +193,9 @@ class LiveCurves:
     training loop's `on_step` callback while the cell runs: each update is a widget message the
     kernel sends on its iopub channel at once, so the browser redraws during the long cell. Where no
     widget frontend watches (papermill, nbval, plain Python) it only records; `figure()` is the
-    static copy every run keeps.
+    static copy every run keeps. `finish()` saves that copy and puts it in the widget's place, so the
+    notebook shows each curve once, and a saved notebook reopened shows the figure, not a widget
+    whose model is gone.
 
     panels: metric keys for one plot, or {panel title: keys} for plots stacked on one step axis
     (metrics of different scales: reward, KL, clip fraction). A record without a key (or with None,
@@ -183,12 +203,12 @@ class LiveCurves:
 
     def __init__(self, panels: list[str] | dict[str, list[str]], title: str, live: bool = True):
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
-        self.title, self.history, self.widget = title, [], None
+        self.title, self.history, self.widget, self._handle = title, [], None, None
         if live and widget_frontend():
             from IPython.display import display
 
             self.widget = go.FigureWidget(self._figure([]))
-            display(self.widget)
+            self._handle = display(self.widget, display_id=True)
 
     def _figure(self, history: list[dict]) -> go.Figure:
         from plotly.subplots import make_subplots
@@ -217,3 +237,18 @@ class LiveCurves:
     def figure(self) -> go.Figure:
         """The static figure of everything recorded."""
         return self._figure(self.history)
+
+    def finish(self, name: str, figures_dir: str | Path | None = None) -> go.Figure:
+        """Save the static figure (`save_figure(fig, name, figures_dir)`) and show it once: in the live
+        widget's place where there is one, else below the cell. Returns it."""
+        from IPython.display import display
+
+        fig = self.figure()
+        save_figure(fig, name, figures_dir)
+        if self._handle is not None:  # the figure's own bundle: a Figure displays itself anew, never in place
+            self._handle.update({**pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()),
+                                 "text/plain": f"<figure {self.title!r}>"}, raw=True)
+            self.widget = self._handle = None
+        else:
+            display(fig)
+        return fig

@@ -25,6 +25,7 @@ from ..core.config import bad_field, option, validate
 from ..core.tokenizer import VOCAB_SIZE
 from ..core.train_step import LOSS_IMPLS, TrainStep, resolve_loss_impl
 from ..core.train_utils import build_adamw, resolve_device, setup_runtime
+from .plots import series_colour
 
 COMPILE_MODES = ("off", "default", "max-autotune")
 OPTIMIZERS = ("auto", "foreach", "fused")
@@ -336,12 +337,27 @@ class MatrixResult:
         return [r["name"] for r in self.ok_rows() if r["expect_parity"] and r["changes_result"]]
 
     def table(self):
-        """A pandas DataFrame: one row per matrix row, the columns a reader compares."""
+        """A pandas DataFrame for people: one row per matrix row, rounded to what the timing supports,
+        units in the column names; a skipped or failed row shows its reason and nothing else. The raw
+        numbers stay in `rows` (and the results JSON)."""
         import pandas as pd
 
-        cols = ["name", "status", "tokens_per_s", "step_time_s", "step_time_p10_s", "step_time_p90_s", "speedup",
-                "mfu_measured", "mfu_table", "peak_mem_mb", "final_loss", "loss_delta", "changes_result", "reason"]
-        return pd.DataFrame([{c: r.get(c) for c in cols} for r in self.rows])
+        def shown(r: dict) -> dict:
+            if r["status"] != "ok":
+                return {"row": r["name"], "status": r["status"], "note": r.get("reason") or ""}
+            mfu = r["mfu_measured"]
+            return {"row": r["name"], "status": "ok", "ms/step (median)": _ms(r["step_time_s"]),
+                    "ms/step p10-p90": f"{_ms(r['step_time_p10_s'])}-{_ms(r['step_time_p90_s'])}",
+                    "tokens/s": f"{r['tokens_per_s']:,.0f}",
+                    "vs baseline": "" if r.get("speedup") is None else
+                    f"{r['speedup']:.2f}x" + (" (noise)" if r.get("within_noise") and r["variable"] != "baseline" else ""),
+                    "MFU": f"{100 * mfu:.2g}%" if mfu else "",
+                    "peak MB": "" if r.get("peak_mem_mb") is None else f"{r['peak_mem_mb']:,.0f}",
+                    "loss - baseline": "" if r.get("loss_delta") is None else f"{r['loss_delta']:+.1e}",
+                    "result": "" if r.get("changes_result") is None else ("CHANGED" if r["changes_result"] else "same"),
+                    "note": ""}
+
+        return pd.DataFrame([shown(r) for r in self.rows]).fillna("").set_index("row")
 
     def scaling(self, variable: str) -> list[dict]:
         """(value, step time, tokens/s) for batch_size or seq_len rows, baseline included, sorted."""
@@ -379,6 +395,7 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
     for r in rows:
         if r["status"] == "ok" and base_row["status"] == "ok":
             r["speedup"] = r["tokens_per_s"] / base_row["tokens_per_s"]
+            r["within_noise"] = _tokens_per_s_overlap(r, base_row)
             r["loss_delta"] = r["final_loss"] - base_row["final_loss"]
             r["changes_result"] = abs(r["loss_delta"]) > tolerance
     return MatrixResult(baseline=base, rows=rows, tolerance=tolerance,
@@ -386,43 +403,69 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
                         utilization=sampler.summary())
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds to 3 significant digits, never in exponent notation."""
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def _tokens_per_s_overlap(a: dict, b: dict) -> bool:
+    """Whether two rows' tokens/s intervals (from their p90 and p10 step times) overlap: then their
+    speed difference is inside the machine's step-to-step noise."""
+    def interval(r: dict) -> tuple[float, float]:
+        return r["tokens_per_step"] / r["step_time_p90_s"], r["tokens_per_step"] / r["step_time_p10_s"]
+
+    (lo_a, hi_a), (lo_b, hi_b) = interval(a), interval(b)
+    return lo_a <= hi_b and lo_b <= hi_a
+
+
 # --- Figures ---
 
 def speedup_figure(result: MatrixResult):
-    """Bar chart: tokens/s of each row relative to the baseline; red bars change the result."""
+    """Bar chart: tokens/s of each row relative to the baseline, with the row's p10-p90 interval; red
+    bars change the result, grey ones differ from the baseline by less than the timing noise."""
     import plotly.graph_objects as go
 
     rows = [r for r in result.ok_rows() if r["variable"] not in ("batch_size", "seq_len")]
-    speedups = [r.get("speedup", float("nan")) for r in rows]
-    fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", textposition="outside",
-                           marker_color=["crimson" if r.get("changes_result") and r["expect_parity"] else "steelblue"
-                                         for r in rows], text=[f"{s:.2f}x" for s in speedups]))
+    base_tps = result.row("baseline")["tokens_per_s"]
+    speedups = [r["speedup"] for r in rows]
+    colour = ["crimson" if r.get("changes_result") and r["expect_parity"] else
+              "lightgray" if r.get("within_noise") and r["variable"] != "baseline" else "steelblue" for r in rows]
+    bars = dict(type="data", symmetric=False,
+                array=[r["tokens_per_step"] / r["step_time_p10_s"] / base_tps - s for r, s in zip(rows, speedups)],
+                arrayminus=[s - r["tokens_per_step"] / r["step_time_p90_s"] / base_tps for r, s in zip(rows, speedups)])
+    fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", error_y=bars, marker_color=colour,
+                           text=[f"{s:.2f}x" for s in speedups], textposition="inside"))
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
-    fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']})",
-                      yaxis_title="tokens/s relative to baseline", xaxis_title="row (one setting changed)",
+    fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']}): "
+                            "grey = inside the timing noise, red = changes the loss",
+                      yaxis_title="tokens/s relative to baseline (p10-p90 bars)", xaxis_title="row (one setting changed)",
                       template="plotly_white")
     return fig
 
 
 def scaling_figure(result: MatrixResult):
-    """Step time and tokens/s against batch size and against sequence length."""
+    """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence
+    length (right): four panels with their own y axes, ticks at the measured values."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("cost vs batch size", "cost vs sequence length"),
-                        specs=[[{"secondary_y": True}, {"secondary_y": True}]])
+    fig = make_subplots(rows=2, cols=2, shared_xaxes="columns", vertical_spacing=0.1, horizontal_spacing=0.12,
+                        subplot_titles=("step time vs batch size", "step time vs sequence length",
+                                        "throughput vs batch size", "throughput vs sequence length"))
     for col, variable in ((1, "batch_size"), (2, "seq_len")):
         pts = result.scaling(variable)
         xs, ms = [p["value"] for p in pts], [p["step_time_s"] * 1e3 for p in pts]
         bars = dict(type="data", symmetric=False, array=[p["p90_s"] * 1e3 - m for p, m in zip(pts, ms)],
                     arrayminus=[m - p["p10_s"] * 1e3 for p, m in zip(pts, ms)])
-        fig.add_trace(go.Scatter(x=xs, y=ms, mode="lines+markers", name=f"step time (ms) vs {variable}", error_y=bars),
-                      row=1, col=col, secondary_y=False)
-        fig.add_trace(go.Scatter(x=xs, y=[p["tokens_per_s"] for p in pts], mode="lines+markers", line_dash="dot",
-                                 name=f"tokens/s vs {variable}"), row=1, col=col, secondary_y=True)
-        fig.update_xaxes(title_text=variable, type="log", row=1, col=col)
-        fig.update_yaxes(title_text="step time (ms, p10-p90 bars)", row=1, col=col, secondary_y=False)
-        fig.update_yaxes(title_text="tokens/s", row=1, col=col, secondary_y=True)
+        fig.add_trace(go.Scatter(x=xs, y=ms, mode="lines+markers", name="step time (ms)", error_y=bars,
+                                 line_color=series_colour(0), legendgroup="time", showlegend=col == 1), row=1, col=col)
+        fig.add_trace(go.Scatter(x=xs, y=[p["tokens_per_s"] for p in pts], mode="lines+markers", name="tokens/s",
+                                 line_color=series_colour(1), legendgroup="tps", showlegend=col == 1), row=2, col=col)
+        fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], col=col)  # counts: integer ticks
+        fig.update_xaxes(title_text=variable.replace("_", " "), row=2, col=col)
+        fig.update_yaxes(title_text="ms per step", row=1, col=col)
+        fig.update_yaxes(title_text="tokens/s", row=2, col=col)
     fig.update_layout(title=f"Scaling of one training step ({result.baseline.model}, {result.environment['device']})",
-                      template="plotly_white")
+                      template="plotly_white", height=650)
     return fig

@@ -1,0 +1,74 @@
+"""Issue 29, item 4: one command-line vocabulary across the `rookworld` subcommands.
+
+One table: each subcommand's `--help` as a user reads it. Every subcommand that writes a folder
+names it `--out` (the old `--out-dir` still works, with a line saying the new name); every one that
+runs a model takes `--device`, defaulting to auto; no help line names an internal or states two
+defaults; `rookworld --version` answers; datagen's default output is not the shipped data set.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rookworld_lib import __version__
+from rookworld_lib.core.paths import DATA_DIR
+from rookworld_lib.lab.cli import SUBCOMMANDS, main
+
+OUT = {"datagen", "convert", "sft", "grpo", "run", "bench"}  # bench: --out is its JSON result file
+DEVICE = {"sft", "grpo", "eval", "bench"}
+INTERNALS = ("see class docstring", "LOSS_IMPLS", "ref_logprobs", "COMPLETION_BUDGET", "rookworld_lib.")
+
+
+def help_text(capsys, command: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def options(text: str) -> dict[str, str]:
+    """{first flag: its whole entry (flags and help) on one line} for each option of a --help text."""
+    blocks: list[list[str]] = []
+    for line in text.split("\noptions:\n", 1)[1].splitlines():
+        if line.startswith("  -"):
+            blocks.append([line])
+        elif line.startswith("    ") and blocks:
+            blocks[-1].append(line)
+    return {b[0].split()[0].rstrip(","): " ".join(" ".join(b).split()) for b in blocks}
+
+
+def test_every_subcommand_is_in_the_table():
+    assert set(SUBCOMMANDS) == OUT | DEVICE | {"run"}
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_help_speaks_one_vocabulary(capsys, command):
+    text = help_text(capsys, command)
+    opts = options(text)
+    assert ("--out" in opts) == (command in OUT), f"{command}: output flag"
+    assert "--out-dir" not in text.replace("--out DIR, --out-dir DIR", ""), f"{command}: --out-dir shown as its own flag"
+    if command in DEVICE:
+        assert "--device" in opts and re.search(r"default: '?auto", opts["--device"]), f"{command}: {opts.get('--device')}"
+    for flag, doc in opts.items():
+        assert len(re.findall(r"default", doc, re.I)) <= 1, f"{command} {flag}: two defaults: {doc}"
+        assert not [w for w in INTERNALS if w in doc], f"{command} {flag} names an internal: {doc}"
+
+
+def test_the_old_output_flag_still_works_and_says_the_new_one(capsys):
+    from rookworld_lib.chess import training
+
+    args = training.build_grpo_parser().parse_args(["--init-from", "m", "--out-dir", "x"])
+    assert args.out_dir == "x" and "--out-dir is deprecated, use --out" in capsys.readouterr().err
+    assert training.build_sft_parser().parse_args(["--out", "y"]).out_dir == "y"
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"rookworld {__version__}"
+
+
+def test_datagen_writes_elsewhere_than_the_shipped_set_by_default():
+    from rookworld_lib.chess.datagen import DatagenConfig
+
+    assert DatagenConfig().out_dir != str(DATA_DIR) and DatagenConfig().out_dir.startswith(str(DATA_DIR))

@@ -1,0 +1,92 @@
+"""Issue 29, item 2: every figure's legend tells the truth about its traces.
+
+Each figure the library draws is resolved by plotly.js itself (kaleido's `calc_fig_sync`, JSON format:
+the full figure with every default filled in, the colours the browser paints), and every legend
+entry (a legendgroup, else a trace name) must have one colour across all of its traces: a series
+drawn in two panels, or with its trend line, in the colour its legend swatch shows. Axes of counts
+(batch size, sequence length) carry integer ticks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from rookworld_lib.core.paths import DOCS_DIR
+from rookworld_lib.lab import explore, plots, tuning
+from rookworld_lib.lab.tuning import MatrixResult, TuneConfig
+
+
+@pytest.fixture(scope="module")
+def resolve():
+    kaleido = pytest.importorskip("kaleido")
+    try:
+        chromium = plots._chromium()
+    except RuntimeError as exc:
+        pytest.skip(f"no browser to resolve figures: {exc}")
+    kaleido.start_sync_server(path=chromium, n=1, mathjax=False, silence_warnings=True)  # a no-op when running
+    return lambda fig: json.loads(kaleido.calc_fig_sync(fig, opts={"format": "json"}))
+
+
+def colour_of(trace: dict) -> str:
+    return (trace.get("line") or {}).get("color") or (trace.get("marker") or {}).get("color")
+
+
+def legend_colours(full: dict) -> dict[str, set]:
+    """{legend entry: the colours of its traces}, for traces whose entry the legend shows."""
+    groups = defaultdict(set)
+    for t in full["data"]:
+        groups[t.get("legendgroup") or t.get("name")].add(json.dumps(colour_of(t)))
+    shown = {t.get("legendgroup") or t.get("name") for t in full["data"] if t.get("showlegend", True)}
+    return {k: v for k, v in groups.items() if k in shown}
+
+
+def history(n=12):
+    return [{"step": i, "reward": 0.1 * i, "rewards/P/mean": 0.05 * i, "kl": 0.01} for i in range(1, n + 1)]
+
+
+def matrix() -> MatrixResult:
+    base = TuneConfig(model="tiny", batch_size=2, seq_len=16)
+
+    def row(name, variable, value, t):
+        tokens = (value if variable == "batch_size" else 2) * (value if variable == "seq_len" else 16)
+        return {"name": name, "variable": variable, "value": value, "status": "ok", "step_time_s": t,
+                "step_time_p10_s": 0.9 * t, "step_time_p90_s": 1.2 * t, "tokens_per_step": tokens,
+                "tokens_per_s": tokens / t, "speedup": 1.0, "expect_parity": variable not in ("batch_size", "seq_len"),
+                "changes_result": False, "within_noise": True}
+
+    rows = [row("baseline", "baseline", None, 0.01), row("batch_size=1", "batch_size", 1, 0.006),
+            row("batch_size=4", "batch_size", 4, 0.018), row("seq_len=8", "seq_len", 8, 0.006),
+            row("seq_len=32", "seq_len", 32, 0.02), row("attn_impl=math", "attn_impl", "math", 0.011)]
+    return MatrixResult(base, rows, 0.05, {"device": "cpu"}, {}, {})
+
+
+FIGURES = {
+    "03 length bias": lambda: explore.length_bias_figure(5, 40, 4, "dapo"),
+    "03 clip regions": lambda: explore.clip_region_figure(0.2, 0.28),
+    "05 curves with trends": lambda: plots.curves_figure(history(), ["reward", "rewards/P/mean"], "t", trend=True, smooth=3),
+    "05 live curves, panels": lambda: plots.LiveCurves({"reward": ["reward", "rewards/P/mean"], "KL": ["kl"]}, "t",
+                                                       live=False)._figure(history()),
+    "05 learning curve": lambda: plots.learning_curve_figure(
+        {k: v["rows"] for k, v in json.loads((DOCS_DIR / "learning_curve.json").read_text()).items()}),
+    "04 scaling": lambda: tuning.scaling_figure(matrix()),
+    "04 speed-up": lambda: tuning.speedup_figure(matrix()),
+}
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_each_legend_entry_has_one_colour_across_its_traces(resolve, name):
+    full = resolve(FIGURES[name]())
+    mixed = {k: v for k, v in legend_colours(full).items() if len(v) > 1}
+    assert not mixed, f"{name}: legend entries whose traces are painted in several colours: {mixed}"
+
+
+def test_count_axes_have_integer_ticks_and_titles_do_not_share_a_side(resolve):
+    layout = resolve(tuning.scaling_figure(matrix()))["layout"]
+    xaxes = [layout[k] for k in layout if k.startswith("xaxis")]
+    assert all(float(v).is_integer() for a in xaxes for v in a.get("tickvals", ())), "fractional batch or sequence ticks"
+    yaxes = [layout[k] for k in layout if k.startswith("yaxis")]
+    assert all(a.get("side", "left") == "left" for a in yaxes), "a right-hand y axis: its title overlaps the next panel"
+    assert all(a.get("title", {}).get("text") for a in yaxes), "an unlabelled y axis"
