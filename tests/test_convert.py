@@ -373,7 +373,7 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
 
     with mock.patch.object(train_grpo.GRPOTrainer, "__init__", spy):
         assert training.grpo_cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
-                                  "--out-dir", str(tmp_path / "grpo"), "--steps", "1", "--prompts-per-step", "2",
+                                  "--out", str(tmp_path / "grpo"), "--steps", "1", "--prompts-per-step", "2",
                                   "--group-size", "2", "--minibatch-size", "4", "--device", "cpu"]) == 0
     err = capfd.readouterr().err
     assert "layout: original" in err
@@ -388,7 +388,7 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
 
     # the opt-in for a model that marks no task vocabulary: the data's tokens, the distance printed, a full export
     assert training.grpo_cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
-                              "--out-dir", str(tmp_path / "grpo-task"), "--steps", "1", "--prompts-per-step", "2",
+                              "--out", str(tmp_path / "grpo-task"), "--steps", "1", "--prompts-per-step", "2",
                               "--group-size", "2", "--minibatch-size", "4", "--device", "cpu", "--vocab", "task",
                               "--reward", "graded"]) == 0
     err = capfd.readouterr().err

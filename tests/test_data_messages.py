@@ -75,7 +75,7 @@ def test_grpo_names_an_empty_policy_file(tmp_path, capsys):
     (tmp_path / "policy_train.jsonl").write_text("")
     (tmp_path / "env_train.jsonl").write_text(json.dumps(shipped("A", "val")[0]) + "\n")
     rc, err = run_cli(capsys, "grpo", "--init-from", str(tmp_path / "hf"), "--data-dir", str(tmp_path),
-                      "--out-dir", str(tmp_path / "grpo"), "--steps", "1", "--no-progress", "--device", "cpu")
+                      "--out", str(tmp_path / "grpo"), "--steps", "1", "--no-progress", "--device", "cpu")
     assert rc == 1
     one_line(err, "rookworld grpo", f"{tmp_path / 'policy_train.jsonl'}: no records")
 
@@ -103,7 +103,7 @@ def test_a_non_utf8_line_of_a_text_file_is_named_by_file_and_line(tmp_path):
 def test_sft_names_the_non_utf8_line_of_a_text_file(tmp_path, capsys):
     path = _text_file_with_a_latin1_line(tmp_path)
     rc, err = run_cli(capsys, "sft", "--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",
-                      "--out-dir", str(tmp_path / "sft"), "--no-progress", "--device", "cpu")
+                      "--out", str(tmp_path / "sft"), "--no-progress", "--device", "cpu")
     assert rc == 1
     one_line(err, "rookworld sft", f"{path}:2: not UTF-8")
 

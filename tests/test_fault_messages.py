@@ -53,14 +53,14 @@ def sft(*extra: str, out: str = "{tmp}/run") -> list[str]:
     """A one-step SFT run of a tiny model on a few lines of chess text."""
     base = ["sft", "--train-data", "{texts}", "--model", "tiny", "--block-size", "32", "--batch-size", "2",
             "--max-steps", "1", "--warmup-steps", "0", "--eval-interval", "0", "--val-fraction", "0",
-            "--device", "cpu", "--no-progress", "--no-export-hf", "--out-dir", out]
+            "--device", "cpu", "--no-progress", "--no-export-hf", "--out", out]
     for k, v in TINY.items():
         base += ["--model-overrides", f"{k}={v}"]
     return base + list(extra)
 
 
 def grpo(init: str, *extra: str) -> list[str]:
-    return ["grpo", "--init-from", init, "--out-dir", "{tmp}/grpo", "--device", "cpu", *extra]
+    return ["grpo", "--init-from", init, "--out", "{tmp}/grpo", "--device", "cpu", *extra]
 
 
 def truncate_weights(w: dict) -> None:

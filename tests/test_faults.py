@@ -170,7 +170,7 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     data_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     args = ["--train-data", str(data_file), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
             "--max-steps", "100000", "--warmup-steps", "1", "--checkpoint-interval", "1", "--eval-interval", "0",
-            "--val-fraction", "0", "--device", "cpu", "--no-progress", "--out-dir", str(tmp_path / "run")]
+            "--val-fraction", "0", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run")]
     cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -199,7 +199,7 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
             "--max-steps", "30", "--warmup-steps", "1", "--lr", "5e-4", "--min-lr", "5e-5", "--checkpoint-interval", "2",
             "--eval-interval", "0", "--val-fraction", "0", "--deterministic", "--device", "cpu", "--no-progress"]
     run = tmp_path / "two"
-    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args, "--out-dir", str(run)]
+    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args, "--out", str(run)]
     proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -216,11 +216,11 @@ def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path
 
     shutil.copytree(run, tmp_path / "one")
     for out, nproc in ((run, ["--nproc", "2"]), (tmp_path / "one", [])):
-        done = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "sft", *nproc, *args, "--out-dir", str(out)],
+        done = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "sft", *nproc, *args, "--out", str(out)],
                               env=child_env(), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     ref = tmp_path / "ref"
-    assert training.sft_cli([*args, "--out-dir", str(ref)]) == 0
+    assert training.sft_cli([*args, "--out", str(ref)]) == 0
     want = ck.load_checkpoint(ref / "checkpoints")["model"]
     for out in (run, tmp_path / "one"):
         got = ck.load_checkpoint(out / "checkpoints")["model"]
@@ -530,13 +530,13 @@ def test_malformed_lines_stop_with_file_and_line_or_are_skipped_and_counted(tmp_
 
     # the CLIs that read data: one line naming file:line, exit status 1, no traceback
     assert main(["sft", "--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",
-                 "--out-dir", str(tmp_path / "sft"), "--no-progress", "--device", "cpu"]) == 1
+                 "--out", str(tmp_path / "sft"), "--no-progress", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert f"rookworld sft: error: {path}:2: " in err
     hf = tmp_path / "hf"
     GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(hf)
     (tmp_path / "env_train.jsonl").write_text(json.dumps(data.load_split("A", "val")[0]) + "\n")
-    assert main(["grpo", "--init-from", str(hf), "--data-dir", str(tmp_path), "--out-dir", str(tmp_path / "grpo"),
+    assert main(["grpo", "--init-from", str(hf), "--data-dir", str(tmp_path), "--out", str(tmp_path / "grpo"),
                  "--steps", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"rookworld grpo: error: {path}:2: " in err and "Traceback" not in err
@@ -634,11 +634,11 @@ def tokenizer_results(tmp_path_factory, tiny_hf):
     for name in ("policy_train", "env_train", "policy_test", "env_test", "mate_in_one"):
         lines = (ROOT / "data" / f"{name}.jsonl").read_text().splitlines(keepends=True)
         (small / f"{name}.jsonl").write_text("".join(lines[:4]))
-    jobs = [["sft", "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0", "--out-dir", str(tmp / "sft"),
+    jobs = [["sft", "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0", "--out", str(tmp / "sft"),
              "--no-progress", "--device", "cpu", "--train-data", str(small / "policy_train.jsonl"),
              str(small / "env_train.jsonl"), "--val-fraction", "0", "--eval-interval", "0", "--batch-size", "1",
              "--block-size", "32"],
-            ["grpo", "--init-from", str(tiny_hf), "--out-dir", str(tmp / "grpo"), "--steps", "1", "--no-progress",
+            ["grpo", "--init-from", str(tiny_hf), "--out", str(tmp / "grpo"), "--steps", "1", "--no-progress",
              "--data-dir", str(small)],
             ["eval", str(tiny_hf), "--max-policy", "1", "--max-env", "1", "--selfplay-games", "0", "--data-dir",
              str(small)],
@@ -800,7 +800,7 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
             "--val-fraction", "0", "--deterministic", "--device", "cpu", "--no-progress", "--no-export-hf"]
     run = tmp_path / "run"
     disk_full_on(monkeypatch, call=2)  # the checkpoint at step 4
-    assert main(["sft", *args, "--out-dir", str(run)]) == 1
+    assert main(["sft", *args, "--out", str(run)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rookworld sft: error: could not save checkpoint")
     assert "step_00000004.pt: No space left on device" in err[0]
@@ -812,8 +812,8 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, m
     assert not [p for p in os.listdir(ckpt_dir) if p.startswith(".tmp-")]
 
     # space again: the same command resumes from step 2 and ends where an undisturbed run ends
-    assert training.sft_cli([*args, "--out-dir", str(run)]) == 0
-    assert training.sft_cli([*args, "--out-dir", str(tmp_path / "ref")]) == 0
+    assert training.sft_cli([*args, "--out", str(run)]) == 0
+    assert training.sft_cli([*args, "--out", str(tmp_path / "ref")]) == 0
     got, want = ck.load_checkpoint(ckpt_dir), ck.load_checkpoint(tmp_path / "ref" / "checkpoints")
     assert got["step"] == want["step"] == 6
     assert all(torch.equal(got["model"][k], want["model"][k]) for k in want["model"])
@@ -852,7 +852,7 @@ def sft_args(tmp_path: Path, *extra: str) -> list[str]:
 
 def test_a_second_run_into_a_busy_out_dir_is_refused_and_mixes_nothing(tmp_path, capsys):
     run = tmp_path / "run"
-    argv = sft_args(tmp_path, "--max-steps", "80", "--checkpoint-interval", "20", "--out-dir", str(run))
+    argv = sft_args(tmp_path, "--max-steps", "80", "--checkpoint-interval", "20", "--out", str(run))
     first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.lab.cli", *argv], env=child_env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -873,7 +873,7 @@ def test_a_second_run_into_a_busy_out_dir_is_refused_and_mixes_nothing(tmp_path,
 
 def test_a_checkpoint_with_flipped_bytes_is_refused_naming_the_newest_intact_one(tmp_path, capsys):
     run = tmp_path / "run"
-    argv = sft_args(tmp_path, "--checkpoint-interval", "2", "--keep-checkpoints", "2", "--out-dir", str(run))
+    argv = sft_args(tmp_path, "--checkpoint-interval", "2", "--keep-checkpoints", "2", "--out", str(run))
     assert main([*argv, "--max-steps", "4"]) == 0
     latest = run / "checkpoints" / "step_00000004.pt"
     raw = bytearray(latest.read_bytes())
@@ -909,7 +909,7 @@ def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_
     run = tmp_path / "run"
 
     def grpo_argv(*extra, init=hf, data_dir=data_dirs[0], out=run):
-        return ["grpo", "--init-from", str(init), "--data-dir", str(data_dir), "--out-dir", str(out), "--layout",
+        return ["grpo", "--init-from", str(init), "--data-dir", str(data_dir), "--out", str(out), "--layout",
                 "compact", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "6",
                 "--minibatch-size", "4", "--no-progress", *extra]
 
@@ -933,7 +933,7 @@ def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_
     assert main(grpo_argv("--steps", "2", data_dir=data_dirs[1])) == 1
     assert "other settings (prompts: " in one_line_error()
     sft_run = tmp_path / "sft"
-    assert main(sft_args(tmp_path, "--max-steps", "1", "--out-dir", str(sft_run))) == 0
+    assert main(sft_args(tmp_path, "--max-steps", "1", "--out", str(sft_run))) == 0
     capsys.readouterr()
     assert main(grpo_argv("--steps", "2", out=sft_run)) == 1
     assert "is a 'sft' checkpoint, not a GRPO one" in one_line_error()

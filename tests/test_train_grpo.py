@@ -120,7 +120,7 @@ def test_config_validation_names_field(field, value):
 def test_cli_refuses_non_finite_settings_in_one_line(tmp_path, capsys):
 
     for flag in ("--lr", "--weight-decay", "--grad-clip"):
-        code = main(["grpo", "--init-from", str(tmp_path / "none"), "--out-dir", str(tmp_path / "o"), flag, "nan",
+        code = main(["grpo", "--init-from", str(tmp_path / "none"), "--out", str(tmp_path / "o"), flag, "nan",
                      "--layout", "compact"])
         err = capsys.readouterr().err
         assert code == 1 and "must be a finite number" in err and "Traceback" not in err, err

@@ -366,7 +366,7 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
     argv = ["--train-data", str(data), "--model", "tiny", "--model-overrides", "n_layer=1",
             "--model-overrides", "n_embd=32", "--model-overrides", "n_head=2", "--block-size", "32",
             "--batch-size", "2", "--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "2", "--eval-steps", "1",
-            "--out-dir", str(out), "--no-progress", "--device", "cpu", "--val-fraction", "0.1"]
+            "--out", str(out), "--no-progress", "--device", "cpu", "--val-fraction", "0.1"]
     assert training.sft_cli(argv) == 0
     printed = capsys.readouterr().out
     assert "SFT finished at step 2" in printed and str(out / "final") in printed
@@ -375,10 +375,10 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
 
     assert main(["sft", *argv[:-2], "--batch-size", "0"]) == 1  # rookworld sft: errors in one line
     assert "SFTConfig.batch_size must be an integer >= 1" in capsys.readouterr().err
-    monkeypatch.setattr(training, "_shipped", lambda split: ())  # as before `rookworld datagen` has run
+    monkeypatch.setattr(training.data, "split_paths", lambda split, data_dir=None: ())  # as before `rookworld datagen` has run
     assert main(["sft", "--model", "tiny"]) == 1
     assert "--train-data" in capsys.readouterr().err
-    monkeypatch.setattr(training, "_shipped", lambda split: (str(data),) if split == "train" else ())
+    monkeypatch.setattr(training.data, "split_paths", lambda split, data_dir=None: (str(data),) if split == "train" else ())
     assert training.sft_cli(argv[2:] + ["--max-steps", "3"]) == 0  # no --train-data: the shipped files, resumed here
     assert "SFT finished at step 3" in capsys.readouterr().out
 

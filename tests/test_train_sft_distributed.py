@@ -38,7 +38,7 @@ ARGS = ["--model", "tiny", "--block-size", "32", "--batch-size", "4", "--grad-ac
 
 
 def argv(data: Path, out: Path) -> list[str]:
-    return ["--train-data", str(data), *ARGS, "--out-dir", str(out)]
+    return ["--train-data", str(data), *ARGS, "--out", str(out)]
 
 
 def torchrun_sft(args: list[str], capfd, nproc: int = 2) -> str:

@@ -57,14 +57,18 @@ class _OneProcess:
 
 def trl_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", beta=0.0, eps_low=0.2, eps_high=0.2, delta=None,
              level="token", logits=None, temperature=1.0, entropy_coef=0.0, bias_kl=True, steps=1, num_items=None,
-             max_len=T, vespo=(2.0, 3.0, 3.0, 2.0)):
-    """TRL's GRPOTrainer._compute_loss on one micro-batch: (loss, metrics dict of floats)."""
+             max_len=T, vespo=(2.0, 3.0, 3.0, 2.0), steps_per_generation=None):
+    """TRL's GRPOTrainer._compute_loss on one micro-batch: (loss, metrics dict of floats).
+
+    steps: gradient_accumulation_steps; steps_per_generation (default: steps) the micro-batches one
+    generation batch is split into, over which TRL's num_items_in_batch counts.
+    """
     entropies = None
     if logits is not None:
         entropies = trl_entropy_from_logits(logits / temperature)  # TRL scores at logits / temperature
     metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
     args = types.SimpleNamespace(
-        use_bias_correction_kl=bias_kl, delta=delta, steps_per_generation=steps,
+        use_bias_correction_kl=bias_kl, delta=delta, steps_per_generation=steps_per_generation or steps,
         vespo_k_pos=vespo[0], vespo_lambda_pos=vespo[1], vespo_k_neg=vespo[2], vespo_lambda_neg=vespo[3],
         entropy_target=0.2, entropy_coef_delta=0.0, entropy_coef_min=0.0, entropy_coef_max=1.0)
     stub = types.SimpleNamespace(
@@ -125,28 +129,42 @@ LOSS_METRICS = {"clip_ratio/low_mean": "clip_ratio/low_mean", "clip_ratio/high_m
                 "vespo/phi_seq_mean": "vespo/phi_seq_mean"}
 
 
+def trl_entropy_coef(entropy_coef, micro_mask, steps, num_items):
+    """The coefficient at which TRL's bonus on a micro-batch, entropy_coef * (its token mean) / steps,
+    equals ours, entropy_coef * (its entropy sum) / (the accumulated batch's tokens): the whole of
+    the documented difference, 1x entropy_coef when every micro-batch holds num_items / steps tokens."""
+    return entropy_coef * float(micro_mask.sum()) * steps / max(num_items, 1)
+
+
 def check_against_trl(loss_type, level, beta, bias_kl, entropy_coef, steps, clip=(0.2, 0.2), delta=None,
-                      temperature=1.0, seed=0):
-    """One configuration: `steps` equal micro-batches, each through TRL and through grpo_loss."""
+                      temperature=1.0, seed=0, truncated=None):
+    """One configuration: `steps` equal micro-batches, each through TRL and through grpo_loss.
+
+    truncated [N]: mask_truncated_completions on (TRL zeroes those rows of completion_mask upstream).
+    TRL's entropy bonus is taken at `trl_entropy_coef` (it averages per micro-batch, ours per batch).
+    """
     lp, old, adv, mask, ref, logits = make_batch(seed)
+    eff = mask if truncated is None else mask & ~truncated[:, None]
     cfg = GRPOConfig(loss_type=loss_type, importance_sampling_level=level, beta=beta, clip_eps_low=clip[0],
                      clip_eps_high=clip[1], delta=delta, use_bias_correction_kl=bias_kl, entropy_coef=entropy_coef,
-                     temperature=temperature, max_completion_length=T, log_ratio_clamp=None)
+                     temperature=temperature, max_completion_length=T, log_ratio_clamp=None,
+                     mask_truncated_completions=truncated is not None)
     use_logits = entropy_coef > 0
     ref_in = ref if beta > 0 else None
     a_lp, a_lg = _leaves(lp, logits if use_logits else None)
     b_lp, b_lg = _leaves(lp, logits if use_logits else None)
-    num_items = int(mask.sum())
+    num_items = int(eff.sum())
     size = N // steps
     for s in range(0, N, size):
         sl = slice(s, s + size)
-        t_loss, t_m = trl_loss(a_lp[sl], old[sl], adv[sl], mask[sl], None if ref_in is None else ref_in[sl],
+        t_loss, t_m = trl_loss(a_lp[sl], old[sl], adv[sl], eff[sl], None if ref_in is None else ref_in[sl],
                                loss_type=loss_type, beta=beta, eps_low=clip[0], eps_high=clip[1], delta=delta,
                                level=level, logits=None if a_lg is None else a_lg[sl], temperature=temperature,
-                               entropy_coef=entropy_coef, bias_kl=bias_kl, steps=steps, num_items=num_items)
+                               entropy_coef=trl_entropy_coef(entropy_coef, eff[sl], steps, num_items),
+                               bias_kl=bias_kl, steps=steps, num_items=num_items)
         o_loss, o_m = ours(b_lp[sl], old[sl], adv[sl], mask[sl], None if ref_in is None else ref_in[sl], cfg,
                            logits=None if b_lg is None else b_lg[sl], num_items_in_batch=num_items,
-                           num_completions_in_batch=N)
+                           num_completions_in_batch=N, truncated=None if truncated is None else truncated[sl])
         torch.testing.assert_close(o_loss, t_loss, rtol=1e-10, atol=1e-12)
         for trl_name, our_name in LOSS_METRICS.items():
             if trl_name in t_m and (trl_name != "entropy" or use_logits):
@@ -194,19 +212,14 @@ def test_on_policy_matches_trl():
         torch.testing.assert_close(_grads(o_loss, [b])[0], _grads(t_loss, [a])[0], rtol=1e-10, atol=1e-12)
 
 
-def test_mask_truncated_completions_matches_trl():
-    """TRL zeroes truncated rows of completion_mask upstream; ours takes the flag and `truncated`."""
-    lp, old, adv, mask, ref, _ = make_batch(4)
+@pytest.mark.parametrize("steps", (1, 2, 4))
+def test_mask_truncated_completions_matches_trl(steps):
+    """TRL zeroes truncated rows of completion_mask upstream; ours takes the flag and `truncated`.
+    With the entropy bonus, in one batch and under accumulation, where the micro-batches hold
+    unequal token counts (8 and 12, or 3, 5, 6 and 6)."""
     truncated = torch.tensor([False, True, False, False, True, False, False, False])
-    eff = mask & ~truncated[:, None]
     for loss_type, level in itertools.product(SHARED_LOSS_TYPES, grpo.IMPORTANCE_SAMPLING_LEVELS):
-        cfg = GRPOConfig(loss_type=loss_type, importance_sampling_level=level, mask_truncated_completions=True,
-                         beta=0.05, use_bias_correction_kl=True, max_completion_length=T, log_ratio_clamp=None)
-        t_loss, t_m = trl_loss(lp, old, adv, eff, ref, loss_type=loss_type, level=level, beta=0.05)
-        o_loss, o_m = grpo_loss(lp, old, adv, mask, ref, cfg, truncated=truncated)
-        torch.testing.assert_close(o_loss, t_loss, rtol=1e-10, atol=1e-12)
-        if "clip_ratio/region_mean" in t_m:
-            assert o_m["clip_ratio/region_mean"] == pytest.approx(t_m["clip_ratio/region_mean"], abs=1e-7)
+        check_against_trl(loss_type, level, 0.05, True, 0.05, steps, seed=4, truncated=truncated)
 
 
 def test_sequence_clip_fraction_counts_empty_rows_as_trl():
@@ -367,26 +380,21 @@ def test_difference_kl_estimators_and_metric_without_beta():
 
 
 def test_difference_unequal_micro_batches():
-    """TRL divides grpo / bnpo / dr_grpo losses and the entropy bonus by the accumulation steps;
-    ours scales by the micro-batch's share N / num_completions_in_batch: equal for equal-sized
-    micro-batches (tested above), exact (TRL is not) for unequal ones."""
+    """TRL divides grpo / bnpo / dr_grpo losses by the accumulation steps; ours scales by the
+    micro-batch's share N / num_completions_in_batch: equal for equal-sized micro-batches (tested
+    above), exact (TRL is not) for unequal ones. So is the entropy bonus given num_items_in_batch."""
     lp, old, adv, mask, _, logits = make_batch(7)
+    parts = (slice(0, 2), slice(2, 8))
     cfg = GRPOConfig(loss_type="dr_grpo", max_completion_length=T, entropy_coef=0.05)
     full, _ = grpo_loss(lp, old, adv, mask, config=cfg, logits=logits)
     ours_sum = sum(grpo_loss(lp[sl], old[sl], adv[sl], mask[sl], config=cfg, logits=logits[sl],
-                             num_completions_in_batch=N)[0] for sl in (slice(0, 2), slice(2, 8)))
+                             num_items_in_batch=int(mask.sum()), num_completions_in_batch=N)[0] for sl in parts)
+    trl_full, _ = trl_loss(lp, old, adv, mask, loss_type="dr_grpo", logits=logits, entropy_coef=0.05)
     trl_sum = sum(trl_loss(lp[sl], old[sl], adv[sl], mask[sl], loss_type="dr_grpo", logits=logits[sl],
-                           entropy_coef=0.05, steps=2)[0] for sl in (slice(0, 2), slice(2, 8)))
-    # the policy term: ours is exact; the entropy bonus (a per-micro-batch mean) is exact in neither
-    pg = GRPOConfig(loss_type="dr_grpo", max_completion_length=T)
-    pg_full, _ = grpo_loss(lp, old, adv, mask, config=pg)
-    pg_ours = sum(grpo_loss(lp[sl], old[sl], adv[sl], mask[sl], config=pg, num_completions_in_batch=N)[0]
-                  for sl in (slice(0, 2), slice(2, 8)))
-    pg_trl = sum(trl_loss(lp[sl], old[sl], adv[sl], mask[sl], loss_type="dr_grpo", steps=2)[0]
-                 for sl in (slice(0, 2), slice(2, 8)))
-    torch.testing.assert_close(pg_ours, pg_full, rtol=1e-12, atol=1e-12)
-    assert not torch.allclose(pg_trl, pg_full)
-    assert not torch.allclose(ours_sum, trl_sum) and torch.isfinite(full)
+                           entropy_coef=0.05, steps=2)[0] for sl in parts)
+    torch.testing.assert_close(full, trl_full, rtol=1e-12, atol=1e-12)  # one batch: the same loss
+    torch.testing.assert_close(ours_sum, full, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(trl_sum, trl_full)
 
 
 def test_difference_exact_zero_for_tied_groups():
@@ -414,3 +422,61 @@ def test_difference_not_implemented_options_are_absent():
     for loss_type in ("cispo", "sapo", "luspo"):
         with pytest.raises(ValueError, match="loss_type"):
             GRPOConfig(loss_type=loss_type)
+
+
+def test_difference_entropy_bonus_under_accumulation_is_the_batch_token_mean():
+    """TRL's bonus is each micro-batch's token mean / steps; ours the accumulated batch's token mean.
+
+    Hand-computed: no policy signal (A = 0), T = 3, V = 4, two micro-batches of two rows.
+    Micro-batch 1: row 0 truncated (masked by mask_truncated_completions), row 1 one token at
+    uniform logits (H = log 4). Micro-batch 2: rows 2 and 3 two tokens each, uniform over two
+    tokens (H = log 2). Five tokens, 6 log 2 nats: ours -c * 6 log 2 / 5 = -1.2 c log 2, the one-batch
+    value (TRL's own at one step); TRL's sum -c * (log 4 / 1 + 4 log 2 / 4) / 2 = -1.5 c log 2, the
+    lone token of micro-batch 1 weighing as much as the four of micro-batch 2.
+    """
+    c, steps = 0.1, 2
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    truncated = torch.tensor([True, False, False, False])
+    eff = mask & ~truncated[:, None]
+    logits = torch.zeros(4, 3, 4, dtype=F64)
+    logits[2:, :, 2:] = -100.0  # two live tokens: H = log 2 (to 1e-40)
+    lp = torch.full((4, 3), -1.0, dtype=F64)
+    adv = torch.zeros(4, dtype=F64)
+    cfg = GRPOConfig(loss_type="dapo", entropy_coef=c, mask_truncated_completions=True)
+    parts = (slice(0, 2), slice(2, 4))
+    ours_sum = sum(grpo_loss(lp[sl], lp[sl], adv[sl], mask[sl], config=cfg, logits=logits[sl], truncated=truncated[sl],
+                             num_items_in_batch=5, num_completions_in_batch=4)[0] for sl in parts)
+    trl_sum = sum(trl_loss(lp[sl], lp[sl], adv[sl], eff[sl], loss_type="dapo", logits=logits[sl], entropy_coef=c,
+                           steps=steps, num_items=5)[0] for sl in parts)
+    trl_one_batch, _ = trl_loss(lp, lp, adv, eff, loss_type="dapo", logits=logits, entropy_coef=c)
+    assert float(ours_sum) == pytest.approx(-1.2 * c * math.log(2), rel=1e-12)
+    assert float(trl_one_batch) == pytest.approx(-1.2 * c * math.log(2), rel=1e-12)
+    assert float(trl_sum) == pytest.approx(-1.5 * c * math.log(2), rel=1e-12)
+
+
+@pytest.mark.parametrize("loss_type, ours_want, trl_want", [("dapo", (-1.0, 1.0), (-0.5, 1.5)),
+                                                             ("vespo", (1.0, -2.0), (0.5, -3.0))])
+def test_difference_window_tokens_with_steps_per_generation(loss_type, ours_want, trl_want):
+    """dapo / vespo divide by the accumulation window's effective tokens: ours counts them
+    (num_items_in_batch = the window's), TRL estimates them from its generation batch as
+    num_items_in_batch * gradient_accumulation_steps / steps_per_generation.
+
+    Hand-computed, on-policy (ratio 1, VESPO weight phi(1) = 1): the loss is -sum_it A_i / K (dapo)
+    or -sum_it A_i lp_it / K (vespo). One generation batch of two windows (steps_per_generation=2,
+    gradient_accumulation_steps=1): window 1 one token (lp -1, A 1), window 2 three tokens (lp -1,
+    -2, -3, A -1). Ours: K = 1 and 3, each window's own one-batch loss (dapo -1 and 1, vespo 1 and
+    -2); TRL: K = 4 * 1 / 2 = 2 for both, so window 1 gets half its loss and gradient, window 2 1.5x.
+    """
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    lp = torch.tensor([[-1.0, 0.0, 0.0], [-1.0, -2.0, -3.0]], dtype=F64)
+    adv = torch.tensor([1.0, -1.0], dtype=F64)
+    cfg = GRPOConfig(loss_type=loss_type)
+    for row in range(2):
+        sl = slice(row, row + 1)
+        k = int(mask[sl].sum())
+        ours_loss, _ = grpo_loss(lp[sl], lp[sl], adv[sl], mask[sl], config=cfg, num_items_in_batch=k)
+        trl_window, _ = trl_loss(lp[sl], lp[sl], adv[sl], mask[sl], loss_type=loss_type, num_items=4,
+                                 steps=1, steps_per_generation=2)
+        trl_own_batch, _ = trl_loss(lp[sl], lp[sl], adv[sl], mask[sl], loss_type=loss_type, num_items=k)
+        assert float(ours_loss) == pytest.approx(ours_want[row], rel=1e-12) == float(trl_own_batch)
+        assert float(trl_window) == pytest.approx(trl_want[row], rel=1e-12)

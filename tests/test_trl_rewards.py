@@ -84,10 +84,8 @@ def test_never_raises_and_says_why(caplog):
         out = rewards.trl_reward(prompts, [r["completion"] for r in recs])
     assert out == [None, 1.0]
     assert "MissingTruthError" in caplog.text
-    # a truth for another position, odd types, odd prompts, missing prompts: None or a score, never an exception
+    # odd types, odd prompts, missing prompts: None or a score, never an exception
     cols = _columns(recs)
-    cols["fen"] = [_records(2, 0)[1]["fen"], None]
-    assert rewards.trl_reward(prompts, ["x", "y"], **cols)[0] is None
     odd = rewards.trl_reward([None, 42, "Q: what?", prompts[0]], [None, 3.5, "z", {"bad": 1}],
                              **_columns([recs[0]] * 4))
     assert odd[:3] == [None, None, None] and odd[3] == -1.0

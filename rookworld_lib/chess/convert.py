@@ -30,6 +30,7 @@ from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
 from ..core.paths import atomic_file, json_line, read_jsonl
 from ..core.progress import tqdm
+from ..core.train_utils import run_lock
 from .engine import usable_cores
 from .rewards import EnvTruth
 
@@ -158,6 +159,9 @@ def env_record(line: OriginalEnvLine, ref: tasks.EnvTransition, split: str, iden
 
 # --- Files ---
 
+_ARROW_TEXT_TYPES = ("string", "large_string", "string_view")  # by name: string_view is pyarrow >= 16
+
+
 def _table_texts(path: Path) -> Iterator[str | None]:
     """The `text` column of a Parquet or Arrow file, batch by batch."""
     try:
@@ -168,22 +172,28 @@ def _table_texts(path: Path) -> Iterator[str | None]:
                          "(or export the data set's text column as a .txt file)") from None
     with contextlib.ExitStack() as stack:
         if path.suffix.lower() == ".parquet":
-            batches = pq.ParquetFile(path).iter_batches(batch_size=4096, columns=["text"])
+            table = pq.ParquetFile(path)
+            schema = table.schema_arrow  # the batches below hold the text column only
+            batches = table.iter_batches(batch_size=4096, columns=["text"]) if "text" in schema.names else ()
         else:
             source = stack.enter_context(pa.memory_map(str(path)))
             try:
                 batches = pa.ipc.open_stream(source)  # what the datasets library writes
+                schema = batches.schema
             except pa.ArrowInvalid:
                 reader = pa.ipc.open_file(source)
-                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                schema, batches = reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+        if "text" not in schema.names:
+            raise ValueError(f"{path}: no 'text' column (columns: {', '.join(schema.names) or 'none'})")
+        if str(kind := schema.field("text").type) not in _ARROW_TEXT_TYPES:
+            raise ValueError(f"{path}: column 'text' holds {kind}, not strings (the original lines as text)")
         for batch in batches:
-            if "text" not in batch.schema.names:
-                raise ValueError(f"{path}: no 'text' column (columns: {', '.join(batch.schema.names)})")
             yield from batch.column("text").to_pylist()
 
 
 def _text_file_lines(path: Path) -> Iterator[tuple[int, str]]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first line
+    with open(path, encoding="utf-8-sig", errors="replace") as fh:
         yield from enumerate(fh, 1)
 
 
@@ -282,14 +292,17 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     inputs = [Path(p) for p in inputs]
     for p in inputs:
+        if p.is_dir():
+            raise ValueError(f"{p}: is a directory; give the data files in it (.txt, .jsonl, .parquet or .arrow), "
+                             f"e.g. {p}/*.txt")
         if not p.is_file():
             raise ValueError(f"{p}: no such file")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     errors_path = out / f"convert_errors_{split}.txt"
     report = ConvertReport()
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:  # on an error every output's temporary file is removed
+        stack.enter_context(run_lock(out))  # one writer per directory, as datagen and training: RunDirBusyError
         err_fh = stack.enter_context(open(errors_path, "w", encoding="utf-8"))
         outputs: dict = {}
         bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))

@@ -188,18 +188,8 @@ def _validate(rec, task):
 
 def _validate_policy(rec, board):
     moves, evals = rec["moves"], rec["evals"]
-    if not 1 <= len(moves) <= tasks.MAX_CANDIDATES:
-        return f"field 'moves' must hold 1..{tasks.MAX_CANDIDATES} moves, has {len(moves)}"
-    for m in moves:
-        if not isinstance(m, str) or tasks.legal_move(board, m) is None:
-            return f"move {m!r} in 'moves' is not a legal UCI move in this position"
-    if len(set(moves)) != len(moves):
-        return "field 'moves' repeats a move"
-    if len(evals) != len(moves):
-        return f"field 'evals' has {len(evals)} entries for {len(moves)} moves"
-    for e in evals:
-        if not isinstance(e, str) or tasks.parse_eval(e) is None or tasks.format_eval(tasks.parse_eval(e)) != e:
-            return f"eval {e!r} is not in the eval format (pawns like '0.35', mates like 'M3' / '-M2')"
+    if err := tasks.policy_truth_error(board, moves, evals):  # the check of the truth a reward is given
+        return err
     if rec["best"] != moves[0]:
         return f"field 'best' {rec['best']!r} is not moves[0] {moves[0]!r}"
     if rec.get("original_best", moves[0]) not in moves:
@@ -223,12 +213,8 @@ def _validate_env(rec, board):
     hist = rec["history"]
     if not hist or hist[-1] != move or len(hist) > tasks.HISTORY_LEN or not all(isinstance(h, str) for h in hist):
         return f"field 'history' must be 1..{tasks.HISTORY_LEN} moves ending with the current move"
-    if err := tasks.fen_error(rec["new_fen"]):
-        return f"field 'new_fen': {err}"
-    if rec["reward"] not in tasks.ENV_REWARDS:
-        return f"field 'reward' must be one of {tasks.ENV_REWARDS}, got {rec['reward']!r}"
-    if rec["terminated"] not in (0, 1) or rec["truncated"] not in (0, 1):
-        return "fields 'terminated' and 'truncated' must be 0 or 1"
+    if err := tasks.env_truth_error(rec["new_fen"], rec["reward"], rec["terminated"], rec["truncated"]):
+        return err  # the check of the truth a reward is given
     wrong = rec["kind"] != "legal"
     if wrong and (rec["new_fen"] != rec["fen"] or rec["reward"] != tasks.REWARD_ILLEGAL or rec["truncated"] != 1
                   or rec["terminated"] != 0):
@@ -308,6 +294,18 @@ def data_files_of(name: str, data_dir: str | os.PathLike | None = None) -> list[
 _SHARD_RE = re.compile(r"-\d{5}\.jsonl(\.gz)?")
 
 
+def missing_shards(name: str, data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """The shards of `name` that a directory lacks: shards are numbered from 00000 without gaps, so
+    each number below the highest one there names a file whose records are lost."""
+    stem = name.removesuffix(".jsonl")
+    shards = {int(p.name[len(stem) + 1:len(stem) + 6]): p for p in data_files_of(name, data_dir)
+              if _SHARD_RE.fullmatch(p.name[len(stem):])}
+    if not shards:
+        return []
+    gz = shards[min(shards)].name.endswith(".gz")  # a lost shard was compressed as its neighbours are
+    return [Path(data_dir or DATA_DIR) / data_file_name(name, i, gz) for i in range(max(shards)) if i not in shards]
+
+
 def iter_records(paths, *, task: str | None = None) -> Iterator[tuple[str, int, dict]]:
     """(file, line number, record) of every line of `paths` in order, each validated as it is read
     (memory does not grow with the files): a bad line raises DataFormatError ``file:line: reason``."""
@@ -332,19 +330,46 @@ def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike |
     return base / TASK_FILES[task].format(split=split)
 
 
+def split_files(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """Every file of one task and split (or of the mate-in-one set, task 'M1') in a directory: plain,
+    gzip-compressed or sharded (data_files_of); empty when there is none. A gap in a shard numbering
+    raises DataFormatError naming the missing file: reading around it would lose its records silently."""
+    path = data_file(task, split, data_dir)
+    if lost := missing_shards(path.name, path.parent):
+        raise DataFormatError(f"{lost[0]}: missing shard ({len(lost)} missing: shards are numbered from 00000 "
+                              "without gaps); its records are lost: generate the data again")
+    return data_files_of(path.name, path.parent)
+
+
+def split_paths(split: str, data_dir: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The P: then the A: files of a split (split_files), as SFT's train_data / val_data take them."""
+    return tuple(str(f) for task in ("P", "A") for f in split_files(task, split, data_dir))
+
+
+def looked_for(task: str, split: str | None = None) -> str:
+    """The names a split's files may have, for messages: ``policy_test.jsonl[.gz] or policy_test-NNNNN.jsonl[.gz]``."""
+    stem = data_file(task, split).stem
+    return f"{stem}.jsonl[.gz] or {stem}-NNNNN.jsonl[.gz]"
+
+
 def load_split(task: str, split: str, data_dir=None, *, on_error: str = "raise") -> LoadedData:
-    """The records of one task ('P' or 'A') and split ('train', 'val', 'test'): its file or its shards."""
-    return _load_all(data_file(task, split, data_dir), task, on_error)
+    """The records of one task ('P' or 'A') and split ('train', 'val', 'test'): its file, its .gz or
+    its shards, in order. Every reader of a split goes through here (or load_mate_in_one)."""
+    return _load_all(task, split, data_dir, on_error)
 
 
 def load_mate_in_one(data_dir=None, *, on_error: str = "raise") -> LoadedData:
     """The mate-in-one records (val and test)."""
-    return _load_all(data_file("M1", None, data_dir), "M1", on_error)
+    return _load_all("M1", None, data_dir, on_error)
 
 
-def _load_all(path: Path, task: str, on_error: str) -> LoadedData:
-    """load_jsonl over every file of a data file's name (data_files_of), as one LoadedData."""
-    files = data_files_of(path.name, path.parent) or [path]  # none: load_jsonl says the file is missing
+def _load_all(task: str, split: str | None, data_dir, on_error: str) -> LoadedData:
+    """load_jsonl over every file of a split (split_files), as one LoadedData; none raises
+    DataFormatError naming the directory and the names looked for."""
+    files = split_files(task, split, data_dir)
+    if not files:
+        raise DataFormatError(f"{Path(data_dir or DATA_DIR)}: no {looked_for(task, split)} "
+                              "(`rookworld datagen --out DIR` or `rookworld convert ... --out DIR` writes them)")
     parts = [load_jsonl(f, task=task, on_error=on_error) for f in files]
     if len(parts) == 1:
         return parts[0]

@@ -9,7 +9,9 @@ when `exclude_dir` names a data set that holds it in val or test.
 mate-in-one positions; Stockfish (on datagen's own UCI client, :class:`LeanPool`) labels ``P:`` at a
 reproducible limit (one thread, cleared hash) and python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
 interrupted run resumes with the same settings; record files are written atomically at the end,
-and one that would be empty is not written (an older one of that name is removed).
+and one that would be empty is not written (an older one of that name is removed). A run holds
+``<out>/.lock`` while it writes (:func:`.core.train_utils.run_lock`, as training does): a second run
+into the same directory stops before it touches anything.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ import chess.engine
 
 from . import engine, tasks
 from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, data_file_name, data_files_of, load_jsonl,
-                   mating_moves, move_tags, position_tags, render_card_tables, summarize)
+                   mating_moves, missing_shards, move_tags, position_tags, render_card_tables, summarize)
 from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
 from ..core.paths import DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines
 from ..core.progress import tqdm
 from ..core.config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
+from ..core.train_utils import run_lock
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ RANDOM_ENV_WEIGHT = 0.5  # ... and as A:
 class DatagenConfig:
     """Settings of one data-generation run. Bad values fail at construction, naming the field."""
 
-    out_dir: str = option(str(DATA_DIR), "output directory")
+    out_dir: str = option(str(DATA_DIR / "generated"), "output directory (never the shipped data/: its files are the reference set)")
     seed: int = option(20261122, "seeds every game and every sampling decision")
     games: int = option(320, "games to play (split 8:1:1 into train/val/test by game)", min=1)
     depth: int | None = option(8, "Stockfish depth of the P: labels (None: use nodes)", min=1, max=40)
@@ -654,47 +657,54 @@ class DatagenReport:
 
 
 def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) -> DatagenReport:
-    """Run (or resume) data generation into cfg.out_dir. Engine failures and Ctrl-C propagate; what was
-    finished stays in the work directory for the next run."""
-    work = cfg.work_path()
+    """Run (or resume) data generation into cfg.out_dir, holding its lock (one writer per directory:
+    a second run raises RunDirBusyError before it writes anything). Engine failures and Ctrl-C
+    propagate; what was finished stays in the work directory for the next run."""
     settings = EngineSettings(depth=cfg.depth, nodes=cfg.nodes, multipv=cfg.multipv, path=cfg.stockfish)
-    seconds: dict[str, float] = {}
-    clock = time.perf_counter
     with LeanPool(settings, size=cfg.workers) as pool:  # finds and starts Stockfish first: no stray dirs
         engine_name = pool.version()
-        _open_work_dir(work, {"config": cfg.content_key(), "engine": engine_name}, fresh)
-        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
-        t = clock()
-        games, played = _play_games(cfg, pool, work / "games.jsonl", progress)
-        seconds["games"], t = clock() - t, clock()
-        outputs = _Outputs(work, cfg)
-        try:
-            # one pass: A: records are written as their games are sampled (memory does not grow with
-            # them); P: positions and mate-in-one positions wait for the labels
-            policy, mate = [], []
-            for sel in select_samples(games, cfg, progress=progress):  # cheap and deterministic: never stored
-                policy += sel.policy
-                mate += sel.mate
-                for s in sel.env:
-                    outputs.add(TASK_FILES["A"].format(split=s["split"]), functools.partial(env_record, s))
-            seconds["select"], t = clock() - t, clock()
-            labels, labelled = _label(list(dict.fromkeys(s["fen"] for s in policy)), pool, work / "labels.jsonl",
-                                      progress)
-            seconds["label"], t = clock() - t, clock()
-            for s in policy:
-                if labels[s["fen"]]["moves"]:  # a position without legal moves has no label
-                    outputs.add(TASK_FILES["P"].format(split=s["split"]),
-                                functools.partial(policy_record, s, labels[s["fen"]], engine_name))
-            for s in mate:
-                outputs.add(MATE_FILE, functools.partial(mate_record, s))
-            outputs.finish()
-        except BaseException:
-            outputs.abort()
-            raise
-        counts = outputs.publish(Path(cfg.out_dir))
-        seconds["write"] = clock() - t
-    if not cfg.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
+        with run_lock(cfg.out_dir):
+            report = _generate(cfg, pool, engine_name, progress, fresh)
+            if not cfg.keep_work:
+                shutil.rmtree(cfg.work_path(), ignore_errors=True)
+    return report
+
+
+def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bool, fresh: bool) -> DatagenReport:
+    """The run itself, under the lock: games, sample selection, labels, then the record files."""
+    work = cfg.work_path()
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter
+    _open_work_dir(work, {"config": cfg.content_key(), "engine": engine_name}, fresh)
+    t = clock()
+    games, played = _play_games(cfg, pool, work / "games.jsonl", progress)
+    seconds["games"], t = clock() - t, clock()
+    outputs = _Outputs(work, cfg)
+    try:
+        # one pass: A: records are written as their games are sampled (memory does not grow with
+        # them); P: positions and mate-in-one positions wait for the labels
+        policy, mate = [], []
+        for sel in select_samples(games, cfg, progress=progress):  # cheap and deterministic: never stored
+            policy += sel.policy
+            mate += sel.mate
+            for s in sel.env:
+                outputs.add(TASK_FILES["A"].format(split=s["split"]), functools.partial(env_record, s))
+        seconds["select"], t = clock() - t, clock()
+        labels, labelled = _label(list(dict.fromkeys(s["fen"] for s in policy)), pool, work / "labels.jsonl",
+                                  progress)
+        seconds["label"], t = clock() - t, clock()
+        for s in policy:
+            if labels[s["fen"]]["moves"]:  # a position without legal moves has no label
+                outputs.add(TASK_FILES["P"].format(split=s["split"]),
+                            functools.partial(policy_record, s, labels[s["fen"]], engine_name))
+        for s in mate:
+            outputs.add(MATE_FILE, functools.partial(mate_record, s))
+        outputs.finish()
+    except BaseException:
+        outputs.abort()
+        raise
+    counts = outputs.publish(Path(cfg.out_dir))
+    seconds["write"] = clock() - t
     return DatagenReport(counts=counts, games_played=played, games_reused=len(games) - played,
                          positions_labelled=labelled, labels_reused=len(labels) - labelled, seconds=seconds,
                          engine=engine_name, env_records=sum(n for k, n in counts.items() if k.startswith("env_")))
@@ -734,13 +744,17 @@ def _read_work(path: Path) -> list[dict]:
 def _play_games(cfg: DatagenConfig, pool: LeanPool, path: Path, progress: bool) -> tuple[list[dict], int]:
     """Every game in index order (those in the work file reused), and how many were played now."""
     games = {g["game"]: g for g in _read_work(path)}
-    todo = [i for i in range(cfg.games + cfg.mate_games + cfg.test_games) if i not in games]
-    if todo:
+    n = cfg.games + cfg.mate_games + cfg.test_games
+    # the indices to play, generated as games finish: memory grows with the games played, not the count asked for
+    todo = (i for i in range(n) if i not in games)
+    total = n - sum(i < n for i in games)
+    if total:
         with JsonlAppender(path, sync_every=8) as app:  # a game is slow to replay: sync often
-            for _, g in threaded(lambda i: play_game(i, cfg, pool), todo, cfg.workers, progress, "games", unit="game"):
+            for _, g in threaded(lambda i: play_game(i, cfg, pool), todo, cfg.workers, progress, "games", unit="game",
+                                 total=total):
                 app.write(g)
                 games[g["game"]] = g
-    return [games[i] for i in sorted(games)], len(todo)
+    return [games[i] for i in sorted(games)], total
 
 
 def _label(fens: list[str], pool: LeanPool, path: Path, progress: bool) -> tuple[dict, int]:
@@ -768,8 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate Stockfish-labelled P:/A: samples and the mate-in-one set as JSON lines "
                     "(resumable: rerun the same command after an interruption), or validate/summarise files.")
     docs = field_docs(DatagenConfig)
-    p.add_argument("--out", dest="out_dir", default=DatagenConfig.out_dir,
-                   help=f"{docs['out_dir']} (default: {DatagenConfig.out_dir})")
+    p.add_argument("--out", dest="out_dir", default=None,
+                   help=f"output directory (default: {DatagenConfig.out_dir}, git-ignored); --validate and "
+                        f"--summary read it, or the shipped {DATA_DIR} without --out")
     add_config_arguments(p, DatagenConfig, skip=("out_dir", "depth", "nodes", "workers"))
     depth_or_nodes = p.add_mutually_exclusive_group()  # default None, so that giving one clears the other
     depth_or_nodes.add_argument("--depth", type=int, help=f"{docs['depth']} (default: {DatagenConfig.depth})")
@@ -789,9 +804,15 @@ def _fail(message: str, status: int, lead: str = "") -> int:
     return status
 
 
+def _no_data_files(out: str) -> str:
+    return f"no data files (*.jsonl, *.jsonl.gz) in {out}{'' if Path(out).is_dir() else ' (no such directory)'}"
+
+
 def _validate_files(files: list[Path], out: str) -> int:
+    """Validate every line of `files`, and the shard numbering of their directories (a missing shard is
+    lost records); one line per file, errors on stderr; 1 if any is bad."""
     if not files:
-        return _fail(f"error: no data files (*.jsonl, *.jsonl.gz) in {out}", 1)
+        return _fail(f"error: {_no_data_files(out)}", 1)
     bad = 0
     for f in files:
         try:
@@ -799,36 +820,42 @@ def _validate_files(files: list[Path], out: str) -> int:
         except DataFormatError as exc:
             print(f"error: {exc}", file=sys.stderr)
             bad += 1
+    for gap in sorted({m for d in {f.parent for f in files} for name in DATA_FILES for m in missing_shards(name, d)}):
+        print(f"error: {gap}: missing shard (shards are numbered from 00000 without gaps); its records are lost: "
+              "generate the data again", file=sys.stderr)
+        bad += 1
     return 1 if bad else 0
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`rookworld datagen`: 0 on success; 1 for bad data files, a failed engine or an I/O error;
-    2 for bad settings or a missing Stockfish; 130 after Ctrl-C. Errors are one line on stderr."""
+    """`rookworld datagen`: 0 on success, 130 after Ctrl-C; 1 for any error a user can cause (bad data
+    files or settings, a missing or failing Stockfish, an --out that another run is writing or that
+    cannot be written), in one line on stderr: engine failures and Ctrl-C here (the finished work is
+    kept for the same command), the rest from `cli.main`, which names an unwritable path without
+    promising a resume. A command line argparse cannot parse is refused with its usage and status 2,
+    as in every `rookworld` command."""
     args = build_parser().parse_args(argv)
+    if args.out_dir is None:  # reading defaults to the shipped set; writing never goes there by default
+        args.out_dir = str(DATA_DIR) if args.validate is not None or args.summary else DatagenConfig.out_dir
     if args.validate is not None:
         out = Path(args.out_dir)
         return _validate_files([Path(f) for f in args.validate] or sorted([*out.glob("*.jsonl"), *out.glob("*.jsonl.gz")]),
                                args.out_dir)
-    try:
-        if args.summary:
-            print(render_card_tables(summarize(args.out_dir)))
-            return 0
-        fields = config_kwargs_from_args(DatagenConfig, args)
-        if fields["depth"] is None and fields["nodes"] is None:
-            fields["depth"] = DatagenConfig.depth
-        cfg = DatagenConfig(**{**fields, "workers": args.workers or usable_cores()})
-    except (ValueError, OSError) as exc:  # DataFormatError of --summary included
-        return _fail(str(exc), 1 if args.summary else 2)
+    if args.summary:
+        summary = summarize(args.out_dir)
+        if not summary["files"]:
+            raise ValueError(_no_data_files(args.out_dir))
+        print(render_card_tables(summary))
+        return 0
+    fields = config_kwargs_from_args(DatagenConfig, args)
+    if fields["depth"] is None and fields["nodes"] is None:
+        fields["depth"] = DatagenConfig.depth
+    cfg = DatagenConfig(**{**fields, "workers": args.workers or usable_cores()})
     resume = f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"
     try:
         report = generate(cfg, progress=not args.no_progress, fresh=args.fresh)
-    except (StockfishNotFoundError, WorkDirMismatch, DataFormatError) as exc:
-        return _fail(str(exc), 2)
     except (EngineFailedError, chess.engine.EngineError, TimeoutError) as exc:
         return _fail(f"error: Stockfish failed ({type(exc).__name__}: {exc}); {resume}", 1)
-    except OSError as exc:
-        return _fail(f"error: {exc}; {resume}", 1)
     except KeyboardInterrupt:
         return _fail(f"interrupted; {resume}", 130, lead="\n")
     rate = report.label_positions_per_s

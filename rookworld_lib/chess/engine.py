@@ -5,7 +5,9 @@
 search starts from a cleared hash, so its result depends only on (position, limit): it can be cached
 and audited. :class:`EnginePool` runs up to ``size`` engines, one thread each. Engines fail loudly
 and never hang: every search has a time limit from its budget (:func:`search_timeout`), and a failed
-start or request is retried on a fresh process, then raises :class:`EngineFailedError`.
+start or request is retried on a fresh process, then raises :class:`EngineFailedError`. Each engine
+runs in a process group of its own and is killed as a group: one behind a wrapper script dies with
+its children.
 (Data generation labels and plays on its own lean UCI client, :class:`.datagen.LeanPool`: same results.)
 
 Engines end one way, :meth:`EnginePool.close` (``with``, garbage collection, Ctrl-C in ``map``, and
@@ -18,10 +20,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import queue
 import shutil
+import signal
 import threading
 import weakref
 from collections import OrderedDict
@@ -226,19 +230,27 @@ _RETRYABLE = (chess.engine.EngineError, asyncio.TimeoutError, TimeoutError, Brok
               ConnectionResetError, concurrent.futures.CancelledError)
 
 
-def threaded(fn: Callable, items: list, workers: int, progress: bool = False, desc: str = "",
-             unit: str = "item") -> Iterator[tuple[int, object]]:
-    """(index, fn(item)) as each call completes, on up to `workers` threads. An exception (or Ctrl-C)
-    cancels the calls not yet started and propagates without waiting for the running ones."""
-    if not items:
+def threaded(fn: Callable, items: Iterable, workers: int, progress: bool = False, desc: str = "",
+             unit: str = "item", total: int | None = None) -> Iterator[tuple[int, object]]:
+    """(index, fn(item)) as each call completes, on up to `workers` threads. `items` (`total` of them;
+    len(items) by default) is read as calls complete, at most 2 x workers ahead: memory does not grow
+    with the count. An exception (or Ctrl-C) cancels the calls not yet started and propagates without
+    waiting for the running ones."""
+    total = len(items) if total is None else total  # type: ignore[arg-type]
+    if not total:
         return
-    ex = ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="rookworld")
-    with tqdm(total=len(items), desc=desc, unit=unit, disable=not progress) as bar:
+    todo = enumerate(items)
+    ex = ThreadPoolExecutor(max_workers=min(workers, total), thread_name_prefix="rookworld")
+    with tqdm(total=total, desc=desc, unit=unit, disable=not progress) as bar:
         try:
-            futures = {ex.submit(fn, it): i for i, it in enumerate(items)}
-            for fut in concurrent.futures.as_completed(futures):
-                yield futures[fut], fut.result()
-                bar.update(1)
+            running = {ex.submit(fn, it): i for i, it in itertools.islice(todo, 2 * workers)}
+            while running:
+                done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in done:
+                    i = running.pop(fut)
+                    running.update({ex.submit(fn, it): k for k, it in itertools.islice(todo, 1)})
+                    yield i, fut.result()
+                    bar.update(1)
         except BaseException:
             ex.shutdown(wait=False, cancel_futures=True)
             raise
@@ -246,11 +258,15 @@ def threaded(fn: Callable, items: list, workers: int, progress: bool = False, de
 
 
 def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
-    """Close the transport (which kills the process) and wait until it has been reaped."""
+    """Close the transport (which kills the process), wait until it has been reaped, then kill what is
+    left of its process group (see EnginePool._spawn): the children of an engine behind a wrapper
+    script, which would otherwise live on. The group's id stays taken while any of them lives."""
     with contextlib.suppress(Exception):
         eng.close()
     with contextlib.suppress(Exception):
         eng.returncode.result(timeout=wait)
+    with contextlib.suppress(OSError):
+        os.killpg(eng.transport.get_pid(), signal.SIGKILL)
 
 
 def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue) -> None:
@@ -330,7 +346,9 @@ class EnginePool:
         for _ in range(self.settings.max_retries + 1):
             eng = None
             try:
-                eng = chess.engine.SimpleEngine.popen_uci(self.path, timeout=self.timeout)
+                # a process group of its own: killed as a group (_kill_engine), and out of reach of the
+                # terminal's Ctrl-C, which the pool handles itself
+                eng = chess.engine.SimpleEngine.popen_uci(self.path, timeout=self.timeout, setpgrp=True)
                 eng.configure({"Threads": self.settings.threads, "Hash": self.settings.hash_mb})
                 self._version = self._version or eng.id.get("name", "unknown")
                 return eng

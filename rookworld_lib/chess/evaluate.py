@@ -24,12 +24,12 @@ import json
 import math
 import random
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import chess
-import torch
 
 from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
@@ -39,7 +39,7 @@ from ..core.sampling import SamplingConfig, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_sft import METRICS_FILE
-from ..core.train_utils import read_metrics
+from ..core.train_utils import read_metrics, resolve_device
 from ..core.config import add_config_arguments, config_kwargs_from_args, option, validate
 from .training import layout_of, read_layout
 
@@ -140,10 +140,10 @@ class EvalConfig:
 
     decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
     temperature: float = option(1.0, "for sampled decoding", min=0.0, min_open=True)
-    max_new_tokens: int | None = option(None, "completion budget; None: the layout's (tasks.COMPLETION_BUDGET)", min=1)
+    max_new_tokens: int | None = option(None, "completion budget in tokens; None: the model layout's (96 compact, 128 original)", min=1)
     batch_size: int = option(32, "prompts decoded together (each as `samples` rows for pass@1)", min=1)
-    max_policy: int | None = option(None, "cap on P: records evaluated (None = all)", min=0)
-    max_env: int | None = option(None, "cap on A: records evaluated (None = all)", min=0)
+    max_policy: int | None = option(None, "cap on P: records evaluated (None = all; 0 = no policy suite)", min=0)
+    max_env: int | None = option(None, "cap on A: records evaluated (None = all; 0 = no env suite)", min=0)
     selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
     selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
     layout: str | None = option(None, "prompt layout; None: the model's own (training.layout_of; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
@@ -326,16 +326,25 @@ def self_play(model: GPT, cfg: EvalConfig) -> dict:
     return {"self_play/legal_half_moves": mean_interval(legal_plies)}
 
 
+def selected_suites(policy_records, env_records, mate_records, cfg: EvalConfig) -> list[str]:
+    """The suites an evaluation runs: each with records and not capped at 0 (max_policy / max_env),
+    and self-play when cfg.selfplay_games > 0."""
+    runs = {"policy": bool(policy_records) and cfg.max_policy != 0, "mate_in_one": bool(mate_records),
+            "env": bool(env_records) and cfg.max_env != 0, "self_play": cfg.selfplay_games > 0}
+    return [name for name, yes in runs.items() if yes]
+
+
 def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: EvalConfig) -> dict:
-    """All suites; skips a suite whose record list is empty."""
+    """Every suite of selected_suites (a suite without records, or capped at 0, is left out)."""
+    chosen = selected_suites(policy_records, env_records, mate_records, cfg)
     out = {}
-    if policy_records:
+    if "policy" in chosen:
         out.update(evaluate_policy(model, policy_records, cfg))
-    if mate_records:
+    if "mate_in_one" in chosen:
         out.update(evaluate_mate_in_one(model, mate_records, cfg))
-    if env_records:
+    if "env" in chosen:
         out.update(evaluate_environment(model, env_records, cfg))
-    if cfg.selfplay_games:
+    if "self_play" in chosen:
         out.update(self_play(model, cfg))
     return out
 
@@ -349,9 +358,33 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
     for m in sorted({m for res in columns.values() for m in res}):
         ref, measured = reference.get(m, (None, ""))
         rows.append({"metric": m, **{name: str(res.get(m, "")) for name, res in columns.items()},
-                     REFERENCE_NAME: "" if ref is None else (f"{100 * ref:.1f}%" if ref <= 1 else f"{ref}"),
+                     REFERENCE_NAME: "" if ref is None else _reference_text(ref),
                      "reference measured": measured})
-    return pd.DataFrame(rows).set_index("metric")
+    return pd.DataFrame(rows, columns=["metric", *columns, REFERENCE_NAME, "reference measured"]).set_index("metric")
+
+
+TERMINAL_WIDTH = 120
+
+
+def terminal_table(results: dict, model: str, width: int = TERMINAL_WIDTH) -> str:
+    """`rookworld eval`'s table for a terminal: metric, this model's estimate, and the figure reported
+    for the original model where one measured the same thing, then a key saying what each reported
+    figure measured; no line wider than `width`."""
+    import pandas as pd
+
+    ref = "reported"
+    rows = [{"metric": m, model: str(results[m]),
+             ref: "" if m not in REFERENCE_ROOKWORLD_LM_124M else _reference_text(REFERENCE_ROOKWORLD_LM_124M[m][0])}
+            for m in sorted(results)]
+    table = pd.DataFrame(rows).set_index("metric").to_string(max_colwidth=width // 2)
+    key = [f"{model}: estimate [95% interval] (n = records scored)",
+           f"{ref}: {REFERENCE_NAME.removesuffix(' (reported)')}, GPT-2 124M, as its README reports it; measured as:"]
+    key += [f"  {m}: {REFERENCE_ROOKWORLD_LM_124M[m][1]}" for m in sorted(results) if m in REFERENCE_ROOKWORLD_LM_124M]
+    return "\n".join([table, "", *(textwrap.fill(k, width, subsequent_indent="    ") for k in key)])
+
+
+def _reference_text(value: float) -> str:
+    return f"{100 * value:.1f}%" if value <= 1 else f"{value}"
 
 
 def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[float]:
@@ -432,7 +465,7 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
-                                  f"--out-dir, trained with --checkpoint-interval N --keep-checkpoints 0)")
+                                  f"--out, trained with --checkpoint-interval N --keep-checkpoints 0)")
     history = read_metrics(run_dir / METRICS_FILE)
     rows = []
     for step, path in found:
@@ -468,12 +501,11 @@ def cli(argv: list[str] | None = None) -> int:
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
                                         "(after rookworld convert; the layout comes from the model)")
     ap.add_argument("model", help="Hugging Face GPT-2 directory (ours or RookWorld-LM)")
-    ap.add_argument("--data-dir", default=None, help="directory with policy_test.jsonl / env_test.jsonl / mate_in_one.jsonl "
-                                                     "(default data/; a missing file skips its suite)")
-    ap.add_argument("--max-policy", type=int, default=200, help="cap on P: records evaluated (default: 200)")
-    ap.add_argument("--max-env", type=int, default=200, help="cap on A: records evaluated (default: 200)")
-    add_config_arguments(ap, EvalConfig, skip=("max_policy", "max_env"),
-                         metavars={"layout": "{" + ",".join(tasks.LAYOUTS) + "}"})
+    ap.add_argument("--data-dir", default=None, help="directory with the test data: policy_test, env_test and "
+                    "mate_in_one (.jsonl, .jsonl.gz or shards; default data/); a missing one skips its suite, "
+                    "none at all is an error")
+    add_config_arguments(ap, EvalConfig, metavars={"layout": "{" + ",".join(tasks.LAYOUTS) + "}"})
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu, cuda, cuda:N (default: auto)")
     ap.add_argument("--json", action="store_true", help="print results as one JSON object")
     ap.add_argument("--every-checkpoint", action="store_true",
                     help="MODEL is a `rookworld sft` run directory: evaluate each of its checkpoints on the P: and A: "
@@ -482,31 +514,58 @@ def cli(argv: list[str] | None = None) -> int:
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
     if args.every_checkpoint:
         return _curve_cli(args, cfg)
-    model = GPT.from_pretrained(args.model).eval()
-    if torch.cuda.is_available():
-        model = model.cuda()
+    suites = load_test_suites(args.data_dir)  # before the model loads: missing data or no suite stop here
+    if not selected_suites(suites["P"], suites["A"], suites["M1"], cfg):
+        raise ValueError("no suite selected: no suite with test records is left on (--max-policy / --max-env 0 turn "
+                         "the policy / env suite off) and --selfplay-games is 0; select one with --selfplay-games N, "
+                         "--max-policy N, --max-env N or a --data-dir holding that suite's test data")
+    model = GPT.from_pretrained(args.model).eval().to(resolve_device(args.device))
     cfg = cfg.for_model(model)
     print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
           f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
-    suites = {}
-    for key in ("P", "A", "M1"):
-        path = data.data_file(key, "test", args.data_dir)  # the mate-in-one set holds val and test records
-        if path.exists():
-            suites[key] = data.load_jsonl(path, task=key).records
-        else:
-            print(f"{path}: not found, its suite is skipped", file=sys.stderr)
-    mate = [r for r in suites.get("M1", []) if r["split"] == "test"]
-    results = evaluate_all(model, suites.get("P", []), suites.get("A", []), mate, cfg)
+    results = evaluate_all(model, suites["P"], suites["A"], suites["M1"], cfg)
     if args.json:
         print(json.dumps(results_to_json(results), allow_nan=False))
     else:
-        print(comparison_table({Path(args.model).name: results}).to_string())
+        print(terminal_table(results, model_label(args.model)))
     return 0
+
+
+def model_label(path: str | Path) -> str:
+    """A model directory's name for a table: `<run>/final` (or `/step_N`) rather than a bare "final"."""
+    p = Path(path).resolve()
+    return f"{p.parent.name}/{p.name}" if p.name == "final" or p.name.startswith("step") else p.name
+
+
+_SUITE_NAMES = {"P": "policy", "A": "env", "M1": "mate-in-one"}
+_SUITE_SPLIT = {"P": "test", "A": "test", "M1": None}  # the mate-in-one set is one file of val and test records
+
+
+def load_test_suites(data_dir=None, keys: Sequence[str] = ("P", "A", "M1")) -> dict[str, list]:
+    """The test records of each suite (P, A, M1) in a data directory (default data/), read by
+    data.load_split / load_mate_in_one (plain, .gz or sharded files). A missing suite is an empty list
+    and a line on stderr; a directory holding none of them raises, naming the files looked for."""
+    base = Path(data_dir or data.DATA_DIR)
+    found = {k: data.split_files(k, _SUITE_SPLIT[k], base) for k in keys}
+    if not any(found.values()):
+        raise ValueError(f"{base}: no test data: looked for "
+                         + "; ".join(data.looked_for(k, _SUITE_SPLIT[k]) for k in keys)
+                         + " (`rookworld datagen --out DIR` or `rookworld convert ... --split test --out DIR` writes them)")
+    suites = {}
+    for k in keys:
+        if k == "M1" and found[k]:
+            suites[k] = [r for r in data.load_mate_in_one(base) if r["split"] == "test"]
+        else:
+            suites[k] = data.load_split(k, "test", base).records if found[k] else []
+        if not suites[k]:
+            why = "its file holds no test records" if found[k] else f"no {data.looked_for(k, _SUITE_SPLIT[k])}"
+            print(f"{base}: {why}: the {_SUITE_NAMES[k]} suite is skipped", file=sys.stderr)
+    return suites
 
 
 def _curve_cli(args, cfg: EvalConfig) -> int:
 
-    suites = {key: data.load_split(key, "test", args.data_dir).records for key in ("P", "A")}
+    suites = load_test_suites(args.data_dir, ("P", "A"))
 
     def show(row):
         print(json.dumps({k: v["value"] if isinstance(v, dict) else v for k, v in row.items()}), file=sys.stderr)

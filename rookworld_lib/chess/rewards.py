@@ -3,12 +3,15 @@
 ``score_policy`` / ``score_environment`` return a float in ``[-1, 1]`` for (prompt, completion); the
 ``*_detailed`` variants return every component; ``trl_*`` wrap them for TRL. Nothing about the text
 raises. The set-up does, since a reward without ground truth, or a crash scored as a bad answer, is
-worse than a stop: TruthError (wrong kind or position), MissingTruthError (no truth, engine=None),
-StockfishNotFoundError (no truth, no Stockfish), EngineFailedError (every retry failed).
+worse than a stop: TruthError (a truth that fails the record check, or for another position),
+MissingTruthError (no truth, engine=None), StockfishNotFoundError (no truth, no Stockfish),
+EngineFailedError (every retry failed).
 
 Ground truth: ``truth=`` (a ``data/*.jsonl`` record, a :class:`PolicyTruth` / :class:`EnvTruth`, an
 ``engine.Analysis``), else one from :func:`register_truth`, else live Stockfish for ``P:`` (multipv 5,
-depth 8 like the shipped data) and a python-chess replay of the prompt for ``A:``.
+depth 8 like the shipped data) and a python-chess replay of the prompt for ``A:``. A given or
+registered truth is checked as the data files' records are (:func:`policy_truth`, :func:`env_truth`),
+once per distinct truth.
 
 Policy: -1.0 for garbage (no ``M:``/``E:``/``B:``, or not ``P: <valid FEN>``); -0.5 + 0.25 * format
 when ``B:`` is missing or illegal; else the weighted sum in [0, 1] (:class:`PolicyWeights`) of
@@ -51,11 +54,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import reprlib
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 
 import chess
+import numpy as np
 
 from . import tasks
 from .engine import (SHARED_CACHE, Analysis, EngineFailedError, StockfishNotFoundError, find_stockfish, get_pool,
@@ -178,41 +183,70 @@ class EnvTruth:
     truncated: int
 
 
+POLICY_TRUTH_COLUMNS = ("fen", "moves", "evals")  # plus the optional "limit" (default DEFAULT_LIMIT)
+ENV_TRUTH_COLUMNS = ("new_fen", "reward", "terminated", "truncated")
+DEFAULT_LIMIT = "depth=8"  # the shipped data's search limit
+
+
 def _getter(obj):
     return obj.get if isinstance(obj, Mapping) else (lambda k, d=None: getattr(obj, k, d))
 
 
 def policy_truth(obj) -> PolicyTruth:
-    """A PolicyTruth from a P: record (dict or dataclass) or an engine.Analysis (a PolicyTruth)."""
-    if isinstance(obj, PolicyTruth):
-        return obj
-    get = _getter(obj)
-    evals = tuple(e if isinstance(e, Eval) else tasks.parse_eval(e) for e in get("evals"))
-    if any(e is None for e in evals):
-        raise ValueError(f"truth has an unparseable eval: {get('evals')}")
-    fen, moves = get("fen"), tuple(get("moves"))
-    if not isinstance(fen, str) or not all(isinstance(m, str) for m in moves):
-        raise ValueError("the fen and the moves must be strings")
-    return PolicyTruth(fen, moves, evals, get("limit", None) or "depth=8")
+    """The PolicyTruth of a P: record (dict or dataclass), of one row of TRL's columns, or of a
+    PolicyTruth (an engine.Analysis), checked as the data files' records are
+    (:func:`tasks.policy_truth_error`); else TruthError, naming the field, its value and what is allowed.
+    The limit is a label (converted original data say 'unknown'); one that is not a limit key leaves
+    a search of an unlisted move to the engine's own limit."""
+    return _checked_truth(_policy_truth, obj, (*POLICY_TRUTH_COLUMNS, "limit"))
 
 
 def env_truth(obj) -> EnvTruth:
-    """An EnvTruth from an A: record (dict or dataclass), a tasks.EnvTransition or an EnvTruth."""
-    if isinstance(obj, EnvTruth):
-        return obj
+    """The EnvTruth of an A: record (dict or dataclass), of one row of TRL's columns, of a
+    tasks.EnvTransition or of an EnvTruth, checked as the data files' records are
+    (:func:`tasks.env_truth_error`); else TruthError, naming the field, its value and what is allowed."""
+    return _checked_truth(_env_truth, obj, ENV_TRUTH_COLUMNS)
+
+
+def _checked_truth(build, obj, names: tuple[str, ...]):
+    """build(*the named fields of obj), memoised per distinct truth: GRPO scores each record's
+    completions many times and checks its truth once."""
     get = _getter(obj)
-    if not isinstance(get("new_fen"), str):
-        raise ValueError(f"new_fen must be a string, got {get('new_fen')!r}")
-    return EnvTruth(get("new_fen"), float(get("reward")), int(get("terminated")), int(get("truncated")))
-
-
-def _as_truth(truth, convert, what: str):
-    if truth is None:
-        return None
+    key = tuple(_field(get(name)) for name in names)
     try:
-        return convert(truth)
-    except Exception as exc:
-        raise TruthError(f"unusable {what} truth ({type(exc).__name__}: {exc})") from None
+        hash(key)
+    except TypeError:  # a field of an odd type (a dict, nested lists): checked uncached, which rejects it
+        return build.__wrapped__(*key)
+    return build(*key)
+
+
+def _field(value):
+    """A truth field as a hashable Python value: lists and numpy arrays (what `datasets` hands TRL)
+    as tuples, numpy scalars as Python's."""
+    if isinstance(value, np.floating):  # the shortest decimal: np.float32(0.001) is 0.001, not 0.0010000000474...
+        return float(str(value))
+    if isinstance(value, (np.ndarray, np.generic)):
+        value = value.tolist()
+    return tuple(value) if isinstance(value, list) else value
+
+
+@functools.lru_cache(maxsize=65_536)
+def _policy_truth(fen, moves, evals, limit) -> PolicyTruth:
+    board, err = tasks.checked_board(fen)
+    err = f"field 'fen': {err}: {reprlib.repr(fen)}" if err else tasks.policy_truth_error(board, moves, evals)
+    if err is None and not isinstance(limit, (str, type(None))):
+        err = f"field 'limit' must be a string such as 'depth=8' (or absent), got {reprlib.repr(limit)}"
+    if err:
+        raise TruthError(f"unusable policy truth: {err}")
+    evals = tuple(e if isinstance(e, Eval) else tasks.parse_eval(e) for e in evals)
+    return PolicyTruth(fen, moves, evals, limit or DEFAULT_LIMIT)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _env_truth(new_fen, reward, terminated, truncated) -> EnvTruth:
+    if err := tasks.env_truth_error(new_fen, reward, terminated, truncated):
+        raise TruthError(f"unusable environment truth: {err}")
+    return EnvTruth(new_fen, float(reward), int(terminated), int(truncated))
 
 
 _REGISTRY_LOCK = threading.Lock()
@@ -226,13 +260,17 @@ def register_truth(records: Iterable) -> int:
     score_policy / score_environment use it without a `truth=` argument. Returns how many."""
     n = 0
     with _REGISTRY_LOCK:
-        for rec in records:
+        for i, rec in enumerate(records):
             get = _getter(rec)
-            if get("task") == "P":
-                t = policy_truth(rec)
-                _POLICY_TRUTH[_policy_key(t.fen)] = t
-            elif get("task") == "A":
-                _ENV_TRUTH[get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))] = env_truth(rec)
+            try:
+                if get("task") == "P":
+                    t = policy_truth(rec)
+                    _POLICY_TRUTH[_policy_key(t.fen)] = t
+                elif get("task") == "A":
+                    key = get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))
+                    _ENV_TRUTH[key] = env_truth(rec)
+            except TruthError as exc:
+                raise TruthError(f"record {i} (id {get('id')!r}): {exc}") from None
             n += get("task") in ("P", "A")
         _REGISTRY_VERSION[0] += 1
     return n
@@ -422,9 +460,10 @@ def _env_truth_for(pp: tasks.EnvParse, prompt, truth: EnvTruth | None) -> tuple[
     if not pp.ok:
         return None, "none"
     try:
-        return env_truth(tasks.environment_step(pp.fen, pp.move, pp.history[:-1])), "replay"
+        t = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
     except ValueError:  # a move the format cannot hold ('+' or whitespace)
         return None, "none"
+    return EnvTruth(t.new_fen, t.reward, t.terminated, t.truncated), "replay"  # python-chess's own: nothing to check
 
 
 # --- Scoring: one safety net, one cache per task ---
@@ -575,7 +614,7 @@ def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="a
     GradedScore. `engine`: "auto" (the shared pool when Stockfish is installed), an EnginePool, or None
     (offline: needs a truth, estimates unlisted moves). Raises only the set-up errors of the module
     docstring, never because of the prompt or the completion."""
-    t, w = _as_truth(truth, policy_truth, "policy"), weights or DEFAULT_POLICY_WEIGHTS
+    t, w = None if truth is None else policy_truth(truth), weights or DEFAULT_POLICY_WEIGHTS
     return _memo(_graded_policy if isinstance(w, GradedWeights) else _policy, cache, prompt, completion, t, engine, w)
 
 
@@ -588,7 +627,7 @@ def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
 def score_environment_detailed(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
                                cache: bool = True) -> EnvScore:
     """Every component of the environment reward; raises only TruthError, for an unusable `truth`."""
-    t = _as_truth(truth, env_truth, "environment")
+    t = None if truth is None else env_truth(truth)
     return _memo(_env, cache, prompt, completion, t, weights or DEFAULT_ENV_WEIGHTS)
 
 
@@ -641,12 +680,14 @@ def clear_cache(analyses: bool = False) -> None:
 # --- TRL reward functions: `GRPOTrainer(reward_funcs=...)` ---
 # TRL calls f(prompts=..., completions=..., completion_ids=..., **columns), one value per completion
 # in each other data-set column: the truth comes from the columns our records carry, so a Dataset of
-# `data.load_split(...)` records works as it is. None (TRL's "unscorable") for the other task's
-# prompt, a prompt of neither task, or a set-up error, each logged once; a failing engine raises
-# EngineFailedError, since a hole in the rewards is not a verdict on the completion.
+# `data.load_split(...)` records works as it is, in Python's or numpy's format. No completion makes
+# them raise: None (TRL's "unscorable") for the other task's prompt, a prompt of neither task, or a
+# row without truth (its columns absent or None there) when none can be had otherwise
+# (MissingTruthError, StockfishNotFoundError), each logged once. The data set and the set-up do
+# raise, since a column of Nones would silently drop rows from training: a row's truth that is there
+# but unusable (TruthError: the field, its value, what is allowed; a truth for another position) and
+# a failing engine (EngineFailedError).
 
-POLICY_TRUTH_COLUMNS = ("fen", "moves", "evals")  # plus the optional "limit"
-ENV_TRUTH_COLUMNS = ("new_fen", "reward", "terminated", "truncated")
 _TRL_WARNED: set = set()
 
 
@@ -687,7 +728,8 @@ def _column_values(columns: Mapping, i: int, names: tuple[str, ...]) -> dict | N
         row = {n: columns[n][i] for n in names if not isinstance(columns[n], str)}
     except (KeyError, IndexError, TypeError):
         return None
-    return row if len(row) == len(names) and None not in row.values() else None
+    # `is not None`, not `in`: a row of a numpy-formatted data set holds arrays, which have no truth value
+    return row if len(row) == len(names) and all(v is not None for v in row.values()) else None
 
 
 def _truth_from_columns(kind: str, columns: Mapping, i: int) -> dict | None:
@@ -721,7 +763,8 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
     task: "P" or "A" (that task only; None for the other's prompts) or None (both, by prefix).
     engine: as `score_policy`'s; the default None keeps scoring offline and deterministic (a legal
     B: outside the candidates gets an estimated eval). Prompts and completions may be strings or
-    TRL conversations.
+    TRL conversations; the columns lists, tuples or numpy arrays. Raises TruthError for a row whose
+    truth is there but unusable and EngineFailedError, never because of a completion (see above).
     """
     if task not in (None, "P", "A"):
         raise ValueError(f"trl_reward_function: task must be 'P', 'A' or None, got {task!r}")
@@ -734,7 +777,7 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
             try:
                 out.append(_trl_score_one(task, prompts[i] if i < len(prompts) else None, completion, columns, i,
                                           engine=engine, policy_weights=policy_weights, env_weights=env_weights))
-            except (TruthError, StockfishNotFoundError) as exc:  # the set-up; EngineFailedError propagates
+            except (MissingTruthError, StockfishNotFoundError) as exc:  # no truth on this row, none to be had
                 _trl_warn(type(exc).__name__, f"TRL reward ({name}): {type(exc).__name__}: {exc}; such completions "
                           "are scored None (TRL leaves them out of the advantages)")
                 out.append(None)

@@ -37,6 +37,7 @@ import hashlib
 import math
 import random
 import re
+import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -62,6 +63,9 @@ REWARD_WIN = 1.0
 REWARD_DRAW = 0.5
 REWARD_ILLEGAL = -1.0
 ENV_REWARDS = (REWARD_LEGAL, REWARD_WIN, REWARD_DRAW, REWARD_ILLEGAL)
+# (reward, terminated, truncated) of a move: legal and the game goes on, the mover wins, a draw,
+# an illegal or unparseable move (environment_step gives no other)
+ENV_OUTCOMES = ((REWARD_LEGAL, 0, 0), (REWARD_WIN, 1, 0), (REWARD_DRAW, 1, 0), (REWARD_ILLEGAL, 0, 1))
 
 # Centipawn stand-in for a mate score: mate in n -> +-(MATE_CP - n). Larger than any Stockfish
 # centipawn score (|cp| < 32000 * 100 / 208), so every mate ranks above every material eval.
@@ -256,6 +260,45 @@ def _as_eval(e: Eval | str) -> Eval:
     if parsed is None:
         raise ValueError(f"not an eval: {e!r}")
     return parsed
+
+
+# --- Labels: one check for the data files' records and for the truth a reward is given ---
+
+def policy_truth_error(board: chess.Board, moves, evals) -> str | None:
+    """Why `moves` and `evals` cannot be the labelled candidates of `board`'s position, or None: they
+    must be a list of 1..MAX_CANDIDATES distinct legal UCI moves and a list of as many evals, each an
+    :class:`Eval` or its text (:func:`format_eval`)."""
+    if not isinstance(moves, (list, tuple)) or not 1 <= len(moves) <= MAX_CANDIDATES:
+        return f"field 'moves' must be a list of 1..{MAX_CANDIDATES} legal UCI moves, got {reprlib.repr(moves)}"
+    for m in moves:
+        if legal_move(board, m) is None:
+            return f"move {reprlib.repr(m)} in 'moves' is not a legal UCI move in this position"
+    if len(set(moves)) != len(moves):
+        return f"field 'moves' repeats a move: {list(moves)}"
+    if not isinstance(evals, (list, tuple)) or len(evals) != len(moves):
+        return f"field 'evals' must be a list of {len(moves)} evals, one per move, got {reprlib.repr(evals)}"
+    for e in evals:
+        if not isinstance(e, Eval) and (parse_eval(e) is None or format_eval(parse_eval(e)) != e):
+            return f"eval {reprlib.repr(e)} in 'evals' is not in the eval format (pawns like '0.35', mates like " \
+                   "'M3' / '-M2')"
+    return None
+
+
+def env_truth_error(new_fen, reward, terminated, truncated) -> str | None:
+    """Why these cannot be the label of an ``A:`` prompt, or None: a valid FEN, and (reward,
+    terminated, truncated) one of :data:`ENV_OUTCOMES` (the flags 0/1, as the data write them, or bools)."""
+    if err := fen_error(new_fen):
+        return f"field 'new_fen': {err}: {reprlib.repr(new_fen)}"
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward not in ENV_REWARDS:
+        return f"field 'reward' must be one of {ENV_REWARDS}, got {reprlib.repr(reward)}"
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):
+        if not isinstance(flag, (int, float)) or flag not in (0, 1):
+            return f"field {name!r} must be 0 or 1, got {reprlib.repr(flag)}"
+    if (reward, terminated, truncated) not in ENV_OUTCOMES:
+        return (f"reward/terminated/truncated {reward}/{terminated:g}/{truncated:g} is no outcome of a move: "
+                "0.001/0/0 (legal, the game goes on), 1.0/1/0 (the mover wins), 0.5/1/0 (a draw), "
+                "-1.0/0/1 (an illegal/unparseable move)")
+    return None
 
 
 # --- Policy task: builders ---

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..core import distributed, grpo
@@ -173,13 +174,14 @@ def reward_functions(variant: str = "gated") -> tuple[list, list[float]]:
 
 
 def train_records(data_dir=None) -> list[dict]:
-    """The P: and A: training records of a data directory; either file may be absent (a converted
-    original set may hold one task only), not both."""
-    paths = [data.data_file(task, "train", data_dir) for task in TASKS]
-    if not any(p.exists() for p in paths):
-        raise ValueError(f"no training data: neither {paths[0]} nor {paths[1]} exists "
-                         "(rookworld datagen or rookworld convert --split train writes them)")
-    return [r for task, p in zip(TASKS, paths) if p.exists() for r in data.load_jsonl(p, task=task).records]
+    """The P: and A: training records of a data directory (plain, .gz or sharded files); either task
+    may be absent (a converted original set may hold one task only), not both."""
+    present = [task for task in TASKS if data.split_files(task, "train", data_dir)]
+    if not present:
+        raise ValueError(f"{Path(data_dir or data.DATA_DIR)}: no training data: no "
+                         + " and no ".join(data.looked_for(task, "train") for task in TASKS)
+                         + " (rookworld datagen or rookworld convert --split train writes them)")
+    return [r for task in present for r in data.load_split(task, "train", data_dir).records]
 
 
 # -- rookworld sft ---------------------------------------------------------------------------------
@@ -188,9 +190,9 @@ def build_sft_parser() -> argparse.ArgumentParser:
     """`rookworld sft`'s options: --nproc, --layout and one per SFTConfig field."""
     ap = distributed.command_parser(
         "sft", "Supervised pretraining on P:/A: task text: packed samples, AdamW, warm-up + cosine, periodic val "
-               "loss and atomic checkpoints; resumes from <out-dir>/checkpoints.",
+               "loss and atomic checkpoints; resumes from <out>/checkpoints.",
         "rookworld sft --train-data data/policy_train.jsonl data/env_train.jsonl --val-data data/policy_val.jsonl "
-        "data/env_val.jsonl --model cpu-small --max-steps 300 --out-dir runs/sft-cpu",
+        "data/env_val.jsonl --model cpu-small --max-steps 300 --out runs/sft-cpu",
         nproc_note="; --batch-size must be a multiple of N")
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
                     help="how records are rendered (default: --init-from's own; compact from scratch)")
@@ -203,16 +205,12 @@ def build_sft_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _shipped(split: str) -> tuple[str, ...]:
-    return tuple(str(f) for f in (data.data_file("P", split), data.data_file("A", split)) if f.is_file())
-
-
 def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordReader]:
     kwargs = config_kwargs_from_args(SFTConfig, args)
     if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
-        kwargs["train_data"] = _shipped("train")
+        kwargs["train_data"] = data.split_paths("train")
         if not kwargs["val_data"]:
-            kwargs["val_data"] = _shipped("val")
+            kwargs["val_data"] = data.split_paths("val")
         if not kwargs["train_data"]:
             raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
                              "writes data/policy_train.jsonl and data/env_train.jsonl)")
@@ -255,8 +253,8 @@ def build_grpo_parser() -> argparse.ArgumentParser:
     """`rookworld grpo`'s options: the model, data and layout, --nproc, and one per config field."""
     ap = distributed.command_parser(
         "grpo", "GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
-                "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out-dir>/checkpoints.",
-        "rookworld grpo --init-from runs/sft-cpu/final --out-dir runs/grpo-cpu --steps 50")
+                "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out>/checkpoints.",
+        "rookworld grpo --init-from runs/sft-cpu/final --out runs/grpo-cpu --steps 50")
     ap.add_argument("--init-from", required=True, metavar="DIR",
                     help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
     ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
@@ -267,7 +265,9 @@ def build_grpo_parser() -> argparse.ArgumentParser:
                     help="gated: one format-gated reward (rewards.score); graded: one reward function per policy "
                          "component, each counting in every answer and logged as rewards/P/<component>/mean")
     add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
-                         help_overrides={"max_new_tokens": "completion budget (default: the layout's, "
+                         help_overrides={"out_dir": "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ "
+                                                    "go here (required)",
+                                         "max_new_tokens": "completion budget (default: the layout's, "
                                          + " / ".join(f"{v} {k}" for k, v in tasks.COMPLETION_BUDGET.items()) + ")"})
     ap.set_defaults(max_new_tokens=None)
     add_config_arguments(ap, grpo.GRPOConfig, skip=("temperature", "max_completion_length"))
@@ -277,14 +277,15 @@ def build_grpo_parser() -> argparse.ArgumentParser:
 def _grpo_config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
     """The run's config and layout (the model's own unless --layout), with the layout's budget."""
     layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
-    budget = args.max_new_tokens or tasks.COMPLETION_BUDGET[layout]
+    budget = tasks.COMPLETION_BUDGET[layout] if args.max_new_tokens is None else args.max_new_tokens
+    # the run's config first: its checks (max_new_tokens >= 1, as eval's) name the field the user set
+    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)), "max_new_tokens": budget})
     print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
     loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
                            max_completion_length=budget, temperature=args.temperature)
-    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)),
-                             "max_new_tokens": budget}, loss=loss)
+    cfg = replace(cfg, loss=loss)
     if not cfg.out_dir:
-        raise ValueError("give an output directory: --out-dir DIR")
+        raise ValueError("give an output directory: --out DIR")
     return cfg, layout
 
 

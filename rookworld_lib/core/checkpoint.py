@@ -84,7 +84,7 @@ def _check_directory(directory: Path) -> None:
         if parent.exists():
             if not parent.is_dir():
                 raise CheckpointError(f"{parent} is a file, not a directory: checkpoints go to {directory}; "
-                                          "choose another --out-dir (or move the file)")
+                                          "choose another --out (or move the file)")
             return
 
 

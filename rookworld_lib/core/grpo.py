@@ -13,11 +13,14 @@ The objective (DeepSeekMath, arXiv:2402.03300, eq. 3), as a loss to minimise::
     r_it  = exp(logprobs_it - old_logprobs_it)                 importance_sampling_level="token"
     r_i   = exp(sum_t m_it (logprobs_it - old_logprobs_it) / |o_i|)   "sequence" (GSPO, 2507.18071)
     loss  = sum_it w_it * m_it * l_it                          w from `aggregation_weights`
-            - entropy_coef * (sum_it m_it H_it / sum_it m_it) * N / N_glob     (if logits are given)
+            - entropy_coef * sum_it m_it H_it / K                      (if logits are given)
 
 (loss_type="vespo" replaces the clipped policy term by -phi_i * A_i * logprobs_it, see `vespo_weights`.)
-The entropy bonus is TRL's: the call's mean token entropy whatever the loss type, scaled only for
-accumulation (N / N_glob equals TRL's division by the accumulation steps for equal micro-batches).
+The entropy bonus is TRL's documented one, the mean token entropy whatever the loss type: K counts
+the effective tokens of the whole accumulated batch (`num_items_in_batch`, so micro-batch bonuses
+sum to the one-batch bonus exactly; without it, this call's tokens * N_glob / N). TRL sums each
+micro-batch's mean / accumulation steps instead: the same unless micro-batches hold unequal token
+counts (docs/grpo_options.md, "Accumulation").
 Option names and meanings are TRL's GRPOConfig's (see GRPOConfig).
 
 Signs: the loss is *minus* the advantage-weighted ratio. On the first inner iteration
@@ -280,15 +283,15 @@ class GRPOConfig:
     docs/grpo_options.md and pinned by tests/test_trl_parity.py.
     """
 
-    loss_type: str = option("grpo", 'aggregation: "grpo" | "bnpo" | "dr_grpo" | "dapo" | "vespo" (see class docstring)', choices=LOSS_TYPES)
+    loss_type: str = option("grpo", 'how token losses are averaged: "grpo" (per completion, then over completions), "bnpo" (over the batch\'s tokens), "dr_grpo" (over a fixed max length), "dapo" (over the tokens of the whole accumulated batch), "vespo" (unclipped, each token weighted by a Gamma weight of its sequence\'s ratio; averaged as dapo); docs/grpo_options.md', choices=LOSS_TYPES)
     clip_eps_low: float = option(0.2, "ratio clipped below at 1 - clip_eps_low (TRL `epsilon`)", min=0.0, max=1.0, max_open=True)
     clip_eps_high: float = option(0.2, "ratio clipped above at 1 + clip_eps_high (TRL `epsilon_high`; DAPO clip-higher uses 0.28)", min=0.0)
     delta: float | None = option(None, "two-sided clipping (INTELLECT-2): unclipped ratio capped at delta (> 1 + clip_eps_high); None = off")
     importance_sampling_level: str = option("token", '"token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion', choices=IMPORTANCE_SAMPLING_LEVELS)
-    beta: float = option(0.04, "KL coefficient; the KL term is added only when ref_logprobs is given and beta > 0", min=0.0)
+    beta: float = option(0.04, "KL coefficient against the reference (initial) model; 0 runs without a reference model", min=0.0)
     kl_estimator: str = option("k3", "per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r", choices=KL_ESTIMATORS)
     use_bias_correction_kl: bool = option(False, "multiply the per-token KL by the importance ratio (TRL's option; TRL defaults to True)")
-    entropy_coef: float = option(0.0, "entropy bonus, as TRL: subtract entropy_coef * (mean token entropy) * N / N_glob (needs logits); 0 = off", min=0.0)
+    entropy_coef: float = option(0.0, "entropy bonus: subtract entropy_coef * (mean token entropy of the accumulated batch) (needs logits); 0 = off", min=0.0)
     temperature: float = option(1.0, "temperature at which the entropy of `logits` is measured (the one used for logprobs)", min=0.0, min_open=True)
     mask_truncated_completions: bool = option(False, "drop completions that hit the length budget (no EOS) from the loss (DAPO)")
     max_completion_length: int | None = option(None, "the sampler's max_new_tokens; the dr_grpo constant (required for dr_grpo)", min=1)
@@ -363,11 +366,22 @@ def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_item
     if lt == "dr_grpo":
         return mf / (n_glob * config.max_completion_length)
     # dapo, and vespo (TRL normalises vespo as dapo)
-    k = float(num_items_in_batch) if num_items_in_batch is not None else float(mf.sum())
-    if num_items_in_batch is not None and k < float(mf.sum()):
+    return mf / _batch_tokens(m, num_items_in_batch, dtype=dtype)
+
+
+def _batch_tokens(mask: Tensor, num_items_in_batch: int | float | None = None,
+                 num_completions_in_batch: int | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """K, the effective tokens of the whole accumulated batch (at least 1): num_items_in_batch when
+    given (checked to cover this call's tokens), else this call's tokens * N_glob / N (all of them
+    for one batch; under accumulation the estimate TRL's division by the steps amounts to)."""
+    own = mask.sum().to(dtype)
+    if num_items_in_batch is None:
+        scale = 1.0 if num_completions_in_batch is None else float(num_completions_in_batch) / mask.shape[0]
+        return (own * scale).clamp(min=1.0)
+    if float(num_items_in_batch) < float(own):
         raise ValueError(f"grpo: num_items_in_batch={num_items_in_batch} is smaller than this micro-batch's "
-                         f"{int(mf.sum())} effective tokens; it must count the whole accumulated batch")
-    return mf / max(k, 1.0)
+                         f"{int(own)} effective tokens; it must count the whole accumulated batch")
+    return own.new_tensor(max(float(num_items_in_batch), 1.0))
 
 
 def importance_log_weights(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, level: str = "token",
@@ -539,8 +553,9 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     [N, T], the per-token entropies already measured (`sampling.sequence_logprobs(return_entropy=True)`),
     for the metric only;
     truncated [N] bool is required with mask_truncated_completions; num_items_in_batch ("dapo",
-    "vespo") and num_completions_in_batch ("grpo", "bnpo", "dr_grpo", the entropy bonus) count the
-    whole accumulated batch, so that summed micro-batch losses reproduce the one-batch loss;
+    "vespo", the entropy bonus: its effective tokens) and num_completions_in_batch ("grpo", "bnpo",
+    "dr_grpo": its completions) count the whole accumulated batch, so that summed micro-batch
+    losses reproduce the one-batch loss (bnpo excepted: its mean is over this call's tokens);
     group_stats (from `group_advantages`) is copied into the metrics.
 
     Metrics (NaN where undefined): loss, loss/policy (the policy term alone), kl (per token as it
@@ -573,14 +588,14 @@ def grpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
             per_tok = per_tok + config.beta * kl_tok
     loss = (per_tok * w).sum()
 
-    # entropy bonus (TRL's): the micro-batch's mean token entropy, scaled for accumulation only
+    # entropy bonus: the accumulated batch's mean token entropy, this call's share of it
     ent_tok = None
     if logits is not None or entropy is not None:
         measured = entropy_from_logits(logits, config.temperature) if logits is not None else entropy.detach()
         ent_tok = torch.where(m, measured.to(dtype), 0.0)
         if config.entropy_coef > 0:
-            n_glob = float(N if num_completions_in_batch is None else num_completions_in_batch)
-            loss = loss - config.entropy_coef * ent_tok.sum() / m.sum().clamp(min=1) * (N / n_glob)
+            k = _batch_tokens(m, num_items_in_batch, num_completions_in_batch, dtype)
+            loss = loss - config.entropy_coef * ent_tok.sum() / k
 
     with torch.no_grad():
         metrics = _loss_metrics(config, loss, pg_tok, w, ratio, m, adv, logprobs, old, kl_tok, ent_tok, phi)

@@ -107,14 +107,15 @@ def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
 
     torn_tail=True leaves out an unterminated last line: only a kill mid-append leaves one
     (:class:`JsonlAppender` writes lines whole), and it is not data. A ``.gz`` file is read through
-    gzip. OSError propagates (a corrupt gzip stream included: gzip.BadGzipFile is one).
+    gzip; a UTF-8 byte-order mark at its start is skipped. OSError propagates (a corrupt gzip stream
+    included: gzip.BadGzipFile is one).
     """
     with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as fh:
         for lineno, raw in enumerate(fh, 1):
             if torn_tail and not raw.endswith(b"\n"):
                 break
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark (Windows editors) is no data
             except UnicodeDecodeError as exc:
                 yield lineno, None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
                 continue

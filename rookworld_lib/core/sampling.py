@@ -41,7 +41,9 @@ DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
 # descheduled thread, and on 2 cores with the other busy 2 threads took 2.5-8x as long per token as
 # 1; idle, they were 10-25% faster (docs/perf.md). The choice is timed once per process and batch
 # shape, on throwaway steps, and then kept: a float sum splits differently over 1 and 2 threads, so
-# a choice that changed between calls would break "same seed, same tokens and log-probs".
+# a choice that changed between calls would break "same seed, same tokens and log-probs". Another
+# process may choose otherwise, so under torch.use_deterministic_algorithms (`--deterministic`) there
+# is no timing: such steps run on one thread, and reruns and resumed runs sample the same bits.
 # Bigger steps (GPT-2 124M at many rows) keep torch's threads: their matmuls dwarf the barriers.
 SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
@@ -364,11 +366,14 @@ _DECODE_THREADS: dict[tuple, int] = {}  # (model config, rows, torch's threads) 
 
 def _decode_threads(model: GPT, rows: int, context: int, device: torch.device) -> int:
     """The intra-op threads this process decodes `rows` rows of `model` on (see
-    SINGLE_THREAD_DECODE_FLOPS): torch's own, or one when one was faster on the first call."""
+    SINGLE_THREAD_DECODE_FLOPS): torch's own, or one when one was faster on the first call (always
+    one under deterministic algorithms)."""
     default = torch.get_num_threads()
     small = rows * flops_per_token(model.config, max(1, context), "decode") <= SINGLE_THREAD_DECODE_FLOPS
     if device.type != "cpu" or default == 1 or not small:
         return default
+    if torch.are_deterministic_algorithms_enabled():
+        return 1
     key = (model.config, rows, default)
     if key not in _DECODE_THREADS:
         _DECODE_THREADS[key] = _faster_threads(model, rows, context, default)

@@ -11,7 +11,9 @@ One step:
 Every step appends one JSON line of metrics (and TensorBoard scalars); every `completions_interval`
 steps the step's completions go to completions.jsonl, one row each (COMPLETION_KEYS). The model stays
 in eval mode throughout, so dropout never perturbs the log-probs that the ratio compares (TRL's
-`disable_dropout`).
+`disable_dropout`). Each step's sampling and minibatch order are seeded from (seed, step), and the
+prompt order and every global RNG are in the checkpoint: with deterministic=True, on CPU, a resumed run
+ends bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class GRPOTrainConfig:
     loss: grpo.GRPOConfig = option(factory=grpo.GRPOConfig, help="the loss (clip, aggregation, KL, ...)")
     max_nonfinite_in_a_row: int = option(5, "stop after this many consecutive non-finite losses", min=1)
     rollout_chunks: int = option(1, "prompts of a step are sampled in this many chunks (bounds memory; the unit of work a rank takes under torchrun; each chunk has its own seed)")
-    dtype: str = option("fp32", '"fp32", "bf16" (autocast on CUDA) or "auto"', choices=("fp32", "bf16", "auto"))
+    dtype: str = option("auto", '"auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"', choices=("fp32", "bf16", "auto"))
     checkpoint_interval: int = option(0, "steps between checkpoints (0 = only where the run stops), with out_dir", min=0)
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=0)
     out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl and checkpoints/ go here (None = keep nothing)")
@@ -91,7 +93,9 @@ class GRPOTrainConfig:
     completions_interval: int = option(10, "write the step's completions (completions.jsonl, TensorBoard text) at step 1 and every this many steps (0 = never)", min=0)
     resume: bool = option(True, "continue from out_dir/checkpoints when it holds a checkpoint of this run")
     seed: int = option(0, "seeds prompt order and sampling", min=0)
-    device: str = option("cpu", '"cpu", "cuda" or "auto"')
+    device: str = option("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
+    deterministic: bool = option(False, "deterministic algorithms, and small decode steps always on one thread (no "
+                                        "timed choice): bit-identical reruns and resumes on CPU")
     progress: bool = option(True, "show a tqdm bar")
 
     def __post_init__(self):

@@ -81,7 +81,7 @@ class SFTConfig:
     device: str = option("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
     dtype: str = option("auto", '"auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"', choices=DTYPES)
     compile: bool = option(False, "torch.compile the model (faster on GPU after a slow first step)")
-    loss_impl: str = option("auto", 'LM head + loss: "fused" (chunked, logits never stored), "plain" (logits, then cross-entropy), "auto" (see LOSS_IMPLS)', choices=LOSS_IMPLS)
+    loss_impl: str = option("auto", 'LM head + loss: "fused" (chunked, logits never stored), "plain" (logits, then cross-entropy), "auto" (fused on CPU, plain on CUDA)', choices=LOSS_IMPLS)
     activation_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% slower")
     vocab: str = option("full", 'LM head: "full" (GPT-2\'s 50,257 tokens) or "task": a compact model over the tokens of the train and val text, exported as the exact full GPT-2 (scratch starts; see task_vocab)', choices=("full", "task"))
     deterministic: bool = option(False, "deterministic algorithms: bit-identical reruns and resumes on CPU")

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import random
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -267,16 +268,19 @@ class MetricsLogger(JsonlAppender):
 
     Non-finite numbers are written as null so the file is strict JSON that pandas and jq read.
     `resume_step=s` first drops records with "step" > s (written after the checkpoint a run
-    resumes from, and about to be redone) and a torn last line left by a kill.
+    resumes from, and about to be redone) and any torn line (a kill or a power cut cut it off), each
+    reported with a warning naming file:line and whether the checkpoint had covered it; with
+    `every_step` (one record per step) records missing before step s are reported as lost too.
     """
 
-    def __init__(self, path: str | os.PathLike, *, resume_step: int | None = None, fresh: bool = False):
+    def __init__(self, path: str | os.PathLike, *, resume_step: int | None = None, fresh: bool = False,
+                 every_step: bool = False):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
             path.write_text("")
         elif resume_step is not None and path.exists():
-            write_jsonl(path, [r for r in read_metrics(path) if r.get("step", 0) <= resume_step])
+            write_jsonl(path, _records_up_to(path, resume_step, every_step))
         super().__init__(path)
 
     def log(self, record: dict) -> dict:
@@ -284,6 +288,49 @@ class MetricsLogger(JsonlAppender):
         clean = to_jsonable(record)
         self.write(clean)
         return clean
+
+
+_STEP_FIELD = re.compile(rb'^\{\s*"step"\s*:\s*(\d+)\s*[,}]')  # a record's first field, whole even in a torn line
+
+
+def _records_up_to(path: Path, step: int, every_step: bool) -> list[dict]:
+    """The records of a metrics file up to `step` (the checkpoint a run resumes from). Each line that
+    does not parse is dropped with a warning naming file:line and saying whether its record is lost (at
+    or before `step`: the resume will not redo it) or will be redone; with `every_step`, so are records
+    missing before `step`."""
+    kept, last, lost = [], None, set()
+    for lineno, rec, reason in read_jsonl(path):
+        if reason is None:
+            last = rec.get("step", last)
+            if rec.get("step", 0) <= step:
+                kept.append(rec)
+            continue
+        raw = path.read_bytes().split(b"\n")[lineno - 1]  # rare: only a torn line is read twice
+        torn = int(m.group(1)) if (m := _STEP_FIELD.match(raw)) else None
+        log.warning("%s:%d: a torn line (cut off by a kill or a power cut) dropped; %s", path, lineno,
+                    _torn_fate(torn, last, step))
+        if torn is not None and torn <= step:
+            lost.add(torn)
+    if every_step:
+        have = kept[-1].get("step", step) if kept else None
+        missing = [s for s in range(have + 1, step + 1) if s not in lost] if have is not None else None
+        if missing != []:
+            log.warning("%s: %s missing: lost, though the checkpoint at step %d covers them", path,
+                        f"the records of steps {missing[0]} to {missing[-1]} are" if missing
+                        else f"every record up to step {step} is", step)
+    return kept
+
+
+def _torn_fate(torn: int | None, last: int | None, step: int) -> str:
+    """What a torn line of step `torn` (None: unreadable) after the record of step `last` means for a
+    run resuming from the checkpoint at `step`."""
+    if torn is None:
+        lost = last is None or last < step
+        return (f"its step is unreadable (it came {'first' if last is None else f'after the record of step {last}'})"
+                + (f"; a record up to step {step}, which the checkpoint covers, may be lost" if lost else ""))
+    if torn <= step:
+        return f"the record of step {torn} is lost (the checkpoint at step {step} covers it; the run resumes after it)"
+    return f"step {torn}, after the checkpoint at step {step}, is redone"
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -43,7 +43,7 @@ class Trainer:
     log_files: tuple[str, ...] = ()  # more JSON-lines files of step-tagged rows in out_dir, resumed like the metrics
     # config fields a resume may change (the rest must match the checkpoint's run): where it runs and how shown
     resume_may_change = frozenset({"max_nonfinite_in_a_row", "checkpoint_interval", "keep_checkpoints", "out_dir",
-                                   "resume", "device", "progress"})
+                                   "resume", "device", "deterministic", "progress"})
     stop_hint = ""  # what to try after a non-finite stop
 
     def __init__(self, cfg, total_steps: int, *, on_step: Callable[[dict], None] | None = None):
@@ -198,9 +198,12 @@ class Trainer:
         """Checkpoint the run at a step boundary; returns the file written (None without out_dir).
 
         Every rank calls it (RNG states are gathered); rank 0 writes, and a failed write raises
-        CheckpointSaveError on every rank."""
+        CheckpointSaveError on every rank. The metrics written so far are fsynced first, so a power
+        cut never loses a record that the latest checkpoint covers (a resume does not redo it)."""
         if self.ckpt_dir is None:
             return None
+        for log_file in self.logs.values():
+            log_file.sync()
         W = self.dist.world_size
         extra = {"guard": self.guard.state_dict(), "world_size": W, **self.checkpoint_extra()}
         if W > 1:
@@ -292,7 +295,8 @@ class Trainer:
         resume_step = None if self.fresh else self.step
         for name in (self.metrics_file, *self.log_files):
             self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,
-                                                                resume_step=resume_step))
+                                                                resume_step=resume_step,
+                                                                every_step=name == self.metrics_file))
         if getattr(self.cfg, "report_to", "tensorboard") == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter  # heavy (tensorboard): only where event files are written
 

@@ -35,6 +35,7 @@ from ..chess.evaluate import EvalConfig, complete, policy_prompt_of
 from ..core.model import GPT, GPTConfig
 from ..core.paths import RUNS_DIR, read_jsonl
 from ..core.progress import widget_frontend
+from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
 from ..chess.training import chess_reward, prompt_items
@@ -54,17 +55,29 @@ def _live() -> bool:
     return widget_frontend() if WIDGETS is None else WIDGETS
 
 
+def newest_export(root: str | Path) -> Path | None:
+    """The newest exported model (a `final/` folder with its config.json) anywhere under `root`."""
+    found = sorted(Path(root).glob("**/final/config.json"), key=lambda p: p.stat().st_mtime)
+    return found[-1].parent if found else None
+
+
+def latest_run(root: str | Path = RUNS_DIR) -> Path | None:
+    """The run folder (`root/<stamp>`, as `rookworld run` and notebook 05 make them) of the newest
+    exported model under `root`; None when there is none."""
+    export = newest_export(root)
+    return Path(root) / export.relative_to(root).parts[0] if export is not None else None
+
+
 def load_model(model_dir: str | None = None, run_dir: str | None = None, seed: int = 0,
                device: str = "cpu") -> tuple[GPT, str]:
     """(model in eval mode on `device`, where it came from): `model_dir`; "latest": the newest export
-    under runs/; None: the export notebook 05 wrote into `run_dir` if any, else a seeded random-init tiny GPT."""
+    under runs/; None: the newest export under `run_dir` if any, else a seeded random-init tiny GPT."""
     if model_dir == "latest":
-        found = sorted(RUNS_DIR.glob("*/**/final/config.json"), key=lambda p: p.stat().st_mtime)
-        if not found:
+        if (export := newest_export(RUNS_DIR)) is None:
             raise FileNotFoundError(f"model_dir='latest': no exported model (final/config.json) under {RUNS_DIR}")
-        model_dir = str(found[-1].parent)
-    elif model_dir is None and run_dir is not None and (Path(run_dir) / "training" / "final" / "config.json").exists():
-        model_dir = str(Path(run_dir) / "training" / "final")
+        model_dir = str(export)
+    elif model_dir is None and run_dir is not None and (export := newest_export(run_dir)) is not None:
+        model_dir = str(export)
     if model_dir is not None:
         return GPT.from_pretrained(model_dir).to(device).eval(), model_dir
     torch.manual_seed(seed)
@@ -154,13 +167,31 @@ def record_for_fen(fen: str) -> dict:
             "best": a.best if a else None, "limit": a.limit if a else None}
 
 
+def _policy_records(records: list[dict]) -> list[dict]:
+    """`records`, checked to be P: records: the explorer draws a position's candidate moves and
+    scores a best move, which A: (environment) records do not have (GroupInspector takes both)."""
+    if not records:
+        raise ValueError("PositionExplorer needs at least one P: record, e.g. data.load_split('P', 'test').records")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            what = f"a {type(rec).__name__}"
+        elif rec.get("task", "P") != "P":
+            what = f"a record of task {rec['task']!r}"
+        elif missing := [k for k in ("fen", "moves", "evals") if k not in rec]:
+            what = f"a record without {missing}"
+        else:
+            continue
+        raise ValueError(f"PositionExplorer shows P: (policy) records; records[{i}] is {what}: give P: records, "
+                         "e.g. data.load_split('P', 'test').records")
+    return records
+
+
 class PositionExplorer(_Explorer):
     """One P: position at a time: `select(index)` over `records`, or `set_fen(fen)`."""
 
     def __init__(self, model: GPT, records: list[dict], index: int = 0, *, max_new_tokens: int | None = None,
                  size: int = 360):
-        assert records, "PositionExplorer needs at least one P: record"
-        self.model, self.records, self.size = model.eval(), records, size
+        self.model, self.records, self.size = model.eval(), _policy_records(records), size
         self.decoding = EvalConfig(batch_size=1, max_new_tokens=max_new_tokens)  # greedy, the model's layout
         self.slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="position",
                                   continuous_update=False)
@@ -404,9 +435,9 @@ def length_bias_figure(short_len: int = 5, long_len: int = 40, group_size: int =
     w = length_bias_weights(lengths)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("weight of one token", "weight of the whole completion"))
     for lt, x in w.items():
-        width = 4 if lt == loss_type else 1.5
-        fig.add_scatter(x=lengths, y=x[:, 0].tolist(), name=lt, mode="lines+markers", line_width=width, legendgroup=lt, row=1, col=1)
-        fig.add_scatter(x=lengths, y=x.sum(1).tolist(), name=lt, mode="lines+markers", line_width=width, legendgroup=lt,
+        line = dict(width=4 if lt == loss_type else 1.5, color=series_colour(grpo.LOSS_TYPES.index(lt)))
+        fig.add_scatter(x=lengths, y=x[:, 0].tolist(), name=lt, mode="lines+markers", line=line, legendgroup=lt, row=1, col=1)
+        fig.add_scatter(x=lengths, y=x.sum(1).tolist(), name=lt, mode="lines+markers", line=line, legendgroup=lt,
                         showlegend=False, row=1, col=2)
     fig.update_layout(title=f"Length bias: a group of {group_size} completions, {short_len} to {long_len} tokens")
     fig.update_xaxes(title_text="completion length (tokens)")

@@ -10,6 +10,9 @@ which a thread prints (papermill's `log_output` / `stderr_file` would relay ever
 output, warnings included, and store the 30-s lines in the notebook). The kernel process's own
 output (what C libraries write to its file descriptors, its log) goes to
 `<run>/logs/<notebook>.kernel.log`, named when a notebook fails.
+
+Runs may overlap: each has its own directory (`<stamp>`, else `<stamp>-2`, ...), and each kernel
+its own temporary directory for its connection file and IPC sockets, removed when it ends.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,15 +35,14 @@ from traitlets import Unicode
 from ..core.config import ParameterError, json_or_text
 from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
 from ..core.progress import PROGRESS_ENV
+from . import workflow
 from .plots import report_figure_lines
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
-PROFILES: dict[str, dict] = {
-    "cpu": {"profile": "cpu"},
-    "cpu-long": {"profile": "cpu-long"},  # notebook 05 generates its own data and trains longer (workflow.PROFILES)
-    "gpu": {"profile": "gpu", "device": "cuda"},
-}
+# every profile notebook 05 knows (workflow.PROFILES: ci, cpu, cpu-long, gpu), as notebook parameters
+PROFILES: dict[str, dict] = {name: {"profile": name, **({"device": "cuda"} if name == "gpu" else {})}
+                             for name in workflow.PROFILES}
 
 
 def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -99,9 +102,6 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
     logs.mkdir(exist_ok=True)
     progress.touch()
     printed = progress.stat().st_size  # the lines of earlier notebooks
-    config = Config({"NotebookKernelManager": {"log_path": str(logs / f"{nb.stem}.kernel.log"),
-                                               "progress_path": str(progress),
-                                               "transport": "ipc" if os.name == "posix" else "tcp"}})
     done = threading.Event()
 
     def echo():
@@ -116,9 +116,18 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
 
     thread = threading.Thread(target=echo, daemon=True)
     thread.start()
+    # The kernel's connection file, and so its IPC sockets (`<file>-ipc-N`), in a directory of its own:
+    # without one, jupyter_client names the sockets `kernel-ipc-N` relative to papermill's cwd (the
+    # notebooks folder, shared by every run) and picks N by a check-then-bind race, so two runs'
+    # kernels took each other's sockets. A short path: a Unix socket's holds at most 107 bytes.
     try:
-        pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3", cwd=str(nb.parent),
-                            progress_bar=False, kernel_manager_class=NotebookKernelManager, config=config)
+        with tempfile.TemporaryDirectory(prefix="rookworld-kernel-") as runtime:
+            config = Config({"NotebookKernelManager": {"log_path": str(logs / f"{nb.stem}.kernel.log"),
+                                                       "progress_path": str(progress),
+                                                       "connection_file": str(Path(runtime, "kernel.json")),
+                                                       "transport": "ipc" if os.name == "posix" else "tcp"}})
+            pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3", cwd=str(nb.parent),
+                                progress_bar=False, kernel_manager_class=NotebookKernelManager, config=config)
     finally:
         done.set()
         thread.join()
@@ -141,11 +150,12 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
                          f"(available: {', '.join(p.name for p in everything) or 'none'})")
     declared = {nb: declared_parameters(nb) for nb in notebooks}
     check_parameters(extra_parameters or {}, declared)
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(out_root) / stamp
+    run_dir = new_run_dir(Path(out_root).resolve())  # a notebook runs in its own folder: no relative paths
+    stamp = run_dir.name
     figures = run_dir / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
+    figures.mkdir()
     offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
+    profile = offered["profile"]  # `-p profile NAME` is the profile the notebooks run: the report says that one
 
     print(f"rookworld run ({profile}): {len(notebooks)} notebook(s) into {run_dir}", flush=True)
     width = max(len(nb.name) for nb in notebooks)
@@ -172,6 +182,23 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     if failure:
         raise RuntimeError(f"notebook pipeline failed: {failure} (executed notebooks and report in {run_dir})")
     return run_dir
+
+
+def new_run_dir(out_root: Path = RUNS_DIR, stamp: str | None = None) -> Path:
+    """`out_root/<stamp>` (default: now, `%Y%m%d-%H%M%S`), or `<stamp>-2`, `<stamp>-3`, ... when that
+    exists: runs started in the same second never share a directory (`mkdir` creates it or fails,
+    atomically, even across processes). Notebook 05 run on its own makes its run directory here too."""
+    stamp = stamp or dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_root = Path(out_root)
+    out_root.mkdir(parents=True, exist_ok=True)
+    run_dir, n = out_root / stamp, 1
+    while True:
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            n += 1
+            run_dir = out_root / f"{stamp}-{n}"
 
 
 def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | None) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from ..core import grpo as grpo_lib
 from ..core import progress
+from ..chess.data import split_paths
 from ..chess.datagen import DatagenConfig
 from ..chess.engine import usable_cores
 from ..chess.evaluate import EvalConfig, Estimate
@@ -44,6 +45,25 @@ class Profile:
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
     datagen: dict | None = None  # DatagenConfig fields of the profile's own training data; None: the shipped set
     reward: str = "gated"  # GRPO's reward (chess.training.reward_functions): "gated" or "graded"
+
+    def summary(self):
+        """The sizes a reader checks, one line per stage (a DataFrame; the full settings are the fields)."""
+        import pandas as pd
+
+        s, g, e = self.sft, self.grpo, self.eval
+        every = lambda n: "all" if n is None else n  # noqa: E731
+        data = "shipped set" if self.datagen is None else f"own: {self.datagen.get('games', '?')} games (datagen)"
+        shape = ", ".join(f"{k}={v}" for k, v in s.model_overrides.items() if k != "pad_vocab_to_multiple")
+        rows = {
+            "data": data,
+            "SFT": f"{s.model}{f' ({shape})' if shape else ''} on {s.device}, {s.max_steps} steps x {s.batch_size * s.grad_accum} x {s.block_size} tokens, "
+                   f"lr {s.lr:g}, vocab {s.vocab}",
+            "GRPO": f"{g.steps} steps x {g.prompts_per_step} prompts x {g.group_size} samples, <= {g.max_new_tokens} tokens, "
+                    f"T {g.temperature:g}, lr {g.lr:g}, KL {g.loss.beta:g}, reward {self.reward}",
+            "evaluation": f"P: {every(e.max_policy)}, A: {every(e.max_env)}, mate-in-one {self.eval_mate}, "
+                          f"self-play {e.selfplay_games} games, pass@1 over {e.samples} samples, held-out reward on {self.heldout}",
+        }
+        return pd.DataFrame({"profile " + self.name: rows})
 
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
@@ -116,8 +136,7 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, train_dir: 
     val files of data_dir, ten val-loss points."""
     d, t = Path(data_dir), Path(train_dir or data_dir)
     return dataclasses.replace(
-        p.sft, train_data=(str(t / "policy_train.jsonl"), str(t / "env_train.jsonl")),
-        val_data=(str(d / "policy_val.jsonl"), str(d / "env_val.jsonl")), min_lr=p.sft.lr / 10,
+        p.sft, train_data=split_paths("train", t), val_data=split_paths("val", d), min_lr=p.sft.lr / 10,
         seed=seed, eval_interval=max(1, p.sft.max_steps // 10), out_dir=str(out_dir))
 
 
@@ -157,17 +176,21 @@ def onpolicy_ratio_tolerance(p: Profile) -> float:
     return 0.1 if half else 1e-3
 
 
-GRPO_SUMMARY_COLUMNS = ("step", "reward", "kl", "entropy", "clip_ratio/region_mean", "frac_reward_zero_std",
-                        "completions/mean_length", "ratio/onpolicy_dev", "time/sampling", "time/scoring", "time/update")
+GRPO_SUMMARY_COLUMNS = {"step": "step", "reward": "reward", "kl": "KL", "entropy": "entropy",
+                        "clip_ratio/region_mean": "clipped", "frac_reward_zero_std": "tied groups",
+                        "completions/mean_length": "tokens", "ratio/onpolicy_dev": "on-policy |ratio-1|",
+                        "time/sampling": "sampling (s)", "time/scoring": "scoring (s)", "time/update": "update (s)"}
 
 
 def grpo_summary(history: list[dict], last: int = 10):
-    """The last GRPO steps' key metrics as a table. Columns a run does not log are left out: `kl`
-    exists only with a reference model (beta > 0), `entropy` only when logits are scored."""
+    """The last GRPO steps' key metrics as a table with short headers (the metric keys are in
+    GRPO_SUMMARY_COLUMNS). Columns a run does not log are left out: `kl` exists only with a reference
+    model (beta > 0), `entropy` only when logits are scored."""
     import pandas as pd
 
     frame = pd.DataFrame(history)
-    return frame[[c for c in GRPO_SUMMARY_COLUMNS if c in frame.columns]].tail(last)
+    keep = [c for c in GRPO_SUMMARY_COLUMNS if c in frame.columns]
+    return frame[keep].tail(last).rename(columns=GRPO_SUMMARY_COLUMNS).set_index("step")
 
 
 class StageTimer:

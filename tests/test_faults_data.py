@@ -1,0 +1,209 @@
+"""Issue 28, items 3, 8 and 9 (data): every command reads a data directory the same way (plain,
+gzip-compressed or sharded files, `data.load_split`); missing data and settings that select nothing
+are one line, never a skipped suite with exit 0 or a traceback; `convert` names what is wrong with an
+input (a directory, a Parquet column), and accepts a UTF-8 byte-order mark.
+
+Each test runs the `rookworld` command in-process (`cli.main`), as a user meets it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from rookworld_lib.chess import data
+from rookworld_lib.lab.cli import main
+
+pytestmark = pytest.mark.fault
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {"n_layer": 1, "n_embd": 32, "n_head": 2}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Path:
+    """A tiny Hugging Face model (block_size 256: a P: prompt and a short answer fit)."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    out = tmp_path_factory.mktemp("model") / "model"
+    GPT(GPTConfig.preset("tiny", **TINY, block_size=256)).save_pretrained(out)
+    return out
+
+
+def shipped_lines(name: str, n: int, split: str | None = None) -> list[str]:
+    """The first `n` lines of a shipped data file (of `split` only, when given)."""
+    lines = (ROOT / "data" / name).read_text().splitlines()
+    return [ln for ln in lines if split is None or json.loads(ln)["split"] == split][:n]
+
+
+def write_shards(directory: Path, name: str, lines: list[str]) -> None:
+    """`name`'s lines as two gzip-compressed shards, as `rookworld datagen --shard-size N --compress` writes them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    half = len(lines) // 2
+    for shard, part in enumerate((lines[:half], lines[half:])):
+        with gzip.open(directory / data.data_file_name(name, shard, compress=True), "wt") as f:
+            f.write("".join(ln + "\n" for ln in part))
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """A data directory in shards only: 4 records of each test split, 4 mate-in-one test records, 4 of
+    each training split."""
+    d = tmp_path_factory.mktemp("sharded")
+    for name in ("policy_test.jsonl", "env_test.jsonl", "policy_train.jsonl", "env_train.jsonl"):
+        write_shards(d, name, shipped_lines(name, 4))
+    write_shards(d, data.MATE_FILE, shipped_lines(data.MATE_FILE, 4, split="test"))
+    return d
+
+
+def policy_only(tmp_path: Path) -> Path:
+    """A data directory with a policy test file and nothing else (as a converted rook set)."""
+    d = tmp_path / "policy-only"
+    d.mkdir()
+    (d / "policy_test.jsonl").write_text("".join(ln + "\n" for ln in shipped_lines("policy_test.jsonl", 2)))
+    return d
+
+
+def eval_argv(model: Path, data_dir: Path, *extra: str) -> list[str]:
+    return ["eval", str(model), "--data-dir", str(data_dir), "--max-new-tokens", "4", "--selfplay-games", "0", *extra]
+
+
+def grpo_argv(model: Path, data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return ["grpo", "--init-from", str(model), "--data-dir", str(data_dir), "--out", str(out), "--device", "cpu",
+            "--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",
+            "--report-to", "none", "--no-progress", *extra]
+
+
+def one_error_line(capsys, command: str) -> str:
+    """The single `rookworld <command>: error: ...` line on stderr (and no traceback)."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith(f"rookworld {command}: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+# --- item 3: one reader of data files, for every command
+
+def test_eval_reads_sharded_compressed_test_data(model, sharded, capsys):
+    assert main(eval_argv(model, sharded, "--json")) == 0
+    out, err = capsys.readouterr()
+    results = json.loads(out.splitlines()[-1])
+    assert results["policy/valid"]["n"] == 4 and results["env/valid"]["n"] == 4
+    assert results["mate_in_one/accuracy"]["n"] == 4
+    assert "skipped" not in err and "not found" not in err
+
+
+def test_grpo_trains_on_sharded_compressed_data(model, sharded, tmp_path, capsys):
+    assert main(grpo_argv(model, sharded, tmp_path / "grpo")) == 0
+    assert "GRPO finished at step 1" in capsys.readouterr().out
+    assert (tmp_path / "grpo" / "final" / "model.safetensors").is_file()
+
+
+def test_eval_without_any_test_data_is_one_error_naming_the_directory(model, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    argv = eval_argv(model, tmp_path / "empty") + ["--selfplay-games", "2", "--selfplay-max-plies", "2"]
+    assert main(argv) == 1
+    line = one_error_line(capsys, "eval")
+    assert f"{tmp_path / 'empty'}: no test data: looked for policy_test.jsonl[.gz] or policy_test-NNNNN.jsonl[.gz]" in line
+    assert "env_test.jsonl[.gz]" in line and "mate_in_one.jsonl[.gz]" in line
+
+
+def test_grpo_without_training_data_is_one_error_naming_the_directory(model, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main(grpo_argv(model, tmp_path / "empty", tmp_path / "grpo")) == 1
+    line = one_error_line(capsys, "grpo")
+    assert f"{tmp_path / 'empty'}: no training data: no policy_train.jsonl[.gz] or policy_train-NNNNN.jsonl[.gz]" in line
+    assert not (tmp_path / "grpo" / "checkpoints").exists()
+
+
+def test_eval_says_which_suite_it_skips(model, tmp_path, capsys):
+    d = policy_only(tmp_path)
+    assert main(eval_argv(model, d, "--json")) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out.splitlines()[-1])["policy/valid"]["n"] == 2
+    assert f"{d}: no env_test.jsonl[.gz] or env_test-NNNNN.jsonl[.gz]: the env suite is skipped" in err
+    assert f"{d}: no mate_in_one.jsonl[.gz] or mate_in_one-NNNNN.jsonl[.gz]: the mate-in-one suite is skipped" in err
+
+
+# --- item 8: no traceback, no silent setting
+
+def test_eval_with_no_suite_selected_is_one_line(model, tmp_path, capsys):
+    assert main(eval_argv(model, policy_only(tmp_path), "--max-policy", "0")) == 1
+    line = one_error_line(capsys, "eval")
+    assert "no suite selected" in line and "--selfplay-games N" in line
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_max_new_tokens_below_one_is_refused_by_grpo_as_by_eval(model, sharded, tmp_path, capsys, value):
+    for command, argv in (("eval", eval_argv(model, sharded)), ("grpo", grpo_argv(model, sharded, tmp_path / "grpo"))):
+        assert main(argv + ["--max-new-tokens", value]) == 1
+        assert f"max_new_tokens must be an integer >= 1, got {value}" in one_error_line(capsys, command)
+    assert not (tmp_path / "grpo").exists()
+
+
+def test_position_explorer_refuses_env_records_in_a_clear_message(model):
+    from rookworld_lib.core.model import GPT
+    from rookworld_lib.lab import explore
+
+    env = [json.loads(ln) for ln in shipped_lines("env_test.jsonl", 1)]
+    with pytest.raises(ValueError, match=r"shows P: \(policy\) records; records\[0\] is a record of task 'A'"):
+        explore.PositionExplorer(GPT.from_pretrained(model), env)
+
+
+# --- items 8 and 9: convert's inputs
+
+@pytest.fixture
+def pq(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return lambda name, columns: pq.write_table(pa.table(columns), tmp_path / name) or tmp_path / name
+
+
+def convert_argv(tmp_path: Path, *inputs) -> list[str]:
+    return ["convert", *map(str, inputs), "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress"]
+
+
+def test_convert_parquet_text_column_of_ints_is_one_line(tmp_path, pq, capsys):
+    assert main(convert_argv(tmp_path, pq("ints.parquet", {"text": [1, 2, 3]}))) == 1
+    assert "ints.parquet: column 'text' holds int64, not strings" in one_error_line(capsys, "convert")
+
+
+def test_convert_parquet_without_text_column_lists_its_columns(tmp_path, pq, capsys):
+    assert main(convert_argv(tmp_path, pq("lines.parquet", {"line": ["x"], "n": [1]}))) == 1
+    assert "lines.parquet: no 'text' column (columns: line, n)" in one_error_line(capsys, "convert")
+
+
+def test_convert_calls_a_directory_a_directory(tmp_path, capsys):
+    (tmp_path / "rook").mkdir()
+    assert main(convert_argv(tmp_path, tmp_path / "rook")) == 1
+    assert f"{tmp_path / 'rook'}: is a directory; give the data files in it" in one_error_line(capsys, "convert")
+
+
+@pytest.mark.parametrize("name", ["arbiter.txt", "arbiter.jsonl"])
+def test_convert_accepts_a_byte_order_mark(tmp_path, capsys, name):
+    env = json.loads(shipped_lines("env_test.jsonl", 1)[0])
+    text = env["prompt"] + env["completion"]
+    (tmp_path / name).write_text((json.dumps({"text": text}) if name.endswith(".jsonl") else text) + "\n",
+                                 encoding="utf-8-sig")
+    assert main(convert_argv(tmp_path, tmp_path / name, "--json")) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report["written"] == {"A": 1} and report["errors"] == 0
+
+
+def test_a_gap_in_a_shard_numbering_is_refused_by_every_reader_naming_the_missing_file(tmp_path, model, capsys):
+    gap = tmp_path / "gap"
+    gap.mkdir()
+    for name in ("policy_test.jsonl", "env_test.jsonl", "policy_train.jsonl", "env_train.jsonl"):
+        lines = shipped_lines(name, 6)
+        for shard in (0, 2):  # shard 1 lost (a deleted file, a copy cut short)
+            with gzip.open(gap / data.data_file_name(name, shard, compress=True), "wt") as f:
+                f.write("".join(ln + "\n" for ln in lines[2 * shard:2 * shard + 2]))
+    lost = gap / data.data_file_name("policy_test.jsonl", 1, compress=True)
+    assert main(eval_argv(model, gap)) == 1
+    assert f"{lost}: missing shard" in one_error_line(capsys, "eval")
+    assert main(grpo_argv(model, gap, tmp_path / "out")) == 1
+    assert "missing shard" in one_error_line(capsys, "grpo") and not (tmp_path / "out" / "metrics.jsonl").exists()

@@ -1,0 +1,206 @@
+"""Issue 28, datagen's part: nothing lost, nothing silent, each fault as a user meets it.
+
+- two `rookworld datagen` into one `--out`: the second stops before it touches anything, in one line
+  naming the directory and the other run's pid; `--validate` reports a shard numbering with a gap
+  (the file whose records are lost);
+- an engine behind a wrapper script whose descendant holds the engine's pipe: datagen still ends in
+  one line, and no process of the wrapper's outlives the run (python-chess's pool included);
+- `--games 200000`: nothing is allocated per game before the first game is played;
+- messages: bad settings end in one line and exit 1 (a command line argparse cannot parse: usage and
+  exit 2, as in every `rookworld` command); an unwritable `--out` is named, without a promise to
+  resume; `--summary` of a missing directory says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import chess
+import pytest
+from helpers_chess import default_sigint, wait_gone
+from test_data_messages import one_line
+from test_faults import DATAGEN_ARGS, child_env, fake_engine
+
+from rookworld_lib.chess import datagen, engine
+from rookworld_lib.lab.cli import main
+
+pytestmark = pytest.mark.fault
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fast_timeouts(monkeypatch):
+    """Engine start and search limits of 1 s plus next to nothing: a hung engine fails within seconds."""
+    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 1.0)
+    monkeypatch.setattr(engine, "SLOW_NODES_PER_S", 1e8)
+
+
+def datagen_argv(out: Path, stockfish: str, *extra: str) -> list[str]:
+    return ["datagen", "--out", str(out), "--stockfish", stockfish, *DATAGEN_ARGS, *extra]
+
+
+# --- one writer per data directory ------------------------------------------------------------
+
+def test_a_second_datagen_into_a_busy_out_stops_before_touching_anything(tmp_path, capsys, fast_timeouts):
+    out, marker = tmp_path / "d", tmp_path / "searching"
+    marker.mkdir()
+    hung = fake_engine(tmp_path, "never answers go")  # the first run stays in its first games
+    first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.lab.cli", *datagen_argv(out, hung)],
+                             env=child_env(FAKE_ENGINE_MARKER=str(marker)), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.listdir(marker) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(marker) and first.poll() is None, first.communicate()[1][-2000:]
+        before = {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+        assert main(datagen_argv(out, hung)) == 1
+        line = one_line(capsys.readouterr().err, "rookworld datagen", f"{out} is being written by another run "
+                        f"(pid {first.pid} since")
+        assert line.startswith("rookworld datagen: error: ")
+        assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before  # the first run's files, untouched
+    finally:
+        first.send_signal(signal.SIGINT)
+        try:
+            first.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.communicate()
+
+
+def test_validate_names_a_missing_shard(tmp_path, capsys):
+    def shard(name: str, source: str, numbers):
+        lines = (ROOT / "data" / source).read_text().splitlines(keepends=True)
+        for i in numbers:
+            (tmp_path / f"{name}-{i:05d}.jsonl").write_text(lines[i])
+
+    shard("policy_val", "policy_val.jsonl", (0, 2, 3))  # 00001 lost
+    shard("env_val", "env_val.jsonl", (1,))  # a shard set that does not start at 00000
+    assert main(["datagen", "--out", str(tmp_path), "--validate"]) == 1
+    out, err = capsys.readouterr()
+    assert out.count("records OK") == 4  # every line of the shards there is valid
+    missing = [x for x in err.splitlines() if "missing shard" in x]
+    assert missing == [f"error: {tmp_path / name}: missing shard (shards are numbered from 00000 without gaps); "
+                       "its records are lost: generate the data again"
+                       for name in ("env_val-00000.jsonl", "policy_val-00001.jsonl")], err
+    (tmp_path / "policy_val-00001.jsonl").write_text((tmp_path / "policy_val-00000.jsonl").read_text())
+    (tmp_path / "env_val-00001.jsonl").rename(tmp_path / "env_val-00000.jsonl")
+    assert main(["datagen", "--out", str(tmp_path), "--validate"]) == 0  # complete again
+
+
+# --- an engine behind a wrapper script --------------------------------------------------------
+
+def wrapped_engine(tmp_path: Path) -> tuple[str, Path]:
+    """A bash script that starts the fake engine that never answers `go` as its child (no exec),
+    beside a sleeping descendant that holds the engine's stdout, as a wrapper's stray child does;
+    the descendants' pids go to the returned file."""
+    pids = tmp_path / "descendants"
+    path = tmp_path / "wrapped-stockfish"
+    path.write_text(f'#!/bin/bash\nsleep 600 &\necho $! >> "{pids}"\n"{fake_engine(tmp_path, "never answers go")}"\n')
+    path.chmod(0o755)
+    return str(path), pids
+
+
+def no_survivors(pids: Path) -> list[int]:
+    """The wrapper's descendants still alive after a few seconds (killed here, so that none stays)."""
+    alive = wait_gone([int(p) for p in pids.read_text().split()], timeout=5)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+def test_datagen_on_a_wrapped_hung_engine_ends_in_one_line_and_leaves_no_process(tmp_path, capsys, fast_timeouts):
+    wrapper, pids = wrapped_engine(tmp_path)
+    assert main(datagen_argv(tmp_path / "d", wrapper)) == 1
+    one_line(capsys.readouterr().err, "rookworld datagen", "Stockfish failed", "EngineFailedError")
+    assert pids.read_text().split() and no_survivors(pids) == []
+
+
+def test_the_python_chess_pool_kills_a_wrapped_engine_with_its_children(tmp_path, fast_timeouts):
+    wrapper, pids = wrapped_engine(tmp_path)
+    with engine.EnginePool(engine.EngineSettings(path=wrapper, max_retries=1), size=1, cache=False) as pool:
+        with pytest.raises(engine.EngineFailedError, match="no answer within"):
+            pool.analyse(chess.STARTING_FEN)
+    assert len(pids.read_text().split()) == 2 and no_survivors(pids) == []  # one per engine started
+
+
+# --- a huge --games ---------------------------------------------------------------------------
+
+def test_a_huge_games_count_allocates_nothing_per_game_before_the_first_game(tmp_path, capsys, monkeypatch):
+    def first_game_fails(index, cfg, pool):
+        raise engine.EngineFailedError(f"game {index}: stopped by the test")
+
+    monkeypatch.setattr(datagen, "play_game", first_game_fails)
+    tracemalloc.start()
+    try:
+        rc = main(datagen_argv(tmp_path / "d", fake_engine(tmp_path, "never answers go"), "--games", "200000"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rc == 1
+    one_line(capsys.readouterr().err, "rookworld datagen", "stopped by the test")
+    assert peak < 20 * 2**20, f"{peak / 2**20:.0f} MiB allocated before the first game"  # was ~1 KiB per game
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, says", [(["--games", "0"], "games must be an integer >= 1, got 0"),
+                                            (["--shard-size", "-1"], "shard_size must be an integer >= 0, got -1"),
+                                            (["--policy-rate", "2"], "policy_rate must be a finite number in [0, 1]")])
+def test_a_bad_datagen_setting_ends_in_one_line_and_exit_1(tmp_path, capsys, setting, says):
+    assert main(["datagen", "--out", str(tmp_path / "d"), *setting]) == 1
+    assert one_line(capsys.readouterr().err, "rookworld datagen", says).startswith("rookworld datagen: error: ")
+    assert not (tmp_path / "d").exists()  # nothing written
+
+
+def test_a_command_line_argparse_cannot_parse_shows_the_usage_and_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["datagen", "--out", str(tmp_path / "d"), "--games", "many"])
+    assert exc.value.code == 2
+    assert "usage: rookworld datagen" in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
+def test_an_unwritable_out_is_named_without_promising_a_resume(tmp_path, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: refuse below ro as the kernel refuses another user
+        real = os.mkdir
+
+        def mkdir(path, *args, **kwargs):
+            if str(path).startswith(f"{ro}{os.sep}"):
+                raise PermissionError(13, os.strerror(13), str(path))
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", mkdir)
+    assert main(datagen_argv(ro / "out", fake_engine(tmp_path, "never answers go"))) == 1
+    line = one_line(capsys.readouterr().err, "rookworld datagen", f"Permission denied: {ro / 'out'}",
+                    "choose a directory you can write to")
+    assert "resume" not in line and "kept" not in line
+
+
+def test_summary_of_a_missing_or_empty_directory_is_one_line_and_exit_1(tmp_path, capsys):
+    assert main(["datagen", "--out", str(tmp_path / "nowhere"), "--summary"]) == 1
+    one_line(capsys.readouterr().err, "rookworld datagen",
+             f"error: no data files (*.jsonl, *.jsonl.gz) in {tmp_path / 'nowhere'} (no such directory)")
+    assert main(["datagen", "--out", str(tmp_path), "--summary"]) == 1
+    line = one_line(capsys.readouterr().err, "rookworld datagen", f"no data files (*.jsonl, *.jsonl.gz) in {tmp_path}")
+    assert "no such directory" not in line
+
+
+def test_convert_into_a_directory_another_run_writes_is_refused_in_one_line(tmp_path, capsys):
+    from rookworld_lib.core.train_utils import run_lock
+
+    lines = tmp_path / "rook_val.txt"
+    lines.write_text("P: not an original line\n")
+    with run_lock(tmp_path / "out"):  # as a datagen or convert run into that directory holds it
+        assert main(["convert", str(lines), "--out", str(tmp_path / "out"), "--no-progress"]) == 1
+    one_line(capsys.readouterr().err, "rookworld convert", f"{tmp_path / 'out'} is being written by another run "
+             f"(pid {os.getpid()} since")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".lock"]  # no errors file, no output

@@ -1,0 +1,120 @@
+"""Issue 28, finding 2: two `rookworld run`s at once.
+
+Each run has a directory of its own, even when both start in the same second (`<stamp>`, then
+`<stamp>-2`), and each kernel has its own connection file and IPC sockets, in a private temporary
+directory: they used to be `kernel-ipc-N` in the notebooks folder, shared by every run, where two
+runs' kernels took each other's sockets ("Invalid Signature", "Kernel didn't respond"). A relative
+`--out` is the user's working directory's, not the notebooks folder's (where the kernels run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from rookworld_lib.lab import pipeline
+from test_pipeline import write_notebook
+
+pytestmark = pytest.mark.fault
+STAMP = "20260101-000000"
+
+# Each notebook records its kernel's connection (file and socket path) in the run directory, then
+# waits until the other run's kernel of the same notebook is up too: both kernels live at once.
+WAIT_FOR_THE_OTHER_RUN = '''
+import json, os, time
+from pathlib import Path
+from ipykernel.connect import get_connection_file
+
+connection = {"file": get_connection_file(), "ip": json.loads(Path(get_connection_file()).read_text())["ip"]}
+Path(run_dir, f"kernel-{name}.json").write_text(json.dumps(connection))
+here = Path(barrier, name)
+here.mkdir(parents=True, exist_ok=True)
+(here / str(os.getpid())).touch()
+deadline = time.monotonic() + 60
+while len(list(here.iterdir())) < 2:
+    assert time.monotonic() < deadline, "the other run's kernel never started"
+    time.sleep(0.1)
+'''
+
+# `rookworld run` as a user starts it, with the stand-in notebooks and a clock stopped at STAMP:
+# both runs start "in the same second"
+RUN = '''
+import datetime, functools, sys, types
+from pathlib import Path
+from rookworld_lib.lab import cli, pipeline
+
+pipeline.dt = types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda: datetime.datetime(2026, 1, 1)))
+pipeline.run_pipeline = functools.partial(pipeline.run_pipeline, notebooks_dir=Path(sys.argv[1]))
+sys.exit(cli.main(["run", "--profile", "cpu", "--out", sys.argv[2], "-p", "barrier", sys.argv[3]]))
+'''
+
+
+def stand_in_notebooks(directory: Path) -> list[str]:
+    directory.mkdir()
+    names = ["00_first.ipynb", "01_second.ipynb"]
+    for name in names:
+        write_notebook(directory / name, f"run_dir = None\nbarrier = None\nname = {name[:2]!r}",
+                       WAIT_FOR_THE_OTHER_RUN, "print('done')")
+    return names
+
+
+def test_two_runs_at_once_in_the_same_second_each_finish_with_their_own_report(tmp_path):
+    nbs, out = tmp_path / "notebooks", tmp_path / "runs"
+    names = stand_in_notebooks(nbs)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = []
+    for cwd in (tmp_path / "a", tmp_path / "b"):  # two users' working directories, one --out: ../runs
+        cwd.mkdir()
+        procs.append(subprocess.Popen([sys.executable, "-c", RUN, str(nbs), "../runs", str(tmp_path / "barrier")],
+                                      cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    run_dirs = sorted(out.iterdir())
+    assert [d.name for d in run_dirs] == [STAMP, f"{STAMP}-2"]
+    assert sorted(text.splitlines()[-1].split()[3] for text in outputs) == [str(d) for d in run_dirs]
+    sockets = set()
+    for run_dir in run_dirs:
+        record = json.loads((run_dir / "run.json").read_text())
+        assert [(n["notebook"], n["status"]) for n in record["notebooks"]] == [(name, "ok") for name in names]
+        report = (run_dir / "report.md").read_text()
+        assert "FAILED" not in report and all(f"| {name} | ok |" in report for name in names), report
+        for name in names:
+            kernel = json.loads((run_dir / f"kernel-{name[:2]}.json").read_text())
+            ip = Path(kernel["ip"])
+            # an absolute path in the kernel's own directory (with its connection file), gone after the run
+            assert ip.is_absolute() and ip.parent == Path(kernel["file"]).parent, kernel
+            assert nbs not in ip.parents and not ip.parent.exists(), kernel
+            sockets.add(ip.parent)
+    assert len(sockets) == 4  # one directory per kernel: none shared between runs or notebooks
+    assert sorted(p.name for p in nbs.iterdir()) == names  # nothing left in the notebooks folder
+
+
+def test_a_taken_run_directory_is_never_reused(tmp_path):
+    (tmp_path / STAMP).mkdir()
+    (tmp_path / STAMP / "report.md").write_text("an earlier run's report\n")
+    (tmp_path / f"{STAMP}-2").write_text("a file in the way\n")
+    assert pipeline.new_run_dir(tmp_path, STAMP) == tmp_path / f"{STAMP}-3"
+    assert (tmp_path / STAMP / "report.md").read_text() == "an earlier run's report\n"
+    assert pipeline.new_run_dir(tmp_path / "new", STAMP) == tmp_path / "new" / STAMP
+
+
+def test_runs_created_at_once_get_distinct_directories(tmp_path):
+    made, start = [], threading.Barrier(8)
+
+    def make():
+        start.wait()
+        made.append(pipeline.new_run_dir(tmp_path, STAMP))
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(made) == sorted([tmp_path / STAMP] + [tmp_path / f"{STAMP}-{n}" for n in range(2, 9)])
