@@ -362,3 +362,21 @@ def test_notebook_06_explorers(lab, page, tmp_path):
     page.wait_for_timeout(2000)  # every output rendered
     screenshot(page, tmp_path, "06_reopened", top=page.locator(".rw-position-explorer").first)
     assert "model not found" not in page.locator(".jp-NotebookPanel").inner_text()
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(os.environ.get("ROOKWORLD_HEAVY") != "1", reason="heavy: set ROOKWORLD_HEAVY=1")
+@pytest.mark.parametrize("name", ["00_data_and_rewards.ipynb", "01_tokenizer_inspection.ipynb",
+                                  "02_forward_pass_health.ipynb", "03_grpo_sign_validation.ipynb",
+                                  "04_mfu_tuning.ipynb"])
+def test_every_other_notebook_runs_and_reads_in_jupyterlab(lab, page, tmp_path, name):
+    """Notebooks 00-04 as a reader sees them on their defaults: no error, nothing cut off at the right
+    of the page (tables at most 1280 px), a screenshot of every cell that draws a figure."""
+    open_notebook(page, lab, name)
+    run_all(page)
+    wait_done(page, timeout_s=900)
+    assert saved_errors(page, lab, name) == []
+    for i, cell in enumerate(page.locator(".jp-CodeCell:has(.js-plotly-plot), .jp-CodeCell:has(img)").all()):
+        screenshot(page, tmp_path, f"{name[:2]}_figure_{i}", top=cell)
+    assert page.evaluate(OVERFLOWS) == [], "outputs cut off at the right (cell, element, width, room)"
+    assert page.errors == []

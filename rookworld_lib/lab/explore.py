@@ -435,7 +435,8 @@ def length_bias_figure(short_len: int = 5, long_len: int = 40, group_size: int =
     w = length_bias_weights(lengths)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("weight of one token", "weight of the whole completion"))
     for lt, x in w.items():
-        line = dict(width=4 if lt == loss_type else 1.5, color=series_colour(grpo.LOSS_TYPES.index(lt)))
+        i = grpo.LOSS_TYPES.index(lt)  # a dash of its own too: several loss types weigh tokens alike, lines overlap
+        line = dict(width=4 if lt == loss_type else 2, color=series_colour(i), dash=("solid", "dot", "dash", "longdash", "dashdot")[i % 5])
         fig.add_scatter(x=lengths, y=x[:, 0].tolist(), name=lt, mode="lines+markers", line=line, legendgroup=lt, row=1, col=1)
         fig.add_scatter(x=lengths, y=x.sum(1).tolist(), name=lt, mode="lines+markers", line=line, legendgroup=lt,
                         showlegend=False, row=1, col=2)
