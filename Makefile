@@ -69,7 +69,7 @@ test-fast: setup
 	$(PY) -m pytest tests -p no:cacheprovider
 
 test-fault: setup
-	$(PY) -m pytest tests -m fault -p no:cacheprovider
+	$(PY) -m pytest tests -m fault -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # Execute the numbered notebooks headless (papermill) into runs/<timestamp>/, with a report.
 run: setup

@@ -168,3 +168,17 @@ def test_a_bar_off_a_terminal_is_lines_not_carriage_returns():
     code = "from rookworld_lib.core.progress import tqdm\nfor _ in tqdm(range(5), desc='convert'): pass"
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert "\r" not in err and err.count("\n") == 1 and err.startswith("convert: 100%") and "5/5" in err
+
+
+@pytest.mark.parametrize("notebook", [nb for nb in pipeline.numbered_notebooks()
+                                      if "profile" in pipeline.declared_parameters(nb)], ids=lambda p: p.name)
+def test_every_notebook_with_a_profile_parameter_accepts_every_profile_of_rookworld_run(notebook):
+    """`rookworld run --profile NAME` passes NAME to every notebook that declares `profile`: each one's
+    check cell (the cell after `parameters`) must take every profile the command offers."""
+    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+    at = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+    for profile, offered in pipeline.PROFILES.items():
+        scope: dict = {}
+        exec("".join(cells[at]["source"]), scope)
+        scope.update(offered)
+        exec("".join(cells[at + 1]["source"]), scope)  # raises ParameterError for a refused profile
