@@ -195,7 +195,7 @@ def test_summary_of_a_missing_or_empty_directory_is_one_line_and_exit_1(tmp_path
 
 
 def test_convert_into_a_directory_another_run_writes_is_refused_in_one_line(tmp_path, capsys):
-    from rookworld_lib.core.train_utils import run_lock
+    from rookworld_lib.core.paths import run_lock
 
     lines = tmp_path / "rook_val.txt"
     lines.write_text("P: not an original line\n")

@@ -177,7 +177,7 @@ def test_every_notebook_with_a_profile_parameter_accepts_every_profile_of_rookwo
     check cell (the cell after `parameters`) must take every profile the command offers."""
     cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
     at = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
-    for profile, offered in pipeline.PROFILES.items():
+    for offered in pipeline.PROFILES.values():
         scope: dict = {}
         exec("".join(cells[at]["source"]), scope)
         scope.update(offered)

@@ -218,7 +218,7 @@ def test_resume_refuses_another_init_model(tmp_path):
 
 
 def test_grpo_refuses_a_run_dir_another_run_is_writing(tmp_path):
-    from rookworld_lib.core.train_utils import RunDirBusyError, run_lock
+    from rookworld_lib.core.paths import RunDirBusyError, run_lock
 
     trainer = make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8})
     with run_lock(tmp_path), pytest.raises(RunDirBusyError, match="being written by another run"):

@@ -394,7 +394,7 @@ def test_cli_help():
 def test_a_second_writer_into_the_same_out_dir_stops_at_once(tmp_path):
     """Two runs into one out_dir (issue: their checkpoints and metrics mixed): the second gets one
     clear error before it writes anything, and the first run's files are untouched."""
-    from rookworld_lib.core.train_utils import RunDirBusyError, run_lock
+    from rookworld_lib.core.paths import RunDirBusyError, run_lock
 
     train_sft(tiny_cfg(tmp_path, max_steps=2), train_texts=TEXTS)
     before = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}

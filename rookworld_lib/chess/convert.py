@@ -28,9 +28,8 @@ from pathlib import Path
 
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
-from ..core.paths import atomic_file, json_line, read_jsonl
+from ..core.paths import atomic_file, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
-from ..core.train_utils import run_lock
 from .engine import usable_cores
 from .rewards import EnvTruth
 

@@ -10,7 +10,7 @@ mate-in-one positions; Stockfish (on datagen's own UCI client, :class:`LeanPool`
 reproducible limit (one thread, cleared hash) and python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
 interrupted run resumes with the same settings; record files are written atomically at the end,
 and one that would be empty is not written (an older one of that name is removed). A run holds
-``<out>/.lock`` while it writes (:func:`.core.train_utils.run_lock`, as training does): a second run
+``<out>/.lock`` while it writes (:func:`.core.paths.run_lock`, as training does): a second run
 into the same directory stops before it touches anything.
 """
 
@@ -44,10 +44,10 @@ from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, data_file_name
                    mating_moves, missing_shards, move_tags, position_tags, render_card_tables, summarize)
 from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
-from ..core.paths import DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines
+from ..core.paths import (DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines,
+                          run_lock)
 from ..core.progress import tqdm
 from ..core.config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
-from ..core.train_utils import run_lock
 
 log = logging.getLogger(__name__)
 

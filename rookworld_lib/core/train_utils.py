@@ -10,7 +10,6 @@ import math
 import os
 import random
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -379,40 +378,3 @@ def set_rng_state(state: dict) -> None:
                         len(cuda), n, min(len(cuda), n))
         for i, s in enumerate(cuda[:n]):
             torch.cuda.set_rng_state(s.cpu(), i)
-
-
-# -- out_dir's lock -------------------------------------------------------------------------
-
-LOCK_FILE = ".lock"
-
-
-class RunDirBusyError(ValueError):
-    """Another run is writing into the same out_dir."""
-
-
-@contextlib.contextmanager
-def run_lock(out_dir: str | os.PathLike):
-    """Hold `<out_dir>/.lock` while a run writes there: a second writer stops at once with one clear
-    error instead of mixing its checkpoints and metrics with ours. The lock is flock(2)'s, so the
-    kernel drops it when its holder dies (a SIGKILLed run leaves no stale lock)."""
-    import fcntl  # POSIX; where it is missing (Windows) runs are not locked
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    fh = open(out / LOCK_FILE, "a+", encoding="utf-8")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        holder = fh.read().strip() or "another process"
-        fh.close()
-        raise RunDirBusyError(f"{out} is being written by another run ({holder}); wait for it to finish, "
-                              "or choose another out_dir") from None
-    try:
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        fh.flush()
-        yield
-    finally:
-        fh.close()
