@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import shutil
+import statistics
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -138,7 +139,7 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         colour = series_colour(i)
-        shown = [sum(ys[max(0, j - smooth + 1): j + 1]) / len(ys[max(0, j - smooth + 1): j + 1]) for j in range(len(ys))]
+        shown = [statistics.fmean(ys[max(0, j - smooth + 1): j + 1]) for j in range(len(ys))]
         fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=key,
                         line=dict(color=colour), marker=dict(size=4))
         if trend and len(pts) > 1:

@@ -413,15 +413,16 @@ def _ms(seconds: float) -> str:
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
-def _tokens_per_s_overlap(row: dict, noise: list[dict]) -> bool:
-    """Whether a row's tokens/s interval (from its p90 and p10 step times) overlaps the span of the
-    noise rows' intervals (the baseline, and its repeat): then its speed difference is inside the
-    machine's noise."""
-    def interval(r: dict) -> tuple[float, float]:
-        return r["tokens_per_step"] / r["step_time_p90_s"], r["tokens_per_step"] / r["step_time_p10_s"]
+def _tokens_per_s_interval(r: dict) -> tuple[float, float]:
+    """A row's tokens/s at its p90 and at its p10 step time."""
+    return r["tokens_per_step"] / r["step_time_p90_s"], r["tokens_per_step"] / r["step_time_p10_s"]
 
-    lo, hi = interval(row)
-    spans = [interval(r) for r in noise]
+
+def _tokens_per_s_overlap(row: dict, noise: list[dict]) -> bool:
+    """Whether a row's tokens/s interval overlaps the span of the noise rows' intervals (the
+    baseline, and its repeat): then its speed difference is inside the machine's noise."""
+    lo, hi = _tokens_per_s_interval(row)
+    spans = [_tokens_per_s_interval(r) for r in noise]
     return lo <= max(h for _, h in spans) and min(low for low, _ in spans) <= hi
 
 
@@ -437,9 +438,9 @@ def speedup_figure(result: MatrixResult):
     speedups = [r["speedup"] for r in rows]
     colour = ["crimson" if r.get("changes_result") and r["expect_parity"] else
               "lightgray" if r.get("within_noise") and r["variable"] != "baseline" else "steelblue" for r in rows]
-    bars = dict(type="data", symmetric=False,
-                array=[r["tokens_per_step"] / r["step_time_p10_s"] / base_tps - s for r, s in zip(rows, speedups)],
-                arrayminus=[s - r["tokens_per_step"] / r["step_time_p90_s"] / base_tps for r, s in zip(rows, speedups)])
+    spans = [_tokens_per_s_interval(r) for r in rows]
+    bars = dict(type="data", symmetric=False, array=[hi / base_tps - s for (_, hi), s in zip(spans, speedups)],
+                arrayminus=[s - lo / base_tps for (lo, _), s in zip(spans, speedups)])
     fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", error_y=bars, marker_color=colour,
                            text=[f"{s:.2f}x" for s in speedups], textposition="inside", insidetextanchor="start"))
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
