@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import chess
+from rapidfuzz.distance import Levenshtein
 
 from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
@@ -114,24 +115,10 @@ def mean_interval(values: Sequence[float], z: float = 1.959964) -> Estimate:
     return Estimate(m, m - half, m + half, n, "mean")
 
 
-def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insert, delete, substitute), O(len(a) * len(b)) with two rows."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
 def similarity(a: str, b: str) -> float:
-    """1 - levenshtein / max length: 1 for equal strings, 0 for nothing in common."""
-    if not a and not b:
-        return 1.0
-    return 1.0 - levenshtein(a, b) / max(len(a), len(b))
+    """1 - edit distance / the longer length (rapidfuzz's normalized Levenshtein similarity, unit
+    costs): 1 for equal strings, 0 for nothing in common."""
+    return Levenshtein.normalized_similarity(a, b)
 
 
 @dataclass(frozen=True)

@@ -143,19 +143,12 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
         fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=key,
                         line=dict(color=colour), marker=dict(size=4))
         if trend and len(pts) > 1:
-            slope, icept = _least_squares(xs, ys)
+            # statistics.linear_regression refuses a constant x: a flat line at the mean there
+            slope, icept = statistics.linear_regression(xs, ys) if len(set(xs)) > 1 else (0.0, statistics.fmean(ys))
             fig.add_scatter(x=[xs[0], xs[-1]], y=[icept + slope * xs[0], icept + slope * xs[-1]], mode="lines",
                             name=f"{key} trend", line=dict(color=colour, dash="dash"), showlegend=False)
     fig.update_layout(title=title, xaxis_title=x)
     return fig
-
-
-def _least_squares(xs, ys) -> tuple[float, float]:
-    """(slope, intercept) of the least-squares line through the points."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    return slope, my - slope * mx
 
 
 CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"}
