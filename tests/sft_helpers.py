@@ -1,7 +1,8 @@
 """Shared pieces of the SFT tests: tiny chess texts and configs, and a killable SFT child process.
 
-Imported by test_train_sft.py, test_train_sft_distributed.py and test_faults.py. Run as a script,
-it is the child that those tests SIGKILL:
+Imported by test_train_sft.py, test_train_sft_distributed.py and test_faults.py. `_child_main` is the
+child that those tests SIGKILL (started by start_sft_child, forked: see forked_child.py); run as a
+script, it is the same child:
 
     python tests/sft_helpers.py CONFIG.json TEXTS.json THREADS [--pace S] [--hold-at STEP]
                                 [--pause-in-save K FRACTION MARKER] [--pause-at-pointer K MARKER]
@@ -100,10 +101,12 @@ def math_fields(records):
 
 def start_sft_child(cfg, texts_file: Path, *, pace: float = 0.05, hold_at: int | None = None,
                     pause_in_save: tuple[int, float, Path] | None = None,
-                    pause_at_pointer: tuple[int, Path] | None = None) -> subprocess.Popen:
-    """Start `train_sft(cfg)` in a child process (same thread count as this one)."""
-    args = [sys.executable, str(CHILD), json.dumps(dataclasses.asdict(cfg)), str(texts_file),
-            str(torch.get_num_threads()), "--pace", str(pace)]
+                    pause_at_pointer: tuple[int, Path] | None = None):
+    """Start `train_sft(cfg)` in a child process (same thread count as this one): _child_main, forked
+    from a server that has torch and the library imported (forked_child.ForkedChild, a Popen look-alike)."""
+    from forked_child import ForkedChild
+
+    args = [json.dumps(dataclasses.asdict(cfg)), str(texts_file), str(torch.get_num_threads()), "--pace", str(pace)]
     if hold_at is not None:
         args += ["--hold-at", str(hold_at)]
     if pause_in_save is not None:
@@ -112,7 +115,7 @@ def start_sft_child(cfg, texts_file: Path, *, pace: float = 0.05, hold_at: int |
     if pause_at_pointer is not None:
         k, marker = pause_at_pointer
         args += ["--pause-at-pointer", str(k), str(marker)]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return ForkedChild(_child_main, args)
 
 
 def wait_for(proc: subprocess.Popen, condition, timeout: float = 180.0, poll: float = 0.005) -> None:

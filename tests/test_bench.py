@@ -3,6 +3,7 @@
 import json
 import math
 import os
+from dataclasses import replace
 
 import pytest
 
@@ -15,7 +16,14 @@ def _positive_finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
-def test_quick_json_bench_at_tiny_size(capsys):
+def test_quick_json_bench_at_tiny_size(capsys, monkeypatch):
+    # Part (d) is the cpu profile's GRPO step (16 prompts x 4 samples x 72 tokens), twice per contender:
+    # on the full GPT-2 vocabulary that alone took ~55 s here. The test checks that each part runs and
+    # reports, not the numbers, so (d) runs one timed step per contender of a smaller step (the same code).
+    cpu = bench.PROFILES["cpu"]
+    small_step = replace(cpu.grpo, prompts_per_step=2, group_size=2, max_new_tokens=16, minibatch_size=4)
+    monkeypatch.setattr(bench, "PROFILES", {**bench.PROFILES, "cpu": replace(cpu, grpo=small_step)})
+    monkeypatch.setattr(bench, "QUICK", replace(bench.QUICK, grpo_steps=1))
     rc = bench.cli(["--quick", "--json", "--model", "tiny", "--repeats", "1", "--warmup", "0", "--no-trl"])
     assert rc == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -34,6 +42,11 @@ def test_quick_json_bench_at_tiny_size(capsys):
     assert result["grpo_step"]["status"] == "skipped" and "--no-trl" in result["grpo_step"]["reason"]
     assert result["grpo_step_speedup_vs_trl"] is None
     assert result["environment"]["torch"]
+    v = result["grpo_task_vocab"]
+    assert _positive_finite(result["grpo_task_vocab_speedup"]) and v["task_tokens"] < 50257
+    for part in (v["task"], v["full"]):
+        assert _positive_finite(part["completions_per_s"]) and _positive_finite(part["median_s"])
+    assert v["settings"]["prompts_per_step"] == 2 and v["settings"]["group_size"] == 2
 
 
 def test_hf_tokenizer_matches_tiktoken():

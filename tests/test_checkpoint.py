@@ -2,7 +2,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 
@@ -224,11 +223,19 @@ KILL_DURING_SAVE = textwrap.dedent("""
 """)
 
 
+def _kill_during_save_main(argv: list[str]) -> None:
+    """`python -c KILL_DURING_SAVE DIR`, in a process forked with torch imported (forked_child.py)."""
+    sys.argv = ["-c", *argv]
+    exec(KILL_DURING_SAVE, {"__name__": "__main__"})
+
+
 def test_a_kill_during_save_leaves_the_latest_checkpoint_whole(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", KILL_DURING_SAVE, str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    assert "unreachable" not in proc.stdout
+    from forked_child import ForkedChild
+
+    proc = ForkedChild(_kill_during_save_main, [str(tmp_path)])
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, stderr
+    assert "unreachable" not in stdout
     leftovers = [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
     assert leftovers  # the torn temporary file is there...
     assert ck.latest_checkpoint(tmp_path).name == "step_00000001.pt"  # ...but latest names a whole one

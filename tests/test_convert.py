@@ -315,8 +315,10 @@ def test_converted_files_get_the_users_umask_not_0600(tmp_path, umask, mode):
     """Files are written atomically (a temporary file renamed over the target); they still get the mode
     a plain `open()` gives under the user's umask, as `ls -l` shows after `touch`."""
     pol, _ = write_original_files(tmp_path)
-    code = ("import os, sys; os.umask(int(sys.argv[1])); from rookworld_lib.lab.cli import main; "
-            "sys.exit(main(['convert', sys.argv[2], '--out', sys.argv[3], '--workers', '1', '--no-progress']))")
+    # `rookworld convert`'s own cli (what `rookworld_lib.lab.cli.main` dispatches to): the umask is read
+    # once at import, hence a process per umask; this import skips torch, which convert never needs (0.5 s, not 5)
+    code = ("import os, sys; os.umask(int(sys.argv[1])); from rookworld_lib.chess.convert import cli; "
+            "sys.exit(cli([sys.argv[2], '--out', sys.argv[3], '--workers', '1', '--no-progress']))")
     subprocess.run([sys.executable, "-c", code, str(umask), str(pol), str(tmp_path / "o")], check=True,
                    capture_output=True)
     written = sorted((tmp_path / "o").iterdir())

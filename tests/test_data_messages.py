@@ -6,13 +6,13 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 
 import chess.engine
 import pytest
+from forked_child import ForkedChild, cli_main
 from helpers_chess import needs_stockfish, shipped
-from test_data import start_until_labelled
+from test_data import wait_until_labelled
 
 from rookworld_lib.chess import convert, data, datagen, engine
 from rookworld_lib.core import paths
@@ -163,11 +163,12 @@ def test_an_engine_that_dies_at_its_first_search_ends_datagen_in_one_line(tmp_pa
     fake.write_text(FAKE_ENGINE.format(python=sys.executable))
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", *DATAGEN, "--out", str(out), "--stockfish", str(fake),
-           "--random-share", "0", "--opening-share", "0"]  # every game needs the engine
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    one_line(proc.stderr, "rookworld datagen", "Stockfish failed", "EngineFailedError", str(out / ".datagen-work"))
+    argv = [*DATAGEN, "--out", str(out), "--stockfish", str(fake), "--random-share", "0",
+            "--opening-share", "0"]  # every game needs the engine
+    proc = ForkedChild(cli_main, argv)  # `rookworld datagen ...` in a process of its own (forked_child.py)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr[-2000:]
+    one_line(stderr, "rookworld datagen", "Stockfish failed", "EngineFailedError", str(out / ".datagen-work"))
     assert (out / ".datagen-work" / "config.json").exists() and not list(out.glob("*.jsonl"))
 
 
@@ -196,15 +197,17 @@ def test_an_engine_failure_mid_labelling_keeps_every_finished_label(tmp_path, mo
 
 @needs_stockfish
 def test_sigint_during_datagen_exits_130_in_one_line_and_resumes(tmp_path):
-    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", *DATAGEN, "--out", str(tmp_path)]
+    argv = [*DATAGEN, "--out", str(tmp_path)]
     labels = tmp_path / ".datagen-work" / "labels.jsonl"
-    proc = start_until_labelled(cmd, labels, 3, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # `rookworld datagen ...` in a process of its own, where Ctrl-C raises KeyboardInterrupt (forked_child.py)
+    proc = wait_until_labelled(ForkedChild(cli_main, argv), labels, 3)
     os.kill(proc.pid, signal.SIGINT)  # as the user's Ctrl-C reaches datagen
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     one_line(err, "rookworld datagen", "interrupted", "run the same command again")
     kept = len(labels.read_bytes().splitlines())
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr[-2000:]
-    summary = json.loads(again.stdout)
+    again = ForkedChild(cli_main, argv)  # the same command again
+    again_out, again_err = again.communicate(timeout=300)
+    assert again.returncode == 0, again_err[-2000:]
+    summary = json.loads(again_out)
     assert summary["games_played"] == 0 and summary["labels_reused"] >= kept - 1  # at most a torn line redone

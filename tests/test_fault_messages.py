@@ -3,10 +3,11 @@ and no traceback; `eval --json` is strict JSON.
 
 One table, one test: each row is a `rookworld` command line, a set-up that breaks something, the
 substring the one error line must hold and the exit status. Every row runs as a user runs it, in
-its own process (`python -m rookworld_lib.lab.cli`, what the `rookworld` console script calls). Faults
+its own process (`rookworld_lib.lab.cli.main`, what the `rookworld` console script calls). Faults
 a test cannot make for real here (a full disk, an unwritable directory as root, running out of
-memory) are simulated in that process: this file, run as a script, applies the named injection and
-then calls `rookworld_lib.lab.cli.main`.
+memory) are simulated in that process: `_inject_main` (or this file, run as a script) applies the named
+injection and then calls `rookworld_lib.lab.cli.main`. The processes are forked from a server that has
+torch and the library imported (forked_child.ForkedChild): a fresh interpreter spent ~4 s importing.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from forked_child import ForkedChild, cli_main
 
 pytestmark = pytest.mark.fault
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,8 +208,7 @@ def batch(shared) -> dict:
     jobs = [{"id": r.id, "argv": [fill(a, worlds[r.id]) for a in r.argv]} for r in rows]
     jobs_file = shared["base"] / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
-    proc = run([sys.executable, str(Path(__file__).resolve()), "--batch", str(jobs_file)], child_env(), False, None,
-               timeout=TIMEOUT * 3)
+    proc = run(_batch_main, [str(jobs_file)], child_env(), False, None, timeout=TIMEOUT * 3)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((shared["base"] / "jobs.json.results").read_text())
     return {r.id: (worlds[r.id], subprocess.CompletedProcess(jobs[i]["argv"], results[r.id]["code"],
@@ -222,10 +223,10 @@ def test_one_line_no_traceback(row: Row, shared, request):
     else:
         w = world(row, shared)
         argv = [fill(a, w) for a in row.argv]
-        prefix = [sys.executable, "-m", "rookworld_lib.lab.cli"]  # what the `rookworld` console script runs
+        target, prefix = cli_main, []  # what the `rookworld` console script runs
         if row.inject:
-            prefix = [sys.executable, str(Path(__file__).resolve()), "--inject", fill(row.inject, w)]
-        proc = run(prefix + argv, child_env(), row.interrupt, w["tmp"] / "run-ci" / "metrics.jsonl")
+            target, prefix = _inject_main, [fill(row.inject, w)]
+        proc = run(target, prefix + argv, child_env(), row.interrupt, w["tmp"] / "run-ci" / "metrics.jsonl")
     err = proc.stderr
     assert "Traceback" not in err, err[-3000:]
     assert proc.returncode == row.code, (proc.returncode, err[-3000:])
@@ -239,12 +240,12 @@ def test_one_line_no_traceback(row: Row, shared, request):
         row.check(w, proc)
 
 
-def run(cmd: list[str], env: dict, interrupt: bool, metrics: Path | None,
+def run(target, argv: list[str], env: dict, interrupt: bool, metrics: Path | None,
         timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
-    # SIGINT back to its default in the child: a shell that started this test in the background
-    # ignores it, and Python raises KeyboardInterrupt only where it is not ignored.
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    """target(argv) in a process of its own (forked: see forked_child.py), where SIGINT raises
+    KeyboardInterrupt even when a shell that started this test in the background ignores it."""
+    cmd = [f"{target.__module__}.{target.__name__}", *argv]
+    proc = ForkedChild(target, argv, env=env, cwd=ROOT)
     if interrupt:
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
@@ -376,15 +377,25 @@ def _run_batch(jobs_file: Path) -> None:
     Path(f"{jobs_file}.results").write_text(json.dumps(results))
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "--batch":
-        _run_batch(Path(sys.argv[2]))
-        sys.exit(0)
-    name, _, arg = sys.argv[2].partition(":")  # --inject NAME[:ARG] ARGV...
+def _batch_main(argv: list[str]) -> None:
+    """JOBS_FILE: _run_batch."""
+    _run_batch(Path(argv[0]))
+    sys.exit(0)
+
+
+def _inject_main(argv: list[str]) -> None:
+    """NAME[:ARG] ARGV...: apply the injection NAME, then `rookworld ARGV...`."""
+    name, _, arg = argv[0].partition(":")
     INJECTIONS[name](arg)
     from rookworld_lib.lab.cli import main
 
-    sys.exit(main(sys.argv[3:]))
+    sys.exit(main(argv[1:]))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--batch":
+        _batch_main(sys.argv[2:])
+    _inject_main(sys.argv[2:])  # --inject NAME[:ARG] ARGV...
 
 
 # =====================================================================================

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers_chess import default_sigint, engine_pids, needs_stockfish
+from forked_child import ForkedChild, cli_main
+from helpers_chess import engine_pids, needs_stockfish
 from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, item_reward, last_step, math_fields,  # noqa: F401
                          one_thread, sigkill, start_sft_child, tiny_cfg, wait_for)
 
@@ -171,8 +172,7 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     args = ["--train-data", str(data_file), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
             "--max-steps", "100000", "--warmup-steps", "1", "--checkpoint-interval", "1", "--eval-interval", "0",
             "--val-fraction", "0", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "run")]
-    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args]
-    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = ForkedChild(cli_main, ["sft", "--nproc", "2", *args], env=child_env())  # the launcher: `rookworld sft ...`
     metrics = tmp_path / "run" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and last_step(metrics) < 2 and proc.poll() is None:
@@ -181,7 +181,7 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     workers = descendants(proc.pid)
     assert len(workers) >= 3, workers  # torchrun and its two workers
     proc.kill()  # the launcher only, as `kill -9 <pid>` does
-    proc.wait()
+    proc.wait(60)
     assert wait_gone(workers, timeout=60) == [], "torchrun or a worker outlived its launcher"
     step = last_step(metrics)
     time.sleep(1.0)
@@ -440,10 +440,9 @@ def test_ctrl_c_ends_datagen_at_once_even_with_a_hung_engine(tmp_path):
 
     marker = tmp_path / "searching"
     marker.mkdir()
-    cmd = [sys.executable, "-m", "rookworld_lib.lab.cli", "datagen", "--out", str(tmp_path / "d"), "--stockfish",
-           fake_engine(tmp_path, "never answers go"), *DATAGEN_ARGS]
-    proc = subprocess.Popen(cmd, env=child_env(FAKE_ENGINE_MARKER=str(marker)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    argv = ["datagen", "--out", str(tmp_path / "d"), "--stockfish", fake_engine(tmp_path, "never answers go"),
+            *DATAGEN_ARGS]
+    proc = ForkedChild(cli_main, argv, env=child_env(FAKE_ENGINE_MARKER=str(marker)))  # Ctrl-C raises there
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(os.listdir(marker)) < 2 and proc.poll() is None:
         time.sleep(0.05)
@@ -575,11 +574,18 @@ print("RESULTS " + json.dumps(results))
 """
 
 
+def _driver_main(argv: list[str]) -> None:
+    """`python -c DRIVER ARGV...`, in a process forked with the library imported (forked_child.py)."""
+    sys.argv = ["-c", *argv]
+    exec(DRIVER, {"__name__": "__main__"})
+
+
 def run_driver(jobs: list, env: dict, hide_debian: bool = False) -> list[dict]:
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs), "/nonexistent/stockfish" if hide_debian
-                           else "-"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULTS "))
+    proc = ForkedChild(_driver_main, [json.dumps(jobs), "/nonexistent/stockfish" if hide_debian else "-"], env=env,
+                       cwd=ROOT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    line = next(x for x in out.splitlines() if x.startswith("RESULTS "))
     return json.loads(line[len("RESULTS "):])
 
 
@@ -853,8 +859,7 @@ def sft_args(tmp_path: Path, *extra: str) -> list[str]:
 def test_a_second_run_into_a_busy_out_dir_is_refused_and_mixes_nothing(tmp_path, capsys):
     run = tmp_path / "run"
     argv = sft_args(tmp_path, "--max-steps", "80", "--checkpoint-interval", "20", "--out", str(run))
-    first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.lab.cli", *argv], env=child_env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = ForkedChild(cli_main, argv, env=child_env())  # `rookworld sft ...` in a process of its own
     try:
         wait_for(first, lambda: f"pid {first.pid}" in ((run / ".lock").read_text() if (run / ".lock").exists() else ""))
         os.kill(first.pid, signal.SIGSTOP)  # the first run holds the lock, mid-run
@@ -862,7 +867,7 @@ def test_a_second_run_into_a_busy_out_dir_is_refused_and_mixes_nothing(tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"is being written by another run (pid {first.pid} since" in err[0], err
         os.kill(first.pid, signal.SIGCONT)
-        assert first.wait(timeout=120) == 0, first.stderr.read().decode()[-2000:]
+        assert first.wait(timeout=120) == 0, first.communicate()[1][-2000:]
     finally:
         if first.poll() is None:
             first.kill()

@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 import chess
 import pytest
-from helpers_chess import default_sigint, wait_gone
+from forked_child import ForkedChild, cli_main
+from helpers_chess import wait_gone
 from test_data_messages import one_line
 from test_faults import DATAGEN_ARGS, child_env, fake_engine
 
@@ -51,9 +51,8 @@ def test_a_second_datagen_into_a_busy_out_stops_before_touching_anything(tmp_pat
     out, marker = tmp_path / "d", tmp_path / "searching"
     marker.mkdir()
     hung = fake_engine(tmp_path, "never answers go")  # the first run stays in its first games
-    first = subprocess.Popen([sys.executable, "-m", "rookworld_lib.lab.cli", *datagen_argv(out, hung)],
-                             env=child_env(FAKE_ENGINE_MARKER=str(marker)), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    # `rookworld datagen ...` in a process of its own, where Ctrl-C raises KeyboardInterrupt (forked_child.py)
+    first = ForkedChild(cli_main, datagen_argv(out, hung), env=child_env(FAKE_ENGINE_MARKER=str(marker)))
     try:
         deadline = time.monotonic() + 60
         while not os.listdir(marker) and first.poll() is None and time.monotonic() < deadline:

@@ -7,7 +7,8 @@
   metrics file is reported on resume (file:line, and whether a record the checkpoint covers is lost);
 - a full disk while appending metrics names the metrics file.
 
-Run as a script, this file is the child that the kill test SIGKILLs:
+`_child_main` is the child that the kill test SIGKILLs (forked: see forked_child.py); run as a script,
+this file is the same child:
 
     python tests/test_faults_grpo.py PACE HOLD_AT ROOKWORLD_ARGV...
 
@@ -22,7 +23,6 @@ import json
 import logging
 import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +42,6 @@ from rookworld_lib.lab.cli import main
 pytestmark = pytest.mark.fault
 HEAVY = os.environ.get("ROOKWORLD_HEAVY") == "1"
 METRICS = "grpo_metrics.jsonl"
-CHILD = Path(__file__).resolve()
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +124,12 @@ def kill_and_resume(world: dict, tmp_path: Path, kills: int, steps: int, seed: i
     print("kills (last step logged, checkpoint step):", log)
 
 
-def subprocess_child(argv: list[str], pace: float, hold_at: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen([sys.executable, str(CHILD), str(pace), str(hold_at), *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def subprocess_child(argv: list[str], pace: float, hold_at: int):
+    """_child_main in a child process, forked from a server that has torch and the library imported
+    (forked_child.ForkedChild, a Popen look-alike: a fresh interpreter spent ~4 s on imports per kill)."""
+    from forked_child import ForkedChild
+
+    return ForkedChild(_child_main, [str(pace), str(hold_at), *argv])
 
 
 def test_sigkill_grpo_three_times_then_bit_identical(world, tmp_path):

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
+from forked_child import ForkedChild
 
 from rookworld_lib.lab import pipeline
 from test_pipeline import write_notebook
@@ -55,6 +55,11 @@ sys.exit(cli.main(["run", "--profile", "cpu", "--out", sys.argv[2], "-p", "barri
 '''
 
 
+def _run_main(argv: list[str]) -> None:
+    sys.argv = ["-c", *argv]
+    exec(RUN, {"__name__": "__main__"})
+
+
 def stand_in_notebooks(directory: Path) -> list[str]:
     directory.mkdir()
     names = ["00_first.ipynb", "01_second.ipynb"]
@@ -71,8 +76,9 @@ def test_two_runs_at_once_in_the_same_second_each_finish_with_their_own_report(t
     procs = []
     for cwd in (tmp_path / "a", tmp_path / "b"):  # two users' working directories, one --out: ../runs
         cwd.mkdir()
-        procs.append(subprocess.Popen([sys.executable, "-c", RUN, str(nbs), "../runs", str(tmp_path / "barrier")],
-                                      cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        # `python -c RUN ...` in a process of its own, forked with the library imported (forked_child.py)
+        procs.append(ForkedChild(_run_main, [str(nbs), "../runs", str(tmp_path / "barrier")], env=env, cwd=cwd,
+                                 stderr_to_stdout=True))
     outputs = [p.communicate(timeout=240)[0] for p in procs]
 
     assert [p.returncode for p in procs] == [0, 0], outputs
