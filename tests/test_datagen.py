@@ -346,11 +346,13 @@ def test_a_hung_engine_behind_a_wrapper_script_is_killed_with_its_child(tmp_path
         os.kill(pid, signal.SIGKILL)
 
 
-def test_data_generation_and_conversion_import_no_torch():
+def test_data_generation_conversion_and_the_command_import_no_torch():
     """datagen and convert (and their worker processes) stay light: their lock is core.paths', not the
-    trainer's module, so importing them loads no torch."""
+    trainer's module; the `rookworld` command's errors live in core.errors; so importing them (and
+    `rookworld --help`) loads no torch."""
     import subprocess
     import sys
 
-    code = "import sys, rookworld_lib.chess.datagen, rookworld_lib.chess.convert; print('torch' in sys.modules)"
+    code = ("import sys, rookworld_lib.chess.datagen, rookworld_lib.chess.convert, rookworld_lib.lab.cli; "
+            "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

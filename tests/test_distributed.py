@@ -10,7 +10,7 @@ import dist_grpo_worker
 import pytest
 import torch
 
-from rookworld_lib.core import distributed
+from rookworld_lib.core import distributed, errors
 
 WORKER = Path(__file__).with_name("dist_grpo_worker.py")
 LOSS_TYPES = ["grpo", "dapo"]
@@ -97,13 +97,13 @@ def test_worker_errors_are_said_once(tmp_path):
     for rank, line in enumerate(["rookworld sft: error: same", "rookworld sft: error: same", "rookworld sft: error: other"]):
         (tmp_path / f"rank{rank:05d}.json").write_text(json.dumps({"line": line, "code": 1}))
     (tmp_path / "rank00009.json").write_text("torn")
-    assert distributed.worker_errors(tmp_path) == (["rookworld sft: error: same", "rookworld sft: error: other"],
+    assert errors.worker_errors(tmp_path) == (["rookworld sft: error: same", "rookworld sft: error: other"],
                                                    [1, 1, 1])
 
 
 def test_a_worker_stopped_by_its_peer_is_said_only_without_a_primary_error(tmp_path):
     peer = {"line": "rookworld sft: error: stopped because another worker failed (gloo)", "code": 1, "secondary": True}
     (tmp_path / "rank00001.json").write_text(json.dumps(peer))
-    assert distributed.worker_errors(tmp_path) == ([peer["line"]], [1])
+    assert errors.worker_errors(tmp_path) == ([peer["line"]], [1])
     (tmp_path / "rank00000.json").write_text(json.dumps({"line": "rookworld sft: error: disk full", "code": 1}))
-    assert distributed.worker_errors(tmp_path) == (["rookworld sft: error: disk full"], [1, 1])
+    assert errors.worker_errors(tmp_path) == (["rookworld sft: error: disk full"], [1, 1])

@@ -16,7 +16,8 @@ from rookworld_lib.core import train_step
 from rookworld_lib.core import train_sft as sft
 from rookworld_lib.core.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer
 from rookworld_lib.core.train_sft import PackedStream, SFTConfig, SFTTrainer, train_sft
-from rookworld_lib.core.train_utils import NonFiniteError, read_metrics
+from rookworld_lib.core.errors import NonFiniteError
+from rookworld_lib.core.train_utils import read_metrics
 
 
 # ---- config -----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .errors import CheckpointError
 from .model import GPT, config_from_dict
 from .paths import TMP_PREFIX, atomic_write
 from .task_vocab import TaskVocab
@@ -37,10 +38,6 @@ FORMAT = "rookworld-checkpoint"
 VERSION = 1
 POINTER = "latest"
 _NAME = re.compile(r"^step_(\d+)\.pt$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be saved or loaded; the message names the file."""
 
 
 class CheckpointSaveError(CheckpointError, OSError):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from .errors import ERRORS_DIR_ENV, report_interrupted, worker_errors
 
 
 @dataclass(frozen=True)
@@ -92,39 +93,6 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-# A worker's one-line error (`rookworld <command>: error: ...`) goes to a file in ERRORS_DIR_ENV, which
-# torchrun (below) prints once per distinct line; the lab's `rookworld` command reports through `report`.
-ERRORS_DIR_ENV = "ROOKWORLD_ERRORS_DIR"  # set by torchrun for its workers
-INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
-RESUMABLE = ("sft", "grpo")  # commands that continue from their latest checkpoint when run again
-
-
-def report_interrupted(command: str) -> int:
-    """`rookworld <command>: interrupted (Ctrl-C)...`, one line; returns 130."""
-    resume = "; the same command resumes from the latest checkpoint" if command in RESUMABLE else ""
-    return report(command, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
-
-
-def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:
-    """Print `rookworld <command>: error: <message>` (one line) and return `code`; a torchrun
-    worker hands the line to its launcher instead (see the module doc). A secondary error (this
-    worker stopped because a peer died) is shown only when no worker reported a primary one."""
-    line = f"rookworld {command}: {kind}{' '.join(message.split())}"
-    if is_worker():
-        with contextlib.suppress(OSError, ValueError):  # the launcher is gone or the directory with it: say it here
-            with open(os.path.join(os.environ[ERRORS_DIR_ENV], f"rank{int(os.environ['RANK']):05d}.json"), "w") as f:
-                json.dump({"line": line, "code": code, "secondary": secondary}, f)
-            return code
-    with contextlib.suppress(OSError, ValueError):  # stderr closed (a pipe whose reader is gone): nothing left to tell
-        print(line, file=sys.stderr, flush=True)
-    return code
-
-
-def is_worker() -> bool:
-    """A process that distributed.torchrun started (it collects the error lines)."""
-    return bool(os.environ.get(ERRORS_DIR_ENV)) and os.environ.get("RANK") is not None
-
-
 def torchrun(subcommand: str, argv: list[str], nproc: int, *,
              preflight: Callable[[list[str], int], None] | None = None) -> int:
     """Run `rookworld <subcommand> argv` under torchrun with nproc processes on this machine.
@@ -169,23 +137,6 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
         print(f"rookworld {subcommand}: error: torchrun exited with status {code}; the workers' output above "
               "says why", file=sys.stderr, flush=True)
     return 1 if code < 0 else code
-
-
-def worker_errors(errors_dir: Path) -> tuple[list[str], list[int]]:
-    """The distinct error lines the workers wrote (rank order) and their exit statuses. Lines of
-    workers that stopped only because a peer died count when no worker said more."""
-    primary, secondary, codes = [], [], []
-    for f in sorted(errors_dir.glob("rank*.json")):
-        try:
-            rec = json.loads(f.read_text())
-            line, code = str(rec["line"]), int(rec["code"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        lines = secondary if rec.get("secondary") else primary
-        if line not in lines:
-            lines.append(line)
-        codes.append(code)
-    return primary or secondary, codes
 
 
 def _launch(argv: list[str]) -> int:

@@ -205,10 +205,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 # -- non-finite guard -----------------------------------------------------------------------
 
-class NonFiniteError(FloatingPointError):
-    """Too many non-finite losses or gradient norms in a row; the run stopped."""
-
-
 class NonFiniteGuard:
     """Decides whether an update may be applied, and counts the ones that were skipped.
 

@@ -24,10 +24,10 @@ import torch
 
 from . import checkpoint as ckpt_lib
 from . import distributed
+from .errors import NonFiniteError
 from .paths import run_lock
 from .progress import tqdm
-from .train_utils import (MetricsLogger, NonFiniteError, NonFiniteGuard, rng_state, set_rng_state,
-                          setup_runtime, to_jsonable)
+from .train_utils import MetricsLogger, NonFiniteGuard, rng_state, set_rng_state, setup_runtime, to_jsonable
 
 log = logging.getLogger(__name__)
 

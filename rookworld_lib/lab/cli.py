@@ -18,10 +18,8 @@ import sys
 from .. import __version__
 from ..chess.datagen import WorkDirMismatch
 from ..chess.engine import EngineFailedError, StockfishNotFoundError
-from ..core.checkpoint import CheckpointError
-from ..core.distributed import is_worker, report, report_interrupted
+from ..core.errors import CheckpointError, NonFiniteError, is_worker, report, report_interrupted
 from ..core.tokenizer import TokenizerFileError
-from ..core.train_utils import NonFiniteError
 
 SUBCOMMANDS = {
     "datagen": ("rookworld_lib.chess.datagen", "generate Stockfish-labelled P:/A: data and eval sets"),
