@@ -5,7 +5,8 @@
 For the first --policy test positions: candidates listed per answer, how many distinct, the share
 of listed moves that are legal (overall and by slot), and the answers that hold as many distinct
 legal candidates as the strict `policy/valid` metric asks (tasks.valid_policy_answer). Moves are
-read from the M: field even when the answer does not parse, so a malformed answer still counts.
+read from the M: field even when the answer does not parse (tasks.read_policy_fields, as the graded
+reward reads them), so a malformed answer still counts.
 """
 
 from __future__ import annotations
@@ -23,17 +24,11 @@ from rookworld_lib.core.model import GPT
 from rookworld_lib.lab import workflow
 
 
-def listed_moves(completion: str, parse: tasks.PolicyParse) -> list[str]:
-    if parse.moves:
-        return list(parse.moves)
-    return completion.split(" M: ")[-1].split(" E:")[0].split() if "M:" in completion else []
-
-
 def anatomy(completions: list[str], records: list[dict]) -> dict:
     c, legal_at, listed_at = Counter(), Counter(), Counter()
     for completion, rec in zip(completions, records):
         board, parse = chess.Board(rec["fen"]), tasks.parse_policy_completion(completion)
-        moves = listed_moves(completion, parse)
+        moves = list(tasks.read_policy_fields(completion, parse).moves)  # M: as far as it reads, malformed or not
         legal = [tasks.legal_move(board, m) is not None for m in moves]
         need = min(tasks.MAX_CANDIDATES, board.legal_moves.count())
         c["answers"] += 1
@@ -67,8 +62,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cfg = workflow.eval_config(workflow.resolve("cpu"), 0)
     model = GPT.from_pretrained(args.model).eval()
-    records, prompts, greedy = evaluate._decode(model, data.load_split("P", "test").records, cfg,
-                                                evaluate.policy_prompt_of, limit=args.policy)
+    records = data.load_split("P", "test").records[:args.policy]
+    prompts = [evaluate.policy_prompt_of(r, cfg.for_model(model).layout) for r in records]
+    greedy = evaluate.complete(model, prompts, cfg)
     sampled = evaluate.complete(model, prompts, dataclasses.replace(cfg, sample_temperature=args.temperature),
                                 samples=args.samples)
     print(json.dumps({"model": args.model, "greedy": anatomy(greedy, records),
