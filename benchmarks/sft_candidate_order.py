@@ -34,7 +34,10 @@ def reorder(src: Path, dst: Path, order: str, seed: int) -> None:
         for line in f:
             rec = json.loads(line)
             pairs = list(zip(rec["moves"], rec["evals"]))
-            rng.shuffle(pairs) if order == "shuffle" else pairs.sort()
+            if order == "shuffle":
+                rng.shuffle(pairs)
+            else:
+                pairs.sort()
             rec["moves"], rec["evals"] = [m for m, _ in pairs], [e for _, e in pairs]
             rec["completion"] = tasks.policy_completion(rec["moves"], rec["evals"], rec["best"])
             g.write(json.dumps(rec) + "\n")
