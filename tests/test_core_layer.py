@@ -11,11 +11,12 @@ from rookworld_lib.core.train_sft import SFTConfig, train_sft
 
 CORE_MODULES = ("model", "tokenizer", "task_vocab", "sampling", "grpo", "train_step", "train_sft", "train_grpo",
                 "checkpoint", "distributed", "trainer")
+# torch._dynamo too: torch.compile's tracer costs about 1.8 s to import, and only a process that compiles needs it
 FORBIDDEN = ("chess", "plotly", "ipywidgets", "anywidget", "kaleido", "IPython", "pandas", "papermill",
-             "rookworld_lib.chess", "rookworld_lib.lab")
+             "rookworld_lib.chess", "rookworld_lib.lab", "torch._dynamo")
 
 
-def test_importing_the_core_loads_no_chess_engine_plot_or_widget_module():
+def test_importing_the_core_loads_no_chess_engine_plot_widget_or_compiler_module():
     code = ("import json, sys\n" + "".join(f"import rookworld_lib.core.{m}\n" for m in CORE_MODULES)
             + f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r} "
               f"or m.startswith({FORBIDDEN!r}))))")

@@ -165,3 +165,39 @@ def test_model_scores_tokens_fused_as_from_its_logits():
     logits = model(idx, logits_from=5)
     assert logits.shape[-1] == 300
     torch.testing.assert_close(lp, token_logprobs(logits, tokens, 0.9), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_breaks_the_graph_at_the_fused_head_and_matches_eager():
+    """Under torch.compile the fused loss and log-probs run eagerly (one graph break each, as
+    torch.compiler.disable gives): the compiled graphs hold none of the chunk loop, and the loss,
+    the scored log-probs and every gradient equal eager mode's. (Eager mode never imports dynamo:
+    test_core_layer.)"""
+    import torch._dynamo
+    import torch._dynamo.testing
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=300))
+    x, y = torch.randint(0, 300, (2, 12)), torch.randint(0, 300, (2, 12))
+
+    def run(m):
+        model.zero_grad()
+        loss = m(x, targets=y)
+        lp, _ = m(x, logits_from=4, score_tokens=y[:, 4:])
+        (loss + lp.sum()).backward()
+        return loss.detach(), lp.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager = run(model)
+    torch._dynamo.reset()
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = run(torch.compile(model, backend=counter))
+    torch.testing.assert_close(compiled[0], eager[0], rtol=0, atol=0)
+    torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=0)
+    for a, b in zip(compiled[2], eager[2]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    explained = torch._dynamo.explain(model)(x, targets=y)
+    # dynamo stops at the fused loss (its frame in lm_head_loss.py) and hands it to eager mode
+    breaks = [b for b in explained.break_reasons if b.graph_break]
+    assert len(breaks) == 1, explained.break_reasons
+    assert any(f.filename.endswith("lm_head_loss.py") for f in breaks[0].user_stack), breaks[0].user_stack
+    assert counter.frame_count >= 1
+    torch._dynamo.reset()

@@ -14,6 +14,7 @@ are computed in the forward pass, so this is for training and evaluation losses,
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -114,9 +115,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return gh, gw, None, None, None, None
 
 
-# torch.compile leaves this function to eager mode: the chunk loop and the in-place accumulation
-# are already what a compiler would produce, and a graph break here is cheaper than a retrace.
-@torch.compiler.disable
+def eager_under_compile(fn):
+    """torch.compile leaves `fn` to eager mode: the chunk loop and the in-place accumulation are
+    already what a compiler would produce, and a graph break is cheaper than a retrace. The same graph
+    break as decorating with `torch.compiler.disable`, but decided at call time: that decorator imports
+    torch._dynamo (about 1.8 s) in every process that imports the model, compiling or not."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():  # a constant while dynamo traces; False in eager mode
+            return torch.compiler.disable(fn)(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return call
+
+
+@eager_under_compile
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          ignore_index: int = -1, chunk_rows: int | None = None) -> torch.Tensor:
     """Mean cross-entropy of softmax(hidden @ weight.T) at targets, without materialising the logits.
@@ -177,7 +189,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None, None
 
 
-@torch.compiler.disable
+@eager_under_compile
 def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor,
                           temperature: float = 1.0, chunk_rows: int | None = None):
     """(log-probs, entropies) of softmax(hidden @ weight.T / temperature), per position, without
