@@ -334,27 +334,20 @@ def test_env_history_is_capped_at_ten():
         tasks.environment_step(START, "e2e4+")
 
 
-@pytest.mark.parametrize("completion, expect", [
-    ("x", "expected 4"),
-    (f"{START}+0.001+0", "expected 4"),
-    (f"{START}+abc+0+0", "reward is not a number"),
-    (f"{START}+0.001+2+0", "terminated is not 0/1"),
-    (f"{START}+0.001+0+yes", "truncated is not 0/1"),
-    ("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBN w KQkq - 0 1+0.001+0+0", "new FEN"),
+@pytest.mark.parametrize("parse, text, expect", [
+    (tasks.parse_env_completion, "x", "expected 4"),
+    (tasks.parse_env_completion, f"{START}+0.001+0", "expected 4"),
+    (tasks.parse_env_completion, f"{START}+abc+0+0", "reward is not a number"),
+    (tasks.parse_env_completion, f"{START}+0.001+2+0", "terminated is not 0/1"),
+    (tasks.parse_env_completion, f"{START}+0.001+0+yes", "truncated is not 0/1"),
+    (tasks.parse_env_completion, "rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBN w KQkq - 0 1+0.001+0+0", "new FEN"),
+    (tasks.parse_env_prompt, "P: x", "does not start"),
+    (tasks.parse_env_prompt, f"A: {START}+e2e4+", "must be"),
+    (tasks.parse_env_prompt, f"A: {START}+e2e4+d2d4+", "history does not end"),
+    (tasks.parse_env_prompt, "A: nonsense+e2e4+e2e4+", "FEN"),
 ])
-def test_env_parser_names_the_problem(completion, expect):
-    p = tasks.parse_env_completion(completion)
-    assert not p.ok and any(expect in e for e in p.errors), p.errors
-
-
-@pytest.mark.parametrize("prompt, expect", [
-    ("P: x", "does not start"),
-    (f"A: {START}+e2e4+", "must be"),
-    (f"A: {START}+e2e4+d2d4+", "history does not end"),
-    ("A: nonsense+e2e4+e2e4+", "FEN"),
-])
-def test_env_prompt_parser_names_the_problem(prompt, expect):
-    p = tasks.parse_env_prompt(prompt)
+def test_env_completion_and_prompt_parsers_name_the_problem(parse, text, expect):
+    p = parse(text)
     assert not p.ok and any(expect in e for e in p.errors), p.errors
 
 

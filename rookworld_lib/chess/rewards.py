@@ -304,32 +304,32 @@ class _Score:
 
 
 @dataclass(frozen=True)
-class PolicyScore(_Score):
-    """Every component of a policy reward (see the module docstring)."""
+class _MoveScore(_Score):
+    """The components both policy rewards measure on B: and M: (see the module docstring)."""
 
+    # B: first, then M: and E:
     best_legal: float = 0.0
-    best_quality: float = 0.0
     cp_loss: float | None = None  # centipawn loss of B: (None when B: is not a legal move)
-    moves_legal: float = 0.0
-    moves_overlap: float = 0.0
-    evals_accuracy: float = 0.0
+    best_quality: float = 0.0
     best_rank: int | None = None  # 1-based rank of B: among the truth's candidates, None if unlisted
     estimated: bool = False  # B:'s eval was estimated (no engine for a move outside the candidates)
+    moves_legal: float = 0.0
+    evals_accuracy: float = 0.0
 
 
 @dataclass(frozen=True)
-class GradedScore(_Score):
-    """Every component of the graded policy reward (see the module docstring)."""
+class PolicyScore(_MoveScore):
+    """Every component of a policy reward: the shared ones and the overlap with the truth's candidates."""
 
-    best_legal: float = 0.0
-    best_quality: float = 0.0
-    moves_legal: float = 0.0
+    moves_overlap: float = 0.0
+
+
+@dataclass(frozen=True)
+class GradedScore(_MoveScore):
+    """Every component of the graded policy reward: the shared ones, distinct candidates and validity."""
+
     moves_distinct: float = 0.0
-    evals_accuracy: float = 0.0
     valid: float = 0.0
-    cp_loss: float | None = None  # centipawn loss of B: (None when B: is not a legal move)
-    best_rank: int | None = None  # 1-based rank of B: among the truth's candidates, None if unlisted
-    estimated: bool = False  # B:'s eval was estimated (no engine for a move outside the candidates)
 
 
 @dataclass(frozen=True)
