@@ -21,9 +21,11 @@ setup: $(STAMP) stockfish chromium
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# uv resolves the same versions as pip (pip freeze compared) and installs them in ~40 s instead of ~135 s; it
-	@# reads pip's find-links from PIP_FIND_LINKS. Bytecode is compiled at install, as pip does: where
-	@# PYTHONDONTWRITEBYTECODE is set, every process would otherwise recompile torch. pip is the fallback.
-	$(PY) -m pip install -q uv && UV_FIND_LINKS="$$PIP_FIND_LINKS" $(VENV)/bin/uv pip install -q --compile-bytecode \
+	@# is given pip's find-links (PIP_FIND_LINKS, else pip's config: where the CPU torch wheel lies). Bytecode is
+	@# compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every process would otherwise
+	@# recompile torch. pip is the fallback.
+	$(PY) -m pip install -q uv && UV_FIND_LINKS="$${PIP_FIND_LINKS:-$$($(PY) -m pip config get global.find-links 2>/dev/null)}" \
+	  $(VENV)/bin/uv pip install -q --compile-bytecode \
 	  --python $(PY) "$(TORCH_SPEC)" -e ".[dev]" \
 	  || { echo "uv failed: installing with pip" >&2; $(PY) -m pip install -q "$(TORCH_SPEC)" && $(PY) -m pip install -q -e ".[dev]"; }
 	@# the notebooks' kernel, inside .venv (no per-user kernel that would point at one clone)
