@@ -48,7 +48,6 @@ def main() -> None:
     table = evaluate.paired_change(*results)
     print(f"before: {args.first}\nafter:  {args.second}")
     print(table.to_string())
-    print(workflow.chess_verdict(table))
     if args.out:
         args.out.write_text(json.dumps({"first": args.first, "second": args.second,
                                         "table": table.reset_index().to_dict(orient="records")}, indent=1) + "\n")
