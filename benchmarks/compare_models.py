@@ -38,7 +38,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     prof = workflow.resolve("cpu")
     cfg = dataclasses.replace(workflow.eval_config(prof, args.seed), samples=args.samples,
-                              sample_temperature=args.temperature or prof.grpo.temperature)
+                              sample_temperature=prof.grpo.temperature if args.temperature is None else args.temperature)
     policy = data.load_split("P", "test").records[:args.policy]
     env = data.load_split("A", "test").records[:args.env]
     results = []

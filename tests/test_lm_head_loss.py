@@ -194,10 +194,12 @@ def test_torch_compile_breaks_the_graph_at_the_fused_head_and_matches_eager():
     torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=0)
     for a, b in zip(compiled[2], eager[2]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    explained = torch._dynamo.explain(model)(x, targets=y)
-    # dynamo stops at the fused loss (its frame in lm_head_loss.py) and hands it to eager mode
-    breaks = [b for b in explained.break_reasons if b.graph_break]
-    assert len(breaks) == 1, explained.break_reasons
-    assert any(f.filename.endswith("lm_head_loss.py") for f in breaks[0].user_stack), breaks[0].user_stack
+    # dynamo stops at the fused loss and at the fused log-probs (their frames in lm_head_loss.py) and
+    # hands each to eager mode
+    for kwargs in (dict(targets=y), dict(logits_from=4, score_tokens=y[:, 4:])):
+        explained = torch._dynamo.explain(model)(x, **kwargs)
+        breaks = [b for b in explained.break_reasons if b.graph_break]
+        assert len(breaks) == 1, explained.break_reasons
+        assert any(f.filename.endswith("lm_head_loss.py") for f in breaks[0].user_stack), breaks[0].user_stack
     assert counter.frame_count >= 1
     torch._dynamo.reset()
