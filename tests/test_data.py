@@ -213,6 +213,32 @@ def test_malformed_lines_give_file_line_reason_or_are_skipped_and_counted(tmp_pa
         data.load_jsonl(path, task="A")
 
 
+def test_a_content_already_validated_is_not_checked_again_but_a_changed_one_is(tmp_path, monkeypatch):
+    """load_jsonl checks the same bytes once per process (a notebook loads the splits, then SFT loads the
+    training files again); new bytes at the same path, size and mtime are checked, and a file read as
+    another task still fails."""
+    (p1, p2), _ = _good_records()
+    path = tmp_path / "policy_train.jsonl"
+    path.write_text(json.dumps(p1) + "\n" + json.dumps(p2) + "\n")
+    checked = []
+    check = data.validate_record
+    monkeypatch.setattr(data, "validate_record", lambda rec, task=None: checked.append(rec["id"]) or check(rec, task))
+    first = data.load_jsonl(path, task="P")
+    assert checked == [p1["id"], p2["id"]]
+    assert data.load_jsonl(path, task="P") == first and data.load_jsonl(path) == first
+    assert checked == [p1["id"], p2["id"]], "the same content was checked again"
+    stat = path.stat()
+    bad = json.dumps({**p2, "best": p2["moves"][-1]})[: len(json.dumps(p2))]  # same size: a line cut short
+    path.write_text(json.dumps(p1) + "\n" + bad + "\n")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    with pytest.raises(data.DataFormatError, match=f"{path}:2: "):
+        data.load_jsonl(path, task="P")
+    path.write_text(json.dumps(p1) + "\n" + json.dumps(p2) + "\n")
+    with pytest.raises(data.DataFormatError, match=":1: expected a 'A' record"):
+        data.load_jsonl(path, task="A")
+
+
 @pytest.mark.parametrize("field, value, reason", [
     ("completion", " M: e2e4 E: 0.1 B: e2e4", "completion"),
     ("prompt", "P: 8/8/8/8/8/8/8/8 w - - 0 1", "prompt"),

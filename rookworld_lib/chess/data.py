@@ -10,6 +10,7 @@ counts what the data card shows.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -249,12 +250,16 @@ def _validate_mate(rec, board):
 def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: str = "raise") -> LoadedData:
     """Load and validate every line of a data file: the first bad line raises DataFormatError
     ("file:line: reason"), or with on_error="skip" is skipped, listed in LoadedData.skipped and counted
-    in a warning. A file that cannot be read or holds no record raises DataFormatError either way."""
+    in a warning. A file that cannot be read or holds no record raises DataFormatError either way.
+    Bytes found wholly valid earlier in this process are parsed again, not re-checked (_VALIDATED)."""
     assert on_error in ("raise", "skip"), on_error
     path = Path(path)
     fix = f"regenerate it with `rookworld datagen` or restore it with `git checkout -- {path.name}`"
     records, skipped, ids = [], [], set()
     try:
+        digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+        if (tasks_in := _VALIDATED.get(digest)) is not None and (task is None or tasks_in == {task}):
+            return LoadedData(str(path), [rec for _, rec, _ in read_jsonl(path)], [])
         for lineno, rec, reason in read_jsonl(path):
             reason = reason or validate_record(rec, task)
             if reason is None and rec["id"] in ids:
@@ -272,7 +277,15 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
         raise DataFormatError(f"{path}: no records (the file is empty); {fix}")
     if skipped:
         log.warning("%s: skipped %d malformed line(s); first: %s", path, len(skipped), skipped[0])
+    else:
+        _VALIDATED[digest] = frozenset(r["task"] for r in records)
     return LoadedData(str(path), records, skipped)
+
+
+# Contents (their digest) that load_jsonl found wholly valid in this process, with the tasks they hold: the
+# same bytes are parsed again but not re-checked (the FEN parse costs ~1 ms a record; a notebook that loads
+# the splits and then trains on them would check the training files twice).
+_VALIDATED: dict[bytes, frozenset[str]] = {}
 
 
 def data_file_name(name: str, shard: int | None = None, compress: bool = False) -> str:
