@@ -8,8 +8,9 @@ screenshots go to the test's tmp_path and to runs/browser-test/ (git-ignored).
 
 Cost (2 cores, shared with a second pytest-xdist worker): one JupyterLab server and one Chromium
 serve both tests (`make test` runs a file on one xdist worker); the kernels compute on one thread each, as the xdist workers do
-(a second thread only spins against the browser's rendering); the notebooks' parameters cells get
-the smallest values that still show what is asserted (NOTEBOOK_PARAMETERS).
+(a second thread only spins against the browser's rendering). Notebook 05 runs on its defaults: this
+test is the session's run of it, in place of nbval's (conftest.py); 06 gets shorter completions
+(NOTEBOOK_PARAMETERS).
 """
 
 from __future__ import annotations
@@ -46,12 +47,10 @@ LAB_SETTINGS = {
                                                                          "checkForUpdates": False},
 }
 # Appended to the parameters cell of the served copies (papermill's way of injecting parameters).
-# 05: one GRPO step fills the GRPO live curves (one point per trace) and runs every GRPO cell; SFT
-# keeps its 8 steps: each is one live-plot update, and the plot must be seen growing (they cost
-# about 50 ms each; SFT's seconds go to loading and checking the data). 06: completions of 32
-# tokens instead of the layout's 96 (a random-init model never stops early): every explorer still
-# samples, scores and renders them.
-NOTEBOOK_PARAMETERS = {"05_full_training.ipynb": {"grpo_steps": 1}, "06_lab.ipynb": {"max_new_tokens": 32}}
+# 05 runs on its defaults: this test is the session's one run of it (nbval leaves it to this test,
+# see conftest.py), and its SFT's 8 steps are 8 live-plot updates, seen growing. 06: completions of
+# 32 tokens instead of the layout's 96: every explorer still samples, scores and renders them.
+NOTEBOOK_PARAMETERS = {"06_lab.ipynb": {"max_new_tokens": 32}}
 
 
 # skipped as a module: one line in the summary says why
