@@ -1,10 +1,13 @@
 """Shared by every pytest run here, notebooks included: the test session's runs go to a temporary
-folder, never into the repository's runs/.
+folder, never into the repository's runs/, and the notebooks save their figures without PNG copies.
 
 Notebook 05 keeps each run under $ROOKWORLD_RUNS_DIR (runs/ by default) and notebook 06 explores the
 newest one there. This hook runs before any test module imports the library, so the library in this
 process and the kernels nbval and the browser test start (they inherit the environment) all use one
 folder of this process's own (each pytest-xdist worker has one), removed when the session ends.
+
+$ROOKWORLD_PNG=0 (`plots.save_figure`): the PNG copy is all a kernel would start a browser for, about
+5 s in each notebook. tests/test_plots.py renders PNGs itself, and test_pipeline.py a run's.
 """
 
 import os
@@ -18,6 +21,7 @@ _RUNS = tempfile.mkdtemp(prefix="rookworld-test-runs-")
 
 def pytest_configure(config):
     os.environ["ROOKWORLD_RUNS_DIR"] = _RUNS
+    os.environ["ROOKWORLD_PNG"] = "0"
 
 
 def pytest_unconfigure(config):

@@ -115,6 +115,37 @@ def test_the_terminal_shows_a_line_per_notebook_and_the_progress_lines_nothing_e
     assert loop.outputs[0].text.count("\n") == 1 and "8/8" in loop.outputs[0].text
 
 
+def test_the_run_renders_its_figures_pngs_once_on_one_browser_after_the_notebooks(tmp_path, monkeypatch, capfd):
+    """The kernels save figures without PNGs ($ROOKWORLD_PNG=0, even where the caller's environment
+    has none); the run renders them from their JSON afterwards, says so in one line, and the report
+    embeds them."""
+    from rookworld_lib.lab import plots
+
+    try:
+        import kaleido  # noqa: F401
+
+        plots._chromium()
+    except (ImportError, RuntimeError) as exc:
+        pytest.skip(f"no PNG copies here: {exc}")
+    monkeypatch.delenv("ROOKWORLD_PNG", raising=False)
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    for i in range(2):
+        write_notebook(nbs / f"0{i}_fig.ipynb", 'figures_dir = "x"',
+                       "import os\nfrom pathlib import Path\nimport plotly.graph_objects as go\n"
+                       "from rookworld_lib.lab.plots import save_figure\n"
+                       "assert os.environ['ROOKWORLD_PNG'] == '0'\n"
+                       f"save_figure(go.Figure(go.Bar(y=[1, 2])).update_layout(width=300, height=200), 'f{i}', figures_dir)\n"
+                       f"assert not Path(figures_dir, 'f{i}.png').exists()")
+    run_dir = pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
+    lines = capfd.readouterr().out.splitlines()
+    assert lines[3].startswith("PNG copies of 2 figures ") and lines[3].endswith(" s") and len(lines) == 4
+    for i in range(2):
+        head = (run_dir / "figures" / f"f{i}.png").read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(head[16:20], "big") == 300
+        assert f"![f{i}](figures/f{i}.png)" in (run_dir / "report.md").read_text()
+
+
 def test_headless_bar_reports_every_30_s_and_one_closing_line(tmp_path, monkeypatch, capsys):
     from rookworld_lib.core import progress
 

@@ -7,6 +7,12 @@ import pytest
 from rookworld_lib.lab import plots
 
 
+@pytest.fixture(autouse=True)
+def png_now(monkeypatch):
+    """PNGs rendered by save_figure itself, as in JupyterLab (the root conftest defers them)."""
+    monkeypatch.delenv(plots.PNG_ENV, raising=False)
+
+
 def test_save_figure_writes_offline_html_and_json(tmp_path):
     fig = go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 1, 2], name="a"))
     fig.update_layout(title="t")
@@ -64,6 +70,25 @@ def test_save_figure_writes_a_png_of_the_layout_size(tmp_path):
     head = (tmp_path / "demo.png").read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
     assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (640, 360)
+
+
+def test_deferred_pngs_start_no_browser_and_render_pngs_writes_each_once(tmp_path, monkeypatch):
+    fig = go.Figure(go.Scatter(x=[1, 2, 3], y=[3, 1, 2]))
+    fig.update_layout(width=640, height=360)
+    (tmp_path / "b.png").write_bytes(b"stale")  # an earlier run's image must not outlive its figure
+    monkeypatch.setenv(plots.PNG_ENV, "0")
+    with monkeypatch.context() as m:
+        m.setattr(plots, "_write_png", lambda fig, path: pytest.fail("a deferred PNG was rendered"))
+        for name in ("a", "b"):
+            plots.save_figure(fig, name, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html", "a.json", "b.html", "b.json", "plotly.min.js"]
+    (tmp_path / "notes.json").write_text("{}")  # JSON that save_figure did not write is no figure
+    chromium_or_skip()
+    assert plots.render_pngs(tmp_path) == 2
+    head = (tmp_path / "a.png").read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (640, 360)
+    assert plots.render_pngs(tmp_path) == 0 and not (tmp_path / "notes.png").exists()
 
 
 def test_without_chromium_figures_stay_html_and_json_with_one_warning(tmp_path, monkeypatch, caplog):

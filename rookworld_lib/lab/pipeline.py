@@ -9,7 +9,9 @@ kernel appends to `<run>/progress.log` (`progress.report`: notebook 05's stages,
 which a thread prints (papermill's `log_output` / `stderr_file` would relay every cell's stream
 output, warnings included, and store the 30-s lines in the notebook). The kernel process's own
 output (what C libraries write to its file descriptors, its log) goes to
-`<run>/logs/<notebook>.kernel.log`, named when a notebook fails.
+`<run>/logs/<notebook>.kernel.log`, named when a notebook fails. The kernels save figures without
+their PNG copies ($ROOKWORLD_PNG=0); the run renders them all at the end on one browser, instead of
+one browser start per notebook.
 
 Runs may overlap: each has its own directory (`<stamp>`, else `<stamp>-2`, ...), and each kernel
 its own temporary directory for its connection file and IPC sockets, removed when it ends.
@@ -36,7 +38,7 @@ from ..core.config import ParameterError, json_or_text
 from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
 from ..core.progress import PROGRESS_ENV
 from . import workflow
-from .plots import report_figure_lines
+from .plots import PNG_ENV, render_pngs, report_figure_lines
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
 # The cpu profile is each notebook's own defaults (sized for 2 cores) plus the profile name.
@@ -80,7 +82,8 @@ class NotebookKernelManager(AsyncKernelManager):
     """The kernel of one notebook in a run: its process's stdout and stderr go to `log_path` (ipykernel
     echoes there what is written to its file descriptors), over IPC where the OS has it (over TCP
     ipykernel warns at every start), with $ROOKWORLD_PROGRESS set and without the variables that
-    tell `progress` a frontend watches (a run started from a notebook cell inherits them)."""
+    tell `progress` a frontend watches (a run started from a notebook cell inherits them), and with
+    $ROOKWORLD_PNG=0 (the run renders the PNG copies of its figures)."""
 
     log_path = Unicode(config=True, help="file for the kernel process's stdout and stderr")
     progress_path = Unicode(config=True, help="the run's progress file ($ROOKWORLD_PROGRESS in the kernel)")
@@ -88,6 +91,7 @@ class NotebookKernelManager(AsyncKernelManager):
     async def start_kernel(self, **kw):
         env = {k: v for k, v in os.environ.items() if k != "JPY_SESSION_NAME" and not k.startswith("VSCODE_")}
         env[PROGRESS_ENV] = self.progress_path
+        env[PNG_ENV] = "0"
         with open(self.log_path, "a") as log:  # the child holds its own copy of the descriptor
             await super().start_kernel(stdout=log, stderr=log, env=env, **kw)
 
@@ -174,6 +178,9 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
         if failure:
             break  # later notebooks may depend on this one's outputs
 
+    start = time.perf_counter()
+    if pngs := render_pngs(offered["figures_dir"]):
+        print(f"{f'PNG copies of {pngs} figures':<{width + 8}}  {time.perf_counter() - start:8.1f} s", flush=True)
     meta = {"profile": profile, "started": stamp, "git_commit": git_commit() or "unknown", "python": platform.python_version(),
             "torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
             f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"}

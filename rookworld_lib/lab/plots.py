@@ -7,7 +7,9 @@ writes a self-contained static copy into the figures directory: an HTML file tha
 that a Markdown report can embed (`report_figure_lines`). The PNG needs kaleido and a Chromium
 (`CHROMIUM_PATH`, else `chromium` on PATH, else /usr/bin/chromium), which kaleido's own sync server
 keeps open for the whole process (a cold start costs seconds, a warm image much less) and stops at
-exit; without them a figure stays HTML + JSON and one warning per process says why.
+exit; without them a figure stays HTML + JSON and one warning per process says why. Where
+$ROOKWORLD_PNG is "0", `save_figure` writes no PNG and whoever set it renders them from the JSON
+specs (`render_pngs`): `rookworld run` does, once for all its notebooks, on one browser.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 PNG_WIDTH = 1000  # px of a saved PNG whose figure sets no width (it fills the notebook's cell)
+PNG_ENV = "ROOKWORLD_PNG"  # "0": save_figure leaves the PNG to render_pngs (each process's first costs ~5 s)
 PNG_TIMEOUT_S = 60.0  # a browser that hangs (or died at start) costs the run this much once, then PNGs are off
 _png_off: str | None = None  # why this process writes no PNGs, once one failed
 
@@ -91,9 +94,20 @@ def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None
     fig.write_html(html, include_plotlyjs="directory", full_html=True)
     (out / f"{name}.json").write_text(pio.to_json(fig))
     png = out / f"{name}.png"
-    if not _write_png(fig, png):
+    if os.environ.get(PNG_ENV) == "0" or not _write_png(fig, png):
         png.unlink(missing_ok=True)  # a stale image of an earlier run would contradict the HTML
     return html
+
+
+def render_pngs(figures_dir: str | Path) -> int:
+    """Write the PNG of every figure `save_figure` left without one in figures_dir (from its JSON
+    spec: the same image), on this process's browser; returns how many were written."""
+    written = 0
+    for spec in sorted(Path(figures_dir).glob("*.json")):
+        png = spec.with_suffix(".png")
+        if spec.with_suffix(".html").is_file() and not png.exists():
+            written += _write_png(pio.from_json(spec.read_text()), png)
+    return written
 
 
 def report_figure_lines(run_dir: str | Path) -> list[str]:
