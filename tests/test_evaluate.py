@@ -56,6 +56,12 @@ def test_policy_metrics_by_hand():
     assert res["policy/best_move_accuracy"].value == pytest.approx(1 / 4)
     assert res["policy/top5_overlap"].value == pytest.approx((1.0 + 0.4 + 0.0 + 0.0) / 4)
     assert res["policy/cp_loss"].n == 2 and res["policy/cp_loss"].value == pytest.approx(2.5)  # (0 + 5) / 2
+    # a mate given away costs 1,000 + the move's eval, as in Lichess's ACPL (evals clipped to +-10
+    # pawns), not the ~100,000 cp of the mate score: one blunder must not swamp the mean
+    mate = {**rec, "evals": ["M1", *rec["evals"][1:]]}
+    mated = ev.evaluate_policy(None, [mate] * 2, cfg, completions=completions[:2])
+    assert mated["policy/cp_loss"].value == pytest.approx((0 + (1000 - 30)) / 2)  # B: d2d4, eval 0.3
+    assert ev.clipped_cp_loss(99_999, 1) == 0.0 and ev.clipped_cp_loss(-500, 99_500) == 500.0
     # the rates keep their per-record outcomes, in record order, for paired comparisons
     assert res["policy/valid"].outcomes == (1, 1, 0, 0)
     short = ev.evaluate_policy(None, [rec], cfg, completions=[" M: e2e4 d2d4 E: 0.35 0.3 B: e2e4"])

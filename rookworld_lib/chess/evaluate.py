@@ -115,6 +115,19 @@ def mean_interval(values: Sequence[float], z: float = 1.959964) -> Estimate:
     return Estimate(m, m - half, m + half, n, "mean")
 
 
+EVAL_CLIP_CP = 1000  # Lichess clips evaluations to +-10 pawns for its average centipawn loss
+
+
+def clipped_cp_loss(best_cp: float, cp_loss: float) -> float:
+    """The centipawn loss of a move `cp_loss` below the best eval `best_cp`, with both evals clipped
+    to +-EVAL_CLIP_CP first, as Lichess does: a mate given away (+-100,000 cp here, tasks.MATE_CP)
+    costs at most 2,000, so that one blunder does not outweigh a test split of sound moves."""
+    def clip(cp: float) -> float:
+        return max(-EVAL_CLIP_CP, min(EVAL_CLIP_CP, cp))
+
+    return float(clip(best_cp) - clip(best_cp - cp_loss))
+
+
 def similarity(a: str, b: str) -> float:
     """1 - edit distance / the longer length (rapidfuzz's normalized Levenshtein similarity, unit
     costs): 1 for equal strings, 0 for nothing in common."""
@@ -220,7 +233,7 @@ def _with_pass_at_1(score, model: GPT, records: list, prompts: list[str], comple
 
 def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
     """Valid, legal-best, best-move accuracy (against Stockfish's best), top-5 overlap and centipawn
-    loss on P: records; on converted original records also agreement with the original B: label.
+    loss (evals clipped to +-10 pawns: clipped_cp_loss) on P: records; on converted original records also agreement with the original B: label.
     With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
     return _with_pass_at_1(_score_policy, model, *_decode(model, records, cfg, policy_prompt_of, cfg.max_policy,
                                                           completions), cfg)
@@ -238,7 +251,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
             agree.append(parse.best is not None and parse.best == rec["original_best"])
         overlaps.append(score.moves_overlap)
         if score.cp_loss is not None:
-            cp_losses.append(score.cp_loss)
+            cp_losses.append(clipped_cp_loss(tasks.parse_eval(rec["evals"][0]).to_cp(), score.cp_loss))
     out = {"policy/valid": rate(valid), "policy/legal_best_move": rate(legal),
            "policy/best_move_accuracy": rate(correct), "policy/top5_overlap": mean_interval(overlaps),
            "policy/cp_loss": mean_interval(cp_losses)}
