@@ -55,6 +55,8 @@ def test_policy_metrics_by_hand():
     assert res["policy/legal_best_move"].value == pytest.approx(2 / 4)
     assert res["policy/best_move_accuracy"].value == pytest.approx(1 / 4)
     assert res["policy/top5_overlap"].value == pytest.approx((1.0 + 0.4 + 0.0 + 0.0) / 4)
+    # a share, printed as a percentage like the reference beside it (39.2%), its interval inside [0, 100]
+    assert str(res["policy/top5_overlap"]) == "35.0% [0.0, 81.3] (n=4)"  # 0.35 +- 1.96 * 0.4726 / 2
     assert res["policy/cp_loss"].n == 2 and res["policy/cp_loss"].value == pytest.approx(2.5)  # (0 + 5) / 2
     # a mate given away costs 1,000 + the move's eval, as in Lichess's ACPL (evals clipped to +-10
     # pawns), not the ~100,000 cp of the mate score: one blunder must not swamp the mean

@@ -66,13 +66,13 @@ class Estimate:
     low: float
     high: float
     n: int
-    kind: str = "rate"  # "rate" (Wilson interval) or "mean" (normal approximation)
+    kind: str = "rate"  # "rate" (Wilson interval), "mean" (normal approximation) or "share" (a mean in [0, 1])
     # the per-record outcomes behind a rate, in record order, for paired comparisons: 1 or 0 per record,
     # or for a pass@1 rate the share of the record's samples that were right
     outcomes: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
-        if self.kind == "rate":
+        if self.kind in ("rate", "share"):
             return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
         return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}] (n={self.n})"
 
@@ -104,15 +104,19 @@ def pass_at_1(per_record: Sequence[Sequence[bool | float]]) -> Estimate:
     return replace(wilson(sum(shares), len(shares)), outcomes=shares)
 
 
-def mean_interval(values: Sequence[float], z: float = 1.959964) -> Estimate:
+def mean_interval(values: Sequence[float], z: float = 1.959964, share: bool = False) -> Estimate:
+    """Mean and normal-approximation 95% interval; with `share`, of values in [0, 1], shown as a
+    percentage (as the rates are) with the interval kept inside [0, 1]."""
     vals = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(vals)
+    kind = "share" if share else "mean"
     if n == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0, "mean")
+        return Estimate(float("nan"), float("nan"), float("nan"), 0, kind)
     m = sum(vals) / n
     sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
     half = z * sd / math.sqrt(n)
-    return Estimate(m, m - half, m + half, n, "mean")
+    low, high = (max(0.0, m - half), min(1.0, m + half)) if share else (m - half, m + half)
+    return Estimate(m, low, high, n, kind)
 
 
 EVAL_CLIP_CP = 1000  # Lichess clips evaluations to +-10 pawns for its average centipawn loss
@@ -253,7 +257,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
         if score.cp_loss is not None:
             cp_losses.append(clipped_cp_loss(tasks.parse_eval(rec["evals"][0]).to_cp(), score.cp_loss))
     out = {"policy/valid": rate(valid), "policy/legal_best_move": rate(legal),
-           "policy/best_move_accuracy": rate(correct), "policy/top5_overlap": mean_interval(overlaps),
+           "policy/best_move_accuracy": rate(correct), "policy/top5_overlap": mean_interval(overlaps, share=True),
            "policy/cp_loss": mean_interval(cp_losses)}
     if agree:
         out["policy/original_label_agreement"] = wilson(sum(agree), len(agree))
