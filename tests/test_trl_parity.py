@@ -15,6 +15,7 @@ Every documented difference (GRPOConfig's docstring, docs/grpo_options.md) is pi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import math
@@ -25,13 +26,24 @@ from collections import defaultdict
 import pytest
 import torch
 
-trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="trl is in the dev extras (make setup installs it)")
-from trl.trainer.utils import entropy_from_logits as trl_entropy_from_logits  # noqa: E402
+from rookworld_lib.core import grpo
+from rookworld_lib.core.grpo import GRPOConfig, group_advantages, grpo_loss
 
-from rookworld_lib.core import grpo  # noqa: E402
-from rookworld_lib.core.grpo import GRPOConfig, group_advantages, grpo_loss  # noqa: E402
 
-GRPOTrainer = trl_grpo.GRPOTrainer
+@functools.cache
+def trl_grpo():
+    """TRL's GRPO trainer module, imported by the first test that needs it: its import (transformers,
+    datasets, accelerate: seconds) is paid by the pytest-xdist worker that runs this file, not by each
+    worker that collects it."""
+    return pytest.importorskip("trl.trainer.grpo_trainer", reason="trl is in the dev extras (make setup installs it)")
+
+
+def trl_entropy_from_logits(logits):
+    trl_grpo()  # skips the test where trl is missing
+    from trl.trainer.utils import entropy_from_logits
+
+    return entropy_from_logits(logits)
+
 F64 = torch.float64
 N, T, V = 8, 7, 6
 
@@ -79,7 +91,8 @@ def trl_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", beta=0.0, eps_lo
         max_completion_length=max_len, accelerator=_OneProcess(), entropy_coef=entropy_coef,
         use_adaptive_entropy=False, _entropy_bonus_enabled=entropy_coef != 0.0, _metrics=metrics,
         _last_world_entropy=float("inf"), _entropy_window_stats=None,
-        get_gamma_weights=GRPOTrainer.get_gamma_weights, get_off_policy_mask=GRPOTrainer.get_off_policy_mask,
+        get_gamma_weights=trl_grpo().GRPOTrainer.get_gamma_weights,
+        get_off_policy_mask=trl_grpo().GRPOTrainer.get_off_policy_mask,
         get_high_entropy_mask=lambda *a, **k: None)
     stub._get_per_token_logps_and_entropies = lambda *a, **k: (lp, entropies if entropies is not None
                                                                else torch.zeros_like(lp), None)
@@ -92,7 +105,7 @@ def trl_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", beta=0.0, eps_lo
     }
     if ref is not None:
         inputs["ref_per_token_logps"] = ref
-    loss = GRPOTrainer._compute_loss(stub, None, inputs)
+    loss = trl_grpo().GRPOTrainer._compute_loss(stub, None, inputs)
     return loss, {k: v[-1] for k, v in metrics["train"].items()}
 
 
@@ -239,17 +252,22 @@ def test_sequence_clip_fraction_counts_empty_rows_as_trl():
 
 def _trl_block(first: str, last: str) -> str:
     """The lines of _generate_and_score_completions from the one holding `first` to the one holding `last`."""
-    src = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    src = inspect.getsource(trl_grpo().GRPOTrainer._generate_and_score_completions)
     start = src.rindex("\n", 0, src.index(first)) + 1
     stop = src.index("\n", src.index(last, start))
     return textwrap.dedent(src[start:stop])
 
 
-TRL_ADVANTAGE_CODE = compile(_trl_block("unscorable_mask = torch.isnan(rewards_per_func)",
-                                        "advantages = torch.nan_to_num(advantages, nan=0.0)"), "<trl advantages>", "exec")
-TRL_REWARD_METRICS_CODE = compile(_trl_block(
-    "rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)",
-    '["frac_reward_zero_std"].append('), "<trl reward metrics>", "exec")
+@functools.cache
+def trl_advantage_code():
+    return compile(_trl_block("unscorable_mask = torch.isnan(rewards_per_func)",
+                              "advantages = torch.nan_to_num(advantages, nan=0.0)"), "<trl advantages>", "exec")
+
+
+@functools.cache
+def trl_reward_metrics_code():
+    return compile(_trl_block("rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)",
+                              '["frac_reward_zero_std"].append('), "<trl reward metrics>", "exec")
 
 
 def trl_advantages(rewards_per_func: torch.Tensor, G: int, scale: str = "group",
@@ -260,10 +278,10 @@ def trl_advantages(rewards_per_func: torch.Tensor, G: int, scale: str = "group",
         multi_objective_aggregation=aggregation, scale_rewards=scale, reward_funcs=[None] * K,
         reward_weights=torch.tensor(weights if weights is not None else [1.0] * K, dtype=torch.float32),
         _metrics={"train": defaultdict(list)})
-    ns = {"torch": torch, "nanstd": trl_grpo.nanstd, "self": stub, "device": "cpu", "mode": "train",
+    ns = {"torch": torch, "nanstd": trl_grpo().nanstd, "self": stub, "device": "cpu", "mode": "train",
           "rewards_per_func": rewards_per_func.float(), "num_generations": G}
-    exec(TRL_ADVANTAGE_CODE, ns)
-    exec(TRL_REWARD_METRICS_CODE, ns)
+    exec(trl_advantage_code(), ns)
+    exec(trl_reward_metrics_code(), ns)
     return ns["advantages"], {k: v[-1] for k, v in stub._metrics["train"].items()}
 
 
