@@ -78,6 +78,7 @@ def main() -> None:
     q = max(1, len(history) // 4)
     trend = workflow.reward_trend(history)
     row = {"name": args.name, "reward": "custom" if gw else args.reward, "set": json.loads(args.set),
+           "seed": args.seed, "sft": args.sft, "policy_records": len(policy), "env_records": len(env),
            "grpo_s": round(seconds), "steps": len(history), "completions": len(history) * cfg.prompts_per_step * cfg.group_size,
            "frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in history) / len(history),
            "kl_last_quarter": sum(r.get("kl", 0.0) for r in history[-q:]) / q,
