@@ -119,14 +119,9 @@ def test_the_run_renders_its_figures_pngs_once_on_one_browser_after_the_notebook
     """The kernels save figures without PNGs ($ROOKWORLD_PNG=0, even where the caller's environment
     has none); the run renders them from their JSON afterwards, says so in one line, and the report
     embeds them."""
-    from rookworld_lib.lab import plots
+    from test_plots import chromium_or_skip
 
-    try:
-        import kaleido  # noqa: F401
-
-        plots._chromium()
-    except (ImportError, RuntimeError) as exc:
-        pytest.skip(f"no PNG copies here: {exc}")
+    chromium_or_skip()
     monkeypatch.delenv("ROOKWORLD_PNG", raising=False)
     nbs = tmp_path / "nbs"
     nbs.mkdir()

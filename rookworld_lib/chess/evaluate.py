@@ -237,7 +237,8 @@ def _with_pass_at_1(score, model: GPT, records: list, prompts: list[str], comple
 
 def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions: list[str] | None = None) -> dict:
     """Valid, legal-best, best-move accuracy (against Stockfish's best), top-5 overlap and centipawn
-    loss (evals clipped to +-10 pawns: clipped_cp_loss) on P: records; on converted original records also agreement with the original B: label.
+    loss (evals clipped to +-10 pawns: clipped_cp_loss) on P: records; on converted original records
+    also agreement with the original B: label.
     With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
     return _with_pass_at_1(_score_policy, model, *_decode(model, records, cfg, policy_prompt_of, cfg.max_policy,
                                                           completions), cfg)
