@@ -7,6 +7,13 @@ of listed moves that are legal (overall and by slot), and the answers that hold 
 legal candidates as the strict `policy/valid` metric asks (tasks.valid_policy_answer). Moves are
 read from the M: field even when the answer does not parse (tasks.read_policy_fields, as the graded
 reward reads them), so a malformed answer still counts.
+
+Why a listed move is illegal (`why_illegal`), as shares of all listed moves: not a move at all (not
+UCI, or a null move such as e2e2); its from-square holds no piece of the side to move (the model
+misread the board); the piece there never moves that way, even on an empty board (misread the
+piece's rules); or the piece could move so on an empty board, but this position forbids it (a piece
+in the way, the target square held by its own side, a pawn's capture with nothing to take, its own
+king left in check, castling without the right).
 """
 
 from __future__ import annotations
@@ -24,12 +31,46 @@ from rookworld_lib.core.model import GPT
 from rookworld_lib.lab import workflow
 
 
+ILLEGAL_KINDS = ("not a move", "no own piece on the from-square", "not how that piece moves",
+                 "blocked or forbidden in this position")
+
+
+def why_illegal(board: chess.Board, text: str) -> str | None:
+    """None for a legal move, else which of ILLEGAL_KINDS it is (see the module docstring)."""
+    if tasks.legal_move(board, text) is not None:
+        return None
+    try:
+        move = chess.Move.from_uci(text) if tasks.is_uci_syntax(text) else None
+    except ValueError:
+        move = None
+    if move is None:
+        return ILLEGAL_KINDS[0]
+    piece = board.piece_at(move.from_square)
+    if piece is None or piece.color != board.turn:
+        return ILLEGAL_KINDS[1]
+    alone = chess.Board(None)  # the piece alone, with an enemy rook on the target (a pawn may capture)
+    alone.set_piece_at(move.from_square, piece)
+    alone.set_piece_at(move.to_square, chess.Piece(chess.ROOK, not piece.color))
+    alone.turn = piece.color
+    pattern = alone.is_pseudo_legal(move) or alone.is_pseudo_legal(chess.Move(move.from_square, move.to_square,
+                                                                              promotion=move.promotion))
+    if not pattern and piece.piece_type == chess.PAWN:  # a push: onto an empty square
+        alone.remove_piece_at(move.to_square)
+        pattern = alone.is_pseudo_legal(move)
+    castling = (piece.piece_type == chess.KING and chess.square_rank(move.from_square) == chess.square_rank(move.to_square)
+                and abs(chess.square_file(move.from_square) - chess.square_file(move.to_square)) == 2
+                and move.from_square in (chess.E1, chess.E8))
+    return ILLEGAL_KINDS[3] if pattern or castling else ILLEGAL_KINDS[2]
+
+
 def anatomy(completions: list[str], records: list[dict]) -> dict:
     c, legal_at, listed_at = Counter(), Counter(), Counter()
     for completion, rec in zip(completions, records):
         board, parse = chess.Board(rec["fen"]), tasks.parse_policy_completion(completion)
         moves = list(tasks.read_policy_fields(completion, parse).moves)  # M: as far as it reads, malformed or not
-        legal = [tasks.legal_move(board, m) is not None for m in moves]
+        kinds = [why_illegal(board, m) for m in moves]
+        legal = [k is None for k in kinds]
+        c.update(k for k in kinds if k is not None)
         need = min(tasks.MAX_CANDIDATES, board.legal_moves.count())
         c["answers"] += 1
         c["listed"] += len(moves)
@@ -46,6 +87,7 @@ def anatomy(completions: list[str], records: list[dict]) -> dict:
             "distinct moves per answer": round(c["distinct"] / n, 2),
             "legal share of listed moves": round(c["legal"] / max(1, c["listed"]), 3),
             "legal share by slot": [round(legal_at[i] / max(1, listed_at[i]), 3) for i in sorted(listed_at)],
+            "listed moves that are illegal, by why": {k: round(c[k] / max(1, c["listed"]), 3) for k in ILLEGAL_KINDS},
             "answers with as many distinct candidates as needed": round(c["five distinct"] / n, 3),
             "answers with as many distinct legal candidates as needed": round(c["enough distinct legal"] / n, 3),
             "policy/valid": round(c["valid"] / n, 3)}

@@ -1,0 +1,41 @@
+"""benchmarks/policy_anatomy.py's reasons for an illegal move (docs/grpo.md, section 4 quotes them),
+checked on positions whose answer python-chess and the rules of chess settle by hand."""
+
+import importlib.util
+
+import chess
+import pytest
+
+from rookworld_lib.core.paths import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def why_illegal():
+    spec = importlib.util.spec_from_file_location("policy_anatomy", REPO_ROOT / "benchmarks" / "policy_anatomy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.why_illegal
+
+
+START = chess.STARTING_FEN
+CASES = [
+    (START, "e2e4", None), (START, "g1f3", None),
+    (START, "e2e2", "not a move"), (START, "e9e4", "not a move"), (START, "Nf3", "not a move"),
+    (START, "e3e4", "no own piece on the from-square"),  # an empty square
+    (START, "e7e5", "no own piece on the from-square"),  # black's pawn, white to move
+    (START, "e2e5", "not how that piece moves"), (START, "b1b3", "not how that piece moves"),
+    (START, "f1c4", "blocked or forbidden in this position"),  # the bishop's diagonal, e2 in the way
+    (START, "e2d3", "blocked or forbidden in this position"),  # a pawn capture with nothing to take
+    (START, "e1g1", "blocked or forbidden in this position"),  # castling through its own knight and bishop
+    ("r3k2r/8/8/8/8/8/8/R3K2R w - - 0 1", "e1g1", "blocked or forbidden in this position"),  # no castling right
+    ("4k3/8/8/8/8/8/8/R3K2r w - - 0 1", "a1a8", "blocked or forbidden in this position"),  # own king left in check
+    ("4k3/P7/8/8/8/8/8/4K3 w - - 0 1", "a7a8q", None),
+    ("4k3/P7/8/8/8/8/8/4K3 w - - 0 1", "a7b8q", "blocked or forbidden in this position"),  # nothing to take on b8
+]
+
+
+@pytest.mark.parametrize("fen, move, why", CASES)
+def test_why_a_move_is_illegal(why_illegal, fen, move, why):
+    board = chess.Board(fen)
+    assert (move in {m.uci() for m in board.legal_moves}) == (why is None)  # python-chess agrees on legality
+    assert why_illegal(board, move) == why
