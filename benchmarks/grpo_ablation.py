@@ -8,6 +8,10 @@ fields; "loss": {...} for grpo.GRPOConfig fields; "gw": {...} for rewards.Graded
 evaluates the SFT model and the result on the first --policy / --env test records: every strict
 metric greedy and as pass@1 over --samples samples at the rollout temperature, with paired 95%
 intervals. Appends one JSON line to --out; the SFT model's evaluation is cached beside it.
+
+--own-piece W adds one reward function to the run, `P/moves_own_piece` with weight W: the share of the
+M: entries whose from-square holds a piece of the side to move (reading the board from the FEN, which
+`policy_anatomy.py` finds the model fails at for over half of its moves; docs/grpo.md, section 4).
 """
 
 from __future__ import annotations
@@ -20,11 +24,31 @@ from pathlib import Path
 
 import torch
 
-from rookworld_lib.chess import data, evaluate, rewards
+import chess
+
+from rookworld_lib.chess import data, evaluate, rewards, tasks
 from rookworld_lib.chess.training import prompt_items, reward_functions, train_records
 from rookworld_lib.core.model import GPT
 from rookworld_lib.core.train_grpo import GRPOTrainer
 from rookworld_lib.lab import workflow
+
+
+def own_piece_share(prompt: str, completion: str) -> float:
+    """The share of a P: answer's M: entries (read leniently, malformed or not) that name a from-square
+    holding a piece of the side to move; 0 for an answer with no M: entry."""
+    board = chess.Board(tasks.parse_policy_prompt(prompt).fen)
+    moves = tasks.read_policy_fields(completion, tasks.parse_policy_completion(completion)).moves
+    own = [len(m) >= 2 and m[:2] in chess.SQUARE_NAMES and (piece := board.piece_at(chess.parse_square(m[:2])))
+           is not None and piece.color == board.turn for m in moves]
+    return sum(own) / len(own) if own else 0.0
+
+
+def moves_own_piece(prompts, completions, **columns) -> list:
+    """own_piece_share in TRL's reward signature: P: rows only, None on A: rows."""
+    return [own_piece_share(p, c) if tasks.task_of(p) == "P" else None for p, c in zip(prompts, completions)]
+
+
+moves_own_piece.__name__ = "P/moves_own_piece"
 
 
 def main() -> None:
@@ -38,6 +62,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4, help="pass@1 samples per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--own-piece", type=float, default=0.0, help="weight of an added P/moves_own_piece reward (see above)")
     ap.add_argument("--out", type=Path, default=Path("runs/grpo_ablation/results.jsonl"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -53,6 +78,8 @@ def main() -> None:
         reward_weights = rewards.component_reward_weights(weights)
     else:
         funcs, reward_weights = reward_functions(args.reward)
+    if args.own_piece:
+        funcs, reward_weights = [*funcs, moves_own_piece], [*reward_weights, args.own_piece]
     policy = data.load_split("P", "test").records[:args.policy]
     env = data.load_split("A", "test").records[:args.env]
     ecfg = dataclasses.replace(workflow.eval_config(prof, args.seed), samples=args.samples,
@@ -78,6 +105,7 @@ def main() -> None:
     q = max(1, len(history) // 4)
     trend = workflow.reward_trend(history)
     row = {"name": args.name, "reward": "custom" if gw else args.reward, "set": json.loads(args.set),
+           "own_piece": args.own_piece,
            "seed": args.seed, "sft": args.sft, "policy_records": len(policy), "env_records": len(env),
            "grpo_s": round(seconds), "steps": len(history), "completions": len(history) * cfg.prompts_per_step * cfg.group_size,
            "frac_reward_zero_std": sum(r["frac_reward_zero_std"] for r in history) / len(history),

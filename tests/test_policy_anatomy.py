@@ -1,5 +1,6 @@
-"""benchmarks/policy_anatomy.py's reasons for an illegal move (docs/grpo.md, section 4 quotes them),
-checked on positions whose answer python-chess and the rules of chess settle by hand."""
+"""The board-reading measures of the benchmarks that docs/grpo.md (section 4) quotes: policy_anatomy's
+reasons for an illegal move and grpo_ablation's own-piece reward, checked on positions whose answer
+python-chess and the rules of chess settle by hand."""
 
 import importlib.util
 
@@ -9,12 +10,16 @@ import pytest
 from rookworld_lib.core.paths import REPO_ROOT
 
 
-@pytest.fixture(scope="module")
-def why_illegal():
-    spec = importlib.util.spec_from_file_location("policy_anatomy", REPO_ROOT / "benchmarks" / "policy_anatomy.py")
+def benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.why_illegal
+    return module
+
+
+@pytest.fixture(scope="module")
+def why_illegal():
+    return benchmark("policy_anatomy").why_illegal
 
 
 START = chess.STARTING_FEN
@@ -39,3 +44,16 @@ def test_why_a_move_is_illegal(why_illegal, fen, move, why):
     board = chess.Board(fen)
     assert (move in {m.uci() for m in board.legal_moves}) == (why is None)  # python-chess agrees on legality
     assert why_illegal(board, move) == why
+
+
+def test_the_own_piece_reward_reads_the_from_squares_of_every_listed_move():
+    ablation = benchmark("grpo_ablation")
+    start = "P: " + START
+    # e2e4, d2d4, g1f3: white's pieces; e7e5: black's; e3e4: an empty square
+    answer = " M: e2e4 e7e5 d2d4 e3e4 g1f3 E: 0.3 0.2 0.1 0.0 0.0 B: e2e4"
+    assert ablation.own_piece_share(start, answer) == pytest.approx(3 / 5)
+    assert ablation.own_piece_share("P: " + chess.Board("4k3/8/8/8/8/8/8/4K2r b - - 0 1").fen(), " M: h1h8 e1e2") == 0.5
+    assert ablation.own_piece_share(start, " M: d2d4 d2d4 d2d4 E: 0.0 B: d2d4") == 1.0  # malformed, read leniently
+    assert ablation.own_piece_share(start, " no field at all") == 0.0
+    assert ablation.moves_own_piece(prompts=[start, "A: " + START + "+e2e4+"], completions=[answer, "x"]) == [0.6, None]
+    assert ablation.moves_own_piece.__name__ == "P/moves_own_piece"
