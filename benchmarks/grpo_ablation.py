@@ -12,6 +12,8 @@ intervals. Appends one JSON line to --out; the SFT model's evaluation is cached 
 --own-piece W adds one reward function to the run, `P/moves_own_piece` with weight W: the share of the
 M: entries whose from-square holds a piece of the side to move (reading the board from the FEN, which
 `policy_anatomy.py` finds the model fails at for over half of its moves; docs/grpo.md, section 4).
+It reads only the from-square, so it also pays a null move from an own piece (`e8e8`, which the SFT
+model writes greedily), as it did in the runs of docs/grpo.md rows 21-22.
 """
 
 from __future__ import annotations

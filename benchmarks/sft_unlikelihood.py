@@ -68,17 +68,15 @@ def unlikelihood(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, eot: in
     return (term[where].sum() / max(1, n)), n
 
 
-def repeat_negatives(texts: list[str], tok, compact) -> list[tuple[list[int], int]]:
-    """(EOT + the record up to slot k + candidate k-1 again, in the model's ids; where that repeated
-    move starts) for every P: text and slot k = 2..5 of its M: field."""
+def repeat_negatives(text: str, tok, compact) -> list[tuple[list[int], int]]:
+    """For slot k = 2..5 of a P: text's M: field: (EOT + the record up to slot k + candidate k-1 again,
+    in the model's ids; where that repeated move starts)."""
+    head, _, rest = text.partition(" M: ")
+    moves = rest.split(" E: ")[0].split()
     out = []
-    for text in texts:
-        head, _, rest = text.partition(" M: ")
-        moves = rest.split(" E: ")[0].split()
-        for k in range(1, len(moves)):
-            prefix = f"{head} M: {' '.join(moves[:k])}"
-            ids, rep = [EOT_ID, *tok.encode(prefix)], tok.encode(" " + moves[k - 1])
-            out.append((compact(torch.tensor(ids + rep)).tolist(), len(ids)))
+    for k in range(1, len(moves)):
+        ids = [EOT_ID, *tok.encode(f"{head} M: {' '.join(moves[:k])}")]
+        out.append((compact(torch.tensor(ids + tok.encode(" " + moves[k - 1]))).tolist(), len(ids)))
     return out
 
 
@@ -117,12 +115,7 @@ def main() -> None:
     plain = train_step.batch_loss
     stats = {"ul": 0.0, "n": 0, "calls": 0}
     policy_texts = [t for path in split_paths("train", DATA_DIR) for t in reader.iter_texts([path]) if t.startswith("P:")]
-    negatives = repeat_negatives(policy_texts, tok, vocab.compact)
-    per_record, i = [], 0
-    for text in policy_texts:
-        k = max(0, len(text.partition(" M: ")[2].split(" E: ")[0].split()) - 1)
-        per_record.append(negatives[i:i + k])
-        i += k
+    per_record = [repeat_negatives(text, tok, vocab.compact) for text in policy_texts]
     rng = np.random.default_rng(args.seed + 1)  # its own generator: the SFT's data order and init are the baseline's
 
     def with_unlikelihood(model, x, y, impl="fused"):
@@ -131,15 +124,12 @@ def main() -> None:
         if args.level == "move":
             ce = plain(model, x, y, impl)
             chosen = [n for r in rng.choice(len(per_record), args.records, replace=False) for n in per_record[r]]
-            ul = move_unlikelihood(model, chosen, eot)
-            stats["ul"] += float(ul.detach())
-            stats["n"] += len(chosen)
-            stats["calls"] += 1
-            return ce + args.alpha * ul
-        logits = model(x)
-        assert logits.size(-1) == len(vocab), (logits.size(-1), len(vocab))
-        ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-1)
-        ul, n = unlikelihood(logits, x, y, eot, policy, answer)
+            ul, n = move_unlikelihood(model, chosen, eot), len(chosen)
+        else:
+            logits = model(x)
+            assert logits.size(-1) == len(vocab), (logits.size(-1), len(vocab))
+            ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-1)
+            ul, n = unlikelihood(logits, x, y, eot, policy, answer)
         stats["ul"] += float(ul.detach())
         stats["n"] += n
         stats["calls"] += 1
