@@ -22,8 +22,8 @@ from rookworld_lib.core.sampling import SamplingConfig, generate
 from rookworld_lib.core.task_vocab import TaskVocab, pin_bias_coordinate
 from rookworld_lib.core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 
-K, T, SEED, BATCH, BUDGET = 4, 1.0, 3, 3, 80
-CFG = ev.EvalConfig(samples=K, sample_temperature=T, seed=SEED, batch_size=BATCH, max_new_tokens=BUDGET,
+K, T, SEED, BATCH, BUDGET = 4, 1.0, 3, 3, 80  # BATCH: prompts per sampled batch (BATCH * K rows)
+CFG = ev.EvalConfig(samples=K, sample_temperature=T, seed=SEED, batch_size=BATCH * K, max_new_tokens=BUDGET,
                     selfplay_games=0)
 
 
@@ -106,8 +106,9 @@ def setup():
 
 def test_k_samples_per_prompt_are_drawn_and_scored(setup):
     model, policy, env, results, calls, scored = setup
-    # per suite: greedy batches (1 row per prompt, T=0), then sampled ones (K rows per prompt, T, seeded by index)
-    assert calls == [(3, 1, 0.0, SEED, 3), (1, 1, 0.0, SEED + 3, 1), (3, K, T, SEED, 3 * K), (1, K, T, SEED + 3, K),
+    # per suite: greedy batches of batch_size rows (1 row per prompt, T=0: all 4 policy prompts at once),
+    # then sampled ones of batch_size // K prompts (K rows per prompt, T, seeded by index)
+    assert calls == [(4, 1, 0.0, SEED, 4), (3, K, T, SEED, 3 * K), (1, K, T, SEED + 3, K),
                      (2, 1, 0.0, SEED, 2), (2, K, T, SEED, 2 * K)]
     layout = ev.EvalConfig().for_model(model).layout
     assert scored == {ev.policy_prompt_of(r, layout): 1 + K for r in policy}  # one greedy, K sampled
@@ -146,7 +147,7 @@ def test_samples_are_deterministic_given_the_seed(setup):
 
 def test_samples_0_leaves_greedy_results_as_they_were(setup):
     model, policy, env, results, _, _ = setup
-    greedy_cfg = ev.EvalConfig(seed=SEED, batch_size=BATCH, max_new_tokens=BUDGET, selfplay_games=0)
+    greedy_cfg = ev.EvalConfig(seed=SEED, batch_size=BATCH * K, max_new_tokens=BUDGET, selfplay_games=0)
     assert greedy_cfg == replace(CFG, samples=0)  # the default
     greedy = {**ev.evaluate_policy(model, policy, greedy_cfg), **ev.evaluate_environment(model, env, greedy_cfg)}
     assert not any(m.startswith(ev.SAMPLED_PREFIX) for m in greedy)

@@ -3,7 +3,8 @@ import json
 import pytest
 import torch
 
-from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, PRESETS, lm_loss
+from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, KVCache, PRESETS, additive_mask, lm_loss
+from rookworld_lib.core.sampling import padded_attention_mask
 
 transformers = pytest.importorskip("transformers")
 
@@ -93,6 +94,34 @@ def test_math_attention_matches_sdpa(hf_dir):
     idx = torch.randint(0, 50257, (2, 21))
     with torch.no_grad():
         assert torch.allclose(a(idx), b(idx), atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+def test_a_boolean_mask_converted_once_gives_what_each_layer_converting_it_gives(impl):
+    """GPT.forward turns a boolean mask into the additive one once for all layers (additive_mask); the
+    reference is each attention layer given the boolean mask itself (SDPA converts it per call; the
+    math path masks with it): bit for bit the same, left-padded prefill and cached decode step."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", attn_impl=impl)).eval()
+    valid = torch.tensor([[False, False, True, True, True], [True] * 5, [False, True, True, True, True]])
+    idx, pos = torch.randint(0, 50257, valid.shape), (valid.cumsum(1) - 1).clamp(min=0)
+    allowed = padded_attention_mask(valid, 5)
+
+    def reference(x, mask, position_ids, cache=None, start=0):
+        h = model.transformer.wte(x) + model.transformer.wpe(position_ids)
+        for i, block in enumerate(model.transformer.h):
+            h = block(h, mask, cache, i, start)
+        return model.lm_head(model.transformer.ln_f(h))
+
+    with torch.no_grad():
+        assert additive_mask(allowed, torch.float32).dtype == torch.float32
+        assert torch.equal(model(idx, pos, allowed), reference(idx, allowed, pos))
+        caches = [KVCache(model.config, 3, 6, "cpu", torch.float32) for _ in range(2)]
+        model(idx, pos, allowed, caches[0], 0)
+        reference(idx, allowed, pos, caches[1], 0)
+        step = padded_attention_mask(torch.cat([valid, torch.ones(3, 1, dtype=torch.bool)], 1), 1)
+        tok, where = torch.randint(0, 50257, (3, 1)), pos[:, -1:] + 1
+        assert torch.equal(model(tok, where, step, caches[0], 5), reference(tok, step, where, caches[1], 5))
 
 
 def test_strict_keys_missing_and_unexpected(hf_dir, tmp_path):

@@ -145,7 +145,8 @@ class EvalConfig:
     decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
     temperature: float = option(1.0, "for sampled decoding", min=0.0, min_open=True)
     max_new_tokens: int | None = option(None, "completion budget in tokens; None: the model layout's (96 compact, 128 original)", min=1)
-    batch_size: int = option(32, "prompts decoded together (each as `samples` rows for pass@1)", min=1)
+    batch_size: int = option(128, "rows decoded together: as many prompts greedy, batch_size // samples prompts "
+                             "of `samples` rows each for pass@1", min=1)
     max_policy: int | None = option(None, "cap on P: records evaluated (None = all; 0 = no policy suite)", min=0)
     max_env: int | None = option(None, "cap on A: records evaluated (None = all; 0 = no env suite)", min=0)
     selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
@@ -171,9 +172,10 @@ class EvalConfig:
 
 
 def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) -> list[str]:
-    """Decode completions in batches of cfg.batch_size prompts with the GRPO sampler: one per prompt
+    """Decode completions in batches of cfg.batch_size rows with the GRPO sampler: one per prompt
     as cfg.decoding says, or with samples=k, k per prompt at cfg.sample_temperature (prompt i's are
-    items i*k to i*k+k-1). Seeded by cfg.seed plus the batch's first prompt index."""
+    items i*k to i*k+k-1; cfg.batch_size // k prompts a batch). Seeded by cfg.seed plus the batch's
+    first prompt index."""
     tokenizer = get_tokenizer()
     cfg = cfg.for_model(model)
     # a vocab="task" export decodes over its task tokens (task_vocab.sampling_view): the same answers
@@ -181,8 +183,9 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     eot = EOT_ID if vocab is None else int(vocab.index[EOT_ID])
     out = []
     budget = model.config.block_size
-    for start in range(0, len(prompts), cfg.batch_size):
-        ids = all_ids[start:start + cfg.batch_size]
+    per_batch = max(1, cfg.batch_size // max(1, samples))
+    for start in range(0, len(prompts), per_batch):
+        ids = all_ids[start:start + per_batch]
         new = max(1, min(cfg.max_new_tokens, budget - max(map(len, ids))))
         temperature = cfg.sample_temperature if samples else 0.0 if cfg.decoding == "greedy" else cfg.temperature
         sc = SamplingConfig(max_new_tokens=new, temperature=temperature, num_samples=max(1, samples),
