@@ -93,25 +93,37 @@ def anatomy(completions: list[str], records: list[dict]) -> dict:
             "policy/valid": round(c["valid"] / n, 3)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", help="a Hugging Face model directory (an export of ours)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The measurement's options, shared with the SFT experiments that end in it."""
     ap.add_argument("--policy", type=int, default=400, help="P: test records")
     ap.add_argument("--samples", type=int, default=4, help="sampled answers per prompt")
     ap.add_argument("--temperature", type=float, default=0.3, help="sampling temperature (the cpu recipe's)")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    cfg = workflow.eval_config(workflow.resolve("cpu"), 0)
-    model = GPT.from_pretrained(args.model).eval()
+
+
+def measure(model: GPT, args: argparse.Namespace, prompt_of=None, seed: int = 0) -> dict:
+    """anatomy() of the model's greedy and sampled answers on the first args.policy P: test positions,
+    prompted by prompt_of(record) (default: the P: prompt in the model's layout)."""
+    cfg = workflow.eval_config(workflow.resolve("cpu"), seed)
     records = data.load_split("P", "test").records[:args.policy]
-    prompts = [evaluate.policy_prompt_of(r, cfg.for_model(model).layout) for r in records]
+    prompts = [prompt_of(r) if prompt_of else evaluate.policy_prompt_of(r, cfg.for_model(model).layout)
+               for r in records]
     greedy = evaluate.complete(model, prompts, cfg)
     sampled = evaluate.complete(model, prompts, dataclasses.replace(cfg, sample_temperature=args.temperature),
                                 samples=args.samples)
-    print(json.dumps({"model": args.model, "greedy": anatomy(greedy, records),
-                      f"sampled at T={args.temperature:g}": anatomy(sampled, [r for r in records for _ in range(args.samples)]),
-                      "first greedy answers": greedy[:3]}, indent=1))
+    return {"greedy": anatomy(greedy, records),
+            f"sampled at T={args.temperature:g}": anatomy(sampled, [r for r in records for _ in range(args.samples)]),
+            "first prompt": prompts[0], "first greedy answers": greedy[:3]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", help="a Hugging Face model directory (an export of ours)")
+    add_arguments(ap)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model = GPT.from_pretrained(args.model).eval()
+    print(json.dumps({"model": args.model, **measure(model, args)}, indent=1))
 
 
 if __name__ == "__main__":

@@ -15,15 +15,14 @@ same 3,000 steps see fewer P: records per step, and the val loss is over the rew
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
 import torch
-from policy_anatomy import anatomy
+from policy_anatomy import add_arguments, measure
 
-from rookworld_lib.chess import data, evaluate
+from rookworld_lib.chess import evaluate
 from rookworld_lib.chess.data import split_paths
 from rookworld_lib.chess.training import RecordReader
 from rookworld_lib.core.model import GPT
@@ -60,9 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--policy", type=int, default=400, help="P: test records measured")
-    ap.add_argument("--samples", type=int, default=4)
-    ap.add_argument("--temperature", type=float, default=0.3)
+    add_arguments(ap)
     args = ap.parse_args()
     texts = args.out / "data"
     write_texts(texts)
@@ -71,15 +68,8 @@ def main() -> None:
     result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", texts, args.seed, texts))
     print(f"SFT {time.time() - start:.0f} s; last record {result.history[-1]}")
     model = GPT.from_pretrained(args.out / "sft" / "final").eval()
-    cfg = workflow.eval_config(workflow.resolve("cpu"), args.seed)
-    records = data.load_split("P", "test").records[:args.policy]
-    prompts = [spaced_text(evaluate.policy_prompt_of(r, "compact")) for r in records]
-    greedy = evaluate.complete(model, prompts, cfg)
-    sampled = evaluate.complete(model, prompts, dataclasses.replace(cfg, sample_temperature=args.temperature),
-                                samples=args.samples)
-    print(json.dumps({"greedy": anatomy(greedy, records),
-                      f"sampled at T={args.temperature:g}": anatomy(sampled, [r for r in records for _ in range(args.samples)]),
-                      "first prompt": prompts[0], "first greedy answers": greedy[:3]}, indent=1))
+    print(json.dumps(measure(model, args, lambda r: spaced_text(evaluate.policy_prompt_of(r, "compact")), args.seed),
+                     indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+"""Does an auxiliary task that lists every legal move teach the model to read the board? (docs/grpo.md, section 4)
+
+    python benchmarks/sft_aux_legal.py --out runs/sft_aux_legal [--positions 3962] [--source P]
+
+policy_anatomy finds that more than half of the moves the `cpu` SFT model lists start from a square
+without a piece of the side to move: it does not read the board from the FEN. This script adds a
+third text task to the `cpu` profile's SFT, built by python-chess alone (no engine):
+
+    L: <FEN> = <every legal move in UCI, sorted>
+
+for the positions of the first --positions train records of --source (P: records, or P: then A:
+records' positions before the move), deduplicated. The P: and A: texts and the val texts are the
+shipped ones, so the val loss compares with the baseline's. The profile's stream draws a P: or an A:
+text with even odds (SFTConfig.policy_fraction 0.5); the L: texts are drawn on the P: side, so the
+same 3,000 steps see the A: texts as often as the baseline does and the P: texts less often. It then measures the P: answers on the first --policy test
+positions with policy_anatomy's measures, greedy and sampled. An experiment, not a workbench task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import time
+from pathlib import Path
+
+import chess
+import torch
+from policy_anatomy import add_arguments, measure
+
+from rookworld_lib.chess import data, evaluate
+from rookworld_lib.chess.data import split_paths
+from rookworld_lib.chess.training import RecordReader
+from rookworld_lib.core.model import GPT
+from rookworld_lib.core.paths import DATA_DIR
+from rookworld_lib.core import train_sft as sft_module
+from rookworld_lib.core.tokenizer import task_of
+from rookworld_lib.core.train_sft import train_sft
+from rookworld_lib.lab import workflow
+
+
+def legal_text(fen: str) -> str:
+    """The L: text of a position: its FEN, then every legal move (UCI, sorted)."""
+    return f"L: {fen} = " + " ".join(sorted(m.uci() for m in chess.Board(fen).legal_moves))
+
+
+def positions(source: str, limit: int) -> list[str]:
+    fens, seen = [], set()
+    for task in ("P", "A") if source == "PA" else ("P",):
+        for rec in data.load_split(task, "train").records:
+            if rec["fen"] not in seen and chess.Board(rec["fen"]).legal_moves.count():
+                seen.add(rec["fen"])
+                fens.append(rec["fen"])
+    return fens[:limit]
+
+
+def write_texts(out: Path, fens: list[str], seed: int) -> int:
+    """The shipped train texts with the L: texts mixed in at random places; the shipped val texts."""
+    reader = RecordReader("compact")
+    out.mkdir(parents=True, exist_ok=True)
+    train = list(reader.iter_texts(split_paths("train", DATA_DIR))) + [legal_text(f) for f in fens]
+    random.Random(seed).shuffle(train)
+    files = {"policy_train": train}  # every train text in one file (split_paths finds it as the P: file)
+    for task in ("P", "A"):  # the val files as shipped, text for text
+        files[data.data_file(task, "val").stem] = list(reader.iter_texts(data.split_files(task, "val", DATA_DIR)))
+    for stem, texts in files.items():
+        with open(out / f"{stem}.jsonl", "w") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+    return len(fens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--positions", type=int, default=3962, help="L: texts (distinct train positions)")
+    ap.add_argument("--source", choices=("P", "PA"), default="P", help="whose positions: P: records, or P: then A:")
+    ap.add_argument("--seed", type=int, default=0)
+    add_arguments(ap)
+    args = ap.parse_args()
+    texts = args.out / "data"
+    n = write_texts(texts, positions(args.source, args.positions), args.seed)
+    print(f"{n} L: texts, e.g. {legal_text(chess.STARTING_FEN)}")
+    # the stream sorts texts into its P: and A: pools by their task; an L: text joins the P: pool
+    sft_module.task_of = lambda text: "P" if text.startswith("L:") else task_of(text)
+    torch.manual_seed(args.seed)
+    start = time.time()
+    result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", texts, args.seed))
+    print(f"SFT {time.time() - start:.0f} s; last record {result.history[-1]}")
+    model = GPT.from_pretrained(args.out / "sft" / "final").eval()
+    records = data.load_split("P", "test").records[:50]
+    cfg = workflow.eval_config(workflow.resolve("cpu"), args.seed)
+    answers = evaluate.complete(model, [f"L: {r['fen']} =" for r in records], dataclasses.replace(cfg, max_new_tokens=200))
+    exact = sum(a.strip() == legal_text(r["fen"]).split(" = ", 1)[1] for a, r in zip(answers, records))
+    print(json.dumps({**measure(model, args, seed=args.seed), "L: answers exactly right (first 50 test positions)": exact,
+                      "first L: answer": answers[0]}, indent=1))
+
+if __name__ == "__main__":
+    main()
