@@ -1,19 +1,22 @@
-"""Does an auxiliary task that lists every legal move teach the model to read the board? (docs/grpo.md, section 4)
+"""Does an auxiliary task about the position teach the model to read the board? (docs/grpo.md, section 4)
 
-    python benchmarks/sft_aux_legal.py --out runs/sft_aux_legal [--positions 3962] [--source P]
+    python benchmarks/sft_aux_task.py --out runs/sft_aux [--task legal|pieces] [--positions 3962] [--source P]
 
 policy_anatomy finds that more than half of the moves the `cpu` SFT model lists start from a square
 without a piece of the side to move: it does not read the board from the FEN. This script adds a
 third text task to the `cpu` profile's SFT, built by python-chess alone (no engine):
 
-    L: <FEN> = <every legal move in UCI, sorted>
+    --task legal:   L: <FEN> = <every legal move in UCI, sorted>
+    --task pieces:  S: <FEN> = <every piece of the side to move and its square, a1 to h8: Ra1 Nb1 ...>
 
 for the positions of the first --positions train records of --source (P: records, or P: then A:
 records' positions before the move), deduplicated. The P: and A: texts and the val texts are the
 shipped ones, so the val loss compares with the baseline's. The profile's stream draws a P: or an A:
-text with even odds (SFTConfig.policy_fraction 0.5); the L: texts are drawn on the P: side, so the
-same 3,000 steps see the A: texts as often as the baseline does and the P: texts less often. It then measures the P: answers on the first --policy test
-positions with policy_anatomy's measures, greedy and sampled. An experiment, not a workbench task.
+text with even odds (SFTConfig.policy_fraction 0.5); the auxiliary texts are drawn on the P: side, so
+the same 3,000 steps see the A: texts as often as the baseline does and the P: texts less often. It
+then measures the P: answers on the first --policy test positions with policy_anatomy's measures,
+greedy and sampled, and how many auxiliary answers on 50 test positions are exactly right. An
+experiment, not a workbench task.
 """
 
 from __future__ import annotations
@@ -40,9 +43,22 @@ from rookworld_lib.core.train_sft import train_sft
 from rookworld_lib.lab import workflow
 
 
-def legal_text(fen: str) -> str:
-    """The L: text of a position: its FEN, then every legal move (UCI, sorted)."""
-    return f"L: {fen} = " + " ".join(sorted(m.uci() for m in chess.Board(fen).legal_moves))
+def legal_moves(board: chess.Board) -> str:
+    return " ".join(sorted(m.uci() for m in board.legal_moves))
+
+
+def own_pieces(board: chess.Board) -> str:
+    return " ".join(board.piece_at(sq).symbol().upper() + chess.square_name(sq)
+                    for sq in chess.SQUARES if (p := board.piece_at(sq)) is not None and p.color == board.turn)
+
+
+TASKS = {"legal": ("L", legal_moves), "pieces": ("S", own_pieces)}  # --task: (text prefix, answer)
+
+
+def aux_text(task: str, fen: str) -> str:
+    """The auxiliary text of a position: its prefix and FEN, ' = ', the answer."""
+    letter, answer = TASKS[task]
+    return f"{letter}: {fen} = {answer(chess.Board(fen))}"
 
 
 def positions(source: str, limit: int) -> list[str]:
@@ -55,11 +71,11 @@ def positions(source: str, limit: int) -> list[str]:
     return fens[:limit]
 
 
-def write_texts(out: Path, fens: list[str], seed: int) -> int:
-    """The shipped train texts with the L: texts mixed in at random places; the shipped val texts."""
+def write_texts(out: Path, task: str, fens: list[str], seed: int) -> int:
+    """The shipped train texts with the auxiliary texts mixed in at random places; the shipped val texts."""
     reader = RecordReader("compact")
     out.mkdir(parents=True, exist_ok=True)
-    train = list(reader.iter_texts(split_paths("train", DATA_DIR))) + [legal_text(f) for f in fens]
+    train = list(reader.iter_texts(split_paths("train", DATA_DIR))) + [aux_text(task, f) for f in fens]
     random.Random(seed).shuffle(train)
     files = {"policy_train": train}  # every train text in one file (split_paths finds it as the P: file)
     for task in ("P", "A"):  # the val files as shipped, text for text
@@ -73,16 +89,18 @@ def write_texts(out: Path, fens: list[str], seed: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--positions", type=int, default=3962, help="L: texts (distinct train positions)")
+    ap.add_argument("--task", choices=sorted(TASKS), default="legal", help="the auxiliary task (see above)")
+    ap.add_argument("--positions", type=int, default=3962, help="auxiliary texts (distinct train positions)")
     ap.add_argument("--source", choices=("P", "PA"), default="P", help="whose positions: P: records, or P: then A:")
     ap.add_argument("--seed", type=int, default=0)
     add_arguments(ap)
     args = ap.parse_args()
     texts = args.out / "data"
-    n = write_texts(texts, positions(args.source, args.positions), args.seed)
-    print(f"{n} L: texts, e.g. {legal_text(chess.STARTING_FEN)}")
-    # the stream sorts texts into its P: and A: pools by their task; an L: text joins the P: pool
-    sft_module.task_of = lambda text: "P" if text.startswith("L:") else task_of(text)
+    n = write_texts(texts, args.task, positions(args.source, args.positions), args.seed)
+    letter = TASKS[args.task][0]
+    print(f"{n} {letter}: texts, e.g. {aux_text(args.task, chess.STARTING_FEN)}")
+    # the stream sorts texts into its P: and A: pools by their task; an auxiliary text joins the P: pool
+    sft_module.task_of = lambda text: "P" if text.startswith(f"{letter}:") else task_of(text)
     torch.manual_seed(args.seed)
     start = time.time()
     result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", texts, args.seed))
@@ -90,10 +108,11 @@ def main() -> None:
     model = GPT.from_pretrained(args.out / "sft" / "final").eval()
     records = data.load_split("P", "test").records[:50]
     cfg = workflow.eval_config(workflow.resolve("cpu"), args.seed)
-    answers = evaluate.complete(model, [f"L: {r['fen']} =" for r in records], dataclasses.replace(cfg, max_new_tokens=200))
-    exact = sum(a.strip() == legal_text(r["fen"]).split(" = ", 1)[1] for a, r in zip(answers, records))
-    print(json.dumps({**measure(model, args, seed=args.seed), "L: answers exactly right (first 50 test positions)": exact,
-                      "first L: answer": answers[0]}, indent=1))
+    answers = evaluate.complete(model, [f"{letter}: {r['fen']} =" for r in records],
+                                dataclasses.replace(cfg, max_new_tokens=200))
+    exact = sum(a.strip() == aux_text(args.task, r["fen"]).split(" = ", 1)[1] for a, r in zip(answers, records))
+    print(json.dumps({**measure(model, args, seed=args.seed), f"{letter}: answers exactly right (first 50 test positions)": exact,
+                      f"first {letter}: answer": answers[0]}, indent=1))
 
 if __name__ == "__main__":
     main()
