@@ -48,8 +48,8 @@ def legal_moves(board: chess.Board) -> str:
 
 
 def own_pieces(board: chess.Board) -> str:
-    return " ".join(board.piece_at(sq).symbol().upper() + chess.square_name(sq)
-                    for sq in chess.SQUARES if (p := board.piece_at(sq)) is not None and p.color == board.turn)
+    return " ".join(p.symbol().upper() + chess.square_name(sq) for sq, p in sorted(board.piece_map().items())
+                    if p.color == board.turn)
 
 
 TASKS = {"legal": ("L", legal_moves), "pieces": ("S", own_pieces)}  # --task: (text prefix, answer)

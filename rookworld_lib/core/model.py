@@ -270,8 +270,8 @@ class GPT(nn.Module):
 
         position_ids (B, T) default to start..start+T-1; attn_mask is a boolean (B, 1, T, T_total)
         mask, True = may attend (left-padded batches), or its additive form (additive_mask), else
-        plain causal. `start` is where idx goes
-        in the cache: an int, or a (1,) device tensor for static-shape decoding (CUDA graphs).
+        plain causal. `start` is where idx goes in the cache: an int, or a (1,) device tensor for
+        static-shape decoding (CUDA graphs).
         """
         B, T = idx.shape
         if isinstance(start, torch.Tensor):  # static-shape decode (see KVCache.update)
