@@ -18,14 +18,15 @@ setup: $(STAMP) stockfish chromium
 	print(f"make setup: done: .venv (python {sys.version.split()[0]}, torch {torch.__version__}, rookworld_lib {rookworld_lib.__version__},", \
 	      f"kernel RookWorld (.venv)), Stockfish {find_stockfish()}; the CLI is .venv/bin/rookworld (or source .venv/bin/activate)")' 
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml uv-overrides.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# uv resolves the same versions as pip (pip freeze compared) and installs them in ~40 s instead of ~135 s; it
+	@# uv resolves the same versions as pip (pip freeze compared; less what uv-overrides.txt leaves out, which says
+	@# why) and installs them in ~40 s instead of ~135 s; it
 	@# is given pip's find-links (PIP_FIND_LINKS, else pip's config: where the CPU torch wheel lies). Bytecode is
 	@# compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, every process would otherwise
 	@# recompile torch. pip is the fallback.
 	$(PY) -m pip install -q uv && UV_FIND_LINKS="$${PIP_FIND_LINKS:-$$($(PY) -m pip config get global.find-links 2>/dev/null)}" \
-	  $(VENV)/bin/uv pip install -q --compile-bytecode \
+	  $(VENV)/bin/uv pip install -q --compile-bytecode --override uv-overrides.txt \
 	  --python $(PY) "$(TORCH_SPEC)" -e ".[dev]" \
 	  || { echo "uv failed: installing with pip" >&2; $(PY) -m pip install -q "$(TORCH_SPEC)" && $(PY) -m pip install -q -e ".[dev]"; }
 	@# the notebooks' kernel, inside .venv (no per-user kernel that would point at one clone)
