@@ -114,5 +114,6 @@ def main() -> None:
     print(json.dumps({**measure(model, args, seed=args.seed), f"{letter}: answers exactly right (first 50 test positions)": exact,
                       f"first {letter}: answer": answers[0]}, indent=1))
 
+
 if __name__ == "__main__":
     main()
