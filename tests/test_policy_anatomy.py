@@ -57,3 +57,22 @@ def test_the_own_piece_reward_reads_the_from_squares_of_every_listed_move():
     assert ablation.own_piece_share(start, " no field at all") == 0.0
     assert ablation.moves_own_piece(prompts=[start, "A: " + START + "+e2e4+"], completions=[answer, "x"]) == [0.6, None]
     assert ablation.moves_own_piece.__name__ == "P/moves_own_piece"
+
+
+def test_mcnemar_exact_p_is_the_two_sided_binomial_test():
+    """paired_interval_null's exact McNemar p (docs/grpo.md, section 3, quotes p = 0.125 for 4 records lost
+    and none gained) against the definition: the probability, under Binomial(lost + gained, 1/2), of every
+    outcome no likelier than the one seen (the two-sided exact binomial test)."""
+    from fractions import Fraction
+    from math import comb
+
+    p = benchmark("paired_interval_null").mcnemar_exact_p
+
+    def by_definition(lost, gained):
+        m = lost + gained
+        pmf = [Fraction(comb(m, i), 2 ** m) for i in range(m + 1)]
+        return float(sum(q for q in pmf if q <= pmf[gained]))
+
+    assert p(4, 0) == 0.125 and p(0, 0) == 1.0
+    for lost, gained in [(4, 0), (0, 4), (5, 1), (3, 3), (10, 2), (7, 8), (30, 12), (1, 0)]:
+        assert p(lost, gained) == pytest.approx(min(1.0, by_definition(lost, gained)), rel=1e-12), (lost, gained)
