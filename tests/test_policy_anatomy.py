@@ -1,8 +1,10 @@
 """The board-reading measures of the benchmarks that docs/grpo.md (section 4) quotes: policy_anatomy's
 reasons for an illegal move and grpo_ablation's own-piece reward, checked on positions whose answer
-python-chess and the rules of chess settle by hand."""
+python-chess and the rules of chess settle by hand; and paired_interval_null's exact McNemar p (section 3)."""
 
 import importlib.util
+from fractions import Fraction
+from math import comb
 
 import chess
 import pytest
@@ -63,9 +65,6 @@ def test_mcnemar_exact_p_is_the_two_sided_binomial_test():
     """paired_interval_null's exact McNemar p (docs/grpo.md, section 3, quotes p = 0.125 for 4 records lost
     and none gained) against the definition: the probability, under Binomial(lost + gained, 1/2), of every
     outcome no likelier than the one seen (the two-sided exact binomial test)."""
-    from fractions import Fraction
-    from math import comb
-
     p = benchmark("paired_interval_null").mcnemar_exact_p
 
     def by_definition(lost, gained):
