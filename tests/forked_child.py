@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import weakref
 
 # imported once by the server: every child finds them in memory
 PRELOAD = ["torch", "rookworld_lib.core.train_sft", "rookworld_lib.lab.cli", "sft_helpers"]
@@ -73,6 +74,8 @@ class ForkedChild:
 
     def __init__(self, target, argv: list[str], env: dict | None = None, cwd=None, stderr_to_stdout: bool = False):
         self._dir = tempfile.mkdtemp(prefix="rookworld-child-")
+        # gone with this object (or at exit) where communicate() did not read and remove it: a killed child's files
+        weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._out, self._err = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
         # daemon: a child a failed test left sleeping never holds this process's exit
         self._proc = _context().Process(target=_bootstrap, args=(target, list(argv), self._out, None if stderr_to_stdout else self._err, env, None if cwd is None else str(cwd)),
