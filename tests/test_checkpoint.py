@@ -315,7 +315,7 @@ def test_hf_directory_errors_name_the_file(tmp_path):
     weights, config = tmp_path / "m" / "model.safetensors", tmp_path / "m" / "config.json"
     good = config.read_text()
     for text, why in (('{"n_layer": \n', "not valid JSON"), ("[1, 2]", "expected a JSON object"),
-                      (good.replace('"n_layer": 1', '"n_layer": "abc"'), "GPTConfig.n_layer must be a positive")):
+                      (good.replace('"n_layer": 1', '"n_layer": "abc"'), "GPTConfig.n_layer must be an integer >= 1")):
         config.write_text(text)
         with pytest.raises(CheckpointFormatError, match=f"{config}: {why}"):
             GPT.from_pretrained(tmp_path / "m")

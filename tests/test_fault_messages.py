@@ -127,7 +127,7 @@ ROWS = [
     Row("sft-disk-full-export", sft("--export-hf"), "No space left on device: {tmp}/run/final/model.safetensors",
         inject="enospc-export"),
     # --- bad settings
-    Row("sft-override-dropout-abc", sft("--model-overrides", "dropout=abc"), "dropout must be a number in [0, 1)"),
+    Row("sft-override-dropout-abc", sft("--model-overrides", "dropout=abc"), "dropout must be a finite number in [0.0, 1.0)"),
     Row("sft-override-vocab-size-10", sft("--model-overrides", "vocab_size=10"), "must not change vocab_size"),
     Row("sft-nproc-abc", sft("--nproc", "abc"), "--nproc must be a whole number of processes"),
     Row("sft-nproc-negative", sft("--nproc", "-2"), "--nproc must be >= 0"),

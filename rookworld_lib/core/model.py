@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.utils.checkpoint import checkpoint
 
+from .config import option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import atomic_write
 from .tokenizer import EOT_TOKEN
@@ -36,36 +37,29 @@ ATTN_IMPLS = ("sdpa", "math")
 class GPTConfig:
     """Shape and behaviour of a GPT-2 model. Defaults are GPT-2 124M (124,439,808 parameters)."""
 
-    block_size: int = 1024  # maximum sequence length (learned positions)
-    vocab_size: int = 50257  # real vocabulary; logits are always returned for exactly this many
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads per block
-    n_embd: int = 768  # residual stream width
-    dropout: float = 0.0  # residual (attention output, MLP) dropout while training; off in eval (GPT-2's resid_pdrop)
-    embd_dropout: float | None = None  # dropout on the embeddings (embd_pdrop); None: = dropout
-    attn_dropout: float | None = None  # dropout on the attention weights (attn_pdrop); None: = dropout
-    bias: bool = True  # biases in linear layers and LayerNorms (GPT-2 has them)
-    layer_norm_epsilon: float = 1e-5  # GPT-2's LayerNorm epsilon
-    pad_vocab_to_multiple: int = 1  # pad the embedding rows to a multiple (64 -> 50304) for faster matmuls
-    attn_impl: str = "sdpa"  # "sdpa" (F.scaled_dot_product_attention) or "math" (explicit, FLOP-countable)
-    gradient_checkpointing: bool = False  # recompute each block's activations in backward to save memory
+    block_size: int = option(1024, "maximum sequence length (learned positions)", min=1)
+    vocab_size: int = option(50257, "real vocabulary; logits are always returned for exactly this many", min=1)
+    n_layer: int = option(12, "transformer blocks", min=1)
+    n_head: int = option(12, "attention heads per block", min=1)
+    n_embd: int = option(768, "residual stream width", min=1)
+    dropout: float = option(0.0, "residual (attention output, MLP) dropout while training; off in eval (GPT-2's "
+                            "resid_pdrop)", min=0.0, max=1.0, max_open=True)
+    embd_dropout: float | None = option(None, "dropout on the embeddings (embd_pdrop); None: = dropout",
+                                        min=0.0, max=1.0, max_open=True)
+    attn_dropout: float | None = option(None, "dropout on the attention weights (attn_pdrop); None: = dropout",
+                                        min=0.0, max=1.0, max_open=True)
+    bias: bool = option(True, "biases in linear layers and LayerNorms (GPT-2 has them)")
+    layer_norm_epsilon: float = option(1e-5, "GPT-2's LayerNorm epsilon", min=0.0, min_open=True)
+    pad_vocab_to_multiple: int = option(1, "pad the embedding rows to a multiple (64 -> 50304) for faster matmuls",
+                                        min=1)
+    attn_impl: str = option("sdpa", '"sdpa" (F.scaled_dot_product_attention) or "math" (explicit, FLOP-countable)',
+                            choices=ATTN_IMPLS)
+    gradient_checkpointing: bool = option(False, "recompute each block's activations in backward to save memory")
 
     def __post_init__(self):
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "pad_vocab_to_multiple"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        validate(self)
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        for name, optional in (("dropout", False), ("embd_dropout", True), ("attn_dropout", True)):
-            value = getattr(self, name)
-            if (value is not None or not optional) and (
-                    isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0):
-                raise ValueError(f"GPTConfig.{name} must be a number in [0, 1){' or None' * optional}, got {value!r}")
-        if self.attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"GPTConfig.attn_impl must be one of {ATTN_IMPLS}, got {self.attn_impl!r}")
-        if not self.layer_norm_epsilon > 0:
-            raise ValueError(f"GPTConfig.layer_norm_epsilon must be > 0, got {self.layer_norm_epsilon!r}")
 
     @property
     def embd_pdrop(self) -> float:
