@@ -74,8 +74,8 @@ class ForkedChild:
 
     def __init__(self, target, argv: list[str], env: dict | None = None, cwd=None, stderr_to_stdout: bool = False):
         self._dir = tempfile.mkdtemp(prefix="rookworld-child-")
-        # gone with this object (or at exit) where communicate() did not read and remove it: a killed child's files
-        weakref.finalize(self, shutil.rmtree, self._dir, True)
+        # the files go when communicate() has read them, else with this object or at exit (a killed child's)
+        self._remove_files = weakref.finalize(self, shutil.rmtree, self._dir, True)
         self._out, self._err = os.path.join(self._dir, "stdout"), os.path.join(self._dir, "stderr")
         # daemon: a child a failed test left sleeping never holds this process's exit
         self._proc = _context().Process(target=_bootstrap, args=(target, list(argv), self._out, None if stderr_to_stdout else self._err, env, None if cwd is None else str(cwd)),
@@ -113,5 +113,5 @@ class ForkedChild:
                     texts.append(fh.read())
             except OSError:
                 texts.append("")
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_files()
         return texts[0], texts[1]
