@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -330,14 +331,32 @@ def test_hf_directory_errors_name_the_file(tmp_path):
     def full(*args, **kwargs):  # what safetensors raises on a full disk
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
+    out = tmp_path / "out"
+    small_model(seed=1).save_pretrained(out)
+    before = (out / "model.safetensors").read_bytes()
     model_module.save_file, real = full, model_module.save_file
     try:
         with pytest.raises(OSError) as info:
-            small_model().save_pretrained(tmp_path / "out")
+            small_model().save_pretrained(out)
     finally:
         model_module.save_file = real
-    assert info.value.errno == errno.ENOSPC and info.value.filename == str(tmp_path / "out" / "model.safetensors")
-    assert not (tmp_path / "out" / "model.safetensors.tmp").exists()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(out / "model.safetensors")
+    assert (out / "model.safetensors").read_bytes() == before  # the earlier export is untouched
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]  # no temporary file left
+
+
+def test_an_export_reaches_the_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    """model.safetensors is fsynced under a temporary name, renamed, and the directory fsynced, as
+    every other file the workbench writes whole: a crash leaves the old export or the new one."""
+    from rookworld_lib.core import paths
+
+    synced, real = [], paths._fsync
+    monkeypatch.setattr(paths, "_fsync", lambda path, flags: (synced.append(Path(path)), real(path, flags)))
+    small_model().save_pretrained(tmp_path / "m")
+    weights = [p for p in synced if p.name.startswith(".tmp-model.safetensors.")]
+    assert len(weights) == 1 and not weights[0].exists() and synced.index(weights[0]) < synced.index(tmp_path / "m")
+    torch.testing.assert_close(GPT.from_pretrained(tmp_path / "m").state_dict(), small_model().state_dict(),
+                               rtol=0, atol=0)
 
 
 def test_prompt_prefix_travels_in_config_json(tmp_path):

@@ -9,7 +9,6 @@ transpose of nn.Linear. transformers is never imported here.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
@@ -27,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
-from .paths import atomic_write
+from .paths import atomic_path, atomic_write
 from .tokenizer import EOT_TOKEN
 
 ATTN_IMPLS = ("sdpa", "math")
@@ -369,14 +368,12 @@ class GPT(nn.Module):
             if key == "transformer.wte.weight":
                 tensor = tensor[: self.config.vocab_size]
             state[key] = tensor.contiguous()
-        weights, tmp = directory / "model.safetensors", directory / "model.safetensors.tmp"
-        try:
-            save_file(state, str(tmp), metadata={"format": "pt"})
-        except SafetensorError as exc:  # a full disk, say: an OSError naming the file, not safetensors' own error
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise _os_error(exc, weights) from None
-        tmp.replace(weights)
+        weights = directory / "model.safetensors"
+        with atomic_path(weights) as tmp:
+            try:
+                save_file(state, str(tmp), metadata={"format": "pt"})
+            except SafetensorError as exc:  # a full disk, say: an OSError naming the file, not safetensors' own
+                raise _os_error(exc, weights) from None
         text = json.dumps({**hf_config_dict(self.config), **self.meta, PROMPT_PREFIX_KEY: self.prompt_prefix},
                           indent=2) + "\n"
         config_path = directory / "config.json"

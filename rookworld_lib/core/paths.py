@@ -51,32 +51,44 @@ def git_commit() -> str | None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file that replaces `path` when the ``with`` block ends without an error.
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary file name that replaces `path` when the ``with`` block ends without an error, for
+    writers that take a file name (safetensors' `save_file`).
 
-    It is a temporary file in the same directory (so the rename is atomic), fsynced and renamed over
+    The file is in the same directory (so the rename is atomic); it is fsynced and renamed over
     `path`, then the directory is fsynced. On an error it is removed and `path` is untouched.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    os.close(fd)
+    tmp = Path(name)
     try:
         # mkstemp makes the file 0600; the result gets the mode a plain open() would give it
         os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     with contextlib.suppress(OSError):  # skipped where a directory cannot be opened (Windows)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(path.parent, os.O_RDONLY)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file that replaces `path` when the ``with`` block ends without an error (`atomic_path`)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        yield f
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
