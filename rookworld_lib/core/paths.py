@@ -66,7 +66,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # mkstemp makes the file 0600; the result gets the mode a plain open() would give it
         os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         yield tmp
-        _fsync(tmp, os.O_RDONLY)
+        _fsync(tmp, os.O_RDWR)  # (Windows fsyncs only a writable descriptor)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
