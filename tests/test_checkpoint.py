@@ -352,7 +352,10 @@ def test_an_export_reaches_the_disk_before_it_replaces_the_old_one(tmp_path, mon
 
     synced, real = [], paths._fsync
     monkeypatch.setattr(paths, "_fsync", lambda path, flags: (synced.append(Path(path)), real(path, flags)))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / ".tmp-model.safetensors.killed").write_bytes(b"torn")  # what a killed export leaves
     small_model().save_pretrained(tmp_path / "m")
+    assert sorted(os.listdir(tmp_path / "m")) == ["config.json", "model.safetensors"]  # the next export removes it
     weights = [p for p in synced if p.name.startswith(".tmp-model.safetensors.")]
     assert len(weights) == 1 and not weights[0].exists() and synced.index(weights[0]) < synced.index(tmp_path / "m")
     torch.testing.assert_close(GPT.from_pretrained(tmp_path / "m").state_dict(), small_model().state_dict(),

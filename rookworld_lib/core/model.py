@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
-from .paths import atomic_path, atomic_write
+from .paths import TMP_PREFIX, atomic_path, atomic_write
 from .tokenizer import EOT_TOKEN
 
 ATTN_IMPLS = ("sdpa", "math")
@@ -369,6 +369,8 @@ class GPT(nn.Module):
                 tensor = tensor[: self.config.vocab_size]
             state[key] = tensor.contiguous()
         weights = directory / "model.safetensors"
+        for stale in directory.glob(f"{TMP_PREFIX}{weights.name}.*"):  # a killed export's (one writer per directory)
+            stale.unlink(missing_ok=True)
         with atomic_path(weights) as tmp:
             try:
                 save_file(state, str(tmp), metadata={"format": "pt"})
