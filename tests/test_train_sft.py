@@ -166,6 +166,39 @@ def test_load_texts_reads_text_lines_and_datagen_records(tmp_path):
         training.RecordReader().load_texts([broken])
 
 
+
+def test_record_reader_candidate_order_uci_sorts_each_p_answer_by_move_text():
+    # uci: every P: answer lists its (move, eval) pairs sorted by move text; the prompt, B: and the A:
+    # records stay as the data have them; the export records the order. "layout" is the data's own order.
+    from rookworld_lib.core.paths import DATA_DIR
+    path = DATA_DIR / "policy_train.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()[:40]]
+    assert any(r["moves"] != sorted(r["moves"]) for r in recs)  # the data list the best move first
+    assert training.RecordReader().load_texts([path])[:40] == [r["prompt"] + r["completion"] for r in recs]
+    reader = training.RecordReader("compact", "uci")
+    assert reader.meta == {training.LAYOUT_KEY: "compact", training.ORDER_KEY: "uci"}
+    for rec, text in zip(recs, reader.load_texts([path])):
+        assert text.startswith(rec["prompt"] + " M: ")
+        moves, rest = text[len(rec["prompt"] + " M: "):].split(" E: ")
+        evals, best = rest.split(" B: ")
+        assert moves.split() == sorted(rec["moves"]) and best == rec["best"]
+        assert dict(zip(moves.split(), evals.split())) == dict(zip(rec["moves"], rec["evals"]))
+    with pytest.raises(ValueError, match=r"candidate_order must be one of \('layout', 'uci'\)"):
+        training.RecordReader("compact", "random")
+
+
+def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread):  # noqa: F811
+    from rookworld_lib.core.paths import DATA_DIR
+    train = tmp_path / "policy_train.jsonl"
+    train.write_text("".join((DATA_DIR / "policy_train.jsonl").read_text().splitlines(keepends=True)[:16]))
+    out = tmp_path / "sft"
+    assert main(["sft", "--train-data", str(train), "--model", "tiny", "--block-size", "64", "--batch-size", "2",
+                 "--max-steps", "1", "--warmup-steps", "0", "--policy-fraction", "1", "--candidate-order", "uci", "--out", str(out),
+                 "--no-progress", "--device", "cpu"]) == 0
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config[training.ORDER_KEY] == "uci" and config[training.LAYOUT_KEY] == "compact"
+
+
 # ---- training -----------------------------------------------------------------------------------
 
 def test_sft_overfits_a_small_batch_to_near_zero_loss(tmp_path):

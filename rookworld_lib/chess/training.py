@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 # The config.json key of the layout a model reads and writes (GPT.meta). A GPT-2 directory with neither
 # it nor PROMPT_PREFIX_KEY is an original RookWorld model: the original fixed-width layout.
 LAYOUT_KEY = "rookworld_layout"
+# The config.json key of the order in which SFT wrote the P: candidates, when not the layout's own.
+ORDER_KEY = "rookworld_candidate_order"
+# "layout": the layout's own (compact: Stockfish's, best first; original: shuffled, as the original
+# data); "uci": sorted by move text, which breaks the greedy loop on the best candidate
+# (docs/grpo.md, section 4).
+CANDIDATE_ORDERS = ("layout", "uci")
 
 
 # -- a model's layout ------------------------------------------------------------------------------
@@ -85,13 +91,19 @@ def set_layout(model: GPT, layout: str) -> GPT:
 
 class RecordReader(TextReader):
     """SFT's reader of chess data: files of `rookworld datagen` records (task, prompt, completion, ...),
-    validated by data.load_jsonl / iter_records and rendered in `layout`, or {"text": ...} lines;
-    decided per file by its first line. The export records the layout."""
+    validated by data.load_jsonl / iter_records and rendered in `layout` with the P: candidates in
+    `candidate_order` (CANDIDATE_ORDERS), or {"text": ...} lines; decided per file by its first line.
+    The export records the layout and a candidate order other than the layout's."""
 
-    def __init__(self, layout: str = "compact"):
+    def __init__(self, layout: str = "compact", candidate_order: str = "layout"):
         if layout not in tasks.LAYOUTS:
             raise ValueError(f"layout must be one of {tasks.LAYOUTS}, got {layout!r}")
-        self.layout, self.name, self.meta = layout, f"records-{layout}", {LAYOUT_KEY: layout}
+        if candidate_order not in CANDIDATE_ORDERS:
+            raise ValueError(f"candidate_order must be one of {CANDIDATE_ORDERS}, got {candidate_order!r}")
+        self.layout, self.order, self.name, self.meta = layout, candidate_order, f"records-{layout}", {LAYOUT_KEY: layout}
+        if candidate_order != "layout":
+            self.name += f"-{candidate_order}"
+            self.meta[ORDER_KEY] = candidate_order
 
     def iter_texts(self, paths):
         for path in map(Path, paths):
@@ -113,6 +125,9 @@ class RecordReader(TextReader):
     def _text(self, rec: dict, path: Path) -> str:
         if rec["task"] not in TASKS:
             raise DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
+        if self.order == "uci" and rec["task"] == "P":
+            moves, evals = zip(*sorted(zip(rec["moves"], rec["evals"])))
+            return "".join(tasks.policy_text(rec["fen"], moves, evals, rec["best"], self.layout, shuffle=False))
         return "".join(data.record_text(rec, self.layout))
 
 
@@ -196,6 +211,9 @@ def build_sft_parser() -> argparse.ArgumentParser:
         nproc_note="; --batch-size must be a multiple of N")
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
                     help="how records are rendered (default: --init-from's own; compact from scratch)")
+    ap.add_argument("--candidate-order", default="layout", choices=list(CANDIDATE_ORDERS),
+                    help="how P: records list their (move, eval) pairs: the layout's own order (compact: best "
+                         "first; original: shuffled) or uci (sorted by move text; docs/grpo.md, section 4)")
     docs = {"train_data": "JSONL training files: P:/A: records or {\"text\": ...} lines (default: the "
                           "shipped data/policy_train.jsonl and data/env_train.jsonl)",
             "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
@@ -218,7 +236,7 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
     cfg = SFTConfig(**kwargs)
     layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
     log.info("layout: %s (%s)", layout, why)
-    return cfg, RecordReader(layout)
+    return cfg, RecordReader(layout, args.candidate_order)
 
 
 def _sft_preflight(argv: list[str], nproc: int) -> None:

@@ -45,6 +45,7 @@ class Profile:
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
     datagen: dict | None = None  # DatagenConfig fields of the profile's own training data; None: the shipped set
     reward: str = "gated"  # GRPO's reward (chess.training.reward_functions): "gated" or "graded"
+    candidate_order: str = "layout"  # how SFT writes the P: candidates (chess.training.CANDIDATE_ORDERS)
 
     def summary(self):
         """The sizes a reader checks, one line per stage (a DataFrame; the full settings are the fields)."""
@@ -57,7 +58,7 @@ class Profile:
         rows = {
             "data": data,
             "SFT": f"{s.model}{f' ({shape})' if shape else ''} on {s.device}, {s.max_steps} steps x {s.batch_size * s.grad_accum} x {s.block_size} tokens, "
-                   f"lr {s.lr:g}, vocab {s.vocab}",
+                   f"lr {s.lr:g}, vocab {s.vocab}, P: candidates in {self.candidate_order} order",
             "GRPO": f"{g.steps} steps x {g.prompts_per_step} prompts x {g.group_size} samples, <= {g.max_new_tokens} tokens, "
                     f"T {g.temperature:g}, lr {g.lr:g}, KL {g.loss.beta:g}, reward {self.reward}",
             "evaluation": f"P: {every(e.max_policy)}, A: {every(e.max_env)}, mate-in-one {self.eval_mate}, "
@@ -68,7 +69,7 @@ class Profile:
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
              dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict | None = None,
-             datagen: dict | None = None, reward: str = "gated") -> Profile:
+             datagen: dict | None = None, reward: str = "gated", candidate_order: str = "layout") -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
     return Profile(
         name,
@@ -77,7 +78,7 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
                      **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
-        EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, reward)
+        EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, reward, candidate_order)
 
 
 # the cpu profile's GRPO (docs/grpo.md, one change at a time on one SFT model): the graded reward,
