@@ -197,6 +197,12 @@ def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread):  # no
                  "--no-progress", "--device", "cpu"]) == 0
     config = json.loads((out / "final" / "config.json").read_text())
     assert config[training.ORDER_KEY] == "uci" and config[training.LAYOUT_KEY] == "compact"
+    assert training.candidate_order_for(out / "final") == "uci"  # what a run from this model keeps by default
+    assert training.candidate_order_for(None) == "layout"
+    config[training.ORDER_KEY] = "random"
+    (out / "final" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(training.CheckpointFormatError, match=r"rookworld_candidate_order is 'random'"):
+        training.candidate_order_for(out / "final")
 
 
 # ---- training -----------------------------------------------------------------------------------

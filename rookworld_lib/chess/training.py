@@ -70,6 +70,18 @@ def layout_for(init_from: str | os.PathLike | None) -> tuple[str, str]:
     return read_layout(init_from)
 
 
+def candidate_order_for(init_from: str | os.PathLike | None) -> str:
+    """The P: candidate order a run starting from `init_from` keeps: the init model's recorded one
+    (ORDER_KEY), else the layout's own."""
+    if not init_from or init_from == "scratch":
+        return "layout"
+    path = Path(init_from) / "config.json"
+    order = read_config_json(path).get(ORDER_KEY, "layout")
+    if order not in CANDIDATE_ORDERS:
+        raise CheckpointFormatError(f"{path}: {ORDER_KEY} is {order!r}, expected one of {CANDIDATE_ORDERS}")
+    return order
+
+
 def layout_of(model: GPT) -> str:
     """The layout `model` reads and writes: its recorded one; a model loaded without a record is
     original unless it records a prompt prefix; a fresh model is compact."""
@@ -211,9 +223,10 @@ def build_sft_parser() -> argparse.ArgumentParser:
         nproc_note="; --batch-size must be a multiple of N")
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
                     help="how records are rendered (default: --init-from's own; compact from scratch)")
-    ap.add_argument("--candidate-order", default="layout", choices=list(CANDIDATE_ORDERS),
+    ap.add_argument("--candidate-order", default=None, choices=list(CANDIDATE_ORDERS),
                     help="how P: records list their (move, eval) pairs: the layout's own order (compact: best "
-                         "first; original: shuffled) or uci (sorted by move text; docs/grpo.md, section 4)")
+                         "first; original: shuffled) or uci (sorted by move text; docs/grpo.md, section 4); "
+                         "default: --init-from's recorded order, else the layout's")
     docs = {"train_data": "JSONL training files: P:/A: records or {\"text\": ...} lines (default: the "
                           "shipped data/policy_train.jsonl and data/env_train.jsonl)",
             "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
@@ -236,7 +249,8 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
     cfg = SFTConfig(**kwargs)
     layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
     log.info("layout: %s (%s)", layout, why)
-    return cfg, RecordReader(layout, args.candidate_order)
+    order = args.candidate_order or candidate_order_for(cfg.init_from)
+    return cfg, RecordReader(layout, order)
 
 
 def _sft_preflight(argv: list[str], nproc: int) -> None:
