@@ -166,7 +166,6 @@ def test_load_texts_reads_text_lines_and_datagen_records(tmp_path):
         training.RecordReader().load_texts([broken])
 
 
-
 def test_record_reader_candidate_order_uci_sorts_each_p_answer_by_move_text():
     # uci: every P: answer lists its (move, eval) pairs sorted by move text; the prompt, B: and the A:
     # records stay as the data have them; the export records the order. "layout" is the data's own order.
