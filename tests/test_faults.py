@@ -48,6 +48,7 @@ from sft_helpers import (TEXTS, TINY_MODEL, assert_same_parameters, item_reward,
                          one_thread, sigkill, start_sft_child, tiny_cfg, wait_for)
 
 from rookworld_lib.core import checkpoint as ck
+from rookworld_lib.core.errors import ERRORS_DIR_ENV
 from rookworld_lib.lab.cli import main
 from rookworld_lib.chess import data, datagen, engine, reward_examples, rewards
 from rookworld_lib.core import grpo
@@ -180,12 +181,16 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     workers = descendants(proc.pid)
     assert len(workers) >= 3, workers  # torchrun and its two workers
+    env = dict(v.split("=", 1) for v in Path(f"/proc/{workers[-1]}/environ").read_text().split("\0") if "=" in v)
+    errors_dir = Path(env[ERRORS_DIR_ENV])  # the launcher's temporary directory, which a SIGKILL leaves behind
     proc.kill()  # the launcher only, as `kill -9 <pid>` does
     proc.wait(60)
     assert wait_gone(workers, timeout=60) == [], "torchrun or a worker outlived its launcher"
     step = last_step(metrics)
     time.sleep(1.0)
     assert last_step(metrics) == step  # nothing writes into the out_dir any more
+    assert errors_dir.is_dir() and not any(errors_dir.iterdir())  # empty: no worker failed
+    errors_dir.rmdir()  # this test's litter in /tmp, not the product's to clean after kill -9
 
 
 @pytest.mark.heavy
