@@ -124,6 +124,8 @@ def test_cpu_long_profile_trains_on_its_own_data_and_is_measured_on_the_shipped_
     assert sft.val_data == (str(DATA_DIR / "policy_val.jsonl"), str(DATA_DIR / "env_val.jsonl"))
     assert sft.checkpoint_interval > 0 and sft.keep_checkpoints == 0  # every checkpoint stays: a curve
     assert workflow.resolve("cpu").datagen is None
+    # cpu-long writes the P: candidates sorted by move text; cpu keeps the layout's order (docs/grpo.md section 4)
+    assert prof.candidate_order == "uci" and workflow.resolve("cpu").candidate_order == "layout"
     # `rookworld run --profile cpu-long` reaches notebook 05, and every notebook that takes a profile accepts it
     assert pipeline.PROFILES["cpu-long"] == {"profile": "cpu-long"}
     for name in ("02_forward_pass_health", "05_full_training"):
