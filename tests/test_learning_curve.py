@@ -126,6 +126,10 @@ def test_cpu_long_profile_trains_on_its_own_data_and_is_measured_on_the_shipped_
     assert workflow.resolve("cpu").datagen is None
     # cpu-long writes the P: candidates sorted by move text; cpu keeps the layout's order (docs/grpo.md section 4)
     assert prof.candidate_order == "uci" and workflow.resolve("cpu").candidate_order == "layout"
+    # cpu-long's GRPO is cpu's recipe run four times as long (docs/learning_curve.md): one change
+    cpu_grpo = workflow.resolve("cpu").grpo
+    assert prof.grpo.steps == 4 * cpu_grpo.steps == 600
+    assert dataclasses.replace(prof.grpo, steps=cpu_grpo.steps) == cpu_grpo and prof.reward == "graded"
     # `rookworld run --profile cpu-long` reaches notebook 05, and every notebook that takes a profile accepts it
     assert pipeline.PROFILES["cpu-long"] == {"profile": "cpu-long"}
     for name in ("02_forward_pass_health", "05_full_training"):
