@@ -5,9 +5,9 @@ A profile holds the SFT, GRPO and evaluation configs of every stage for one kind
 - `cpu`: a small model on 2 CPU cores, all of `make run` within about 20 minutes; SFT trains over
   the task's tokens only (`SFTConfig.vocab="task"`: 7.6x the tokens per second of a full GPT-2 head
   at this size) and the evaluations cover the whole test split;
-- `cpu-long`: about 2 1/4 hours on 2 CPU cores: its own training data first (`datagen`: 1,400 games,
-  every move an `A:` record, none of the shipped val/test positions), then a 6 x 192 model for 25M
-  tokens (the learning curve's best at equal time on `A:` validity and legal best moves), its `P:`
+- `cpu-long`: 2 h 19 min on 2 CPU cores (measured as one command): its own training data first
+  (`datagen`: 1,400 games, every move an `A:` record, none of the shipped val/test positions), then a
+  6 x 192 model for 25M tokens (the learning curve's best at equal time on `A:` validity and legal best moves), its `P:`
   candidates sorted by move text (`candidate_order="uci"`: the greedy answer stops repeating one),
   checkpoints along SFT for the curve, GRPO with the `cpu` recipe for four times its steps (600),
   evaluation on the shipped test split;
@@ -102,9 +102,9 @@ PROFILES = {
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
                     grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS),
-    # about 2 1/4 hours on 2 idle cores: data ~15 min (1,400 games: ~71k P: labels, ~196k A: moves), SFT
-    # 12,000 steps of 8 x 256 tokens (25M tokens, 70 min; a checkpoint every 3,000 steps for the learning
-    # curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe. Twice the data and
+    # 2 h 19 min on 2 idle cores (fresh clone, set-up included): data ~16 min (1,400 games: ~71k P: labels,
+    # ~196k A: moves), SFT 12,000 steps of 8 x 256 tokens (25M tokens, 70 min; a checkpoint every 3,000
+    # steps for the learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe. Twice the data and
     # steps of 700 games and 6,000 steps: legal best moves 33.7% -> 51.0%, exact next positions 0.4% ->
     # 18.6% (docs/learning_curve.md). The P: candidates sorted by move text (docs/grpo.md section 4): on
     # the same data, format-valid P: answers 0.0% -> 10.1% after SFT, 0.4% -> 11.8% after GRPO. GRPO
