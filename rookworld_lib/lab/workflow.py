@@ -6,11 +6,11 @@ A profile holds the SFT, GRPO and evaluation configs of every stage for one kind
   the task's tokens only (`SFTConfig.vocab="task"`: 7.6x the tokens per second of a full GPT-2 head
   at this size) and the evaluations cover the whole test split;
 - `cpu-long`: 2 h 19 min on 2 CPU cores (measured as one command): its own training data first
-  (`datagen`: 1,400 games, every move an `A:` record, none of the shipped val/test positions), then a
-  6 x 192 model for 25M tokens (the learning curve's best at equal time on `A:` validity and legal best moves), its `P:`
-  candidates sorted by move text (`candidate_order="uci"`: the greedy answer stops repeating one),
-  checkpoints along SFT for the curve, GRPO with the `cpu` recipe for four times its steps (600),
-  evaluation on the shipped test split;
+  (`datagen`: 1,400 games, every move an `A:` record, none of the shipped val/test positions), then
+  a 6 x 192 model for 25M tokens (the learning curve's best at equal time on `A:` validity and legal
+  best moves), its `P:` candidates sorted by move text (`candidate_order="uci"`: the greedy answer
+  stops repeating one), checkpoints along SFT for the curve, GRPO with the `cpu` recipe for four
+  times its steps (600), evaluation on the shipped test split;
 - `gpu`: GPT-2 124M with bf16 autocast and torch.compile.
 """
 
@@ -103,12 +103,12 @@ PROFILES = {
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
                     grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS),
     # 2 h 19 min on 2 idle cores (fresh clone, set-up included): data ~16 min (1,400 games: ~71k P: labels,
-    # ~196k A: moves), SFT 12,000 steps of 8 x 256 tokens (25M tokens, 70 min; a checkpoint every 3,000
-    # steps for the learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe. Twice the data and
-    # steps of 700 games and 6,000 steps: legal best moves 33.7% -> 51.0%, exact next positions 0.4% ->
-    # 18.6% (docs/learning_curve.md). The P: candidates sorted by move text (docs/grpo.md section 4): on
-    # the same data, format-valid P: answers 0.0% -> 10.1% after SFT, 0.4% -> 11.8% after GRPO. GRPO
-    # runs 600 steps, not cpu's 150 (~38 min, not ~9): on the same SFT model, format-valid P: 11.8% ->
+    # ~196k A: moves), SFT 12,000 steps of 8 x 256 tokens (25M tokens, 70 min; a checkpoint every 3,000 steps
+    # for the learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe.
+    # Twice the data and steps of 700 games and 6,000 steps: legal best moves 33.7% -> 51.0%, exact next
+    # positions 0.4% -> 18.6% (docs/learning_curve.md). The P: candidates sorted by move text (docs/grpo.md
+    # section 4): on the same data, format-valid P: answers 0.0% -> 10.1% after SFT, 0.4% -> 11.8% after GRPO.
+    # GRPO runs 600 steps, not cpu's 150 (~38 min, not ~9): on the same SFT model, format-valid P: 11.8% ->
     # 20.3%, legal best moves 60.0% -> 68.8% (docs/learning_curve.md, "GRPO four times as long")
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
                          sft=dict(max_steps=12000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200,
