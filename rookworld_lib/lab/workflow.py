@@ -108,7 +108,7 @@ PROFILES = {
     # Twice the data and steps of 700 games and 6,000 steps: legal best moves 33.7% -> 51.0%, exact next
     # positions 0.4% -> 18.6% (docs/learning_curve.md). The P: candidates sorted by move text (docs/grpo.md
     # section 4): on the same data, format-valid P: answers 0.0% -> 10.1% after SFT, 0.4% -> 11.8% after GRPO.
-    # GRPO runs 600 steps, not cpu's 150 (~38 min, not ~9): on the same SFT model, format-valid P: 11.8% ->
+    # GRPO runs 600 steps, not cpu's 150 (~40 min, not ~9): on the same SFT model, format-valid P: 11.8% ->
     # 20.3%, legal best moves 60.0% -> 68.8% (docs/learning_curve.md, "GRPO four times as long")
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
                          sft=dict(max_steps=12000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200,
