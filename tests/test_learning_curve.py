@@ -123,6 +123,9 @@ def test_cpu_long_profile_trains_on_its_own_data_and_is_measured_on_the_shipped_
     assert sft.train_data == (str(tmp_path / "data" / "policy_train.jsonl"), str(tmp_path / "data" / "env_train.jsonl"))
     assert sft.val_data == (str(DATA_DIR / "policy_val.jsonl"), str(DATA_DIR / "env_val.jsonl"))
     assert sft.checkpoint_interval > 0 and sft.keep_checkpoints == 0  # every checkpoint stays: a curve
+    # 16,000 SFT steps with four checkpoints (docs/learning_curve.md, "More SFT or more GRPO"): the curve
+    # evaluates as many as it did at 12,000 steps
+    assert sft.max_steps == 16000 and sft.max_steps // sft.checkpoint_interval == 4
     assert workflow.resolve("cpu").datagen is None
     # cpu-long writes the P: candidates sorted by move text; cpu keeps the layout's order (docs/grpo.md section 4)
     assert prof.candidate_order == "uci" and workflow.resolve("cpu").candidate_order == "layout"

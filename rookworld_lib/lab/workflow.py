@@ -5,12 +5,12 @@ A profile holds the SFT, GRPO and evaluation configs of every stage for one kind
 - `cpu`: a small model on 2 CPU cores, all of `make run` within about 20 minutes; SFT trains over
   the task's tokens only (`SFTConfig.vocab="task"`: 7.6x the tokens per second of a full GPT-2 head
   at this size) and the evaluations cover the whole test split;
-- `cpu-long`: 2 h 19 min on 2 CPU cores (measured as one command): its own training data first
-  (`datagen`: 1,400 games, every move an `A:` record, none of the shipped val/test positions), then
-  a 6 x 192 model for 25M tokens (the learning curve's best at equal time on `A:` validity and legal
-  best moves), its `P:` candidates sorted by move text (`candidate_order="uci"`: the greedy answer
-  stops repeating one), checkpoints along SFT for the curve, GRPO with the `cpu` recipe for four
-  times its steps (600), evaluation on the shipped test split;
+- `cpu-long`: about 2 h 42 min on 2 CPU cores (estimated; 2 h 19 min measured as one command with
+  12,000 SFT steps): its own training data first (`datagen`: 1,400 games, every move an `A:` record,
+  none of the shipped val/test positions), then a 6 x 192 model for 33M tokens (16,000 steps), its
+  `P:` candidates sorted by move text (`candidate_order="uci"`: the greedy answer stops repeating
+  one), checkpoints along SFT for the curve, GRPO with the `cpu` recipe for four times its steps
+  (600), evaluation on the shipped test split;
 - `gpu`: GPT-2 124M with bf16 autocast and torch.compile.
 """
 
@@ -102,17 +102,22 @@ PROFILES = {
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
                     grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS),
-    # 2 h 19 min on 2 idle cores (fresh clone, set-up included): data ~16 min (1,400 games: ~71k P: labels,
-    # ~196k A: moves), SFT 12,000 steps of 8 x 256 tokens (25M tokens, 70 min; a checkpoint every 3,000 steps
-    # for the learning curve: `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe.
+    # About 2 h 42 min on 2 idle cores (estimated: 2 h 19 min measured as one command with 12,000 SFT steps,
+    # plus 4,000 steps at 0.34 s): data ~16 min (1,400 games: ~71k P: labels, ~196k A: moves), SFT 16,000
+    # steps of 8 x 256 tokens (33M tokens, ~93 min; a checkpoint every 4,000 steps for the learning curve:
+    # `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe.
     # Twice the data and steps of 700 games and 6,000 steps: legal best moves 33.7% -> 51.0%, exact next
     # positions 0.4% -> 18.6% (docs/learning_curve.md). The P: candidates sorted by move text (docs/grpo.md
     # section 4): on the same data, format-valid P: answers 0.0% -> 10.1% after SFT, 0.4% -> 11.8% after GRPO.
     # GRPO runs 600 steps, not cpu's 150 (~40 min, not ~9): on the same SFT model, format-valid P: 11.8% ->
-    # 20.3%, legal best moves 60.0% -> 68.8% (docs/learning_curve.md, "GRPO four times as long")
+    # 20.3%, legal best moves 60.0% -> 68.8% (docs/learning_curve.md, "GRPO four times as long").
+    # 16,000 SFT steps, not 12,000: format-valid P: 10.1% -> 24.9% after SFT, exact next positions 18.0% ->
+    # 29.9%; after 150 GRPO steps 31.9% format-valid, more than 900 GRPO steps give the 12,000-step model
+    # (21.5%), which names more legal best moves (74.1% against 67.0%): the two are not substitutes, so GRPO
+    # keeps its 600 steps (docs/learning_curve.md, "More SFT or more GRPO")
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
-                         sft=dict(max_steps=12000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200,
-                                  vocab="task", checkpoint_interval=3000, keep_checkpoints=0),
+                         sft=dict(max_steps=16000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200,
+                                  vocab="task", checkpoint_interval=4000, keep_checkpoints=0),
                          grpo=dict(_CPU_GRPO, steps=600), beta=0.04, reward="graded", **_CPU_EVALS,
                          datagen=dict(games=1400, policy_rate=0.5, env_rate=1.0, mate_games=0, seed=20261125),
                          candidate_order="uci"),
