@@ -195,3 +195,19 @@ def test_a_speed_difference_inside_the_baselines_spread_or_its_repeats_is_noise(
     assert tuning._tokens_per_s_overlap(row(120, 130), [base, repeat])  # between them: noise
     assert not tuning._tokens_per_s_overlap(row(120, 130), [base])  # without the repeat it would not be
     assert not tuning._tokens_per_s_overlap(row(200, 220), [base, repeat])  # faster than both: real
+
+
+@pytest.mark.parametrize("flags, capability, native", [
+    ("fpu sse avx2 fma", "AVX2", False),
+    ("fpu avx2 avx512f avx512bw avx512_vnni", "AVX512", False),  # AVX-512 without BF16: oneDNN emulates it
+    ("fpu avx2 avx512f avx512bw avx512_bf16", "AVX512", True),  # e.g. AMD Zen 4, Intel Cooper Lake
+    ("fpu avx512f amx_tile amx_bf16", "AVX512", True),  # Intel Sapphire Rapids
+])
+def test_cpu_bf16_gate_reads_the_cpu_flags(monkeypatch, flags, capability, native):
+    monkeypatch.setattr(perf, "_cpuinfo", lambda key: {"flags": flags, "model name": "test CPU"}.get(key))
+    monkeypatch.setattr(perf, "cpu_capability", lambda: capability)
+    assert perf.cpu_native_bf16() is native
+    reason = tuning.unsupported_reason(replace(BASE, precision="bf16"), torch.device("cpu"))
+    assert (reason is None) is native
+    if not native:
+        assert f"this CPU ({capability}) has no native bf16 matmul" in reason

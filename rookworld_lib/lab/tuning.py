@@ -143,10 +143,9 @@ def unsupported_reason(cfg: TuneConfig, device: torch.device) -> str | None:
         return f"TF32 needs compute capability 8.0+, {perf.device_name(device)} has less"
     if cfg.precision == "bf16" and cuda and not torch.cuda.is_bf16_supported():
         return f"{perf.device_name(device)} does not support bf16"
-    cap = perf.cpu_capability()
-    if cfg.precision == "bf16" and not cuda and not ("AMX" in cap.upper() or "BF16" in cap.upper()):
-        return (f"this CPU ({cap}) has no native bf16 matmul (no AVX512-BF16/AMX); autocast would emulate it "
-                f"in software, many times slower than fp32")
+    if cfg.precision == "bf16" and not cuda and not perf.cpu_native_bf16():
+        return (f"this CPU ({perf.cpu_capability()}) has no native bf16 matmul (no AVX512-BF16/AMX); autocast would "
+                f"emulate it in software, many times slower than fp32")
     if cfg.compile != "off" and cuda and importlib.util.find_spec("triton") is None:
         return "torch.compile on CUDA needs triton, which is not installed"
     if cfg.compile != "off" and not cuda and not any(map(shutil.which, ("g++", "c++", "clang++"))):
