@@ -111,11 +111,9 @@ PROFILES = {
     # section 4): on the same data, format-valid P: answers 0.0% -> 10.1% after SFT, 0.4% -> 11.8% after GRPO.
     # GRPO runs 600 steps, not cpu's 150 (~40 min, not ~9): on the same SFT model, format-valid P: 11.8% ->
     # 20.3%, legal best moves 60.0% -> 68.8% (docs/learning_curve.md, "GRPO four times as long").
-    # 16,000 SFT steps, not 12,000: format-valid P: 10.1% -> 24.9% after SFT, exact next positions 18.0% ->
-    # 29.9%; after 150 GRPO steps 31.9% format-valid, more than 900 GRPO steps give the 12,000-step model
-    # (21.5%), which names more legal best moves (74.1% against 67.0%): the two are not substitutes, so GRPO
-    # keeps its 600 steps (docs/learning_curve.md, "More SFT or more GRPO"); 600 on the 16,000-step model:
-    # format-valid P: 35.5%, legal best moves 74.2%, nothing down
+    # 16,000 SFT steps, not 12,000 (600 GRPO steps after each, seed 0): format-valid P: 20.3% -> 35.5%, legal
+    # best moves 68.8% -> 74.2%, exact next positions 24.7% -> 33.8%, nothing down (docs/learning_curve.md,
+    # "More SFT or more GRPO")
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
                          sft=dict(max_steps=16000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200,
                                   vocab="task", checkpoint_interval=4000, keep_checkpoints=0),
