@@ -5,8 +5,8 @@ A profile holds the SFT, GRPO and evaluation configs of every stage for one kind
 - `cpu`: a small model on 2 CPU cores, all of `make run` within about 20 minutes; SFT trains over
   the task's tokens only (`SFTConfig.vocab="task"`: 7.6x the tokens per second of a full GPT-2 head
   at this size) and the evaluations cover the whole test split;
-- `cpu-long`: about 2 h 42 min on 2 CPU cores (estimated; 2 h 19 min measured as one command with
-  12,000 SFT steps): its own training data first (`datagen`: 1,400 games, every move an `A:` record,
+- `cpu-long`: about 2 h 42-54 min on 2 CPU cores (estimated from stages timed as one command: the
+  AMD VM's run with 12,000 SFT steps, an Intel VM's up to GRPO; docs/learning_curve.md): its own training data first (`datagen`: 1,400 games, every move an `A:` record,
   none of the shipped val/test positions), then a 6 x 192 model for 33M tokens (16,000 steps), its
   `P:` candidates sorted by move text (`candidate_order="uci"`: the greedy answer stops repeating
   one), checkpoints along SFT for the curve, GRPO with the `cpu` recipe for four times its steps
@@ -102,9 +102,10 @@ PROFILES = {
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
                     grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS),
-    # About 2 h 42 min on 2 idle cores (estimated: 2 h 19 min measured as one command with 12,000 SFT steps,
-    # plus 4,000 steps at 0.34 s): data ~16 min (1,400 games: ~71k P: labels, ~196k A: moves), SFT 16,000
-    # steps of 8 x 256 tokens (33M tokens, ~93 min; a checkpoint every 4,000 steps for the learning curve:
+    # About 2 h 42-54 min on 2 idle cores (estimated: 2 h 19 min measured as one command with 12,000 SFT
+    # steps on an AMD VM, plus 4,000 steps at 0.34 s; on an Intel VM, stages up to GRPO as one command):
+    # data 16-26 min (1,400 games: ~71k P: labels, ~196k A: moves), SFT 16,000
+    # steps of 8 x 256 tokens (33M tokens, 87-93 min; a checkpoint every 4,000 steps for the learning curve:
     # `rookworld eval <run>/training/sft --every-checkpoint`), GRPO with cpu's recipe.
     # Twice the data and steps of 700 games and 6,000 steps: legal best moves 33.7% -> 51.0%, exact next
     # positions 0.4% -> 18.6% (docs/learning_curve.md). The P: candidates sorted by move text (docs/grpo.md
