@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU figure in docs/perf.md and docs/scaling.md, in one go, on one CUDA device.
-# Usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]   parts: tests bench scaling matrix (default: all)
+# Usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]   parts: tests bench scaling attention matrix (default: all)
 # Needs python-chess, papermill (for the matrix notebook), transformers and trl beside torch, and
 # Stockfish on the PATH or in STOCKFISH_PATH. Writes one JSON (or executed notebook) per part.
 set -uo pipefail
 out=${1:?usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]}
 shift
-parts=${*:-tests bench scaling matrix}
+parts=${*:-tests bench scaling attention matrix}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 status=0
@@ -24,6 +24,8 @@ for part in $parts; do
       $py benchmarks/bench_scaling.py --device cuda --model gpt2 --sft-batch-size 16 --block-size 1024 --compile \
         --sft-steps 12 --pad-vocab 64 --prompts 64 --group-size 8 --max-new-tokens 96 --json "$out/scaling_gpu.json" \
         || status=1 ;;
+    attention)  # GRPO steps with and without cuDNN attention, interleaved (the gpu profile's step)
+      $py benchmarks/bench_grpo_attention.py --json "$out/grpo_attention_gpu.json" || status=1 ;;
     matrix)   # notebook 04 at the GPT-2 124M scale, compile rows included
       $py -m papermill notebooks/04_mfu_tuning.ipynb "$out/04_mfu_tuning_gpu.ipynb" --cwd notebooks \
         -p device cuda -p allow_compile True -p figures_dir "$out" -p results_path "$out/matrix_gpu.json" \

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -6,7 +8,7 @@ from rookworld_lib.core import grpo
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.sampling import sequence_logprobs
 from rookworld_lib.core.tokenizer import EOT_ID, encode
-from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+from rookworld_lib.core.train_grpo import RESUME_MAY_CHANGE, GRPOTrainConfig, GRPOTrainer, PromptItem
 from sft_helpers import item_reward
 
 
@@ -189,6 +191,9 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     cfg = {"steps": 1, "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "out_dir": out}
     make(cfg).train()
     assert make({**cfg, "steps": 2}).resumed_from is not None  # a longer run of the same settings resumes
+    # the attention kernel is a speed choice a resume may change (and checkpoints from before the field lack it)
+    assert make({**cfg, "steps": 2, "cudnn_attention": True}).resumed_from is not None
+    assert set(RESUME_MAY_CHANGE) <= {f.name for f in dataclasses.fields(GRPOTrainConfig)}
     for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"),
                          ({"loss": grpo.GRPOConfig(beta=0.0, loss_type="dr_grpo", max_completion_length=4)}, "loss")):
         with pytest.raises(ValueError, match=rf"other settings \({name}: "):

@@ -152,6 +152,30 @@ def test_setup_runtime_on_cpu():
             tu.setup_runtime("cuda", "auto")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN attention exists only on CUDA")
+def test_attention_backends_keep_sdpa_off_cudnn_with_the_same_output():
+    # GRPO's shapes: a padded (boolean-masked) batch in bf16, where torch sends SDPA to cuDNN first
+    rt = tu.setup_runtime("cuda", "bf16")
+    q, k, v = (torch.randn(16, 12, 77, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    mask = torch.ones(16, 1, 77, 77, dtype=torch.bool, device="cuda").tril()
+    mask[:3, ..., :5] = False  # left padding in three rows
+    mask |= torch.eye(77, dtype=torch.bool, device="cuda")  # every query keeps one key (as padded rows do)
+
+    def kernels(cudnn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, \
+                rt.attention_backends(cudnn=cudnn):
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            torch.cuda.synchronize()
+        return y, {e.key for e in prof.key_averages()}
+
+    y_off, ops_off = kernels(False)
+    y_on, _ = kernels(True)
+    assert not any("cudnn_attention" in name for name in ops_off)
+    torch.testing.assert_close(y_off.float(), y_on.float(), atol=2e-2, rtol=2e-2)
+    with tu.setup_runtime("cpu", "fp32").attention_backends(cudnn=False):  # a no-op off CUDA
+        torch.nn.functional.scaled_dot_product_attention(*(t.float().cpu() for t in (q, k, v)))
+
+
 def test_backend_flags_are_restored_after_the_run():
     before = torch.are_deterministic_algorithms_enabled()
     rt = tu.setup_runtime("cpu", "fp32", deterministic=True)

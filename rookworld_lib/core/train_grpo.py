@@ -86,6 +86,7 @@ class GRPOTrainConfig:
     max_nonfinite_in_a_row: int = option(5, "stop after this many consecutive non-finite losses", min=1)
     rollout_chunks: int = option(1, "prompts of a step are sampled in this many chunks (bounds memory; the unit of work a rank takes under torchrun; each chunk has its own seed)")
     dtype: str = option("auto", '"auto" (bf16 autocast on CUDA with bf16, else fp32), "fp32" or "bf16"', choices=("fp32", "bf16", "auto"))
+    cudnn_attention: bool = option(False, "on CUDA, let attention use cuDNN's kernel too (it builds a plan per new shape, and a GRPO step's shapes change every step; docs/perf.md); no effect on CPU")
     checkpoint_interval: int = option(0, "steps between checkpoints (0 = only where the run stops), with out_dir", min=0)
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=0)
     out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl and checkpoints/ go here (None = keep nothing)")
@@ -109,7 +110,7 @@ class GRPOTrainConfig:
 # TRL's reward-function signature: f(prompts, completions, **columns) -> one float (or None:
 # unscorable) per completion; the columns here are `task` and `truth`, one value per completion.
 RewardFunc = Callable[..., Sequence[float | None]]
-RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to"}  # how long, what is logged
+RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to", "cudnn_attention"}  # how long, what is logged, a kernel choice
 
 
 def score_completions(reward_funcs: Sequence[RewardFunc], weights: Sequence[float], items: list[PromptItem],
@@ -399,6 +400,10 @@ class GRPOTrainer(Trainer):
 
     def train_step(self) -> dict:
         """One GRPO step (steps 1-5 of the module docstring); returns its metrics record."""
+        with self.runtime.attention_backends(cudnn=self.cfg.cudnn_attention):
+            return self._step()
+
+    def _step(self) -> dict:
         cfg = self.cfg
         self.model.eval()  # dropout off for sampling, scoring and the update (see module docstring)
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}

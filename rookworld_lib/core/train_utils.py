@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .paths import JsonlAppender, read_jsonl, write_jsonl
 
@@ -148,6 +149,14 @@ class Runtime:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def attention_backends(self, cudnn: bool = True):
+        """On CUDA with cudnn=False: SDPA may pick flash, memory-efficient or math attention, not cuDNN's.
+        cuDNN builds an execution plan for each new (batch, length) shape, which costs up to seconds when
+        the shapes change every step, as GRPO's rollouts do (docs/perf.md). Elsewhere a no-op."""
+        if cudnn or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """Move a CPU batch to the device (pinned and non-blocking on CUDA)."""
