@@ -4,9 +4,9 @@
 
 Two GRPO trainers with the `gpu` profile's step (GPT-2 124M, 64 prompts x 8 completions x 96 tokens,
 bf16 autocast, KL 0.04, the chess reward on the shipped training prompts) start from the same weights;
-one lets scaled_dot_product_attention use cuDNN (`cudnn_attention=True`, PyTorch's choice), the other
-does not (the trainer's default). Their steps alternate, the no-cuDNN trainer first, so that a shape's
-first-time costs outside attention fall on the contender without cuDNN. cuDNN builds an execution plan
+one lets scaled_dot_product_attention use cuDNN (`cudnn_attention=True`, PyTorch's choice and the
+trainer's default), the other does not. Their steps alternate, the no-cuDNN trainer first, so that a
+shape's first-time costs outside attention fall on the contender without cuDNN. cuDNN builds an execution plan
 for each new attention shape; a GRPO step's shapes change with every rollout, so the plan building
 shows up as slow steps, which the mean (the run's wall time) counts and the median hides: both are
 printed, with every step's time and phases. docs/perf.md has the measurements.

@@ -152,8 +152,8 @@ class Runtime:
 
     def attention_backends(self, cudnn: bool = True):
         """On CUDA with cudnn=False: SDPA may pick flash, memory-efficient or math attention, not cuDNN's.
-        cuDNN builds an execution plan for each new (batch, length) shape, which costs up to seconds when
-        the shapes change every step, as GRPO's rollouts do (docs/perf.md). Elsewhere a no-op."""
+        cuDNN builds an execution plan for each new (batch, length) shape, which costs up to seconds a
+        step while a GRPO run meets new shapes, and is faster once warm (docs/perf.md). Else a no-op."""
         if cudnn or self.device.type != "cuda":
             return contextlib.nullcontext()
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

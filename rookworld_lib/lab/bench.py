@@ -334,8 +334,10 @@ def bench_grpo_vocab(cfg: BenchConfig, device: torch.device, profile_grpo: GRPOT
     compact = GPT(vocab.compact_config(GPTConfig.preset(cfg.model, dropout=0.0)))
     pin_bias_coordinate(compact)
     marked = vocab.expand(compact)
+    # without cuDNN attention: in a few steps its per-shape plans (paid by whichever contender meets a
+    # shape first) would outweigh the head this row measures (docs/perf.md)
     tcfg = replace(profile_grpo, device=str(device), dtype=cfg.precision, seed=cfg.seed, progress=False,
-                   out_dir=None, steps=cfg.warmup + cfg.grpo_steps + 1)
+                   out_dir=None, steps=cfg.warmup + cfg.grpo_steps + 1, cudnn_attention=False)
     trainers = {v: GRPOTrainer(copy.deepcopy(marked), prompt_items(records), replace(tcfg, vocab=v),
                                reward_funcs=chess_reward) for v in ("auto", "full")}
     steps = {v: [] for v in trainers}
