@@ -70,13 +70,13 @@ chromium:
 test: setup
 	$(VENV)/bin/ruff check rookworld_lib tests notebooks
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: setup
 	$(PY) -m pytest tests -p no:cacheprovider
 
 test-fault: setup
-	$(PY) -m pytest tests -m fault -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest tests -m fault -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Execute the numbered notebooks headless (papermill) into runs/<timestamp>/, with a report.
 run: setup

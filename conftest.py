@@ -28,13 +28,27 @@ def pytest_unconfigure(config):
     shutil.rmtree(_RUNS, ignore_errors=True)
 
 
+# The files that take 10 s or more in `make test` (pytest --durations=0 on 2 idle cores, 2026-11-28),
+# longest first. `make test` (pytest-xdist, a file per worker, --no-loadscope-reorder) hands them
+# out first, so that no long file is left for the end while the other worker idles; a stale list
+# costs only wall time.
+LONG_FILES = ("tests/test_faults.py", "tests/test_browser.py", "tests/test_datagen.py", "notebooks/04_mfu_tuning.ipynb",
+              "tests/test_faults_grpo.py", "tests/test_train_sft_distributed.py", "tests/test_data.py",
+              "tests/test_pipeline.py", "tests/test_train_sft.py", "tests/test_distributed.py",
+              "tests/test_fault_messages.py", "tests/test_figures_legible.py", "tests/test_sampling.py",
+              "notebooks/02_forward_pass_health.ipynb")
+
+
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected theirs
 def pytest_collection_modifyitems(config, items):
     """Notebook 05 runs once per session: where the browser test runs it (in JupyterLab, on the same
     defaults, every cell checked for errors), nbval does not run it a second time. Without Chromium or
-    Playwright that test module is skipped at collection, and nbval runs the notebook."""
+    Playwright that test module is skipped at collection, and nbval runs the notebook.
+    Then the LONG_FILES come first, longest first; every file keeps its own order of tests."""
     if any(item.nodeid.startswith("tests/test_browser.py::test_notebook_05") for item in items):
         twice = [item for item in items if item.nodeid.startswith("notebooks/05_full_training.ipynb")]
         if twice:
             config.hook.pytest_deselected(items=twice)
             items[:] = [item for item in items if item not in twice]
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))  # stable
