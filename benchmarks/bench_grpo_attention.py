@@ -1,6 +1,6 @@
 """GRPO steps on CUDA with and without cuDNN attention, interleaved (a benchmark, not a test).
 
-    python benchmarks/bench_grpo_attention.py [--steps 12] [--json out.json]
+    python benchmarks/bench_grpo_attention.py [--steps 40] [--json out.json]
 
 Two GRPO trainers with the `gpu` profile's step (GPT-2 124M, 64 prompts x 8 completions x 96 tokens,
 bf16 autocast, KL 0.04, the chess reward on the shipped training prompts) start from the same weights;
@@ -33,7 +33,8 @@ from rookworld_lib.lab.workflow import PROFILES
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=12, help="timed steps per contender (after one warm-up step)")
+    ap.add_argument("--steps", type=int, default=40,
+                    help="timed steps per contender (after one warm-up step); 12 showed mostly cuDNN's plan building")
     ap.add_argument("--model", default="gpt2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
