@@ -41,14 +41,15 @@ LONG_FILES = ("tests/test_faults.py", "tests/test_browser.py", "tests/test_datag
 
 @pytest.hookimpl(trylast=True)  # after -k / -m have deselected theirs
 def pytest_collection_modifyitems(config, items):
-    """Notebook 05 runs once per session: where the browser test runs it (in JupyterLab, on the same
-    defaults, every cell checked for errors), nbval does not run it a second time. Without Chromium or
-    Playwright that test module is skipped at collection, and nbval runs the notebook.
+    """Notebooks 05 and 06 run once per session: where the browser test runs one (in JupyterLab, on the
+    same defaults, every cell checked for errors), nbval does not run it a second time. Without Chromium
+    or Playwright that test module is skipped at collection, and nbval runs the notebooks.
     Then the LONG_FILES come first, longest first; every file keeps its own order of tests."""
-    if any(item.nodeid.startswith("tests/test_browser.py::test_notebook_05") for item in items):
-        twice = [item for item in items if item.nodeid.startswith("notebooks/05_full_training.ipynb")]
-        if twice:
-            config.hook.pytest_deselected(items=twice)
-            items[:] = [item for item in items if item not in twice]
+    for test, notebook in (("test_notebook_05", "05_full_training.ipynb"), ("test_notebook_06", "06_lab.ipynb")):
+        if any(item.nodeid.startswith(f"tests/test_browser.py::{test}") for item in items):
+            twice = [item for item in items if item.nodeid.startswith(f"notebooks/{notebook}")]
+            if twice:
+                config.hook.pytest_deselected(items=twice)
+                items[:] = [item for item in items if item not in twice]
     rank = {name: i for i, name in enumerate(LONG_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))  # stable

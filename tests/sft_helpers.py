@@ -31,8 +31,11 @@ import chess
 import pytest
 import torch
 
+from rookworld_lib.core.tokenizer import get_tokenizer
+
 TINY_MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "block_size": 64}
 CHILD = Path(__file__).resolve()
+get_tokenizer()  # built once: ForkedChild's server imports this module, so every child it forks has it
 
 
 @pytest.fixture(autouse=True)

@@ -8,9 +8,8 @@ screenshots go to the test's tmp_path and to runs/browser-test/ (git-ignored).
 
 Cost (2 cores, shared with a second pytest-xdist worker): one JupyterLab server and one Chromium
 serve both tests (`make test` runs a file on one xdist worker); the kernels compute on one thread each, as the xdist workers do
-(a second thread only spins against the browser's rendering). Notebook 05 runs on its defaults: this
-test is the session's run of it, in place of nbval's (conftest.py); 06 gets shorter completions
-(NOTEBOOK_PARAMETERS).
+(a second thread only spins against the browser's rendering). Notebooks 05 and 06 run on their defaults:
+these tests are the session's runs of them, in place of nbval's (conftest.py).
 """
 
 from __future__ import annotations
@@ -46,11 +45,6 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
                                                                          "checkForUpdates": False},
 }
-# Appended to the parameters cell of the served copies (papermill's way of injecting parameters).
-# 05 runs on its defaults: this test is the session's one run of it (nbval leaves it to this test,
-# see conftest.py), and its SFT's 8 steps are 8 live-plot updates, seen growing. 06: completions of
-# 32 tokens instead of the layout's 96: every explorer still samples, scores and renders them.
-NOTEBOOK_PARAMETERS = {"06_lab.ipynb": {"max_new_tokens": 32}}
 
 
 # skipped as a module: one line in the summary says why
@@ -76,9 +70,6 @@ def lab(tmp_path_factory):
     nbs = root / "notebooks"
     # kernel-ipc-*: the sockets of a kernel running there with ipc transport (not copyable, not notebooks)
     shutil.copytree(NOTEBOOKS_DIR, nbs, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "kernel-ipc-*"))
-    for name, values in NOTEBOOK_PARAMETERS.items():
-        if (nbs / name).exists():
-            inject_parameters(nbs / name, values)
     settings = root / "settings"
     for name, value in LAB_SETTINGS.items():
         (settings / name).parent.mkdir(parents=True, exist_ok=True)
@@ -245,19 +236,6 @@ def parameter(notebook: Path, name: str):
     values = {}
     exec("".join(parameters_cell(json.loads(notebook.read_text()))["source"]), values)
     return values[name]
-
-
-def inject_parameters(notebook: Path, values: dict) -> None:
-    """Append `name = value` lines to the notebook's parameters cell, after its defaults."""
-    nb = json.loads(notebook.read_text())
-    cell = parameters_cell(nb)
-    source = "".join(cell["source"]).rstrip("\n")
-    defaults = {}
-    exec(source, defaults)
-    assert set(values) <= set(defaults), f"{notebook.name} has no parameters {set(values) - set(defaults)}"
-    lines = [f"{k} = {v!r}  # injected by tests/test_browser.py" for k, v in values.items()]
-    cell["source"] = "\n".join([source, *lines]).splitlines(keepends=True)
-    notebook.write_text(json.dumps(nb, indent=1) + "\n")
 
 
 # Records, in the page, each point count the SFT live plot (the first plotly plot) reaches while the
