@@ -99,7 +99,7 @@ def cpu_capability() -> str:
 def cpu_native_bf16() -> bool:
     """Whether the CPU multiplies bf16 in hardware: the AVX512-BF16 or AMX-BF16 flag of /proc/cpuinfo
     (torch's capability string says "AVX512" on both kinds of AVX-512 CPU). Without it oneDNN emulates
-    bf16, many times slower than fp32; with it, bf16 autocast trains cpu-long's SFT 1.07-1.20x faster (docs/perf.md)."""
+    bf16, many times slower than fp32; with it, bf16 autocast trains cpu-long's SFT step 1.07-1.21x faster (docs/perf.md; a whole run was not faster)."""
     return bool({"avx512_bf16", "amx_bf16"} & set((_cpuinfo("flags") or "").split()))
 
 
