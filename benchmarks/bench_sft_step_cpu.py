@@ -48,8 +48,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     profile = workflow.resolve(args.profile, device="cpu")
     trainers, first = {}, {}
+    scratch = tempfile.TemporaryDirectory(prefix="bench-sft-")  # out_dirs: the steps write nothing there
     for name in names:
-        base = workflow.sft_config(profile, Path(tempfile.mkdtemp(prefix=f"bench-sft-{name}-")), DATA_DIR, args.seed)
+        base = workflow.sft_config(profile, Path(scratch.name) / name, DATA_DIR, args.seed)
         cfg = dataclasses.replace(base, eval_interval=0, checkpoint_interval=0, progress=False, report_to="none",
                                   **VARIANTS[name])
         torch.manual_seed(args.seed)
@@ -61,7 +62,9 @@ def main() -> None:
     losses = {}
 
     def step(name):
-        return lambda: losses.__setitem__(name, trainers[name].train_step()["loss"])
+        def run():
+            losses[name] = trainers[name].train_step()["loss"]
+        return run
 
     timings = perf.benchmark_interleaved({name: step(name) for name in names}, warmup=0, repeats=args.steps, sync=False)
     base = timings[names[0]].median_s
@@ -76,6 +79,7 @@ def main() -> None:
               f"mean {t.mean_s:.4f} | {base / t.median_s:.3f}x {names[0]} | loss after {args.steps + 1} steps "
               f"{losses[name]:.5f}")
     print(f"load average at the end: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}")
+    scratch.cleanup()
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
 
