@@ -335,8 +335,8 @@ def test_notebook_06_explorers(lab, page, tmp_path):
     for kernel in json.load(urllib.request.urlopen(f"{url}/api/kernels?token={token}")):
         urllib.request.urlopen(urllib.request.Request(f"{url}/api/kernels/{kernel['id']}?token={token}", method="DELETE"))
     page.goto(f"{url}/lab/workspaces/reopened/tree/{name}?token={token}")
-    page.wait_for_selector(".rw-position-explorer .rw-board svg", timeout=60_000)
-    page.wait_for_timeout(2000)  # every output rendered
+    for view in (".rw-position-explorer .rw-board svg", ".rw-group-inspector", ".rw-rollout-browser"):
+        page.wait_for_selector(view, timeout=60_000)  # each explorer drawn from its saved state
     screenshot(page, tmp_path, "06_reopened", top=page.locator(".rw-position-explorer").first)
     assert "model not found" not in page.locator(".jp-NotebookPanel").inner_text()
 

@@ -379,7 +379,8 @@ for line in sys.stdin:
 def fake_engine(tmp_path: Path, kind: str) -> str:
     """An executable that stands in for Stockfish and fails the way `kind` says."""
     path = tmp_path / ("fake-stockfish-" + kind.replace(" ", "-"))
-    path.write_text(f"#!{sys.executable}\nimport os, sys\n{FAKE_ENGINES[kind]}\n")
+    # -S: no site-packages to scan, so it starts in milliseconds, well inside the tests' 0.5-s limits
+    path.write_text(f"#!{sys.executable} -S\nimport os, sys\n{FAKE_ENGINES[kind]}\n")
     path.chmod(0o755)
     return str(path)
 
@@ -400,7 +401,7 @@ def test_a_broken_engine_raises_engine_failed_in_the_reward_never_a_score(tmp_pa
                                                                           unlisted_move_answer):
     engine.close_all_engines()  # the shared pool of an earlier test runs the real engine: start anew
     monkeypatch.setenv("STOCKFISH_PATH", fake_engine(tmp_path, kind))
-    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 1.0)  # engine start and search limits: 1 s + the budget,
+    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 0.5)  # engine start and search limits: 0.5 s + the budget,
     monkeypatch.setattr(engine, "SLOW_NODES_PER_S", 1e8)  # and the budget of a depth-8 search next to nothing
     rewards.clear_cache(analyses=True)  # nothing may come from an earlier, healthy engine
     rec, answer = unlisted_move_answer
@@ -426,7 +427,7 @@ DATAGEN_ARGS = ["--games", "2", "--mate-games", "0", "--random-share", "0", "--w
 
 
 def test_datagen_with_a_broken_engine_ends_in_one_line_within_seconds(tmp_path):
-    jobs = [f"from rookworld_lib.chess import engine\nengine.TIMEOUT_FLOOR_S = 1.0\nengine.SLOW_NODES_PER_S = 1e8\n"
+    jobs = [f"from rookworld_lib.chess import engine\nengine.TIMEOUT_FLOOR_S = 0.5\nengine.SLOW_NODES_PER_S = 1e8\n"
             f"from rookworld_lib.lab.cli import main\n"
             f"raise SystemExit(main({['datagen', '--out', str(tmp_path / k.split()[0]), '--stockfish', fake_engine(tmp_path, k), *DATAGEN_ARGS]!r}))"
             for k in FAKE_ENGINES]

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def fast_timeouts(monkeypatch):
-    """Engine start and search limits of 1 s plus next to nothing: a hung engine fails within seconds."""
-    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 1.0)
+    """Engine start and search limits of 0.5 s plus next to nothing: a hung engine fails within seconds."""
+    monkeypatch.setattr(engine, "TIMEOUT_FLOOR_S", 0.5)
     monkeypatch.setattr(engine, "SLOW_NODES_PER_S", 1e8)
 
 
