@@ -331,3 +331,10 @@ def test_grpo_reward_variants_name_their_functions_and_weigh_a_valid_next_fen():
     assert R.GRADED_ENV_WEIGHTS.fen_valid > 0 and R.DEFAULT_ENV_WEIGHTS.fen_valid == 0
     with pytest.raises(ValueError, match="reward variant"):
         reward_functions("other")
+    # the measured recipe is the default everywhere: the function, `rookworld grpo` and every profile
+    from rookworld_lib.chess.training import build_grpo_parser
+    from rookworld_lib.lab.workflow import PROFILES
+
+    assert [f.__name__ for f in reward_functions()[0]] == [f.__name__ for f in funcs]
+    assert build_grpo_parser().parse_args(["--init-from", "m"]).reward == "graded"
+    assert {p.reward for p in PROFILES.values()} == {"graded"}

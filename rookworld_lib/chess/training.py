@@ -187,7 +187,7 @@ def chess_reward(prompts, completions, truth=None, **_) -> list[float]:
 REWARD_VARIANTS = ("gated", "graded")
 
 
-def reward_functions(variant: str = "gated") -> tuple[list, list[float]]:
+def reward_functions(variant: str = "graded") -> tuple[list, list[float]]:
     """GRPO's reward functions and their weights. "gated": chess_reward alone (rewards.score: the
     format-gated policy reward, malformed answers below every valid one); "graded": one function per
     component of the graded policy reward (rewards.policy_component_rewards: B: legal, its quality,
@@ -293,9 +293,10 @@ def build_grpo_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
                     help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
                          "without our record, such as RookWorld-LM-124M, is original)")
-    ap.add_argument("--reward", default="gated", choices=REWARD_VARIANTS,
-                    help="gated: one format-gated reward (rewards.score); graded: one reward function per policy "
-                         "component, each counting in every answer and logged as rewards/P/<component>/mean")
+    ap.add_argument("--reward", default="graded", choices=REWARD_VARIANTS,
+                    help="graded (every profile's): one reward function per policy component, each counting in "
+                         "every answer and logged as rewards/P/<component>/mean; gated: one format-gated reward "
+                         "(rewards.score), which lifted no strict metric on the cpu SFT model (docs/grpo.md)")
     add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
                          help_overrides={"out_dir": "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ "
                                                     "go here (required)",

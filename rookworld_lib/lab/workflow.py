@@ -46,7 +46,7 @@ class Profile:
     eval_mate: int  # mate-in-one test records evaluated
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
     datagen: dict | None = None  # DatagenConfig fields of the profile's own training data; None: the shipped set
-    reward: str = "gated"  # GRPO's reward (chess.training.reward_functions): "gated" or "graded"
+    reward: str = "graded"  # GRPO's reward (chess.training.reward_functions): "graded" or "gated"
     candidate_order: str = "layout"  # how SFT writes the P: candidates (chess.training.CANDIDATE_ORDERS)
 
     def summary(self):
@@ -71,7 +71,7 @@ class Profile:
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
              dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict | None = None,
-             datagen: dict | None = None, reward: str = "gated", candidate_order: str = "layout") -> Profile:
+             datagen: dict | None = None, reward: str = "graded", candidate_order: str = "layout") -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
     return Profile(
         name,
@@ -98,10 +98,10 @@ PROFILES = {
                                                  vocab="task"),
                    grpo=dict(steps=2, prompts_per_step=4, group_size=4, max_new_tokens=24, lr=1e-4, minibatch_size=16),
                    beta=0.04, evals=dict(max_policy=8, max_env=8, selfplay_games=2, selfplay_max_plies=4),
-                   eval_mate=4, heldout=8, reward="graded"),
+                   eval_mate=4, heldout=8),
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
-                    grpo=_CPU_GRPO, beta=0.04, reward="graded", **_CPU_EVALS),
+                    grpo=_CPU_GRPO, beta=0.04, **_CPU_EVALS),
     # About 2 h 42-54 min on 2 idle cores (estimated: 2 h 19 min measured as one command with 12,000 SFT
     # steps on an AMD VM, plus 4,000 steps at 0.34 s; on an Intel VM, stages up to GRPO as one command):
     # data 16-26 min (1,400 games: ~71k P: labels, ~196k A: moves), SFT 16,000
@@ -118,7 +118,7 @@ PROFILES = {
     "cpu-long": _profile("cpu-long", "cpu", "cpu-small", model_overrides=dict(n_layer=6, n_embd=192, n_head=6),
                          sft=dict(max_steps=16000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=200,
                                   vocab="task", checkpoint_interval=4000, keep_checkpoints=0),
-                         grpo=dict(_CPU_GRPO, steps=600), beta=0.04, reward="graded", **_CPU_EVALS,
+                         grpo=dict(_CPU_GRPO, steps=600), beta=0.04, **_CPU_EVALS,
                          datagen=dict(games=1400, policy_rate=0.5, env_rate=1.0, mate_games=0, seed=20261125),
                          candidate_order="uci"),
     "gpu": _profile("gpu", "cuda", "gpt2",
