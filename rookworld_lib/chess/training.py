@@ -296,7 +296,7 @@ def build_grpo_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reward", default="graded", choices=REWARD_VARIANTS,
                     help="graded (every profile's): one reward function per policy component, each counting in "
                          "every answer and logged as rewards/P/<component>/mean; gated: one format-gated reward "
-                         "(rewards.score): alike on a model that reads the board, flat on the cpu profile's (docs/learning_curve.md)")
+                         "(rewards.score): alike on a model that reads the board, worse on the cpu profile's (docs/grpo.md)")
     add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
                          help_overrides={"out_dir": "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ "
                                                     "go here (required)",
