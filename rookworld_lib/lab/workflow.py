@@ -71,7 +71,7 @@ class Profile:
 
 def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
              dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict | None = None,
-             datagen: dict | None = None, reward: str = "graded", candidate_order: str = "layout") -> Profile:
+             datagen: dict | None = None, candidate_order: str = "layout") -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
     return Profile(
         name,
@@ -80,7 +80,7 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
                      **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
-        EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, reward, candidate_order)
+        EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, candidate_order=candidate_order)
 
 
 # the cpu profile's GRPO (docs/grpo.md, one change at a time on one SFT model): the graded reward,
