@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 from forked_child import ForkedChild, cli_main
 
 pytestmark = pytest.mark.fault
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {"n_layer": 1, "n_embd": 32, "n_head": 2}
 HEAVY = os.environ.get("ROOKWORLD_HEAVY") == "1"
+CUDA = torch.cuda.is_available()
 TIMEOUT = 240  # per row; a row that hangs fails instead of stalling the suite
 
 
@@ -143,7 +145,23 @@ ROWS = [
         "['sft_stepz'] are declared by none of the selected notebooks", check=no_run_directory),
     Row("run-no-notebook-selected", ["run", "--out", "{tmp}/runs", "--only", "99"], "no notebooks selected",
         check=no_run_directory),
+    Row("run-parameter-of-wrong-type", ["run", "--out", "{tmp}/runs", "-p", "sft_steps", "abc"],
+        "notebook parameter 'sft_steps' must be int or NoneType, got str 'abc'", check=no_run_directory),
+    Row("run-parameter-out-of-range", ["run", "--out", "{tmp}/runs", "--only", "00", "-p", "workers", "0"],
+        "notebook parameter 'workers' must be >= 1, got 0", check=no_run_directory),
+    Row("run-gpu-profile-without-cuda", ["run", "--out", "{tmp}/runs", "--profile", "gpu"],
+        "profile 'gpu' trains on cuda, and torch sees no CUDA device here", check=no_run_directory,
+        marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
+    # --- GRPO's settings: checked before the model is read, and before anything is written
+    Row("grpo-bad-setting-before-missing-model", grpo("{tmp}/missing", "--steps", "-5"),
+        "GRPOTrainConfig.steps must be an integer >= 1, got -5"),
+    Row("grpo-completion-beyond-the-block", grpo("{model}", "--steps", "1", "--max-new-tokens", "100000"),
+        "max_new_tokens (100000) - 1 = ", check=lambda w, p: _assert_absent(w["tmp"] / "grpo")),
 ]
+
+
+def _assert_absent(path: Path) -> None:
+    assert not path.exists(), sorted(p.name for p in path.iterdir())
 
 
 def _assert_in(needle: str, text: str) -> None:

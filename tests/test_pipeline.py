@@ -196,15 +196,16 @@ def test_a_bar_off_a_terminal_is_lines_not_carriage_returns():
     assert "\r" not in err and err.count("\n") == 1 and err.startswith("convert: 100%") and "5/5" in err
 
 
-@pytest.mark.parametrize("notebook", [nb for nb in pipeline.numbered_notebooks()
-                                      if "profile" in pipeline.declared_parameters(nb)], ids=lambda p: p.name)
-def test_every_notebook_with_a_profile_parameter_accepts_every_profile_of_rookworld_run(notebook):
-    """`rookworld run --profile NAME` passes NAME to every notebook that declares `profile`: each one's
-    check cell (the cell after `parameters`) must take every profile the command offers."""
-    cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
-    at = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+@pytest.mark.parametrize("notebook", pipeline.numbered_notebooks(), ids=lambda p: p.name)
+def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(notebook):
+    """`rookworld run` runs each notebook's own checks (the cell after `parameters`) before any notebook
+    starts: they accept what every profile of the command passes, and refuse a value of the wrong type
+    for every parameter the notebook declares."""
+    from rookworld_lib.core.config import ParameterError
+
+    declared = pipeline.declared_parameters(notebook)
     for offered in pipeline.PROFILES.values():
-        scope: dict = {}
-        exec("".join(cells[at]["source"]), scope)
-        scope.update(offered)
-        exec("".join(cells[at + 1]["source"]), scope)  # raises ParameterError for a refused profile
+        pipeline.check_parameter_values(notebook, {k: v for k, v in offered.items() if k in declared})
+    for name in sorted(declared):
+        with pytest.raises(ParameterError, match=f"notebook parameter '{name}' must be"):
+            pipeline.check_parameter_values(notebook, {name: object()})

@@ -94,3 +94,18 @@ def test_profiles_measure_pass_at_1_at_the_rollout_temperature():
         cfg = workflow.eval_config(p, 0)
         assert cfg.samples >= 4 and cfg.sample_temperature == p.grpo.temperature, name
         assert p.reward in ("gated", "graded"), name
+
+
+def test_stage_timer_reports_a_stage_that_raised_as_failed(tmp_path, monkeypatch):
+    from rookworld_lib.core.progress import PROGRESS_ENV
+
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(PROGRESS_ENV, str(log))
+    timer = workflow.StageTimer()
+    with timer("data"):
+        pass
+    with pytest.raises(RuntimeError), timer("SFT"):
+        raise RuntimeError("CUDA is not available")
+    lines = log.read_text().splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["data started", "data done", "SFT started", "SFT failed"], lines
+    assert set(timer.seconds) == {"data", "SFT"}

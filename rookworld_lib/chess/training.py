@@ -308,18 +308,20 @@ def build_grpo_parser() -> argparse.ArgumentParser:
 
 
 def _grpo_config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
-    """The run's config and layout (the model's own unless --layout), with the layout's budget."""
-    layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
-    budget = tasks.COMPLETION_BUDGET[layout] if args.max_new_tokens is None else args.max_new_tokens
-    # the run's config first: its checks (max_new_tokens >= 1, as eval's) name the field the user set
-    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)), "max_new_tokens": budget})
-    print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
-    loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
-                           max_completion_length=budget, temperature=args.temperature)
-    cfg = replace(cfg, loss=loss)
-    if not cfg.out_dir:
+    """The run's config and layout (the model's own unless --layout), with the layout's budget. The
+    settings are checked before the model directory is read, so that a bad one is named first."""
+    if not args.out_dir:
         raise ValueError("give an output directory: --out DIR")
-    return cfg, layout
+    given = args.max_new_tokens
+    # the run's config first: its checks (max_new_tokens >= 1, as eval's) name the field the user set
+    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)),
+                             "max_new_tokens": 1 if given is None else given})
+    loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
+                           max_completion_length=cfg.max_new_tokens, temperature=args.temperature)
+    layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
+    budget = tasks.COMPLETION_BUDGET[layout] if given is None else given
+    print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
+    return replace(cfg, max_new_tokens=budget, loss=replace(loss, max_completion_length=budget)), layout
 
 
 def _grpo_preflight(argv: list[str], nproc: int) -> None:

@@ -257,6 +257,16 @@ def _last_positive(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, idx, torch.zeros_like(idx)).amax(dim=1, keepdim=True)
 
 
+def check_fits(block_size: int, prompt_len: int, max_new_tokens: int) -> None:
+    """Raise ValueError unless a prompt of `prompt_len` tokens and `max_new_tokens` new ones fit in
+    `block_size` positions (the last new token is never fed back: prompt_len + max_new_tokens - 1 are run)."""
+    P, L = prompt_len, max_new_tokens
+    if P + L - 1 > block_size:
+        raise ValueError(f"the longest prompt ({P} tokens) + max_new_tokens ({L}) - 1 = {P + L - 1} positions exceed "
+                         f"the model's block_size {block_size}; allowed: prompt length + max_new_tokens <= "
+                         f"{block_size + 1}")
+
+
 @torch.no_grad()
 def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = SamplingConfig()) -> Rollout:
     """Sample `config.num_samples` completions for each prompt in one batched, KV-cached pass."""
@@ -276,10 +286,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     ids, valid = left_pad(rows, config.pad_id, device)
     N, P = ids.shape
     L = config.max_new_tokens
-    block = model.config.block_size
-    if P + L - 1 > block:  # the last new token is never fed back: P + L - 1 positions are run
-        raise ValueError(f"the longest prompt ({P} tokens) + max_new_tokens ({L}) - 1 = {P + L - 1} positions exceed "
-                         f"the model's block_size {block}; allowed: prompt length + max_new_tokens <= {block + 1}")
+    check_fits(model.config.block_size, P, L)
 
     generator = None
     if config.seed is not None:
@@ -290,7 +297,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     model.eval()  # dropout off while sampling
     try:
         # P + L - 1 slots are written; one more, where the block allows it, is the CUDA graph's spare
-        cache_len = min(P + L, block)
+        cache_len = min(P + L, model.config.block_size)
         cache = KVCache(model.config, N, cache_len, device, dtype)
         valid_all = torch.cat([valid, torch.zeros(N, cache_len - P, dtype=torch.bool, device=device)], dim=1)
         real_len = valid.sum(dim=1)  # next position id per row

@@ -33,7 +33,7 @@ import torch
 from . import distributed, grpo
 from .config import bad_field, option, validate
 from .model import GPT
-from .sampling import SamplingConfig, generate, sequence_logprobs
+from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
 from .tokenizer import EOT_ID, TASKS, encode_prompt, get_tokenizer
 from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
@@ -251,8 +251,10 @@ class GRPOTrainer(Trainer):
         # over a task vocabulary the model is its restriction (task_vocab.TaskVocab.restrict) and token ids
         # are compact; `outside`: the rows an export gives every other token (None: the off rows)
         self.vocab, self.outside, self.full_model = None, None, None
+        prompts = [encode_prompt(i.prompt, model.prompt_prefix, self.tokenizer) for i in items]
+        # before anything is written to out_dir: the longest prompt and its completion must fit the model
+        check_fits(model.config.block_size, max(map(len, prompts), default=0), cfg.max_new_tokens)
         if cfg.vocab != "full":
-            prompts = [encode_prompt(i.prompt, model.prompt_prefix, self.tokenizer) for i in items]
             compact, self.vocab, _ = sampling_view(model, prompts, task_vocab)
             if self.vocab is None and cfg.vocab == "task":
                 raise ValueError("GRPOTrainConfig.vocab='task': the model marks no task vocabulary (only vocab='task' "

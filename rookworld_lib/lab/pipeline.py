@@ -52,18 +52,23 @@ def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
     return sorted(directory.glob("[0-9][0-9]_*.ipynb"))
 
 
+def parameter_cells(notebook: Path) -> tuple[str, str]:
+    """The source of the notebook's `parameters` cell and of the cell after it, which checks them."""
+    import nbformat
+
+    cells = nbformat.read(str(notebook), as_version=4).cells
+    i = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    return ("", "") if i is None else (cells[i].source, cells[i + 1].source if i + 1 < len(cells) else "")
+
+
 def declared_parameters(notebook: Path) -> set[str]:
     """Names assigned at top level in the notebook's `parameters` cell.
 
     Read with Python's own parser: papermill's inspector gives up on lines whose comments hold
     quotes or parentheses, and a parameter it cannot read would silently not be passed.
     """
-    import nbformat
-
-    nb = nbformat.read(str(notebook), as_version=4)
-    source = next((c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
     names = set()
-    for node in ast.parse(source).body:
+    for node in ast.parse(parameter_cells(notebook)[0]).body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         names |= {t.id for t in targets if isinstance(t, ast.Name)}
     return names
@@ -76,6 +81,24 @@ def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
     if unknown := sorted(set(extra) - set(allowed)):
         raise ParameterError(f"parameter(s) {unknown} are declared by none of the selected notebooks "
                              f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
+
+
+def check_parameter_values(notebook: Path, values: dict) -> None:
+    """Run the notebook's own checks of its parameters (the `check(...)` statements of the cell after
+    `parameters`, with the imports they use) on its defaults overridden by `values`, in this process:
+    a value of the wrong type or range is refused with the kernel's own ParameterError, before any
+    notebook runs."""
+    params, checks = parameter_cells(notebook)
+    namespace: dict = {}
+    exec(compile(params, f"{notebook.name} (parameters)", "exec"), namespace)  # literal assignments only
+    namespace.update(values)
+    body = ast.parse(checks).body
+    calls_check = [node for node in body if not isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "check" for n in ast.walk(node))]
+    used = {n.id for node in calls_check for n in ast.walk(node) if isinstance(n, ast.Name)}
+    imports = [node for node in body if isinstance(node, (ast.Import, ast.ImportFrom))
+               and {(a.asname or a.name).split(".")[0] for a in node.names} & used]
+    exec(compile(ast.Module(imports + calls_check, type_ignores=[]), f"{notebook.name} (checks)", "exec"), namespace)
 
 
 class NotebookKernelManager(AsyncKernelManager):
@@ -154,6 +177,14 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
                          f"(available: {', '.join(p.name for p in everything) or 'none'})")
     declared = {nb: declared_parameters(nb) for nb in notebooks}
     check_parameters(extra_parameters or {}, declared)
+    given = {**PROFILES[profile], **(extra_parameters or {})}
+    for nb in notebooks:
+        check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
+    named = given["profile"] if given.get("profile") in workflow.PROFILES else profile
+    device = str(given.get("device") or workflow.PROFILES[named].sft.device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"profile {named!r} trains on {device}, and torch sees no CUDA device here; choose "
+                         "--profile cpu (or auto)")
     run_dir = new_run_dir(Path(out_root).resolve())  # a notebook runs in its own folder: no relative paths
     stamp = run_dir.name
     figures = run_dir / "figures"

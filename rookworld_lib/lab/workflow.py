@@ -209,7 +209,8 @@ def grpo_summary(history: list[dict], last: int = 10):
 
 class StageTimer:
     """Wall time per named stage: `with timer("SFT"): ...`; `timer.seconds` keeps the record. Each
-    stage's start and end are also progress lines of a `rookworld run` (`progress.report`)."""
+    stage's start and end ("done", or "failed" when it raised) are also progress lines of a
+    `rookworld run` (`progress.report`)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -218,11 +219,13 @@ class StageTimer:
     def __call__(self, stage: str):
         t0 = time.perf_counter()
         progress.report(f"{stage} started")
+        outcome = "failed"
         try:
             yield
+            outcome = "done"
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
-            progress.report(f"{stage} done ({time.perf_counter() - t0:.1f} s)")
+            progress.report(f"{stage} {outcome} ({time.perf_counter() - t0:.1f} s)")
 
 
 def reward_trend(history: list[dict]):
