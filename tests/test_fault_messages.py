@@ -54,12 +54,14 @@ class Row:
 
 
 def sft(*extra: str, out: str = "{tmp}/run") -> list[str]:
-    """A one-step SFT run of a tiny model on a few lines of chess text."""
-    base = ["sft", "--train-data", "{texts}", "--model", "tiny", "--block-size", "32", "--batch-size", "2",
+    """A one-step SFT run of a tiny model (from scratch unless --init-from) on a few lines of chess text."""
+    base = ["sft", "--train-data", "{texts}", "--block-size", "32", "--batch-size", "2",
             "--max-steps", "1", "--warmup-steps", "0", "--eval-interval", "0", "--val-fraction", "0",
             "--device", "cpu", "--no-progress", "--no-export-hf", "--out", out]
-    for k, v in TINY.items():
-        base += ["--model-overrides", f"{k}={v}"]
+    if "--init-from" not in extra:
+        base += ["--model", "tiny"]
+        for k, v in TINY.items():
+            base += ["--model-overrides", f"{k}={v}"]
     return base + list(extra)
 
 
@@ -131,6 +133,12 @@ ROWS = [
     # --- bad settings
     Row("sft-override-dropout-abc", sft("--model-overrides", "dropout=abc"), "dropout must be a finite number in [0.0, 1.0)"),
     Row("sft-override-vocab-size-10", sft("--model-overrides", "vocab_size=10"), "must not change vocab_size"),
+    Row("sft-model-and-init-from", sft("--init-from", "{model}", "--model", "gpt2"),
+        "--model gpt2 picks the model of a scratch start; --init-from trains the one in {model}"),
+    Row("sft-init-from-another-shape", sft("--init-from", "{model}", "--model-overrides", "n_layer=12"),
+        "model_overrides sets n_layer=12, but the model in {model} has n_layer=1"),
+    Row("sft-on-the-test-split", sft("--train-data", "{evdata}/policy_test.jsonl"),
+        "{evdata}/policy_test.jsonl:1: a 'test' record in the training data"),
     Row("sft-nproc-abc", sft("--nproc", "abc"), "--nproc must be a whole number of processes"),
     Row("sft-nproc-negative", sft("--nproc", "-2"), "--nproc must be >= 0"),
     Row("grpo-nproc-abc", grpo("{model}", "--nproc", "abc"), "--nproc must be a whole number of processes"),

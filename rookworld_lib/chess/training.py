@@ -230,14 +230,34 @@ def build_sft_parser() -> argparse.ArgumentParser:
     docs = {"train_data": "JSONL training files: P:/A: records or {\"text\": ...} lines (default: the "
                           "shipped data/policy_train.jsonl and data/env_train.jsonl)",
             "val_data": "JSONL files for the val loss (default: the shipped *_val.jsonl files when --train-data is "
-                        "not given, else val_fraction of the training samples)"}
+                        "not given, else val_fraction of the training samples)",
+            "model": f"GPTConfig preset of a scratch start (default: {SFTConfig.model!r}); --init-from trains "
+                     "the model in DIR, whatever its shape"}
     add_config_arguments(ap, SFTConfig, help_overrides=docs,
                          metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR", "out_dir": "DIR"})
+    ap.set_defaults(model=None)  # given or not: with --init-from it is refused (see _sft_config_from_args)
     return ap
+
+
+def check_train_split(paths) -> None:
+    """Refuse training files of datagen records from the val or test split (their first record says
+    so): eval scores the test positions as held out and SFT's val loss the val ones, so training on
+    them would inflate both without a word."""
+    for path in map(Path, paths):
+        first = next(json_lines(path), (0, None))[1]
+        if isinstance(first, dict) and first.get("split", "train") != "train":
+            raise DataFormatError(f"{path}:1: a {first['split']!r} record in the training data: SFT trains on the "
+                                  "train split (eval scores the test positions, the val loss the val ones); give "
+                                  "the *_train files (`rookworld convert --split train` for converted data)")
 
 
 def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordReader]:
     kwargs = config_kwargs_from_args(SFTConfig, args)
+    if kwargs["model"] is None:
+        del kwargs["model"]
+    elif kwargs["init_from"] != "scratch":
+        raise ValueError(f"--model {kwargs['model']} picks the model of a scratch start; --init-from trains the "
+                         f"one in {kwargs['init_from']}: give one of them")
     if not kwargs["train_data"]:  # default: the shipped data set, when it has been generated
         kwargs["train_data"] = data.split_paths("train")
         if not kwargs["val_data"]:
@@ -247,6 +267,7 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
                              "writes data/policy_train.jsonl and data/env_train.jsonl)")
         log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
     cfg = SFTConfig(**kwargs)
+    check_train_split(cfg.train_data)
     layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
     log.info("layout: %s (%s)", layout, why)
     order = args.candidate_order or candidate_order_for(cfg.init_from)
