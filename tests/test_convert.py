@@ -438,3 +438,22 @@ def test_layout_records_read_alike_from_a_directory_and_a_loaded_model(tmp_path)
         layout_of(GPT.from_pretrained(tmp_path / "recorded"))
     with pytest.raises(ValueError, match="layout must be one of"):
         set_layout(model, "wide")
+
+
+def test_convert_fails_when_no_line_converts_and_names_our_own_records(tmp_path, capsys):
+    """Nothing converted is exit status 1, not a success with 0 records; a file of our own records gets
+    the reason that it needs no conversion; counts keep a quoted single character ('+') of the reason."""
+    ours = tmp_path / "policy_test.jsonl"
+    ours.write_text("".join((data.DATA_DIR / "policy_test.jsonl").read_text().splitlines(keepends=True)[:3]))
+    garbage = tmp_path / "orig.txt"
+    garbage.write_text("A: also garbage\nhello\n")
+    assert convert.cli([str(ours), "--out", str(tmp_path / "a"), "--workers", "1", "--no-progress"]) == 1
+    captured = capsys.readouterr()
+    assert "3  a record in our own format already (rookworld datagen's): use its directory as it is" in captured.out
+    assert "rookworld convert: error: none of the 3 lines converted" in captured.err
+    assert convert.cli([str(garbage), "--out", str(tmp_path / "b"), "--workers", "1", "--no-progress", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors_by_reason"] == {"expected 7 '+'-separated fields, found 1": 2}, report["errors_by_reason"]
+    assert main(["convert", str(garbage), "--out", str(tmp_path / "c"), "--workers", "0"]) == 1
+    assert "--workers) must be a whole number of processes >= 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

@@ -20,6 +20,7 @@ import itertools
 import json
 import os
 import re
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -197,6 +198,8 @@ def _text_file_lines(path: Path) -> Iterator[tuple[int, str]]:
 
 
 _NO_TEXT = "not a JSON object with a 'text' field"
+_OURS = ("a record in our own format already (rookworld datagen's): use its directory as it is (--data-dir), "
+         "no conversion needed")
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]]:
@@ -211,7 +214,8 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
     elif suffix in (".jsonl", ".json"):
         # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
         items = ((n, v["text"] if isinstance(v, dict) and isinstance(v.get("text"), str) else
-                  ValueError(why if why and why.startswith("not UTF-8") else _NO_TEXT))
+                  ValueError(why if why and why.startswith("not UTF-8") else
+                             _OURS if isinstance(v, dict) and {"task", "prompt", "completion"} <= v.keys() else _NO_TEXT))
                  for n, v, why in read_jsonl(path))
     else:
         items = _text_file_lines(path)
@@ -289,6 +293,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     the whole input is done, only for a task with records (another task's file is left as it is)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers (--workers) must be a whole number of processes >= 1, got {workers!r}")
     inputs = [Path(p) for p in inputs]
     for p in inputs:
         if p.is_dir():
@@ -311,8 +317,9 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
                 if isinstance(res, str):
                     msg = f"{path}:{number}: {res}"
                     err_fh.write(msg + "\n")
-                    # counts group by the kind of problem, not by the move or text it quotes
-                    report.reasons[re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", res)] += 1
+                    # counts group by the kind of problem, not by the move or text it quotes (a quoted
+                    # single character, as the '+' of "7 '+'-separated fields", is part of the kind)
+                    report.reasons[re.sub(r"'[^']{2,}'|\"[^\"]{2,}\"", "'...'", res)] += 1
                     if len(report.first_errors) < MAX_ERRORS_SHOWN:
                         report.first_errors.append(msg)
                     continue
@@ -329,8 +336,9 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`rookworld convert`: 0 when the inputs were read (lines that do not convert are reported); an
-    input that cannot be read raises (cli.main reports it in one line, exit status 1)."""
+    """`rookworld convert`: 0 when the inputs were read and gave records (lines that do not convert are
+    reported), 1 when no line converted; an input that cannot be read raises (cli.main reports it in
+    one line, exit status 1)."""
     ap = argparse.ArgumentParser(
         prog="rookworld convert",
         description="Convert original RookWorld data (P: rook lines, A: arbiter/rookworld lines; .txt, "
@@ -345,11 +353,12 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    report = convert(args.inputs, args.out, split=args.split, workers=args.workers or usable_cores(),
+    report = convert(args.inputs, args.out, split=args.split, workers=usable_cores() if args.workers is None else args.workers,
                      progress=not args.no_progress)  # an unreadable input: one line from cli.main
+    status = 0 if sum(report.written.values()) else 1  # nothing to evaluate or train on is a failure
     if args.json:
         print(json.dumps(report.as_dict()))
-        return 0
+        return status
     print(f"{report.lines} lines in {report.seconds:.1f} s ({report.lines_per_s:.0f} lines/s): "
           f"{report.written['P']} P: and {report.written['A']} A: records, {report.errors} not converted")
     for msg in report.first_errors:
@@ -360,5 +369,7 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"  {n:>8}  {reason}")
     for t, p in report.outputs.items():
         print(f"{t}: {p}")
-    return 0
+    if status:
+        print(f"rookworld convert: error: none of the {report.lines} lines converted (reasons above)", file=sys.stderr)
+    return status
 

@@ -850,7 +850,7 @@ def cli(argv: list[str] | None = None) -> int:
     fields = config_kwargs_from_args(DatagenConfig, args)
     if fields["depth"] is None and fields["nodes"] is None:
         fields["depth"] = DatagenConfig.depth
-    cfg = DatagenConfig(**{**fields, "workers": args.workers or usable_cores()})
+    cfg = DatagenConfig(**{**fields, "workers": usable_cores() if args.workers is None else args.workers})
     resume = f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"
     try:
         report = generate(cfg, progress=not args.no_progress, fresh=args.fresh)
