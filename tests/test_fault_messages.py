@@ -124,6 +124,11 @@ ROWS = [
         "{tmp}/badjson/config.json: not valid JSON", setup=break_config),
     # --- the out-dir: a file, unwritable, a full disk
     Row("sft-out-dir-is-a-file", sft(), "{tmp}/run is a file, not a directory", setup=out_dir_is_a_file),
+    Row("run-out-dir-is-a-file", ["run", "--out", "{tmp}/run", "--only", "01"], "{tmp}/run is a file, not a directory",
+        setup=out_dir_is_a_file),
+    Row("bench-out-below-a-file", ["bench", "--quick", "--out", "{tmp}/run/bench.json"],
+        "--out {tmp}/run/bench.json: {tmp}/run is a file, not a directory", setup=out_dir_is_a_file),
+    Row("bench-negative-threads", ["bench", "--quick", "--threads", "-2"], "--threads must be >= 0"),
     Row("sft-unwritable-out-dir", sft(out="{tmp}/ro/run"), "Permission denied: {tmp}/ro/run", setup=read_only_dir,
         inject="eacces:{tmp}/ro"),
     Row("sft-disk-full-checkpoint", sft(), "No space left on device", inject="enospc-checkpoint",

@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, help="timed repetitions per contender")
     p.add_argument("--warmup", type=int, help="untimed repetitions per contender before timing")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N (default: auto)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default, or 0: torch's choice)")
     p.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="both contenders' precision (default: fp32; "
                    "bf16 with the GPU shapes)")
@@ -423,6 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld bench`: run the three comparisons and print the speedups (or one JSON line)."""
     args = build_parser().parse_args(argv)
+    if args.threads is not None and args.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (torch CPU threads; 0 leaves them to torch), got {args.threads}")
+    if args.out is not None:  # checked before a minute of timing
+        if args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a directory; give the path of a JSON file")
+        if file := next((p for p in args.out.parents if p.is_file()), None):
+            raise ValueError(f"--out {args.out}: {file} is a file, not a directory")
     cfg = QUICK if args.quick else GPU if resolve_device(args.device).type == "cuda" else FULL
     over = {"precision": args.precision, "model": args.model, "repeats": args.repeats, "warmup": args.warmup}
     cfg = replace(cfg, device=args.device, trl=not args.no_trl, **{k: v for k, v in over.items() if v is not None})

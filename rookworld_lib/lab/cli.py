@@ -14,6 +14,7 @@ import errno
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from .. import __version__
 from ..chess.datagen import WorkDirMismatch
@@ -98,6 +99,9 @@ def os_error_message(exc: OSError) -> str:
     if exc.errno == errno.ENOSPC:
         what = "No space left on device"
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a directory wanted where a file is (mkdir, open below it)
+        if file := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_file()), None):
+            return f"{file} is a file, not a directory"
     hint = ""
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = "; choose a directory you can write to"
