@@ -109,3 +109,18 @@ def test_stage_timer_reports_a_stage_that_raised_as_failed(tmp_path, monkeypatch
     lines = log.read_text().splitlines()
     assert [line.split(" (")[0] for line in lines] == ["data started", "data done", "SFT started", "SFT failed"], lines
     assert set(timer.seconds) == {"data", "SFT"}
+
+
+def test_the_report_says_when_grpo_had_no_learning_signal():
+    from rookworld_lib.chess import evaluate as ev
+
+    table = ev.comparison_table({"SFT": {"policy/cp_loss": ev.mean_interval([])}})
+    assert "| policy/cp_loss | n/a (n=0) |" in workflow.markdown_table(table)  # not "nan [nan, nan]"
+    args = (workflow.PROFILES["ci"], table, ev.paired_difference([0.0, 0.0], [0.0, 0.0]), {"GRPO": 0.4})
+    tied = [{"step": s, "frac_reward_zero_std": 1.0} for s in (1, 2)]
+    report = workflow.training_report(*args, grpo_history=tied)
+    assert "**Learning signal: none.** In all 2 GRPO steps the completions of every group scored alike" in report
+    some = [{"step": 1, "frac_reward_zero_std": 0.5}, {"step": 2, "frac_reward_zero_std": 0.25}]
+    assert ("**Learning signal:** 62% of the sampled completions were in groups whose rewards differed (mean over 2 "
+            "GRPO steps; `frac_reward_zero_std` 0.38)") in workflow.training_report(*args, grpo_history=some)
+    assert "Learning signal" not in workflow.training_report(*args)

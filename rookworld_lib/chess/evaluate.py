@@ -52,7 +52,9 @@ REFERENCE_ROOKWORLD_LM_124M = {
         (0.166, "B: equal to the original label (for black the worst listed move), rook val set"),
     "policy/top5_overlap": (0.392, "M: moves shared with the original label's five, rook val set"),
     "mate_in_one/accuracy": (0.137, "BIG-bench checkmate-in-one"),
-    "self_play/legal_half_moves": (36.3, "sampled (top-k 5, temperature 0.6) self-play from the start"),
+    "self_play/legal_half_moves": (36.3, "sampled (top-k 5, temperature 0.6) self-play from the start; ours is "
+                                         "greedy after 0-3 random plies and stops at selfplay_max_plies: not the same "
+                                         "measurement"),
     "env/next_fen_exact":
         (0.9961, "next FEN string equal (python-chess's board.fen() on both sides), arbiter test set"),
 }
@@ -72,6 +74,8 @@ class Estimate:
     outcomes: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
+        if self.n == 0:  # nothing to average (a centipawn loss over no legal best move)
+            return "n/a (n=0)"
         if self.kind in ("rate", "share"):
             return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
         return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}] (n={self.n})"

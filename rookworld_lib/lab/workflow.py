@@ -277,16 +277,35 @@ def chess_verdict(strict) -> str:
     return "Strict chess metrics that GRPO moved at 95% confidence: " + "; ".join(moved) + "; the others did not move."
 
 
-def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, float], strict=None) -> str:
-    """Markdown for the run report: stage times, the before/after table, the strict chess metrics
-    (an `evaluate.paired_change` table) and the verdicts."""
+def signal_line(history: list[dict]) -> str | None:
+    """A sentence on GRPO's learning signal: the share of sampled completions in groups whose rewards
+    differed (1 - TRL's `frac_reward_zero_std`), and a warning when no step had any (every advantage 0)."""
+    tied = [r["frac_reward_zero_std"] for r in history if r.get("frac_reward_zero_std") is not None]
+    if not tied:
+        return None
+    if min(tied) >= 1.0 - 1e-9:
+        return (f"**Learning signal: none.** In all {len(tied)} GRPO steps the completions of every group scored "
+                "alike (`frac_reward_zero_std` 1.0), so every advantage was zero: whatever changed below, the "
+                "reward did not drive it.")
+    mean = sum(tied) / len(tied)
+    return (f"**Learning signal:** {100 * (1 - mean):.0f}% of the sampled completions were in groups whose rewards "
+            f"differed (mean over {len(tied)} GRPO steps; `frac_reward_zero_std` {mean:.2f}).")
+
+
+def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, float], strict=None,
+                    grpo_history: list[dict] | None = None) -> str:
+    """Markdown for the run report: stage times, the before/after table, GRPO's learning signal, the
+    strict chess metrics (an `evaluate.paired_change` table) and the verdicts."""
     g, shape = profile.grpo, profile.sft.model_config()
     lines = [f"## Training ({profile.name} profile: {profile.sft.model} at {shape.n_layer} x {shape.n_embd}, "
              f"{profile.sft.max_steps} SFT steps, "
              f"{g.steps} GRPO steps of {g.prompts_per_step}x{g.group_size})", "",
              "| stage | wall time (s) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
-    lines += ["", markdown_table(table), "", f"**Verdict:** {improvement_verdict(diff)}"]
+    lines += ["", markdown_table(table), ""]
+    if signal := signal_line(grpo_history or []):
+        lines += [signal, ""]
+    lines += [f"**Verdict:** {improvement_verdict(diff)}"]
     if strict is not None:
         lines += ["", "Strict chess metrics, SFT vs SFT+GRPO on the same test records (paired 95% intervals):", "",
                   markdown_table(strict), "", f"**Chess verdict:** {chess_verdict(strict)}"]
