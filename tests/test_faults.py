@@ -342,7 +342,7 @@ def test_engine_killed_mid_grpo_step_every_reward_arrives():
     assert pool.restarts > restarts  # a search met a dead engine and was retried on a fresh one
     batch = trainer.last_batch
     assert len(batch.rewards) == 8 and torch.isfinite(batch.rewards).all()
-    assert record["step"] == 1 and math.isfinite(record["reward_mean"])
+    assert record["step"] == 1 and math.isfinite(record["reward"])
     # every reward is the one a healthy engine gives
     with engine.EnginePool(engine.EngineSettings(), size=1, cache=False) as fresh:
         for i, (prompt, text) in enumerate(answers.values()):
@@ -504,8 +504,8 @@ def test_ctrl_c_during_a_parallel_search_kills_the_engines_at_once(tmp_path, mon
 # =====================================================================================
 
 def _malformed_file(tmp_path: Path) -> tuple[Path, dict[int, str]]:
-    p = data.load_split("P", "val")[:3]
-    a = data.load_split("A", "val")[:2]
+    p = [{**r, "split": "train"} for r in data.load_split("P", "val")[:3]]  # a training file's records
+    a = [{**r, "split": "train"} for r in data.load_split("A", "val")[:2]]
     lines = {
         1: json.dumps(p[0]),
         2: json.dumps(p[1])[:-20],  # truncated

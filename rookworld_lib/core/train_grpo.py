@@ -417,7 +417,7 @@ class GRPOTrainer(Trainer):
         self.last_batch, self.last_advantages = batch, adv  # kept for inspection in notebooks and tests
         lr = self.schedule.apply(self.optimizer, self.step)
         t0 = time.perf_counter()
-        updates = self._update(batch, adv, adv_stats)
+        updates = self._update(batch, adv)
         timings["update"] += time.perf_counter() - t0
         record = {"step": self.step + 1, "learning_rate": lr, **self._loss_record(updates)}
         # info after the loss metrics: frac_reward_zero_std is measured before dynamic sampling drops groups
@@ -449,7 +449,7 @@ class GRPOTrainer(Trainer):
                                                                           batch.rewards.tolist(), adv.tolist(),
                                                                           ratio, clip))])
 
-    def _update(self, batch: RolloutBatch, adv: torch.Tensor, adv_stats) -> dict:
+    def _update(self, batch: RolloutBatch, adv: torch.Tensor) -> dict:
         """`mu` passes over the batch in minibatches, each an optimizer step on grpo_loss (skipped,
         and counted by the guard, when non-finite; the loop stops once the guard trips)."""
         cfg, rt, W = self.cfg, self.runtime, self.dist.world_size
@@ -486,7 +486,7 @@ class GRPOTrainer(Trainer):
                 loss, metrics = grpo.grpo_loss(
                     lp.float(), old_lp[rows], adv[rows], mask[rows],
                     ref_logprobs=None if ref_lp is None else ref_lp[rows], config=cfg.loss, logits=logits, entropy=entropy,
-                    truncated=truncated[rows], group_stats=adv_stats,
+                    truncated=truncated[rows],
                     num_items_in_batch=float(effective[global_rows.to(dev)].sum()),
                     num_completions_in_batch=len(global_rows))
                 out["first"] = out["first"] or metrics  # scored before any update: its ratio must be 1
