@@ -294,7 +294,7 @@ def run(target, argv: list[str], env: dict, interrupt: bool, metrics: Path | Non
 
 def test_rows_are_named_once():
     assert len({r.id for r in ROWS}) == len(ROWS)
-    assert all(r.argv[0] in ("sft", "grpo", "eval", "run") for r in ROWS)
+    assert all(r.argv[0] in ("sft", "grpo", "eval", "run", "bench") for r in ROWS)
 
 
 # =====================================================================================

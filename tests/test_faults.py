@@ -935,8 +935,8 @@ def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_
     for flag in ("--lr", "--weight-decay", "--grad-clip"):  # item 7: as SFT, no non-finite number trains
         assert main(grpo_argv("--steps", "2", flag, "nan")) == 1
         assert "must be a finite number" in one_line_error()
-    for extra, what in ((("--lr", "1e-4"), "lr"), (("--group-size", "4"), "group_size"), (("--beta", "0.1"), "loss"),
-                        (("--loss-type", "dr_grpo"), "loss")):  # item 6: another run's settings
+    for extra, what in ((("--lr", "1e-4"), "lr"), (("--group-size", "4"), "group_size"), (("--beta", "0.1"), "loss.beta"),
+                        (("--loss-type", "dr_grpo"), "loss.loss_type")):  # item 6: another run's settings
         assert main(grpo_argv("--steps", "2", *extra)) == 1
         assert f"other settings ({what}: " in one_line_error()
     assert main(grpo_argv("--steps", "2", init=hf2)) == 1

@@ -85,7 +85,7 @@ def test_validate_names_a_missing_shard(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.count("records OK") == 4  # every line of the shards there is valid
     missing = [x for x in err.splitlines() if "missing shard" in x]
-    assert missing == [f"error: {tmp_path / name}: missing shard (shards are numbered from 00000 without gaps); "
+    assert missing == [f"rookworld datagen: error: {tmp_path / name}: missing shard (shards are numbered from 00000 without gaps); "
                        "its records are lost: generate the data again"
                        for name in ("env_val-00000.jsonl", "policy_val-00001.jsonl")], err
     (tmp_path / "policy_val-00001.jsonl").write_text((tmp_path / "policy_val-00000.jsonl").read_text())

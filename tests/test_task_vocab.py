@@ -127,5 +127,5 @@ def test_sft_with_the_task_vocabulary_trains_resumes_and_exports_full_gpt2(tmp_p
     with torch.no_grad():
         assert torch.isfinite(exported(x[:, :-1], targets=x[:, 1:]))
         assert exported(x)[..., ~torch.isin(torch.arange(VOCAB_SIZE), vocab.ids)].max().item() == -OFF_LOGIT
-    with pytest.raises(ValueError, match="vocab.*needs init_from='scratch'"):
+    with pytest.raises(ValueError, match="SFTConfig.init_from must be 'scratch' with vocab='task'"):
         SFTConfig(vocab="task", init_from=str(tmp_path / "final"), train_data=(), out_dir=str(tmp_path / "x"))

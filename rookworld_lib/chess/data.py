@@ -254,7 +254,8 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     Bytes found wholly valid earlier in this process are parsed again, not re-checked (_VALIDATED)."""
     assert on_error in ("raise", "skip"), on_error
     path = Path(path)
-    fix = f"regenerate it with `rookworld datagen` or restore it with `git checkout -- {path.name}`"
+    shipped = path.resolve().parent == DATA_DIR.resolve()  # the repository's data/: git holds a copy
+    fix = f"restore it with `git checkout -- data/{path.name}`" if shipped else "regenerate it with `rookworld datagen`"
     records, skipped, ids = [], [], set()
     try:
         digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()

@@ -818,11 +818,11 @@ def _validate_files(files: list[Path], out: str) -> int:
         try:
             print(f"{f}: {len(load_jsonl(f))} records OK")
         except DataFormatError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            _fail(f"error: {exc}", 1)
             bad += 1
     for gap in sorted({m for d in {f.parent for f in files} for name in DATA_FILES for m in missing_shards(name, d)}):
-        print(f"error: {gap}: missing shard (shards are numbered from 00000 without gaps); its records are lost: "
-              "generate the data again", file=sys.stderr)
+        _fail(f"error: {gap}: missing shard (shards are numbered from 00000 without gaps); its records are lost: "
+              "generate the data again", 1)
         bad += 1
     return 1 if bad else 0
 

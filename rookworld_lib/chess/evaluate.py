@@ -160,7 +160,7 @@ class EvalConfig:
                                        "<|endoftext|> for models our SFT trained, \"\" for RookWorld-LM)")
     seed: int = option(0, "sampling seed and self-play opening randomisation", min=0)
     samples: int = option(0, "pass@1 beside greedy: the strict metrics averaged over this many samples per prompt "
-                          "(keys pass@1/<metric>; 4 or more; 0 = greedy only)", min=0)
+                          "(keys pass@1/<metric>; 4 or more for a steady estimate; 0 = greedy only)", min=0)
     sample_temperature: float = option(1.0, "temperature of the pass@1 samples (GRPO's rollout temperature)",
                                        min=0.0, min_open=True)
 

@@ -290,7 +290,7 @@ class GRPOConfig:
     importance_sampling_level: str = option("token", '"token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion', choices=IMPORTANCE_SAMPLING_LEVELS)
     beta: float = option(0.04, "KL coefficient against the reference (initial) model; 0 runs without a reference model", min=0.0)
     kl_estimator: str = option("k3", "per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r", choices=KL_ESTIMATORS)
-    use_bias_correction_kl: bool = option(False, "multiply the per-token KL by the importance ratio (TRL's option; TRL defaults to True)")
+    use_bias_correction_kl: bool = option(False, "multiply the per-token KL by the importance ratio (TRL's option, on in TRL)")
     entropy_coef: float = option(0.0, "entropy bonus: subtract entropy_coef * (mean token entropy of the accumulated batch) (needs logits); 0 = off", min=0.0)
     temperature: float = option(1.0, "temperature at which the entropy of `logits` is measured (the one used for logprobs)", min=0.0, min_open=True)
     mask_truncated_completions: bool = option(False, "drop completions that hit the length budget (no EOS) from the loss (DAPO)")

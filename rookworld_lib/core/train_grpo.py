@@ -78,7 +78,7 @@ class GRPOTrainConfig:
     warmup_steps: int = option(0, "linear warm-up steps", min=0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
     grad_clip: float = option(1.0, "max global grad norm (0 = off)", min=0.0)
-    multi_objective_aggregation: str = option("sum_then_normalize", 'several reward functions: "sum_then_normalize" (their weighted sum is the reward, TRL\'s default) or "normalize_then_sum" (GDPO: each z-scored within its group, then summed and batch-normalised; scale_rewards is then ignored)', choices=("sum_then_normalize", "normalize_then_sum"))
+    multi_objective_aggregation: str = option("sum_then_normalize", 'several reward functions: "sum_then_normalize" (their weighted sum is the reward, as in TRL) or "normalize_then_sum" (GDPO: each z-scored within its group, then summed and batch-normalised; scale_rewards is then ignored)', choices=("sum_then_normalize", "normalize_then_sum"))
     scale_rewards: str = option("group", 'advantage scaling: "group", "batch" or "none" (Dr. GRPO)', choices=("group", "batch", "none"))
     dynamic_sampling: bool = option(False, "drop zero-variance groups and refill (DAPO)")
     max_refill_rounds: int = option(3, "extra sampling rounds allowed per step when refilling", min=0)

@@ -106,10 +106,12 @@ class SFTConfig:
         if self.block_size > model_block:
             bad_field(name, "block_size", self.block_size,
                       f"must be <= the model's block_size {model_block} (raise it with "
-                      f"model_overrides={{'block_size': {self.block_size}}})")
+                      f"model_overrides={{'block_size': {self.block_size}}}, --model-overrides "
+                      f"block_size={self.block_size})")
         check_number(self, "min_lr", min=0.0, max=self.lr)
         if self.vocab == "task" and self.init_from != "scratch":
-            bad_field(name, "vocab", self.vocab, "'task' trains a new compact head: it needs init_from='scratch'")
+            bad_field(name, "init_from", self.init_from, "must be 'scratch' with vocab='task' (it trains a new compact "
+                      "head)")
         if self.warmup_steps > self.max_steps:
             bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
         betas = self.betas
@@ -169,6 +171,9 @@ class SFTConfig:
         if not isinstance(value, (tuple, list)) or not all(isinstance(p, (str, os.PathLike)) for p in value):
             bad_field(type(self).__name__, fname, value, "must be a list of JSONL file paths")
         object.__setattr__(self, fname, tuple(str(p) for p in value))  # lists -> tuple (frozen)
+        if dirs := [p for p in getattr(self, fname) if Path(p).is_dir()]:
+            bad_field(type(self).__name__, fname, value, f"names directories, not files: {dirs} (give the JSONL "
+                      "files in them)")
         if missing := [p for p in getattr(self, fname) if not Path(p).is_file()]:
             bad_field(type(self).__name__, fname, value, f"names file(s) that do not exist: {missing}")
 

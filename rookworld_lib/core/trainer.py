@@ -134,7 +134,15 @@ class Trainer:
                              "out_dir")
         now = json.loads(json.dumps(dataclasses.asdict(self.cfg)))  # tuples -> lists, as stored
         saved = json.loads(json.dumps(ckpt.get("config") or {}))
-        diff = {k: (saved.get(k), v) for k, v in now.items() if k not in self.resume_may_change and saved.get(k) != v}
+        diff = {}
+        for k, v in now.items():
+            if k in self.resume_may_change or saved.get(k) == v:
+                continue
+            if isinstance(v, dict) and isinstance(saved.get(k), dict):  # a nested config: name its changed fields
+                diff.update({f"{k}.{f}": (saved[k].get(f), v.get(f)) for f in sorted(saved[k].keys() | v.keys())
+                             if saved[k].get(f) != v.get(f)})
+            else:
+                diff[k] = (saved.get(k), v)
         diff.update(self.resume_differences(ckpt))
         if diff:
             changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())

@@ -407,8 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small shapes, about a minute on two CPU cores")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of output")
     p.add_argument("--model", choices=sorted(PRESETS), help="model preset (default: cpu-small)")
-    p.add_argument("--repeats", type=int, help="timed repetitions per contender")
-    p.add_argument("--warmup", type=int, help="untimed repetitions per contender before timing")
+    p.add_argument("--repeats", type=int, help=f"timed repetitions per contender (default: {FULL.repeats}; "
+                   f"{QUICK.repeats} with --quick)")
+    p.add_argument("--warmup", type=int, help=f"untimed repetitions per contender before timing (default: {FULL.warmup}; "
+                   f"{GPU.warmup} with the GPU shapes)")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default, or 0: torch's choice)")
     p.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
