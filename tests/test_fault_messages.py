@@ -141,7 +141,7 @@ ROWS = [
     Row("sft-model-and-init-from", sft("--init-from", "{model}", "--model", "gpt2"),
         "--model gpt2 picks the model of a scratch start; --init-from trains the one in {model}"),
     Row("sft-init-from-another-shape", sft("--init-from", "{model}", "--model-overrides", "n_layer=12"),
-        "model_overrides sets n_layer=12, but the model in {model} has n_layer=1"),
+        "model_overrides (--model-overrides) sets n_layer=12, but the model in {model} has n_layer=1"),
     Row("sft-on-the-test-split", sft("--train-data", "{evdata}/policy_test.jsonl"),
         "{evdata}/policy_test.jsonl:1: a 'test' record in the training data"),
     Row("sft-nproc-abc", sft("--nproc", "abc"), "--nproc must be a whole number of processes"),
@@ -167,7 +167,7 @@ ROWS = [
         marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
     # --- GRPO's settings: checked before the model is read, and before anything is written
     Row("grpo-bad-setting-before-missing-model", grpo("{tmp}/missing", "--steps", "-5"),
-        "GRPOTrainConfig.steps must be an integer >= 1, got -5"),
+        "GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5"),
     Row("grpo-completion-beyond-the-block", grpo("{model}", "--steps", "1", "--max-new-tokens", "100000"),
         "max_new_tokens (100000) - 1 = ", check=lambda w, p: _assert_absent(w["tmp"] / "grpo")),
 ]

@@ -139,7 +139,7 @@ def test_eval_with_no_suite_selected_is_one_line(model, tmp_path, capsys):
 def test_max_new_tokens_below_one_is_refused_by_grpo_as_by_eval(model, sharded, tmp_path, capsys, value):
     for command, argv in (("eval", eval_argv(model, sharded)), ("grpo", grpo_argv(model, sharded, tmp_path / "grpo"))):
         assert main(argv + ["--max-new-tokens", value]) == 1
-        assert f"max_new_tokens must be an integer >= 1, got {value}" in one_error_line(capsys, command)
+        assert f"max_new_tokens (--max-new-tokens) must be an integer >= 1, got {value}" in one_error_line(capsys, command)
     assert not (tmp_path / "grpo").exists()
 
 

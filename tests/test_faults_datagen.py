@@ -149,10 +149,10 @@ def test_a_huge_games_count_allocates_nothing_per_game_before_the_first_game(tmp
 
 # --- messages ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("setting, says", [(["--games", "0"], "games must be an integer >= 1, got 0"),
-                                            (["--shard-size", "-1"], "shard_size must be an integer >= 0, got -1"),
-                                            (["--policy-rate", "2"], "policy_rate must be a finite number in [0, 1]"),
-                                            (["--workers", "0"], "workers must be an integer in 1..256, got 0")])
+@pytest.mark.parametrize("setting, says", [(["--games", "0"], "games (--games) must be an integer >= 1, got 0"),
+                                            (["--shard-size", "-1"], "shard_size (--shard-size) must be an integer >= 0, got -1"),
+                                            (["--policy-rate", "2"], "policy_rate (--policy-rate) must be a finite number in [0, 1]"),
+                                            (["--workers", "0"], "workers (--workers) must be an integer in 1..256, got 0")])
 def test_a_bad_datagen_setting_ends_in_one_line_and_exit_1(tmp_path, capsys, setting, says):
     assert main(["datagen", "--out", str(tmp_path / "d"), *setting]) == 1
     assert one_line(capsys.readouterr().err, "rookworld datagen", says).startswith("rookworld datagen: error: ")

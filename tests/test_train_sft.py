@@ -413,7 +413,7 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
 
     assert main(["sft", *argv[:-2], "--batch-size", "0"]) == 1  # rookworld sft: errors in one line
-    assert "SFTConfig.batch_size must be an integer >= 1" in capsys.readouterr().err
+    assert "SFTConfig.batch_size (--batch-size) must be an integer >= 1" in capsys.readouterr().err
     monkeypatch.setattr(training.data, "split_paths", lambda split, data_dir=None: ())  # as before `rookworld datagen` has run
     assert main(["sft", "--model", "tiny"]) == 1
     assert "--train-data" in capsys.readouterr().err

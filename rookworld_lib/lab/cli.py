@@ -13,12 +13,14 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 
 from .. import __version__
 from ..chess.datagen import WorkDirMismatch
 from ..chess.engine import EngineFailedError, StockfishNotFoundError
+from ..core.config import RENAMED
 from ..core.errors import CheckpointError, NonFiniteError, is_worker, report, report_interrupted
 from ..core.tokenizer import TokenizerFileError
 
@@ -70,7 +72,17 @@ def main(argv: list[str] | None = None) -> int:
             return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
         if message is None:
             raise  # a bug: its traceback is what a report needs
-        return report(name, message, 1)
+        return report(name, with_flag(message, rest), 1)
+
+
+def with_flag(message: str, argv: list[str]) -> str:
+    """A config check's message (`Cls.field must ...`) with the option the user typed for that field:
+    `GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5`."""
+    if m := re.match(r"(\w+Config)\.(\w+) ", message):
+        flag = RENAMED.get(m[2], "--" + m[2].replace("_", "-"))
+        if any(a == flag or a.startswith(flag + "=") for a in argv):
+            return f"{m[0][:-1]} ({flag}) {message[m.end():]}"
+    return message
 
 
 def user_error_message(exc: BaseException) -> str | None:
