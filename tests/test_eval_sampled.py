@@ -216,6 +216,9 @@ def test_config_checks_the_sampling_fields():
     with pytest.raises(ValueError, match="EvalConfig.sample_temperature"):
         ev.EvalConfig(sample_temperature=0.0)
     assert ev.EvalConfig().samples == 0
+    assert ev.EvalConfig(decoding="greedy", temperature=0.0).temperature == 0.0  # unused by greedy decoding
+    with pytest.raises(ValueError, match=r"EvalConfig.temperature must be > 0 for sampled decoding"):
+        ev.EvalConfig(decoding="sampled", temperature=0.0)
 
 
 def test_cli_samples_and_sample_temperature(setup, tmp_path, capsys):

@@ -41,7 +41,7 @@ from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
-from ..core.config import add_config_arguments, config_kwargs_from_args, option, validate
+from ..core.config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
 from .training import layout_of, read_layout
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
@@ -147,7 +147,7 @@ class EvalConfig:
     """How an evaluation decodes and how much it covers."""
 
     decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
-    temperature: float = option(1.0, "for sampled decoding", min=0.0, min_open=True)
+    temperature: float = option(1.0, "for sampled decoding (> 0 there; greedy decoding ignores it)", min=0.0)
     max_new_tokens: int | None = option(None, "completion budget in tokens; None: the model layout's (96 compact, 128 original)", min=1)
     batch_size: int = option(128, "rows decoded together: as many prompts greedy, batch_size // samples prompts "
                              "of `samples` rows each for pass@1", min=1)
@@ -166,6 +166,9 @@ class EvalConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
+        if self.decoding == "sampled" and self.temperature == 0:
+            bad_field(type(self).__name__, "temperature", self.temperature, "must be > 0 for sampled decoding "
+                      "(temperature 0 is greedy decoding: decoding='greedy')")
 
     def for_model(self, model) -> EvalConfig:
         """This config with the layout, prompt prefix and budget resolved: given values win, else the model's."""
