@@ -168,7 +168,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         text = docs.get(f.name, "").replace("%", "%%")
         if kw.get("action") == "append":
             text += " (repeatable)"
-        elif default not in ((), {}) and "(default" not in text.lower():  # one default per option
+        elif default not in ((), {}) and "(default" not in text.lower() and "(required)" not in text:  # one default
             text += f" (default: {default!r})".replace("%", "%%")
         flags = [RENAMED.get(f.name, "--" + f.name.replace("_", "-"))]
         if f.name in RENAMED:  # the old spelling still works, with a line saying the new one
