@@ -138,6 +138,22 @@ def test_heldout_rewards_exact_completion_scores_high():
     assert len(values) == 1 and -1.0 <= values[0] <= 1.0
 
 
+def test_heldout_rewards_are_the_training_reward_of_each_completion(monkeypatch):
+    """The held-out reward is what GRPO trains on: the profile's reward functions and weights, summed
+    as the trainer sums them (graded by default; gated is rewards.score)."""
+    from rookworld_lib.chess import data, rewards
+
+    recs = data.load_split("P", "test")[:2] + data.load_split("A", "test")[:2]
+    texts = [recs[0]["completion"], "garbage", recs[2]["completion"], "garbage"]
+    monkeypatch.setattr(ev, "_decode", lambda model, records, cfg, prompt_of: (
+        list(records), [prompt_of(r, cfg.layout) for r in records], texts))
+    graded = ev.heldout_rewards(None, recs, ev.EvalConfig(layout="compact"))
+    assert graded == pytest.approx([1.0, 0.0, 1.0, -1.0])  # the label itself earns the whole reward
+    gated = ev.heldout_rewards(None, recs, ev.EvalConfig(layout="compact"), reward="gated")
+    assert gated == pytest.approx([rewards.score(r["prompt"], t, truth=r) for r, t in zip(recs, texts)])
+    assert gated[1] < 0 == graded[1]  # the two rewards differ on a malformed answer
+
+
 def test_results_to_json_leaves_the_outcomes_out():
     assert "outcomes" not in ev.results_to_json({"policy/valid": ev.rate([1, 0])})["policy/valid"]
 

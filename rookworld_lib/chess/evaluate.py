@@ -39,10 +39,11 @@ from ..core.paths import atomic_write
 from ..core.sampling import SamplingConfig, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
+from ..core.train_grpo import PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
 from ..core.config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
-from .training import layout_of, read_layout
+from .training import layout_of, read_layout, reward_functions
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing: {metric: (value, what it measured and on which data)}.
@@ -402,11 +403,13 @@ def _reference_text(value: float) -> str:
     return f"{100 * value:.1f}%" if value <= 1 else f"{value}"
 
 
-def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig) -> list[float]:
-    """The verifiable reward of the model's completion for each P:/A: record (the GRPO objective,
-    measured on held-out prompts with ground truth from the record)."""
+def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig, reward: str = "graded") -> list[float]:
+    """GRPO's training reward of the model's completion for each P:/A: record: the reward functions and
+    weights the trainer sums (`training.reward_functions(reward)`), on held-out prompts with ground
+    truth from the record."""
     records, prompts, completions = _decode(model, records, cfg, prompt_of)
-    return [float(rewards.score(prompt, text, truth=rec)) for rec, prompt, text in zip(records, prompts, completions)]
+    items = [PromptItem(rec["task"], prompt, rec) for rec, prompt in zip(records, prompts)]
+    return score_completions(*reward_functions(reward), items, completions).tolist()
 
 
 def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estimate:

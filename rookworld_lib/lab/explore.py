@@ -38,8 +38,8 @@ from ..core.progress import widget_frontend
 from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from ..chess.training import chess_reward, prompt_items
-from ..core.train_grpo import COMPLETION_KEYS
+from ..chess.training import prompt_items, reward_functions
+from ..core.train_grpo import COMPLETION_KEYS, score_completions
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
@@ -273,10 +273,11 @@ class PositionExplorer(_Explorer):
 
 def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, temperature: float = 1.0, top_k: int = 0,
                   top_p: float = 1.0, max_new_tokens: int | None = None, seed: int = 0, scale: str = "group",
-                  step: int = 0) -> list[dict]:
+                  step: int = 0, reward: str = "graded") -> list[dict]:
     """One rollout batch as GRPO's samples it: G completions per record's prompt in one batched
-    `generate` call, each scored by the trainer's reward, with its group advantage. Rows in the
-    RolloutBrowser format, group = the record's index (ratio, clip_fraction None: no update yet)."""
+    `generate` call, each scored by the trainer's reward (`reward_functions(reward)`: the functions and
+    weights the trainer sums), with its group advantage. Rows in the RolloutBrowser format, group = the
+    record's index (ratio, clip_fraction None: no update yet)."""
     cfg, tok = EvalConfig().for_model(model), get_tokenizer()
     items = prompt_items(records, cfg.layout)
     assert len(items) == len(records), "records must be P: or A: records"
@@ -285,7 +286,7 @@ def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, tempe
     ro = generate(model.eval(), ids, SamplingConfig(max_new_tokens=budget, temperature=temperature, top_k=top_k,
                                                     top_p=top_p, num_samples=group_size, seed=seed))
     texts, rows = ro.completions(tok), [i for i in items for _ in range(group_size)]
-    scores = chess_reward([i.prompt for i in rows], texts, truth=[i.truth for i in rows])
+    scores = score_completions(*reward_functions(reward), rows, texts).tolist()
     adv, _ = grpo.group_advantages(scores, group_size, scale=scale)
     return [{"step": step, "group": n // group_size, "task": i.task, "prompt": i.prompt, "completion": t,
              "reward": r, "advantage": float(a), "ratio": None, "clip_fraction": None,
@@ -298,9 +299,10 @@ class GroupInspector(_Explorer):
 
     def __init__(self, model: GPT, records: list[dict], index: int = 0, *, group_size: int = 4,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int | None = None,
-                 seed: int = 0, sample: bool = True):
+                 seed: int = 0, sample: bool = True, reward: str = "graded"):
         assert records, "GroupInspector needs at least one record"
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
+        self.reward = reward  # the trainer's reward variant (training.reward_functions)
         self.prompt_slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="prompt")
         self.group_size = W.IntSlider(value=group_size, min=2, max=max(32, group_size), description="G")
         self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature")
@@ -322,7 +324,7 @@ class GroupInspector(_Explorer):
         """Draw a group with the controls' settings (a new seed each call); return and show its rows."""
         self.rows = sample_groups(self.model, [self.records[self.prompt_slider.value]], self.group_size.value,
                                  temperature=self.temperature.value, top_k=self.top_k.value, top_p=self.top_p.value,
-                                 max_new_tokens=self.max_new_tokens, seed=self.seed + self.draws)
+                                 max_new_tokens=self.max_new_tokens, seed=self.seed + self.draws, reward=self.reward)
         self.draws += 1
         self.table.value = self._table()
         return self.rows
