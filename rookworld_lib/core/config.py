@@ -203,8 +203,9 @@ class ParameterError(ValueError):
 
 
 def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | None = None,
-          max: float | None = None, choices: Iterable[Any] | None = None) -> Any:
-    """Return value if it is of `kind` and within [min, max] / `choices`, else raise ParameterError."""
+          max: float | None = None, choices: Iterable[Any] | None = None) -> None:
+    """Raise ParameterError unless value is of `kind` and within [min, max] / `choices` (returns
+    nothing, so that a notebook's check cell shows no output)."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int subclass; a True where a count is expected is almost always a mistake.
     if isinstance(value, bool):
@@ -220,4 +221,3 @@ def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | 
         raise ParameterError(f"notebook parameter {name!r} must be >= {min}, got {value!r}")
     if max is not None and value > max:
         raise ParameterError(f"notebook parameter {name!r} must be <= {max}, got {value!r}")
-    return value
