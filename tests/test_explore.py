@@ -12,6 +12,7 @@ import re
 
 import chess
 import pytest
+import plotly.graph_objects as go
 import torch
 
 from rookworld_lib.chess import data, rewards, tasks
@@ -113,7 +114,7 @@ def test_group_inspector_samples_scores_and_advantages(model, policy_records):
         check_group(rows, 5)
         for r in rows:
             assert r["task"] == rec["task"] and r["prompt"] == data.record_text(rec)[0]
-            assert r["reward"] == rewards.score(r["prompt"], r["completion"], truth=rec)
+            assert r["reward"] == pytest.approx(training_reward(rec, r["prompt"], r["completion"]))
             assert 1 <= r["tokens"] <= 16
         assert gi.table.value.count('<tr class="rw-completion">') == 5
         for r in rows:
@@ -135,11 +136,25 @@ def test_sample_groups_lays_out_a_batch_group_by_group(model, policy_records):
     for g, rec in enumerate(recs):
         group = rows[3 * g:3 * g + 3]
         check_group(group, 3)
-        assert all(r["reward"] == rewards.score(r["prompt"], r["completion"], truth=rec) for r in group)
+        assert [r["reward"] for r in group] == pytest.approx([training_reward(rec, r["prompt"], r["completion"])
+                                                              for r in group])
+    gated = explore.sample_groups(model, recs, 3, max_new_tokens=12, temperature=1.5, seed=1, reward="gated")
+    assert [r["completion"] for r in gated] == [r["completion"] for r in rows]  # the same draws, scored otherwise
+    assert [r["reward"] for r in gated] == pytest.approx([rewards.score(r["prompt"], r["completion"], truth=rec)
+                                                         for r, rec in zip(gated, [x for x in recs for _ in "abc"])])
+
+
+def training_reward(rec: dict, prompt: str, completion: str, variant: str = "graded") -> float:
+    """GRPO's reward of one completion: the variant's functions and weights, summed as the trainer sums them."""
+    from rookworld_lib.chess.training import reward_functions
+    from rookworld_lib.core.train_grpo import PromptItem, score_completions
+
+    return score_completions(*reward_functions(variant), [PromptItem(rec["task"], prompt, rec)], [completion]).item()
 
 
 def test_group_inspector_advantages_with_varied_rewards(model, policy_records, monkeypatch):
-    monkeypatch.setattr(explore, "chess_reward", lambda prompts, completions, **_: [float(len(t) % 7) for t in completions])
+    monkeypatch.setattr(explore, "reward_functions", lambda variant: (
+        [lambda prompts, completions, **_: [float(len(t) % 7) for t in completions]], [1.0]))
     gi = explore.GroupInspector(model, policy_records, 1, group_size=6, max_new_tokens=12, temperature=2.0)
     check_group(gi.rows, 6)
     assert len({r["reward"] for r in gi.rows}) > 1 and any(r["advantage"] > 0 for r in gi.rows)
@@ -201,6 +216,9 @@ def test_clip_controls_redraw_the_figures():
     assert all(y != 0 for y in cc.clip_fig.data[1].y)
     assert [t.line.width for t in cc.length_fig.data if t.xaxis == "x" and t.name == "vespo"] == [4]
     assert "rw-clip-controls" in cc.html() and "loss_type vespo" in cc.html() and "[0.80, 1.28]" in cc.html()
+    # headless (plain Python, papermill): plain figures, no FigureWidget whose state (plotly.js, 5 MB
+    # each) an executed notebook would keep
+    assert type(cc.clip_fig) is type(cc.length_fig) is go.Figure
 
 
 def test_static_snapshot_headless_and_widget_in_a_kernel(model, policy_records, monkeypatch):
@@ -214,7 +232,9 @@ def test_static_snapshot_headless_and_widget_in_a_kernel(model, policy_records, 
     # the DOM contract: classes on the widgets themselves
     pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
     assert "rw-position-explorer" in pe.widget._dom_classes and "rw-position-slider" in pe.slider._dom_classes
-    assert "rw-board" in pe.board_html._dom_classes and "rw-clip-controls" in explore.ClipControls().widget._dom_classes
+    live = explore.ClipControls()
+    assert "rw-board" in pe.board_html._dom_classes and "rw-clip-controls" in live.widget._dom_classes
+    assert isinstance(live.clip_fig, go.FigureWidget) and live.clip_fig in live.widget.children
     assert "rw-rollout-browser" in browser.widget._dom_classes
 
 

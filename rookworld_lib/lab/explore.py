@@ -457,9 +457,12 @@ class ClipControls(_Explorer):
         self.eps_high = W.FloatSlider(value=eps_high, min=0.0, max=1.0, step=0.01, description="ε high")
         self.loss_type = W.Dropdown(options=grpo.LOSS_TYPES, value=loss_type, description="loss_type")
         self.group_size = W.IntSlider(value=group_size, min=2, max=max(64, group_size), description="G")
-        self.clip_fig, self.length_fig = go.FigureWidget(), go.FigureWidget()
+        # a FigureWidget only where a frontend draws it: a headless kernel would save each one's state,
+        # plotly.js included (5 MB), into the executed notebook
+        live = _live()
+        self.clip_fig, self.length_fig = (go.FigureWidget(), go.FigureWidget()) if live else (go.Figure(), go.Figure())
         self.widget = W.VBox([W.HBox([self.eps_low, self.eps_high]), W.HBox([self.loss_type, self.group_size]),
-                              self.clip_fig, self.length_fig])
+                              *((self.clip_fig, self.length_fig) if live else ())])
         self.widget.add_class("rw-clip-controls")
         self.update()
         for c in (self.eps_low, self.eps_high, self.loss_type, self.group_size):
