@@ -195,6 +195,15 @@ def test_a_speed_difference_inside_the_baselines_spread_or_its_repeats_is_noise(
     assert tuning._tokens_per_s_overlap(row(120, 130), [base, repeat])  # between them: noise
     assert not tuning._tokens_per_s_overlap(row(120, 130), [base])  # without the repeat it would not be
     assert not tuning._tokens_per_s_overlap(row(200, 220), [base, repeat])  # faster than both: real
+    # a baseline and a repeat that disagree say that the host drifted, in the notebook and on the figure
+    named = [{**base, "name": "baseline", "status": "ok", "tokens_per_s": 100.0},
+             {**repeat, "name": "baseline (repeat)", "status": "ok", "tokens_per_s": 160.0, "speedup": 1.6}]
+    result = tuning.MatrixResult(None, named, 0.05, {}, {}, {"host_cpu_pct": {"mean": 97.8, "max": 100.0}})
+    assert result.drift() == ("host speed drifted: the baseline's repeat ran at 1.60x the baseline, outside both "
+                              "p10-p90 intervals (host CPU 98% busy on average); speed-ups in this run are no surer "
+                              "than that")
+    named[1].update(row(105, 115), tokens_per_s=110.0, speedup=1.1)
+    assert result.drift() is None  # within the baseline's own spread
 
 
 @pytest.mark.parametrize("flags, capability, native", [

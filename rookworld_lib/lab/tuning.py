@@ -331,6 +331,20 @@ class MatrixResult:
         """The rows that ran."""
         return [r for r in self.rows if r["status"] == "ok"]
 
+    def drift(self) -> str | None:
+        """A warning when the baseline and its repeat disagree beyond both p10-p90 intervals: the
+        host's speed changed during the matrix, so no speed-up of this run is sure (None otherwise)."""
+        try:
+            base, again = self.row("baseline"), self.row("baseline (repeat)")
+        except KeyError:
+            return None
+        if "ok" != base["status"] or "ok" != again["status"] or _tokens_per_s_overlap(again, [base]):
+            return None
+        busy = self.utilization.get("host_cpu_pct", {}).get("mean")
+        return (f"host speed drifted: the baseline's repeat ran at {again['speedup']:.2f}x the baseline, outside both "
+                f"p10-p90 intervals{f' (host CPU {busy:.0f}% busy on average)' if busy is not None else ''}; "
+                "speed-ups in this run are no surer than that")
+
     def flagged(self) -> list[str]:
         """Rows expected to keep the result that did not (|final loss - baseline| > tolerance)."""
         return [r["name"] for r in self.ok_rows() if r["expect_parity"] and r["changes_result"]]
@@ -443,8 +457,9 @@ def speedup_figure(result: MatrixResult):
     fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", error_y=bars, marker_color=colour,
                            text=[f"{s:.2f}x" for s in speedups], textposition="inside", insidetextanchor="start"))
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
+    drifted = " (host speed drifted: see the baseline repeat)" if result.drift() else ""
     fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']}): "
-                            "grey = within noise, red = changes the loss",
+                            f"grey = within noise, red = changes the loss{drifted}",
                       yaxis_title="tokens/s relative to baseline (p10-p90 bars)", xaxis_title="row (one setting changed)",
                       template="plotly_white")
     return fig
