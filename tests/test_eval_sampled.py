@@ -205,7 +205,7 @@ def test_curve_rows_carry_pass_at_1_when_measured(setup):
     _, _, _, results, _, _ = setup
     row = ev.curve_point([], 0, results)
     assert all(m in row for m in ev.STRICT_METRICS + ev.SAMPLED_METRICS)
-    assert list(ev.curve_table([row]).columns[-10:]) == list(ev.STRICT_METRICS + ev.SAMPLED_METRICS)
+    assert list(ev.curve_table([row]).columns[-10:]) == [f"{m} (%)" for m in ev.STRICT_METRICS + ev.SAMPLED_METRICS]
     greedy_only = {m: results[m] for m in ev.STRICT_METRICS}
     assert not any(m in ev.curve_point([], 0, greedy_only) for m in ev.SAMPLED_METRICS)
 

@@ -58,7 +58,7 @@ def test_checkpoint_curve_equals_each_checkpoints_export_evaluated_on_its_own(sf
         for m in evaluate.STRICT_METRICS:
             assert row[m]["low"] <= row[m]["value"] <= row[m]["high"]
     table = evaluate.curve_table(rows)
-    assert list(table.index) == [2, 4, 6] and list(table.columns[-5:]) == list(evaluate.STRICT_METRICS)
+    assert list(table.index) == [2, 4, 6] and list(table.columns[-5:]) == [f"{m} (%)" for m in evaluate.STRICT_METRICS]
 
 
 def test_model_from_checkpoint_is_the_full_vocabulary_model_export_hf_writes(sft_run):

@@ -499,9 +499,9 @@ def curve_table(rows: Sequence[dict]):
     """A learning curve's rows as a table: tokens, wall time, losses and the strict rates in percent."""
     import pandas as pd
 
-    table = pd.DataFrame([{"step": r["step"], "tokens (M)": round(r["tokens"] / 1e6, 2) if r["tokens"] else None,
+    table = pd.DataFrame([{"step": r["step"], "tokens (M)": round(r["tokens"] / 1e6, 3) if r["tokens"] else None,
                            "train wall (s)": r["train_wall_s"], "train loss": r["train_loss"], "val loss": r["val_loss"],
-                           **{m: round(100 * r[m]["value"], 1) for m in STRICT_METRICS + SAMPLED_METRICS if m in r}}
+                           **{f"{m} (%)": round(100 * r[m]["value"], 1) for m in STRICT_METRICS + SAMPLED_METRICS if m in r}}
                           for r in rows])
     return table.set_index("step")
 
