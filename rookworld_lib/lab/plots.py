@@ -162,7 +162,7 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
             fig.add_scatter(x=[xs[0], xs[-1]], y=[icept + slope * xs[0], icept + slope * xs[-1]], mode="lines",
                             name=f"{key} trend", line=dict(color=colour, dash="dash"), showlegend=False)
     fig.update_layout(title=title, xaxis_title=x)
-    return fig
+    return fig.update_yaxes(exponentformat="e")  # 4e-10, not plotly's SI "400p"
 
 
 CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"}
@@ -230,6 +230,7 @@ class LiveCurves:
                 fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key,
                                 row=row, col=1)
         fig.update_xaxes(title_text="step", row=len(titles), col=1)
+        fig.update_yaxes(exponentformat="e")  # 4e-10, not plotly's SI "400p"
         return fig.update_layout(title=self.title, height=200 + 220 * len(titles))
 
     def __call__(self, record: dict) -> None:
