@@ -176,7 +176,7 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
     if x not in CURVE_X:
         raise ValueError(f"x={x!r}: choose one of {sorted(CURVE_X)}")
     panels = ["val_loss", *STRICT_METRICS]
-    fig = make_subplots(rows=2, cols=3, subplot_titles=["val loss", *(f"{m} (%)" for m in STRICT_METRICS)],
+    fig = make_subplots(rows=2, cols=3, subplot_titles=["val loss (each run's own val texts)", *(f"{m} (%)" for m in STRICT_METRICS)],
                         horizontal_spacing=0.07, vertical_spacing=0.14)
     for i, (name, rows) in enumerate(curves.items()):
         color = series_colour(i)
