@@ -457,9 +457,10 @@ def speedup_figure(result: MatrixResult):
     fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", error_y=bars, marker_color=colour,
                            text=[f"{s:.2f}x" for s in speedups], textposition="inside", insidetextanchor="start"))
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
-    drifted = " (host speed drifted: see the baseline repeat)" if result.drift() else ""
-    fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']}): "
-                            f"grey = within noise, red = changes the loss{drifted}",
+    repeat = next((r for r in rows if r["variable"] == "baseline-repeat"), None)
+    drifted = f"; host speed drifted: the baseline's repeat ran at {repeat['speedup']:.2f}x" if result.drift() else ""
+    fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']})"
+                            f"<br><sup>grey = within noise, red = changes the loss{drifted}</sup>",
                       yaxis_title="tokens/s relative to baseline (p10-p90 bars)", xaxis_title="row (one setting changed)",
                       template="plotly_white")
     return fig
