@@ -155,3 +155,16 @@ def test_finish_puts_the_static_figure_in_the_live_widgets_place(tmp_path, monke
     headless = plots.LiveCurves(["reward"], "GRPO")  # no widget: the static figure is displayed below the cell
     headless.finish("curves2", tmp_path)
     assert len(shown) == 1
+
+
+def test_a_reward_key_keeps_its_colour_in_the_live_curves_and_the_trend_figure():
+    from rookworld_lib.lab.plots import LiveCurves, curves_figure
+
+    history = [{"step": s, "reward": 0.1 * s, "rewards/P/mean": 0.2 * s, "rewards/A/mean": 0.3 * s, "kl": 0.01}
+               for s in (1, 2, 3)]
+    live = LiveCurves({"reward": ["reward", "rewards/P/mean", "rewards/A/mean"], "KL": ["kl"]}, "GRPO", live=False)
+    live.history = history
+    colours = {t.name: t.line.color for t in live.figure().data}
+    assert len(set(colours.values())) == 4  # one colour per trace across the panels
+    trend = curves_figure(history, ["rewards/P/mean", "rewards/A/mean"], "per task", trend=True)
+    assert all(t.line.color == colours[t.name.removesuffix(" trend")] for t in trend.data)

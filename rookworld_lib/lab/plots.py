@@ -141,6 +141,10 @@ def series_colour(i: int) -> str:
     return qualitative.Plotly[i % len(qualitative.Plotly)]
 
 
+# The reward keys every GRPO figure draws keep one colour across figures (the live curves and the trend)
+KEY_COLOUR = {"reward": 0, "rewards/P/mean": 1, "rewards/A/mean": 2}
+
+
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False,
                   smooth: int = 1) -> go.Figure:
     """One line per metric key over the training history (records of JSON-lines metrics); with
@@ -152,7 +156,7 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        colour = series_colour(i)
+        colour = series_colour(KEY_COLOUR.get(key, i))
         shown = [statistics.fmean(ys[max(0, j - smooth + 1): j + 1]) for j in range(len(ys))]
         fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=key,
                         line=dict(color=colour), marker=dict(size=4))
@@ -224,11 +228,13 @@ class LiveCurves:
         titles = list(self.panels)
         fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                             subplot_titles=titles if len(titles) > 1 else None)
+        n = 0  # the trace's place over all panels: its colour unless KEY_COLOUR fixes one
         for row, keys in enumerate(self.panels.values(), start=1):
             for key in keys:  # every key gets its trace, points or not: the widget extends them by name
                 pts = [(r.get("step", i + 1), r[key]) for i, r in enumerate(history) if r.get(key) is not None]
                 fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key,
-                                row=row, col=1)
+                                line=dict(color=series_colour(KEY_COLOUR.get(key, n))), row=row, col=1)
+                n += 1
         fig.update_xaxes(title_text="step", row=len(titles), col=1)
         fig.update_yaxes(exponentformat="e")  # 4e-10, not plotly's SI "400p"
         return fig.update_layout(title=self.title, height=200 + 220 * len(titles))
