@@ -215,6 +215,7 @@ def test_clip_controls_redraw_the_figures():
     cc.loss_type.value = "vespo"  # no clipping: the push no longer drops to 0 outside the range
     assert all(y != 0 for y in cc.clip_fig.data[1].y)
     assert [t.line.width for t in cc.length_fig.data if t.xaxis == "x" and t.name == "vespo"] == [4]
+    assert "one line on top of the other: bnpo = dapo = vespo" in cc.length_fig.layout.title.text  # said, not hidden
     assert "rw-clip-controls" in cc.html() and "loss_type vespo" in cc.html() and "[0.80, 1.28]" in cc.html()
     # headless (plain Python, papermill): plain figures, no FigureWidget whose state (plotly.js, 5 MB
     # each) an executed notebook would keep
