@@ -444,8 +444,10 @@ def length_bias_figure(short_len: int = 5, long_len: int = 40, group_size: int =
                         showlegend=False, row=1, col=2)
     alike: list[list[str]] = []  # loss types whose lines coincide, said in the title (only the top one shows)
     for lt, x in w.items():
-        same = next((g for g in alike if torch.allclose(w[g[0]], x)), None)
-        same.append(lt) if same else alike.append([lt])
+        if same := next((g for g in alike if torch.allclose(w[g[0]], x)), None):
+            same.append(lt)
+        else:
+            alike.append([lt])
     overlap = "; ".join(" = ".join(g) for g in alike if len(g) > 1)
     fig.update_layout(title=f"Length bias: a group of {group_size} completions, {short_len} to {long_len} tokens"
                             + (f"<br><sup>the same weights, one line on top of the other: {overlap}</sup>" if overlap else ""))

@@ -53,10 +53,10 @@ def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
 
 
 def parameter_cells(notebook: Path) -> tuple[str, str]:
-    """The source of the notebook's `parameters` cell and of the cell after it, which checks them."""
+    """The source of the notebook's `parameters` cell and of the code cell after it, which checks them."""
     import nbformat
 
-    cells = nbformat.read(str(notebook), as_version=4).cells
+    cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if c.cell_type == "code"]
     i = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
     return ("", "") if i is None else (cells[i].source, cells[i + 1].source if i + 1 < len(cells) else "")
 
