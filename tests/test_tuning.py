@@ -94,6 +94,9 @@ def test_rows_carry_speed_mfu_and_memory(matrix):
             assert shown["note"] == r["reason"] and shown.drop(["status", "note"]).eq("").all()
         else:
             assert shown["tokens/s"] == f"{r['tokens_per_s']:,.0f}" and "e" not in shown["ms/step (median)"]
+            # MFU against each peak, named: the measured matmul peak, and the data sheet's (none on a CPU)
+            assert shown["MFU (measured peak)"] == f"{100 * r['mfu_measured']:.2g}%"
+            assert shown["MFU (data-sheet peak)"] == "n/a (no data-sheet peak for this device)"
 
 
 def test_scaling_and_figures(matrix):

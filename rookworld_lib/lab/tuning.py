@@ -358,13 +358,14 @@ class MatrixResult:
         def shown(r: dict) -> dict:
             if r["status"] != "ok":
                 return {"row": r["name"], "status": r["status"], "note": r.get("reason") or ""}
-            mfu = r["mfu_measured"]
+            mfu, table_mfu = r["mfu_measured"], r.get("mfu_table")
             return {"row": r["name"], "status": "ok", "ms/step (median)": _ms(r["step_time_s"]),
                     "ms/step p10-p90": f"{_ms(r['step_time_p10_s'])}-{_ms(r['step_time_p90_s'])}",
                     "tokens/s": f"{r['tokens_per_s']:,.0f}",
                     "vs baseline": "" if r.get("speedup") is None else
                     f"{r['speedup']:.2f}x" + (" (noise)" if r.get("within_noise") and r["variable"] != "baseline" else ""),
-                    "MFU": f"{100 * mfu:.2g}%" if mfu else "",
+                    "MFU (measured peak)": f"{100 * mfu:.2g}%" if mfu else "",
+                    "MFU (data-sheet peak)": f"{100 * table_mfu:.2g}%" if table_mfu else "n/a (no data-sheet peak for this device)",
                     "peak MB": "" if r.get("peak_mem_mb") is None else f"{r['peak_mem_mb']:,.0f}",
                     "loss - baseline": "" if r.get("loss_delta") is None else f"{r['loss_delta']:+.1e}",
                     "result": "" if r.get("changes_result") is None else ("CHANGED" if r["changes_result"] else "same"),
