@@ -338,7 +338,7 @@ class MatrixResult:
             base, again = self.row("baseline"), self.row("baseline (repeat)")
         except KeyError:
             return None
-        if "ok" != base["status"] or "ok" != again["status"] or _tokens_per_s_overlap(again, [base]):
+        if base["status"] != "ok" or again["status"] != "ok" or _tokens_per_s_overlap(again, [base]):
             return None
         busy = self.utilization.get("host_cpu_pct", {}).get("mean")
         return (f"host speed drifted: the baseline's repeat ran at {again['speedup']:.2f}x the baseline, outside both "
@@ -458,8 +458,8 @@ def speedup_figure(result: MatrixResult):
     fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", error_y=bars, marker_color=colour,
                            text=[f"{s:.2f}x" for s in speedups], textposition="inside", insidetextanchor="start"))
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
-    repeat = next((r for r in rows if r["variable"] == "baseline-repeat"), None)
-    drifted = f"; host speed drifted: the baseline's repeat ran at {repeat['speedup']:.2f}x" if result.drift() else ""
+    drifted = (f"; host speed drifted: the baseline's repeat ran at {result.row('baseline (repeat)')['speedup']:.2f}x"
+               if result.drift() else "")
     fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']})"
                             f"<br><sup>grey = within noise, red = changes the loss{drifted}</sup>",
                       yaxis_title="tokens/s relative to baseline (p10-p90 bars)", xaxis_title="row (one setting changed)",
