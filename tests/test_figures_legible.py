@@ -90,3 +90,15 @@ def test_count_axes_have_integer_ticks_and_titles_do_not_share_a_side(resolve):
     yaxes = [layout[k] for k in layout if k.startswith("yaxis")]
     assert all(a.get("side", "left") == "left" for a in yaxes), "a right-hand y axis: its title overlaps the next panel"
     assert all(a.get("title", {}).get("text") for a in yaxes), "an unlabelled y axis"
+
+
+def test_axes_fit_what_an_idle_run_draws(resolve):
+    """A share that stayed 0 (the clip fraction of the ci profile's steps) spans 0..1, not -1..1; a
+    short bar's speed-up is written in its row's label, not in a bar with no room for it."""
+    idle = [{"step": i, "kl": 0.0, "clip_ratio/region_mean": 0.0, "reward": -0.1 * i} for i in (1, 2)]
+    layout = resolve(plots.LiveCurves({"clip": ["clip_ratio/region_mean"], "reward": ["reward"]}, "t", live=False)
+                     ._figure(idle))["layout"]
+    assert layout["yaxis"]["range"][0] == 0 and layout["yaxis"]["range"][1] > 0  # the share's panel
+    assert layout["yaxis2"]["range"][0] < -0.1  # the negative reward keeps its own range
+    bars = tuning.speedup_figure(matrix()).data[0]
+    assert list(bars.x) == ["baseline (1.00x)", "attn_impl=math (1.00x)"] and bars.text is None

@@ -235,6 +235,8 @@ class LiveCurves:
                 fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key,
                                 line=dict(color=series_colour(KEY_COLOUR.get(key, n))), row=row, col=1)
                 n += 1
+            if all(y >= 0 for r in history for k in keys if isinstance(y := r.get(k), (int, float))):
+                fig.update_yaxes(rangemode="nonnegative", row=row, col=1)  # a share that stayed 0: 0..1, not -1..1
         fig.update_xaxes(title_text="step", row=len(titles), col=1)
         fig.update_yaxes(exponentformat="e")  # 4e-10, not plotly's SI "400p"
         return fig.update_layout(title=self.title, height=200 + 220 * len(titles))

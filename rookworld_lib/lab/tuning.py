@@ -455,8 +455,8 @@ def speedup_figure(result: MatrixResult):
     spans = [_tokens_per_s_interval(r) for r in rows]
     bars = dict(type="data", symmetric=False, array=[hi / base_tps - s for (_, hi), s in zip(spans, speedups)],
                 arrayminus=[s - lo / base_tps for (lo, _), s in zip(spans, speedups)])
-    fig = go.Figure(go.Bar(x=[r["name"] for r in rows], y=speedups, name="speedup", error_y=bars, marker_color=colour,
-                           text=[f"{s:.2f}x" for s in speedups], textposition="inside", insidetextanchor="start"))
+    fig = go.Figure(go.Bar(x=[f"{r['name']} ({s:.2f}x)" for r, s in zip(rows, speedups)], y=speedups, name="speedup",
+                           error_y=bars, marker_color=colour))  # the speed-up in the row's label: a bar of 0.04x has no room
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
     drifted = (f"; host speed drifted: the baseline's repeat ran at {result.row('baseline (repeat)')['speedup']:.2f}x"
                if result.drift() else "")
