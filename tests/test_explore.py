@@ -21,6 +21,7 @@ from rookworld_lib.core import grpo
 from rookworld_lib.chess.engine import stockfish_available
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.tokenizer import EOT_ID, encode, encode_prompt
+from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +276,18 @@ def test_widgets_only_where_a_frontend_can_show_them(monkeypatch):
     assert explore._live()
     monkeypatch.setattr(explore, "WIDGETS", False)
     assert not explore._live()
+
+
+def test_rollout_temperature_is_the_one_the_runs_grpo_sampled_at(tmp_path):
+    """Notebook 06 samples its groups at the temperature the run's GRPO sampled its rollouts at: read
+    from the GRPO checkpoint's settings, the newest run under the folder; None where none trained."""
+    assert explore.rollout_temperature(None) is None and explore.rollout_temperature(tmp_path) is None
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    for name, temperature in (("older", 0.7), ("newer", 0.3)):
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+                              temperature=temperature, progress=False, report_to="none", seed=0,
+                              out_dir=str(tmp_path / name / "grpo"))
+        GRPOTrainer(model, [PromptItem("P", "Q: 1 A:")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions)).train()
+    assert explore.rollout_temperature(tmp_path) == 0.3
+    assert explore.rollout_temperature(tmp_path / "older") == 0.7

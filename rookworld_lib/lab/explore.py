@@ -39,7 +39,8 @@ from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
 from ..chess.training import prompt_items, reward_functions
-from ..core.train_grpo import COMPLETION_KEYS, score_completions
+from ..core.checkpoint import latest_checkpoint, load_checkpoint
+from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, score_completions
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
@@ -66,6 +67,15 @@ def latest_run(root: str | Path = RUNS_DIR) -> Path | None:
     exported model under `root`; None when there is none."""
     export = newest_export(root)
     return Path(root) / export.relative_to(root).parts[0] if export is not None else None
+
+
+def rollout_temperature(run_dir: str | Path | None) -> float | None:
+    """The sampling temperature of the newest GRPO run under `run_dir` (its latest checkpoint's
+    settings: what its rollouts used); None when `run_dir` holds no GRPO checkpoint."""
+    for metrics in sorted(Path(run_dir).glob(f"**/{METRICS_FILE}"), key=lambda p: p.stat().st_mtime)[::-1] if run_dir else ():
+        if (path := latest_checkpoint(metrics.parent / "checkpoints")) is not None:
+            return float(load_checkpoint(path)["config"]["temperature"])
+    return None
 
 
 def load_model(model_dir: str | None = None, run_dir: str | None = None, seed: int = 0,
