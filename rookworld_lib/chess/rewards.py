@@ -68,6 +68,8 @@ from .engine import (SHARED_CACHE, Analysis, EngineFailedError, StockfishNotFoun
 from .tasks import Eval
 from ..core.config import option, validate
 
+weight = functools.partial(option, min=0.0)  # a reward component's weight: an option, never negative
+
 log = logging.getLogger(__name__)
 
 
@@ -109,11 +111,11 @@ class _Weights:
 class PolicyWeights(_Weights):
     """Weights of the policy components for a legal ``B:`` (they sum to 1)."""
 
-    best_quality: float = option(0.5, "quality of B: by centipawn loss against the engine's best", min=0.0)
-    format: float = option(0.1, "structure of the completion", min=0.0)
-    moves_legal: float = option(0.1, "legal, distinct M: candidates", min=0.0)
-    moves_overlap: float = option(0.15, "overlap of M: with the engine's top candidates", min=0.0)
-    evals_accuracy: float = option(0.15, "accuracy of the E: evals of the candidates the engine also lists", min=0.0)
+    best_quality: float = weight(0.5, "quality of B: by centipawn loss against the engine's best")
+    format: float = weight(0.1, "structure of the completion")
+    moves_legal: float = weight(0.1, "legal, distinct M: candidates")
+    moves_overlap: float = weight(0.15, "overlap of M: with the engine's top candidates")
+    evals_accuracy: float = weight(0.15, "accuracy of the E: evals of the candidates the engine also lists")
     unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
                                      "this", min=0, max=10_000)
     format_gate: bool = option(True, "score every answer that is not format-valid in [-0.95, -0.55], below every "
@@ -125,18 +127,14 @@ class GradedWeights(_Weights):
     """Weights of the graded policy reward's components (they sum to 1): legal, good B: (0.4) and a
     valid answer of distinct candidates (0.4) first, the two headline metrics; the rest support them."""
 
-    best_legal: float = option(0.2, "B: is a legal move", min=0.0)
-    best_quality: float = option(0.2, "quality of B: by centipawn loss against the engine's best (0 unless legal)",
-                                 min=0.0)
-    moves_legal: float = option(0.1, "fraction of the M: entries that are legal moves", min=0.0)
-    moves_distinct: float = option(0.25, "distinct legal M: moves / min(5, legal moves in the position), at most 1",
-                                   min=0.0)
-    evals_accuracy: float = option(0.1, "accuracy of the E: evals of the legal M: moves the engine also lists",
-                                   min=0.0)
-    format: float = option(0.15, "structure of the completion (the five checks of the strict parser)", min=0.0)
-    valid: float = option(0.0, "the answer is format-valid as the strict policy/valid metric counts it "
-                          "(tasks.valid_policy_answer: no parser error, legal candidates, as many as the data give)",
-                          min=0.0)
+    best_legal: float = weight(0.2, "B: is a legal move")
+    best_quality: float = weight(0.2, "quality of B: by centipawn loss against the engine's best (0 unless legal)")
+    moves_legal: float = weight(0.1, "fraction of the M: entries that are legal moves")
+    moves_distinct: float = weight(0.25, "distinct legal M: moves / min(5, legal moves in the position), at most 1")
+    evals_accuracy: float = weight(0.1, "accuracy of the E: evals of the legal M: moves the engine also lists")
+    format: float = weight(0.15, "structure of the completion (the five checks of the strict parser)")
+    valid: float = weight(0.0, "the answer is format-valid as the strict policy/valid metric counts it "
+                          "(tasks.valid_policy_answer: no parser error, legal candidates, as many as the data give)")
     unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
                                      "this", min=0, max=10_000)
 
@@ -149,14 +147,14 @@ class EnvWeights(_Weights):
     """Weights of the environment components (they sum to 1). A wrong next position still earns
     fen_fields times fen_field_credit: squares of the placement, then each other FEN field right."""
 
-    format: float = option(0.1, "four well-formed '+'-separated fields", min=0.0)
-    fen_valid: float = option(0.0, "the next FEN is a valid position (the strict env/valid metric's main check; "
-                              "GRADED_ENV_WEIGHTS gives it weight)", min=0.0)
-    fen_exact: float = option(0.3, "next FEN exactly right", min=0.0)
-    fen_fields: float = option(0.3, "partial credit per FEN field", min=0.0)
-    reward: float = option(0.1, "reward value right", min=0.0)
-    terminated: float = option(0.1, "terminated flag right", min=0.0)
-    truncated: float = option(0.1, "truncated flag right", min=0.0)
+    format: float = weight(0.1, "four well-formed '+'-separated fields")
+    fen_valid: float = weight(0.0, "the next FEN is a valid position (the strict env/valid metric's main check; "
+                              "GRADED_ENV_WEIGHTS gives it weight)")
+    fen_exact: float = weight(0.3, "next FEN exactly right")
+    fen_fields: float = weight(0.3, "partial credit per FEN field")
+    reward: float = weight(0.1, "reward value right")
+    terminated: float = weight(0.1, "terminated flag right")
+    truncated: float = weight(0.1, "truncated flag right")
 
 
 DEFAULT_POLICY_WEIGHTS = PolicyWeights()
