@@ -81,3 +81,111 @@ def test_task_metadata_travels_in_config_json_and_only_under_our_prefix(tmp_path
     back.meta["layout"] = "x"  # not ours: transformers might read it
     with pytest.raises(ValueError, match="must start with 'rookworld_'"):
         back.save_pretrained(tmp_path / "n")
+
+
+def tiny_trainer(tmp_path=None, reward_funcs=None, items=None, **kw):
+    import torch
+
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    cfg = GRPOTrainConfig(**{**dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+                                    progress=False, report_to="none", loss=grpo.GRPOConfig(beta=0.0), seed=0,
+                                    out_dir=None if tmp_path is None else str(tmp_path)), **kw})
+    return GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=32)), items or [PromptItem("P", "Q: 1 A:")] * 2, cfg,
+                       reward_funcs=reward_funcs or says_yes)
+
+
+def test_a_bad_reward_function_or_prompt_is_refused_in_one_line_naming_it():
+    """What a reward function returns is checked as TRL's signature asks (one float or None per
+    completion; numpy and torch values too), naming the function; a task the trainer does not draw is
+    refused, not dropped; a step that no function could score warns (it trains nothing)."""
+    import warnings
+
+    import numpy as np
+    import pytest
+    import torch
+
+    def returns(value):
+        def judge(prompts, completions, **_):
+            return value
+        return judge
+
+    for value, message in ((0.5, "gave float 0.5 for 4 completions"), (None, "gave NoneType None for 4"),
+                           ({"a": 1.0}, "gave dict"), ([0.0], "gave 1 values for 4"),
+                           (["good"] * 4, "gave str 'good' for completion 0"), ([[0.5]] * 4, r"gave list \[0.5\] for completion 0"),
+                           (torch.zeros(4, 2), "gave Tensor tensor\\(\\[0., 0.\\]\\) for completion 0")):
+        with pytest.raises(ValueError, match=rf"^reward function 'judge' {message}"):
+            tiny_trainer(reward_funcs=returns(value)).train()
+    for value in (np.zeros(4, dtype=np.float32), torch.ones(4), [True, None, 1, np.float64(0.5)]):
+        assert len(tiny_trainer(reward_funcs=returns(value)).train()) == 1
+    with pytest.raises(ValueError, match="reward_funcs: str 'a' is not callable"):
+        tiny_trainer(reward_funcs="abc")
+    with pytest.raises(ValueError, match=r"reward_weights must be finite numbers, got \['x'\]"):
+        GRPOTrainer(tiny_trainer().model, [PromptItem("P", "Q:")] * 2, tiny_trainer().cfg, says_yes, reward_weights=["x"])
+    with pytest.raises(ValueError, match="prompt 1: task 'math'; .* label a task of your own P and set policy_fraction=1.0"):
+        tiny_trainer(items=[PromptItem("P", "Q: 1 A:"), PromptItem("math", "1+1=")])
+    with pytest.raises(ValueError, match="policy_fraction=0.5 asks for A prompts .* set policy_fraction=1.0"):
+        tiny_trainer(policy_fraction=0.5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny_trainer(reward_funcs=returns([float("nan"), None, None, None])).train()
+    assert any("no reward to learn from" in str(w.message) for w in caught)
+
+
+def test_reward_metric_names_are_unique_and_stable_and_num_tokens_counts_as_trls(tmp_path):
+    """Two lambdas log as <lambda> and <lambda>_2, a partial under its function's name (no address that
+    changes every run); num_tokens is TRL's: the prompt and completion tokens of every step so far,
+    carried across a resume."""
+    import functools
+
+    from rookworld_lib.core.tokenizer import encode
+
+    def score(prompts, completions, k=1, **_):
+        return [float(k)] * len(completions)
+
+    funcs = [lambda completions, **_: [0.0] * len(completions), lambda completions, **_: [1.0] * len(completions),
+             functools.partial(score, k=2)]
+    trainer = tiny_trainer(tmp_path, reward_funcs=funcs, steps=2)
+    first = trainer.train(until=1)[-1]
+    assert {"rewards/<lambda>/mean", "rewards/<lambda>_2/mean", "rewards/score/mean"} <= set(first)
+    prompt = len(encode(trainer.model.prompt_prefix + "Q: 1 A:"))  # the model's prefix (<|endoftext|>) first
+    assert first["num_tokens"] == 4 * prompt + int(trainer.last_batch.mask.sum())
+    resumed = tiny_trainer(tmp_path, reward_funcs=funcs, steps=2)
+    second = resumed.train()[-1]
+    assert second["num_tokens"] == first["num_tokens"] + 4 * prompt + int(resumed.last_batch.mask.sum())
+
+
+def test_a_resume_names_a_changed_reward_function_or_model_shape(tmp_path):
+    import dataclasses
+
+    import pytest
+
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    tiny_trainer(tmp_path).train()
+    with pytest.raises(ValueError, match=r"other settings \(reward_funcs: 'says_yes x1' -> '<lambda> x1'\)"):
+        tiny_trainer(tmp_path, reward_funcs=lambda completions, **_: [0.0] * len(completions), steps=2)
+    with pytest.raises(ValueError, match=r"other settings \(model.n_embd: 64 -> 128\)"):
+        GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=32, n_embd=128)), [PromptItem("P", "Q: 1 A:")] * 2,
+                    dataclasses.replace(tiny_trainer(tmp_path).cfg, steps=2),
+                    reward_funcs=says_yes)
+    assert tiny_trainer(tmp_path, steps=2).resumed_from is not None  # the same functions and shape resume
+
+
+def test_an_old_trainer_called_again_refuses_to_cut_back_a_later_runs_logs(tmp_path):
+    """A notebook cell run again on a trainer another run has overtaken (or on one made before another
+    run saved) would reopen the logs at its own step: it is refused, and every record stays."""
+    import pytest
+
+    old = tiny_trainer(tmp_path, steps=2)
+    old.train()
+    tiny_trainer(tmp_path, steps=3).train()  # a later run continues the same out_dir to step 3
+    with pytest.raises(ValueError, match="another run saved step_00000003.pt there after this trainer left step_00000002.pt"):
+        old.train()
+    made_early = tiny_trainer(tmp_path / "b")
+    tiny_trainer(tmp_path / "b").train()
+    with pytest.raises(ValueError, match="after this trainer was made"):
+        made_early.train()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "grpo_metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3] and len((tmp_path / "b" / "grpo_metrics.jsonl").read_text().splitlines()) == 1

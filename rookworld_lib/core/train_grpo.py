@@ -22,10 +22,13 @@ import copy
 import dataclasses
 import hashlib
 import math
+import numbers
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable, Sequence
 
 import torch
@@ -131,12 +134,27 @@ def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], co
     prompts = [i.prompt for i in items]
     per_func = []
     for f in reward_funcs:
-        values = list(f(prompts=prompts, completions=completions, **columns))
-        if len(values) != len(completions):
-            raise ValueError(f"reward function {getattr(f, '__name__', f)!r} gave {len(values)} values for "
-                             f"{len(completions)} completions")
+        values = f(prompts=prompts, completions=completions, **columns)
+        if isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__") or len(values) != len(completions):
+            got = f"{len(values)} values" if isinstance(values, (list, tuple)) else _shown(values)
+            raise ValueError(f"reward function {reward_name(f)!r} gave {got} for {len(completions)} completions; it "
+                             "must give a list of one float (or None: unscorable) per completion")
+        values = [v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in values]
+        if (bad := next((i for i, v in enumerate(values) if not (v is None or isinstance(v, numbers.Real))), None)) is not None:
+            raise ValueError(f"reward function {reward_name(f)!r} gave {_shown(values[bad])} for completion {bad}; "
+                             "each value must be a float (or None: unscorable)")
         per_func.append([float("nan") if v is None else float(v) for v in values])
     return torch.tensor(per_func, dtype=torch.float32).reshape(len(per_func), len(completions)).T
+
+
+def reward_name(f: RewardFunc) -> str:
+    """A reward function's name in metrics (`rewards/<name>/mean`): its __name__, a partial's function's."""
+    return getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", None) or type(f).__name__
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 class PromptSampler:
@@ -144,11 +162,18 @@ class PromptSampler:
 
     def __init__(self, items: list[PromptItem], policy_fraction: float, seed: int):
         first, second = TASKS
+        if (other := next((n for n, i in enumerate(items) if i.task not in TASKS), None)) is not None:
+            raise ValueError(f"prompt {other}: task {items[other].task!r}; the trainer draws prompts of the tasks "
+                             f"{TASKS} (policy_fraction of them {first}); label a task of your own {first} and set "
+                             "policy_fraction=1.0")
         self.pools = {t: [i for i in items if i.task == t] for t in TASKS}
         if policy_fraction > 0 and not self.pools[first]:
-            raise ValueError(f"policy_fraction > 0 but there are no {first}: prompts")
+            raise ValueError(f"policy_fraction={policy_fraction:g} asks for {first} prompts and there are none; "
+                             f"set policy_fraction=0.0 to draw only {second} prompts")
         if policy_fraction < 1 and not self.pools[second]:
-            raise ValueError(f"policy_fraction < 1 but there are no {second}: prompts")
+            raise ValueError(f"policy_fraction={policy_fraction:g} asks for {second} prompts (the other "
+                             f"{1 - policy_fraction:g}) and there are none; set policy_fraction=1.0 to draw only "
+                             f"{first} prompts")
         self.fraction = policy_fraction
         self.rng = random.Random(seed)
         self.order = {t: [] for t in self.pools}
@@ -272,10 +297,19 @@ class GRPOTrainer(Trainer):
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
         self.prompts = self.data = PromptSampler(items, cfg.policy_fraction, cfg.seed)
         self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
-        self.reward_weights = [1.0] * len(self.reward_funcs) if reward_weights is None else list(map(float, reward_weights))
+        if (bad := next((f for f in self.reward_funcs if not callable(f)), None)) is not None:
+            raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
+                             "**columns) or a list of them")
+        weights = [1.0] * len(self.reward_funcs) if reward_weights is None else list(reward_weights)
+        if not all(isinstance(w, numbers.Real) and math.isfinite(w) for w in weights):
+            raise ValueError(f"reward_weights must be finite numbers, got {weights}")
+        self.reward_weights = [float(w) for w in weights]
         if not self.reward_funcs or len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"give one or more reward functions and one weight each (got {len(self.reward_funcs)} "
                              f"functions, {len(self.reward_weights)} weights)")
+        names = [reward_name(f) for f in self.reward_funcs]  # unique in metrics: a second "<lambda>" is "<lambda>_2"
+        self.reward_names = [n if names[:i].count(n) == 0 else f"{n}_{names[:i].count(n) + 1}" for i, n in enumerate(names)]
+        self.tokens_seen = 0  # prompt and completion tokens of every batch so far (TRL's num_tokens)
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
         self.last_rollout: list[dict] = []  # the latest step's completions, as completions.jsonl rows
@@ -296,7 +330,8 @@ class GRPOTrainer(Trainer):
     # -- what the scaffold asks -----------------------------------------------------------
 
     def checkpoint_extra(self) -> dict:
-        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint,
+        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint, "tokens_seen": self.tokens_seen,
+                 "rewards": [[n, w] for n, w in zip(self.reward_names, self.reward_weights)],
                  "task_vocab": None if self.vocab is None else self.vocab.ids.tolist(),
                  "task_vocab_base": None if self.outside is None else self.init_from or "unknown"}
         if self.ref is not None:
@@ -304,16 +339,23 @@ class GRPOTrainer(Trainer):
         return extra
 
     def restore_extra(self, extra: dict) -> None:
+        self.tokens_seen = extra.get("tokens_seen", 0)
         if self.ref is not None:
             self.ref.load_state_dict(extra["ref"], strict=True)
 
     def resume_differences(self, ckpt: dict) -> dict[str, tuple]:
-        """The model a run starts from and its prompt set must be the checkpoint's too."""
+        """The model a run starts from, its prompt set and its reward functions must be the checkpoint's too."""
         extra, diff = ckpt.get("extra") or {}, {}
         if self.init_from is not None and extra.get("init_from") not in (None, self.init_from):
             diff["init_from"] = (extra["init_from"], self.init_from)
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
+        saved, shape = ckpt.get("model_config") or {}, dataclasses.asdict(self.model.config)
+        diff.update({f"model.{k}": (saved[k], shape[k]) for k in ("n_layer", "n_head", "n_embd", "vocab_size",
+                                                                  "block_size", "bias") if saved.get(k, shape[k]) != shape[k]})
+        rewards = [[n, w] for n, w in zip(self.reward_names, self.reward_weights)]
+        if extra.get("rewards", rewards) != rewards:  # reward functions by name, with their weights
+            diff["reward_funcs"] = tuple(", ".join(f"{n} x{w:g}" for n, w in r) for r in (extra["rewards"], rewards))
         mine = None if self.vocab is None else self.vocab.ids.tolist()
         if extra.get("task_vocab", mine) != mine:
             diff["vocab"] = tuple("all tokens" if v is None else f"{len(v)} task tokens" for v in (extra["task_vocab"], mine))
@@ -411,6 +453,10 @@ class GRPOTrainer(Trainer):
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}
         t_start = time.perf_counter()
         batch, info = self.rollout(timings)
+        if batch.reward_table.isnan().all():
+            warnings.warn("GRPO: every reward function gave None (or NaN) for every completion of a step, so the "
+                          "step has no reward to learn from; check the reward functions", stacklevel=2)
+        self.tokens_seen += sum(map(len, batch.prompt_ids)) + int(batch.mask.sum())
         adv, adv_stats = grpo.group_advantages(batch.reward_table, cfg.group_size, scale=cfg.scale_rewards,
                                                reward_weights=self.reward_weights,
                                                multi_objective_aggregation=cfg.multi_objective_aggregation)
@@ -532,10 +578,9 @@ class GRPOTrainer(Trainer):
                 record[f"rewards/{task}/mean"] = batch.rewards[sel].mean().item()
                 record[f"rewards/{task}/std"] = batch.rewards[sel].std(unbiased=False).item()
         if len(self.reward_funcs) > 1:  # TRL's rewards/<function name>/mean and /std (over the rows it scored)
-            for f, column in zip(self.reward_funcs, batch.reward_table.T):
+            for name, column in zip(self.reward_names, batch.reward_table.T):
                 scored = column[~column.isnan()]
                 if scored.numel():
-                    name = getattr(f, "__name__", str(f))
                     record[f"rewards/{name}/mean"] = scored.mean().item()
                     record[f"rewards/{name}/std"] = scored.std(unbiased=False).item()
         lengths = batch.mask.sum(1).float()
@@ -545,6 +590,7 @@ class GRPOTrainer(Trainer):
                        "time/sampling": timings["sampling"], "time/scoring": timings["scoring"],
                        "time/update": timings["update"], "time/step": elapsed,
                        "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
+                       "num_tokens": self.tokens_seen,  # as TRL's: prompt and completion tokens so far
                        "world_size": self.dist.world_size})
         return record
 

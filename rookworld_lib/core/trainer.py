@@ -262,7 +262,19 @@ class Trainer:
             raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "
                                "make a new one")
         with run_lock(self.out_dir) if self.out_dir is not None and self.dist.is_main else contextlib.nullcontext():
+            self._check_checkpoint_is_ours()
             return self._loop(until)
+
+    def _check_checkpoint_is_ours(self) -> None:
+        """Refuse to go on where out_dir's latest checkpoint is not the one this trainer left (another
+        trainer saved there since: a cell run again on an old trainer would cut that run's logs back)."""
+        if self.ckpt_dir is None:  # every rank sees out_dir (torchrun asks for a shared filesystem)
+            return
+        latest, mine = ckpt_lib.latest_checkpoint(self.ckpt_dir), self.last_checkpoint
+        if latest is not None and (mine is None or latest.name != mine.name):
+            raise ValueError(f"{self.ckpt_dir}: another run saved {latest.name} there after this trainer "
+                             f"{f'left {mine.name}' if mine else 'was made'}; going on would cut that run's metrics "
+                             f"back to step {self.step}: make a new {type(self).__name__} to continue from it")
 
     def start(self, metrics) -> None:
         """Runs once before the first step of a call to train() (SFT logs its step-0 val loss)."""
