@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -215,3 +217,14 @@ def test_loss_at_init_near_uniform():
     with torch.no_grad():
         loss = lm_loss(m(idx[:, :-1]), idx[:, 1:]).item()
     assert abs(loss - torch.log(torch.tensor(50257.0)).item()) < 0.2
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_exported_files_get_the_users_umask_not_0600(tmp_path, umask, mode):
+    """safetensors' save_file writes its file 0600: an export shared with other users (a --out on a
+    shared filesystem) gets the mode `touch` would give it, the weights as well as config.json."""
+    code = ("import os, sys; os.umask(int(sys.argv[1])); from rookworld_lib.core.model import GPT, GPTConfig; "
+            "GPT(GPTConfig.preset('tiny', block_size=8)).save_pretrained(sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, str(umask), str(tmp_path / "final")], check=True)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "final").iterdir()} == \
+        {"config.json": oct(mode), "model.safetensors": oct(mode)}

@@ -63,9 +63,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
-        # mkstemp makes the file 0600; the result gets the mode a plain open() would give it
-        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         yield tmp
+        # mkstemp makes the file 0600 (and safetensors' save_file writes its own file 0600): the result gets
+        # the mode a plain open() would give it
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         _fsync(tmp, os.O_RDWR)  # (Windows fsyncs only a writable descriptor)
         os.replace(tmp, path)
     except BaseException:
