@@ -13,6 +13,8 @@ from rookworld_lib.core import checkpoint as ck
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.train_utils import WarmupCosineSchedule, build_adamw
 
+EXPORT_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
 
 def small_model(seed=0):
     torch.manual_seed(seed)
@@ -342,7 +344,7 @@ def test_hf_directory_errors_name_the_file(tmp_path):
         model_module.save_file = real
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(out / "model.safetensors")
     assert (out / "model.safetensors").read_bytes() == before  # the earlier export is untouched
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]  # no temporary file left
+    assert sorted(os.listdir(out)) == EXPORT_FILES  # no temporary file left
 
 
 def test_an_export_reaches_the_disk_before_it_replaces_the_old_one(tmp_path, monkeypatch):
@@ -355,7 +357,7 @@ def test_an_export_reaches_the_disk_before_it_replaces_the_old_one(tmp_path, mon
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / ".tmp-model.safetensors.killed").write_bytes(b"torn")  # what a killed export leaves
     small_model().save_pretrained(tmp_path / "m")
-    assert sorted(os.listdir(tmp_path / "m")) == ["config.json", "model.safetensors"]  # the next export removes it
+    assert sorted(os.listdir(tmp_path / "m")) == EXPORT_FILES  # the next export removes it
     weights = [p for p in synced if p.name.startswith(".tmp-model.safetensors.")]
     assert len(weights) == 1 and not weights[0].exists() and synced.index(weights[0]) < synced.index(tmp_path / "m")
     torch.testing.assert_close(GPT.from_pretrained(tmp_path / "m").state_dict(), small_model().state_dict(),

@@ -227,4 +227,20 @@ def test_exported_files_get_the_users_umask_not_0600(tmp_path, umask, mode):
             "GPT(GPTConfig.preset('tiny', block_size=8)).save_pretrained(sys.argv[2])")
     subprocess.run([sys.executable, "-c", code, str(umask), str(tmp_path / "final")], check=True)
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "final").iterdir()} == \
-        {"config.json": oct(mode), "model.safetensors": oct(mode)}
+        {name: oct(mode) for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")}
+
+
+def test_an_export_carries_the_tokenizer_transformers_reads_offline(tmp_path):
+    """AutoTokenizer.from_pretrained(export) is GPT-2's tokenizer, offline: the ids tiktoken gives (our
+    get_tokenizer) for every shipped test text and for awkward strings, and the text back from them."""
+    from rookworld_lib.chess import data
+    from rookworld_lib.core.tokenizer import EOT_ID, encode
+
+    GPT(GPTConfig.preset("tiny", block_size=64)).save_pretrained(tmp_path)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert tok.eos_token_id == tok.bos_token_id == EOT_ID and len(tok) == 50257 and tok.model_max_length == 64
+    texts = [r["prompt"] + r["completion"] for split in ("P", "A") for r in data.load_split(split, "test").records]
+    texts += ["<|endoftext|>P: 8/8/8/8/8/8/8/8 w - - 0 1", "Ünïcödé 日本語 🚀 I'M don't\t\ttab  \n\n x", "   lead", "trail   "]
+    for text in texts:
+        assert tok.encode(text) == encode(text), text
+        assert tok.decode(tok.encode(text)) == text

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from .config import option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import TMP_PREFIX, atomic_path, atomic_write
-from .tokenizer import EOT_TOKEN
+from .tokenizer import EOT_TOKEN, write_hf_tokenizer
 
 ATTN_IMPLS = ("sdpa", "math")
 
@@ -353,7 +353,8 @@ class GPT(nn.Module):
         return model
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads."""
+        """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads, and GPT-2's
+        tokenizer files for its AutoTokenizer (tokenizer.write_hf_tokenizer, where transformers is here)."""
         if bad := [k for k in self.meta if not k.startswith(META_PREFIX) or k == PROMPT_PREFIX_KEY]:
             raise ValueError(f"model.meta keys must start with {META_PREFIX!r} (and not be {PROMPT_PREFIX_KEY!r}): {bad}")
         directory = Path(directory)
@@ -376,6 +377,7 @@ class GPT(nn.Module):
                 save_file(state, str(tmp), metadata={"format": "pt"})
             except SafetensorError as exc:  # a full disk, say: an OSError naming the file, not safetensors' own
                 raise _os_error(exc, weights) from None
+        write_hf_tokenizer(directory, self.config.block_size)  # before config.json, the mark of a whole export
         text = json.dumps({**hf_config_dict(self.config), **self.meta, PROMPT_PREFIX_KEY: self.prompt_prefix},
                           indent=2) + "\n"
         config_path = directory / "config.json"

@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import json
 import os
 from pathlib import Path
 
 import tiktoken
 
-from .paths import DATA_DIR
+from .paths import DATA_DIR, atomic_write
 
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_TOKEN = "<|endoftext|>"
@@ -80,6 +81,43 @@ def token_boundaries(text: str, tokenizer: tiktoken.Encoding | None = None) -> l
     """The text of each token, so a reader can see where the BPE cuts a string."""
     enc = tokenizer or get_tokenizer()
     return [enc.decode_single_token_bytes(t).decode("utf-8", errors="replace") for t in encode(text, enc)]
+
+
+def hf_tokenizer_json() -> str | None:
+    """GPT-2's tokenizer as transformers' tokenizer.json (encoding exactly as get_tokenizer() does),
+    built once by transformers' TikTokenConverter and cached in ~/.cache/rookworld (XDG_CACHE_HOME);
+    None where transformers is not installed and nothing is cached."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rookworld" / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"
+    try:
+        return cache.read_text()
+    except (OSError, UnicodeDecodeError):
+        pass
+    try:  # optional heavy dependency: only the first export on a machine needs it
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+    except ImportError:
+        return None
+    get_tokenizer()  # the rank file checked first (its sha256), with the error that says how to restore it
+    text = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
+                             extra_special_tokens=[EOT_TOKEN]).converted().to_str()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, lambda f: f.write(text.encode()))
+    except OSError:  # an unwritable home: built again next time
+        pass
+    return text
+
+
+def write_hf_tokenizer(directory: str | Path, max_length: int) -> bool:
+    """Write tokenizer.json and tokenizer_config.json into a model folder, so that transformers'
+    AutoTokenizer.from_pretrained(directory) reads GPT-2's tokenizer offline; False (nothing written)
+    where hf_tokenizer_json() has none."""
+    if (text := hf_tokenizer_json()) is None:
+        return False
+    config = {"tokenizer_class": "GPT2Tokenizer", "bos_token": EOT_TOKEN, "eos_token": EOT_TOKEN,
+              "unk_token": EOT_TOKEN, "add_prefix_space": False, "errors": "replace", "model_max_length": max_length}
+    atomic_write(Path(directory) / "tokenizer.json", lambda f: f.write(text.encode()))
+    atomic_write(Path(directory) / "tokenizer_config.json", lambda f: f.write((json.dumps(config, indent=2) + "\n").encode()))
+    return True
 
 
 # The two task pools SFT and GRPO mix (policy_fraction: the share of the first): a sample or prompt
