@@ -113,7 +113,8 @@ def test_dynamic_sampling_drops_tied_groups():
 @pytest.mark.parametrize("field,value", [("group_size", 1), ("policy_fraction", 1.5), ("scale_rewards", "z"),
                                          ("mu", 0), ("temperature", 0.0), ("lr", float("inf")),
                                          ("weight_decay", float("nan")), ("grad_clip", float("nan")),
-                                         ("min_lr_ratio", float("nan")), ("top_p", 0.0), ("lr", "1e-5")])
+                                         ("min_lr_ratio", float("nan")), ("top_p", 0.0), ("lr", "1e-5"),
+                                         ("device", "cdua"), ("out_dir", 5)])
 def test_config_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOTrainConfig(**{field: value})

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import sys
 import types
 import typing
@@ -66,6 +67,8 @@ def validate(cfg) -> None:
         elif hint is float:
             check_number(cfg, f.name, min=meta.get("min"), max=meta.get("max"),
                          min_open=meta.get("min_open", False), max_open=meta.get("max_open", False))
+        elif hint is str and not isinstance(value, (str, os.PathLike)):  # a path field may be a Path
+            bad_field(type(cfg).__name__, f.name, value, "must be a string")
 
 
 def bad_field(cls_name: str, name: str, value: Any, why: str):

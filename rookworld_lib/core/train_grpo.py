@@ -39,7 +39,7 @@ from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
 from .tokenizer import EOT_ID, TASKS, encode_prompt, get_tokenizer
-from .train_utils import WarmupCosineSchedule, build_adamw, clip_grad_norm, to_jsonable
+from .train_utils import WarmupCosineSchedule, build_adamw, check_device_name, clip_grad_norm, to_jsonable
 from .trainer import Trainer
 
 METRICS_FILE = "grpo_metrics.jsonl"
@@ -104,6 +104,7 @@ class GRPOTrainConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
+        check_device_name(self)
         if not 1 <= self.rollout_chunks <= self.prompts_per_step:
             bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
         if not isinstance(self.loss, grpo.GRPOConfig):

@@ -33,7 +33,7 @@ from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
 from .tokenizer import EOT_ID, EOT_TOKEN, TASKS, VOCAB_SIZE, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
-from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, seed_everything
+from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, check_device_name, seed_everything
 from .trainer import FINAL_DIR, Trainer
 
 log = logging.getLogger(__name__)
@@ -119,11 +119,7 @@ class SFTConfig:
                 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
             bad_field(name, "betas", betas, "must be two numbers in [0, 1)")
         object.__setattr__(self, "betas", tuple(float(b) for b in betas))
-        if self.device != "auto":
-            try:
-                torch.device(self.device)
-            except (RuntimeError, ValueError, TypeError):
-                bad_field(name, "device", self.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
+        check_device_name(self)
         if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
             bad_field(name, "out_dir", self.out_dir, "must be a directory path")
 

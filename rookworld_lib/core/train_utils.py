@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .config import bad_field
 from .paths import JsonlAppender, read_jsonl, write_jsonl
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,15 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
 
 
 # -- device and precision -------------------------------------------------------------------
+
+def check_device_name(cfg) -> None:
+    """cfg.device must be "auto" or a name torch.device takes (whether it is here is resolve_device's)."""
+    if cfg.device != "auto":
+        try:
+            torch.device(cfg.device)
+        except (RuntimeError, ValueError, TypeError):
+            bad_field(type(cfg).__name__, "device", cfg.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
+
 
 def resolve_device(device: str = "auto") -> torch.device:
     """"auto" -> cuda when available, else cpu; anything else is checked to exist."""
