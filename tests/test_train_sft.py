@@ -155,7 +155,11 @@ def test_load_texts_reads_text_lines_and_datagen_records(tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "P: x"}\n{"txt": "oops"}\n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected an object with a non-empty string field 'text'"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected a string, \{\"text\": ...\} or \{\"prompt\": ..., "
+                                         r"\"completion\": ...\} \(strings\), got an object with keys \['txt'\]"):
+        training.RecordReader().load_texts([bad])
+    bad.write_text('{"text": "P: x"}\n"a bare string"\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2: expected an object .* got a JSON str"):
         training.RecordReader().load_texts([bad])
     bad.write_text('{"text": "P: x"}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: invalid JSON"):
@@ -443,3 +447,20 @@ def test_a_second_writer_into_the_same_out_dir_stops_at_once(tmp_path):
     after = {p.name: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".lock"}
     assert after == before
     assert train_sft(tiny_cfg(tmp_path, max_steps=4), train_texts=TEXTS).step == 4  # free again: it resumes
+
+
+def test_sft_takes_prompt_completion_records_as_trl_writes_them(tmp_path):
+    """train_texts (and data files) may hold TRL's prompt-completion records, trained on as prompt +
+    completion: the same packed stream as the texts; anything else is refused naming the sample."""
+    cfg = SFTConfig(model="tiny", model_overrides={"block_size": 32}, block_size=32, batch_size=2, max_steps=1, warmup_steps=0,
+                    policy_fraction=None, val_fraction=0.0, eval_interval=0, export_hf=False, progress=False,
+                    report_to="none", checkpoint_interval=0, out_dir=str(tmp_path / "a"), seed=0)
+    texts = [f"Q: {i} A: {'yes' if i % 2 else 'no'}" for i in range(32)]
+    records = [{"prompt": t[:t.index("A:")], "completion": t[t.index("A:"):]} for t in texts]
+    as_texts = SFTTrainer(cfg, train_texts=texts).train_stream
+    as_records = SFTTrainer(dataclasses.replace(cfg, out_dir=str(tmp_path / "b")), train_texts=records).train_stream
+    assert as_records.n_tokens == as_texts.n_tokens and as_records.next_batch(2, 32)[0].equal(as_texts.next_batch(2, 32)[0])
+    for bad, message in (({"prompt": "Q:"}, r"train_texts\[0\]: expected a string, .* got an object with keys \['prompt'\]"),
+                         (7, r"train_texts\[0\]: .* got int"), ("  ", r"train_texts\[0\]: an empty sample")):
+        with pytest.raises(ValueError, match=message):
+            SFTTrainer(cfg, train_texts=[bad])

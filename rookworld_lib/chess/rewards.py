@@ -32,13 +32,14 @@ Without the gate a malformed answer that names the best move (five copies of it 
 typical greedy failure of a small SFT model) scored 0.78, above a format-valid answer with a worse
 legal move, and GRPO had nothing to gain from valid text.
 
-Graded policy reward (:class:`GradedWeights` as the weights; issue 26): six components in [0, 1],
+Graded policy reward (:class:`GradedWeights` as the weights; issue 26): seven components in [0, 1],
 each computed on its own in every answer whose prompt parses, malformed or not (no gate), from the
 fields read leniently (:func:`tasks.read_policy_fields`): ``best_legal`` (B: a legal move),
 ``best_quality`` (as above; 0 unless B: is legal), ``moves_legal`` (fraction of the M: entries that are
 legal), ``moves_distinct`` (distinct legal M: moves / min(5, legal moves), capped at 1: the greedy loop
 ``M: d2d4 d2d4 ...`` earns 1/5), ``evals_accuracy`` (as above, the (move, eval) pairs read by position)
-and ``format`` (as above). The total is their weighted sum in [0, 1]; garbage (no M:/E:/B: marker, or a
+``format`` (as above) and ``valid`` (1 when the answer is format-valid as the strict ``policy/valid``
+metric counts it; weight 0 by default). The total is their weighted sum in [0, 1]; garbage (no M:/E:/B: marker, or a
 prompt that is not ``P: <valid FEN>``) scores 0.0, the floor, with every component 0. Each component
 raises the total in every band; :func:`policy_component_rewards` gives them one reward function each.
 
@@ -782,6 +783,9 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
         return out
 
     reward.__name__ = reward.__qualname__ = name
+    reward.__doc__ = (f"TRL reward function {name}: one float (or None) per completion of "
+                      f"{ {None: 'P: and A: prompts', 'P': 'P: prompts', 'A': 'A: prompts'}[task] }, "
+                      "as rewards.trl_reward_function describes.")
     return reward
 
 
@@ -816,7 +820,7 @@ def policy_component_rewards(weights: GradedWeights | None = None, *, engine="au
     -> list[float | None]`, for the core's GRPO trainer: one per graded policy component, named
     "P/<component>" (GRADED_COMPONENTS order), None on A: rows; then "A/reward", the environment reward,
     None on P: rows. With :func:`component_reward_weights` as the trainer's reward_weights, their
-    weighted sum is the graded policy reward on P: rows and the environment reward on A: rows. The six
+    weighted sum is the graded policy reward on P: rows and the environment reward on A: rows. The seven
     components of a completion come from one memoised score_policy_detailed call. `truth`: one record
     per row (as the trainer passes it), else TRL's data-set columns; set-up errors propagate."""
     w = weights or DEFAULT_GRADED_WEIGHTS

@@ -20,7 +20,7 @@ import itertools
 import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -190,8 +190,28 @@ RESUME_MAY_CHANGE = Trainer.resume_may_change | {"report_to", "train_data", "val
 
 # -- reading sample texts --------------------------------------------------------------------------
 
+def sample_text(sample, where: str) -> str:
+    """A sample's training text: a string; {"text": ...}; or TRL's prompt-completion form {"prompt": ...,
+    "completion": ...}, trained on as prompt + completion (the whole text, as every sample here: no
+    completion-only loss). Anything else raises naming `where`."""
+    if isinstance(sample, str):
+        text = sample
+    elif isinstance(sample, Mapping) and isinstance(sample.get("text"), str):
+        text = sample["text"]
+    elif isinstance(sample, Mapping) and isinstance(sample.get("prompt"), str) and isinstance(sample.get("completion"), str):
+        text = sample["prompt"] + sample["completion"]
+    else:
+        got = f"an object with keys {sorted(sample)}" if isinstance(sample, Mapping) else type(sample).__name__
+        raise DataFormatError(f'{where}: expected a string, {{"text": ...}} or {{"prompt": ..., "completion": ...}} '
+                              f"(strings), got {got}")
+    if not text.strip():
+        raise DataFormatError(f"{where}: an empty sample")
+    return text
+
+
 class TextReader:
-    """How SFT reads its data files: JSON lines ``{"text": "..."}`` (``.jsonl`` or gzipped ``.jsonl.gz``),
+    """How SFT reads its data files: JSON lines ``{"text": "..."}`` or ``{"prompt": "...", "completion": "..."}``
+    (`sample_text`; ``.jsonl`` or gzipped ``.jsonl.gz``),
     each line checked as it is read (a bad one raises DataFormatError "file:line: reason"). A task layer
     passes its own (rookworld_lib.chess.training.RecordReader also renders its records); `name` enters
     a streamed run's fingerprint and `meta` is recorded in the model's export (GPT.meta)."""
@@ -203,9 +223,10 @@ class TextReader:
         """The sample texts of `paths`, one at a time (memory does not grow with the files)."""
         for path in paths:
             for lineno, rec in json_lines(path):
-                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str) or not rec["text"].strip():
-                    raise DataFormatError(f"{path}:{lineno}: expected an object with a non-empty string field 'text'")
-                yield rec["text"]
+                if not isinstance(rec, Mapping):  # a bare JSON string or number: not a data file of ours
+                    raise DataFormatError(f'{path}:{lineno}: expected an object {{"text": ...}} or {{"prompt": ..., '
+                                          f'"completion": ...}}, got a JSON {type(rec).__name__}')
+                yield sample_text(rec, f"{path}:{lineno}")
 
     def load_texts(self, paths: Sequence[str | os.PathLike]) -> list[str]:
         """All the sample texts of `paths`, in file order."""
@@ -505,6 +526,10 @@ class SFTTrainer(Trainer):
             raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
         if cfg.stream and train_texts is None and val_texts is None:
             return self._stream_data()
+        if train_texts is not None:
+            train_texts = [sample_text(t, f"train_texts[{i}]") for i, t in enumerate(train_texts)]
+        if val_texts is not None:
+            val_texts = [sample_text(t, f"val_texts[{i}]") for i, t in enumerate(val_texts)]
         if train_texts is None:
             train_texts = self.reader.load_texts(cfg.train_data)
         if val_texts is None and cfg.val_data:
