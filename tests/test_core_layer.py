@@ -189,3 +189,42 @@ def test_an_old_trainer_called_again_refuses_to_cut_back_a_later_runs_logs(tmp_p
         made_early.train()
     steps = [json.loads(line)["step"] for line in (tmp_path / "grpo_metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3] and len((tmp_path / "b" / "grpo_metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tmp_path):
+    """Ctrl-C (or SIGTERM) mid-run: the step under way ends, a checkpoint is saved although the run
+    saves only where it stops (checkpoint_interval 0), KeyboardInterrupt reaches the caller, and a new
+    trainer resumes at that step with every metrics line kept. A second Ctrl-C stops at once. The
+    process's own handlers are back afterwards."""
+    import os
+    import signal
+
+    import pytest
+
+    from rookworld_lib.core import checkpoint as ck
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a Python started in a terminal
+    try:
+        for signum, at in ((signal.SIGINT, 2), (signal.SIGTERM, 3)):
+            out = tmp_path / signum.name
+            trainer = tiny_trainer(out, steps=50)
+            trainer.on_step = lambda record: record["step"] == at and os.kill(os.getpid(), signum)
+            with pytest.raises(KeyboardInterrupt):
+                trainer.train()
+            assert [s for s, _ in ck.list_checkpoints(out / "checkpoints")] == [at]
+            assert len((out / "grpo_metrics.jsonl").read_text().splitlines()) == at
+            assert tiny_trainer(out, steps=50).step == at
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+        def twice(record):
+            if record["step"] == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGINT)  # the second: KeyboardInterrupt here, mid-step 2's bookkeeping
+        trainer = tiny_trainer(tmp_path / "twice", steps=50)
+        trainer.on_step = twice
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert ck.list_checkpoints(tmp_path / "twice" / "checkpoints") == []  # stopped at once: nothing saved
+    finally:
+        signal.signal(signal.SIGINT, previous)

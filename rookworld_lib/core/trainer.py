@@ -7,6 +7,8 @@ rank, the DDP wrapper); resume checks (kind, settings, the same latest file on e
 (rank 0 writes, every rank's RNG state gathered) and export; the loop with out_dir's lock, one
 metrics line per step (and, unless cfg.report_to is "none", the same scalars in TensorBoard event
 files beside it: `tensorboard --logdir runs`), a tqdm bar, periodic checkpoints and the non-finite stop.
+Ctrl-C (or SIGTERM) during the loop ends the step under way, saves a checkpoint and then stops
+(KeyboardInterrupt), so the same command resumes where it stopped; a second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import inspect
 import json
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -297,6 +301,7 @@ class Trainer:
                 stack.enter_context(logging_redirect_tqdm())  # log lines above the bar, not through it
             if self.step < target:
                 self.start(metrics)
+            stop = stack.enter_context(_stop_after_the_step())
             while self.step < target:
                 record = self.train_step()
                 self.after_step(record)
@@ -306,8 +311,13 @@ class Trainer:
                 if self.guard.tripped:
                     raise self._nonfinite_error()
                 interval = self.cfg.checkpoint_interval
-                if (interval > 0 and self.step % interval == 0) or self.step == target:
+                stopping = bool(distributed.all_reduce_sum(float(bool(stop)))) if self.dist.world_size > 1 else bool(stop)
+                if (interval > 0 and self.step % interval == 0) or self.step == target or stopping:
                     self.save()
+                if stopping and self.step < target:  # every rank alike (the flag is summed over ranks)
+                    log.warning("%s stopped after step %d (%s)%s", self.name, self.step, stop[0] if stop else "another rank",
+                                f"; checkpoint {self.last_checkpoint}" if self.last_checkpoint else "")
+                    raise KeyboardInterrupt
         if self.step >= total and self.export_at_end:
             self.export()
         return self.history
@@ -350,3 +360,32 @@ class Trainer:
                               f"leave the parameters untouched and nothing was saved after them; {where}{metrics}. "
                               f"{self.stop_hint}".rstrip())
 
+
+@contextlib.contextmanager
+def _stop_after_the_step():
+    """A list that Ctrl-C (SIGINT) or SIGTERM fills with the signal's name instead of stopping the
+    process mid-step; the loop saves and stops after the step. The first signal puts the previous
+    handlers back, so a second Ctrl-C raises at once. Off the main thread (no signal handlers there): inert."""
+    requested: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requested
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+    def request(signum, frame) -> None:
+        requested.append(signal.Signals(signum).name)
+        restore()
+        log.warning("%s: stopping after this step to save a checkpoint (Ctrl-C again stops at once)",
+                    signal.Signals(signum).name)
+
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:  # a signal the process ignores stays ignored
+            signal.signal(s, request)
+    try:
+        yield requested
+    finally:
+        restore()
