@@ -211,3 +211,23 @@ def test_sigint_during_datagen_exits_130_in_one_line_and_resumes(tmp_path):
     assert again.returncode == 0, again_err[-2000:]
     summary = json.loads(again_out)
     assert summary["games_played"] == 0 and summary["labels_reused"] >= kept - 1  # at most a torn line redone
+
+
+def test_a_split_in_two_layouts_is_refused_not_read_twice(tmp_path, capsys):
+    """policy_test.jsonl beside its .gz copy (or beside shards) would be read twice: every position
+    counted twice in eval, its intervals too narrow. It is one line naming both files."""
+    import gzip
+    import shutil
+
+    shutil.copy(data.data_file("P", "test"), tmp_path / "policy_test.jsonl")
+    (tmp_path / "policy_test.jsonl.gz").write_bytes(gzip.compress((tmp_path / "policy_test.jsonl").read_bytes()))
+    with pytest.raises(data.DataFormatError, match=r"policy_test.jsonl, policy_test.jsonl.gz hold the same split in 2 layouts"):
+        data.load_split("P", "test", tmp_path)
+    (tmp_path / "policy_test.jsonl.gz").unlink()
+    shutil.copy(tmp_path / "policy_test.jsonl", tmp_path / "policy_test-00000.jsonl")
+    with pytest.raises(data.DataFormatError, match="policy_test.jsonl, policy_test-00000.jsonl hold the same split"):
+        data.split_files("P", "test", tmp_path)
+    (tmp_path / "policy_test.jsonl").unlink()
+    assert len(data.load_split("P", "test", tmp_path).records) == len(data.load_split("P", "test").records)
+    rc, err = run_cli(capsys, "datagen", "--out", str(tmp_path), "--validate")
+    assert rc == 0, err

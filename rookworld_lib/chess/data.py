@@ -347,12 +347,19 @@ def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike |
 def split_files(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> list[Path]:
     """Every file of one task and split (or of the mate-in-one set, task 'M1') in a directory: plain,
     gzip-compressed or sharded (data_files_of); empty when there is none. A gap in a shard numbering
-    raises DataFormatError naming the missing file: reading around it would lose its records silently."""
+    raises DataFormatError naming the missing file: reading around it would lose its records silently;
+    two layouts of one split (plain and .gz, or a whole file and shards) raise too: both would be read."""
     path = data_file(task, split, data_dir)
     if lost := missing_shards(path.name, path.parent):
         raise DataFormatError(f"{lost[0]}: missing shard ({len(lost)} missing: shards are numbered from 00000 "
                               "without gaps); its records are lost: generate the data again")
-    return data_files_of(path.name, path.parent)
+    files = data_files_of(path.name, path.parent)
+    layouts = {("shards" if _SHARD_RE.search(f.name) else "whole", f.name.endswith(".gz")) for f in files}
+    if len(layouts) > 1:
+        raise DataFormatError(f"{path.parent}: {', '.join(f.name for f in files)} hold the same split in "
+                              f"{len(layouts)} layouts (plain and .gz, or a whole file and shards); each would be "
+                              "read, every record twice: keep one layout")
+    return files
 
 
 def split_paths(split: str, data_dir: str | os.PathLike | None = None) -> tuple[str, ...]:
