@@ -231,3 +231,23 @@ def test_a_split_in_two_layouts_is_refused_not_read_twice(tmp_path, capsys):
     assert len(data.load_split("P", "test", tmp_path).records) == len(data.load_split("P", "test").records)
     rc, err = run_cli(capsys, "datagen", "--out", str(tmp_path), "--validate")
     assert rc == 0, err
+
+
+@needs_stockfish
+def test_datagen_and_convert_refuse_to_replace_a_data_set_already_in_out(tmp_path, capsys):
+    """A finished data set (here the shipped one) in --out is never replaced silently: datagen and
+    convert stop in one line before writing, and every file is as it was; datagen --fresh replaces."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(data.data_file("P", "test").parent, out, ignore=shutil.ignore_patterns("gpt2.tiktoken"))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(out))
+    assert rc == 1
+    one_line(err, "rookworld datagen", f"{out} already holds a data set (policy_train.jsonl", "pass --fresh to replace them")
+    original = tmp_path / "rook.txt"
+    original.write_text("P: " + " " * 10 + "\n")
+    rc, err = run_cli(capsys, "convert", str(original), "--out", str(out), "--split", "test", "--workers", "1")
+    assert rc == 1
+    one_line(err, "rookworld convert", f"{out} already holds policy_test.jsonl, env_test.jsonl: converting would replace them")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before  # the lock: held while refusing

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import tasks
-from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, move_tags, position_tags
+from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
 from ..core.paths import atomic_file, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
 from .engine import usable_cores
@@ -308,6 +308,10 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:  # on an error every output's temporary file is removed
         stack.enter_context(run_lock(out))  # one writer per directory, as datagen and training: RunDirBusyError
+        if there := [f.name for t in ("P", "A") for f in data_files_of(TASK_FILES[t].format(split=split), out)]:
+            raise ValueError(f"{out} already holds {', '.join(there)}: converting would replace them; choose "
+                                  f"another --out (or --split), delete them first, or convert every input of "
+                                  f"this split in one command")
         err_fh = stack.enter_context(open(errors_path, "w", encoding="utf-8"))
         outputs: dict = {}
         bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))

@@ -673,6 +673,11 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) 
 def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bool, fresh: bool) -> DatagenReport:
     """The run itself, under the lock: games, sample selection, labels, then the record files."""
     work = cfg.work_path()
+    if not fresh and not (work / "config.json").exists() and (
+            there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
+        raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "
+                         "that no run here is resuming: datagen would replace it; choose an empty --out, delete "
+                         "those files, or pass --fresh to replace them")
     seconds: dict[str, float] = {}
     clock = time.perf_counter
     _open_work_dir(work, {"config": cfg.content_key(), "engine": engine_name}, fresh)
@@ -790,7 +795,7 @@ def build_parser() -> argparse.ArgumentParser:
     depth_or_nodes.add_argument("--depth", type=int, help=f"{docs['depth']} (default: {DatagenConfig.depth})")
     depth_or_nodes.add_argument("--nodes", type=int, help=docs["nodes"])
     p.add_argument("--workers", type=int, help=f"{docs['workers']} (default: the usable cores)")
-    p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it")
+    p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it, and replace a data set already in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--validate", nargs="*", metavar="FILE", default=None,
                    help="validate data files (default: every data file in --out) and exit")
