@@ -165,9 +165,17 @@ ROWS = [
     Row("run-gpu-profile-without-cuda", ["run", "--out", "{tmp}/runs", "--profile", "gpu"],
         "profile 'gpu' trains on cuda, and torch sees no CUDA device here", check=no_run_directory,
         marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
+    Row("run-device-parameter-without-cuda", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "device", "cuda"],
+        "-p device 'cuda': torch sees no CUDA device here; pass -p device cpu", check=no_run_directory,
+        marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
+    Row("run-nan-parameter", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "sgd_lr", "NaN"],
+        "notebook parameter 'sgd_lr' must be a finite number, got nan", check=no_run_directory),
     # --- GRPO's settings: checked before the model is read, and before anything is written
     Row("grpo-bad-setting-before-missing-model", grpo("{tmp}/missing", "--steps", "-5"),
         "GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5"),
+    Row("grpo-seed-beyond-its-range", grpo("{model}", "--steps", "1", "--seed", str(2**64)),
+        f"GRPOTrainConfig.seed (--seed) must be an integer in 0..4294967295, got {2**64}",
+        check=lambda w, p: _assert_absent(w["tmp"] / "grpo")),
     Row("grpo-completion-beyond-the-block", grpo("{model}", "--steps", "1", "--max-new-tokens", "100000"),
         "max_new_tokens (100000) - 1 = ", check=lambda w, p: _assert_absent(w["tmp"] / "grpo")),
 ]

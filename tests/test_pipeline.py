@@ -200,7 +200,7 @@ def test_a_bar_off_a_terminal_is_lines_not_carriage_returns():
 def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(notebook):
     """`rookworld run` runs each notebook's own checks (the cell after `parameters`) before any notebook
     starts: they accept what every profile of the command passes, and refuse a value of the wrong type
-    for every parameter the notebook declares."""
+    for every parameter the notebook declares, and NaN for every float one."""
     from rookworld_lib.core.config import ParameterError
 
     declared = pipeline.declared_parameters(notebook)
@@ -209,3 +209,8 @@ def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(noteboo
     for name in sorted(declared):
         with pytest.raises(ParameterError, match=f"notebook parameter '{name}' must be"):
             pipeline.check_parameter_values(notebook, {name: object()})
+    defaults: dict = {}
+    exec(pipeline.parameter_cells(notebook)[0], defaults)
+    for name in sorted(k for k in declared if isinstance(defaults[k], float)):  # NaN passes every range test
+        with pytest.raises(ParameterError, match=f"notebook parameter '{name}' must be a finite number, got nan"):
+            pipeline.check_parameter_values(notebook, {name: float("nan")})

@@ -47,7 +47,7 @@ from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLos
 from ..core.paths import (DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines,
                           run_lock)
 from ..core.progress import tqdm
-from ..core.config import add_config_arguments, config_kwargs_from_args, field_docs, option, validate
+from ..core.config import SEED_MAX, add_config_arguments, config_kwargs_from_args, field_docs, option, validate
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class DatagenConfig:
     """Settings of one data-generation run. Bad values fail at construction, naming the field."""
 
     out_dir: str = option(str(DATA_DIR / "generated"), "output directory (never the shipped data/: its files are the reference set)")
-    seed: int = option(20261122, "seeds every game and every sampling decision")
+    seed: int = option(20261122, "seeds every game and every sampling decision", min=0, max=SEED_MAX)
     games: int = option(320, "games to play (split 8:1:1 into train/val/test by game)", min=1)
     depth: int | None = option(8, "Stockfish depth of the P: labels (None: use nodes)", min=1, max=40)
     nodes: int | None = option(None, "Stockfish node budget of the P: labels instead of a depth", min=1)

@@ -42,7 +42,7 @@ from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_grpo import PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
-from ..core.config import add_config_arguments, bad_field, config_kwargs_from_args, option, validate
+from ..core.config import SEED_MAX, add_config_arguments, bad_field, config_kwargs_from_args, option, validate
 from .training import layout_of, read_layout, reward_functions
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
@@ -159,7 +159,7 @@ class EvalConfig:
     layout: str | None = option(None, "prompt layout; None: the model's own (training.layout_of; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
     prompt_prefix: str | None = option(None, "text before every prompt; None: the model's own (model.prompt_prefix: "
                                        "<|endoftext|> for models our SFT trained, \"\" for RookWorld-LM)")
-    seed: int = option(0, "sampling seed and self-play opening randomisation", min=0)
+    seed: int = option(0, "sampling seed and self-play opening randomisation", min=0, max=SEED_MAX)
     samples: int = option(0, "pass@1 beside greedy: the strict metrics averaged over this many samples per prompt "
                           "(keys pass@1/<metric>; 4 or more for a steady estimate; 0 = greedy only)", min=0)
     sample_temperature: float = option(1.0, "temperature of the pass@1 samples (GRPO's rollout temperature)",

@@ -71,6 +71,9 @@ def validate(cfg) -> None:
             bad_field(type(cfg).__name__, f.name, value, "must be a string")
 
 
+SEED_MAX = 2**32 - 1  # every seed option's upper bound (numpy's legacy seeds; seeds derived from it stay in int64)
+
+
 def bad_field(cls_name: str, name: str, value: Any, why: str):
     """The one error format for config validation: `Cls.field must ..., got value`."""
     raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
@@ -220,6 +223,8 @@ def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | 
         raise ParameterError(f"notebook parameter {name!r} must be {names}, got {type(value).__name__} {value!r}")
     if choices is not None and value not in (choices := list(choices)):
         raise ParameterError(f"notebook parameter {name!r} must be one of {choices}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+        raise ParameterError(f"notebook parameter {name!r} must be a finite number, got {value!r}")
     if min is not None and value < min:
         raise ParameterError(f"notebook parameter {name!r} must be >= {min}, got {value!r}")
     if max is not None and value > max:

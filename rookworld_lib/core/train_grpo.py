@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import distributed, grpo
-from .config import bad_field, option, validate
+from .config import SEED_MAX, bad_field, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
@@ -96,7 +96,7 @@ class GRPOTrainConfig:
     report_to: str = option("tensorboard", '"tensorboard": the metrics also as event files in out_dir (tensorboard --logdir runs); "none"', choices=("tensorboard", "none"))
     completions_interval: int = option(10, "write the step's completions (completions.jsonl, TensorBoard text) at step 1 and every this many steps (0 = never)", min=0)
     resume: bool = option(True, "continue from out_dir/checkpoints when it holds a checkpoint of this run")
-    seed: int = option(0, "seeds prompt order and sampling", min=0)
+    seed: int = option(0, "seeds prompt order and sampling", min=0, max=SEED_MAX)
     device: str = option("auto", '"auto" (cuda if available, else cpu), "cpu", "cuda", "cuda:1", ...')
     deterministic: bool = option(False, "deterministic algorithms, and small decode steps always on one thread (no "
                                         "timed choice): bit-identical reruns and resumes on CPU")

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import bad_field, check_number, option, validate
+from .config import SEED_MAX, bad_field, check_number, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
@@ -85,7 +85,7 @@ class SFTConfig:
     activation_checkpointing: bool = option(False, "recompute activations in backward: less memory, ~30% slower")
     vocab: str = option("full", 'LM head: "full" (GPT-2\'s 50,257 tokens) or "task": a compact model over the tokens of the train and val text, exported as the exact full GPT-2 (scratch starts; see task_vocab)', choices=("full", "task"))
     deterministic: bool = option(False, "deterministic algorithms: bit-identical reruns and resumes on CPU")
-    seed: int = option(1337, "seeds the init, dropout, the val split and the data order", min=0)
+    seed: int = option(1337, "seeds the init, dropout, the val split and the data order", min=0, max=SEED_MAX)
     # evaluation, logging, checkpoints
     eval_interval: int = option(100, "steps between val-loss measurements (0 = never)", min=0)
     eval_steps: int = option(20, "val batches per measurement (the same batches every time)", min=1)

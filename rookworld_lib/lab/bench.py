@@ -29,7 +29,7 @@ from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
 from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path, get_tokenizer
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
-from ..core.config import option, validate
+from ..core.config import SEED_MAX, option, validate
 from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
 from ..core.train_step import TrainStep
 from ..core.task_vocab import TaskVocab, pin_bias_coordinate
@@ -74,7 +74,7 @@ class BenchConfig:
     device: str = option("auto", "auto, cpu, cuda, cuda:N")
     warmup: int = option(1, "untimed repetitions per contender", min=0)
     repeats: int = option(5, "timed repetitions per contender (median reported)", min=1)
-    seed: int = option(0, "weights, data and sampling seed", min=0)
+    seed: int = option(0, "weights, data and sampling seed", min=0, max=SEED_MAX)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices (the option() checks above)

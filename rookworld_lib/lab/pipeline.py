@@ -183,6 +183,8 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     named = given["profile"] if given.get("profile") in workflow.PROFILES else profile
     device = str(given.get("device") or workflow.PROFILES[named].sft.device)
     if device.startswith("cuda") and not torch.cuda.is_available():
+        if "device" in (extra_parameters or {}):
+            raise ValueError(f"-p device {device!r}: torch sees no CUDA device here; pass -p device cpu, or leave it out")
         raise ValueError(f"profile {named!r} trains on {device}, and torch sees no CUDA device here; choose "
                          "--profile cpu (or auto)")
     run_dir = new_run_dir(Path(out_root).resolve())  # a notebook runs in its own folder: no relative paths

@@ -21,7 +21,7 @@ from . import perf
 from .health import state_bytes
 from ..core.progress import tqdm
 from ..core.model import GPT, GPTConfig, PRESETS
-from ..core.config import bad_field, option, validate
+from ..core.config import SEED_MAX, bad_field, option, validate
 from ..core.tokenizer import VOCAB_SIZE
 from ..core.train_step import LOSS_IMPLS, TrainStep, resolve_loss_impl
 from ..core.train_utils import build_adamw, resolve_device, setup_runtime
@@ -106,7 +106,7 @@ class TuneConfig:
     timed_from: int = option(2, "steps before this index are warm-up (compile, allocator) and not timed", min=0)
     n_batches: int = option(2, "distinct random batches, cycled; few, so the loss moves measurably", min=1)
     device: str = option("auto", "auto (cuda if available), cpu, cuda, cuda:1, ...")
-    seed: int = option(0, "initialisation and data seed", min=0)
+    seed: int = option(0, "initialisation and data seed", min=0, max=SEED_MAX)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices (the option() checks above)
