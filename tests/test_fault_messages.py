@@ -457,6 +457,10 @@ def test_user_errors_get_one_line_and_bugs_keep_their_traceback(monkeypatch, cap
     assert cli.user_error_message(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 "
                                                "bytes")).startswith("out of memory")
     assert cli.user_error_message(RuntimeError("something inside torch")) is None
+    oom = RuntimeError("DefaultCPUAllocator: can't allocate memory")
+    assert "lower --batch-size" in cli.user_error_message(oom, "sft")
+    assert cli.user_error_message(oom, "grpo").endswith(": lower --prompts-per-step, --group-size or --minibatch-size, "
+                                                         "or raise --rollout-chunks (prompts sampled at a time), or use a smaller model")
 
     def raising(exc):
         def run(argv):

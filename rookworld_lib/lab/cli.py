@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         return report_interrupted(name)
     except Exception as exc:
-        message = None if debug else user_error_message(exc)
+        message = None if debug else user_error_message(exc, name)
         if message is None and not debug and _peer_failed(exc):
             # a torchrun worker whose peer died first: the peer's error is the one to read
             return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
@@ -85,8 +85,17 @@ def with_flag(message: str, argv: list[str]) -> str:
     return message
 
 
-def user_error_message(exc: BaseException) -> str | None:
-    """The one-line message for an error a user can cause, or None for a bug (see the module doc)."""
+# What shrinks a command's memory, for an out-of-memory error
+MEMORY_ADVICE = {
+    "grpo": "lower --prompts-per-step, --group-size or --minibatch-size, or raise --rollout-chunks (prompts sampled "
+            "at a time), or use a smaller model",
+    "sft": "lower --batch-size (or raise --grad-accum, which keeps the tokens per step), or use a smaller model",
+}
+
+
+def user_error_message(exc: BaseException, command: str = "sft") -> str | None:
+    """The one-line message for an error a user can cause, or None for a bug (see the module doc);
+    `command` picks the advice for running out of memory."""
     # messages that name the problem and where: bad input and settings (ValueError, which every config
     # check and our data, checkpoint-format and parameter errors derive from), missing files or engine
     if isinstance(exc, (ValueError, TokenizerFileError, StockfishNotFoundError, EngineFailedError, WorkDirMismatch,
@@ -98,8 +107,8 @@ def user_error_message(exc: BaseException) -> str | None:
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
             isinstance(exc, RuntimeError) and any(s in str(exc) for s in ("can't allocate memory", "out of memory"))):
         first = _first_line(exc) if str(exc).strip() else ""
-        return (f"out of memory{f' ({first})' if first else ''}: lower --batch-size (or raise --grad-accum, which "
-                "keeps the tokens per step), or use a smaller model")
+        advice = MEMORY_ADVICE.get(command, "use a smaller model, batch or --device")
+        return f"out of memory{f' ({first})' if first else ''}: {advice}"
     if type(exc).__name__ == "SafetensorError":
         return f"unreadable safetensors file ({exc})"
     return None
