@@ -17,6 +17,7 @@ from rookworld_lib.core.model import GPT
 from rookworld_lib.core.paths import DATA_DIR, DOCS_DIR, NOTEBOOKS_DIR, read_jsonl
 from rookworld_lib.lab.plots import learning_curve_figure
 from rookworld_lib.core.train_sft import train_sft
+from rookworld_lib.core.paths import run_lock
 
 EVAL = evaluate.EvalConfig(max_new_tokens=12, batch_size=8, selfplay_games=0)
 
@@ -81,6 +82,15 @@ def test_eval_every_checkpoint_writes_curve_json_and_names_a_run_without_checkpo
     assert cli.main(["eval", str(tmp_path), "--every-checkpoint"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("rookworld eval: error: ") and "no step_*.pt checkpoint" in err[-1]
+    # a run still training there (it holds the run's lock) would rotate checkpoints away mid-curve: refused
+    with run_lock(run):
+        assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "4", "--max-env", "4"]) == 1
+    assert "is being written by another run" in capsys.readouterr().err.strip().splitlines()[-1]
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "grpo_metrics.jsonl").write_text("")
+    assert cli.main(["eval", str(tmp_path / "grpo"), "--every-checkpoint"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "is a GRPO run; --every-checkpoint evaluates the checkpoints of a `rookworld sft` run")
 
 
 def test_learning_curve_figure_draws_every_metric_with_its_interval():

@@ -35,11 +35,11 @@ from rapidfuzz.distance import Levenshtein
 from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
 from ..core.model import GPT
-from ..core.paths import atomic_write
+from ..core.paths import atomic_write, run_lock
 from ..core.sampling import SamplingConfig, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
-from ..core.train_grpo import PromptItem, score_completions
+from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
 from ..core.config import SEED_MAX, add_config_arguments, bad_field, config_kwargs_from_args, option, validate
@@ -588,9 +588,13 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
     def show(row):
         print(json.dumps({k: v["value"] if isinstance(v, dict) else v for k, v in row.items()}), file=sys.stderr)
 
-    rows = checkpoint_curve(args.model, suites["P"], suites["A"], cfg, on_point=show)  # capped by cfg.max_*
-    out = Path(args.model) / "curve.json"
-    atomic_write(out, lambda f: f.write((json.dumps(rows, indent=1) + "\n").encode()))
+    run = Path(args.model)
+    if not (run / METRICS_FILE).exists() and (run / GRPO_METRICS_FILE).exists():
+        raise ValueError(f"{run} is a GRPO run; --every-checkpoint evaluates the checkpoints of a `rookworld sft` run")
+    with run_lock(run):  # a run still training there would rotate its checkpoints away mid-curve: refused
+        rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show)  # capped by cfg.max_*
+        out = run / "curve.json"
+        atomic_write(out, lambda f: f.write((json.dumps(rows, indent=1) + "\n").encode()))
     print(json.dumps(rows) if args.json else curve_table(rows).to_string())
     print(f"written: {out}", file=sys.stderr)
     return 0
