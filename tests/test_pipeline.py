@@ -72,6 +72,29 @@ def test_failed_notebook_stops_the_run_and_says_so_in_the_report(tmp_path):
     assert "**FAILED**" in report and "01_never" not in report
 
 
+def test_an_interrupted_run_writes_its_report_of_what_ran_and_stops(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while a notebook runs: run.json and report.md say which notebooks ran and which was
+    interrupted, then the KeyboardInterrupt goes on (the command's exit 130)."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    for name in ("00_done", "01_stopped", "02_never"):
+        write_notebook(nbs / f"{name}.ipynb", "x = 1", "pass")
+    real = pipeline.execute
+
+    def execute(nb, out, params, run_dir):
+        if nb.name == "01_stopped.ipynb":
+            raise KeyboardInterrupt
+        real(nb, out, params, run_dir)
+    monkeypatch.setattr(pipeline, "execute", execute)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
+    run_dir = next((tmp_path / "runs").iterdir())
+    statuses = [n["status"] for n in json.loads((run_dir / "run.json").read_text())["notebooks"]]
+    assert statuses == ["ok", "interrupted"]
+    assert "**INTERRUPTED**: 01_stopped.ipynb: interrupted (Ctrl-C)" in (run_dir / "report.md").read_text()
+    assert f"interrupted in 01_stopped.ipynb; what ran: {run_dir / 'report.md'}" in capsys.readouterr().err
+
+
 def test_unknown_parameter_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"\['no_such_parameter'\] are declared by none"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"no_such_parameter": 1},

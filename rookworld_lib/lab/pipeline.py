@@ -196,7 +196,7 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
 
     print(f"rookworld run ({profile}): {len(notebooks)} notebook(s) into {run_dir}", flush=True)
     width = max(len(nb.name) for nb in notebooks)
-    results, failure = [], None
+    results, failure, interrupted = [], None, False
     for nb in notebooks:
         params = {k: v for k, v in offered.items() if k in declared[nb]}
         start = time.perf_counter()
@@ -205,20 +205,25 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
         except Exception as exc:  # papermill wraps the cell's error; keep going to the report
             failure = (f"{nb.name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]} "
                        f"(kernel log: {run_dir / 'logs' / (nb.stem + '.kernel.log')})")
-        results.append({"notebook": nb.name, "status": "failed" if failure else "ok",
+        except KeyboardInterrupt:  # Ctrl-C: the report still says what ran, then the interrupt goes on
+            failure, interrupted = f"{nb.name}: interrupted (Ctrl-C)", True
+        results.append({"notebook": nb.name, "status": "interrupted" if interrupted else "failed" if failure else "ok",
                         "seconds": round(time.perf_counter() - start, 1), "parameters": params})
         print(f"{nb.name:<{width}}  {results[-1]['status']:<6}  {results[-1]['seconds']:8.1f} s", flush=True)
         if failure:
             break  # later notebooks may depend on this one's outputs
 
     start = time.perf_counter()
-    if pngs := render_pngs(offered["figures_dir"]):
+    if not interrupted and (pngs := render_pngs(offered["figures_dir"])):
         print(f"{f'PNG copies of {pngs} figures':<{width + 8}}  {time.perf_counter() - start:8.1f} s", flush=True)
     meta = {"profile": profile, "started": stamp, "git_commit": git_commit() or "unknown", "python": platform.python_version(),
             "torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
             f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"}
     (run_dir / "run.json").write_text(json.dumps({"meta": meta, "notebooks": results}, indent=2) + "\n")
     write_report(run_dir, meta, results, failure)
+    if interrupted:
+        print(f"rookworld run: interrupted in {failure.split(':')[0]}; what ran: {run_dir / 'report.md'}", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
     if failure:
         raise RuntimeError(f"notebook pipeline failed: {failure} (executed notebooks and report in {run_dir})")
     return run_dir
@@ -247,7 +252,7 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
              f"profile `{meta['profile']}` · commit `{meta['git_commit']}` · torch {meta['torch']} · "
              f"Python {meta['python']} · {meta['device']}", ""]
     if failure:
-        lines += [f"**FAILED**: {failure}", ""]
+        lines += [f"**{'INTERRUPTED' if failure.endswith('interrupted (Ctrl-C)') else 'FAILED'}**: {failure}", ""]
     lines += ["| notebook | status | wall time (s) |", "| --- | --- | ---: |"]
     lines += [f"| {r['notebook']} | {r['status']} | {r['seconds']} |" for r in results]
     for fragment in sorted(run_dir.glob("report_*.md")):
