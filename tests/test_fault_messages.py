@@ -480,3 +480,15 @@ def test_user_errors_get_one_line_and_bugs_keep_their_traceback(monkeypatch, cap
     monkeypatch.setattr(cli.importlib, "import_module", lambda name: raising(ValueError("shown with its traceback")))
     with pytest.raises(ValueError):
         cli.main(["fake"])
+
+
+def test_a_dangling_link_for_out_and_a_fifo_for_data_are_named_for_what_they_are(tmp_path, capsys):
+    from rookworld_lib.lab import cli
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    assert cli.main(["convert", str(Path(__file__)), "--out", str(tmp_path / "dangling")]) == 1
+    assert capsys.readouterr().err.strip().endswith(f"{tmp_path / 'dangling'} is a symbolic link to nothing (to "
+                                                    f"{tmp_path / 'gone'}, missing or a link loop), not a directory")
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    assert cli.main(["sft", "--model", "tiny", "--out", str(tmp_path / "o"), "--train-data", str(tmp_path / "fifo.jsonl")]) == 1
+    assert "(--train-data) names what is not a regular file: " in capsys.readouterr().err

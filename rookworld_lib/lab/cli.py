@@ -123,6 +123,8 @@ def os_error_message(exc: OSError) -> str:
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a directory wanted where a file is (mkdir, open below it)
         if file := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_file()), None):
             return f"{file} is a file, not a directory"
+        if link := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_symlink() and not q.exists()), None):
+            return f"{link} is a symbolic link to nothing (to {os.readlink(link)}, missing or a link loop), not a directory"
     hint = ""
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = "; choose a directory you can write to"
