@@ -168,3 +168,17 @@ def test_a_reward_key_keeps_its_colour_in_the_live_curves_and_the_trend_figure()
     assert len(set(colours.values())) == 4  # one colour per trace across the panels
     trend = curves_figure(history, ["rewards/P/mean", "rewards/A/mean"], "per task", trend=True)
     assert all(t.line.color == colours[t.name.removesuffix(" trend")] for t in trend.data)
+
+
+def test_legible_tables_wrap_in_html_and_read_as_text_where_only_text_is_shown():
+    """What a saved notebook keeps of a table: HTML whose cells wrap, and, for a viewer that shows
+    text/plain only, the table's text (pandas' Styler gives "<... Styler object at 0x...>")."""
+    import pandas as pd
+    from IPython.core.formatters import DisplayFormatter
+
+    frame = pd.DataFrame({"metric": ["policy/valid", "env/valid"], "value (%)": [12.345, 67.0]})
+    table = plots.legible(frame).set_caption("before and after")  # Styler's chained methods keep the kind
+    bundle, _ = DisplayFormatter().format(table)
+    assert bundle["text/plain"] == frame.to_string()
+    assert "overflow-wrap: anywhere" in bundle["text/html"] and "12.345" in bundle["text/html"]
+    assert "before and after" in bundle["text/html"]

@@ -128,8 +128,15 @@ def legible(frame, digits: int = 3, cell_px: int = 220):
     """A DataFrame as a table people read in a notebook: floats to `digits` decimals (thousands
     separated), missing values blank, and cells that wrap (at most `cell_px` wide, long names break
     anywhere) so that a wide table fits its cell instead of running off the right edge. A pandas
-    Styler: it renders as HTML; the frame itself is unchanged."""
-    return frame.style.format(precision=digits, thousands=",", na_rep="").set_table_styles(
+    Styler: it renders as HTML, and as the frame's text where only text is shown (a saved notebook's
+    text/plain, a terminal); the frame itself is unchanged."""
+    from pandas.io.formats.style import Styler
+
+    class Table(Styler):
+        def __repr__(self) -> str:  # Styler's own: "<pandas.io.formats.style.Styler object at 0x...>"
+            return self.data.to_string()
+
+    return Table(frame).format(precision=digits, thousands=",", na_rep="").set_table_styles(
         [{"selector": "th, td", "props": [("white-space", "normal"), ("overflow-wrap", "anywhere"),
                                           ("max-width", f"{cell_px}px")]}])
 
