@@ -465,3 +465,30 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     assert summary["files"]["policy_train.jsonl"]["records"] == n
     assert set(summary["shared_positions"].values()) == {0}
     assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)
+
+
+def test_contents_found_valid_once_are_not_checked_again_in_another_process(tmp_path, monkeypatch):
+    """The shipped splits cost ~3 s of FEN checks in every process that loads them; contents found
+    wholly valid are marked in the cache (named by their digest and the validator's code) and parsed
+    again without the checks: the same records. Changed contents, or a mark of another validator, are
+    checked again."""
+    import shutil
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "_VALIDATED", {})
+    path = tmp_path / "policy_val.jsonl"
+    shutil.copy(data.data_file("P", "val"), path)
+    first = data.load_jsonl(path).records
+    marks = list((tmp_path / "cache" / "rookworld" / "valid-data").iterdir())
+    assert len(marks) == 1 and marks[0].name.endswith(data._VALIDATOR) and marks[0].read_text() == "P"
+    monkeypatch.setattr(data, "_VALIDATED", {})  # as a new process starts
+    monkeypatch.setattr(data, "validate_record", lambda rec, task=None: pytest.fail("checked again"))
+    assert data.load_jsonl(path).records == first
+    path.write_text(" " + path.read_text())  # the same records in other bytes: checked
+    with pytest.raises(pytest.fail.Exception, match="checked again"):
+        data.load_jsonl(path)
+    monkeypatch.setattr(data, "_VALIDATOR", "another")  # a mark of another validator counts for nothing
+    monkeypatch.setattr(data, "_VALIDATED", {})
+    shutil.copy(data.data_file("P", "val"), path)
+    with pytest.raises(pytest.fail.Exception, match="checked again"):
+        data.load_jsonl(path)

@@ -10,6 +10,7 @@ counts what the data card shows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -23,7 +24,7 @@ import chess
 
 from . import tasks
 from .engine import EnginePool, EngineSettings, parse_limit_key
-from ..core.paths import DATA_DIR, DataFormatError, read_jsonl, unreadable
+from ..core.paths import DATA_DIR, DataFormatError, atomic_write, cache_dir, read_jsonl, unreadable
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     """Load and validate every line of a data file: the first bad line raises DataFormatError
     ("file:line: reason"), or with on_error="skip" is skipped, listed in LoadedData.skipped and counted
     in a warning. A file that cannot be read or holds no record raises DataFormatError either way.
-    Bytes found wholly valid earlier in this process are parsed again, not re-checked (_VALIDATED)."""
+    Bytes found wholly valid before (in any process) are parsed again, not re-checked (_validated)."""
     assert on_error in ("raise", "skip"), on_error
     path = Path(path)
     shipped = path.resolve().parent == DATA_DIR.resolve()  # the repository's data/: git holds a copy
@@ -259,7 +260,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     records, skipped, ids = [], [], set()
     try:
         digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
-        if (tasks_in := _VALIDATED.get(digest)) is not None and (task is None or tasks_in == {task}):
+        if (tasks_in := _validated(digest)) is not None and (task is None or tasks_in == {task}):
             return LoadedData(str(path), [rec for _, rec, _ in read_jsonl(path)], [])
         for lineno, rec, reason in read_jsonl(path):
             reason = reason or validate_record(rec, task)
@@ -280,13 +281,33 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
         log.warning("%s: skipped %d malformed line(s); first: %s", path, len(skipped), skipped[0])
     else:
         _VALIDATED[digest] = frozenset(r["task"] for r in records)
+        with contextlib.suppress(OSError):  # an unwritable cache: checked again next time
+            (mark := _validated_mark(digest)).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(mark, lambda f: f.write(" ".join(sorted(_VALIDATED[digest])).encode()))
     return LoadedData(str(path), records, skipped)
 
 
-# Contents (their digest) that load_jsonl found wholly valid in this process, with the tasks they hold: the
-# same bytes are parsed again but not re-checked (the FEN parse costs ~1 ms a record; a notebook that loads
-# the splits and then trains on them would check the training files twice).
+# Contents (their digest) that load_jsonl found wholly valid, with the tasks they hold: the same bytes are
+# parsed again but not re-checked (the FEN parse costs ~1 ms a record: 3 s for the shipped splits in every
+# process that loads them). In this process, and across processes by a mark in paths.cache_dir() named by
+# the digest and by the validator's own code (this module, tasks.py, python-chess's version): a change to
+# any of them checks every file again.
 _VALIDATED: dict[bytes, frozenset[str]] = {}
+_VALIDATOR = hashlib.blake2b(Path(__file__).read_bytes() + Path(tasks.__file__).read_bytes()
+                             + chess.__version__.encode(), digest_size=8).hexdigest()
+
+
+def _validated_mark(digest: bytes) -> Path:
+    return cache_dir() / "valid-data" / f"{digest.hex()}-{_VALIDATOR}"
+
+
+def _validated(digest: bytes) -> frozenset[str] | None:
+    """The tasks of contents found wholly valid before (here or in another process), else None."""
+    if digest not in _VALIDATED:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if tasks_in := frozenset(_validated_mark(digest).read_text().split()):
+                _VALIDATED[digest] = tasks_in
+    return _VALIDATED.get(digest)
 
 
 def data_file_name(name: str, shard: int | None = None, compress: bool = False) -> str:

@@ -50,6 +50,12 @@ def git_commit() -> str | None:
     return None
 
 
+def cache_dir() -> Path:
+    """Where the library keeps what it can rebuild (the tokenizer for exports, the digests of data files
+    found valid): $XDG_CACHE_HOME/rookworld, by default ~/.cache/rookworld."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rookworld"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary file name that replaces `path` when the ``with`` block ends without an error, for

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tiktoken
 
-from .paths import DATA_DIR, atomic_write
+from .paths import DATA_DIR, atomic_write, cache_dir
 
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_TOKEN = "<|endoftext|>"
@@ -85,9 +85,9 @@ def token_boundaries(text: str, tokenizer: tiktoken.Encoding | None = None) -> l
 
 def hf_tokenizer_json() -> str | None:
     """GPT-2's tokenizer as transformers' tokenizer.json (encoding exactly as get_tokenizer() does),
-    built once by transformers' TikTokenConverter and cached in ~/.cache/rookworld (XDG_CACHE_HOME);
+    built once by transformers' TikTokenConverter and cached in paths.cache_dir();
     None where transformers is not installed and nothing is cached."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rookworld" / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"
+    cache = cache_dir() / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"
     try:
         return cache.read_text()
     except (OSError, UnicodeDecodeError):
