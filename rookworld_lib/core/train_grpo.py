@@ -26,9 +26,9 @@ import numbers
 import random
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Callable, Sequence
 
 import torch
