@@ -382,3 +382,18 @@ def test_prompt_prefix_travels_in_config_json(tmp_path):
     path.write_text(json.dumps({**config, PROMPT_PREFIX_KEY: 50256}))
     with pytest.raises(CheckpointFormatError, match=f"config.json: {PROMPT_PREFIX_KEY} must be a string"):
         GPT.from_pretrained(tmp_path / "m")
+
+
+def test_a_pointer_to_a_lost_checkpoint_asks_to_delete_only_what_is_there(tmp_path):
+    """`latest` naming a step file that is gone: the message points at the newest intact checkpoint
+    and asks to delete the pointer, not the file that does not exist."""
+    import json as json_lib
+
+    model = torch.nn.Linear(2, 2)
+    ck.save_checkpoint(tmp_path, {"format": ck.FORMAT, "version": ck.VERSION, "step": 2, "model": model.state_dict(),
+                                  "model_config": {}})
+    (tmp_path / ck.POINTER).write_text(json_lib.dumps({"file": "step_00000099.pt"}))
+    with pytest.raises(ck.CheckpointLoadError) as info:
+        ck.load_checkpoint(tmp_path)
+    assert str(info.value).endswith("the newest intact checkpoint there is step_00000002.pt (step 2): to resume from "
+                                    f"it, delete latest in {tmp_path} and run the same command again")

@@ -247,8 +247,9 @@ def _others(path: Path) -> str:
     for step, other in reversed(list_checkpoints(path.parent)):
         saved = _saved_digest(other)
         if other != path and (saved is None or file_sha256(other) == saved):
+            gone = [n for n in (path.name, POINTER) if (path.parent / n).exists()]  # a pointer may name a lost file
             return (f"; the newest intact checkpoint there is {other.name} (step {step}): to resume from it, delete "
-                    f"{path.name} and {POINTER} in {path.parent} and run the same command again")
+                    f"{' and '.join(gone)} in {path.parent} and run the same command again")
     return ""
 
 
