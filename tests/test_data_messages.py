@@ -251,3 +251,13 @@ def test_datagen_and_convert_refuse_to_replace_a_data_set_already_in_out(tmp_pat
     assert rc == 1
     one_line(err, "rookworld convert", f"{out} already holds policy_test.jsonl, env_test.jsonl: converting would replace them")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before  # the lock: held while refusing
+
+
+def test_validate_names_a_directory_given_as_a_file_and_a_file_given_as_out(tmp_path, capsys):
+    rc, err = run_cli(capsys, "datagen", "--validate", str(tmp_path))
+    assert rc == 1
+    one_line(err, "rookworld datagen", f"{tmp_path} is a directory; give the files in it", f"--validate --out {tmp_path}")
+    (tmp_path / "p.jsonl").write_text("")
+    rc, err = run_cli(capsys, "datagen", "--summary", "--out", str(tmp_path / "p.jsonl"))
+    assert rc == 1
+    one_line(err, "rookworld datagen", f"in {tmp_path / 'p.jsonl'} (a file, not a directory)")

@@ -810,7 +810,8 @@ def _fail(message: str, status: int, lead: str = "") -> int:
 
 
 def _no_data_files(out: str) -> str:
-    return f"no data files (*.jsonl, *.jsonl.gz) in {out}{'' if Path(out).is_dir() else ' (no such directory)'}"
+    why = "" if Path(out).is_dir() else " (a file, not a directory)" if Path(out).exists() else " (no such directory)"
+    return f"no data files (*.jsonl, *.jsonl.gz) in {out}{why}"
 
 
 def _validate_files(files: list[Path], out: str) -> int:
@@ -820,6 +821,10 @@ def _validate_files(files: list[Path], out: str) -> int:
         return _fail(f"error: {_no_data_files(out)}", 1)
     bad = 0
     for f in files:
+        if f.is_dir():  # `--validate DIR`: its files are what is meant
+            _fail(f"error: {f} is a directory; give the files in it ({f}/*.jsonl*), or validate it with --validate --out {f}", 1)
+            bad += 1
+            continue
         try:
             print(f"{f}: {len(load_jsonl(f))} records OK")
         except DataFormatError as exc:
