@@ -397,3 +397,22 @@ def test_a_pointer_to_a_lost_checkpoint_asks_to_delete_only_what_is_there(tmp_pa
         ck.load_checkpoint(tmp_path)
     assert str(info.value).endswith("the newest intact checkpoint there is step_00000002.pt (step 2): to resume from "
                                     f"it, delete latest in {tmp_path} and run the same command again")
+
+
+def test_a_failed_atomic_write_names_the_file_it_was_writing(tmp_path):
+    """A full disk while a data or metrics file is written: the error names that file (an OSError from
+    write() carries none), and the file is as it was."""
+    import errno
+
+    from rookworld_lib.core.paths import atomic_file
+
+    target = tmp_path / "policy_test.jsonl"
+    target.write_text("old\n")
+
+    def full(_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(OSError) as info, atomic_file(target) as f:
+        f.write(b"new\n")
+        full(f)
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(target)
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["policy_test.jsonl"]

@@ -75,9 +75,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
         _fsync(tmp, os.O_RDWR)  # (Windows fsyncs only a writable descriptor)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:  # a write's: name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     with contextlib.suppress(OSError):  # skipped where a directory cannot be opened (Windows)
         _fsync(path.parent, os.O_RDONLY)
