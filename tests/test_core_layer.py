@@ -144,11 +144,15 @@ def test_reward_metric_names_are_unique_and_stable_and_num_tokens_counts_as_trls
     def score(prompts, completions, k=1, **_):
         return [float(k)] * len(completions)
 
+    class Judge:
+        def __call__(self, prompts, completions, **_):
+            return [0.5] * len(completions)
+
     funcs = [lambda completions, **_: [0.0] * len(completions), lambda completions, **_: [1.0] * len(completions),
-             functools.partial(score, k=2)]
+             functools.partial(score, k=2), functools.partial(Judge())]
     trainer = tiny_trainer(tmp_path, reward_funcs=funcs, steps=2)
     first = trainer.train(until=1)[-1]
-    assert {"rewards/<lambda>/mean", "rewards/<lambda>_2/mean", "rewards/score/mean"} <= set(first)
+    assert {"rewards/<lambda>/mean", "rewards/<lambda>_2/mean", "rewards/score/mean", "rewards/Judge/mean"} <= set(first)
     prompt = len(encode(trainer.model.prompt_prefix + "Q: 1 A:"))  # the model's prefix (<|endoftext|>) first
     assert first["num_tokens"] == 4 * prompt + int(trainer.last_batch.mask.sum())
     resumed = tiny_trainer(tmp_path, reward_funcs=funcs, steps=2)

@@ -285,6 +285,26 @@ def trl_advantages(rewards_per_func: torch.Tensor, G: int, scale: str = "group",
     return ns["advantages"], {k: v[-1] for k, v in stub._metrics["train"].items()}
 
 
+@functools.cache
+def trl_logged_rewards_code():
+    return compile(_trl_block("for i, reward_func_name in enumerate(self.reward_func_names):",
+                              '["frac_reward_zero_std"].append('), "<trl logged rewards>", "exec")
+
+
+def trl_logged_rewards(rewards_per_func: torch.Tensor, G: int, names: list[str], aggregation: str, weights) -> dict:
+    """What TRL logs of a step's rewards (reward, reward_std, frac_reward_zero_std, rewards/<name>/mean
+    and /std), from its own code, after its own advantage code (scale "group")."""
+    stub = types.SimpleNamespace(
+        multi_objective_aggregation=aggregation, scale_rewards="group", reward_funcs=[None] * len(names),
+        reward_func_names=names, reward_weights=torch.tensor(weights, dtype=torch.float32),
+        _metrics={"train": defaultdict(list)})
+    ns = {"torch": torch, "nanstd": trl_grpo().nanstd, "self": stub, "device": "cpu", "mode": "train",
+          "rewards_per_func": rewards_per_func.float(), "num_generations": G}
+    exec(trl_advantage_code(), ns)
+    exec(trl_logged_rewards_code(), ns)
+    return {k: v[-1] for k, v in stub._metrics["train"].items()}
+
+
 def reward_tables():
     """[N, K] rewards: plain, ties, NaN here and there, unscorable rows and a whole unscorable group."""
     g = torch.Generator().manual_seed(7)
@@ -321,6 +341,40 @@ def test_advantages_and_frac_reward_zero_std_match_trl(scale, aggregation):
             assert stats.reward_mean == pytest.approx(trl_m["reward"], rel=1e-6, abs=1e-6), (name, G)
             assert stats.reward_std == pytest.approx(trl_m["reward_std"], rel=1e-5, abs=1e-6), (name, G)
             assert stats.num_unscorable == int(torch.isnan(table).all(1).sum())
+
+
+@pytest.mark.parametrize("aggregation", grpo.MULTI_OBJECTIVE_AGGREGATIONS)
+def test_the_trainers_logged_rewards_are_trls(aggregation):
+    """GRPOTrainer's step record logs a step's rewards as TRL's trainer does: `reward` and
+    `reward_std` over the scorable completions, `frac_reward_zero_std` on the std the aggregation
+    scales by, `rewards/<function>/mean` and `/std` (Bessel) for every function, one included."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+
+    for name, table in reward_tables().items():
+        K = table.shape[1]
+        names = ["first", "second"][:K]
+        weights = [1.0, 0.5][:K]
+
+        def column(k):
+            def reward(prompts, completions, **_):
+                return [None if math.isnan(v) else v for v in table[:, k].tolist()]
+            reward.__name__ = names[k]
+            return reward
+        torch.manual_seed(0)
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=3, group_size=4, max_new_tokens=2, policy_fraction=1.0,
+                              multi_objective_aggregation=aggregation, progress=False, report_to="none", seed=0,
+                              loss=GRPOConfig(beta=0.0))
+        trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=32)), [PromptItem("P", f"Q: {i}") for i in range(3)],
+                              cfg, reward_funcs=[column(k) for k in range(K)], reward_weights=weights)
+        record = trainer.train()[-1]
+        want = trl_logged_rewards(table, 4, names, aggregation, weights)
+        for key, value in want.items():
+            got = record.get(key)
+            if math.isnan(value):
+                assert got is None or math.isnan(got), (name, key, got)
+            else:
+                assert got == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key, got, value)
 
 
 def test_frac_reward_zero_std_under_batch_scaling_is_trls():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import math
 import numbers
@@ -149,8 +150,11 @@ def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], co
 
 
 def reward_name(f: RewardFunc) -> str:
-    """A reward function's name in metrics (`rewards/<name>/mean`): its __name__, a partial's function's."""
-    return getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", None) or type(f).__name__
+    """A reward function's name in metrics (`rewards/<name>/mean`), as TRL names it: its __name__; a
+    partial's function's; a callable object's class name."""
+    while isinstance(f, functools.partial):
+        f = f.func
+    return getattr(f, "__name__", None) or type(f).__name__
 
 
 def _shown(value) -> str:
@@ -247,8 +251,12 @@ def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBa
 
 
 def _varied_groups(batch: RolloutBatch, G: int) -> RolloutBatch:
-    """The groups whose rewards are not all tied (the ones dynamic sampling keeps)."""
-    return _select_groups(batch, batch.rewards.view(-1, G).std(dim=1, unbiased=False) >= 1e-6, G)
+    """The groups whose scorable rewards are not all tied (the ones dynamic sampling keeps): an
+    unscorable completion (advantage 0) cannot break a tie."""
+    r = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan")).view(-1, G)
+    spread = (torch.where(r.isnan(), -math.inf, r).amax(1)
+              - torch.where(r.isnan(), math.inf, r).amin(1))  # -inf where none is scorable, 0 where one is
+    return _select_groups(batch, spread >= 1e-6, G)
 
 
 class GRPOTrainer(Trainer):
@@ -387,7 +395,8 @@ class GRPOTrainer(Trainer):
 
     def postfix(self, rec: dict) -> str:
         kl = rec.get("kl")
-        return f"reward {rec['reward']:.3f}" + (f", kl {kl:.4f}" if kl is not None else "")
+        reward = rec.get("reward")  # None (NaN) when no completion of the step could be scored
+        return ("reward n/a" if reward is None else f"reward {reward:.3f}") + (f", kl {kl:.4f}" if kl is not None else "")
 
     # -- rollouts ---------------------------------------------------------------------------
 
@@ -424,8 +433,10 @@ class GRPOTrainer(Trainer):
         cfg, G = self.cfg, self.cfg.group_size
         seed = cfg.seed * 1_000_003 + self.step
         batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
-        # TRL's frac_reward_zero_std (on the std that scale_rewards uses), before dynamic sampling drops groups
-        zero_std = grpo.group_advantages(batch.rewards, G, scale=cfg.scale_rewards)[1].frac_reward_zero_std
+        # TRL's frac_reward_zero_std (on the std that scale_rewards, or GDPO's aggregation, uses; unscorable
+        # completions left out), before dynamic sampling drops groups
+        zero_std = grpo.group_advantages(batch.reward_table, G, scale=cfg.scale_rewards, reward_weights=self.reward_weights,
+                                         multi_objective_aggregation=cfg.multi_objective_aggregation)[1].frac_reward_zero_std
         info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
@@ -470,6 +481,7 @@ class GRPOTrainer(Trainer):
         # info after the loss metrics: frac_reward_zero_std is measured before dynamic sampling drops groups
         record.update(info)
         record.update({f"group/{k}": v for k, v in adv_stats.as_metrics().items()})
+        record["reward_std"] = adv_stats.reward_std  # TRL's name for it
         record.update(self._batch_record(batch, timings, time.perf_counter() - t_start))
         self.last_rollout = self._rollout_rows(batch, adv, updates["row_stats"])
         self.step += 1
@@ -571,22 +583,22 @@ class GRPOTrainer(Trainer):
         return record
 
     def _batch_record(self, batch: RolloutBatch, timings: dict, elapsed: float) -> dict:
-        """Rewards per task, completion lengths, truncation and timings of the step's rollout batch."""
+        """Rewards per task, completion lengths, truncation and timings of the step's rollout batch. As
+        TRL, an unscorable completion (every function gave None) is left out of the reward means."""
         record = {}
+        rewards = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
         for task in TASKS:
             sel = torch.tensor([i.task == task for i in batch.items])
-            if sel.any():
-                record[f"rewards/{task}/mean"] = batch.rewards[sel].mean().item()
-                record[f"rewards/{task}/std"] = batch.rewards[sel].std(unbiased=False).item()
-        if len(self.reward_funcs) > 1:  # TRL's rewards/<function name>/mean and /std (over the rows it scored)
-            for name, column in zip(self.reward_names, batch.reward_table.T):
-                scored = column[~column.isnan()]
-                if scored.numel():
-                    record[f"rewards/{name}/mean"] = scored.mean().item()
-                    record[f"rewards/{name}/std"] = scored.std(unbiased=False).item()
+            if (scored := rewards[sel][~rewards[sel].isnan()]).numel():
+                record[f"rewards/{task}/mean"] = scored.mean().item()
+                record[f"rewards/{task}/std"] = scored.std(unbiased=False).item()
+        for name, column in zip(self.reward_names, batch.reward_table.T):  # TRL's, over the rows each scored
+            if (scored := column[~column.isnan()]).numel():
+                record[f"rewards/{name}/mean"] = scored.mean().item()
+                record[f"rewards/{name}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # nanstd
         lengths = batch.mask.sum(1).float()
         sampling_s = self.rank_mean(timings["sampling"])
-        record.update({"reward": batch.rewards.mean().item(), "completions/mean_length": lengths.mean().item(),
+        record.update({"reward": rewards.nanmean().item(), "completions/mean_length": lengths.mean().item(),
                        "completions/max_length": lengths.max().item(), "completions/clipped_ratio": batch.truncated.float().mean().item(),
                        "time/sampling": timings["sampling"], "time/scoring": timings["scoring"],
                        "time/update": timings["update"], "time/step": elapsed,
