@@ -416,3 +416,18 @@ def test_a_failed_atomic_write_names_the_file_it_was_writing(tmp_path):
         full(f)
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(target)
     assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["policy_test.jsonl"]
+
+
+def test_a_checkpoints_export_carries_the_models_layout_and_prompt_prefix(tmp_path):
+    """`eval --every-checkpoint` and `export_hf(step_N.pt)` rebuild the model from a checkpoint: what
+    the model carries for its task (GPT.meta, such as the original layout, and its prompt prefix)
+    comes back with it, as the run's final export has it."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig.preset("tiny", block_size=16))
+    model.meta, model.prompt_prefix = {"rookworld_layout": "original"}, ""
+    path = ck.save_checkpoint(tmp_path / "checkpoints", ck.training_state(step=3, model=model))
+    back = ck.model_from_checkpoint(path)
+    assert back.meta == {"rookworld_layout": "original"} and back.prompt_prefix == ""
+    config = json.loads((ck.export_hf(path, tmp_path / "hf") / "config.json").read_text())
+    assert config["rookworld_layout"] == "original" and config["rookworld_prompt_prefix"] == ""

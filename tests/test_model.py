@@ -155,6 +155,18 @@ def test_rejects_non_gpt2_activation(hf_dir, tmp_path):
         GPT.from_pretrained(tmp_path)
 
 
+def test_an_untied_config_without_its_head_is_refused_not_tied(hf_dir, tmp_path):
+    """tie_word_embeddings false and no lm_head.weight: transformers gives that model a separate head
+    (at random); tying it silently would give other logits than transformers'. One error instead."""
+    d, _ = hf_dir
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointFormatError, match="config.json: tie_word_embeddings is false and model.safetensors holds no lm_head.weight"):
+        GPT.from_pretrained(tmp_path)
+
+
 def test_missing_directory_names_files(tmp_path):
     with pytest.raises(CheckpointFormatError, match="config.json"):
         GPT.from_pretrained(tmp_path / "nowhere")
@@ -244,3 +256,46 @@ def test_an_export_carries_the_tokenizer_transformers_reads_offline(tmp_path):
     for text in texts:
         assert tok.encode(text) == encode(text), text
         assert tok.decode(tok.encode(text)) == text
+
+
+def test_a_model_over_another_vocabulary_is_named_before_it_samples_or_trains(tmp_path):
+    """A GPT-2 directory with vocab_size 50258 (a pad token added) loads with transformers' logits, but
+    an id past GPT-2's cannot be decoded: eval and GRPO refuse it naming config.json; SFT trains a
+    padded embedding (50304) but not one missing GPT-2 ids (1000)."""
+    from rookworld_lib.chess import data, evaluate
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+    from rookworld_lib.core.train_sft import SFTConfig, train_sft
+
+    for n in (50258, 1000):
+        GPT(GPTConfig.preset("tiny", block_size=64, vocab_size=n)).save_pretrained(tmp_path / str(n))
+        model = GPT.from_pretrained(tmp_path / str(n))
+        message = rf"{tmp_path / str(n)}/config.json: vocab_size {n}: the texts here are GPT-2's 50,257 tokens"
+        with pytest.raises(ValueError, match=message + ".* cannot be sampled"):
+            evaluate.complete(model, [data.load_split("P", "test").records[0]["prompt"]], evaluate.EvalConfig())
+        with pytest.raises(ValueError, match=message):
+            GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(policy_fraction=1.0, progress=False),
+                        reward_funcs=lambda completions, **_: [0.0] * len(completions))
+    cfg = SFTConfig(init_from=str(tmp_path / "1000"), block_size=32, out_dir=str(tmp_path / "sft"), max_steps=1,
+                    warmup_steps=0, policy_fraction=None, val_fraction=0.0, eval_interval=0, progress=False, report_to="none")
+    with pytest.raises(ValueError, match=r"vocab_size 1000: .* cannot be trained on them"):
+        train_sft(cfg, train_texts=["P: a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 64)
+
+
+def test_a_run_whose_export_would_overwrite_the_model_it_starts_from_is_refused(tmp_path):
+    """--init-from w/final with --out w: the export (w/final) would replace the model trained from, in
+    SFT and in GRPO alike; refused before anything is written."""
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+    from rookworld_lib.core.train_sft import SFTConfig
+
+    GPT(GPTConfig.preset("tiny", block_size=64)).save_pretrained(tmp_path / "w" / "final")
+    before = (tmp_path / "w" / "final" / "model.safetensors").read_bytes()
+    message = f"would export into {tmp_path / 'w' / 'final'}, which holds the model it starts from"
+    with pytest.raises(ValueError, match=message):
+        SFTConfig(init_from=str(tmp_path / "w" / "final"), block_size=32, out_dir=str(tmp_path / "w"))
+    SFTConfig(init_from=str(tmp_path / "w" / "final"), block_size=32, out_dir=str(tmp_path / "w"), export_hf=False)
+    with pytest.raises(ValueError, match=message):
+        GRPOTrainer(GPT.from_pretrained(tmp_path / "w" / "final"), [PromptItem("P", "Q:")] * 2,
+                    GRPOTrainConfig(policy_fraction=1.0, out_dir=str(tmp_path / "w"), progress=False),
+                    reward_funcs=lambda completions, **_: [0.0] * len(completions), init_from=str(tmp_path / "w" / "final"))
+    assert (tmp_path / "w" / "final" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["final"]

@@ -38,7 +38,7 @@ from ..core.model import GPT
 from ..core.paths import atomic_write, run_lock
 from ..core.sampling import SamplingConfig, generate
 from ..core.task_vocab import sampling_view
-from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
+from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
@@ -184,6 +184,7 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     as cfg.decoding says, or with samples=k, k per prompt at cfg.sample_temperature (prompt i's are
     items i*k to i*k+k-1; cfg.batch_size // k prompts a batch). Seeded by cfg.seed plus the batch's
     first prompt index."""
+    check_vocabulary(model)  # an id past GPT-2's cannot be decoded
     tokenizer = get_tokenizer()
     cfg = cfg.for_model(model)
     # a vocab="task" export decodes over its task tokens (task_vocab.sampling_view): the same answers

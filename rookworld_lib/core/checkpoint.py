@@ -271,6 +271,8 @@ def training_state(*, step: int, model: torch.nn.Module, optimizer=None, schedul
         "step": int(step),
         "model": raw.state_dict(),
         "model_config": dataclasses.asdict(raw.config),
+        # what the model carries for its task (GPT.meta, the prompt prefix): an export of this checkpoint keeps it
+        "model_meta": dict(getattr(raw, "meta", {})), "prompt_prefix": getattr(raw, "prompt_prefix", None),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "data": data.state_dict() if data is not None else None,
@@ -306,6 +308,9 @@ def model_from_checkpoint(path: str | os.PathLike):
     ckpt = load_checkpoint(Path(path))  # names the file it cannot load
     model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
     model.load_state_dict(ckpt["model"], strict=True)
+    model.meta = dict(ckpt.get("model_meta") or {})  # checkpoints before 2026-11-28 carry none: the defaults
+    if ckpt.get("prompt_prefix") is not None:
+        model.prompt_prefix = ckpt["prompt_prefix"]
     extra = ckpt.get("extra", {})
     if ids := extra.get("task_vocab"):  # a run over a task vocabulary (SFT or GRPO): the full GPT-2
         outside = None

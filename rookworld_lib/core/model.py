@@ -325,6 +325,10 @@ class GPT(nn.Module):
         state = {(k if k.startswith(("transformer.", "lm_head.")) else "transformer." + k): v
                  for k, v in read_safetensors(weights_path).items() if not k.endswith(MASK_BUFFER_SUFFIXES)}
         head = state.pop("lm_head.weight", None)
+        if head is None and hf.get("tie_word_embeddings", True) is False:  # transformers: a separate head, missing
+            raise CheckpointFormatError(f"{config_path}: tie_word_embeddings is false and {weights_path.name} holds "
+                                        "no lm_head.weight (transformers would start that head at random); GPT-2 "
+                                        "ties the head to transformer.wte.weight: set tie_word_embeddings to true")
 
         model = cls(config)
         own = model.state_dict()

@@ -120,6 +120,19 @@ def write_hf_tokenizer(directory: str | Path, max_length: int) -> bool:
     return True
 
 
+def check_vocabulary(model, at_least: bool = False) -> None:
+    """Raise ValueError naming the model's config.json unless its vocabulary is GPT-2's 50,257 tokens (or,
+    with `at_least`, holds them: a padded embedding trains on them as well): what it reads is encoded,
+    and what it writes decoded, with get_tokenizer()."""
+    n = model.config.vocab_size
+    if n < VOCAB_SIZE or (n > VOCAB_SIZE and not at_least):
+        where = f"{model.source}/config.json: " if getattr(model, "source", None) else ""
+        cannot = "be trained on them" if at_least else "be sampled and its answers decoded"
+        raise ValueError(f"{where}vocab_size {n}: the texts here are GPT-2's {VOCAB_SIZE:,} tokens "
+                         f"(data/gpt2.tiktoken); a model over another vocabulary (added tokens, a cut or padded "
+                         f"embedding) cannot {cannot}")
+
+
 # The two task pools SFT and GRPO mix (policy_fraction: the share of the first): a sample or prompt
 # belongs to task T when its text starts with "T: " (the chess layer's policy and environment tasks).
 TASKS = ("P", "A")

@@ -39,9 +39,9 @@ from .config import SEED_MAX, bad_field, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
-from .tokenizer import EOT_ID, TASKS, encode_prompt, get_tokenizer
+from .tokenizer import EOT_ID, TASKS, check_vocabulary, encode_prompt, get_tokenizer
 from .train_utils import WarmupCosineSchedule, build_adamw, check_device_name, clip_grad_norm, to_jsonable
-from .trainer import Trainer
+from .trainer import Trainer, check_export_spares
 
 METRICS_FILE = "grpo_metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
@@ -278,8 +278,10 @@ class GRPOTrainer(Trainer):
                  task_vocab: TaskVocab | None = None):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
+        check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
         super().__init__(cfg, cfg.steps, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
+        check_export_spares(init_from, cfg.out_dir, type(self).__name__)
         check_world_size(cfg, self.dist.world_size)
         self.tokenizer = get_tokenizer()
         # over a task vocabulary the model is its restriction (task_vocab.TaskVocab.restrict) and token ids

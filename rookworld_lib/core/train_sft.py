@@ -31,10 +31,10 @@ from .config import SEED_MAX, bad_field, check_number, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
-from .tokenizer import EOT_ID, EOT_TOKEN, TASKS, VOCAB_SIZE, get_tokenizer, task_of
+from .tokenizer import EOT_ID, EOT_TOKEN, TASKS, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
 from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, check_device_name, seed_everything
-from .trainer import FINAL_DIR, Trainer
+from .trainer import FINAL_DIR, Trainer, check_export_spares
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,16 @@ class SFTConfig:
         model_block = self._check_model()
         for fname in ("train_data", "val_data"):
             self._check_files(fname)
+        if self.block_size > model_block and self.init_from != "scratch":  # its learned positions end there
+            bad_field(name, "block_size", self.block_size, f"must be <= the block_size {model_block} of the model in "
+                      f"{self.init_from} (--block-size {model_block})")
         if self.block_size > model_block:
             bad_field(name, "block_size", self.block_size,
                       f"must be <= the model's block_size {model_block} (raise it with "
                       f"model_overrides={{'block_size': {self.block_size}}}, --model-overrides "
                       f"block_size={self.block_size})")
+        if self.init_from != "scratch":
+            check_export_spares(self.init_from, self.out_dir if self.export_hf else None, name)
         check_number(self, "min_lr", min=0.0, max=self.lr)
         if self.vocab == "task" and self.init_from != "scratch":
             bad_field(name, "init_from", self.init_from, "must be 'scratch' with vocab='task' (it trains a new compact "
@@ -582,6 +587,7 @@ class SFTTrainer(Trainer):
         else:
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
+            check_vocabulary(model, at_least=True)  # every GPT-2 token id must index the embedding
         model.meta.update(self.reader.meta)
         model.prompt_prefix = EOT_TOKEN  # PackedStream puts EOT before every sample
         if self.vocab is not None:

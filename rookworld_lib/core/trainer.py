@@ -361,6 +361,16 @@ class Trainer:
                               f"{self.stop_hint}".rstrip())
 
 
+def check_export_spares(source: str | os.PathLike | None, out_dir: str | os.PathLike | None, owner: str) -> None:
+    """Refuse an out_dir whose export (<out_dir>/final) is, or holds, the model the run starts from:
+    the export would overwrite it."""
+    if source and out_dir:
+        final, start = (Path(out_dir) / FINAL_DIR).resolve(), Path(source).resolve()
+        if start == final or final in start.parents:
+            raise ValueError(f"{owner}: the run would export into {final}, which holds the model it starts from "
+                             f"({source}), and overwrite it; choose another out_dir (--out)")
+
+
 @contextlib.contextmanager
 def _stop_after_the_step():
     """A list that Ctrl-C (SIGINT) or SIGTERM fills with the signal's name instead of stopping the
