@@ -299,3 +299,21 @@ def test_a_run_whose_export_would_overwrite_the_model_it_starts_from_is_refused(
                     reward_funcs=lambda completions, **_: [0.0] * len(completions), init_from=str(tmp_path / "w" / "final"))
     assert (tmp_path / "w" / "final" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["final"]
+
+
+def test_a_directory_we_cannot_read_says_what_it_holds(tmp_path):
+    """Sharded or pickle weights, a run directory instead of its final/, a checkpoint file: each named for
+    what it is, with the way to a loadable model."""
+    GPT(GPTConfig.preset("tiny", block_size=16)).save_pretrained(tmp_path / "run" / "final")
+    for name in ("model.safetensors.index.json", "pytorch_model.bin"):
+        d = tmp_path / name.split(".")[0]
+        d.mkdir()
+        (d / "config.json").write_text((tmp_path / "run" / "final" / "config.json").read_text())
+        (d / name).write_text("{}")
+        with pytest.raises(CheckpointFormatError, match=rf"{d}/model.safetensors not found: {d} holds .* \({name}\)"):
+            GPT.from_pretrained(d)
+    with pytest.raises(CheckpointFormatError, match=rf"{tmp_path / 'run'} is a run directory; its model is {tmp_path / 'run' / 'final'}"):
+        GPT.from_pretrained(tmp_path / "run")
+    (tmp_path / "step_00000003.pt").write_bytes(b"x")
+    with pytest.raises(CheckpointFormatError, match="step_00000003.pt is a file, not a model directory"):
+        GPT.from_pretrained(tmp_path / "step_00000003.pt")

@@ -435,6 +435,18 @@ class CheckpointFormatError(ValueError):
 
 
 def _not_found(path: Path) -> CheckpointFormatError:
+    d = path.parent
+    if path.name == "model.safetensors" and (other := next((n for n in ("model.safetensors.index.json", "pytorch_model.bin")
+                                                             if (d / n).is_file()), None)):
+        how = "sharded weights" if other.endswith("index.json") else "PyTorch pickle weights"
+        return CheckpointFormatError(f"{path} not found: {d} holds {how} ({other}), which are not read here; "
+                                     "save one model.safetensors with transformers: GPT2LMHeadModel.from_pretrained(DIR)"
+                                     ".save_pretrained(NEW_DIR, max_shard_size='100GB')")
+    if path.name == "config.json" and path.parent.is_file():
+        return CheckpointFormatError(f"{d} is a file, not a model directory; a training checkpoint (step_*.pt) "
+                                     "exports with rookworld_lib.core.checkpoint.export_hf")
+    if path.name == "config.json" and (d / "final" / "config.json").is_file():
+        return CheckpointFormatError(f"{path} not found: {d} is a run directory; its model is {d / 'final'}")
     return CheckpointFormatError(f"{path} not found: a Hugging Face GPT-2 directory needs config.json and "
                                  "model.safetensors")
 
@@ -444,8 +456,8 @@ def read_config_json(path: Path) -> dict:
     not JSON or not a JSON object."""
     try:
         d = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise _not_found(path) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise _not_found(Path(path)) from None
     except json.JSONDecodeError as exc:
         raise CheckpointFormatError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: "
                                     f"{exc.msg})") from None
