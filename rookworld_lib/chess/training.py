@@ -88,7 +88,8 @@ def layout_of(model: GPT) -> str:
     meta, source, prefix = getattr(model, "meta", {}), getattr(model, "source", None), getattr(model, "prompt_prefix", "")
     if source is None and LAYOUT_KEY not in meta:
         return "compact"
-    return _layout_of({**meta, **({PROMPT_PREFIX_KEY: prefix} if prefix else {})}, source or "the model")[0]
+    return _layout_of({**meta, **({PROMPT_PREFIX_KEY: prefix} if prefix else {})},
+                      f"{source}/config.json" if source else "the model")[0]
 
 
 def set_layout(model: GPT, layout: str) -> GPT:
