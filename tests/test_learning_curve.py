@@ -79,6 +79,13 @@ def test_eval_every_checkpoint_writes_curve_json_and_names_a_run_without_checkpo
     written = json.loads((run / "curve.json").read_text())
     assert printed == written and [r["step"] for r in written] == [2, 4, 6]
     assert all(r["policy/valid"]["n"] == 4 and r["env/valid"]["n"] == 4 for r in written)
+    # a second curve (here on fewer positions) keeps the first beside it
+    assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "2", "--max-env", "2",
+                     "--max-new-tokens", "12", "--json"]) == 0
+    kept = [p for p in run.glob("curve-*.json")]
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == written
+    assert f"the previous curve: {kept[0]}" in capsys.readouterr().err
+    assert all(r["policy/valid"]["n"] == 2 for r in json.loads((run / "curve.json").read_text()))
     assert cli.main(["eval", str(tmp_path), "--every-checkpoint"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("rookworld eval: error: ") and "no step_*.pt checkpoint" in err[-1]

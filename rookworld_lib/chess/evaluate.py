@@ -25,6 +25,7 @@ import math
 import random
 import sys
 import textwrap
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -595,6 +596,10 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
     with run_lock(run):  # a run still training there would rotate its checkpoints away mid-curve: refused
         rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show)  # capped by cfg.max_*
         out = run / "curve.json"
+        if out.exists():  # an earlier curve (hours of evaluation, perhaps on more positions) is kept beside it
+            kept = out.with_name(f"curve-{time.strftime('%Y%m%d-%H%M%S', time.localtime(out.stat().st_mtime))}.json")
+            out.replace(kept)
+            print(f"the previous curve: {kept}", file=sys.stderr)
         atomic_write(out, lambda f: f.write((json.dumps(rows, indent=1) + "\n").encode()))
     print(json.dumps(rows) if args.json else curve_table(rows).to_string())
     print(f"written: {out}", file=sys.stderr)
