@@ -399,6 +399,9 @@ def test_prompt_plus_new_tokens_may_fill_block_size_plus_one(mode):
     with pytest.raises(ValueError, match=r"20 tokens\) \+ max_new_tokens \(14\) - 1 = 33 positions exceed the "
                                          r"model's block_size 32; allowed: prompt length \+ max_new_tokens <= 33"):
         generate(model, prompts, SamplingConfig(max_new_tokens=14, decode=mode))
+    with pytest.raises(ValueError, match=r"the longest prompt \(40 tokens\) is longer than the model's block_size 32 "
+                                         r"\(its learned positions\): no completion fits"):
+        generate(model, [list(range(1, 41))], SamplingConfig(max_new_tokens=1, decode=mode))
 
 
 def test_full_block_greedy_matches_transformers(tmp_path):

@@ -261,6 +261,9 @@ def check_fits(block_size: int, prompt_len: int, max_new_tokens: int) -> None:
     """Raise ValueError unless a prompt of `prompt_len` tokens and `max_new_tokens` new ones fit in
     `block_size` positions (the last new token is never fed back: prompt_len + max_new_tokens - 1 are run)."""
     P, L = prompt_len, max_new_tokens
+    if P > block_size:  # no completion budget makes it fit
+        raise ValueError(f"the longest prompt ({P} tokens) is longer than the model's block_size {block_size} "
+                         "(its learned positions): no completion fits; use a model with a longer context")
     if P + L - 1 > block_size:
         raise ValueError(f"the longest prompt ({P} tokens) + max_new_tokens ({L}) - 1 = {P + L - 1} positions exceed "
                          f"the model's block_size {block_size}; allowed: prompt length + max_new_tokens <= "
