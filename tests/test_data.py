@@ -217,6 +217,8 @@ def test_a_content_already_validated_is_not_checked_again_but_a_changed_one_is(t
     """load_jsonl checks the same bytes once per process (a notebook loads the splits, then SFT loads the
     training files again); new bytes at the same path, size and mtime are checked, and a file read as
     another task still fails."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no mark of an earlier session's check
+    monkeypatch.setattr(data, "_VALIDATED", {})
     (p1, p2), _ = _good_records()
     path = tmp_path / "policy_train.jsonl"
     path.write_text(json.dumps(p1) + "\n" + json.dumps(p2) + "\n")

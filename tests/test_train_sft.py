@@ -273,7 +273,8 @@ def test_init_from_a_hugging_face_directory(tmp_path):
                                   model_overrides={"dropout": 0.1}), train_texts=TEXTS)
     assert trainer.model.config.n_embd == 32 and trainer.model.config.dropout == 0.1  # shape from config.json
     assert_same_parameters(source, trainer.model)
-    with pytest.raises(ValueError, match=r"SFTConfig\.block_size must be <= the model's block_size 64"):
+    with pytest.raises(ValueError, match=r"SFTConfig\.block_size must be <= the block_size 64 of the model in .*hf "
+                                         r"\(--block-size 64\), got 128"):
         tiny_cfg(tmp_path / "run", init_from=str(tmp_path / "hf"), block_size=128, model_overrides={})
 
 
