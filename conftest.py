@@ -1,5 +1,6 @@
 """Shared by every pytest run here, notebooks included: the test session's runs go to a temporary
-folder, never into the repository's runs/, and the notebooks save their figures without PNG copies.
+folder, never into the repository's runs/, the library's cache is the session's own, and the notebooks
+save their figures without PNG copies.
 
 Notebook 05 keeps each run under $ROOKWORLD_RUNS_DIR (runs/ by default) and notebook 06 explores the
 newest one there. This hook runs before any test module imports the library, so the library in this
@@ -17,15 +18,24 @@ import tempfile
 import pytest
 
 _RUNS = tempfile.mkdtemp(prefix="rookworld-test-runs-")
+_CACHE_ENV = "ROOKWORLD_TEST_CACHE"
 
 
 def pytest_configure(config):
     os.environ["ROOKWORLD_RUNS_DIR"] = _RUNS
     os.environ["ROOKWORLD_PNG"] = "0"
+    # the library's cache (paths.cache_dir: the exports' tokenizer, the marks of data found valid) is the
+    # session's own, made by the controller before its workers start (they inherit it), so that nothing an
+    # earlier session or a user's runs left there decides what a test sees
+    if _CACHE_ENV not in os.environ:
+        os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="rookworld-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = os.environ[_CACHE_ENV]
 
 
 def pytest_unconfigure(config):
     shutil.rmtree(_RUNS, ignore_errors=True)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller, after its workers
+        shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)
 
 
 # The files that take 10 s or more in `make test` (pytest --durations=0 on 2 idle cores, 2026-11-28),

@@ -221,6 +221,20 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
             assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
             assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
+        # in the run's last step: the run ends (saved), and the caller is still told to stop
+        last = tiny_trainer(tmp_path / "last", steps=3)
+        last.on_step = lambda record: record["step"] == 3 and os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            last.train()
+        assert [s for s, _ in ck.list_checkpoints(tmp_path / "last" / "checkpoints")] == [3]
+        # a shutdown's SIGINT then SIGTERM (jupyter's, a scheduler's): the SIGTERM only adds to the request
+        both = tiny_trainer(tmp_path / "both", steps=50)
+        both.on_step = lambda record: record["step"] == 2 and (os.kill(os.getpid(), signal.SIGINT),
+                                                                os.kill(os.getpid(), signal.SIGTERM))
+        with pytest.raises(KeyboardInterrupt):
+            both.train()
+        assert [s for s, _ in ck.list_checkpoints(tmp_path / "both" / "checkpoints")] == [2]
+
         def twice(record):
             if record["step"] == 2:
                 os.kill(os.getpid(), signal.SIGINT)

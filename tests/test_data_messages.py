@@ -251,6 +251,14 @@ def test_datagen_and_convert_refuse_to_replace_a_data_set_already_in_out(tmp_pat
     assert rc == 1
     one_line(err, "rookworld convert", f"{out} already holds policy_test.jsonl, env_test.jsonl: converting would replace them")
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before  # the lock: held while refusing
+    # a data set datagen made: the same settings again redo it (notebook 05 run again in its run folder); others stop
+    mine = tmp_path / "mine"
+    assert run_cli(capsys, *DATAGEN, "--out", str(mine))[0] == 0
+    made = {p.name: p.read_bytes() for p in mine.glob("*.jsonl")}
+    assert run_cli(capsys, *DATAGEN, "--out", str(mine))[0] == 0
+    assert {p.name: p.read_bytes() for p in mine.glob("*.jsonl")} == made
+    rc, err = run_cli(capsys, *DATAGEN[:-2], "--workers", "1", "--depth", "3", "--out", str(mine))
+    assert rc == 1 and "that no run of these settings made" in err
 
 
 def test_validate_names_a_directory_given_as_a_file_and_a_file_given_as_out(tmp_path, capsys):

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import chess
 
 from . import tasks
 from .engine import EnginePool, EngineSettings, parse_limit_key
+from ..core import paths as core_paths
 from ..core.paths import DATA_DIR, DataFormatError, atomic_write, cache_dir, read_jsonl, unreadable
 
 log = logging.getLogger(__name__)
@@ -259,9 +261,12 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     fix = f"restore it with `git checkout -- data/{path.name}`" if shipped else "regenerate it with `rookworld datagen`"
     records, skipped, ids = [], [], set()
     try:
-        digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+        digest = _digest(path)
         if (tasks_in := _validated(digest)) is not None and (task is None or tasks_in == {task}):
-            return LoadedData(str(path), [rec for _, rec, _ in read_jsonl(path)], [])
+            records = [rec for _, rec, _ in read_jsonl(path)]
+            if _unchanged(path, digest):  # the bytes parsed are the bytes found valid (not replaced meanwhile)
+                return LoadedData(str(path), records, [])
+            digest, records = _digest(path), []
         for lineno, rec, reason in read_jsonl(path):
             reason = reason or validate_record(rec, task)
             if reason is None and rec["id"] in ids:
@@ -279,7 +284,7 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
         raise DataFormatError(f"{path}: no records (the file is empty); {fix}")
     if skipped:
         log.warning("%s: skipped %d malformed line(s); first: %s", path, len(skipped), skipped[0])
-    else:
+    elif _unchanged(path, digest):  # the bytes checked are the bytes hashed (not replaced meanwhile)
         _VALIDATED[digest] = frozenset(r["task"] for r in records)
         with contextlib.suppress(OSError):  # an unwritable cache: checked again next time
             (mark := _validated_mark(digest)).parent.mkdir(parents=True, exist_ok=True)
@@ -290,11 +295,23 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
 # Contents (their digest) that load_jsonl found wholly valid, with the tasks they hold: the same bytes are
 # parsed again but not re-checked (the FEN parse costs ~1 ms a record: 3 s for the shipped splits in every
 # process that loads them). In this process, and across processes by a mark in paths.cache_dir() named by
-# the digest and by the validator's own code (this module, tasks.py, python-chess's version): a change to
+# the digest and by the validator's own code (this module, tasks.py, core/paths.py's JSON-lines reader,
+# python-chess's version): a change to
 # any of them checks every file again.
 _VALIDATED: dict[bytes, frozenset[str]] = {}
-_VALIDATOR = hashlib.blake2b(Path(__file__).read_bytes() + Path(tasks.__file__).read_bytes()
+_VALIDATOR = hashlib.blake2b(b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], tasks, core_paths))
                              + chess.__version__.encode(), digest_size=8).hexdigest()
+
+
+def _digest(path: Path) -> bytes:
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+
+
+def _unchanged(path: Path, digest: bytes) -> bool:
+    try:
+        return _digest(path) == digest
+    except OSError:
+        return False
 
 
 def _validated_mark(digest: bytes) -> Path:

@@ -670,17 +670,23 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) 
     return report
 
 
+MADE_FILE = ".datagen.json"  # in --out: the settings and engine of the data set there (the same run again may redo it)
+
+
 def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bool, fresh: bool) -> DatagenReport:
     """The run itself, under the lock: games, sample selection, labels, then the record files."""
-    work = cfg.work_path()
-    if not fresh and not (work / "config.json").exists() and (
+    work, state = cfg.work_path(), {"config": cfg.content_key(), "engine": engine_name}
+    made_here = None  # the settings of the data set datagen last published there
+    with contextlib.suppress(OSError, ValueError):
+        made_here = json.loads((Path(cfg.out_dir) / MADE_FILE).read_text())
+    if not fresh and not (work / "config.json").exists() and made_here != state and (
             there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
         raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "
-                         "that no run here is resuming: datagen would replace it; choose an empty --out, delete "
+                         "that no run of these settings made: datagen would replace it; choose an empty --out, delete "
                          "those files, or pass --fresh to replace them")
     seconds: dict[str, float] = {}
     clock = time.perf_counter
-    _open_work_dir(work, {"config": cfg.content_key(), "engine": engine_name}, fresh)
+    _open_work_dir(work, state, fresh)
     t = clock()
     games, played = _play_games(cfg, pool, work / "games.jsonl", progress)
     seconds["games"], t = clock() - t, clock()
@@ -709,6 +715,7 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
         outputs.abort()
         raise
     counts = outputs.publish(Path(cfg.out_dir))
+    atomic_write(Path(cfg.out_dir) / MADE_FILE, lambda f: f.write(json.dumps(state, indent=1).encode()))
     seconds["write"] = clock() - t
     return DatagenReport(counts=counts, games_played=played, games_reused=len(games) - played,
                          positions_labelled=labelled, labels_reused=len(labels) - labelled, seconds=seconds,

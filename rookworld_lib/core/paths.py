@@ -10,6 +10,7 @@ file. JSON lines, the library's one line format: :func:`write_jsonl`, :class:`Js
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import json
 import logging
@@ -50,10 +51,18 @@ def git_commit() -> str | None:
     return None
 
 
+_FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}  # errors only a write can cause
+
+
 def cache_dir() -> Path:
     """Where the library keeps what it can rebuild (the tokenizer for exports, the digests of data files
     found valid): $XDG_CACHE_HOME/rookworld, by default ~/.cache/rookworld."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rookworld"
+    if base := os.environ.get("XDG_CACHE_HOME"):
+        return Path(base) / "rookworld"
+    try:
+        return Path.home() / ".cache" / "rookworld"
+    except (RuntimeError, KeyError):  # no HOME and no passwd entry (a container's arbitrary uid)
+        return Path(tempfile.gettempdir()) / f"rookworld-cache-{os.getuid()}"
 
 
 @contextlib.contextmanager
@@ -78,8 +87,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:  # a write's: name the file
-            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        if isinstance(exc, OSError) and exc.errno in _FULL and exc.filename is None:  # a full disk: name the file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     with contextlib.suppress(OSError):  # skipped where a directory cannot be opened (Windows)
         _fsync(path.parent, os.O_RDONLY)

@@ -11,12 +11,15 @@ import base64
 import functools
 import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 
 import tiktoken
 
 from .paths import DATA_DIR, atomic_write, cache_dir
+
+log = logging.getLogger(__name__)
 
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 EOT_TOKEN = "<|endoftext|>"
@@ -93,12 +96,25 @@ def hf_tokenizer_json() -> str | None:
     except (OSError, UnicodeDecodeError):
         pass
     try:  # optional heavy dependency: only the first export on a machine needs it
+        import inspect
+
+        from tokenizers import Tokenizer
         from transformers.convert_slow_tokenizer import TikTokenConverter
     except ImportError:
         return None
-    get_tokenizer()  # the rank file checked first (its sha256), with the error that says how to restore it
-    text = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
-                             extra_special_tokens=[EOT_TOKEN]).converted().to_str()
+    enc = get_tokenizer()  # the rank file checked first (its sha256), with the error that says how to restore it
+    # transformers 5 calls the special tokens extra_special_tokens, 4.x additional_special_tokens
+    special = ("extra_special_tokens" if "extra_special_tokens" in inspect.signature(TikTokenConverter).parameters
+               else "additional_special_tokens")
+    sample = "<|endoftext|>P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1  M: e7e5 E: 0.3 B: e7e5\n"
+    try:
+        text = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
+                                 **{special: [EOT_TOKEN]}).converted().to_str()
+        if Tokenizer.from_str(text).encode(sample).ids != encode(sample, enc):
+            raise ValueError("it encodes otherwise than tiktoken")
+    except Exception as exc:  # an optional file: an export without it, never a failed export
+        log.warning("no tokenizer files in exports: transformers' TikTokenConverter failed (%s)", exc)
+        return None
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(cache, lambda f: f.write(text.encode()))

@@ -318,9 +318,14 @@ class GRPOTrainer(Trainer):
         if not self.reward_funcs or len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"give one or more reward functions and one weight each (got {len(self.reward_funcs)} "
                              f"functions, {len(self.reward_weights)} weights)")
-        names = [reward_name(f) for f in self.reward_funcs]  # unique in metrics: a second "<lambda>" is "<lambda>_2"
-        self.reward_names = [n if names[:i].count(n) == 0 else f"{n}_{names[:i].count(n) + 1}" for i, n in enumerate(names)]
-        self.tokens_seen = 0  # prompt and completion tokens of every batch so far (TRL's num_tokens)
+        self.reward_names: list[str] = []  # unique in metrics (a second "<lambda>" is "<lambda>_2"), and no task's
+        for name in map(reward_name, self.reward_funcs):
+            unique, n = name, 1
+            while unique in self.reward_names or unique in TASKS:
+                n += 1
+                unique = f"{name}_{n}"
+            self.reward_names.append(unique)
+        self.tokens_seen: int | None = 0  # prompt and completion tokens of every batch so far (TRL's num_tokens)
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
         self.last_rollout: list[dict] = []  # the latest step's completions, as completions.jsonl rows
@@ -350,7 +355,7 @@ class GRPOTrainer(Trainer):
         return extra
 
     def restore_extra(self, extra: dict) -> None:
-        self.tokens_seen = extra.get("tokens_seen", 0)
+        self.tokens_seen = extra.get("tokens_seen")  # None: a checkpoint from before the count (not logged then)
         if self.ref is not None:
             self.ref.load_state_dict(extra["ref"], strict=True)
 
@@ -470,7 +475,8 @@ class GRPOTrainer(Trainer):
         if batch.reward_table.isnan().all():
             warnings.warn("GRPO: every reward function gave None (or NaN) for every completion of a step, so the "
                           "step has no reward to learn from; check the reward functions", stacklevel=2)
-        self.tokens_seen += sum(map(len, batch.prompt_ids)) + int(batch.mask.sum())
+        if self.tokens_seen is not None:
+            self.tokens_seen += sum(map(len, batch.prompt_ids)) + int(batch.mask.sum())
         adv, adv_stats = grpo.group_advantages(batch.reward_table, cfg.group_size, scale=cfg.scale_rewards,
                                                reward_weights=self.reward_weights,
                                                multi_objective_aggregation=cfg.multi_objective_aggregation)

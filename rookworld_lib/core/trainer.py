@@ -302,6 +302,7 @@ class Trainer:
             if self.step < target:
                 self.start(metrics)
             stop = stack.enter_context(_stop_after_the_step())
+            stopping = False
             while self.step < target:
                 record = self.train_step()
                 self.after_step(record)
@@ -320,6 +321,10 @@ class Trainer:
                     raise KeyboardInterrupt
         if self.step >= total and self.export_at_end:
             self.export()
+        if self.dist.world_size > 1 and not stopping:  # a signal in the last step, the save or the log closing
+            stopping = bool(distributed.all_reduce_sum(float(bool(stop))))
+        if stopping or (self.dist.world_size == 1 and stop):  # its step was the last: saved (and exported); stop the caller
+            raise KeyboardInterrupt
         return self.history
 
     def _open_logs(self, stack: contextlib.ExitStack) -> None:
@@ -374,8 +379,9 @@ def check_export_spares(source: str | os.PathLike | None, out_dir: str | os.Path
 @contextlib.contextmanager
 def _stop_after_the_step():
     """A list that Ctrl-C (SIGINT) or SIGTERM fills with the signal's name instead of stopping the
-    process mid-step; the loop saves and stops after the step. The first signal puts the previous
-    handlers back, so a second Ctrl-C raises at once. Off the main thread (no signal handlers there): inert."""
+    process mid-step; the loop saves and stops after the step. The first signal puts SIGINT's previous
+    handler back, so a second Ctrl-C raises at once; a later SIGTERM (a shutdown's next signal) is only
+    recorded, so the save goes on. Off the main thread (no signal handlers there): inert."""
     requested: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield requested
@@ -388,7 +394,7 @@ def _stop_after_the_step():
 
     def request(signum, frame) -> None:
         requested.append(signal.Signals(signum).name)
-        restore()
+        signal.signal(signal.SIGINT, previous[signal.SIGINT] if previous[signal.SIGINT] is not None else signal.SIG_DFL)
         log.warning("%s: stopping after this step to save a checkpoint (Ctrl-C again stops at once)",
                     signal.Signals(signum).name)
 

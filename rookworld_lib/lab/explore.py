@@ -17,6 +17,7 @@ the widgets and on the snapshot are the contract of the browser tests.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 from pathlib import Path
@@ -39,7 +40,7 @@ from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
 from ..chess.training import prompt_items, reward_functions
-from ..core.checkpoint import latest_checkpoint, load_checkpoint
+from ..core.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, score_completions
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
@@ -71,10 +72,11 @@ def latest_run(root: str | Path = RUNS_DIR) -> Path | None:
 
 def rollout_temperature(run_dir: str | Path | None) -> float | None:
     """The sampling temperature of the newest GRPO run under `run_dir` (its latest checkpoint's
-    settings: what its rollouts used); None when `run_dir` holds no GRPO checkpoint."""
+    settings: what its rollouts used); None when `run_dir` holds no readable GRPO checkpoint."""
     for metrics in sorted(Path(run_dir).glob(f"**/{METRICS_FILE}"), key=lambda p: p.stat().st_mtime)[::-1] if run_dir else ():
-        if (path := latest_checkpoint(metrics.parent / "checkpoints")) is not None:
-            return float(load_checkpoint(path)["config"]["temperature"])
+        with contextlib.suppress(CheckpointError, KeyError, TypeError):  # unreadable or not GRPO's: the default
+            if (path := latest_checkpoint(metrics.parent / "checkpoints")) is not None:
+                return float(load_checkpoint(path)["config"]["temperature"])
     return None
 
 
