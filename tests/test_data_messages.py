@@ -269,3 +269,16 @@ def test_validate_names_a_directory_given_as_a_file_and_a_file_given_as_out(tmp_
     rc, err = run_cli(capsys, "datagen", "--summary", "--out", str(tmp_path / "p.jsonl"))
     assert rc == 1
     one_line(err, "rookworld datagen", f"in {tmp_path / 'p.jsonl'} (a file, not a directory)")
+
+
+@needs_stockfish
+def test_a_full_disk_during_datagen_names_the_file_it_was_writing(tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(f, recs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(datagen._Outputs, "_write", staticmethod(full))
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path / "d"))
+    assert rc == 1
+    one_line(err, "rookworld datagen", f"No space left on device: {tmp_path / 'd' / '.datagen-work'}", ".jsonl",
+             "free some space")

@@ -44,7 +44,7 @@ from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, data_file_name
                    mating_moves, missing_shards, move_tags, position_tags, render_card_tables, summarize)
 from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
-from ..core.paths import (DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines,
+from ..core.paths import (DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
 from ..core.progress import tqdm
 from ..core.config import SEED_MAX, add_config_arguments, config_kwargs_from_args, field_docs, option, validate
@@ -360,7 +360,8 @@ class _Outputs:
             return
         rec = make()
         if not self.size:
-            self._write(self._plain_file(name), [rec])
+            with naming(self.dir / self.file_name(name, None)):  # a full disk names the file
+                self._write(self._plain_file(name), [rec])
             return
         self.pending.setdefault(name, []).append(rec)
         if len(self.pending[name]) == self.size:
@@ -401,9 +402,10 @@ class _Outputs:
         for name, recs in self.pending.items():
             if recs:
                 self._flush(name, (self.counts[name] - 1) // self.size)
-        for ctx, raw, f in self._plain.values():
+        for name, (ctx, raw, f) in self._plain.items():
             if f is not raw:
-                f.close()  # writes the gzip trailer; the atomic file is renamed below
+                with naming(self.dir / self.file_name(name, None)):
+                    f.close()  # writes the gzip trailer; the atomic file is renamed below
             ctx.__exit__(None, None, None)
         self._plain.clear()
 
@@ -608,7 +610,8 @@ class LeanPool:
         try:
             try:
                 p._exchange("ucinewgame\nisready\n", "readyok", p.floor)  # as python-chess's first move of a game
-            except EngineFailedError as exc:  # it died while idle
+            except EngineFailedError as exc:  # it died while idle (or the pool closed: the run is stopping)
+                self._check_open()
                 raise EngineSessionLost(f"Stockfish failed at a session's start ({exc})") from None
             yield p
         except BaseException:

@@ -78,17 +78,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
-        yield tmp
-        # mkstemp makes the file 0600 (and safetensors' save_file writes its own file 0600): the result gets
-        # the mode a plain open() would give it
-        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
-        _fsync(tmp, os.O_RDWR)  # (Windows fsyncs only a writable descriptor)
-        os.replace(tmp, path)
-    except BaseException as exc:
+        with naming(path, _FULL):  # a full disk (a write, the fsync) is named; a read error in the body stays its own
+            yield tmp
+            # mkstemp makes the file 0600 (and safetensors' save_file writes its own file 0600): the result
+            # gets the mode a plain open() would give it
+            os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_UMASK)
+            _fsync(tmp, os.O_RDWR)  # (Windows fsyncs only a writable descriptor)
+            os.replace(tmp, path)
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.errno in _FULL and exc.filename is None:  # a full disk: name the file
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     with contextlib.suppress(OSError):  # skipped where a directory cannot be opened (Windows)
         _fsync(path.parent, os.O_RDONLY)
@@ -170,13 +169,13 @@ def _cut_torn_tail(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _naming(path: Path) -> Iterator[None]:
-    """Re-raise an OSError that names no file with `path` in it: a failed write or fsync (ENOSPC, EIO)
-    says only "No space left on device", not which file it was writing."""
+def naming(path: str | os.PathLike, errnos: set[int] | None = None) -> Iterator[None]:
+    """Re-raise an OSError that names no file with `path` in it (only those of `errnos`, when given): a
+    failed write or fsync (ENOSPC, EIO) says only "No space left on device", not which file it was writing."""
     try:
         yield
     except OSError as exc:
-        if exc.filename is not None or exc.errno is None:
+        if exc.filename is not None or exc.errno is None or (errnos is not None and exc.errno not in errnos):
             raise
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
@@ -197,7 +196,7 @@ class JsonlAppender(contextlib.AbstractContextManager):
 
     def write(self, obj: Any) -> None:
         line = json_line(obj)
-        with self._lock, _naming(self.path):
+        with self._lock, naming(self.path):
             self._fh.write(line)
             self._fh.flush()
             self._n += 1
@@ -206,12 +205,12 @@ class JsonlAppender(contextlib.AbstractContextManager):
 
     def sync(self) -> None:
         """Put every line written so far on disk (fsync): they survive a power cut from now on."""
-        with self._lock, _naming(self.path):
+        with self._lock, naming(self.path):
             self._fh.flush()
             os.fsync(self._fh.fileno())
 
     def close(self) -> None:
-        with self._lock, _naming(self.path):
+        with self._lock, naming(self.path):
             if not self._fh.closed:
                 try:
                     self._fh.flush()
