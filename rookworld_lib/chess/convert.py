@@ -310,8 +310,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
         stack.enter_context(run_lock(out))  # one writer per directory, as datagen and training: RunDirBusyError
         if there := [f.name for t in ("P", "A") for f in data_files_of(TASK_FILES[t].format(split=split), out)]:
             raise ValueError(f"{out} already holds {', '.join(there)}: converting would replace them; choose "
-                                  f"another --out (or --split), delete them first, or convert every input of "
-                                  f"this split in one command")
+                             "another --out (or --split), delete them first, or convert every input of this split "
+                             "in one command")
         err_fh = stack.enter_context(open(errors_path, "w", encoding="utf-8"))
         outputs: dict = {}
         bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))
