@@ -317,3 +317,33 @@ def test_a_directory_we_cannot_read_says_what_it_holds(tmp_path):
     (tmp_path / "step_00000003.pt").write_bytes(b"x")
     with pytest.raises(CheckpointFormatError, match="step_00000003.pt is a file, not a model directory"):
         GPT.from_pretrained(tmp_path / "step_00000003.pt")
+
+
+def test_a_model_folder_with_another_tokenizer_is_refused_where_ours_would_misread_it(tmp_path):
+    """A GPT-2-shaped model whose folder holds another tokenizer.json (here a character-level one) would
+    be fed GPT-2 tokens it was never trained on, and GRPO's export would pair it with GPT-2's: eval and
+    GRPO refuse it naming the file. Our own exports, and GPT-2's tokenizer from anywhere, pass."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from rookworld_lib.chess import evaluate
+    from rookworld_lib.core.tokenizer import check_vocabulary
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+
+    GPT(GPTConfig.preset("tiny", block_size=64)).save_pretrained(tmp_path / "ours")
+    check_vocabulary(GPT.from_pretrained(tmp_path / "ours"))  # our export: GPT-2's tokenizer
+    chars = Tokenizer(models.WordLevel({c: i for i, c in enumerate("PA: abcdefghijklmnopqrstuvwxyz/012345678+-.KQRBNkqrbnpw")},
+                                       unk_token="a"))
+    chars.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    GPT(GPTConfig.preset("tiny", block_size=64)).save_pretrained(tmp_path / "chars")
+    chars.save(str(tmp_path / "chars" / "tokenizer.json"))
+    model = GPT.from_pretrained(tmp_path / "chars")  # the weights load: the core reads tensors
+    message = f"{tmp_path / 'chars' / 'tokenizer.json'}: not GPT-2's tokenizer"
+    with pytest.raises(ValueError, match=message):
+        evaluate.complete(model, ["P: 8/8/8/8/8/8/8/8 w - - 0 1"], evaluate.EvalConfig())
+    with pytest.raises(ValueError, match=message):
+        GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(policy_fraction=1.0, progress=False),
+                    reward_funcs=lambda completions, **_: [0.0] * len(completions))
+    hub = transformers.GPT2TokenizerFast(tokenizer_object=Tokenizer.from_file(str(tmp_path / "ours" / "tokenizer.json")))
+    hub.save_pretrained(tmp_path / "hub")  # GPT-2's tokenizer written by transformers (other bytes than ours)
+    (tmp_path / "ours" / "tokenizer.json").write_bytes((tmp_path / "hub" / "tokenizer.json").read_bytes())
+    check_vocabulary(GPT.from_pretrained(tmp_path / "ours"))

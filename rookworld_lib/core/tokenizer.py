@@ -8,6 +8,7 @@ sha256 so that a truncated or edited file can never silently change token ids.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -136,10 +137,41 @@ def write_hf_tokenizer(directory: str | Path, max_length: int) -> bool:
     return True
 
 
+def check_model_tokenizer(directory: str | Path) -> None:
+    """Raise ValueError when a model folder's tokenizer.json is not GPT-2's: the texts here are encoded
+    with get_tokenizer() whatever the folder holds, so such a model would read and write other tokens
+    than it was trained on (and an export would pair it with GPT-2's). A folder without the file, or a
+    Python without `tokenizers`, passes; GPT-2's own (ours, the hub's) encodes a probe text as tiktoken."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        return
+    ours = cache_dir() / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"  # what our exports write: no parse needed
+    with contextlib.suppress(OSError):
+        if ours.stat().st_size == path.stat().st_size and ours.read_bytes() == path.read_bytes():
+            return
+    try:
+        from tokenizers import Tokenizer  # optional (comes with transformers)
+    except ImportError:
+        return
+    probe = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 M: e7e5 d7d5 E: 0.3 -0.1 B: e7e5"
+    try:
+        ids = Tokenizer.from_file(str(path)).encode(probe).ids
+    except Exception as exc:  # a tokenizer file transformers could not read either
+        raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc}); a GPT-2 model folder needs "
+                         "GPT-2's tokenizer or none") from None
+    if ids != encode(probe):
+        raise ValueError(f"{path}: not GPT-2's tokenizer (it encodes {probe[:20]!r}... as {ids[:6]}, GPT-2 as "
+                         f"{encode(probe)[:6]}); the texts here are GPT-2's tokens, so this model cannot be scored "
+                         "or trained here")
+
+
 def check_vocabulary(model, at_least: bool = False) -> None:
     """Raise ValueError naming the model's config.json unless its vocabulary is GPT-2's 50,257 tokens (or,
-    with `at_least`, holds them: a padded embedding trains on them as well): what it reads is encoded,
-    and what it writes decoded, with get_tokenizer()."""
+    with `at_least`, holds them: a padded embedding trains on them as well), or naming its folder's
+    tokenizer.json when that is not GPT-2's (check_model_tokenizer): what it reads is encoded, and what
+    it writes decoded, with get_tokenizer()."""
+    if getattr(model, "source", None):
+        check_model_tokenizer(model.source)
     n = model.config.vocab_size
     if n < VOCAB_SIZE or (n > VOCAB_SIZE and not at_least):
         where = f"{model.source}/config.json: " if getattr(model, "source", None) else ""
