@@ -124,6 +124,9 @@ ROWS = [
         "{tmp}/badjson/config.json: not valid JSON", setup=break_config),
     # --- the out-dir: a file, unwritable, a full disk
     Row("sft-out-dir-is-a-file", sft(), "{tmp}/run is a file, not a directory", setup=out_dir_is_a_file),
+    Row("sft-default-refused-names-its-option", ["sft", "--model", "tiny", "--max-steps", "20", "--train-data", "{texts}",
+                                                 "--out", "{tmp}/run"],
+        "SFTConfig.warmup_steps (--warmup-steps, not given) must be <= max_steps (20), got 100"),
     Row("run-out-dir-is-a-file", ["run", "--out", "{tmp}/run", "--only", "01"], "{tmp}/run is a file, not a directory",
         setup=out_dir_is_a_file),
     Row("bench-out-below-a-file", ["bench", "--quick", "--out", "{tmp}/run/bench.json"],

@@ -10,11 +10,14 @@ ROOKWORLD_TRACEBACK=1. Under `--nproc N` a worker hands its line to the launcher
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
+import io
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .. import __version__
@@ -72,17 +75,29 @@ def main(argv: list[str] | None = None) -> int:
             return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
         if message is None:
             raise  # a bug: its traceback is what a report needs
-        return report(name, with_flag(message, rest), 1)
+        return report(name, with_flag(message, rest, lambda: _help_text(name)), 1)
 
 
-def with_flag(message: str, argv: list[str]) -> str:
-    """A config check's message (`Cls.field must ...`) with the option the user typed for that field:
-    `GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5`."""
+def with_flag(message: str, argv: list[str], help_text: Callable[[], str] = str) -> str:
+    """A config check's message (`Cls.field must ...`) with the option for that field: the one the user
+    typed (`GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5`), or, where the default
+    is what the check refused, the command's option for it (`(--warmup-steps, not given)`)."""
     if m := re.match(r"(\w+Config)\.(\w+) ", message):
         flag = RENAMED.get(m[2], "--" + m[2].replace("_", "-"))
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             return f"{m[0][:-1]} ({flag}) {message[m.end():]}"
+        if re.search(rf"(^|\s){re.escape(flag)}\b", help_text()):
+            return f"{m[0][:-1]} ({flag}, not given) {message[m.end():]}"
     return message
+
+
+def _help_text(command: str) -> str:
+    """`rookworld <command> --help`'s text (the options the command has); empty where it cannot be had."""
+    module, _, func = SUBCOMMANDS[command][0].partition(":")
+    out = io.StringIO()
+    with contextlib.suppress(SystemExit, Exception), contextlib.redirect_stdout(out):
+        getattr(importlib.import_module(module), func or "cli")(["--help"])
+    return out.getvalue()
 
 
 # What shrinks a command's memory, for an out-of-memory error
