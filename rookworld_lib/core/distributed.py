@@ -74,7 +74,9 @@ def all_reduce_sum(value: float) -> float:
     """The sum of `value` over all ranks."""
     if not _enabled():
         return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
+    # NCCL reduces CUDA tensors only (gloo CPU ones)
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t.item())
 

@@ -321,9 +321,9 @@ class Trainer:
                     raise KeyboardInterrupt
         if self.step >= total and self.export_at_end:
             self.export()
-        if self.dist.world_size > 1 and not stopping:  # a signal in the last step, the save or the log closing
-            stopping = bool(distributed.all_reduce_sum(float(bool(stop))))
-        if stopping or (self.dist.world_size == 1 and stop):  # its step was the last: saved (and exported); stop the caller
+        # a signal in the run's last step (or, in one process, in the save or the log closing): the run is
+        # saved and exported, and the caller stops too (under torchrun every rank decided alike in the loop)
+        if stopping or (self.dist.world_size == 1 and stop):
             raise KeyboardInterrupt
         return self.history
 
