@@ -87,11 +87,15 @@ def token_boundaries(text: str, tokenizer: tiktoken.Encoding | None = None) -> l
     return [enc.decode_single_token_bytes(t).decode("utf-8", errors="replace") for t in encode(text, enc)]
 
 
+def _hf_tokenizer_cache() -> Path:
+    return cache_dir() / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"
+
+
 def hf_tokenizer_json() -> str | None:
     """GPT-2's tokenizer as transformers' tokenizer.json (encoding exactly as get_tokenizer() does),
     built once by transformers' TikTokenConverter and cached in paths.cache_dir();
     None where transformers is not installed and nothing is cached."""
-    cache = cache_dir() / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"
+    cache = _hf_tokenizer_cache()
     try:
         return cache.read_text()
     except (OSError, UnicodeDecodeError):
@@ -145,7 +149,7 @@ def check_model_tokenizer(directory: str | Path) -> None:
     path = Path(directory) / "tokenizer.json"
     if not path.is_file():
         return
-    ours = cache_dir() / f"gpt2-{RANKS_SHA256[:16]}.tokenizer.json"  # what our exports write: no parse needed
+    ours = _hf_tokenizer_cache()  # what our exports write: no parse needed
     with contextlib.suppress(OSError):
         if ours.stat().st_size == path.stat().st_size and ours.read_bytes() == path.read_bytes():
             return

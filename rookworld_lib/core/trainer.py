@@ -388,13 +388,13 @@ def _stop_after_the_step():
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
-    def restore() -> None:
-        for s, handler in previous.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    def restore(*signals) -> None:
+        for s in signals or previous:
+            signal.signal(s, previous[s] if previous[s] is not None else signal.SIG_DFL)
 
     def request(signum, frame) -> None:
         requested.append(signal.Signals(signum).name)
-        signal.signal(signal.SIGINT, previous[signal.SIGINT] if previous[signal.SIGINT] is not None else signal.SIG_DFL)
+        restore(signal.SIGINT)
         log.warning("%s: stopping after this step to save a checkpoint (Ctrl-C again stops at once)",
                     signal.Signals(signum).name)
 
