@@ -347,3 +347,15 @@ def test_a_model_folder_with_another_tokenizer_is_refused_where_ours_would_misre
     hub.save_pretrained(tmp_path / "hub")  # GPT-2's tokenizer written by transformers (other bytes than ours)
     (tmp_path / "ours" / "tokenizer.json").write_bytes((tmp_path / "hub" / "tokenizer.json").read_bytes())
     check_vocabulary(GPT.from_pretrained(tmp_path / "ours"))
+    # the slow tokenizer's files alone (vocab.json, merges.txt): GPT-2's pass, a character-level pair is refused
+    bpe = json.loads((tmp_path / "ours" / "tokenizer.json").read_text())["model"]
+    (tmp_path / "ours" / "tokenizer.json").unlink()
+    (tmp_path / "ours" / "vocab.json").write_text(json.dumps(bpe["vocab"]))
+    (tmp_path / "ours" / "merges.txt").write_text(
+        "#version: 0.2\n" + "".join((m if isinstance(m, str) else " ".join(m)) + "\n" for m in bpe["merges"]))
+    check_vocabulary(GPT.from_pretrained(tmp_path / "ours"))
+    (tmp_path / "chars" / "tokenizer.json").unlink()
+    (tmp_path / "chars" / "vocab.json").write_text(json.dumps(chars.get_vocab()))
+    (tmp_path / "chars" / "merges.txt").write_text("#version: 0.2\n")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'chars' / 'vocab.json'}: not GPT-2's tokenizer"):
+        evaluate.complete(GPT.from_pretrained(tmp_path / "chars"), ["P: 8/8/8/8/8/8/8/8 w - - 0 1"], evaluate.EvalConfig())

@@ -206,6 +206,9 @@ def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread):  # no
     (out / "final" / "config.json").write_text(json.dumps(config))
     with pytest.raises(training.CheckpointFormatError, match=r"rookworld_candidate_order is 'random'"):
         training.candidate_order_for(out / "final")
+    from rookworld_lib.chess import evaluate  # eval (and GRPO, through layout_of) refuse it too
+    with pytest.raises(training.CheckpointFormatError, match=r"config.json: rookworld_candidate_order is 'random'"):
+        evaluate.EvalConfig().for_model(evaluate.GPT.from_pretrained(out / "final"))
 
 
 # ---- training -----------------------------------------------------------------------------------

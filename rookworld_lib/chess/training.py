@@ -45,6 +45,8 @@ CANDIDATE_ORDERS = ("layout", "uci")
 # -- a model's layout ------------------------------------------------------------------------------
 
 def _layout_of(d: dict, where) -> tuple[str, str]:
+    if d.get(ORDER_KEY, "layout") not in CANDIDATE_ORDERS:  # a model's records are checked where it is read
+        raise CheckpointFormatError(f"{where}: {ORDER_KEY} is {d[ORDER_KEY]!r}, expected one of {CANDIDATE_ORDERS}")
     if LAYOUT_KEY not in d:
         if d.get(PROMPT_PREFIX_KEY):  # our SFT's models (EOT before every prompt): the compact layout
             return "compact", f"{where} records no {LAYOUT_KEY!r} but a prompt prefix: our compact layout"
@@ -76,10 +78,9 @@ def candidate_order_for(init_from: str | os.PathLike | None) -> str:
     if not init_from or init_from == "scratch":
         return "layout"
     path = Path(init_from) / "config.json"
-    order = read_config_json(path).get(ORDER_KEY, "layout")
-    if order not in CANDIDATE_ORDERS:
-        raise CheckpointFormatError(f"{path}: {ORDER_KEY} is {order!r}, expected one of {CANDIDATE_ORDERS}")
-    return order
+    d = read_config_json(path)
+    _layout_of(d, path)  # checks the recorded order
+    return d.get(ORDER_KEY, "layout")
 
 
 def layout_of(model: GPT) -> str:

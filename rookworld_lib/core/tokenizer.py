@@ -142,24 +142,34 @@ def write_hf_tokenizer(directory: str | Path, max_length: int) -> bool:
 
 
 def check_model_tokenizer(directory: str | Path) -> None:
-    """Raise ValueError when a model folder's tokenizer.json is not GPT-2's: the texts here are encoded
-    with get_tokenizer() whatever the folder holds, so such a model would read and write other tokens
-    than it was trained on (and an export would pair it with GPT-2's). A folder without the file, or a
-    Python without `tokenizers`, passes; GPT-2's own (ours, the hub's) encodes a probe text as tiktoken."""
-    path = Path(directory) / "tokenizer.json"
-    if not path.is_file():
+    """Raise ValueError when a model folder's tokenizer (tokenizer.json, else the slow tokenizer's
+    vocab.json and merges.txt) is not GPT-2's: the texts here are encoded with get_tokenizer() whatever
+    the folder holds, so such a model would read and write other tokens than it was trained on (and an
+    export would pair it with GPT-2's). A folder without them, or a Python without `tokenizers`, passes;
+    GPT-2's own (ours, the hub's) encodes a probe text as tiktoken."""
+    folder = Path(directory)
+    path, vocab, merges = folder / "tokenizer.json", folder / "vocab.json", folder / "merges.txt"
+    if path.is_file():
+        ours = _hf_tokenizer_cache()  # what our exports write: no parse needed
+        with contextlib.suppress(OSError):
+            if ours.stat().st_size == path.stat().st_size and ours.read_bytes() == path.read_bytes():
+                return
+    elif vocab.is_file() and merges.is_file():
+        path = vocab
+    else:
         return
-    ours = _hf_tokenizer_cache()  # what our exports write: no parse needed
-    with contextlib.suppress(OSError):
-        if ours.stat().st_size == path.stat().st_size and ours.read_bytes() == path.read_bytes():
-            return
     try:
-        from tokenizers import Tokenizer  # optional (comes with transformers)
+        from tokenizers import Tokenizer, models, pre_tokenizers  # optional (comes with transformers)
     except ImportError:
         return
     probe = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 M: e7e5 d7d5 E: 0.3 -0.1 B: e7e5"
     try:
-        ids = Tokenizer.from_file(str(path)).encode(probe).ids
+        if path == vocab:  # GPT2Tokenizer's files: byte-level BPE
+            tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        else:
+            tok = Tokenizer.from_file(str(path))
+        ids = tok.encode(probe).ids
     except Exception as exc:  # a tokenizer file transformers could not read either
         raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc}); a GPT-2 model folder needs "
                          "GPT-2's tokenizer or none") from None
