@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -91,8 +92,9 @@ def main() -> None:
         return {**evaluate.evaluate_policy(model, policy, ecfg), **evaluate.evaluate_environment(model, env, ecfg)}
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    records = hashlib.sha1(json.dumps([evaluate.record_key(r) for r in policy + env]).encode()).hexdigest()[:10]
     cache = args.out.parent / f"sft_{Path(args.sft).resolve().as_posix().replace('/', '_')}_p{args.policy}_" \
-                              f"e{args.env}_k{args.samples}_T{cfg.temperature}_s{args.seed}.pt"
+                              f"e{args.env}_k{args.samples}_T{cfg.temperature}_s{args.seed}_{records}.pt"
     if not cache.exists():
         torch.save(judge(GPT.from_pretrained(args.sft).eval()), cache)
     before = torch.load(cache, weights_only=False)
@@ -115,7 +117,7 @@ def main() -> None:
            "reward_trend": trend.to_dict(orient="index"),
            "metrics": {}}
     for k in keys:
-        d = evaluate.paired_difference(before[k].outcomes, after[k].outcomes)
+        d = evaluate.paired_estimates(before[k], after[k], k)  # refuses a cached SFT result of other records
         row["metrics"][k] = {"before": before[k].value, "after": after[k].value, "change": d.value, "low": d.low,
                              "high": d.high, "n": d.n}
     print(json.dumps(row))

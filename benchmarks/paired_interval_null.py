@@ -6,7 +6,7 @@ right/wrong metric with few discordant records (docs/grpo.md, section 3: best-mo
 Each draw is a test split of --records paired outcomes with no true change: a record is discordant
 (right before and wrong after, or the other way) with the given probability, and each discordant
 record goes either way with probability 1/2. It counts the draws whose `evaluate.paired_difference`
-interval (the normal interval of every table) excludes zero, and those where an exact McNemar test
+interval (Newcombe's, that of every table since 2026-11-28; before, the normal interval of the differences) excludes zero, and those where an exact McNemar test
 (two-sided binomial test on the discordant records) has p < 0.05. The nominal rate of both is 5%.
 """
 
@@ -36,18 +36,18 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     n = args.records
     print(f"{n} records, {args.draws} draws, no true change: share of draws that call a change")
-    print("discordant share | mean discordant records | normal interval excludes 0 | exact McNemar p < 0.05")
+    print("discordant share | mean discordant records | paired interval excludes 0 | exact McNemar p < 0.05")
     for share in (0.005, 0.01, 0.02, 0.05, 0.14):
-        normal = exact = 0
+        paired = exact = 0
         for _ in range(args.draws):
             discordant = int(rng.binomial(n, share))
             gained = int(rng.binomial(discordant, 0.5))
             lost = discordant - gained
             rest = [0.0] * (n - discordant)  # records right or wrong on both sides add 0 to every difference
             est = paired_difference([1.0] * lost + [0.0] * gained + rest, [0.0] * lost + [1.0] * gained + rest)
-            normal += est.low > 0 or est.high < 0
+            paired += est.low > 0 or est.high < 0
             exact += mcnemar_exact_p(lost, gained) < 0.05
-        print(f"{share:16.3f} | {share * n:23.1f} | {normal / args.draws:26.4f} | {exact / args.draws:.4f}")
+        print(f"{share:16.3f} | {share * n:23.1f} | {paired / args.draws:27.4f} | {exact / args.draws:.4f}")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,16 @@ def test_wilson_known_values():
     assert math.isnan(ev.wilson(0, 0).value)
 
 
-def test_mean_interval():
+def test_mean_interval_is_student_t():
     e = ev.mean_interval([1.0, 2.0, 3.0, 4.0])
     assert e.value == 2.5 and e.n == 4
-    half = 1.959964 * math.sqrt(5 / 3) / 2
-    assert abs(e.high - (2.5 + half)) < 1e-9
+    half = 3.182446 * math.sqrt(5 / 3) / 2  # t(3 degrees of freedom, 0.975) = 3.182 in every t table
+    assert e.high == pytest.approx(2.5 + half, abs=1e-6) and e.low == pytest.approx(2.5 - half, abs=1e-6)
+    big = ev.mean_interval([0.0, 1.0] * 50)  # t(99, 0.975) = 1.984
+    assert big.high - big.value == pytest.approx(1.984217 * math.sqrt(100 / 99 / 4) / 10, abs=1e-6)
+    one = ev.mean_interval([0.2])  # one value: no interval at all, never a point
+    assert (one.value, one.low, one.high, one.n) == (0.2, -math.inf, math.inf, 1)
+    assert (ev.mean_interval([0.2], share=True).low, ev.mean_interval([0.2], share=True).high) == (0.0, 1.0)
 
 
 def test_similarity_is_one_minus_edit_distance_over_the_longer_length():
@@ -56,7 +61,7 @@ def test_policy_metrics_by_hand():
     assert res["policy/best_move_accuracy"].value == pytest.approx(1 / 4)
     assert res["policy/top5_overlap"].value == pytest.approx((1.0 + 0.4 + 0.0 + 0.0) / 4)
     # a share, printed as a percentage like the reference beside it (39.2%), its interval inside [0, 100]
-    assert str(res["policy/top5_overlap"]) == "35.0% [0.0, 81.3] (n=4)"  # 0.35 +- 1.96 * 0.4726 / 2
+    assert str(res["policy/top5_overlap"]) == "35.0% [0.0, 100.0] (n=4)"  # 0.35 +- 3.182 * 0.4726 / 2, clipped
     assert res["policy/cp_loss"].n == 2 and res["policy/cp_loss"].value == pytest.approx(2.5)  # (0 + 5) / 2
     # a mate given away costs 1,000 + the move's eval, as in Lichess's ACPL (evals clipped to +-10
     # pawns), not the ~100,000 cp of the mate score: one blunder must not swamp the mean
@@ -94,6 +99,15 @@ def test_paired_change_says_which_strict_metric_moved():
     assert table.loc["env/next_fen_exact", "change (points)"].startswith("-20.0 [")
     with pytest.raises(ValueError, match="equal lengths"):
         ev.paired_change({"env/valid": ev.rate([1, 0])}, {"env/valid": ev.rate([1])})
+    # records are paired by what they are about: other records, or the same in another order, are refused
+    keys = [f"fen{i}" for i in range(n)]
+    mine = {"env/valid": ev.rate(before["env/valid"].outcomes, keys)}
+    assert ev.paired_change(mine, {"env/valid": ev.rate(after["env/valid"].outcomes, keys)}).shape[0] == 1
+    with pytest.raises(ValueError, match=r"env/valid: the two evaluations are not of the same records in the same "
+                                         r"order \(record 0: 'fen0' before, 'fen1' after\)"):
+        ev.paired_change(mine, {"env/valid": ev.rate(after["env/valid"].outcomes, keys[1:] + keys[:1])})
+    with pytest.raises(ValueError, match="cannot be paired"):  # an estimate without per-record outcomes
+        ev.paired_change({"env/valid": ev.wilson(3, 4)}, {"env/valid": ev.wilson(2, 4)})
 
 
 def test_end_to_end_small_model_runs_every_suite():
@@ -128,6 +142,76 @@ def test_paired_difference():
     assert d.value == pytest.approx(0.2) and d.low == pytest.approx(0.2) and d.high == pytest.approx(0.2)
     with pytest.raises(ValueError, match="equal lengths"):
         ev.paired_difference([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match=r"finite outcomes: record 1 is nan"):
+        ev.paired_difference([0.1, float("nan")], [0.2, 0.3])
+    # one record: no interval, so no verdict (the normal interval of one difference was a point)
+    one = ev.paired_difference([0], [1])
+    assert one.low == -math.inf and one.high == math.inf
+
+
+def paired(both: int, gained: int, lost: int, neither: int) -> tuple[list[int], list[int]]:
+    """before, after outcomes of a paired 2x2 table."""
+    return ([1] * both + [0] * gained + [1] * lost + [0] * neither, [1] * both + [1] * gained + [0] * lost + [0] * neither)
+
+
+def test_paired_rates_take_newcombes_interval():
+    """A right/wrong metric's paired change is Newcombe's square-and-add interval (1998, method 10). The
+    reference values are those of R's contingencytables package (Fagerland, Lydersen and Laake,
+    "Statistical Analysis of Contingency Tables", chapter 8) for Cavo et al.'s table: 59 right both
+    times, 6 right only in the first, 16 only in the second, 80 neither: -0.0621 [-0.1186, -0.0046]
+    (its Wald interval, which every table here used before, [-0.1184, -0.0058])."""
+    before, after = paired(59, 6, 16, 80)  # the package's first is our after
+    d = ev.paired_difference(before, after)
+    assert (round(d.value, 4), round(d.low, 4), round(d.high, 4)) == (-0.0621, -0.1186, -0.0046)
+    # few of 730 records changed, all one way: the normal interval excluded zero at 4 gained and none lost,
+    # where an exact McNemar test does not (p = 0.125; 5: p = 0.0625); Newcombe's agrees with the exact test
+    # (6 gained: p = 0.031, resolved). (On a handful of records that all changed one way, 2 of 2, it excludes
+    # zero where the exact test cannot: the ci profile's 8-record verdicts are a smoke test, not evidence.)
+    for gained, resolved in ((4, False), (5, False), (6, True), (7, True)):
+        assert (ev.paired_difference(*paired(100, gained, 0, 630 - gained)).low > 0) == resolved, gained
+    for table in (paired(0, 1, 0, 0), paired(1, 1, 0, 0)):
+        d = ev.paired_difference(*table)
+        assert d.low < 0 < d.high, table
+    before, after = paired(100, 4, 0, 626)
+    row = ev.paired_change({"policy/valid": ev.rate(before)}, {"policy/valid": ev.rate(after)}).iloc[0]
+    assert row["moved"] == "no resolved change" and row["change (points)"].startswith("+0.5 [-0.")
+    # a clear change is still one
+    assert ev.paired_difference(*paired(100, 30, 5, 595)).low > 0
+    # no record changed: a change of zero with the width n records allow, not a point
+    same = ev.paired_difference(*paired(100, 0, 0, 630))
+    assert same.value == 0 and same.low < 0 < same.high
+
+
+def test_a_bound_near_zero_is_printed_with_its_sign():
+    assert ev._points(0.00012) == "+0.01" and ev._points(-0.0003) == "-0.03" and ev._points(0.0) == "+0.0"
+    assert ev._points(0.067) == "+6.7"
+
+
+def test_pass_at_1_interval_covers_95_percent_of_simulated_splits():
+    """pass@1's Wilson interval at the effective number of draws: over simulated test splits (records of
+    varied difficulty, k samples each) it covers the true rate about 95% of the time, where Wilson over
+    the n records alone covered ~100% (too wide by up to sqrt(k)) and over n x k draws too few."""
+    import random
+
+    rng = random.Random(0)
+    for alpha, beta in ((2, 8), (0.5, 2), (50, 50)):
+        truth, covered, widths = alpha / (alpha + beta), 0, []
+        for _ in range(400):
+            per_record = []
+            for _ in range(200):
+                p = rng.betavariate(alpha, beta)
+                per_record.append([rng.random() < p for _ in range(4)])
+            e = ev.pass_at_1(per_record)
+            covered += e.low <= truth <= e.high
+            widths.append(e.high - e.low)
+        assert 0.92 <= covered / 400 <= 0.98, (alpha, beta, covered)
+    # the two limits: every record's samples alike (n draws), samples that vary only within records (n x k)
+    assert (ev.pass_at_1([[1] * 4, [0] * 4] * 10).low, ev.pass_at_1([[1] * 4, [0] * 4] * 10).high) == \
+        (ev.wilson(10, 20).low, ev.wilson(10, 20).high)
+    assert ev.pass_at_1([[1, 0, 1, 0]] * 20).high == ev.wilson(40, 80).high
+    assert ev.pass_at_1([[0.5, 0.0]]).value == 0.25  # fractional sample outcomes are averaged, not rounded
+    with pytest.raises(ValueError, match="at least one sample for every record"):
+        ev.pass_at_1([[1], []])
 
 
 def test_heldout_rewards_exact_completion_scores_high():

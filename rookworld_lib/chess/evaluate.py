@@ -1,7 +1,10 @@
 """Held-out chess evaluation of a model: policy, environment, mate-in-one and self-play.
 
-Every rate comes with a Wilson 95% interval and every mean with a normal-approximation one, so a
-before/after difference can be read against its noise. Completions are decoded in batches by the
+Every rate comes with a Wilson 95% interval and every mean with a Student t one, so a before/after
+difference can be read against its noise; a pass@1 rate's Wilson interval counts a record's k samples
+as the effective number of independent draws they are worth (:func:`pass_at_1`). A paired change is
+Newcombe's square-and-add interval for a right/wrong metric and a t interval of the per-record
+differences otherwise (:func:`paired_difference`), the records matched by their positions. Completions are decoded in batches by the
 GRPO sampler (greedy by default), in the model's own layout (``training.layout_of(model)``) unless told otherwise.
 Positions are compared as positions (:func:`tasks.same_position`), never as strings.
 
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import chess
 from rapidfuzz.distance import Levenshtein
+from scipy.special import stdtrit
 
 from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
@@ -70,10 +74,12 @@ class Estimate:
     low: float
     high: float
     n: int
-    kind: str = "rate"  # "rate" (Wilson interval), "mean" (normal approximation) or "share" (a mean in [0, 1])
+    kind: str = "rate"  # "rate" (Wilson interval), "mean" (Student t) or "share" (a mean in [0, 1])
     # the per-record outcomes behind a rate, in record order, for paired comparisons: 1 or 0 per record,
     # or for a pass@1 rate the share of the record's samples that were right
     outcomes: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    # what each outcome is about (record_key), so that a paired comparison pairs the same records
+    keys: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __str__(self) -> str:
         if self.n == 0:  # nothing to average (a centipawn loss over no legal best move)
@@ -95,32 +101,51 @@ def wilson(k: float, n: int, z: float = 1.959964) -> Estimate:
     return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n)
 
 
-def rate(outcomes: Sequence[bool | float]) -> Estimate:
-    """The Wilson estimate of a rate that keeps its per-record outcomes (see `paired_change`)."""
+def record_key(rec: dict) -> str:
+    """What an outcome is about, for pairing two evaluations: a P: record's position, an A: record's
+    position and move (or its bare prompt)."""
+    return " ".join(str(rec[f]) for f in ("fen", "move", "prompt") if rec.get(f) is not None)
+
+
+def rate(outcomes: Sequence[bool | float], keys: Sequence[str] = ()) -> Estimate:
+    """The Wilson estimate of a rate that keeps its per-record outcomes (and their record_key) for
+    `paired_change`."""
     hits = tuple(int(bool(x)) for x in outcomes)
-    return replace(wilson(sum(hits), len(hits)), outcomes=hits)
+    return replace(wilson(sum(hits), len(hits)), outcomes=hits, keys=tuple(keys))
 
 
-def pass_at_1(per_record: Sequence[Sequence[bool | float]]) -> Estimate:
-    """pass@1 from each record's sample outcomes: a record's outcome is the share of its samples that
-    were right, the value their mean over records. The interval is Wilson's over the n records, taken
-    as n trials: a record's mean of k draws varies no more than one draw does, so it is conservative
-    and, unlike a normal interval, not empty at 0% or 100%."""
-    shares = tuple(sum(map(bool, s)) / len(s) for s in per_record)
-    return replace(wilson(sum(shares), len(shares)), outcomes=shares)
+def pass_at_1(per_record: Sequence[Sequence[bool | float]], keys: Sequence[str] = ()) -> Estimate:
+    """pass@1 from each record's sample outcomes: a record's outcome is the mean of its samples' (a
+    share of right ones), the value their mean over records. The samples of one record are correlated,
+    so the interval is Wilson's at the effective number of independent draws (the design effect of
+    survey sampling: n_eff = p(1 - p) / Var(mean), the variance from the spread of the records' shares),
+    kept between n (every record's samples alike) and n x k (independent samples). Unlike a normal
+    interval it is not empty at 0% or 100%, where it takes the n x k draws."""
+    if not per_record or any(len(s) == 0 for s in per_record):
+        raise ValueError("pass@1 needs at least one sample for every record")
+    shares = tuple(sum(map(float, s)) / len(s) for s in per_record)
+    n, draws = len(shares), sum(map(len, per_record))
+    p = sum(shares) / n
+    spread = sum((x - p) ** 2 for x in shares) / (n - 1) / n if n > 1 else 0.0  # the variance of the mean
+    n_eff = draws if spread == 0 or p in (0.0, 1.0) else min(draws, max(n, p * (1 - p) / spread))
+    est = wilson(p * n_eff, n_eff)
+    return Estimate(p, est.low, est.high, n, outcomes=shares, keys=tuple(keys))
 
 
-def mean_interval(values: Sequence[float], z: float = 1.959964, share: bool = False) -> Estimate:
-    """Mean and normal-approximation 95% interval; with `share`, of values in [0, 1], shown as a
-    percentage (as the rates are) with the interval kept inside [0, 1]."""
+def mean_interval(values: Sequence[float], share: bool = False, level: float = 0.95) -> Estimate:
+    """Mean and Student t 95% interval (n - 1 degrees of freedom; one value gives no interval: the whole
+    line, or [0, 1] for a share); with `share`, of values in [0, 1], shown as a percentage (as the rates
+    are) with the interval kept inside [0, 1]."""
     vals = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(vals)
     kind = "share" if share else "mean"
     if n == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0, kind)
     m = sum(vals) / n
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
-    half = z * sd / math.sqrt(n)
+    if n == 1:
+        return Estimate(m, 0.0 if share else -math.inf, 1.0 if share else math.inf, 1, kind)
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
+    half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / math.sqrt(n)
     low, high = (max(0.0, m - half), min(1.0, m + half)) if share else (m - half, m + half)
     return Estimate(m, low, high, n, kind)
 
@@ -243,7 +268,7 @@ def _with_pass_at_1(score, model: GPT, records: list, prompts: list[str], comple
         return out
     per_sample = score([r for r in records for _ in range(k)], [p for p in prompts for _ in range(k)],
                        complete(model, prompts, cfg, samples=k))
-    out.update({sampled_name(m): pass_at_1([e.outcomes[i:i + k] for i in range(0, len(e.outcomes), k)])
+    out.update({sampled_name(m): pass_at_1([e.outcomes[i:i + k] for i in range(0, len(e.outcomes), k)], out[m].keys)
                 for m, e in per_sample.items() if m in STRICT_METRICS})
     return out
 
@@ -270,25 +295,27 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
         overlaps.append(score.moves_overlap)
         if score.cp_loss is not None:
             cp_losses.append(clipped_cp_loss(tasks.parse_eval(rec["evals"][0]).to_cp(), score.cp_loss))
-    out = {"policy/valid": rate(valid), "policy/legal_best_move": rate(legal),
-           "policy/best_move_accuracy": rate(correct), "policy/top5_overlap": mean_interval(overlaps, share=True),
+    keys = [record_key(r) for r in records]
+    out = {"policy/valid": rate(valid, keys), "policy/legal_best_move": rate(legal, keys),
+           "policy/best_move_accuracy": rate(correct, keys), "policy/top5_overlap": mean_interval(overlaps, share=True),
            "policy/cp_loss": mean_interval(cp_losses)}
     if agree:
-        out["policy/original_label_agreement"] = wilson(sum(agree), len(agree))
+        out["policy/original_label_agreement"] = rate(agree, [record_key(r) for r in records
+                                                              if r.get("original_best") is not None])
     return out
 
 
 def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Share of mate-in-one positions where B: is a mating move (checked by python-chess)."""
     records, _, completions = _decode(model, records, cfg, policy_prompt_of)
-    hits = 0
+    hits = []
     for rec, text in zip(records, completions):
         board = chess.Board(rec["fen"])
         move = tasks.legal_move(board, tasks.parse_policy_completion(text).best or "")
         if move is not None:
             board.push(move)
-            hits += board.is_checkmate()
-    return {"mate_in_one/accuracy": wilson(hits, len(records))}
+        hits.append(move is not None and board.is_checkmate())
+    return {"mate_in_one/accuracy": rate(hits, [record_key(r) for r in records])}
 
 
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
@@ -308,23 +335,28 @@ def _score_environment(records: list, prompts: list[str], completions: list[str]
         score = rewards.score_environment_detailed(prompt, text, truth=rec)  # each part 1.0 (right) or 0.0
         for part, hits in right.items():
             hits.append(getattr(score, part) >= 1.0)
-    return {"env/valid": rate(valid), "env/next_fen_exact": rate(right["fen_exact"]),
-            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": rate(right["reward"]),
-            "env/terminated_accuracy": rate(right["terminated"]), "env/truncated_accuracy": rate(right["truncated"])}
+    keys = [record_key(r) for r in records]
+    return {"env/valid": rate(valid, keys), "env/next_fen_exact": rate(right["fen_exact"], keys),
+            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": rate(right["reward"], keys),
+            "env/terminated_accuracy": rate(right["terminated"], keys),
+            "env/truncated_accuracy": rate(right["truncated"], keys)}
 
 
 def self_play(model: GPT, cfg: EvalConfig) -> dict:
     """The policy plays both sides, python-chess referees; count legal half-moves before the first
     illegal or unparseable B: (games that end by the rules or hit the ply cap count all their moves).
-    Games start from the initial position after 0-3 random opening plies, for variety."""
+    Games start from distinct positions, the initial one and others after 1-3 random opening plies:
+    greedy decoding plays a start the same way every time, so a repeated start would be a repeated game."""
     cfg = cfg.for_model(model)
     rng = random.Random(cfg.seed)
-    boards = []
-    for _ in range(cfg.selfplay_games):
+    boards, starts = [], set()
+    while len(boards) < cfg.selfplay_games:
         b = chess.Board()
-        for _ in range(rng.randint(0, 3)):
+        for _ in range(0 if not boards else rng.randint(1, 3)):
             b.push(rng.choice(list(b.legal_moves)))
-        boards.append(b)
+        if b.fen() not in starts:
+            starts.add(b.fen())
+            boards.append(b)
     legal_plies = [0] * len(boards)
     alive = list(range(len(boards)))
     for _ in range(cfg.selfplay_max_plies):
@@ -414,11 +446,59 @@ def heldout_rewards(model: GPT, records: Sequence, cfg: EvalConfig, reward: str 
     return score_completions(*reward_functions(reward), items, completions).tolist()
 
 
+def newcombe_paired(before: Sequence[int], after: Sequence[int], z: float = 1.959964) -> Estimate:
+    """after - before of a right/wrong rate on the same records, with Newcombe's square-and-add 95%
+    interval for paired proportions (Statistics in Medicine 17:2635, 1998, method 10: each rate's Wilson
+    interval, combined with their continuity-corrected correlation). Unlike the normal interval of the
+    differences it is not a point when few records changed, all one way."""
+    n = len(before)
+    a = sum(1 for b, x in zip(before, after) if b and x)  # right both times
+    gained = sum(1 for b, x in zip(before, after) if x and not b)
+    lost = sum(1 for b, x in zip(before, after) if b and not x)
+    d = n - a - gained - lost
+    p1, p2 = (a + gained) / n, (a + lost) / n
+    r1, r2 = wilson(a + gained, n, z), wilson(a + lost, n, z)
+    margins = (a + gained) * (lost + d) * (a + lost) * (gained + d)
+    cross = a * d - gained * lost
+    corr = 0.0 if margins == 0 else ((cross - n / 2) if cross > n / 2 else min(cross, 0)) / math.sqrt(margins)
+    low = p1 - p2 - math.sqrt((p1 - r1.low) ** 2 + (r2.high - p2) ** 2 - 2 * corr * (p1 - r1.low) * (r2.high - p2))
+    high = p1 - p2 + math.sqrt((p2 - r2.low) ** 2 + (r1.high - p1) ** 2 - 2 * corr * (p2 - r2.low) * (r1.high - p1))
+    return Estimate(p1 - p2, low, high, n, "mean")
+
+
 def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estimate:
-    """Mean of after - before over the same items, with a 95% interval (paired: item difficulty cancels)."""
+    """Mean of after - before over the same records, with a paired 95% interval (record difficulty
+    cancels): Newcombe's (newcombe_paired) when every outcome is 0 or 1, else the t interval of the
+    differences (pass@1 shares, rewards). Fewer than two records give no interval."""
     if len(before) != len(after):
         raise ValueError(f"paired_difference needs equal lengths, got {len(before)} and {len(after)}")
+    if not before:
+        raise ValueError("paired_difference needs outcomes: none were given (an estimate built without per-record "
+                         "outcomes, such as evaluate.wilson's, cannot be paired)")
+    if bad := [i for i, v in enumerate((*before, *after)) if v is None or not math.isfinite(v)]:
+        raise ValueError(f"paired_difference needs finite outcomes: record {bad[0] % len(before)} is "
+                         f"{(*before, *after)[bad[0]]!r}")
+    if len(before) >= 2 and all(v in (0, 1) for v in (*before, *after)):
+        return newcombe_paired([int(v) for v in before], [int(v) for v in after])
     return mean_interval([a - b for a, b in zip(after, before)])
+
+
+def paired_estimates(before: Estimate, after: Estimate, metric: str = "") -> Estimate:
+    """paired_difference of two evaluations' per-record outcomes, once their records are known to be the
+    same ones in the same order (their record_key), where both recorded them."""
+    b, a = before.keys, after.keys
+    if b and a and b != a:
+        i = next((i for i, (x, y) in enumerate(zip(b, a)) if x != y), min(len(b), len(a)))
+        raise ValueError(f"{metric}: the two evaluations are not of the same records in the same order (record {i}: "
+                         f"{b[i] if i < len(b) else 'none'!r} before, {a[i] if i < len(a) else 'none'!r} after); "
+                         "evaluate both on one test split")
+    return paired_difference(before.outcomes, after.outcomes)
+
+
+def _points(x: float) -> str:
+    """A change in percentage points, to 0.1, with enough digits that a bound off zero never reads 0.0."""
+    text = f"{100 * x:+.1f}"
+    return f"{100 * x:+.1g}" if x != 0 and float(text) == 0 else text
 
 
 # The metrics a chess verdict rests on: each is right or wrong per record, with no partial credit.
@@ -438,19 +518,21 @@ SAMPLED_METRICS = tuple(map(sampled_name, STRICT_METRICS))
 def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_METRICS + SAMPLED_METRICS):
     """For each strict rate measured on the same records before and after (greedy, then pass@1 where
     both were sampled): both rates, the change with its paired 95% interval, and a plain word on
-    whether it moved (up / down: the interval excludes zero; "no resolved change" otherwise). A pass@1
-    change is the mean of per-record differences of sample shares, with a normal interval
-    (`paired_difference`). A pandas DataFrame, one row per metric measured on both sides."""
+    whether it moved (up / down: the interval excludes zero; "no resolved change" otherwise). A greedy
+    change has Newcombe's paired interval, a pass@1 change (per-record differences of sample shares)
+    a t interval (`paired_difference`). The records are matched by position: two evaluations of other
+    records, or in another order, are refused. A pandas DataFrame, one row per metric measured on both sides."""
     import pandas as pd
 
     rows = []
     for m in metrics:
         if m not in before or m not in after:
             continue
-        diff = paired_difference(before[m].outcomes, after[m].outcomes)
+        b, a = before[m], after[m]
+        diff = paired_estimates(b, a, m)
         moved = "up" if diff.low > 0 else "down" if diff.high < 0 else "no resolved change"
-        rows.append({"metric": m, "before": str(before[m]), "after": str(after[m]),
-                     "change (points)": f"{100 * diff.value:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}]",
+        rows.append({"metric": m, "before": str(b), "after": str(a),
+                     "change (points)": f"{_points(diff.value)} [{_points(diff.low)}, {_points(diff.high)}]",
                      "moved": moved})
     return pd.DataFrame(rows, columns=["metric", "before", "after", "change (points)", "moved"]).set_index("metric")
 
@@ -512,7 +594,7 @@ def results_to_json(results: dict) -> dict:
     """Results as plain data for strict JSON: an undefined value (NaN: a rate over no records, say)
     becomes None (null), since strict parsers reject NaN and Infinity."""
     return {k: {f: None if isinstance(x, float) and not math.isfinite(x) else x for f, x in asdict(v).items()
-                if f != "outcomes"} for k, v in results.items()}
+                if f not in ("outcomes", "keys")} for k, v in results.items()}
 
 
 def cli(argv: list[str] | None = None) -> int:
