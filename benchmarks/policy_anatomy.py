@@ -71,14 +71,14 @@ def anatomy(completions: list[str], records: list[dict]) -> dict:
         kinds = [why_illegal(board, m) for m in moves]
         legal = [k is None for k in kinds]
         c.update(k for k in kinds if k is not None)
-        need = min(tasks.MAX_CANDIDATES, board.legal_moves.count())
+        need = tasks.candidates_wanted(board, rec["moves"])
         c["answers"] += 1
         c["listed"] += len(moves)
         c["distinct"] += len(set(moves))
         c["legal"] += sum(legal)
         c["five distinct"] += len(set(moves)) == len(moves) == need
         c["enough distinct legal"] += len({m for m, ok in zip(moves, legal) if ok}) >= need
-        c["valid"] += tasks.valid_policy_answer(board, parse)
+        c["valid"] += tasks.valid_policy_answer(board, parse, rec["moves"])
         for i, ok in enumerate(legal[:tasks.MAX_CANDIDATES]):
             listed_at[i] += 1
             legal_at[i] += ok

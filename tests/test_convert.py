@@ -178,6 +178,21 @@ def test_policy_record_orders_candidates_by_eval_and_keeps_the_original_label(li
         assert tasks.parse_policy(p + c).ok
 
 
+def test_a_white_lines_b_comes_first_among_moves_tied_at_the_top():
+    """The original lines shuffle their (move, eval) pairs; for white B: is Stockfish's first choice, so
+    of five moves at 0.0 (RookWorld's rook_val_500, line 4, has such a line) B: is the converted best, not
+    the first of the shuffled ones. For black B: is the worst move and decides nothing."""
+    fen = chess.STARTING_FEN
+    line = f"P: {fen:90}M: {'a2a3 b2b3 c2c3 d2d3 e2e3':30}E: {'0.0 0.0 0.0 0.0 0.0':40}B: d2d3"
+    rec = convert.convert_line(line, ident="t", split="test")
+    assert (rec["best"], rec["moves"][0], rec["original_best"]) == ("d2d3", "d2d3", "d2d3")
+    assert data.validate_record(rec, "P") is None
+    black = chess.Board()
+    black.push_uci("e2e4")
+    line = f"P: {black.fen():90}M: {'a7a6 b7b6 c7c6 d7d6 e7e6':30}E: {'0.3 0.3 0.3 0.3 0.3':40}B: e7e6"
+    assert convert.convert_line(line, ident="t", split="test")["best"] == "a7a6"  # the stable order
+
+
 # --------------------------------------------------------------------------------------------
 # A: lines
 # --------------------------------------------------------------------------------------------

@@ -81,6 +81,31 @@ def test_every_move_of_every_game_becomes_an_A_record_that_python_chess_replays(
     assert abs(wrong - cfg.illegal_rate) < 0.03  # wrong-move siblings keep their proportion
 
 
+def test_a_fivefold_repetition_is_an_ordinary_transition_and_a_record_that_says_otherwise_is_refused():
+    """The environment decides from the position alone (environment_step): a move that repeats a position
+    a fifth time is a 0.001 transition, although the game that played it ends there (random games run on
+    to fivefold repetition). Such a game's last record is the environment's, and the loader refuses a
+    record labelled with the game's ending."""
+    moves = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3 + ["b1c3", "b8c6", "c3b1", "c6b8"]
+    board = chess.Board()
+    for m in moves:
+        board.push_uci(m)
+    assert board.outcome(claim_draw=False).termination == chess.Termination.FIVEFOLD_REPETITION
+    game = {"game": 0, "kind": "random", "random_plies": 0, "moves": moves, "termination": "fivefold_repetition",
+            "result": "1/2-1/2"}
+    cfg = datagen.DatagenConfig(games=1, mate_games=0, env_rate=1.0, policy_rate=0.0)
+    recs = [datagen.env_record(s) for sel in datagen.select_samples([game], cfg) for s in sel.env]
+    last = next(r for r in recs if r["ply"] == len(moves) - 1 and r["kind"] == "legal")
+    assert (last["reward"], last["terminated"], last["termination"]) == (0.001, 0, None)
+    assert data.validate_record(last, "A") is None
+    wrong = {**last, "reward": 0.5, "terminated": 1, "termination": "fivefold_repetition",
+             "completion": tasks.env_completion(last["new_fen"], 0.5, 1, 0)}
+    assert data.validate_record(wrong, "A") == (
+        f"fields new_fen/reward/terminated/termination are {last['new_fen']!r}/0.5/1/'fivefold_repetition', but the "
+        f"move gives {last['new_fen']!r}/0.001/0/None (tasks.environment_step: the position alone decides, so no "
+        "repetition ends a game)")
+
+
 SHARDED = dict(shard_size=5, compress=True, **TINY)
 
 

@@ -266,3 +266,19 @@ def test_prompts_carry_the_models_prompt_prefix(monkeypatch):
     model.prompt_prefix = ""
     ev.complete(model, [prompt], ev.EvalConfig(max_new_tokens=2))
     assert seen == [[[EOT_ID] + encode(prompt)], [encode(prompt)], [encode(prompt)]]
+
+
+def test_a_label_with_fewer_candidates_asks_for_as_many():
+    """`datagen --multipv 3` labels list three candidates of twenty legal moves: the strict metric and the
+    graded reward ask for as many as the data give, so the label's own answer is valid and scores 1.0."""
+    from rookworld_lib.chess import datagen, rewards
+
+    s = {"split": "test", "game": 0, "source": "selfplay", "ply": 0, "fen": chess.STARTING_FEN, "tags": [], "n_legal": 20}
+    rec = datagen.policy_record(s, {"moves": ["e2e4", "d2d4", "g1f3"], "evals": ["0.35", "0.3", "0.25"],
+                                    "limit": "depth=8"}, "Stockfish 15.1")
+    res = ev.evaluate_policy(None, [rec], ev.EvalConfig(selfplay_games=0), completions=[rec["completion"]])
+    assert res["policy/valid"].value == 1.0
+    graded = rewards.score_policy_detailed(rec["prompt"], rec["completion"], truth=rec, weights=rewards.GradedWeights())
+    assert (graded.valid, graded.moves_distinct, graded.total) == (1.0, 1.0, 1.0)
+    five = " M: e2e4 d2d4 g1f3 c2c4 e2e3 E: 0.35 0.3 0.25 0.2 0.1 B: e2e4"  # more than the data give: not valid
+    assert ev.evaluate_policy(None, [rec], ev.EvalConfig(selfplay_games=0), completions=[five])["policy/valid"].value == 0.0

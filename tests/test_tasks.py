@@ -324,6 +324,20 @@ def test_env_en_passant_and_castling():
     assert castle.new_fen.startswith("r3k2r/8/8/8/8/8/8/R4RK1 b kq")
 
 
+def test_castling_is_the_kings_two_square_move_only():
+    """python-chess's is_legal also takes king-takes-own-rook (e1h1, e1a1) in standard chess, a second
+    spelling of one move that is not in legal_moves: it is not a legal move here, so it cannot be a second
+    'distinct' candidate of a format-valid answer, and an A: prompt with it is an illegal move."""
+    fen = "r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R3K2R w KQkq - 0 1"
+    board = chess.Board(fen)
+    assert board.is_legal(chess.Move.from_uci("e1h1")) and chess.Move.from_uci("e1h1") not in list(board.legal_moves)
+    assert tasks.legal_move(board, "e1g1") and tasks.legal_move(board, "e1c1")
+    assert tasks.legal_move(board, "e1h1") is None and tasks.legal_move(board, "e1a1") is None
+    aliases = tasks.parse_policy_completion(" M: e1g1 e1h1 e1c1 e1a1 a2a3 E: 0.1 0.1 0.1 0.1 0.0 B: e1g1")
+    assert aliases.ok and not tasks.valid_policy_answer(board, aliases)
+    assert tasks.environment_step(fen, "e1h1").kind == "illegal"
+
+
 def test_env_history_is_capped_at_ten():
     prev = ["g1f3", "g8f6", "f3g1", "f6g8"] * 3
     tr = tasks.environment_step(START, "e2e4", prev)

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import chess
+
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
 from ..core.paths import atomic_file, json_line, read_jsonl, run_lock
@@ -132,12 +134,15 @@ def convert_line(text: str, *, split: str = "test", ident: str = "0", number: in
 
 
 def policy_record(line: OriginalPolicyLine, split: str, ident: str, number: int = 0) -> dict:
-    """Our P: record: candidates best first by eval (stable for ties), the line's B: as original_best."""
+    """Our P: record: candidates best first by eval, the line's B: as original_best. The original lines
+    shuffle their (move, eval) pairs; for white, B: is Stockfish's first choice, so among moves tied at
+    the top eval it comes first (else the shuffled order would pick one of the tied moves as best)."""
     evals = [tasks.parse_eval(e) for e in line.evals]
-    order = sorted(range(len(line.moves)), key=lambda i: -evals[i].to_cp())
+    board = tasks.checked_board(line.fen)[0]
+    first = line.best if board.turn == chess.WHITE else None
+    order = sorted(range(len(line.moves)), key=lambda i: (-evals[i].to_cp(), line.moves[i] != first))
     moves = [line.moves[i] for i in order]
     texts = [tasks.format_eval(evals[i]) for i in order]
-    board = tasks.checked_board(line.fen)[0]
     tags = position_tags(board) + (["mate"] if evals[order[0]].mate is not None else [])
     prompt, completion = tasks.policy_text(line.fen, moves, texts, moves[0])
     return {"id": ident, "task": "P", "split": split, "game": number, "ply": 0, "source": ORIGINAL_SOURCE,

@@ -227,6 +227,12 @@ def _validate_env(rec, board):
         return "a legal move must give truncated 0 and a reward other than -1.0"
     if wrong == (tasks.legal_move(board, move) is not None):
         return f"field 'kind' is {rec['kind']!r} but the move is {'legal' if not wrong else 'illegal'}"
+    step = tasks.environment_step(rec["fen"], move, hist[:-1])  # the transition the environment reward checks
+    label = (rec["reward"], rec["terminated"], rec["termination"])
+    if not tasks.same_position(step.new_fen, rec["new_fen"]) or label != (step.reward, step.terminated, step.termination):
+        return (f"fields new_fen/reward/terminated/termination are {rec['new_fen']!r}/{label[0]}/{label[1]}/{label[2]!r}, "
+                f"but the move gives {step.new_fen!r}/{step.reward}/{step.terminated}/{step.termination!r} "
+                "(tasks.environment_step: the position alone decides, so no repetition ends a game)")
     if rec["prompt"] != tasks.env_prompt(rec["fen"], move, hist):
         return "field 'prompt' does not match fen/move/history"
     if rec["completion"] != tasks.env_completion(rec["new_fen"], rec["reward"], rec["terminated"], rec["truncated"]):

@@ -294,7 +294,8 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
             history.append(uci)
             fen = tasks.canonical_fen(board)  # the next position: this move's new FEN too
             if played is not None:  # its transition from the board at hand (see env_record)
-                played["after"] = (fen, board.outcome(claim_draw=False))
+                # the position alone decides (environment_step): a fivefold repetition needs the game's history
+                played["after"] = (fen, board.copy(stack=False).outcome(claim_draw=False))
         yield sel
 
 

@@ -286,7 +286,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
     valid, legal, correct, overlaps, cp_losses, agree = [], [], [], [], [], []
     for rec, prompt, text in zip(records, prompts, completions):
         parse = tasks.parse_policy_completion(text)
-        valid.append(tasks.valid_policy_answer(chess.Board(rec["fen"]), parse))
+        valid.append(tasks.valid_policy_answer(chess.Board(rec["fen"]), parse, rec["moves"]))
         score = rewards.score_policy_detailed(prompt, text, truth=rec)
         legal.append(score.best_legal >= 1.0)
         correct.append(parse.best is not None and parse.best == rec["moves"][0])
@@ -319,8 +319,9 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
 
 
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
-    """Valid, FEN similarity (both FENs in one en-passant convention), and how often each part the
-    environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags.
+    """Valid (the answer's form: a valid FEN, a number and two 0/1 flags, as tasks.parse_env_completion
+    reads it, not whether a move could give that reward and those flags), FEN similarity (both FENs in
+    one en-passant convention), and how often each part the environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags.
     With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
     return _with_pass_at_1(_score_environment, model, *_decode(model, records, cfg, env_prompt_of, cfg.max_env), cfg)
 

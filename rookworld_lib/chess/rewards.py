@@ -24,10 +24,12 @@ when ``B:`` is missing or illegal; else the weighted sum in [0, 1] (:class:`Poli
     - ``moves_overlap``: |M ∩ truth candidates| / |truth candidates|;
     - ``evals_accuracy``: mean 1 - |W(predicted) - W(true)| over listed moves the truth lists too
       (W the logistic win probability; 0 when there is none).
-With ``PolicyWeights.format_gate`` (the default), a completion that is not format-valid (the parser
-reports an error: the strict ``policy/valid`` metric) is then mapped affinely into
-[-0.95, -0.55], below every format-valid one, so the reward ranks format-valid with a legal ``B:``
-([0, 1]) above format-valid with an illegal ``B:`` (-0.25) above malformed above garbage (-1.0).
+With ``PolicyWeights.format_gate`` (the default), a malformed completion (the strict parser reports an
+error in its shape; unlike the strict ``policy/valid`` metric the gate does not ask for legal candidates,
+nor for as many as the data give) is then mapped affinely into [-0.95, -0.55], below every well-formed
+one, so the reward ranks well-formed with a legal ``B:`` ([0, 1]) above well-formed with an illegal
+``B:`` (-0.25) above malformed above garbage (-1.0). A well-formed answer with some illegal or too few
+candidates is not gated: its ``moves_legal`` and ``moves_overlap`` fall instead.
 Without the gate a malformed answer that names the best move (five copies of it in ``M:``, the
 typical greedy failure of a small SFT model) scored 0.78, above a format-valid answer with a worse
 legal move, and GRPO had nothing to gain from valid text.
@@ -119,8 +121,9 @@ class PolicyWeights(_Weights):
     evals_accuracy: float = weight(0.15, "accuracy of the E: evals of the candidates the engine also lists")
     unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
                                      "this", min=0, max=10_000)
-    format_gate: bool = option(True, "score every answer that is not format-valid in [-0.95, -0.55], below every "
-                               "format-valid one (the ranking valid-legal > valid-illegal > malformed)")
+    format_gate: bool = option(True, "score every malformed answer (the strict parser finds an error in its shape; "
+                               "legality is not asked) in [-0.95, -0.55], below every well-formed one (the "
+                               "ranking well-formed with a legal B: > with an illegal B: > malformed)")
 
 
 @dataclass(frozen=True)
@@ -536,9 +539,9 @@ def _graded_policy(prompt, completion, truth, engine, weights, registry_version)
     pairs = {m: e for m, e in reversed(list(zip(read.moves, read.evals))) if e is not None}  # first eval per move
     parts = dict(best_legal=float(best_ok), best_quality=best.pop("best_quality", 0.0),
                  moves_legal=sum(ok) / len(ok) if ok else 0.0,
-                 moves_distinct=min(1.0, len(legal) / min(tasks.MAX_CANDIDATES, board.legal_moves.count())),
+                 moves_distinct=min(1.0, len(legal) / tasks.candidates_wanted(board, truth.moves)),
                  evals_accuracy=_evals_accuracy(legal, pairs, truth), format=_format_score(strict),
-                 valid=float(tasks.valid_policy_answer(board, strict)))
+                 valid=float(tasks.valid_policy_answer(board, strict, truth.moves)))
     return GradedScore(total=_wsum(weights, parts), truth_source=source, errors=strict.errors, **parts, **best)
 
 

@@ -133,14 +133,16 @@ def _require_fen(fen: str, where: str) -> chess.Board:
 
 def legal_move(board: chess.Board, text: str) -> chess.Move | None:
     """The legal move spelled `text` in UCI, or None. Never raises. Legality is `board.is_legal`,
-    never `board.push` (which accepts illegal moves)."""
+    never `board.push` (which accepts illegal moves); castling is the king's two-square move (e1g1), as
+    UCI writes it outside Chess960: python-chess also takes king-takes-own-rook (e1h1) as legal, which
+    would be a second spelling of one candidate."""
     if not is_uci_syntax(text):
         return None
     try:
         move = chess.Move.from_uci(text)
     except ValueError:  # e2e2: UCI's shape, but python-chess refuses a null move spelled so
         return None
-    return move if board.is_legal(move) else None
+    return move if board.is_legal(move) and board.uci(move) == text else None
 
 
 def canonical_fen(board: chess.Board) -> str:
@@ -453,12 +455,19 @@ def _sections(text: str, errors: list[str]) -> dict[str, str]:
     return {m: text[i + len(m): end] for (m, i), end in zip(starts.items(), ends)}
 
 
-def valid_policy_answer(board: chess.Board, parse: PolicyParse) -> bool:
+def candidates_wanted(board: chess.Board, truth_moves=()) -> int:
+    """How many candidates a P: answer lists: as many as the data give (the truth's candidates: a label
+    made with fewer principal variations lists fewer), else MAX_CANDIDATES or every legal move when
+    there are fewer."""
+    return len(truth_moves) or min(MAX_CANDIDATES, board.legal_moves.count())
+
+
+def valid_policy_answer(board: chess.Board, parse: PolicyParse, truth_moves=()) -> bool:
     """A format-valid P: answer (the strict `policy/valid` metric): the strict parser finds no error,
-    and its candidates are legal moves, as many as the data give (MAX_CANDIDATES, or every legal move
-    when there are fewer), each with its eval, B: among them."""
+    and its candidates are legal moves, as many as the data give (candidates_wanted), each with its
+    eval, B: among them."""
     return parse.ok and all(legal_move(board, m) is not None for m in parse.moves) and \
-        len(parse.moves) == min(MAX_CANDIDATES, board.legal_moves.count())
+        len(parse.moves) == candidates_wanted(board, truth_moves)
 
 
 @_parser(PolicyParse, "completion")
