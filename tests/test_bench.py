@@ -38,6 +38,10 @@ def test_quick_json_bench_at_tiny_size(capsys, monkeypatch):
     assert ts["initial_logits_max_abs_diff"] < 1e-3  # same weights in both models
     assert ts["loss_impl"] == "fused"  # what SFT runs on a CPU (SFTConfig.loss_impl="auto")
     assert sm["generated_tokens"] == sm["rows"] * sm["new_tokens_per_row"]
+    assert len(result["load_average_before"]) == len(result["load_average"]) == 3
+    assert bench.load_line(result).startswith("load average (1, 5, 15 min) before ")
+    assert bench.load_line({**result, "utilization": {"host_cpu_pct": {"mean": 55.0, "max": 90.0}}}).endswith(
+        "; all cores 55% busy on average while it ran")
     assert result["settings"]["model"] == "tiny"
     assert result["grpo_step"]["status"] == "skipped" and "--no-trl" in result["grpo_step"]["reason"]
     assert result["grpo_step_speedup_vs_trl"] is None

@@ -78,6 +78,7 @@ def test_flops_bad_arguments():
     ("NVIDIA H100 SXM5 80GB", "H100 SXM", 989.4),
     ("NVIDIA H100 PCIe", "H100 PCIe", 756.0),
     ("NVIDIA H200", "H200", 989.4),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5),  # the NVL card: 1,671 TFLOP/s bf16 with sparsity in its data sheet
     ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
     ("NVIDIA A100 80GB PCIe", "A100", 312.0),
     ("NVIDIA GeForce RTX 4090", "RTX 4090", 165.2),

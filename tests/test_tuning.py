@@ -223,3 +223,14 @@ def test_cpu_bf16_gate_reads_the_cpu_flags(monkeypatch, flags, capability, nativ
     assert (reason is None) is native
     if not native:
         assert f"this CPU ({capability}) has no native bf16 matmul" in reason
+
+
+def test_the_matrix_takes_the_peak_it_is_given():
+    """Notebook 04 prints a measured peak, then runs the matrix: the MFU columns are against that peak,
+    not a second measurement (docs quoted one peak while the columns used another)."""
+    peak = perf.Peak(device="cpu", precision="fp32", table_tflops=None, measured_tflops=1e3)  # far above any CPU
+    result = tuning.run_matrix(BASE, [tuning.Variant("baseline", "baseline")], profile_memory=False, progress=False,
+                               peaks={"fp32": peak})
+    row = result.row("baseline")
+    assert result.peaks["fp32"] is peak
+    assert row["mfu_measured"] == pytest.approx(row["achieved_tflops"] / 1e3)

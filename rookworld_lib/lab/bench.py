@@ -306,7 +306,8 @@ def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
     trainer = our_grpo_trainer(cfg, workdir, device)
     records = []
     ours = perf.benchmark(lambda: records.append(trainer.train_step()), warmup=1, repeats=cfg.grpo_steps, sync=device)
-    settings["ours_completion_len_mean"] = sum(r["completions/mean_length"] for r in records) / len(records)
+    timed = records[1:]  # the first step is warm-up
+    settings["ours_completion_len_mean"] = sum(r["completions/mean_length"] for r in timed) / len(timed)
     try:
         trl_times = _trl_grpo_times(cfg, workdir, device)
     except Exception as exc:  # TRL's API moves between versions: report, do not lose the rest of the bench
@@ -344,9 +345,10 @@ def bench_grpo_vocab(cfg: BenchConfig, device: torch.device, profile_grpo: GRPOT
     t = perf.benchmark_interleaved({v: (lambda v=v: steps[v].append(trainers[v].train_step())) for v in trainers},
                                    warmup=cfg.warmup, repeats=cfg.grpo_steps, sync=device)
     n = tcfg.prompts_per_step * tcfg.group_size
+    timed = {v: s[cfg.warmup:] for v, s in steps.items()}  # the phases of the timed steps, not the warm-up's
     out = {v: {**t[v].as_dict(), "completions_per_s": n / t[v].median_s,
-               **{k: sum(r[f"time/{k}"] for r in steps[v]) / len(steps[v]) for k in ("sampling", "scoring", "update")},
-               "completion_len_mean": sum(r["completions/mean_length"] for r in steps[v]) / len(steps[v])}
+               **{k: sum(r[f"time/{k}"] for r in timed[v]) / len(timed[v]) for k in ("sampling", "scoring", "update")},
+               "completion_len_mean": sum(r["completions/mean_length"] for r in timed[v]) / len(timed[v])}
            for v in trainers}
     return {"task": out["auto"], "full": out["full"], "speedup": t["full"].median_s / t["auto"].median_s,
             "task_tokens": len(trainers["auto"].vocab), "model": cfg.model,
@@ -370,6 +372,7 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
     warnings.filterwarnings("ignore", module="transformers")
     warnings.filterwarnings("ignore", module="trl")
     runtime = setup_runtime(cfg.device, cfg.precision)  # bf16 autocast for both contenders, or fp32
+    load_before = list(os.getloadavg())  # others' work before the bench adds its own
     t_start = time.perf_counter()
     out: dict = {"settings": asdict(cfg), "environment": perf.environment_info(runtime.device)}
     with tempfile.TemporaryDirectory(prefix="rookworld-bench-") as tmp, runtime.backend_flags(), \
@@ -391,8 +394,9 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
         v = out["grpo_task_vocab"] = bench_grpo_vocab(cfg, runtime.device, PROFILES["cpu"].grpo)
         progress(f"[bench]     task {v['task']['completions_per_s']:.1f} completions/s, full "
                  f"{v['full']['completions_per_s']:.1f} completions/s, speedup {v['speedup']:.2f}x")
-    # load_average: other users' work on a shared machine, to read beside the speedups
-    return {**out, "utilization": util.summary(), "load_average": list(os.getloadavg()),
+    # the load averages: other users' work on a shared machine, to read beside the speedups (before the
+    # bench, and after it: the bench's own threads included)
+    return {**out, "utilization": util.summary(), "load_average_before": load_before, "load_average": list(os.getloadavg()),
             "wall_s": time.perf_counter() - t_start, "train_step_speedup_vs_transformers": out["train_step"]["speedup"],
             "sampling_speedup_vs_transformers": out["sampling"]["speedup"],
             "grpo_step_speedup_vs_trl": out["grpo_step"].get("speedup"),
@@ -448,4 +452,13 @@ def cli(argv: list[str] | None = None) -> int:
     for key, target in TARGETS.items():
         value = f"{result[key]:.2f}x" if result[key] is not None else f"{g['status']} ({g['reason']})"
         print(f"{key.replace('_', ' ')}: {value} (target {target}x)")
+    print(load_line(result))
     return 0
+
+
+def load_line(result: dict) -> str:
+    """The machine's load around a bench run, for the plain-text output (--json has the numbers)."""
+    host = result["utilization"].get("host_cpu_pct")
+    return (f"load average (1, 5, 15 min) before {', '.join(f'{x:.2f}' for x in result['load_average_before'])}, "
+            f"after {', '.join(f'{x:.2f}' for x in result['load_average'])}"
+            + (f"; all cores {host['mean']:.0f}% busy on average while it ran" if host else ""))

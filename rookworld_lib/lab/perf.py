@@ -55,6 +55,7 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2},
     "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "tf32": 417.5, "fp32": 60.0},
     "H200": {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "H200 NVL": {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0},
     "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
     "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
 }
@@ -66,6 +67,8 @@ def table_entry(device_name: str) -> str | None:
     name = device_name.upper()
     if "H100" in name:
         return "H100 PCIe" if "PCIE" in name else "H100 NVL" if "NVL" in name else "H100 SXM"
+    if "H200" in name:
+        return "H200 NVL" if "NVL" in name else "H200"
     return next((key for part, key in (("H200", "H200"), ("A100", "A100"), ("4090", "RTX 4090")) if part in name), None)
 
 

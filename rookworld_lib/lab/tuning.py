@@ -389,16 +389,18 @@ class MatrixResult:
 
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
                allow_compile: bool = True, profile_memory: bool = True, trace_dir: str | Path | None = None,
-               progress: bool = True, repeat_baseline: bool = False) -> MatrixResult:
+               progress: bool = True, repeat_baseline: bool = False, peaks: dict | None = None) -> MatrixResult:
     """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
     loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
-    machine's run-to-run noise. trace_dir receives the baseline's profiler trace."""
+    machine's run-to-run noise. trace_dir receives the baseline's profiler trace. peaks: {precision:
+    perf.Peak} already measured (the one a notebook printed), so that the MFU columns are against it;
+    a precision without one is measured once, and every row of it is against that."""
     variants = list(variants if variants is not None else default_variants(base, allow_compile))
     if not variants or variants[0].variable != "baseline":
         variants.insert(0, Variant("baseline", "baseline"))
     if repeat_baseline:
         variants.append(Variant("baseline (repeat)", "baseline-repeat"))
-    init, peaks, rows = initial_state(base), {}, []
+    init, peaks, rows = initial_state(base), dict(peaks or {}), []
     # the process's own warm-up (thread pools, allocator, kernels) is paid here, not by the first row
     run_config(base, Variant("warm-up", "baseline"), init_state=init, profile_memory=False)
     with perf.UtilizationSampler(interval_s=0.25) as sampler:
