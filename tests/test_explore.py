@@ -59,7 +59,14 @@ def test_position_explorer_follows_the_slider_and_scores_the_candidates(model, p
         assert math.isclose(c["p_best"], math.exp(token_logp[head:].sum().item()), rel_tol=1e-3)
     # the candidates' B: continuations are disjoint events
     assert all(0 < c["p_best"] <= 1 for c in pe.candidates) and sum(c["p_best"] for c in pe.candidates) <= 1 + 1e-9
-    assert pe.score["total"] == rewards.score_policy(pe.prompt, pe.greedy, truth=rec)
+    # the reward shown is the one GRPO trains on (graded), the trainer's functions summed; not the gated score
+    assert pe.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy), abs=1e-12)
+    assert set(rewards.GradedWeights.__dataclass_fields__) & set(pe.score) >= {"moves_distinct", "valid"}
+    gated = explore.PositionExplorer(model, policy_records, 3, max_new_tokens=16, reward="gated")
+    assert gated.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy, "gated"), abs=1e-12)
+    pe.fen_box.value = policy_records[0]["fen"]  # a pasted FEN, then the slider: the box no longer claims it
+    pe.slider.value = 4
+    assert pe.index == 4 and pe.fen_box.value == ""
     snapshot = pe.html()
     assert "rw-position-explorer" in snapshot and "rw-board" in snapshot and "<svg" in snapshot
     with pytest.raises(IndexError):
@@ -74,7 +81,7 @@ def test_position_explorer_draws_the_models_legal_best_move(model, policy_record
     monkeypatch.setattr(explore, "complete", lambda *a, **k: [f" M: {move} E: 0.1 B: {move}"])
     pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
     assert pe.greedy_move == move and explore.MODEL_COLOR[:7] in pe.svg
-    assert pe.score["total"] == rewards.score_policy(pe.prompt, pe.greedy, truth=rec) and pe.score["best_legal"] == 1.0
+    assert pe.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy)) and pe.score["best_legal"] == 1.0
     monkeypatch.setattr(explore, "complete", lambda *a, **k: [" M: a1a8 E: 0.1 B: a1a8"])  # illegal: no model arrow
     pe.select(1)
     assert pe.greedy_move is None and explore.MODEL_COLOR[:7] not in pe.svg
@@ -92,9 +99,14 @@ def test_position_explorer_takes_a_pasted_fen(model, policy_records):
     pe.fen_box.value = "not a fen"  # a typo is reported in place; the board stays
     with pytest.raises(ValueError) as info:
         chess.Board("not a fen")
-    assert pe.fen == board.fen() and html.escape(str(info.value)) in pe.info_html.value
-    with pytest.raises(ValueError):
-        pe.set_fen("8/8/8/8/8/8/8/8 w - - 0 1")  # no kings: not a playable position
+    assert pe.fen == board.fen() and html.escape(str(info.value)) in pe.error_html.value
+    assert "still showing the last pasted FEN" in pe.error_html.value
+    pe.fen_box.value = "8/8/8/8/8/8/8/8 w - - 0 1"  # the next error replaces the last, in words
+    assert "not a fen" not in pe.error_html.value and "(no white king, no black king" in pe.error_html.value
+    with pytest.raises(ValueError, match="no move to make in .*: checkmate"):
+        pe.set_fen("rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3")  # fool's mate
+    pe.select(2)
+    assert pe.error_html.value == ""  # a position shown: no stale error above it
 
 
 def check_group(rows, G):
@@ -120,6 +132,12 @@ def test_group_inspector_samples_scores_and_advantages(model, policy_records):
         assert gi.table.value.count('<tr class="rw-completion">') == 5
         for r in rows:
             assert f"{r['reward']:+.3f}" in gi.table.value
+        assert f"prompt #{i} ({rec['task']}:), G = 5, temperature 1.5, top-k 0, top-p 1, at most 16 new tokens" in gi.table.value
+        assert "press Sample" not in gi.table.value
+    gi.top_k.value = 5  # a control moved: the group shown was drawn with other settings, and says so
+    assert "The controls have changed since this group was drawn: press Sample." in gi.table.value
+    gi.sample()
+    assert "The controls have changed" not in gi.table.value
     assert "rw-group-inspector" in gi.html() and gi.html().count('<tr class="rw-completion">') == 5
     # the seed advances per draw; a new inspector with the same seed draws the same first group
     again = explore.GroupInspector(model, policy_records + env, len(policy_records), group_size=4, max_new_tokens=16,
@@ -215,6 +233,10 @@ def test_clip_controls_redraw_the_figures():
     assert by_type["dr_grpo"] == pytest.approx([1 / (6 * 40)] * 6)
     cc.loss_type.value = "vespo"  # no clipping: the push no longer drops to 0 outside the range
     assert all(y != 0 for y in cc.clip_fig.data[1].y)
+    # nor is there a clipped objective: the top panel is vespo's weight phi(r), 1 at r = 1, and no ε lines
+    x, phi = list(cc.clip_fig.data[0].x), list(cc.clip_fig.data[0].y)
+    assert phi[x.index(1.0)] == pytest.approx(1.0) and not cc.clip_fig.layout.shapes
+    assert cc.clip_fig.layout.title.text.startswith("vespo: no clip range")
     assert [t.line.width for t in cc.length_fig.data if t.xaxis == "x" and t.name == "vespo"] == [4]
     assert "one line on top of the other: bnpo = dapo = vespo" in cc.length_fig.layout.title.text  # said, not hidden
     assert "rw-clip-controls" in cc.html() and "loss_type vespo" in cc.html() and "[0.80, 1.28]" in cc.html()
@@ -278,16 +300,17 @@ def test_widgets_only_where_a_frontend_can_show_them(monkeypatch):
     assert not explore._live()
 
 
-def test_rollout_temperature_is_the_one_the_runs_grpo_sampled_at(tmp_path):
-    """Notebook 06 samples its groups at the temperature the run's GRPO sampled its rollouts at: read
-    from the GRPO checkpoint's settings, the newest run under the folder; None where none trained."""
-    assert explore.rollout_temperature(None) is None and explore.rollout_temperature(tmp_path) is None
+def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
+    """Notebook 06 samples its groups at the temperature and token budget the run's GRPO sampled its
+    rollouts with: read from the GRPO checkpoint's settings, the newest run under the folder; None where
+    none trained."""
+    assert explore.rollout_settings(None) is None and explore.rollout_settings(tmp_path) is None
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=32))
-    for name, temperature in (("older", 0.7), ("newer", 0.3)):
-        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+    for name, temperature, budget in (("older", 0.7, 3), ("newer", 0.3, 2)):
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=budget, policy_fraction=1.0,
                               temperature=temperature, progress=False, report_to="none", seed=0,
                               out_dir=str(tmp_path / name / "grpo"))
         GRPOTrainer(model, [PromptItem("P", "Q: 1 A:")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions)).train()
-    assert explore.rollout_temperature(tmp_path) == 0.3
-    assert explore.rollout_temperature(tmp_path / "older") == 0.7
+    assert explore.rollout_settings(tmp_path) == {"temperature": 0.3, "max_new_tokens": 2}
+    assert explore.rollout_settings(tmp_path / "older") == {"temperature": 0.7, "max_new_tokens": 3}

@@ -202,6 +202,14 @@ def reward_functions(variant: str = "graded") -> tuple[list, list[float]]:
     raise ValueError(f"reward variant must be one of {REWARD_VARIANTS}, got {variant!r}")
 
 
+def policy_weights(variant: str = "graded"):
+    """The weights under which rewards.score_policy_detailed gives, for a P: answer, the total that
+    reward_functions(variant) sums (and each component it sums)."""
+    if variant not in REWARD_VARIANTS:
+        raise ValueError(f"reward variant must be one of {REWARD_VARIANTS}, got {variant!r}")
+    return rewards.GradedWeights() if variant == "graded" else rewards.PolicyWeights()
+
+
 def train_records(data_dir=None) -> list[dict]:
     """The P: and A: training records of a data directory (plain, .gz or sharded files); either task
     may be absent (a converted original set may hold one task only), not both."""

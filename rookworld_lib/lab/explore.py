@@ -39,7 +39,7 @@ from ..core.progress import widget_frontend
 from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from ..chess.training import prompt_items, reward_functions
+from ..chess.training import policy_weights, prompt_items, reward_functions
 from ..core.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, score_completions
 
@@ -70,13 +70,14 @@ def latest_run(root: str | Path = RUNS_DIR) -> Path | None:
     return Path(root) / export.relative_to(root).parts[0] if export is not None else None
 
 
-def rollout_temperature(run_dir: str | Path | None) -> float | None:
-    """The sampling temperature of the newest GRPO run under `run_dir` (its latest checkpoint's
-    settings: what its rollouts used); None when `run_dir` holds no readable GRPO checkpoint."""
+def rollout_settings(run_dir: str | Path | None) -> dict | None:
+    """How the newest GRPO run under `run_dir` sampled its rollouts (its latest checkpoint's settings):
+    {"temperature", "max_new_tokens"}; None when `run_dir` holds no readable GRPO checkpoint."""
     for metrics in sorted(Path(run_dir).glob(f"**/{METRICS_FILE}"), key=lambda p: p.stat().st_mtime)[::-1] if run_dir else ():
         with contextlib.suppress(CheckpointError, KeyError, TypeError):  # unreadable or not GRPO's: the default
             if (path := latest_checkpoint(metrics.parent / "checkpoints")) is not None:
-                return float(load_checkpoint(path)["config"]["temperature"])
+                config = load_checkpoint(path)["config"]
+                return {"temperature": float(config["temperature"]), "max_new_tokens": int(config["max_new_tokens"])}
     return None
 
 
@@ -128,8 +129,8 @@ def _push(advantage: float) -> str:
     return "up" if advantage > 0 else "down" if advantage < 0 else "none (A = 0)"
 
 
-def _pre(text: str) -> str:
-    return f"<code style='white-space:pre-wrap;line-height:1.25'>{html.escape(text)}</code>"
+def _pre(text: str) -> str:  # long runs without a space (a model's noise) wrap too, never past the right edge
+    return f"<code style='white-space:pre-wrap;overflow-wrap:anywhere;line-height:1.25'>{html.escape(text)}</code>"
 
 
 class _Explorer:
@@ -172,8 +173,11 @@ def candidate_probabilities(model: GPT, record: dict) -> list[dict]:
 def record_for_fen(fen: str) -> dict:
     """A P: record for a pasted FEN: Stockfish's candidates when it is installed, none otherwise."""
     board = chess.Board(fen)  # ValueError names a malformed FEN
-    if not board.is_valid() or not any(board.legal_moves):
-        raise ValueError(f"not a playable position: {fen!r} ({'no legal moves' if board.is_valid() else board.status()!r})")
+    if not board.is_valid():
+        why = ", ".join(s.name.lower().replace("_", " ") for s in chess.Status if s and s in board.status())
+        raise ValueError(f"not a legal position: {fen!r} ({why})")
+    if not any(board.legal_moves):
+        raise ValueError(f"no move to make in {fen!r}: {'checkmate' if board.is_checkmate() else 'stalemate'}")
     a = get_pool().analyse(board) if stockfish_available() else None
     return {"fen": board.fen(), "moves": list(a.moves) if a else [], "evals": list(a.evals) if a else [],
             "best": a.best if a else None, "limit": a.limit if a else None}
@@ -202,15 +206,18 @@ class PositionExplorer(_Explorer):
     """One P: position at a time: `select(index)` over `records`, or `set_fen(fen)`."""
 
     def __init__(self, model: GPT, records: list[dict], index: int = 0, *, max_new_tokens: int | None = None,
-                 size: int = 360):
+                 size: int = 360, reward: str = "graded"):
         self.model, self.records, self.size = model.eval(), _policy_records(records), size
+        self.reward = reward  # the trainer's reward variant (training.reward_functions): the score shown
         self.decoding = EvalConfig(batch_size=1, max_new_tokens=max_new_tokens)  # greedy, the model's layout
         self.slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="position",
                                   continuous_update=False)
         self.fen_box = W.Text(placeholder="paste a FEN and press Enter", description="FEN",
                               continuous_update=False, layout=W.Layout(width="60%"))
-        self.board_html, self.info_html = W.HTML(), W.HTML()
-        self.widget = W.VBox([W.HBox([self.slider, self.fen_box]), W.HBox([self.board_html, self.info_html])])
+        self.board_html, self.info_html, self.error_html = W.HTML(), W.HTML(), W.HTML()
+        self.info_html.layout = W.Layout(min_width="0", flex="1 1 auto")  # shrinks with the page, never past it
+        self.widget = W.VBox([W.HBox([self.slider, self.fen_box]), self.error_html,
+                              W.HBox([self.board_html, self.info_html])])
         for w, cls in ((self.widget, "rw-position-explorer"), (self.slider, "rw-position-slider"),
                        (self.board_html, "rw-board"), (self.info_html, "rw-position-info")):
             w.add_class(cls)
@@ -227,6 +234,7 @@ class PositionExplorer(_Explorer):
             self.index = index
             self._show(self.records[index])
             self.slider.value = index
+            self.fen_box.value = ""  # the box shows no FEN the board no longer shows (and takes the same one again)
         return self
 
     def set_fen(self, fen: str) -> PositionExplorer:
@@ -239,10 +247,13 @@ class PositionExplorer(_Explorer):
         try:
             if fen.strip():  # a cleared box: nothing to show
                 self.set_fen(fen)
-        except ValueError as exc:  # a user's typo: say so in place, keep the last board
-            self.info_html.value = f"<b>{html.escape(str(exc))}</b>" + self.info_html.value
+        except ValueError as exc:  # a user's typo: say so in place (the last error only), keep the last board
+            where = f"test position {self.index}" if self.index is not None else "the last pasted FEN"
+            self.error_html.value = (f"<div style='color:#b00020;overflow-wrap:anywhere'><b>{html.escape(str(exc))}</b>"
+                                     f" (still showing {where})</div>")
 
     def _show(self, record: dict) -> None:
+        self.error_html.value = ""
         self.record, self.fen = record, record["fen"]
         board = chess.Board(self.fen)
         self.prompt = policy_prompt_of(record, EvalConfig().for_model(self.model).layout)
@@ -250,7 +261,8 @@ class PositionExplorer(_Explorer):
         best = tasks.parse_policy_completion(self.greedy).best
         self.greedy_move = best if best and tasks.legal_move(board, best) else None
         self.candidates = candidate_probabilities(self.model, record) if record["moves"] else []
-        self.score = (rewards.score_policy_detailed(self.prompt, self.greedy, truth=record).as_dict()
+        self.score = (rewards.score_policy_detailed(self.prompt, self.greedy, truth=record,
+                                                    weights=policy_weights(self.reward)).as_dict()
                       if record["moves"] else None)
         arrows = [chess.svg.Arrow(m.from_square, m.to_square, color=CANDIDATE_COLOR)
                   for m in map(chess.Move.from_uci, record["moves"])]
@@ -270,11 +282,12 @@ class PositionExplorer(_Explorer):
                  _table(["component", "value"], [[k, "; ".join(v) or "none" if k == "errors" else _fmt(v)]
                                                   for k, v in self.score.items()], "rw-reward"))
         where = f"test position {self.index}" if self.index is not None else "pasted FEN"
-        return (f"<div><b>{where}</b>: {html.escape(self.fen)}<br>"
+        return (f"<div style='overflow-wrap:anywhere;min-width:0'><b>{where}</b>: {html.escape(self.fen)}<br>"
                 f"<span style='color:#15781B'>&#9632;</span> Stockfish candidates &nbsp; "
                 f"<span style='color:#1f4fd8'>&#9632;</span> model's greedy B: "
                 f"{html.escape(self.greedy_move or 'none legal')}<br>{cands}"
-                f"<b>greedy completion</b><br>{_pre(self.greedy)}<br><b>reward</b> (score_policy_detailed)<br>{score}</div>")
+                f"<b>greedy completion</b><br>{_pre(self.greedy)}<br><b>reward</b> (the {self.reward} reward GRPO trains "
+                f"on: score_policy_detailed, weights training.policy_weights({self.reward!r}))<br>{score}</div>")
 
     def html(self) -> str:
         return (f"<div class='rw-position-explorer' style='display:flex;gap:1em'>"
@@ -315,11 +328,13 @@ class GroupInspector(_Explorer):
         assert records, "GroupInspector needs at least one record"
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
         self.reward = reward  # the trainer's reward variant (training.reward_functions)
-        self.prompt_slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="prompt")
-        self.group_size = W.IntSlider(value=group_size, min=2, max=max(32, group_size), description="G")
-        self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature")
-        self.top_k = W.IntSlider(value=top_k, min=0, max=100, description="top-k (0 off)")
-        self.top_p = W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p")
+        whole = {"description_width": "initial"}  # labels are not cut to "temperat..."
+        self.prompt_slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="prompt", style=whole)
+        self.group_size = W.IntSlider(value=group_size, min=2, max=max(32, group_size), description="G", style=whole)
+        self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature",
+                                         style=whole)
+        self.top_k = W.IntSlider(value=top_k, min=0, max=100, description="top-k (0 off)", style=whole)
+        self.top_p = W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p", style=whole)
         self.button = W.Button(description="Sample", button_style="primary")
         self.table = W.HTML()
         self.button.on_click(lambda _: self.sample())
@@ -329,14 +344,23 @@ class GroupInspector(_Explorer):
                               W.HBox([self.temperature, self.top_k, self.top_p]), self.table])
         self.widget.add_class("rw-group-inspector")
         self.rows: list[dict] = []
+        self.drawn: dict = {}  # the controls' settings of the group shown
+        for c in self._controls().values():  # a changed control marks the shown group as drawn otherwise
+            c.observe(lambda _: setattr(self.table, "value", self._table()), names="value")
         if sample:
             self.sample()
+
+    def _controls(self) -> dict:
+        return {"prompt": self.prompt_slider, "G": self.group_size, "temperature": self.temperature,
+                "top-k": self.top_k, "top-p": self.top_p}
 
     def sample(self) -> list[dict]:
         """Draw a group with the controls' settings (a new seed each call); return and show its rows."""
         self.rows = sample_groups(self.model, [self.records[self.prompt_slider.value]], self.group_size.value,
                                  temperature=self.temperature.value, top_k=self.top_k.value, top_p=self.top_p.value,
                                  max_new_tokens=self.max_new_tokens, seed=self.seed + self.draws, reward=self.reward)
+        self.drawn = {k: c.value for k, c in self._controls().items()}
+        self.budget = self.max_new_tokens or EvalConfig().for_model(self.model).max_new_tokens  # (or the context's end)
         self.draws += 1
         self.table.value = self._table()
         return self.rows
@@ -344,9 +368,14 @@ class GroupInspector(_Explorer):
     def _table(self) -> str:
         if not self.rows:
             return "<i>press Sample</i>"
+        d = self.drawn
+        stale = ("<p style='color:#b00020'><b>The controls have changed since this group was drawn: press Sample."
+                 "</b></p>" if d != {k: c.value for k, c in self._controls().items()} else "")
         rows = [[i, _pre(r["completion"]), _fmt(r["reward"]), _fmt(r["advantage"]), _push(r["advantage"]),
                  r["tokens"], "yes" if r["truncated"] else "no"] for i, r in enumerate(self.rows)]
-        return (f"<div><b>prompt</b> {_pre(self.rows[0]['prompt'])}</div>"
+        return (stale + f"<p>prompt #{d['prompt']} ({self.rows[0]['task']}:), G = {d['G']}, temperature {d['temperature']:g}, "
+                f"top-k {d['top-k']}, top-p {d['top-p']:g}, at most {self.budget} new tokens; the {self.reward} reward</p>"
+                f"<div><b>prompt</b> {_pre(self.rows[0]['prompt'])}</div>"
                 + _table(["#", "completion", "reward", "advantage", "loss pushes log p", "tokens", "truncated"],
                          rows, "rw-completions", "rw-completion", raw=("completion",))
                 + "<p>On-policy (the first inner step) the new policy is the sampling policy: every ratio is "
@@ -366,7 +395,9 @@ class RolloutBrowser(_Explorer):
         self.all_rows = read_rollouts(source)
         assert self.all_rows, "RolloutBrowser needs at least one rollout row"
         self.steps = sorted({r["step"] for r in self.all_rows})
-        self.slider = W.SelectionSlider(options=self.steps, description="step", continuous_update=False)
+        # the trainer logs the rollouts of step 1 and every completions_interval-th step: only those are here
+        self.slider = W.SelectionSlider(options=self.steps, description=f"step ({len(self.steps)} logged)",
+                                        continuous_update=False, style={"description_width": "initial"})
         self.table = W.HTML()
         self.table.add_class("rw-rollout-table")
         self.widget = W.VBox([self.slider, self.table])
@@ -414,14 +445,22 @@ def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: s
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("objective min(rA, clip(r)A) (maximised)",
                                         f"push on log p of that token, -d loss / d log p ({loss_type})"))
+    vespo = loss_type == "vespo"  # no clipped objective: each token's log p weighted by a detached phi(r)
+    if vespo:
+        fig.layout.annotations[0].text = "vespo's detached weight phi(r) of the token's log p (no clipping; ε unused)"
+    mask = torch.ones(201, 1, dtype=torch.bool)
     for a, color in ((1.0, "#1f77b4"), (-1.0, "#d62728")):
         adv = torch.full((201,), a, dtype=torch.float64)
         # one one-token completion per ratio; x N undoes the 1/N of every aggregation
         push = -201 * grpo.logprob_gradient(r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), adv,
-                                            torch.ones(201, 1, dtype=torch.bool), config=cfg)[:, 0]
-        fig.add_scatter(x=r.tolist(), y=grpo.policy_objective(r, adv, cfg).tolist(), name=f"A = {a:+.0f}",
-                        line_color=color, row=1, col=1)
+                                            mask, config=cfg)[:, 0]
+        top = (grpo.vespo_weights(r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), adv, mask, cfg)[:, 0]
+               if vespo else grpo.policy_objective(r, adv, cfg))
+        fig.add_scatter(x=r.tolist(), y=top.tolist(), name=f"A = {a:+.0f}", line_color=color, row=1, col=1)
         fig.add_scatter(x=r.tolist(), y=push.tolist(), name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
+    if vespo:
+        fig.update_layout(title="vespo: no clip range; the push fades smoothly as the ratio leaves 1", height=560)
+        return fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
     for x in (1 - eps_low, 1 + eps_high):
         fig.add_vline(x=x, line_dash="dot")
     fig.update_layout(title=f"Clip range [{1 - eps_low:.2f}, {1 + eps_high:.2f}]: flat (no gradient) on one side "
