@@ -198,6 +198,7 @@ def test_rollout_browser_from_rows_and_from_a_file(tmp_path):
     assert rb.steps == [0, 1] and rb.step == 0 and len(rb.rows) == 6
     assert rb.table.value.count('<tr class="rw-rollout">') == 6 and rb.table.value.count("<td>n/a</td>") == 12
     assert "&lt;m0&gt;" in rb.table.value  # completions are escaped
+    assert rb.table.value.count("P: fen0") == rb.table.value.count("P: fen1") == 1  # a group's prompt once
     rb.slider.value = 1
     assert rb.step == 1 and [r["step"] for r in rb.rows] == [1] * 6
     assert "1.1000" in rb.table.value and "yes (25% of tokens)" in rb.table.value and "<td>n/a</td>" not in rb.table.value

@@ -421,9 +421,10 @@ class RolloutBrowser(_Explorer):
             c = r.get("clip_fraction")
             return "n/a" if c is None else f"yes ({c:.0%} of tokens)" if c > 0 else "no"
 
-        rows = [[r["group"], r["task"], _pre(r["prompt"]), _pre(r["completion"]), _fmt(r["reward"]),
-                 _fmt(r["advantage"]), _push(r["advantage"]), _fmt(r.get("ratio"), ".4f"), clipped(r)]
-                for r in self.rows]
+        # a group's prompt once, on its first row: the completions get the width
+        rows = [[r["group"], r["task"], _pre(r["prompt"]) if i == 0 or self.rows[i - 1]["group"] != r["group"] else "",
+                 _pre(r["completion"]), _fmt(r["reward"]), _fmt(r["advantage"]), _push(r["advantage"]),
+                 _fmt(r.get("ratio"), ".4f"), clipped(r)] for i, r in enumerate(self.rows)]
         mean = sum(r["reward"] for r in self.rows) / len(self.rows)
         return (f"<p>step {self.step}: {len(self.rows)} completions in {len({r['group'] for r in self.rows})} "
                 f"groups, mean reward {mean:+.3f}. ratio = mean per-token new/old probability ratio "
