@@ -29,7 +29,8 @@ def initial_model() -> GPT:
 
 
 def train(loss_type: str) -> tuple[dict, bool]:
-    """Train the job once at this process's world size; returns (the final parameters, is rank 0).
+    """Train the job once at this process's world size; returns ({"params": the final parameters,
+    "history": the logged records}, is rank 0).
 
     The trainer's DDP wrapper is dropped before returning (GRPOTrainer.close), so the next job of the
     same process group gets a fresh one; the process group itself stays up."""
@@ -42,9 +43,9 @@ def train(loss_type: str) -> tuple[dict, bool]:
                               loss=grpo.GRPOConfig(beta=0.04, loss_type=loss_type, max_completion_length=6))
         trainer = GRPOTrainer(initial_model(), items, cfg, reward_funcs=item_reward(reward))
         try:
-            trainer.train()
+            history = trainer.train()
             params = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-            return params, trainer.dist.is_main
+            return {"params": params, "history": history}, trainer.dist.is_main
         finally:
             trainer.close()  # drop the DDP wrapper before the group goes (GRPOTrainer.close)
     finally:
@@ -54,9 +55,9 @@ def train(loss_type: str) -> tuple[dict, bool]:
 def main(out_dir: str, loss_types: list[str]) -> None:
     try:
         for loss_type in loss_types:
-            params, is_main = train(loss_type)
+            job, is_main = train(loss_type)
             if is_main:
-                torch.save(params, Path(out_dir) / f"{loss_type}.pt")
+                torch.save(job, Path(out_dir) / f"{loss_type}.pt")
     finally:
         distributed.cleanup()
 

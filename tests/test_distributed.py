@@ -42,14 +42,20 @@ def test_grpo_two_processes_match_one(two_process_params, loss_type, monkeypatch
     # the reference: the same job as 1 process, in this process (world size 1, no process group)
     for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    one, is_main = dist_grpo_worker.train(loss_type)
-    two = two_process_params[loss_type]
+    job, is_main = dist_grpo_worker.train(loss_type)
+    one, two = job["params"], two_process_params[loss_type]["params"]
     assert is_main
     assert one.keys() == two.keys()
     worst = max((one[k] - two[k]).abs().max().item() for k in one)
     assert worst <= 1e-5, worst
     init = dist_grpo_worker.initial_model().state_dict()
     assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-4  # training did move the weights
+    # the logged loss metrics are the whole minibatch's, whatever the process count (the policy term and
+    # the completion count were each rank's share, the token means a mean of the ranks' means)
+    for a, b in zip(job["history"], two_process_params[loss_type]["history"], strict=True):
+        for key in ("loss", "loss/policy", "num_completions", "num_tokens", "advantages/mean", "advantages/std",
+                    "kl", "approx_kl", "ratio/mean", "ratio/min", "ratio/max", "clip_ratio/region_mean", "grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, a[key], b[key])
 
 
 def test_strip_nproc():

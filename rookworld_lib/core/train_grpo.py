@@ -575,9 +575,12 @@ class GRPOTrainer(Trainer):
         return out
 
     def _loss_record(self, updates: dict) -> dict:
-        """The loss metrics averaged over the step's applied updates (all ranks)."""
+        """The loss metrics averaged over the step's applied updates, each update's taken over its whole
+        minibatch (every rank's rows: _merge_ranks), so that they do not depend on the process count."""
         record = {}
-        gathered = [m for ms in distributed.all_gather_objects(updates["metrics"]) for m in ms]
+        per_rank = distributed.all_gather_objects(updates["metrics"])  # the ranks apply the same updates
+        sequence = self.cfg.loss.importance_sampling_level == "sequence"
+        gathered = [_merge_ranks(list(ms), sequence) for ms in zip(*per_rank)]
         for key in (gathered[0] if gathered else {}):
             record[key] = _mean([m[key] for m in gathered])
         # The ratios above average over minibatches, later ones after updates (off-policy). The first
@@ -637,6 +640,37 @@ def completions_markdown(rows: list[dict]) -> str:
 
     return "\n".join([f"| {' | '.join(cols)} |", "|" + " --- |" * len(cols)]
                      + [f"| {' | '.join(cell(r[c]) for c in cols)} |" for r in rows])
+
+
+_RANK_SUMS = ("loss", "loss/policy", "num_tokens", "num_completions")  # each rank holds a part of the sum
+_PER_COMPLETION = ("advantages/mean", "vespo/phi_seq_mean")
+
+
+def _merge_ranks(ms: list[dict], sequence: bool) -> dict:
+    """One update's metrics (grpo.policy_loss) over the whole minibatch, from each rank's over its rows:
+    sums summed, means weighted by their rows' tokens (completions for per-completion ones, and for the
+    ratio and clip shares at sequence-level importance sampling), the advantages' population std from
+    the ranks' means and stds, extremes the extremes."""
+    if len(ms) == 1:
+        return ms[0]
+    tokens, completions = [m["num_tokens"] for m in ms], [m["num_completions"] for m in ms]
+    out = {}
+    for key in ms[0]:
+        vals = [m[key] for m in ms]
+        if key in _RANK_SUMS:
+            out[key] = sum(vals)
+        elif key in ("ratio/min", "ratio/max"):
+            finite = [v for v in vals if math.isfinite(v)]
+            out[key] = (min if key == "ratio/min" else max)(finite) if finite else float("nan")
+        elif key == "advantages/std":
+            n, mean = sum(completions), sum(c * m["advantages/mean"] for c, m in zip(completions, ms)) / sum(completions)
+            second = sum(c * (m["advantages/std"] ** 2 + m["advantages/mean"] ** 2) for c, m in zip(completions, ms)) / n
+            out[key] = math.sqrt(max(0.0, second - mean ** 2))
+        else:
+            by = completions if key in _PER_COMPLETION or (sequence and key.startswith(("ratio/", "clip_ratio/"))) else tokens
+            pairs = [(w, v) for w, v in zip(by, vals) if w > 0 and math.isfinite(v)]
+            out[key] = sum(w * v for w, v in pairs) / sum(w for w, _ in pairs) if pairs else float("nan")
+    return out
 
 
 def _mean(values):
