@@ -114,7 +114,7 @@ def test_dynamic_sampling_drops_tied_groups():
                                          ("mu", 0), ("temperature", 0.0), ("lr", float("inf")),
                                          ("weight_decay", float("nan")), ("grad_clip", float("nan")),
                                          ("min_lr_ratio", float("nan")), ("top_p", 0.0), ("lr", "1e-5"),
-                                         ("device", "cdua"), ("out_dir", 5)])
+                                         ("device", "cdua"), ("out_dir", 5), ("warmup_steps", 10**6)])
 def test_config_validation_names_field(field, value):
     with pytest.raises(ValueError, match=field):
         GRPOTrainConfig(**{field: value})

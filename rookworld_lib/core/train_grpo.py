@@ -108,6 +108,8 @@ class GRPOTrainConfig:
         check_device_name(self)
         if not 1 <= self.rollout_chunks <= self.prompts_per_step:
             bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
+        if self.warmup_steps > self.steps:
+            bad_field(type(self).__name__, "warmup_steps", self.warmup_steps, f"must be <= steps ({self.steps})")
         if not isinstance(self.loss, grpo.GRPOConfig):
             bad_field(type(self).__name__, "loss", self.loss, "must be a grpo.GRPOConfig")
 

@@ -32,7 +32,8 @@ DTYPES = ("auto", "fp32", "bf16")
 def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
     """Learning rate of the update with 0-based index `step`: linear warm-up from lr/warmup_steps to lr
     (update warmup_steps-1 is the first at the peak), then a half cosine down to min_lr, reached
-    exactly at update max_steps-1 and held after it."""
+    exactly at update max_steps-1 and held after it. A warm-up as long as the run ends at the peak:
+    min_lr is never reached."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     span = max_steps - 1 - warmup_steps
