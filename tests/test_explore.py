@@ -60,10 +60,10 @@ def test_position_explorer_follows_the_slider_and_scores_the_candidates(model, p
     # the candidates' B: continuations are disjoint events
     assert all(0 < c["p_best"] <= 1 for c in pe.candidates) and sum(c["p_best"] for c in pe.candidates) <= 1 + 1e-9
     # the reward shown is the one GRPO trains on (graded), the trainer's functions summed; not the gated score
-    assert pe.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy), abs=1e-12)
+    assert pe.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy), abs=1e-6)  # float32 sums
     assert set(rewards.GradedWeights.__dataclass_fields__) & set(pe.score) >= {"moves_distinct", "valid"}
     gated = explore.PositionExplorer(model, policy_records, 3, max_new_tokens=16, reward="gated")
-    assert gated.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy, "gated"), abs=1e-12)
+    assert gated.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy, "gated"), abs=1e-6)
     pe.fen_box.value = policy_records[0]["fen"]  # a pasted FEN, then the slider: the box no longer claims it
     pe.slider.value = 4
     assert pe.index == 4 and pe.fen_box.value == ""
