@@ -168,7 +168,9 @@ def test_corrupt_and_partial_checkpoints_give_a_clear_error_naming_the_file(tmp_
         ck.load_checkpoint(tmp_path)
     with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: its bytes changed since it was saved"):
         ck.load_checkpoint(path)  # the file itself, without the pointer's size: its .sha256 disagrees
-    (tmp_path / "step_00000001.pt.sha256").unlink()  # an older checkpoint without a digest
+    (tmp_path / "step_00000001.pt.sha256").unlink()  # an older checkpoint: no digest beside it or in latest
+    pointer = json.loads((tmp_path / "latest").read_text())
+    (tmp_path / "latest").write_text(json.dumps({k: v for k, v in pointer.items() if k != "sha256"}))
     with pytest.raises(ck.CheckpointLoadError, match=r"step_00000001\.pt: corrupt or incomplete"):
         ck.load_checkpoint(path)
 
@@ -205,6 +207,28 @@ def test_flipped_bytes_are_refused_by_their_checksum(tmp_path):
     for target in (tmp_path, path):
         with pytest.raises(ck.CheckpointLoadError, match=r"step_00000002\.pt: its bytes changed .*not loaded"):
             ck.load_checkpoint(target)
+    # with its .sha256 file gone too, the digest in `latest` still refuses it; every checkpoint damaged: the
+    # message says how to start over
+    ck._digest_path(path).unlink()
+    with pytest.raises(ck.CheckpointLoadError, match=r"its bytes changed .*no other intact checkpoint is in .*: to "
+                                                     r"train from the start, move .* away"):
+        ck.load_checkpoint(tmp_path)
+
+
+def test_one_damaged_record_of_a_checksum_does_not_condemn_an_intact_checkpoint(tmp_path):
+    """A damaged .sha256 file beside an intact checkpoint: `latest` records the same file's digest, so
+    it loads; an older damaged checkpoint is named with advice that keeps `latest`, which names the
+    intact newest one."""
+    *_, state = trained_state()
+    old = ck.save_checkpoint(tmp_path, {**state, "step": 1})
+    new = ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    ck._digest_path(new).write_text("garbage\n")
+    assert ck.load_checkpoint(tmp_path)["step"] == 2
+    old.write_bytes(old.read_bytes()[:-9] + b"123456789")  # the older one damaged (same size)
+    with pytest.raises(ck.CheckpointLoadError) as info:
+        ck.load_checkpoint(old)
+    assert str(info.value).endswith(f"the newest intact checkpoint there is {new.name} (step 2): to resume from it, "
+                                    f"delete {old.name} in {tmp_path} and run the same command again")
 
 
 KILL_DURING_SAVE = textwrap.dedent("""

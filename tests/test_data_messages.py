@@ -116,6 +116,12 @@ DATAGEN = ["datagen", "--no-progress", "--games", "3", "--mate-games", "1", "--d
            "--workers", "2"]
 
 
+def finished_games(cfg) -> None:
+    """What a run that played some games leaves: its work directory's games file."""
+    cfg.work_path().mkdir(parents=True, exist_ok=True)
+    (cfg.work_path() / "games.jsonl").write_text("")
+
+
 @pytest.mark.parametrize("exc", [
     engine.EngineFailedError("Stockfish failed on every attempt during analyse: EngineTerminatedError: gone"),
     chess.engine.EngineTerminatedError("engine process died unexpectedly (exit code: -9)"),
@@ -123,6 +129,7 @@ DATAGEN = ["datagen", "--no-progress", "--games", "3", "--mate-games", "1", "--d
 ], ids=lambda e: type(e).__name__)
 def test_an_engine_failure_ends_datagen_in_one_line(tmp_path, capsys, monkeypatch, exc):
     def broken(cfg, **kw):
+        finished_games(cfg)
         raise exc
 
     monkeypatch.setattr(datagen, "generate", broken)
@@ -134,12 +141,21 @@ def test_an_engine_failure_ends_datagen_in_one_line(tmp_path, capsys, monkeypatc
 
 def test_ctrl_c_ends_datagen_with_130_in_one_line(tmp_path, capsys, monkeypatch):
     def interrupted(cfg, **kw):
+        finished_games(cfg)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(datagen, "generate", interrupted)
     rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
     assert rc == 130
     one_line(err, "rookworld datagen", "interrupted", "run the same command again")
+
+    def at_once(cfg, **kw):  # before any game: no folder to point at
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(datagen, "generate", at_once)
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path / "new"))
+    assert rc == 130
+    one_line(err, "rookworld datagen", "interrupted; no game was finished: nothing to resume")
 
 
 FAKE_ENGINE = """\
@@ -259,6 +275,13 @@ def test_datagen_and_convert_refuse_to_replace_a_data_set_already_in_out(tmp_pat
     assert {p.name: p.read_bytes() for p in mine.glob("*.jsonl")} == made
     rc, err = run_cli(capsys, *DATAGEN[:-2], "--workers", "1", "--depth", "3", "--out", str(mine))
     assert rc == 1 and "that no run of these settings made" in err
+    # a --work-dir left by a run into another --out (interrupted, or kept) resumes nothing here: the data set
+    # in this --out is still refused, not replaced
+    work = tmp_path / "work"
+    assert run_cli(capsys, *DATAGEN, "--out", str(tmp_path / "first"), "--work-dir", str(work), "--keep-work")[0] == 0
+    rc, err = run_cli(capsys, *DATAGEN, "--out", str(out), "--work-dir", str(work))
+    assert rc == 1 and f"{out} already holds a data set" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
 
 
 def test_validate_names_a_directory_given_as_a_file_and_a_file_given_as_out(tmp_path, capsys):

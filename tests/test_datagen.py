@@ -245,6 +245,23 @@ def test_exclude_dir_keeps_the_shipped_held_out_positions_out_of_every_split():
         datagen.heldout_positions(data.DATA_DIR / "nope")
 
 
+def test_a_bad_exclude_dir_stops_datagen_before_anything_is_written(tmp_path, capsys):
+    """Checked up front, not once games are played: a corrected command then starts clean (it was refused
+    as 'an interrupted run with other settings')."""
+    from rookworld_lib.lab.cli import main
+
+    out = tmp_path / "out"
+    assert main(["datagen", "--games", "2", "--mate-games", "0", "--no-progress", "--out", str(out),
+                 "--exclude-dir", str(tmp_path / "nope")]) == 1
+    assert "DatagenConfig.exclude_dir=" in capsys.readouterr().err and not out.exists()
+    gap = tmp_path / "gap"  # a held-out set that lost a shard: its positions would leak into the new data
+    gap.mkdir()
+    (gap / "policy_val-00001.jsonl").write_text((data.DATA_DIR / "policy_val.jsonl").read_text())
+    assert main(["datagen", "--games", "2", "--mate-games", "0", "--no-progress", "--out", str(out),
+                 "--exclude-dir", str(gap)]) == 1
+    assert "policy_val-00000.jsonl: missing shard" in capsys.readouterr().err and not out.exists()
+
+
 # ------------------------------------------------------------------------------------------
 # Datagen's lean UCI client (LeanPool): python-chess's labels and moves, the pool's faults
 # ------------------------------------------------------------------------------------------

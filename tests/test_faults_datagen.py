@@ -85,12 +85,22 @@ def test_validate_names_a_missing_shard(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out.count("records OK") == 4  # every line of the shards there is valid
     missing = [x for x in err.splitlines() if "missing shard" in x]
-    assert missing == [f"rookworld datagen: error: {tmp_path / name}: missing shard (shards are numbered from 00000 without gaps); "
-                       "its records are lost: generate the data again"
-                       for name in ("env_val-00000.jsonl", "policy_val-00001.jsonl")], err
+    assert sorted(missing) == [f"rookworld datagen: error: {tmp_path / name}: missing shard (1 missing: shards are numbered "
+                               "from 00000 without gaps); its records are lost: generate the data again"
+                               for name in ("env_val-00000.jsonl", "policy_val-00001.jsonl")], err
+    assert main(["datagen", "--out", str(tmp_path), "--summary"]) == 1  # the card's counts would leave them out
+    assert "policy_val-00001.jsonl: missing shard" in capsys.readouterr().err
     (tmp_path / "policy_val-00001.jsonl").write_text((tmp_path / "policy_val-00000.jsonl").read_text())
     (tmp_path / "env_val-00001.jsonl").rename(tmp_path / "env_val-00000.jsonl")
     assert main(["datagen", "--out", str(tmp_path), "--validate"]) == 0  # complete again
+    # a split in two layouts would be counted twice: --validate and --summary say so
+    import gzip
+    text = (ROOT / "data" / "policy_test.jsonl").read_bytes()
+    (tmp_path / "policy_test.jsonl").write_bytes(text)
+    (tmp_path / "policy_test.jsonl.gz").write_bytes(gzip.compress(text))
+    for command in ("--validate", "--summary"):
+        assert main(["datagen", "--out", str(tmp_path), command]) == 1
+        assert "policy_test.jsonl, policy_test.jsonl.gz hold the same split in 2 layouts" in capsys.readouterr().err
 
 
 # --- an engine behind a wrapper script --------------------------------------------------------

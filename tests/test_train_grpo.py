@@ -232,3 +232,19 @@ def test_grpo_refuses_a_run_dir_another_run_is_writing(tmp_path):
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "grpo_metrics.jsonl").exists()
     trainer.train()  # the lock is gone with its holder
     assert (tmp_path / "grpo_metrics.jsonl").exists()
+
+
+def test_a_run_refused_as_busy_does_not_say_it_resumed(tmp_path, caplog):
+    import logging
+
+    from rookworld_lib.core.paths import RunDirBusyError, run_lock
+
+    settings = {"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "steps": 1}
+    make(settings).train()
+    again = make({**settings, "steps": 2})  # finds the checkpoint of step 1
+    with caplog.at_level(logging.INFO), run_lock(tmp_path), pytest.raises(RunDirBusyError):
+        again.train()
+    assert "resumed from" not in caplog.text
+    with caplog.at_level(logging.INFO):
+        again.train()
+    assert "GRPO resumed from" in caplog.text and "at step 1" in caplog.text

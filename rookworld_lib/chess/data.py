@@ -390,17 +390,23 @@ def data_file(task: str, split: str | None = None, data_dir: str | os.PathLike |
 
 def split_files(task: str, split: str | None = None, data_dir: str | os.PathLike | None = None) -> list[Path]:
     """Every file of one task and split (or of the mate-in-one set, task 'M1') in a directory: plain,
-    gzip-compressed or sharded (data_files_of); empty when there is none. A gap in a shard numbering
-    raises DataFormatError naming the missing file: reading around it would lose its records silently;
-    two layouts of one split (plain and .gz, or a whole file and shards) raise too: both would be read."""
+    gzip-compressed or sharded (checked_files); empty when there is none."""
     path = data_file(task, split, data_dir)
-    if lost := missing_shards(path.name, path.parent):
+    return checked_files(path.name, path.parent)
+
+
+def checked_files(name: str, data_dir: str | os.PathLike | None = None) -> list[Path]:
+    """data_files_of(name), read by every reader of a data set: a gap in a shard numbering raises
+    DataFormatError naming the missing file (reading around it would lose its records silently); two
+    layouts of one split (plain and .gz, or a whole file and shards) raise too: both would be read."""
+    base = Path(data_dir or DATA_DIR)
+    if lost := missing_shards(name, base):
         raise DataFormatError(f"{lost[0]}: missing shard ({len(lost)} missing: shards are numbered from 00000 "
                               "without gaps); its records are lost: generate the data again")
-    files = data_files_of(path.name, path.parent)
+    files = data_files_of(name, base)
     layouts = {("shards" if _SHARD_RE.search(f.name) else "whole", f.name.endswith(".gz")) for f in files}
     if len(layouts) > 1:
-        raise DataFormatError(f"{path.parent}: {', '.join(f.name for f in files)} hold the same split in "
+        raise DataFormatError(f"{base}: {', '.join(f.name for f in files)} hold the same split in "
                               f"{len(layouts)} layouts (plain and .gz, or a whole file and shards); each would be "
                               "read, every record twice: keep one layout")
     return files
@@ -507,7 +513,7 @@ def summarize(data_dir=None) -> dict:
     out: dict = {"files": {}}
     keys: dict[str, set] = {s: set() for s in SPLITS}
     for name in DATA_FILES:
-        files = data_files_of(name, base)  # the file, or its shards
+        files = checked_files(name, base)  # the file, or its shards
         if not files:
             continue
         recs = [r for f in files for r in load_jsonl(f)]  # each holds at least one record

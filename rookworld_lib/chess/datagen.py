@@ -40,8 +40,8 @@ import chess
 import chess.engine
 
 from . import engine, tasks
-from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, data_file_name, data_files_of, load_jsonl,
-                   mating_moves, missing_shards, move_tags, position_tags, render_card_tables, summarize)
+from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, load_jsonl,
+                   mating_moves, move_tags, position_tags, render_card_tables, summarize)
 from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
 from ..core.paths import (DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
@@ -235,7 +235,7 @@ def heldout_positions(data_dir: str | Path) -> set[str]:
     """The position keys of a data set's val and test records (P:, A: and mate-in-one): a run with
     exclude_dir gives them to no split, so its training data never holds that set's held-out positions."""
     names = [TASK_FILES[t].format(split=s) for t in ("P", "A") for s in ("val", "test")] + [MATE_FILE]
-    files = [f for name in names for f in data_files_of(name, data_dir)]
+    files = [f for name in names for f in checked_files(name, data_dir)]  # a lost shard's positions would leak
     if not files:
         raise ValueError(f"DatagenConfig.exclude_dir={str(data_dir)!r}: no val/test data files there ({', '.join(names)})")
     return {tasks.position_key(r["fen"]) for f in files for r in load_jsonl(f).records if r["split"] != "train"}
@@ -664,10 +664,15 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) 
     """Run (or resume) data generation into cfg.out_dir, holding its lock (one writer per directory:
     a second run raises RunDirBusyError before it writes anything). Engine failures and Ctrl-C
     propagate; what was finished stays in the work directory for the next run."""
+    if cfg.exclude_dir:  # a bad --exclude-dir stops here, before anything is started or written
+        heldout_positions(cfg.exclude_dir)
     settings = EngineSettings(depth=cfg.depth, nodes=cfg.nodes, multipv=cfg.multipv, path=cfg.stockfish)
     with LeanPool(settings, size=cfg.workers) as pool:  # finds and starts Stockfish first: no stray dirs
         engine_name = pool.version()
-        with run_lock(cfg.out_dir):
+        # the work directory is locked too where it lies outside --out (--work-dir): two runs sharing one
+        # would write each other's games
+        outside = not _inside(cfg.work_path(), cfg.out_dir)
+        with run_lock(cfg.out_dir), (run_lock(cfg.work_path()) if outside else contextlib.nullcontext()):
             report = _generate(cfg, pool, engine_name, progress, fresh)
             if not cfg.keep_work:
                 shutil.rmtree(cfg.work_path(), ignore_errors=True)
@@ -683,14 +688,14 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
     made_here = None  # the settings of the data set datagen last published there
     with contextlib.suppress(OSError, ValueError):
         made_here = json.loads((Path(cfg.out_dir) / MADE_FILE).read_text())
-    if not fresh and not (work / "config.json").exists() and made_here != state and (
+    if not fresh and not _resumes_into(work, cfg.out_dir) and made_here != state and (
             there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
         raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "
                          "that no run of these settings made: datagen would replace it; choose an empty --out, delete "
                          "those files, or pass --fresh to replace them")
     seconds: dict[str, float] = {}
     clock = time.perf_counter
-    _open_work_dir(work, state, fresh)
+    _open_work_dir(work, state, fresh, cfg.out_dir)
     t = clock()
     games, played = _play_games(cfg, pool, work / "games.jsonl", progress)
     seconds["games"], t = clock() - t, clock()
@@ -726,15 +731,30 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
                          engine=engine_name, env_records=sum(n for k, n in counts.items() if k.startswith("env_")))
 
 
-def _open_work_dir(work: Path, state: dict, fresh: bool) -> None:
-    """Create the work directory, or check that the one there has this run's settings (its games
-    and labels are valid only for those)."""
+def _inside(path: Path, folder) -> bool:
+    return Path(path).resolve().is_relative_to(Path(folder).resolve())
+
+
+def _resumes_into(work: Path, out_dir) -> bool:
+    """Whether `work` holds an interrupted run into `out_dir` (recorded as "out"; a work directory of an
+    older version: one inside out_dir), whose data set there is its own to replace."""
+    try:
+        recorded = json.loads((work / "config.json").read_text()).get("out")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return recorded == str(Path(out_dir).resolve()) if recorded else _inside(work, out_dir)
+
+
+def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
+    """Create the work directory (recording the --out it works for), or check that the one there has
+    this run's settings (its games and labels are valid only for those)."""
     if fresh and work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
     path = work / "config.json"
     if not path.exists():
-        atomic_write(path, lambda f: f.write(json.dumps(state, indent=1).encode()))
+        record = {**state, "out": str(Path(out_dir).resolve())}
+        atomic_write(path, lambda f: f.write(json.dumps(record, indent=1).encode()))
         return
     try:
         old = json.loads(path.read_text())
@@ -841,10 +861,13 @@ def _validate_files(files: list[Path], out: str) -> int:
         except DataFormatError as exc:
             _fail(f"error: {exc}", 1)
             bad += 1
-    for gap in sorted({m for d in {f.parent for f in files} for name in DATA_FILES for m in missing_shards(name, d)}):
-        _fail(f"error: {gap}: missing shard (shards are numbered from 00000 without gaps); its records are lost: "
-              "generate the data again", 1)
-        bad += 1
+    for d in sorted({f.parent for f in files}):  # a missing shard (lost records), a split in two layouts (read twice)
+        for name in DATA_FILES:
+            try:
+                checked_files(name, d)
+            except DataFormatError as exc:
+                _fail(f"error: {exc}", 1)
+                bad += 1
     return 1 if bad else 0
 
 
@@ -872,13 +895,17 @@ def cli(argv: list[str] | None = None) -> int:
     if fields["depth"] is None and fields["nodes"] is None:
         fields["depth"] = DatagenConfig.depth
     cfg = DatagenConfig(**{**fields, "workers": usable_cores() if args.workers is None else args.workers})
-    resume = f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"
+    def resume() -> str:
+        if (cfg.work_path() / "games.jsonl").exists():
+            return f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"
+        return "no game was finished: nothing to resume"
+
     try:
         report = generate(cfg, progress=not args.no_progress, fresh=args.fresh)
     except (EngineFailedError, chess.engine.EngineError, TimeoutError) as exc:
-        return _fail(f"error: Stockfish failed ({type(exc).__name__}: {exc}); {resume}", 1)
+        return _fail(f"error: Stockfish failed ({type(exc).__name__}: {exc}); {resume()}", 1)
     except KeyboardInterrupt:
-        return _fail(f"interrupted; {resume}", 130, lead="\n")
+        return _fail(f"interrupted; {resume()}", 130, lead="\n")
     rate = report.label_positions_per_s
     print(json.dumps({**dataclasses.asdict(report), "seconds": {k: round(v, 2) for k, v in report.seconds.items()},
                       "label_positions_per_s": round(rate, 2) if math.isfinite(rate) else None,  # strict JSON

@@ -454,11 +454,11 @@ def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
 
 def _env_truth_for(pp: tasks.EnvParse, prompt, truth: EnvTruth | None) -> tuple[EnvTruth | None, str]:
     if truth is not None:
-        return truth, "given"
+        return _own_env_truth(pp, truth), "given"
     with _REGISTRY_LOCK:
         t = _ENV_TRUTH.get(prompt) if isinstance(prompt, str) else None
     if t is not None:
-        return t, "registered"
+        return _own_env_truth(pp, t), "registered"
     if not pp.ok:
         return None, "none"
     try:
@@ -466,6 +466,25 @@ def _env_truth_for(pp: tasks.EnvParse, prompt, truth: EnvTruth | None) -> tuple[
     except ValueError:  # a move the format cannot hold ('+' or whitespace)
         return None, "none"
     return EnvTruth(t.new_fen, t.reward, t.terminated, t.truncated), "replay"  # python-chess's own: nothing to check
+
+
+@functools.lru_cache(maxsize=65_536)
+def _own_env_truth(pp: tasks.EnvParse, truth: EnvTruth) -> EnvTruth:
+    """`truth`, once it is what the prompt's move gives (tasks.environment_step; the next position
+    compared as a position); else TruthError: a truth for another prompt would score every answer
+    against the wrong position. A prompt that does not parse has nothing to check against."""
+    if not pp.ok:
+        return truth
+    try:
+        ref = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
+    except ValueError:  # a move the format cannot hold ('+' or whitespace): no transition to compare
+        return truth
+    if not tasks.same_position(truth.new_fen, ref.new_fen) or \
+            (truth.reward, truth.terminated, truth.truncated) != (ref.reward, ref.terminated, ref.truncated):
+        raise TruthError(f"the truth (new_fen {truth.new_fen!r}, reward {truth.reward}, terminated {truth.terminated}, "
+                         f"truncated {truth.truncated}) is not what the prompt's move {pp.move!r} gives (new_fen "
+                         f"{ref.new_fen!r}, reward {ref.reward}, terminated {ref.terminated}, truncated {ref.truncated})")
+    return truth
 
 
 # --- Scoring: one safety net, one cache per task ---

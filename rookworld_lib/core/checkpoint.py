@@ -182,12 +182,25 @@ def _digest_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def _saved_digest(path: Path) -> str | None:
-    """The SHA-256 recorded when `path` was saved (its .sha256 file), or None for older checkpoints."""
-    try:
-        return _digest_path(path).read_text().split()[0]
-    except (OSError, IndexError):
-        return None
+def _saved_digests(path: Path) -> set[str]:
+    """The SHA-256s recorded when `path` was saved: its .sha256 file's, and the `latest` pointer's when
+    it names `path` (empty for older checkpoints). Two records: one damaged record does not condemn an
+    intact file, and one lost record does not let a damaged file pass."""
+    found = set()
+    with contextlib.suppress(OSError, IndexError):
+        found.add(_digest_path(path).read_text().split()[0])
+    with contextlib.suppress(CheckpointLoadError, OSError):
+        info = _read_pointer(path.parent) or {}
+        if info.get("file") == path.name and isinstance(info.get("sha256"), str):
+            found.add(info["sha256"])
+    return found
+
+
+def _intact(path: Path) -> bool:
+    """Whether `path` has the bytes it was saved with: its SHA-256 is one recorded for it (see
+    _saved_digests), or nothing was recorded (an older checkpoint)."""
+    saved = _saved_digests(path)
+    return not saved or file_sha256(path) in saved
 
 
 def _remove(paths) -> None:
@@ -216,10 +229,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if expected_bytes is not None and size != expected_bytes:
         raise CheckpointLoadError(f"{path}: {size} bytes on disk, {expected_bytes} when it was saved: the file "
                                   f"was truncated or overwritten{_others(path)}")
-    saved = _saved_digest(path)
-    if saved is not None and file_sha256(path) != saved:
-        raise CheckpointLoadError(f"{path}: its bytes changed since it was saved (SHA-256 differs from "
-                                  f"{_digest_path(path).name}): a corrupted file, not loaded{_others(path)}")
+    if not _intact(path):
+        raise CheckpointLoadError(f"{path}: its bytes changed since it was saved (its SHA-256 is not the one "
+                                  f"recorded in {_digest_path(path).name} or {POINTER}): a corrupted file, not "
+                                  f"loaded{_others(path)}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # zip/pickle errors come in many types; all mean the same here
@@ -244,13 +257,17 @@ def _reason(exc: Exception) -> str:
 def _others(path: Path) -> str:
     """Where to go from a checkpoint that cannot be loaded: the newest intact one beside it (its
     digest checked) and how to resume from it."""
+    named = None
+    with contextlib.suppress(CheckpointLoadError, OSError):
+        named = (_read_pointer(path.parent) or {}).get("file")
     for step, other in reversed(list_checkpoints(path.parent)):
-        saved = _saved_digest(other)
-        if other != path and (saved is None or file_sha256(other) == saved):
-            gone = [n for n in (path.name, POINTER) if (path.parent / n).exists()]  # a pointer may name a lost file
+        if other != path and _intact(other):
+            # the pointer goes too where it names the bad (or lost) file; one that names another stays
+            gone = [n for n in (path.name, POINTER) if (path.parent / n).exists() and (n != POINTER or named in (None, path.name))]
             return (f"; the newest intact checkpoint there is {other.name} (step {step}): to resume from it, delete "
                     f"{' and '.join(gone)} in {path.parent} and run the same command again")
-    return ""
+    return (f"; no other intact checkpoint is in {path.parent}: to train from the start, move {path.parent} away "
+            "and run the same command again")
 
 
 # --- Training state <-> checkpoint dict

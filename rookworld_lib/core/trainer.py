@@ -164,8 +164,9 @@ class Trainer:
         self.restore_extra(extra)
         self.last_checkpoint = self.resumed_from = ckpt["path"]
         saved_w, W = extra.get("world_size", 1), self.dist.world_size
-        log.info("%s resumed from %s at step %d%s", self.name, ckpt["path"], self.step,
-                 "" if saved_w == W else f" (saved at world size {saved_w}, now {W})")
+        # said once the run holds out_dir (train): a run refused as busy resumes nothing
+        self._resume_note = ("%s resumed from %s at step %d%s", self.name, ckpt["path"], self.step,
+                             "" if saved_w == W else f" (saved at world size {saved_w}, now {W})")
 
     def seed_rank(self, ckpt: dict | None, seed: int) -> None:
         """Give ranks > 0 their own RNG stream (dropout masks differ across ranks' rows); rank 0 keeps
@@ -233,7 +234,7 @@ class Trainer:
         if W > 1:
             message = distributed.broadcast_object(None if error is None else str(error))
             if message is not None and error is None:
-                error = ckpt_lib.CheckpointSaveError(f"rank 0: {message}")
+                error = ckpt_lib.CheckpointSaveError(message)  # rank 0's, word for word: said once (errors.py)
         if error is not None:
             raise error
         self.last_checkpoint = path
@@ -267,6 +268,8 @@ class Trainer:
                                "make a new one")
         with run_lock(self.out_dir) if self.out_dir is not None and self.dist.is_main else contextlib.nullcontext():
             self._check_checkpoint_is_ours()
+            if note := self.__dict__.pop("_resume_note", None):
+                log.info(*note)
             return self._loop(until)
 
     def _check_checkpoint_is_ours(self) -> None:
