@@ -79,6 +79,27 @@ def test_a_truth_column_for_another_position_raises_in_trl():
         rewards.trl_policy_reward([POLICY["prompt"]], [POLICY["completion"]], **_columns([other]))
 
 
+def test_an_environment_truth_of_another_prompt_raises():
+    """An A: truth holds no position to compare with the prompt's, so it is checked against the move's
+    transition (tasks.environment_step): another record's truth, or a legal position the move does not
+    reach, raise TruthError where they were scored silently (a perfect answer got 0.39); the record's own
+    truth scores the answer 1.0, given, registered or as a TRL column."""
+    env = data.load_split("A", "test").records
+    rec, other = env[0], next(r for r in env[1:] if not tasks.same_position(r["new_fen"], env[0]["new_fen"]))
+    assert rewards.score_environment(rec["prompt"], rec["completion"], truth=rec) == 1.0
+    for wrong in (other, {**rec, "new_fen": other["new_fen"]}):
+        with pytest.raises(rewards.TruthError, match=f"is not what the prompt's move '{rec['move']}' gives"):
+            rewards.score_environment(rec["prompt"], rec["completion"], truth=wrong)
+        with pytest.raises(rewards.TruthError, match="is not what the prompt's move"):
+            rewards.trl_env_reward([rec["prompt"]], [rec["completion"]], **_columns([wrong]))
+    rewards.register_truth([{**other, "prompt": rec["prompt"]}])  # registered under this prompt
+    try:
+        with pytest.raises(rewards.TruthError, match="is not what the prompt's move"):
+            rewards.score_environment(rec["prompt"], rec["completion"])
+    finally:
+        rewards.clear_truth()
+
+
 def test_trl_rewards_take_what_datasets_hands_them_and_no_completion_makes_them_raise():
     datasets = pytest.importorskip("datasets")
     recs = [*data.load_split("P", "test")[:3], *data.load_split("A", "test")[:3]]
