@@ -179,9 +179,23 @@ def test_a_power_cut_that_tears_the_metrics_is_reported_on_resume(world, tmp_pat
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert (f"{run / METRICS}:2: a torn line (cut off by a kill or a power cut) dropped; the record of step 2 is "
             "lost (the checkpoint at step 3 covers it; the run resumes after it)") in warnings, warnings
-    assert (f"{run / METRICS}: the records of steps 3 to 3 are missing: lost, though the checkpoint at step 3 "
+    assert (f"{run / METRICS}: the record of step 3 is missing: lost, though the checkpoint at step 3 "
             "covers them") in warnings, warnings
     assert [r["step"] for r in read_metrics(run / METRICS)] == [1, 4]
+
+
+def test_a_metrics_record_deleted_in_the_middle_is_reported_on_resume(world, tmp_path, caplog):
+    """Not only a lost tail: a line gone from the middle (steps 1 and 3 kept, the checkpoint at 3) is named."""
+    run = tmp_path / "run"
+    assert main(grpo_argv(world, run, 3)) == 0
+    lines = (run / METRICS).read_text().splitlines(keepends=True)
+    (run / METRICS).write_text(lines[0] + lines[2])
+    caplog.set_level(logging.WARNING)
+    assert main(grpo_argv(world, run, 4)) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert (f"{run / METRICS}: the record of step 2 is missing: lost, though the checkpoint at step 3 "
+            "covers them") in warnings, warnings
+    assert [r["step"] for r in read_metrics(run / METRICS)] == [1, 3, 4]
 
 
 def test_a_torn_metrics_line_after_the_checkpoint_is_reported_and_redone(world, tmp_path, caplog):

@@ -327,13 +327,25 @@ def _records_up_to(path: Path, step: int, every_step: bool) -> list[dict]:
         if torn is not None and torn <= step:
             lost.add(torn)
     if every_step:
-        have = kept[-1].get("step", step) if kept else None
-        missing = [s for s in range(have + 1, step + 1) if s not in lost] if have is not None else None
-        if missing != []:
+        present = {r.get("step") for r in kept}
+        missing = [s for s in range(1, step + 1) if s not in present and s not in lost]
+        if missing:  # a line deleted in the middle as well as a lost tail
             log.warning("%s: %s missing: lost, though the checkpoint at step %d covers them", path,
-                        f"the records of steps {missing[0]} to {missing[-1]} are" if missing
-                        else f"every record up to step {step} is", step)
+                        f"every record up to step {step} is" if not kept else
+                        f"the record of step {missing[0]} is" if len(missing) == 1 else
+                        f"the records of steps {_ranges(missing)} are", step)
     return kept
+
+
+def _ranges(steps: list[int]) -> str:
+    """Sorted steps as ranges: [2, 3, 4, 7] -> "2 to 4, 7"."""
+    runs: list[list[int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(f"{a} to {b}" if b > a else f"{a}" for a, b in runs)
 
 
 def _torn_fate(torn: int | None, last: int | None, step: int) -> str:
