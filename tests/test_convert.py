@@ -222,6 +222,12 @@ def test_impossible_rows_name_their_reason():
     assert convert.convert_line(no_king).startswith("impossible position")
     illegal = original_env_line(chess.Board(), "e2e5", ["e2e5"], True)
     assert "legality" in convert.convert_line(illegal)
+    # a promotion without its piece, pushed unchecked: a pawn left on the back rank, said as the pushed
+    # illegal move it is (not only as the impossible FEN it made), in words
+    pawn = chess.Board("8/4P3/8/8/8/8/k7/4K3 w - - 3 40")
+    assert convert.convert_line(original_env_line(pawn, "e7e8", ["e7e8"], True)) == (
+        "illegal move pushed without a legality check (the original generator's board.push): new FEN: FEN is not a "
+        "legal chess position (pawns on backrank)")
 
 
 # --------------------------------------------------------------------------------------------

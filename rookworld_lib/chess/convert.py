@@ -91,6 +91,9 @@ def parse_env_line(text: str) -> OriginalEnvLine | str:
         return f"impossible position: {err}"
     prompt = tasks.parse_env_prompt(tasks.ENV_PREFIX + "+".join(parts[:3]) + "+")
     answer = tasks.parse_env_completion("+".join(parts[3:]))
+    if prompt.ok and not answer.ok and tasks.legal_move(tasks.checked_board(prompt.fen)[0], prompt.move) is None:
+        # e7e8 without a piece: the original generator's board.push left a pawn on the back rank
+        return f"illegal move pushed without a legality check (the original generator's board.push): {answer.errors[0]}"
     if not (prompt.ok and answer.ok):
         return "; ".join(prompt.errors + answer.errors)
     if answer.reward not in tasks.ENV_REWARDS:

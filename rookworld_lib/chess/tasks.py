@@ -119,7 +119,7 @@ def _checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
         return None, "FEN is not in canonical form"
     status = board.status()
     if status != chess.STATUS_VALID:
-        return None, f"FEN is not a legal chess position (status {status!r})"
+        return None, f"FEN is not a legal chess position ({status_words(status)})"
     return board, None
 
 
@@ -129,6 +129,11 @@ def _require_fen(fen: str, where: str) -> chess.Board:
     if err:
         raise ValueError(f"{where}: {err}: {fen!r}")
     return _checked_board(fen)[0]
+
+
+def status_words(status: chess.Status) -> str:
+    """python-chess's board status in words: "no white king, pawns on backrank"."""
+    return ", ".join(s.name.lower().replace("_", " ") for s in chess.Status if s and s in status)
 
 
 def legal_move(board: chess.Board, text: str) -> chess.Move | None:

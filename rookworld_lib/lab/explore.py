@@ -174,8 +174,7 @@ def record_for_fen(fen: str) -> dict:
     """A P: record for a pasted FEN: Stockfish's candidates when it is installed, none otherwise."""
     board = chess.Board(fen)  # ValueError names a malformed FEN
     if not board.is_valid():
-        why = ", ".join(s.name.lower().replace("_", " ") for s in chess.Status if s and s in board.status())
-        raise ValueError(f"not a legal position: {fen!r} ({why})")
+        raise ValueError(f"not a legal position: {fen!r} ({tasks.status_words(board.status())})")
     if not any(board.legal_moves):
         raise ValueError(f"no move to make in {fen!r}: {'checkmate' if board.is_checkmate() else 'stalemate'}")
     a = get_pool().analyse(board) if stockfish_available() else None
