@@ -116,10 +116,15 @@ DATAGEN = ["datagen", "--no-progress", "--games", "3", "--mate-games", "1", "--d
            "--workers", "2"]
 
 
-def finished_games(cfg) -> None:
-    """What a run that played some games leaves: its work directory's games file."""
-    cfg.work_path().mkdir(parents=True, exist_ok=True)
-    (cfg.work_path() / "games.jsonl").write_text("")
+def failing_generate(exc: BaseException, games: bool = True):
+    """A datagen.generate that raises `exc`, after leaving what a run that played some games leaves
+    (its work directory's games file) unless `games` is False."""
+    def generate(cfg, **kw):
+        if games:
+            cfg.work_path().mkdir(parents=True, exist_ok=True)
+            (cfg.work_path() / "games.jsonl").write_text("")
+        raise exc
+    return generate
 
 
 @pytest.mark.parametrize("exc", [
@@ -128,11 +133,7 @@ def finished_games(cfg) -> None:
     TimeoutError("no answer in 30 s"),
 ], ids=lambda e: type(e).__name__)
 def test_an_engine_failure_ends_datagen_in_one_line(tmp_path, capsys, monkeypatch, exc):
-    def broken(cfg, **kw):
-        finished_games(cfg)
-        raise exc
-
-    monkeypatch.setattr(datagen, "generate", broken)
+    monkeypatch.setattr(datagen, "generate", failing_generate(exc))
     rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
     assert rc == 1
     one_line(err, "rookworld datagen", "Stockfish failed", type(exc).__name__, str(exc),
@@ -140,19 +141,11 @@ def test_an_engine_failure_ends_datagen_in_one_line(tmp_path, capsys, monkeypatc
 
 
 def test_ctrl_c_ends_datagen_with_130_in_one_line(tmp_path, capsys, monkeypatch):
-    def interrupted(cfg, **kw):
-        finished_games(cfg)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(datagen, "generate", interrupted)
+    monkeypatch.setattr(datagen, "generate", failing_generate(KeyboardInterrupt()))
     rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path))
     assert rc == 130
     one_line(err, "rookworld datagen", "interrupted", "run the same command again")
-
-    def at_once(cfg, **kw):  # before any game: no folder to point at
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(datagen, "generate", at_once)
+    monkeypatch.setattr(datagen, "generate", failing_generate(KeyboardInterrupt(), games=False))  # before any game
     rc, err = run_cli(capsys, *DATAGEN, "--out", str(tmp_path / "new"))
     assert rc == 130
     one_line(err, "rookworld datagen", "interrupted; no game was finished: nothing to resume")
