@@ -124,6 +124,7 @@ def test_end_to_end_small_model_runs_every_suite():
         assert key in res and res[key].n >= 1
     table = ev.comparison_table({"init": res})
     assert ev.REFERENCE_NAME in table.columns and "reference measured" in table.columns
+    assert table.loc["policy/cp_loss", "reference measured"].startswith("(ours only) centipawns B: loses")
     # `rookworld eval`'s terminal table: every line fits 120 columns; its columns are explained below it
     text = ev.terminal_table(res, ev.model_label("runs/20260101-000000/training/final"))
     assert max(map(len, text.splitlines())) <= ev.TERMINAL_WIDTH

@@ -59,7 +59,8 @@ REFERENCE_ROOKWORLD_LM_124M = {
     "policy/top5_overlap": (0.392, "M: moves shared with the original label's five, rook val set"),
     "mate_in_one/accuracy": (0.137, "BIG-bench checkmate-in-one"),
     "self_play/legal_half_moves": (36.3, "sampled (top-k 5, temperature 0.6) self-play from the start; ours is "
-                                         "greedy after 0-3 random plies and stops at selfplay_max_plies: not the same "
+                                         "greedy from distinct starts (the initial position, then 1-3 random plies) "
+                                         "and stops at selfplay_max_plies: not the same "
                                          "measurement"),
     "env/next_fen_exact":
         (0.9961, "next FEN string equal (python-chess's board.fen() on both sides), arbiter test set"),
@@ -407,12 +408,16 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
 
     rows = []
     for m in sorted({m for res in columns.values() for m in res}):
-        ref, measured = reference.get(m, (None, ""))
+        ref, measured = reference.get(m, (None, NOTES.get(m, "")))
         rows.append({"metric": m, **{name: str(res.get(m, "")) for name, res in columns.items()},
                      REFERENCE_NAME: "" if ref is None else _reference_text(ref),
                      "reference measured": measured})
     return pd.DataFrame(rows, columns=["metric", *columns, REFERENCE_NAME, "reference measured"]).set_index("metric")
 
+
+# What a metric with no reference figure measures, where its name does not say it (comparison_table)
+NOTES = {"policy/cp_loss": "(ours only) centipawns B: loses against Stockfish's best, lower is better, over the "
+                           "answers whose B: is legal: each model's own set of positions (n), not paired"}
 
 TERMINAL_WIDTH = 120
 

@@ -42,6 +42,11 @@ def _garbage(rng: random.Random) -> str:
     return "".join(rng.choice(GARBAGE_ALPHABET) for _ in range(rng.randint(5, 40)))
 
 
+# The example categories from the best answer to garbage, P:'s then A:'s own (for a figure's axis)
+CATEGORY_ORDER = ("best", "2nd", "5th", "random legal", "illegal", "best repeated", "exact", "one FEN char off",
+                  "wrong terminated flag", "garbled", "garbage")
+
+
 def policy_examples(rec, seed: int = 0) -> dict[str, str]:
     """Completions of graded quality for one P: record, keyed by category: the record's M:/E: with
     B: = best, 2nd, 5th candidate; a random legal move outside them, then an illegal move, each put in

@@ -274,7 +274,7 @@ def chess_verdict(strict) -> str:
     if not moved:
         return ("GRPO moved no strict chess metric at 95% confidence (" + ", ".join(strict.index) + ": "
                 "every interval includes zero).")
-    return "Strict chess metrics that GRPO moved at 95% confidence: " + "; ".join(moved) + "; the others did not move."
+    return "Strict chess metrics that GRPO moved at 95% confidence: " + "; ".join(moved) + "; the others showed no change resolved at 95%."
 
 
 def signal_line(history: list[dict]) -> str | None:
