@@ -185,6 +185,8 @@ def test_corrupt_and_partial_checkpoints_give_a_clear_error_naming_the_file(tmp_
 
     with pytest.raises(ck.CheckpointLoadError, match=r"missing\.pt: checkpoint file not found"):
         ck.load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(ck.CheckpointLoadError, match=r"model\.pt: checkpoint file not found$"):  # a mistyped path:
+        ck.load_checkpoint(tmp_path / "elsewhere" / "model.pt")  # no advice to move a folder of no checkpoints
     (tmp_path / "empty").mkdir()
     with pytest.raises(ck.CheckpointLoadError, match=r"empty: no checkpoint in this directory"):
         ck.load_checkpoint(tmp_path / "empty")

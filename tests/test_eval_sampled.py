@@ -192,6 +192,17 @@ def test_paired_change_of_fractional_outcomes_by_hand():
     assert d.high - d.value == pytest.approx(3.182446 * statistics.stdev(diffs) / 2, abs=1e-6)
 
 
+def test_a_pass_at_1_change_is_a_t_interval_even_where_every_share_is_whole():
+    """Shares that happen to be 0 or 1 (every record's samples agree) are still shares: paired_change gives
+    pass@1 the t interval, a greedy rate Newcombe's; paired_difference alone goes by the values."""
+    b, a = [[0, 0], [1, 1], [0, 0], [0, 0]], [[1, 1], [1, 1], [1, 1], [0, 0]]
+    before, after = {"pass@1/policy/valid": ev.pass_at_1(b)}, {"pass@1/policy/valid": ev.pass_at_1(a)}
+    t = ev.paired_difference([0, 1, 0, 0], [1, 1, 1, 0], binary=False)
+    assert ev.paired_estimates(before["pass@1/policy/valid"], after["pass@1/policy/valid"], "pass@1/policy/valid") == t
+    assert ev.paired_difference([0, 1, 0, 0], [1, 1, 1, 0]) == ev.newcombe_paired([0, 1, 0, 0], [1, 1, 1, 0])
+    assert t.low < ev.newcombe_paired([0, 1, 0, 0], [1, 1, 1, 0]).low
+
+
 def test_pass_at_1_estimate():
     e = ev.pass_at_1([[1, 0, 0, 0], [True, True, True, True], [0, 0, 0, 0]])
     assert e.outcomes == (0.25, 1.0, 0.0) and e.value == pytest.approx(1.25 / 3) and e.n == 3

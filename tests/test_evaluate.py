@@ -136,6 +136,8 @@ def test_end_to_end_small_model_runs_every_suite():
 def test_config_validation():
     with pytest.raises(ValueError, match="decoding"):
         ev.EvalConfig(decoding="beam")
+    with pytest.raises(ValueError, match="selfplay_games"):  # distinct starts run out (6,903 within 3 plies)
+        ev.EvalConfig(selfplay_games=5000)
 
 
 def test_paired_difference():

@@ -313,5 +313,14 @@ def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
                               temperature=temperature, progress=False, report_to="none", seed=0,
                               out_dir=str(tmp_path / name / "grpo"))
         GRPOTrainer(model, [PromptItem("P", "Q: 1 A:")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions)).train()
-    assert explore.rollout_settings(tmp_path) == {"temperature": 0.3, "max_new_tokens": 2}
-    assert explore.rollout_settings(tmp_path / "older") == {"temperature": 0.7, "max_new_tokens": 3}
+    assert explore.rollout_settings(tmp_path) == {"temperature": 0.3, "max_new_tokens": 2, "reward": None}  # its own
+    assert explore.rollout_settings(tmp_path / "older") == {"temperature": 0.7, "max_new_tokens": 3, "reward": None}
+    from rookworld_lib.chess.training import reward_functions  # a run of one of the chess rewards: named
+    for variant in ("gated", "graded"):
+        funcs, weights = reward_functions(variant)
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+                              progress=False, report_to="none", seed=0, out_dir=str(tmp_path / variant / "grpo"))
+        recs = data.load_split("P", "test").records[:2]
+        GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), [PromptItem("P", r["prompt"], r) for r in recs], cfg,
+                    reward_funcs=funcs, reward_weights=weights).train()
+        assert explore.rollout_settings(tmp_path / variant)["reward"] == variant

@@ -214,3 +214,19 @@ def test_convert_into_a_directory_another_run_writes_is_refused_in_one_line(tmp_
     one_line(capsys.readouterr().err, "rookworld convert", f"{tmp_path / 'out'} is being written by another run "
              f"(pid {os.getpid()} since")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".lock"]  # no errors file, no output
+
+
+def test_fresh_keeps_the_lock_of_the_work_directory_it_empties(tmp_path):
+    """--fresh empties the work directory it holds locked (an outside --work-dir is locked too): deleting
+    the lock file with the rest let a second run take a new lock on it and write the same games."""
+    from rookworld_lib.core.paths import LOCK_FILE, RunDirBusyError, run_lock
+
+    work = tmp_path / "work"
+    (work / "sub").mkdir(parents=True)
+    (work / "games.jsonl").write_text("{}\n")
+    with run_lock(work):
+        datagen._open_work_dir(work, {"config": {}, "engine": "x"}, True, tmp_path / "out")
+        assert sorted(p.name for p in work.iterdir()) == sorted([LOCK_FILE, "config.json"])
+        with pytest.raises(RunDirBusyError):
+            with run_lock(work):
+                pass

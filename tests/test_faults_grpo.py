@@ -180,7 +180,7 @@ def test_a_power_cut_that_tears_the_metrics_is_reported_on_resume(world, tmp_pat
     assert (f"{run / METRICS}:2: a torn line (cut off by a kill or a power cut) dropped; the record of step 2 is "
             "lost (the checkpoint at step 3 covers it; the run resumes after it)") in warnings, warnings
     assert (f"{run / METRICS}: the record of step 3 is missing: lost, though the checkpoint at step 3 "
-            "covers them") in warnings, warnings
+            "covers it") in warnings, warnings
     assert [r["step"] for r in read_metrics(run / METRICS)] == [1, 4]
 
 
@@ -194,7 +194,7 @@ def test_a_metrics_record_deleted_in_the_middle_is_reported_on_resume(world, tmp
     assert main(grpo_argv(world, run, 4)) == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert (f"{run / METRICS}: the record of step 2 is missing: lost, though the checkpoint at step 3 "
-            "covers them") in warnings, warnings
+            "covers it") in warnings, warnings
     assert [r["step"] for r in read_metrics(run / METRICS)] == [1, 3, 4]
 
 

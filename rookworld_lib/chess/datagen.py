@@ -44,7 +44,7 @@ from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files,
                    mating_moves, move_tags, position_tags, render_card_tables, summarize)
 from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
-from ..core.paths import (DATA_DIR, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
+from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
 from ..core.progress import tqdm
 from ..core.config import SEED_MAX, add_config_arguments, config_kwargs_from_args, field_docs, option, validate
@@ -748,8 +748,10 @@ def _resumes_into(work: Path, out_dir) -> bool:
 def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
     """Create the work directory (recording the --out it works for), or check that the one there has
     this run's settings (its games and labels are valid only for those)."""
-    if fresh and work.exists():
-        shutil.rmtree(work)
+    if fresh and work.exists():  # emptied, its .lock kept: another run must not take a lock held on it
+        for item in work.iterdir():
+            if item.name != LOCK_FILE:
+                shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
     work.mkdir(parents=True, exist_ok=True)
     path = work / "config.json"
     if not path.exists():

@@ -181,7 +181,7 @@ class EvalConfig:
                              "of `samples` rows each for pass@1", min=1)
     max_policy: int | None = option(None, "cap on P: records evaluated (None = all; 0 = no policy suite)", min=0)
     max_env: int | None = option(None, "cap on A: records evaluated (None = all; 0 = no env suite)", min=0)
-    selfplay_games: int = option(8, "self-play games (0 = skip)", min=0)
+    selfplay_games: int = option(8, "self-play games (0 = skip), each from its own start", min=0, max=1000)
     selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
     layout: str | None = option(None, "prompt layout; None: the model's own (training.layout_of; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
     prompt_prefix: str | None = option(None, "text before every prompt; None: the model's own (model.prompt_prefix: "
@@ -472,10 +472,11 @@ def newcombe_paired(before: Sequence[int], after: Sequence[int], z: float = 1.95
     return Estimate(p1 - p2, low, high, n, "mean")
 
 
-def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estimate:
+def paired_difference(before: Sequence[float], after: Sequence[float], binary: bool | None = None) -> Estimate:
     """Mean of after - before over the same records, with a paired 95% interval (record difficulty
-    cancels): Newcombe's (newcombe_paired) when every outcome is 0 or 1, else the t interval of the
-    differences (pass@1 shares, rewards). Fewer than two records give no interval."""
+    cancels): Newcombe's (newcombe_paired) for a right/wrong outcome per record (`binary`; None: when
+    every outcome is 0 or 1), else the t interval of the differences (pass@1 shares, rewards). Fewer
+    than two records give no interval."""
     if len(before) != len(after):
         raise ValueError(f"paired_difference needs equal lengths, got {len(before)} and {len(after)}")
     if not before:
@@ -484,7 +485,9 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> Estima
     if bad := [i for i, v in enumerate((*before, *after)) if v is None or not math.isfinite(v)]:
         raise ValueError(f"paired_difference needs finite outcomes: record {bad[0] % len(before)} is "
                          f"{(*before, *after)[bad[0]]!r}")
-    if len(before) >= 2 and all(v in (0, 1) for v in (*before, *after)):
+    if binary is None:
+        binary = all(v in (0, 1) for v in (*before, *after))
+    if len(before) >= 2 and binary:
         return newcombe_paired([int(v) for v in before], [int(v) for v in after])
     return mean_interval([a - b for a, b in zip(after, before)])
 
@@ -498,7 +501,10 @@ def paired_estimates(before: Estimate, after: Estimate, metric: str = "") -> Est
         raise ValueError(f"{metric}: the two evaluations are not of the same records in the same order (record {i}: "
                          f"{b[i] if i < len(b) else 'none'!r} before, {a[i] if i < len(a) else 'none'!r} after); "
                          "evaluate both on one test split")
-    return paired_difference(before.outcomes, after.outcomes)
+    # a strict metric's greedy rate is right/wrong per record (Newcombe's interval), its pass@1 a share (t),
+    # even where every record's samples happen to agree; without a metric name, as the outcomes look
+    binary = (not metric.startswith(SAMPLED_PREFIX)) if metric else None
+    return paired_difference(before.outcomes, after.outcomes, binary=binary)
 
 
 def _points(x: float) -> str:

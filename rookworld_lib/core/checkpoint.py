@@ -266,6 +266,8 @@ def _others(path: Path) -> str:
             gone = [n for n in (path.name, POINTER) if (path.parent / n).exists() and (n != POINTER or named in (None, path.name))]
             return (f"; the newest intact checkpoint there is {other.name} (step {step}): to resume from it, delete "
                     f"{' and '.join(gone)} in {path.parent} and run the same command again")
+    if not path.exists() and not (path.parent / POINTER).exists():  # a mistyped path: nothing to start over from
+        return ""
     return (f"; no other intact checkpoint is in {path.parent}: to train from the start, move {path.parent} away "
             "and run the same command again")
 

@@ -649,10 +649,11 @@ _PER_COMPLETION = ("advantages/mean", "vespo/phi_seq_mean")
 
 
 def _merge_ranks(ms: list[dict], sequence: bool) -> dict:
-    """One update's metrics (grpo.policy_loss) over the whole minibatch, from each rank's over its rows:
+    """One update's metrics (grpo.grpo_loss) over the whole minibatch, from each rank's over its rows:
     sums summed, means weighted by their rows' tokens (completions for per-completion ones, and for the
-    ratio and clip shares at sequence-level importance sampling), the advantages' population std from
-    the ranks' means and stds, extremes the extremes."""
+    ratio and clip shares at sequence-level importance sampling: ratio/mean there averages completions
+    with tokens, so it is approximate where some have none), the advantages' population std from the
+    ranks' means and stds, extremes the extremes."""
     if len(ms) == 1:
         return ms[0]
     tokens, completions = [m["num_tokens"] for m in ms], [m["num_completions"] for m in ms]

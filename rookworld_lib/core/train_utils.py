@@ -329,11 +329,11 @@ def _records_up_to(path: Path, step: int, every_step: bool) -> list[dict]:
     if every_step:
         present = {r.get("step") for r in kept}
         missing = [s for s in range(1, step + 1) if s not in present and s not in lost]
-        if missing:  # a line deleted in the middle as well as a lost tail
-            log.warning("%s: %s missing: lost, though the checkpoint at step %d covers them", path,
-                        f"every record up to step {step} is" if not kept else
-                        f"the record of step {missing[0]} is" if len(missing) == 1 else
-                        f"the records of steps {_ranges(missing)} are", step)
+        if missing:  # a line deleted in the middle as well as a lost tail (said again at each later resume)
+            what = (f"every record up to step {step} is" if not kept else f"the record of step {missing[0]} is"
+                    if len(missing) == 1 else f"the records of steps {_ranges(missing)} are")
+            log.warning("%s: %s missing: lost, though the checkpoint at step %d covers %s", path, what, step,
+                        "it" if kept and len(missing) == 1 else "them")
     return kept
 
 

@@ -39,9 +39,9 @@ from ..core.progress import widget_frontend
 from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from ..chess.training import policy_weights, prompt_items, reward_functions
+from ..chess.training import REWARD_VARIANTS, policy_weights, prompt_items, reward_functions
 from ..core.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, score_completions
+from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, reward_name, score_completions
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
@@ -71,13 +71,19 @@ def latest_run(root: str | Path = RUNS_DIR) -> Path | None:
 
 
 def rollout_settings(run_dir: str | Path | None) -> dict | None:
-    """How the newest GRPO run under `run_dir` sampled its rollouts (its latest checkpoint's settings):
-    {"temperature", "max_new_tokens"}; None when `run_dir` holds no readable GRPO checkpoint."""
+    """How the newest GRPO run under `run_dir` sampled and scored its rollouts (its latest checkpoint's
+    settings): {"temperature", "max_new_tokens", "reward"}, the reward the training.REWARD_VARIANTS whose
+    functions it recorded (None: functions of the user's own); None when `run_dir` holds no readable
+    GRPO checkpoint."""
     for metrics in sorted(Path(run_dir).glob(f"**/{METRICS_FILE}"), key=lambda p: p.stat().st_mtime)[::-1] if run_dir else ():
         with contextlib.suppress(CheckpointError, KeyError, TypeError):  # unreadable or not GRPO's: the default
             if (path := latest_checkpoint(metrics.parent / "checkpoints")) is not None:
-                config = load_checkpoint(path)["config"]
-                return {"temperature": float(config["temperature"]), "max_new_tokens": int(config["max_new_tokens"])}
+                ckpt = load_checkpoint(path)
+                config, names = ckpt["config"], [n for n, _ in ckpt["extra"].get("rewards", [])]
+                reward = next((v for v in REWARD_VARIANTS if names == list(map(reward_name, reward_functions(v)[0]))),
+                              None)
+                return {"temperature": float(config["temperature"]), "max_new_tokens": int(config["max_new_tokens"]),
+                        "reward": reward}
     return None
 
 
