@@ -147,8 +147,9 @@ def test_samples_are_deterministic_given_the_seed(setup):
 
 def test_samples_0_leaves_greedy_results_as_they_were(setup):
     model, policy, env, results, _, _ = setup
-    greedy_cfg = ev.EvalConfig(seed=SEED, batch_size=BATCH * K, max_new_tokens=BUDGET, selfplay_games=0)
-    assert greedy_cfg == replace(CFG, samples=0)  # the default
+    greedy_cfg = ev.EvalConfig(seed=SEED, batch_size=BATCH * K, max_new_tokens=BUDGET, selfplay_games=0, samples=0,
+                               sample_temperature=T)
+    assert greedy_cfg == replace(CFG, samples=0)  # greedy only (the default samples 4 beside greedy)
     greedy = {**ev.evaluate_policy(model, policy, greedy_cfg), **ev.evaluate_environment(model, env, greedy_cfg)}
     assert not any(m.startswith(ev.SAMPLED_PREFIX) for m in greedy)
     assert set(results) == set(greedy) | set(ev.SAMPLED_METRICS)
@@ -246,3 +247,23 @@ def test_cli_samples_and_sample_temperature(setup, tmp_path, capsys):
     assert "pass@1/policy/valid" in out and "policy/valid" in out
     with pytest.raises(ValueError, match="EvalConfig.samples"):  # before the model loads
         ev.cli([str(tmp_path / "missing"), "--samples", "-2"])
+
+
+def test_an_evaluation_samples_pass_at_1_at_the_rollout_temperature_the_export_records(tmp_path):
+    """`rookworld eval` reports pass@1 beside greedy by default, sampled at the temperature GRPO's
+    rollouts used (recorded in the export's config.json), 1.0 for a model without one; a given one wins."""
+    from rookworld_lib.core.train_grpo import ROLLOUT_TEMPERATURE_KEY, GRPOTrainConfig, GRPOTrainer, PromptItem
+
+    assert ev.EvalConfig().samples == 4
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=64))
+    assert ev.EvalConfig().for_model(model).sample_temperature == 1.0
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+                          temperature=0.3, progress=False, report_to="none", seed=0, out_dir=str(tmp_path / "grpo"))
+    trainer = GRPOTrainer(model, [PromptItem("P", "P: 1")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions))
+    trainer.train()
+    export = trainer.export()
+    assert json.loads((export / "config.json").read_text())[ROLLOUT_TEMPERATURE_KEY] == 0.3
+    loaded = GPT.from_pretrained(export)
+    assert ev.EvalConfig().for_model(loaded).sample_temperature == 0.3
+    assert ev.EvalConfig(sample_temperature=0.7).for_model(loaded).sample_temperature == 0.7

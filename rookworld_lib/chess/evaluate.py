@@ -44,7 +44,7 @@ from ..core.paths import atomic_write, run_lock
 from ..core.sampling import SamplingConfig, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
-from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, PromptItem, score_completions
+from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, ROLLOUT_TEMPERATURE_KEY, PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
 from ..core.config import SEED_MAX, add_config_arguments, bad_field, config_kwargs_from_args, option, validate
@@ -187,10 +187,11 @@ class EvalConfig:
     prompt_prefix: str | None = option(None, "text before every prompt; None: the model's own (model.prompt_prefix: "
                                        "<|endoftext|> for models our SFT trained, \"\" for RookWorld-LM)")
     seed: int = option(0, "sampling seed and self-play opening randomisation", min=0, max=SEED_MAX)
-    samples: int = option(0, "pass@1 beside greedy: the strict metrics averaged over this many samples per prompt "
+    samples: int = option(4, "pass@1 beside greedy: the strict metrics averaged over this many samples per prompt "
                           "(keys pass@1/<metric>; 4 or more for a steady estimate; 0 = greedy only)", min=0)
-    sample_temperature: float = option(1.0, "temperature of the pass@1 samples (GRPO's rollout temperature)",
-                                       min=0.0, min_open=True)
+    sample_temperature: float | None = option(None, "temperature of the pass@1 samples; None: the rollout temperature "
+                                              "a GRPO export records (rookworld_rollout_temperature), else 1.0",
+                                              min=0.0, min_open=True)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
@@ -202,7 +203,8 @@ class EvalConfig:
         """This config with the layout, prompt prefix and budget resolved: given values win, else the model's."""
         layout = self.layout or layout_of(model)
         prefix = getattr(model, "prompt_prefix", "") if self.prompt_prefix is None else self.prompt_prefix
-        return replace(self, layout=layout, prompt_prefix=prefix,
+        temperature = self.sample_temperature or getattr(model, "meta", {}).get(ROLLOUT_TEMPERATURE_KEY, 1.0)
+        return replace(self, layout=layout, prompt_prefix=prefix, sample_temperature=temperature,
                        max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
 
 

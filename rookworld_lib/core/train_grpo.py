@@ -45,6 +45,8 @@ from .trainer import Trainer, check_export_spares
 
 METRICS_FILE = "grpo_metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
+# The config.json key of a GRPO export's rollout temperature (GPT.meta): sampled evaluations use it
+ROLLOUT_TEMPERATURE_KEY = "rookworld_rollout_temperature"
 # A completions.jsonl row: the step; the group (prompt index within the step); task "P"/"A"; prompt and
 # completion text; reward and advantage; the completion's mean token ratio new/old at its first update
 # and the fraction of its tokens with a ratio outside [1 - clip_eps_low, 1 + clip_eps_high] (null when
@@ -390,8 +392,11 @@ class GRPOTrainer(Trainer):
                     self.full_model.load_state_dict(self.export_model().state_dict())
 
     def export_model(self) -> torch.nn.Module:
-        """The full GPT-2 (the model expanded back from the task vocabulary)."""
-        return self.model if self.vocab is None else self.vocab.expand(self.model, self.outside)
+        """The full GPT-2 (the model expanded back from the task vocabulary), recording the rollout
+        temperature it was trained at (ROLLOUT_TEMPERATURE_KEY: an evaluation samples pass@1 there)."""
+        model = self.model if self.vocab is None else self.vocab.expand(self.model, self.outside)
+        model.meta = {**model.meta, ROLLOUT_TEMPERATURE_KEY: self.cfg.temperature}
+        return model
 
     def encode(self, prompt: str) -> list[int]:
         """A prompt's token ids as the model reads them (compact over a task vocabulary)."""
