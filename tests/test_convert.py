@@ -279,7 +279,7 @@ def test_next_fen_exact_metric_counts_positions(monkeypatch):
            "reward": t.reward, "terminated": 0, "truncated": 0}
     completions = [f"{fen}+0.001+0+0" for fen in spellings] + [f"{wrong.fen()}+0.001+0+0"]
     monkeypatch.setattr(evaluate, "complete", lambda model, prompts, cfg: completions[: len(prompts)])
-    res = evaluate.evaluate_environment(None, [rec, rec, rec], evaluate.EvalConfig(layout="compact"))
+    res = evaluate.evaluate_environment(None, [rec, rec, rec], evaluate.EvalConfig(layout="compact", samples=0))
     assert res["env/next_fen_exact"].value == pytest.approx(2 / 3)
 
 

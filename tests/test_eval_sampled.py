@@ -227,7 +227,7 @@ def test_config_checks_the_sampling_fields():
         ev.EvalConfig(samples=-1)
     with pytest.raises(ValueError, match="EvalConfig.sample_temperature"):
         ev.EvalConfig(sample_temperature=0.0)
-    assert ev.EvalConfig().samples == 0
+    assert ev.EvalConfig().samples == 4  # pass@1 beside greedy unless asked for greedy only (samples=0)
     assert ev.EvalConfig(decoding="greedy", temperature=0.0).temperature == 0.0  # unused by greedy decoding
     with pytest.raises(ValueError, match=r"EvalConfig.temperature must be > 0 for sampled decoding"):
         ev.EvalConfig(decoding="sampled", temperature=0.0)

@@ -19,7 +19,7 @@ from rookworld_lib.lab.plots import learning_curve_figure
 from rookworld_lib.core.train_sft import train_sft
 from rookworld_lib.core.paths import run_lock
 
-EVAL = evaluate.EvalConfig(max_new_tokens=12, batch_size=8, selfplay_games=0)
+EVAL = evaluate.EvalConfig(max_new_tokens=12, batch_size=8, selfplay_games=0, samples=0)  # the greedy curve
 
 
 @pytest.fixture(scope="module")

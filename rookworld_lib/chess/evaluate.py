@@ -265,9 +265,10 @@ def prompt_of(rec: dict, layout: str) -> str:
 def _with_pass_at_1(score, model: GPT, records: list, prompts: list[str], completions: list[str],
                     cfg: EvalConfig) -> dict:
     """score(records, prompts, completions) -> results, for the greedy completions and, with
-    cfg.samples = k, the pass@1 of each strict metric over k samples per prompt (keys `sampled_name`)."""
+    cfg.samples = k, the pass@1 of each strict metric over k samples per prompt (keys `sampled_name`);
+    without a model (completions given to score) there is nothing to sample."""
     out, k = score(records, prompts, completions), cfg.samples
-    if not k:
+    if not k or model is None:
         return out
     per_sample = score([r for r in records for _ in range(k)], [p for p in prompts for _ in range(k)],
                        complete(model, prompts, cfg, samples=k))
