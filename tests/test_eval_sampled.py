@@ -202,6 +202,9 @@ def test_a_pass_at_1_change_is_a_t_interval_even_where_every_share_is_whole():
     assert ev.paired_estimates(before["pass@1/policy/valid"], after["pass@1/policy/valid"], "pass@1/policy/valid") == t
     assert ev.paired_difference([0, 1, 0, 0], [1, 1, 1, 0]) == ev.newcombe_paired([0, 1, 0, 0], [1, 1, 1, 0])
     assert t.low < ev.newcombe_paired([0, 1, 0, 0], [1, 1, 1, 0]).low
+    # none right before or after (pass@1 of exact next positions): not a point at 0, the records' interval
+    none = ev.paired_difference([0.0] * 672, [0.0] * 672, binary=False)
+    assert none.value == 0 and none.low < 0 < none.high and none == ev.newcombe_paired([0] * 672, [0] * 672)
 
 
 def test_pass_at_1_estimate():

@@ -488,9 +488,12 @@ def paired_difference(before: Sequence[float], after: Sequence[float], binary: b
     if bad := [i for i, v in enumerate((*before, *after)) if v is None or not math.isfinite(v)]:
         raise ValueError(f"paired_difference needs finite outcomes: record {bad[0] % len(before)} is "
                          f"{(*before, *after)[bad[0]]!r}")
+    whole = all(v in (0, 1) for v in (*before, *after))
     if binary is None:
-        binary = all(v in (0, 1) for v in (*before, *after))
-    if len(before) >= 2 and binary:
+        binary = whole
+    # shares that are all whole and all unchanged (no sample right, say) leave a t interval no spread to
+    # measure, a point at 0: the records' right/wrong interval stands in
+    if len(before) >= 2 and (binary or (whole and list(before) == list(after))):
         return newcombe_paired([int(v) for v in before], [int(v) for v in after])
     return mean_interval([a - b for a, b in zip(after, before)])
 
