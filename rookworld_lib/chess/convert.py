@@ -105,18 +105,15 @@ def parse_env_line(text: str) -> OriginalEnvLine | str:
 def _disagreement(line: OriginalEnvLine, ref: tasks.EnvTransition) -> str | None:
     """Why the original row differs from python-chess's transition, or None when it agrees."""
     a = line.answer
-    same_fen = tasks.same_position(a.new_fen, ref.new_fen)
-    diff = [name for name, x, y in (("reward", a.reward, ref.reward), ("terminated", a.terminated, ref.terminated),
-                                    ("truncated", a.truncated, ref.truncated)) if x != y]
-    if same_fen and not diff:
+    diff = tasks.transition_differences(ref, new_fen=a.new_fen, reward=a.reward, terminated=a.terminated,
+                                        truncated=a.truncated)
+    if not diff:
         return None
     if ref.kind == "illegal" and a.truncated == 0:
         return "illegal move pushed without a legality check (the original generator's board.push)"
     if a.terminated and not ref.terminated and a.reward == tasks.REWARD_DRAW:
         return "a repetition ending: the position and ten moves of history do not decide it"
-    if not same_fen:
-        diff.insert(0, "new FEN")
-    return f"transition disagrees with python-chess: {', '.join(diff)}"
+    return f"transition disagrees with python-chess: {', '.join(d.replace('new_fen', 'new FEN') for d in diff)}"
 
 
 def convert_line(text: str, *, split: str = "test", ident: str = "0", number: int = 0) -> dict | str:

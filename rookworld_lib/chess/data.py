@@ -229,7 +229,7 @@ def _validate_env(rec, board):
         return f"field 'kind' is {rec['kind']!r} but the move is {'legal' if not wrong else 'illegal'}"
     step = tasks.environment_step(rec["fen"], move, hist[:-1])  # the transition the environment reward checks
     label = (rec["reward"], rec["terminated"], rec["termination"])
-    if not tasks.same_position(step.new_fen, rec["new_fen"]) or label != (step.reward, step.terminated, step.termination):
+    if tasks.transition_differences(step, **{k: rec[k] for k in ("new_fen", "reward", "terminated", "termination")}):
         return (f"fields new_fen/reward/terminated/termination are {rec['new_fen']!r}/{label[0]}/{label[1]}/{label[2]!r}, "
                 f"but the move gives {step.new_fen!r}/{step.reward}/{step.terminated}/{step.termination!r} "
                 "(tasks.environment_step: the position alone decides, so no repetition ends a game)")

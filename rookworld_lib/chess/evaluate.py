@@ -4,8 +4,9 @@ Every rate comes with a Wilson 95% interval and every mean with a Student t one,
 difference can be read against its noise; a pass@1 rate's Wilson interval counts a record's k samples
 as the effective number of independent draws they are worth (:func:`pass_at_1`). A paired change is
 Newcombe's square-and-add interval for a right/wrong metric and a t interval of the per-record
-differences otherwise (:func:`paired_difference`), the records matched by their positions. Completions are decoded in batches by the
-GRPO sampler (greedy by default), in the model's own layout (``training.layout_of(model)``) unless told otherwise.
+differences otherwise (:func:`paired_difference`), the records matched by :func:`record_key`.
+Completions are decoded in batches by the GRPO sampler (greedy by default), in the model's own layout
+(``training.layout_of(model)``) unless told otherwise.
 Positions are compared as positions (:func:`tasks.same_position`), never as strings.
 
 Beside greedy, ``EvalConfig.samples = k`` adds pass@1 for every strict metric (STRICT_METRICS), as
@@ -325,7 +326,8 @@ def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
 def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Valid (the answer's form: a valid FEN, a number and two 0/1 flags, as tasks.parse_env_completion
     reads it, not whether a move could give that reward and those flags), FEN similarity (both FENs in
-    one en-passant convention), and how often each part the environment reward checks is right: next position (:func:`tasks.same_position`), reward, flags.
+    one en-passant convention), and how often each part the environment reward checks is right: next
+    position (:func:`tasks.same_position`), reward, flags.
     With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
     return _with_pass_at_1(_score_environment, model, *_decode(model, records, cfg, env_prompt_of, cfg.max_env), cfg)
 
@@ -538,7 +540,7 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
     both were sampled): both rates, the change with its paired 95% interval, and a plain word on
     whether it moved (up / down: the interval excludes zero; "no resolved change" otherwise). A greedy
     change has Newcombe's paired interval, a pass@1 change (per-record differences of sample shares)
-    a t interval (`paired_difference`). The records are matched by position: two evaluations of other
+    a t interval (`paired_difference`). The records are matched by record_key: two evaluations of other
     records, or in another order, are refused. A pandas DataFrame, one row per metric measured on both sides."""
     import pandas as pd
 

@@ -479,8 +479,8 @@ def _own_env_truth(pp: tasks.EnvParse, truth: EnvTruth) -> EnvTruth:
         ref = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
     except ValueError:  # a move the format cannot hold ('+' or whitespace): no transition to compare
         return truth
-    if not tasks.same_position(truth.new_fen, ref.new_fen) or \
-            (truth.reward, truth.terminated, truth.truncated) != (ref.reward, ref.terminated, ref.truncated):
+    if tasks.transition_differences(ref, new_fen=truth.new_fen, reward=truth.reward, terminated=truth.terminated,
+                                    truncated=truth.truncated):
         raise TruthError(f"the truth (new_fen {truth.new_fen!r}, reward {truth.reward}, terminated {truth.terminated}, "
                          f"truncated {truth.truncated}) is not what the prompt's move {pp.move!r} gives (new_fen "
                          f"{ref.new_fen!r}, reward {ref.reward}, terminated {ref.terminated}, truncated {ref.truncated})")

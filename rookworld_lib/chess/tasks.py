@@ -649,6 +649,13 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
     return legal_transition(fen, move, previous_moves, canonical_fen(board), board.outcome(claim_draw=False))
 
 
+def transition_differences(ref: EnvTransition, **label) -> list[str]:
+    """The fields of a labelled transition (`label`: any of new_fen, reward, terminated, truncated,
+    termination) that differ from the reference `ref` (environment_step's); the next position is
+    compared as a position (same_position), whatever its en-passant spelling."""
+    return [k for k, v in label.items() if not (same_position(v, ref.new_fen) if k == "new_fen" else v == getattr(ref, k))]
+
+
 def legal_transition(fen: str, move: str, previous_moves: Iterable[str], new_fen: str,
                      outcome: chess.Outcome | None) -> EnvTransition:
     """The transition of a legal `move` from `fen`, given the position it reaches and that position's
