@@ -112,9 +112,9 @@ def bench_loader(mode: str, files: list[str], batches: int, batch_size: int, blo
 
     t0 = time.perf_counter()
     if mode == "stream":
-        stream = StreamingPackedStream(files, seed=0, policy_fraction=None, reader=RecordReader())
+        stream = StreamingPackedStream(files, seed=0, reader=RecordReader())
     else:
-        stream = PackedStream(RecordReader().load_texts(files), seed=0, policy_fraction=None)
+        stream = PackedStream(RecordReader().load_texts(files), seed=0)
     ready = time.perf_counter() - t0
     vocab = {}
     if full_pass:  # the task vocabulary's pass: every record of every file read, validated and tokenized once

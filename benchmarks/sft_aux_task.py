@@ -12,7 +12,7 @@ third text task to the `cpu` profile's SFT, built by python-chess alone (no engi
 for the positions of the first --positions train records of --source (P: records, or P: then A:
 records' positions before the move), deduplicated. The P: and A: texts and the val texts are the
 shipped ones, so the val loss compares with the baseline's. The profile's stream draws a P: or an A:
-text with even odds (SFTConfig.policy_fraction 0.5); the auxiliary texts are drawn on the P: side, so
+text with even odds (SFTConfig.task_weights {'P': 0.5, 'A': 0.5}); the auxiliary texts are drawn on the P: side, so
 the same 3,000 steps see the A: texts as often as the baseline does and the P: texts less often. It
 then measures the P: answers on the first --policy test positions with policy_anatomy's measures,
 greedy and sampled, and how many auxiliary answers on 50 test positions are exactly right. An
@@ -100,7 +100,7 @@ def main() -> None:
     letter = TASKS[args.task][0]
     print(f"{n} {letter}: texts, e.g. {aux_text(args.task, chess.STARTING_FEN)}")
     # the stream sorts texts into its P: and A: pools by their task; an auxiliary text joins the P: pool
-    sft_module.task_of = lambda text: "P" if text.startswith(f"{letter}:") else task_of(text)
+    sft_module.task_of = lambda text, tasks: "P" if text.startswith(f"{letter}:") else task_of(text, tasks)
     torch.manual_seed(args.seed)
     start = time.time()
     result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", texts, args.seed))

@@ -39,7 +39,7 @@ def train(loss_type: str) -> tuple[dict, bool]:
     try:
         items = [PromptItem("P", f"P: prompt {i}") for i in range(8)] + [PromptItem("A", f"A: env {i}+") for i in range(8)]
         cfg = GRPOTrainConfig(steps=2, prompts_per_step=4, group_size=4, rollout_chunks=2, max_new_tokens=6,
-                              minibatch_size=8, mu=2, lr=1e-3, seed=3, progress=False,
+                              minibatch_size=8, mu=2, lr=1e-3, seed=3, progress=False, task_weights={"P": 0.5, "A": 0.5},
                               loss=grpo.GRPOConfig(beta=0.04, loss_type=loss_type, max_completion_length=6))
         trainer = GRPOTrainer(initial_model(), items, cfg, reward_funcs=item_reward(reward))
         try:

@@ -72,7 +72,7 @@ def tiny_cfg(out_dir, **kw):
 
     base = dict(model="tiny", model_overrides=TINY_MODEL, block_size=32, batch_size=2, max_steps=6, warmup_steps=2,
                 lr=3e-3, min_lr=3e-4, eval_interval=0, checkpoint_interval=2, out_dir=str(out_dir), progress=False,
-                export_hf=False, deterministic=True, seed=0, device="cpu")
+                export_hf=False, deterministic=True, seed=0, device="cpu", task_weights={"P": 0.5, "A": 0.5})
     return SFTConfig(**{**base, **kw})
 
 

@@ -35,16 +35,17 @@ def test_core_grpo_learns_a_toy_reward(tmp_path):
     yes-reward then drives the sampled reward from about 0.5 to near its maximum of 1."""
     texts = [f"Q: {i} A: {a}" for i in range(64) for a in ("yes", "no")]
     sft = SFTConfig(model="tiny", model_overrides={"block_size": 32}, block_size=32, batch_size=8, max_steps=100,
-                    lr=3e-3, min_lr=3e-4, warmup_steps=5, policy_fraction=None, vocab="task", val_fraction=0.0,
+                    lr=3e-3, min_lr=3e-4, warmup_steps=5, vocab="task", val_fraction=0.0,
                     eval_interval=0, checkpoint_interval=0, export_hf=False, progress=False, report_to="none",
                     out_dir=str(tmp_path / "sft"), seed=0)
     model = train_sft(sft, train_texts=texts).model
-    items = [PromptItem("P", f"Q: {i} A:") for i in range(64)]
-    cfg = GRPOTrainConfig(steps=40, prompts_per_step=4, group_size=4, policy_fraction=1.0, max_new_tokens=3,
+    items = [PromptItem("yes-no", f"Q: {i} A:") for i in range(64)]  # a task of its own name: no chess tag needed
+    cfg = GRPOTrainConfig(steps=40, prompts_per_step=4, group_size=4, max_new_tokens=3,
                           minibatch_size=16, lr=2e-3, loss=grpo.GRPOConfig(beta=0.0), progress=False,
                           report_to="none", seed=0)
     history = GRPOTrainer(model, items, cfg, reward_funcs=says_yes).train()
     rewards = [r["reward"] for r in history]
+    assert [r["rewards/yes-no/mean"] for r in history] == rewards  # the per-task metric, under the task's name
     first, last = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
     assert 0.2 <= first <= 0.8, f"SFT should leave yes and no about even, got a first reward of {first:.2f}"
     assert last >= 0.9, f"GRPO should drive the yes-reward near 1 within 40 steps: {[round(r, 2) for r in rewards]}"
@@ -89,7 +90,7 @@ def tiny_trainer(tmp_path=None, reward_funcs=None, items=None, **kw):
     from rookworld_lib.core.model import GPT, GPTConfig
 
     torch.manual_seed(0)
-    cfg = GRPOTrainConfig(**{**dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+    cfg = GRPOTrainConfig(**{**dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
                                     progress=False, report_to="none", loss=grpo.GRPOConfig(beta=0.0), seed=0,
                                     out_dir=None if tmp_path is None else str(tmp_path)), **kw})
     return GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=32)), items or [PromptItem("P", "Q: 1 A:")] * 2, cfg,
@@ -123,10 +124,11 @@ def test_a_bad_reward_function_or_prompt_is_refused_in_one_line_naming_it():
         tiny_trainer(reward_funcs="abc")
     with pytest.raises(ValueError, match=r"reward_weights must be finite numbers, got \['x'\]"):
         GRPOTrainer(tiny_trainer().model, [PromptItem("P", "Q:")] * 2, tiny_trainer().cfg, says_yes, reward_weights=["x"])
-    with pytest.raises(ValueError, match="prompt 1: task 'math'; .* label a task of your own P and set policy_fraction=1.0"):
-        tiny_trainer(items=[PromptItem("P", "Q: 1 A:"), PromptItem("math", "1+1=")])
-    with pytest.raises(ValueError, match="policy_fraction=0.5 asks for A prompts .* set policy_fraction=1.0"):
-        tiny_trainer(policy_fraction=0.5)
+    with pytest.raises(ValueError, match=r"prompt 1: task 'math', which task_weights \{'P': 1.0\} does not name; give "
+                                         r"it a weight \(0 leaves it out\) or set task_weights=None"):
+        tiny_trainer(items=[PromptItem("P", "Q: 1 A:"), PromptItem("math", "1+1=")], task_weights={"P": 1.0})
+    with pytest.raises(ValueError, match="task_weights gives 'A' a share of 0.5, but no prompt is of that task"):
+        tiny_trainer(task_weights={"P": 0.5, "A": 0.5})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tiny_trainer(reward_funcs=returns([float("nan"), None, None, None])).train()
@@ -246,3 +248,36 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
         assert ck.list_checkpoints(tmp_path / "twice" / "checkpoints") == []  # stopped at once: nothing saved
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_task_weights_mix_any_named_tasks_in_grpo_prompts_and_sft_samples():
+    """The core mixes tasks by name, not by chess's P:/A: tags: GRPO gives each task its weight's share
+    of a step's prompts (two tasks: round(n * share of the first), the rule the trainer has always
+    used; a weight of 0 leaves a task out; None: one pool), and SFT's stream draws each sample's task
+    with those odds (a binomial 5-sigma band over 4,000 samples)."""
+    import random
+
+    import numpy as np
+
+    from rookworld_lib.core.train_grpo import PromptSampler
+    from rookworld_lib.core.train_sft import PackedStream
+
+    items = [PromptItem(t, f"{t}: {i}") for t in ("sum", "sort", "copy") for i in range(5)]
+    sampler = PromptSampler(items, {"sum": 2, "sort": 1, "copy": 1}, seed=0)
+    assert sampler.counts(8) == {"sum": 4, "sort": 2, "copy": 2} and sampler.tasks == ["sum", "sort", "copy"]
+    assert [i.task for i in sampler.draw(8)] == ["sum"] * 4 + ["sort"] * 2 + ["copy"] * 2
+    assert PromptSampler(items, {"sum": 1, "sort": 0, "copy": 1}, seed=0).counts(5) == {"sum": 2, "sort": 0, "copy": 3}
+    rng = random.Random(0)
+    for _ in range(500):
+        f, n = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0, rng.random()]), rng.randint(1, 64)
+        counts = PromptSampler(items[:10], {"sum": f, "sort": 1 - f}, seed=0).counts(n)
+        assert counts == {"sum": round(n * f), "sort": n - round(n * f)}, (f, n)
+    one_pool = PromptSampler(items, None, seed=0)
+    assert one_pool.tasks == ["sum", "sort", "copy"] and len(set(i.prompt for i in one_pool.draw(15))) == 15
+
+    texts = [f"{t}: {i} {'x' * (i % 7)}" for t in ("sum", "sort", "copy") for i in range(40)]
+    stream = PackedStream(texts, seed=1, task_weights={"sum": 0.6, "sort": 0.3, "copy": 0.1})
+    n = 4000
+    drawn = np.bincount([stream._pool_of(k) for k in range(n)], minlength=3) / n
+    for share, want in zip(drawn, (0.6, 0.3, 0.1)):
+        assert abs(share - want) < 5 * (want * (1 - want) / n) ** 0.5, drawn

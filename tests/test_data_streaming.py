@@ -10,11 +10,12 @@ import torch
 from sft_helpers import math_fields, tiny_cfg
 
 from rookworld_lib.chess import data
-from rookworld_lib.chess.training import RecordReader
+from rookworld_lib.chess.training import RecordReader, task_weights
 from rookworld_lib.core import train_sft as sft
 from rookworld_lib.core.tokenizer import EOT_ID, get_tokenizer
 
 READER = RecordReader()  # the shards hold datagen records (compact layout)
+HALF = task_weights()  # P: and A: samples with even odds, as every profile mixes them
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +53,16 @@ def test_stream_yields_the_same_samples_as_the_in_memory_loader(shards):
     assert list(READER.iter_texts(shards)) == texts
     # a buffer of one: each epoch is every sample once, the files in a seeded order
     n_batches = sum(len(t) for t in get_tokenizer().encode_batch(texts)) // 256 + len(texts) // 200 + 5
-    epoch = _samples(sft.StreamingPackedStream(shards, reader=READER, seed=3, policy_fraction=None, buffer=1), n_batches)
+    epoch = _samples(sft.StreamingPackedStream(shards, reader=READER, seed=3, buffer=1), n_batches)
     assert Counter(epoch[:len(texts)]) == Counter(texts) and epoch[:len(texts)] != texts
-    mixed = _samples(sft.StreamingPackedStream(shards, reader=READER, seed=3, policy_fraction=0.5, buffer=64), 150)
+    mixed = _samples(sft.StreamingPackedStream(shards, reader=READER, seed=3, task_weights=HALF, buffer=64), 150)
     assert set(mixed) <= set(texts)
     assert 0.4 < sum(t.startswith("P:") for t in mixed) / len(mixed) < 0.6
 
 
 def test_stream_is_deterministic_given_the_seed_and_shuffles(shards):
     def first(seed, buffer=64):
-        return _samples(sft.StreamingPackedStream(shards, reader=READER, seed=seed, policy_fraction=None, buffer=buffer), 20)
+        return _samples(sft.StreamingPackedStream(shards, reader=READER, seed=seed, buffer=buffer), 20)
 
     assert first(1) == first(1)
     assert first(1) != first(2)
@@ -69,22 +70,22 @@ def test_stream_is_deterministic_given_the_seed_and_shuffles(shards):
 
 
 def test_stream_resumes_at_its_position(shards):
-    a = sft.StreamingPackedStream(shards, reader=READER, seed=5, policy_fraction=0.5, buffer=32)
+    a = sft.StreamingPackedStream(shards, reader=READER, seed=5, task_weights=HALF, buffer=32)
     for _ in range(7):
         a.next_batch(3, 50)
     state = a.state_dict()
     expected = [a.next_batch(3, 50) for _ in range(5)]
-    b = sft.StreamingPackedStream(shards, reader=READER, seed=5, policy_fraction=0.5, buffer=32)
+    b = sft.StreamingPackedStream(shards, reader=READER, seed=5, task_weights=HALF, buffer=32)
     b.load_state_dict(state)
     for (x, y), (bx, by) in zip(expected, (b.next_batch(3, 50) for _ in range(5))):
         assert torch.equal(x, bx) and torch.equal(y, by)
     with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
-        sft.StreamingPackedStream(shards, reader=READER, seed=6, policy_fraction=0.5, buffer=32).load_state_dict(state)
+        sft.StreamingPackedStream(shards, reader=READER, seed=6, task_weights=HALF, buffer=32).load_state_dict(state)
 
 
 def test_stream_task_vocabulary_is_the_in_memory_one(shards):
-    in_memory = sft.PackedStream(READER.load_texts(shards), seed=0, policy_fraction=0.5)
-    streamed = sft.StreamingPackedStream(shards, reader=READER, seed=0, policy_fraction=0.5)
+    in_memory = sft.PackedStream(READER.load_texts(shards), seed=0, task_weights=HALF)
+    streamed = sft.StreamingPackedStream(shards, reader=READER, seed=0, task_weights=HALF)
     assert streamed.token_ids().tolist() == in_memory.token_ids().tolist()
 
 
@@ -93,12 +94,12 @@ def test_stream_names_a_bad_line_when_it_reaches_it_and_empty_pools(tmp_path, sh
     recs = data.load_split("P", "val")[:3]
     with gzip.open(bad, "wt") as f:
         f.write(json.dumps(recs[0]) + "\n" + json.dumps({**recs[1], "best": "a1a1"}) + "\n")
-    stream = sft.StreamingPackedStream([str(bad)], reader=READER, seed=0, policy_fraction=None, buffer=1)
+    stream = sft.StreamingPackedStream([str(bad)], reader=READER, seed=0, buffer=1)
     with pytest.raises(data.DataFormatError, match=rf"{bad}:2: field 'best'"):
         for _ in range(10):
             stream.next_batch(2, 64)
-    with pytest.raises(ValueError, match="needs A: samples"):
-        sft.StreamingPackedStream([shards[0]], reader=READER, seed=0, policy_fraction=0.5)
+    with pytest.raises(ValueError, match="gives 'A' a share of 0.5, but the train data has no sample"):
+        sft.StreamingPackedStream([shards[0]], reader=READER, seed=0, task_weights=HALF)
 
 
 def test_sft_trains_from_a_stream_with_the_task_vocabulary_and_resumes(tmp_path, shards):
@@ -113,7 +114,7 @@ def test_sft_trains_from_a_stream_with_the_task_vocabulary_and_resumes(tmp_path,
         "checkpoint_interval")}), reader=READER)
     assert [r["step"] for r in resumed.history] == [3, 4]
     assert math_fields(resumed.history) == math_fields(straight.history[-2:])
-    in_memory = sft.PackedStream(READER.load_texts(shards + val), seed=0, policy_fraction=0.5)
+    in_memory = sft.PackedStream(READER.load_texts(shards + val), seed=0, task_weights=HALF)
     assert sft.SFTTrainer(tiny_cfg(tmp_path / "v", train_data=shards, val_data=val, stream=True,
                                    vocab="task"), reader=READER).vocab.ids.tolist() == in_memory.token_ids().tolist()
     with pytest.raises(ValueError, match="stream=True holds no samples back for val"):

@@ -261,7 +261,7 @@ def test_an_evaluation_samples_pass_at_1_at_the_rollout_temperature_the_export_r
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=64))
     assert ev.EvalConfig().for_model(model).sample_temperature == 1.0
-    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
                           temperature=0.3, progress=False, report_to="none", seed=0, out_dir=str(tmp_path / "grpo"))
     trainer = GRPOTrainer(model, [PromptItem("P", "P: 1")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions))
     trainer.train()

@@ -309,7 +309,7 @@ def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=32))
     for name, temperature, budget in (("older", 0.7, 3), ("newer", 0.3, 2)):
-        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=budget, policy_fraction=1.0,
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=budget,
                               temperature=temperature, progress=False, report_to="none", seed=0,
                               out_dir=str(tmp_path / name / "grpo"))
         GRPOTrainer(model, [PromptItem("P", "Q: 1 A:")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions)).train()
@@ -318,7 +318,7 @@ def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
     from rookworld_lib.chess.training import reward_functions  # a run of one of the chess rewards: named
     for variant in ("gated", "graded"):
         funcs, weights = reward_functions(variant)
-        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, policy_fraction=1.0,
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2,
                               progress=False, report_to="none", seed=0, out_dir=str(tmp_path / variant / "grpo"))
         recs = data.load_split("P", "test").records[:2]
         GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), [PromptItem("P", r["prompt"], r) for r in recs], cfg,

@@ -332,7 +332,7 @@ def test_engine_killed_mid_grpo_step_every_reward_arrives():
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128))
-    cfg = tg.GRPOTrainConfig(steps=1, prompts_per_step=4, group_size=2, policy_fraction=1.0, max_new_tokens=4,
+    cfg = tg.GRPOTrainConfig(steps=1, prompts_per_step=4, group_size=2, max_new_tokens=4,
                              minibatch_size=8, lr=1e-3, progress=False, seed=0)
     trainer = tg.GRPOTrainer(model, items, cfg, reward_funcs=item_reward(reward_fn))
     restarts = pool.restarts
@@ -752,7 +752,7 @@ def tiny_grpo(**kw):
     items = [tg.PromptItem("P", f"P: prompt {i}") for i in range(4)] + [tg.PromptItem("A", f"A: env {i}+")
                                                                          for i in range(4)]
     cfg = tg.GRPOTrainConfig(**{**dict(steps=4, prompts_per_step=2, group_size=4, max_new_tokens=6, minibatch_size=8,
-                                       mu=1, lr=1e-3, seed=0, progress=False), **kw})
+                                       mu=1, lr=1e-3, seed=0, progress=False, task_weights={"P": 0.5, "A": 0.5}), **kw})
     return model, items, cfg
 
 

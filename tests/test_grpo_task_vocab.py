@@ -87,7 +87,7 @@ def test_grpo_over_the_task_vocabulary_trains_as_the_full_loop(tmp_path, beta):
     """Same seed, same samples and rewards, the same weights after the updates (the pinned coordinate,
     which the task-vocabulary loop holds, aside); the export is a full GPT-2 again."""
     items = [PromptItem("P", f"Q: {i} A:") for i in range(20)]
-    cfg = GRPOTrainConfig(steps=3, prompts_per_step=4, group_size=4, policy_fraction=1.0, max_new_tokens=4,
+    cfg = GRPOTrainConfig(steps=3, prompts_per_step=4, group_size=4, max_new_tokens=4,
                           minibatch_size=8, lr=1e-3, loss=grpo.GRPOConfig(beta=beta), progress=False,
                           report_to="none", seed=3, temperature=0.9)
     runs = {}
@@ -124,7 +124,7 @@ def test_an_unmarked_model_opts_in_with_a_given_vocabulary(tmp_path):
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=32)).eval()
     items = [PromptItem("P", f"Q: {i} A:") for i in range(8)]
-    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, policy_fraction=1.0, max_new_tokens=3,
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=3,
                           minibatch_size=4, progress=False, report_to="none", vocab="task")
     with pytest.raises(ValueError, match="marks no task vocabulary"):
         GRPOTrainer(model, items, cfg, reward_funcs=toy_reward)

@@ -273,10 +273,10 @@ def test_a_model_over_another_vocabulary_is_named_before_it_samples_or_trains(tm
         with pytest.raises(ValueError, match=message + ".* cannot be sampled"):
             evaluate.complete(model, [data.load_split("P", "test").records[0]["prompt"]], evaluate.EvalConfig())
         with pytest.raises(ValueError, match=message):
-            GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(policy_fraction=1.0, progress=False),
+            GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(progress=False),
                         reward_funcs=lambda completions, **_: [0.0] * len(completions))
     cfg = SFTConfig(init_from=str(tmp_path / "1000"), block_size=32, out_dir=str(tmp_path / "sft"), max_steps=1,
-                    warmup_steps=0, policy_fraction=None, val_fraction=0.0, eval_interval=0, progress=False, report_to="none")
+                    warmup_steps=0, val_fraction=0.0, eval_interval=0, progress=False, report_to="none")
     with pytest.raises(ValueError, match=r"vocab_size 1000: .* cannot be trained on them"):
         train_sft(cfg, train_texts=["P: a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 64)
 
@@ -295,7 +295,7 @@ def test_a_run_whose_export_would_overwrite_the_model_it_starts_from_is_refused(
     SFTConfig(init_from=str(tmp_path / "w" / "final"), block_size=32, out_dir=str(tmp_path / "w"), export_hf=False)
     with pytest.raises(ValueError, match=message):
         GRPOTrainer(GPT.from_pretrained(tmp_path / "w" / "final"), [PromptItem("P", "Q:")] * 2,
-                    GRPOTrainConfig(policy_fraction=1.0, out_dir=str(tmp_path / "w"), progress=False),
+                    GRPOTrainConfig(out_dir=str(tmp_path / "w"), progress=False),
                     reward_funcs=lambda completions, **_: [0.0] * len(completions), init_from=str(tmp_path / "w" / "final"))
     assert (tmp_path / "w" / "final" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["final"]
@@ -341,7 +341,7 @@ def test_a_model_folder_with_another_tokenizer_is_refused_where_ours_would_misre
     with pytest.raises(ValueError, match=message):
         evaluate.complete(model, ["P: 8/8/8/8/8/8/8/8 w - - 0 1"], evaluate.EvalConfig())
     with pytest.raises(ValueError, match=message):
-        GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(policy_fraction=1.0, progress=False),
+        GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(progress=False),
                     reward_funcs=lambda completions, **_: [0.0] * len(completions))
     hub = transformers.GPT2TokenizerFast(tokenizer_object=Tokenizer.from_file(str(tmp_path / "ours" / "tokenizer.json")))
     hub.save_pretrained(tmp_path / "hub")  # GPT-2's tokenizer written by transformers (other bytes than ours)

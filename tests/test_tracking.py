@@ -14,7 +14,7 @@ from rookworld_lib.core import grpo
 from rookworld_lib.chess import rewards
 from rookworld_lib.chess.data import data_file, load_jsonl
 from rookworld_lib.core.model import GPT, GPTConfig
-from rookworld_lib.chess.training import chess_reward, prompt_items
+from rookworld_lib.chess.training import chess_reward, prompt_items, task_weights
 from rookworld_lib.core.train_grpo import (COMPLETION_KEYS, COMPLETIONS_FILE, METRICS_FILE, GRPOTrainConfig, GRPOTrainer,
                                            completions_markdown)
 from rookworld_lib.core.train_sft import SFTTrainer
@@ -109,7 +109,7 @@ def test_completion_rows_carry_the_chess_rewards_of_their_text():
     score = {"P": rewards.score_policy, "A": rewards.score_environment}
     torch.manual_seed(0)
     cfg = GRPOTrainConfig(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=12, minibatch_size=16,
-                          loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
+                          loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False, task_weights=task_weights())
     trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=128)), prompt_items(records), cfg,
                           reward_funcs=chess_reward)  # chess rewards
     trainer.train_step()

@@ -26,7 +26,7 @@ def make(cfg_kw=None, reward=toy_reward):
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=64))
     kw = dict(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=3e-3, minibatch_size=16,
-              loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
+              loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False, task_weights={"P": 0.5, "A": 0.5})
     kw.update(cfg_kw or {})
     return GRPOTrainer(model, toy_items(), GRPOTrainConfig(**kw), reward_funcs=item_reward(reward))
 
@@ -110,7 +110,7 @@ def test_dynamic_sampling_drops_tied_groups():
     assert all(i.task == "A" for i in trainer.last_batch.items)
 
 
-@pytest.mark.parametrize("field,value", [("group_size", 1), ("policy_fraction", 1.5), ("scale_rewards", "z"),
+@pytest.mark.parametrize("field,value", [("group_size", 1), ("task_weights", {"P": -1.0}), ("scale_rewards", "z"),
                                          ("mu", 0), ("temperature", 0.0), ("lr", float("inf")),
                                          ("weight_decay", float("nan")), ("grad_clip", float("nan")),
                                          ("min_lr_ratio", float("nan")), ("top_p", 0.0), ("lr", "1e-5"),
@@ -196,6 +196,7 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     assert make({**cfg, "steps": 2, "cudnn_attention": False}).resumed_from is not None
     assert set(RESUME_MAY_CHANGE) <= {f.name for f in dataclasses.fields(GRPOTrainConfig)}
     for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"),
+                         ({"task_weights": {"P": 0.75, "A": 0.25}}, r"task_weights\.A: 0\.5 -> 0\.25, task_weights\.P"),
                          ({"loss": grpo.GRPOConfig(beta=0.0, loss_type="dr_grpo", max_completion_length=4)}, r"loss\.loss_type: 'grpo' -> 'dr_grpo', loss\.max_completion_length")):
         with pytest.raises(ValueError, match=rf"other settings \({name}: "):
             make({**cfg, **change})
@@ -204,7 +205,8 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     with pytest.raises(ValueError, match=r"other settings \(prompts: "):
         GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), other_prompts,
                     GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
-                                       "loss": grpo.GRPOConfig(beta=0.0)}), reward_funcs=item_reward(toy_reward))
+                                       "loss": grpo.GRPOConfig(beta=0.0), "task_weights": {"P": 0.5, "A": 0.5}}),
+                    reward_funcs=item_reward(toy_reward))
     # a checkpoint of another kind (here: relabelled as SFT) is refused by kind
     path = ck.latest_checkpoint(tmp_path / "run" / "checkpoints")
     state = ck.load_checkpoint(path)

@@ -19,6 +19,8 @@ from rookworld_lib.core.train_sft import PackedStream, SFTConfig, SFTTrainer, tr
 from rookworld_lib.core.errors import NonFiniteError
 from rookworld_lib.core.train_utils import read_metrics
 
+HALF = training.task_weights()  # P: and A: samples with even odds, as every profile mixes them
+
 
 # ---- config -----------------------------------------------------------------------------------
 
@@ -29,7 +31,10 @@ from rookworld_lib.core.train_utils import read_metrics
     (dict(model_overrides={"gradient_checkpointing": True}), r"SFTConfig\.model_overrides .*activation_checkpointing"),
     (dict(init_from="/no/such/dir"), r"SFTConfig\.init_from"),
     (dict(train_data=("/no/such/file.jsonl",)), r"SFTConfig\.train_data .*do not exist"),
-    (dict(policy_fraction=1.5), r"SFTConfig\.policy_fraction must be a finite number in \[0\.0, 1\.0\]"),
+    (dict(task_weights={"P": 1.5, "A": -0.5}), r"SFTConfig\.task_weights\['A'\] must be a finite number >= 0, got -0\.5"),
+    (dict(task_weights={"P": 0, "A": 0.0}), r"SFTConfig\.task_weights must give some task a weight above 0"),
+    (dict(task_weights={}), r"SFTConfig\.task_weights must be a non-empty dict"),
+    (dict(task_weights={"P": float("nan")}), r"SFTConfig\.task_weights\['P'\] must be a finite number"),
     (dict(val_fraction=1.0), r"SFTConfig\.val_fraction"),
     (dict(block_size=1024), r"SFTConfig\.block_size must be <= the model's block_size 256"),
     (dict(batch_size=0), r"SFTConfig\.batch_size must be an integer >= 1, got 0"),
@@ -79,7 +84,7 @@ def stream_tokens(stream, n_batches, B=2, T=16):
 
 
 def test_packing_puts_an_eot_before_every_sample_and_targets_every_token_once():
-    stream = PackedStream(TEXTS, seed=0, policy_fraction=None)
+    stream = PackedStream(TEXTS, seed=0)
     n = stream.n_tokens
     x, y = stream_tokens(stream, n_batches=n // 32 + 2)
     assert torch.equal(x[1:], y[:-1])  # y is x shifted by one, across rows and batches
@@ -93,15 +98,15 @@ def test_packing_puts_an_eot_before_every_sample_and_targets_every_token_once():
 
 
 def test_packing_is_deterministic_given_the_seed():
-    a = stream_tokens(PackedStream(TEXTS, seed=1, policy_fraction=0.5), 6)[0]
-    b = stream_tokens(PackedStream(TEXTS, seed=1, policy_fraction=0.5), 6)[0]
-    c = stream_tokens(PackedStream(TEXTS, seed=2, policy_fraction=0.5), 6)[0]
+    a = stream_tokens(PackedStream(TEXTS, seed=1, task_weights=HALF), 6)[0]
+    b = stream_tokens(PackedStream(TEXTS, seed=1, task_weights=HALF), 6)[0]
+    c = stream_tokens(PackedStream(TEXTS, seed=2, task_weights=HALF), 6)[0]
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
 def test_packing_follows_the_task_mix():
     texts = [f"P: p{i}" for i in range(5)] + [f"A: a{i}" for i in range(50)]
-    stream = PackedStream(texts, seed=3, policy_fraction=0.8)
+    stream = PackedStream(texts, seed=3, task_weights={"P": 0.8, "A": 0.2})
     x, _ = stream_tokens(stream, 60, B=4, T=64)
     samples = [s for s in get_tokenizer().decode(x.tolist()).split(EOT_TOKEN)[1:-1]]
     share = sum(s.startswith("P:") for s in samples) / len(samples)
@@ -109,28 +114,28 @@ def test_packing_follows_the_task_mix():
 
 
 def test_packing_position_saves_and_restores_exactly():
-    stream = PackedStream(TEXTS, seed=0, policy_fraction=0.5)
+    stream = PackedStream(TEXTS, seed=0, task_weights=HALF)
     stream_tokens(stream, 7, T=24)
     state = json.loads(json.dumps(stream.state_dict()))  # plain data
     expected = stream_tokens(stream, 5, T=24)
-    other = PackedStream(TEXTS, seed=0, policy_fraction=0.5)
+    other = PackedStream(TEXTS, seed=0, task_weights=HALF)
     other.load_state_dict(state)
     got = stream_tokens(other, 5, T=24)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
-        PackedStream(TEXTS[:-1], seed=0, policy_fraction=0.5).load_state_dict(state)
+        PackedStream(TEXTS[:-1], seed=0, task_weights=HALF).load_state_dict(state)
     with pytest.raises(ValueError, match="differ"):
-        PackedStream(TEXTS, seed=1, policy_fraction=0.5).load_state_dict(state)
+        PackedStream(TEXTS, seed=1, task_weights=HALF).load_state_dict(state)
 
 
 def test_packing_input_errors():
-    with pytest.raises(ValueError, match=r"train sample 1 starts with 'hello world'.*'P:' or 'A:'"):
-        PackedStream(["P: x", "hello world"], seed=0, policy_fraction=0.5)
-    with pytest.raises(ValueError, match="needs A: samples"):
-        PackedStream(["P: x"], seed=0, policy_fraction=0.5)
+    with pytest.raises(ValueError, match=r"train sample 1 starts with 'hello world'.*'P: ' or 'A: '"):
+        PackedStream(["P: x", "hello world"], seed=0, task_weights=HALF)
+    with pytest.raises(ValueError, match="task_weights gives 'A' a share of 0.5, but the train data has no sample that starts with 'A: '"):
+        PackedStream(["P: x"], seed=0, task_weights=HALF)
     with pytest.raises(ValueError, match="train data is empty"):
         PackedStream([], seed=0)
-    PackedStream(["P: x"], seed=0, policy_fraction=1.0)  # all-P is fine without A:
+    PackedStream(["P: x"], seed=0, task_weights={"P": 1.0, "A": 0.0})  # all-P is fine without A:
     s = PackedStream(["P: x" + EOT_TOKEN], seed=0)  # a trailing EOT is not doubled
     assert s.next_batch(1, 4)[0].tolist()[0].count(EOT_ID) == 1
 
@@ -422,6 +427,11 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
 
     assert main(["sft", *argv[:-2], "--batch-size", "0"]) == 1  # rookworld sft: errors in one line
     assert "SFTConfig.batch_size (--batch-size) must be an integer >= 1" in capsys.readouterr().err
+    assert main(["sft", *argv[:-2], "--policy-fraction", "1.5"]) == 1
+    assert "policy_fraction (--policy-fraction) must be a number in [0, 1] or None, got 1.5" in capsys.readouterr().err
+    for given, weights in ((None, {"P": 0.5, "A": 0.5}), ("0.75", {"P": 0.75, "A": 0.25}), ("none", None)):
+        args = training.build_sft_parser().parse_args(argv + ([] if given is None else ["--policy-fraction", given]))
+        assert training._sft_config_from_args(args)[0].task_weights == weights  # the chess P:/A: mix, in core terms
     monkeypatch.setattr(training.data, "split_paths", lambda split, data_dir=None: ())  # as before `rookworld datagen` has run
     assert main(["sft", "--model", "tiny"]) == 1
     assert "--train-data" in capsys.readouterr().err
@@ -457,7 +467,7 @@ def test_sft_takes_prompt_completion_records_as_trl_writes_them(tmp_path):
     """train_texts (and data files) may hold TRL's prompt-completion records, trained on as prompt +
     completion: the same packed stream as the texts; anything else is refused naming the sample."""
     cfg = SFTConfig(model="tiny", model_overrides={"block_size": 32}, block_size=32, batch_size=2, max_steps=1, warmup_steps=0,
-                    policy_fraction=None, val_fraction=0.0, eval_interval=0, export_hf=False, progress=False,
+                    val_fraction=0.0, eval_interval=0, export_hf=False, progress=False,
                     report_to="none", checkpoint_interval=0, out_dir=str(tmp_path / "a"), seed=0)
     texts = [f"Q: {i} A: {'yes' if i % 2 else 'no'}" for i in range(32)]
     records = [{"prompt": t[:t.index("A:")], "completion": t[t.index("A:"):]} for t in texts]

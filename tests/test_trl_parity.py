@@ -362,7 +362,7 @@ def test_the_trainers_logged_rewards_are_trls(aggregation):
             reward.__name__ = names[k]
             return reward
         torch.manual_seed(0)
-        cfg = GRPOTrainConfig(steps=1, prompts_per_step=3, group_size=4, max_new_tokens=2, policy_fraction=1.0,
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=3, group_size=4, max_new_tokens=2,
                               multi_objective_aggregation=aggregation, progress=False, report_to="none", seed=0,
                               loss=GRPOConfig(beta=0.0))
         trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=32)), [PromptItem("P", f"Q: {i}") for i in range(3)],

@@ -43,11 +43,12 @@ from dataclasses import dataclass
 
 import chess
 
-from ..core.tokenizer import task_of  # noqa: F401  (the P:/A: tag of a prompt: tasks.task_of)
+from ..core import tokenizer
 
 EOT = "<|endoftext|>"
 POLICY_PREFIX = "P: "
 ENV_PREFIX = "A: "
+TASKS = ("P", "A")  # the two tasks' tags: a text "P: ..." is a policy sample or prompt, "A: ..." an environment one
 MAX_CANDIDATES = 5
 HISTORY_LEN = 10
 LAYOUTS = ("compact", "original")
@@ -81,6 +82,11 @@ _MATE_RE = re.compile(r"([+-]?)[M#]([1-9]\d{0,2})")
 
 
 # --- Small helpers ---
+
+def task_of(text: str) -> str | None:
+    """The task of a sample or prompt text: "P", "A", or None when it is neither."""
+    return tokenizer.task_of(text, TASKS)
+
 
 def is_uci_syntax(text: str) -> bool:
     """True for a well-formed UCI move string (``e2e4``, ``e7e8q``); says nothing of legality."""

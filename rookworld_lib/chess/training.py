@@ -23,7 +23,6 @@ from ..core.paths import DataFormatError, json_lines
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, check_world_size
 from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
-from ..core.tokenizer import TASKS
 from ..core.task_vocab import TaskVocab, outside_logmass
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_utils import setup_runtime
@@ -40,6 +39,17 @@ ORDER_KEY = "rookworld_candidate_order"
 # data); "uci": sorted by move text, which breaks the greedy loop on the best candidate
 # (docs/grpo.md, section 4).
 CANDIDATE_ORDERS = ("layout", "uci")
+POLICY_FRACTION = 0.5  # every profile's and command's share of P: samples and prompts (the rest A:)
+
+
+def task_weights(policy_fraction: float | None = POLICY_FRACTION) -> dict[str, float] | None:
+    """The core's task_weights (SFTConfig, GRPOTrainConfig) for a share of P: samples or prompts, the rest
+    A:; None: SFT keeps the data's own mix and GRPO draws from all prompts as one pool."""
+    if policy_fraction is None:
+        return None
+    if isinstance(policy_fraction, bool) or not isinstance(policy_fraction, (int, float)) or not 0 <= policy_fraction <= 1:
+        raise ValueError(f"policy_fraction (--policy-fraction) must be a number in [0, 1] or None, got {policy_fraction!r}")
+    return {"P": float(policy_fraction), "A": 1.0 - policy_fraction}
 
 
 # -- a model's layout ------------------------------------------------------------------------------
@@ -137,7 +147,7 @@ class RecordReader(TextReader):
         return texts
 
     def _text(self, rec: dict, path: Path) -> str:
-        if rec["task"] not in TASKS:
+        if rec["task"] not in tasks.TASKS:
             raise DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
         if self.order == "uci" and rec["task"] == "P":
             moves, evals = zip(*sorted(zip(rec["moves"], rec["evals"])))
@@ -157,7 +167,7 @@ def _holds_records(path: Path) -> bool:
 
 def prompt_items(records, layout: str = "compact") -> list[PromptItem]:
     """PromptItems from data-set records (rookworld_lib.chess.data), each carrying its record as truth."""
-    return [PromptItem(r["task"], data.record_text(r, layout)[0], r) for r in records if r["task"] in TASKS]
+    return [PromptItem(r["task"], data.record_text(r, layout)[0], r) for r in records if r["task"] in tasks.TASKS]
 
 
 def data_vocab(records, layout: str = "compact") -> TaskVocab:
@@ -213,10 +223,10 @@ def policy_weights(variant: str = "graded"):
 def train_records(data_dir=None) -> list[dict]:
     """The P: and A: training records of a data directory (plain, .gz or sharded files); either task
     may be absent (a converted original set may hold one task only), not both."""
-    present = [task for task in TASKS if data.split_files(task, "train", data_dir)]
+    present = [task for task in tasks.TASKS if data.split_files(task, "train", data_dir)]
     if not present:
         raise ValueError(f"{Path(data_dir or data.DATA_DIR)}: no training data: no "
-                         + " and no ".join(data.looked_for(task, "train") for task in TASKS)
+                         + " and no ".join(data.looked_for(task, "train") for task in tasks.TASKS)
                          + " (rookworld datagen or rookworld convert --split train writes them)")
     return [r for task in present for r in data.load_split(task, "train", data_dir).records]
 
@@ -243,10 +253,19 @@ def build_sft_parser() -> argparse.ArgumentParser:
                         "not given, else val_fraction of the training samples)",
             "model": f"GPTConfig preset of a scratch start (default: {SFTConfig.model!r}); --init-from trains "
                      "the model in DIR, whatever its shape"}
-    add_config_arguments(ap, SFTConfig, help_overrides=docs,
+    _add_policy_fraction(ap, "samples in the packed stream")
+    add_config_arguments(ap, SFTConfig, help_overrides=docs, skip=("task_weights",),
                          metavars={"train_data": "FILE", "val_data": "FILE", "init_from": "DIR", "out_dir": "DIR"})
     ap.set_defaults(model=None)  # given or not: with --init-from it is refused (see _sft_config_from_args)
     return ap
+
+
+def _add_policy_fraction(ap: argparse.ArgumentParser, what: str) -> None:
+    def share(text: str) -> float | None:
+        return None if text.lower() in ("none", "null") else float(text)
+    ap.add_argument("--policy-fraction", type=share, default=POLICY_FRACTION, metavar="F",
+                    help=f"share of P: {what}, the rest A: (the core's task_weights {{'P': F, 'A': 1 - F}}); none: "
+                         f"one pool, the data's own mix (default: {POLICY_FRACTION})")
 
 
 def check_train_split(paths) -> None:
@@ -262,7 +281,8 @@ def check_train_split(paths) -> None:
 
 
 def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordReader]:
-    kwargs = config_kwargs_from_args(SFTConfig, args)
+    kwargs = {**config_kwargs_from_args(SFTConfig, args, skip=("task_weights",)),
+              "task_weights": task_weights(args.policy_fraction)}
     if kwargs["model"] is None:
         del kwargs["model"]
     elif kwargs["init_from"] != "scratch":
@@ -328,7 +348,8 @@ def build_grpo_parser() -> argparse.ArgumentParser:
                     help="graded (every profile's): one reward function per policy component, each counting in "
                          "every answer and logged as rewards/P/<component>/mean; gated: one format-gated reward "
                          "(rewards.score): alike on a model that reads the board, worse on the cpu profile's (docs/grpo.md)")
-    add_config_arguments(ap, GRPOTrainConfig, skip=("loss",), metavars={"out_dir": "DIR"},
+    _add_policy_fraction(ap, "prompts of each step")
+    add_config_arguments(ap, GRPOTrainConfig, skip=("loss", "task_weights"), metavars={"out_dir": "DIR"},
                          help_overrides={"out_dir": "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ "
                                                     "go here (required)",
                                          "max_new_tokens": "completion budget (default: the layout's, "
@@ -345,8 +366,9 @@ def _grpo_config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, s
         raise ValueError("give an output directory: --out DIR")
     given = args.max_new_tokens
     # the run's config first: its checks (max_new_tokens >= 1, as eval's) name the field the user set
-    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss",)),
-                             "max_new_tokens": 1 if given is None else given})
+    cfg = GRPOTrainConfig(**{**config_kwargs_from_args(GRPOTrainConfig, args, skip=("loss", "task_weights")),
+                             "max_new_tokens": 1 if given is None else given,
+                             "task_weights": task_weights(args.policy_fraction)})
     loss = grpo.GRPOConfig(**config_kwargs_from_args(grpo.GRPOConfig, args, skip=("temperature", "max_completion_length")),
                            max_completion_length=cfg.max_new_tokens, temperature=args.temperature)
     layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)

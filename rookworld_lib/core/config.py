@@ -79,6 +79,22 @@ def bad_field(cls_name: str, name: str, value: Any, why: str):
     raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
 
 
+def check_weights(cfg, name: str) -> None:
+    """cfg.name, unless None, must map task names to finite weights >= 0, at least one of them above 0."""
+    value, cls = getattr(cfg, name), type(cfg).__name__
+    if value is None:
+        return
+    if not isinstance(value, dict) or not value:
+        bad_field(cls, name, value, "must be a non-empty dict {task: weight}, or None")
+    for task, w in value.items():
+        if not isinstance(task, str) or not task:
+            bad_field(cls, name, value, f"must name each task by a non-empty string, not {task!r}")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            bad_field(cls, f"{name}[{task!r}]", w, "must be a finite number >= 0")
+    if not any(value.values()):
+        bad_field(cls, name, value, "must give some task a weight above 0")
+
+
 def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None) -> None:
     """cfg.name must be an int (not a bool) within [min, max]."""
     value = getattr(cfg, name)

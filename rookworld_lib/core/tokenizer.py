@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import tiktoken
@@ -195,11 +196,8 @@ def check_vocabulary(model, at_least: bool = False) -> None:
                          f"embedding) cannot {cannot}")
 
 
-# The two task pools SFT and GRPO mix (policy_fraction: the share of the first): a sample or prompt
-# belongs to task T when its text starts with "T: " (the chess layer's policy and environment tasks).
-TASKS = ("P", "A")
-
-
-def task_of(text: str) -> str | None:
-    """The task pool of a sample or prompt text ("P: ..." -> "P"); None when it is tagged with neither."""
-    return next((t for t in TASKS if isinstance(text, str) and text.startswith(f"{t}: ")), None)
+# A sample or prompt belongs to task T when its text starts with "T: " (the chess layer's are P: and A:);
+# SFTConfig.task_weights mixes such pools in the packed stream.
+def task_of(text: str, tasks: Iterable[str]) -> str | None:
+    """The task of a sample text among `tasks` ("P: ..." -> "P"); None when it starts with none of them."""
+    return next((t for t in tasks if isinstance(text, str) and text.startswith(f"{t}: ")), None)

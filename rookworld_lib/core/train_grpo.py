@@ -1,7 +1,7 @@
 """The GRPO loop: sample groups, score them with verifiable rewards, update with the clipped loss.
 
 One step:
-1. draw `prompts_per_step` prompts (P: and A: mixed by `policy_fraction`);
+1. draw `prompts_per_step` prompts (the tasks mixed by `task_weights`, or as the items come);
 2. sample `group_size` completions per prompt with the KV-cached sampler (dropout off);
 3. score each completion with the reward functions (TRL's signature: `f(prompts, completions, **columns)`,
    the columns being each prompt item's `task` and `truth`; a task layer supplies them);
@@ -35,11 +35,11 @@ from typing import Callable, Sequence
 import torch
 
 from . import distributed, grpo
-from .config import SEED_MAX, bad_field, option, validate
+from .config import SEED_MAX, bad_field, check_weights, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
-from .tokenizer import EOT_ID, TASKS, check_vocabulary, encode_prompt, get_tokenizer
+from .tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
 from .train_utils import WarmupCosineSchedule, build_adamw, check_device_name, clip_grad_norm, to_jsonable
 from .trainer import Trainer, check_export_spares
 
@@ -56,8 +56,9 @@ COMPLETION_KEYS = ("step", "group", "task", "prompt", "completion", "reward", "a
 
 @dataclass(frozen=True)
 class PromptItem:
-    """One training prompt: its task (one of TASKS, the pools policy_fraction mixes), the prompt text,
-    and ground truth if known (handed to the reward functions as the `truth` column)."""
+    """One training prompt: its task (a name: the pools task_weights mixes, and the key of the per-task
+    reward metrics rewards/<task>/mean), the prompt text, and ground truth if known (handed to the
+    reward functions, with the task, as the `truth` column)."""
 
     task: str
     prompt: str
@@ -71,7 +72,7 @@ class GRPOTrainConfig:
     steps: int = option(20, "optimizer-level GRPO steps (each = one rollout batch)", min=1)
     prompts_per_step: int = option(8, "prompts per rollout batch", min=1)
     group_size: int = option(4, "completions per prompt (G)", min=2)
-    policy_fraction: float = option(0.5, "share of prompts of the first task (TASKS: P); the rest are of the second (A)", min=0.0, max=1.0)
+    task_weights: dict[str, float] | None = option(None, "each task's share of a step's prompts (PromptItem.task), e.g. {'P': 0.5, 'A': 0.5}; None: drawn from all prompts as one pool")
     max_new_tokens: int = option(96, "completion budget; longer completions are truncated", min=1)
     temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=0.0, min_open=True)
     vocab: str = option("auto", '"auto": sample and score over the task vocabulary a model marks (a vocab="task" SFT export: the same policy to float precision, several times faster; see task_vocab), else over all of GPT-2; "full": always all 50,257 tokens; "task": the marked vocabulary, or the trainer\'s task_vocab= (an opt-in for a model that marks none)', choices=("auto", "full", "task"))
@@ -107,6 +108,7 @@ class GRPOTrainConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
+        check_weights(self, "task_weights")
         check_device_name(self)
         if not 1 <= self.rollout_chunks <= self.prompts_per_step:
             bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
@@ -167,23 +169,25 @@ def _shown(value) -> str:
 
 
 class PromptSampler:
-    """Draws P:/A: prompts in the configured ratio, reshuffling each pool when it runs out."""
+    """Draws prompts: each task's share of a step as task_weights gives it (None: one pool of every
+    item), reshuffling each pool when it runs out."""
 
-    def __init__(self, items: list[PromptItem], policy_fraction: float, seed: int):
-        first, second = TASKS
-        if (other := next((n for n, i in enumerate(items) if i.task not in TASKS), None)) is not None:
-            raise ValueError(f"prompt {other}: task {items[other].task!r}; the trainer draws prompts of the tasks "
-                             f"{TASKS} (policy_fraction of them {first}); label a task of your own {first} and set "
-                             "policy_fraction=1.0")
-        self.pools = {t: [i for i in items if i.task == t] for t in TASKS}
-        if policy_fraction > 0 and not self.pools[first]:
-            raise ValueError(f"policy_fraction={policy_fraction:g} asks for {first} prompts and there are none; "
-                             f"set policy_fraction=0.0 to draw only {second} prompts")
-        if policy_fraction < 1 and not self.pools[second]:
-            raise ValueError(f"policy_fraction={policy_fraction:g} asks for {second} prompts (the other "
-                             f"{1 - policy_fraction:g}) and there are none; set policy_fraction=1.0 to draw only "
-                             f"{first} prompts")
-        self.fraction = policy_fraction
+    def __init__(self, items: list[PromptItem], task_weights: dict[str, float] | None, seed: int):
+        self.weights = task_weights
+        if task_weights is None:
+            self.pools = {"all": list(items)}
+        else:
+            if (other := next((n for n, i in enumerate(items) if i.task not in task_weights), None)) is not None:
+                raise ValueError(f"prompt {other}: task {items[other].task!r}, which task_weights {task_weights} "
+                                 "does not name; give it a weight (0 leaves it out) or set task_weights=None")
+            self.pools = {t: [i for i in items if i.task == t] for t in task_weights}
+            if missing := [t for t, w in task_weights.items() if w > 0 and not self.pools[t]]:
+                raise ValueError(f"task_weights gives {missing[0]!r} a share of {task_weights[missing[0]]:g}, but no "
+                                 f"prompt is of that task; set its weight to 0 or add its prompts")
+        if not any(self.pools.values()):
+            raise ValueError("GRPOTrainer got no prompts: the items list is empty")
+        # the tasks of the per-task metrics: task_weights' order, else the items' first appearance
+        self.tasks = list(task_weights or dict.fromkeys(i.task for i in items))
         self.rng = random.Random(seed)
         self.order = {t: [] for t in self.pools}
 
@@ -193,17 +197,28 @@ class PromptSampler:
             self.rng.shuffle(self.order[task])
         return self.pools[task][self.order[task].pop()]
 
+    def counts(self, n: int) -> dict[str, int]:
+        """How many of n prompts each pool gives: each task its weight's share of what the tasks after
+        it have not taken, rounded (two tasks: round(n * share of the first), the rest the second)."""
+        if self.weights is None:
+            return {"all": n}
+        out, left, weights = {}, n, list(self.weights.items())
+        for k, (task, w) in enumerate(weights):
+            rest = sum(v for _, v in weights[k:])
+            out[task] = left if w == rest else round(left * w / rest)
+            left -= out[task]
+        return out
+
     def draw(self, n: int) -> list[PromptItem]:
-        n_policy = round(n * self.fraction)
-        return [self._next(TASKS[0]) for _ in range(n_policy)] + [self._next(TASKS[1]) for _ in range(n - n_policy)]
+        return [self._next(task) for task, k in self.counts(n).items() for _ in range(k)]
 
     @property
     def fingerprint(self) -> str:
         """SHA-256 of the prompt pools (task and text, in order): a resume must draw from the same."""
         h = hashlib.sha256()
-        for t in TASKS:
-            for item in self.pools[t]:
-                h.update(f"{t}\x00{item.prompt}\x00".encode())
+        for pool in self.pools.values():
+            for item in pool:
+                h.update(f"{item.task}\x00{item.prompt}\x00".encode())
         return h.hexdigest()
 
     def state_dict(self):
@@ -310,7 +325,7 @@ class GRPOTrainer(Trainer):
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.99),
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
-        self.prompts = self.data = PromptSampler(items, cfg.policy_fraction, cfg.seed)
+        self.prompts = self.data = PromptSampler(items, cfg.task_weights, cfg.seed)
         self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
         if (bad := next((f for f in self.reward_funcs if not callable(f)), None)) is not None:
             raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
@@ -325,7 +340,7 @@ class GRPOTrainer(Trainer):
         self.reward_names: list[str] = []  # unique in metrics (a second "<lambda>" is "<lambda>_2"), and no task's
         for name in map(reward_name, self.reward_funcs):
             unique, n = name, 1
-            while unique in self.reward_names or unique in TASKS:
+            while unique in self.reward_names or unique in self.prompts.tasks:
                 n += 1
                 unique = f"{name}_{n}"
             self.reward_names.append(unique)
@@ -605,7 +620,7 @@ class GRPOTrainer(Trainer):
         TRL, an unscorable completion (every function gave None) is left out of the reward means."""
         record = {}
         rewards = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
-        for task in TASKS:
+        for task in self.prompts.tasks:
             sel = torch.tensor([i.task == task for i in batch.items])
             if (scored := rewards[sel][~rewards[sel].isnan()]).numel():
                 record[f"rewards/{task}/mean"] = scored.mean().item()

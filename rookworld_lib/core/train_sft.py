@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import SEED_MAX, bad_field, check_number, option, validate
+from .config import SEED_MAX, bad_field, check_number, check_weights, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
-from .tokenizer import EOT_ID, EOT_TOKEN, TASKS, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
+from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
 from .train_utils import DTYPES, WarmupCosineSchedule, build_adamw, check_device_name, seed_everything
 from .trainer import FINAL_DIR, Trainer, check_export_spares
@@ -60,7 +60,7 @@ class SFTConfig:
     # data
     train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines; the chess layer\'s also reads its P:/A: records)')
     val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
-    policy_fraction: float | None = option(0.5, "share of samples of the first task (TASKS: P) in the packed stream; None keeps the data's mix", min=0.0, max=1.0)
+    task_weights: dict[str, float] | None = option(None, "each task's share of the packed stream, a task's samples being those that start with its tag ('P: ...' is task P), e.g. {'P': 0.5, 'A': 0.5}; None: one pool, the data's own mix")
     stream: bool = option(False, "read train_data/val_data as they are used (tokenized on the fly through a shuffle buffer): memory does not grow with the data; for large sharded sets")
     shuffle_buffer: int = option(10_000, "samples held in each task's shuffle buffer when stream=True", min=1)
     val_fraction: float = option(0.05, "share of training samples held out for val when there is no val data (0 = none)", min=0.0, max=1.0, max_open=True)
@@ -99,6 +99,7 @@ class SFTConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (see the option() checks above)
+        check_weights(self, "task_weights")
         name = type(self).__name__
         model_block = self._check_model()
         for fname in ("train_data", "val_data"):
@@ -246,9 +247,20 @@ _TASK_BLOCK = 4096  # task draws are made in blocks of this many samples
 
 
 @functools.lru_cache(maxsize=4)
-def _task_block(seed: int, policy_fraction: float, block: int) -> np.ndarray:
-    """The pools (0 = P, 1 = A) of samples block * _TASK_BLOCK, ... of a stream: a pure function."""
-    return (np.random.default_rng([seed, 0x5F7, block]).random(_TASK_BLOCK) >= policy_fraction).astype(np.int8)
+def _task_block(seed: int, cuts: tuple[float, ...], block: int) -> np.ndarray:
+    """The pools (0, 1, ... in task_weights' order) of samples block * _TASK_BLOCK, ... of a stream: a
+    pure function. A uniform draw u falls in pool k when cuts[k-1] <= u < cuts[k] (cuts: _mix)."""
+    u = np.random.default_rng([seed, 0x5F7, block]).random(_TASK_BLOCK)
+    return np.searchsorted(np.array(cuts), u, side="right").astype(np.int8)
+
+
+def _mix(task_weights: dict[str, float] | None) -> tuple[list[str], tuple[float, ...]]:
+    """(pool names, cuts) of a stream: one pool "all" for None, else one per task with the running
+    shares at which a draw moves on to the next task's pool."""
+    if task_weights is None:
+        return ["all"], ()
+    total = sum(task_weights.values())
+    return list(task_weights), tuple(itertools.accumulate(w / total for w in list(task_weights.values())[:-1]))
 
 
 @functools.lru_cache(maxsize=8)
@@ -267,6 +279,13 @@ def _encode_pool(enc, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)), offsets  # an unused pool may be empty
 
 
+def _check_pools(task_weights: dict[str, float], present: list[str], name: str) -> None:
+    """Refuse a task with a share above 0 and no samples in the data (present: the tasks that have some)."""
+    if missing := [t for t, w in task_weights.items() if w > 0 and t not in present]:
+        raise ValueError(f"task_weights gives {missing[0]!r} a share of {task_weights[missing[0]]:g}, but the {name} "
+                         f"data has no sample that starts with '{missing[0]}: '; set its weight to 0 or add its samples")
+
+
 class PackedStream:
     """An endless, shuffled, packed token stream over sample texts, with a resumable position.
 
@@ -278,30 +297,29 @@ class PackedStream:
     resumed run reads the same tokens.
 
     texts: full sample strings ("P: ... B: e2e4", "A: ...+0.001+0+0"); a trailing <|endoftext|>
-    is dropped (each sample gets one in front). policy_fraction: chance that the next sample is
-    a P: one (then every text must start with "P:" or "A:"); None: one pool, the data's own mix.
+    is dropped (each sample gets one in front). task_weights ({"P": 0.5, "A": 0.5}): the chance
+    that the next sample is of each task, a task's samples being those that start with its tag
+    ("P: ..."); every text must then start with one of them. None: one pool, the data's own mix.
     """
 
-    def __init__(self, texts: Sequence[str], *, seed: int, policy_fraction: float | None = None,
+    def __init__(self, texts: Sequence[str], *, seed: int, task_weights: dict[str, float] | None = None,
                  name: str = "train", tokenizer=None):
         if len(texts) == 0:
             raise ValueError(f"{name} data is empty: no samples to train on")
-        self.name, self.seed, self.policy_fraction = name, int(seed), policy_fraction
-        if policy_fraction is None:
+        self.name, self.seed, self.task_weights = name, int(seed), task_weights
+        self.pool_names, self.cuts = _mix(task_weights)
+        if task_weights is None:
             groups = {"all": list(range(len(texts)))}
         else:
-            groups = {t: [] for t in TASKS}
+            groups = {t: [] for t in self.pool_names}
             for i, text in enumerate(texts):
-                task = task_of(text.lstrip())
+                task = task_of(text.lstrip(), self.pool_names)
                 if task is None:
-                    raise ValueError(f"{name} sample {i} starts with {text.lstrip()[:24]!r}: with policy_fraction "
-                                     "set, every sample must start with 'P:' or 'A:' (or set policy_fraction=None)")
+                    tags = " or ".join(f"'{t}: '" for t in self.pool_names)
+                    raise ValueError(f"{name} sample {i} starts with {text.lstrip()[:24]!r}: with task_weights set, "
+                                     f"every sample must start with {tags} (or set task_weights=None)")
                 groups[task].append(i)
-            if policy_fraction > 0 and not groups["P"]:
-                raise ValueError(f"policy_fraction={policy_fraction} needs P: samples, but the {name} data has none")
-            if policy_fraction < 1 and not groups["A"]:
-                raise ValueError(f"policy_fraction={policy_fraction} needs A: samples, but the {name} data has none")
-        self.pool_names = list(groups)
+            _check_pools(task_weights, [t for t in self.pool_names if groups[t]], name)
         cleaned = [text.removesuffix(EOT_TOKEN) for text in texts]
         if empty := [i for i, t in enumerate(cleaned) if not t.strip()]:
             raise ValueError(f"{name} sample {empty[0]} is empty")
@@ -325,13 +343,13 @@ class PackedStream:
     def load_state_dict(self, state: dict) -> None:
         if state.get("fingerprint") != self.fingerprint:
             raise ValueError(
-                f"the {self.name} data differ from the data of the checkpoint (seed, policy_fraction, samples or "
+                f"the {self.name} data differ from the data of the checkpoint (seed, task_weights, samples or "
                 "their tokens changed), so resuming would not continue the same run; restore the original data "
                 "or start a new run in another out_dir")
         self._cursor = (int(state["sample"]), int(state["offset"]), tuple(int(c) for c in state["counts"]))
 
     def _fingerprint(self) -> str:
-        h = hashlib.sha256(json.dumps([self.seed, self.policy_fraction, self.pool_names]).encode())
+        h = hashlib.sha256(json.dumps([self.seed, self.task_weights, self.pool_names]).encode())
         for tokens, offsets in self.pools:
             h.update(offsets.tobytes())
             h.update(tokens.tobytes())
@@ -342,7 +360,7 @@ class PackedStream:
     def _pool_of(self, sample: int) -> int:
         if len(self.pools) == 1:
             return 0
-        return int(_task_block(self.seed, self.policy_fraction, sample // _TASK_BLOCK)[sample % _TASK_BLOCK])
+        return int(_task_block(self.seed, self.cuts, sample // _TASK_BLOCK)[sample % _TASK_BLOCK])
 
     def _sample_tokens(self, pool: int, k: int) -> np.ndarray:
         """The k-th sample drawn from a pool: epoch k // n, in that epoch's permutation."""
@@ -387,17 +405,18 @@ class StreamingPackedStream(PackedStream):
     Memory is the buffer, whatever the size of the files. Deterministic given the seed; a resume
     (load_state_dict) replays the draws up to the saved position without tokenizing them."""
 
-    def __init__(self, paths: Sequence[str | os.PathLike], *, seed: int, policy_fraction: float | None = None,
+    def __init__(self, paths: Sequence[str | os.PathLike], *, seed: int, task_weights: dict[str, float] | None = None,
                  reader: TextReader | None = None, buffer: int = 10_000, name: str = "train", tokenizer=None):
-        self.name, self.seed, self.policy_fraction = name, int(seed), policy_fraction
+        self.name, self.seed, self.task_weights = name, int(seed), task_weights
         self.paths, self.reader, self.buffer = [str(p) for p in paths], reader or TextReader(), int(buffer)
         self.enc = tokenizer or get_tokenizer()
-        self.pool_names = ["all"] if policy_fraction is None else list(TASKS)
-        for task in self.pool_names:  # fail now, not at the first draw from an empty pool
-            needed = task == "all" or (policy_fraction > 0 if task == "P" else policy_fraction < 1)
-            if needed and next(self._texts(task, 0), None) is None:
-                raise ValueError(f"{name} data is empty: no samples to train on" if task == "all" else
-                                 f"policy_fraction={policy_fraction} needs {task}: samples, but the {name} data has none")
+        self.pool_names, self.cuts = _mix(task_weights)
+        # fail now, not at the first draw from an empty pool
+        if task_weights is None and next(self._texts("all", 0), None) is None:
+            raise ValueError(f"{name} data is empty: no samples to train on")
+        if task_weights is not None:
+            _check_pools(task_weights, [t for t in self.pool_names if task_weights[t] == 0
+                                        or next(self._texts(t, 0), None) is not None], name)
         self.pools = [None] * len(self.pool_names)  # nothing held: see token_ids
         self.n_samples = self.n_tokens = None  # unknown without a pass over the data
         self.fingerprint = self._fingerprint()
@@ -408,7 +427,7 @@ class StreamingPackedStream(PackedStream):
         files = list(self.paths)
         random.Random(f"{self.seed}:{pool}:{epoch}").shuffle(files)
         for text in self.reader.iter_texts(files):
-            if pool == "all" or task_of(text.lstrip()) == pool:
+            if pool == "all" or task_of(text.lstrip(), self.pool_names) == pool:
                 yield text
 
     def _shuffled(self, pool: str) -> Iterator[str]:
@@ -440,7 +459,7 @@ class StreamingPackedStream(PackedStream):
 
     def _fingerprint(self) -> str:
         files = [(Path(p).name, Path(p).stat().st_size) for p in self.paths]
-        return hashlib.sha256(json.dumps(["stream", self.seed, self.policy_fraction, self.pool_names, self.reader.name,
+        return hashlib.sha256(json.dumps(["stream", self.seed, self.task_weights, self.pool_names, self.reader.name,
                                           self.buffer, files]).encode()).hexdigest()[:32]
 
     def _sample_tokens(self, pool: int, k: int) -> np.ndarray:
@@ -546,7 +565,7 @@ class SFTTrainer(Trainer):
                 train_texts, val_texts = split_val(train_texts, cfg.val_fraction, cfg.seed)
             elif cfg.eval_interval > 0:
                 raise ValueError("eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0")
-        self.train_stream = PackedStream(train_texts, seed=cfg.seed, policy_fraction=cfg.policy_fraction, name="train")
+        self.train_stream = PackedStream(train_texts, seed=cfg.seed, task_weights=cfg.task_weights, name="train")
         if cfg.batch_size * cfg.block_size > self.train_stream.n_tokens:  # before any memory is spent on it
             raise ValueError(f"SFTConfig.batch_size {cfg.batch_size} x block_size {cfg.block_size} = "
                              f"{cfg.batch_size * cfg.block_size:,} tokens per micro-batch is more than the "
@@ -555,10 +574,10 @@ class SFTTrainer(Trainer):
                  self.train_stream.n_tokens, f", {len(val_texts)} val samples" if val_texts else "")
         self.val_stream = None
         if val_texts and cfg.eval_interval > 0:
-            mix = cfg.policy_fraction
-            if mix is not None and {task_of(t.lstrip()) for t in val_texts} != set(TASKS):
-                mix = None  # val data with one task only: measure it as it is
-            self.val_stream = PackedStream(val_texts, seed=cfg.seed, policy_fraction=mix, name="val")
+            mix = cfg.task_weights
+            if mix is not None and {task_of(t.lstrip(), mix) for t in val_texts} != {t for t, w in mix.items() if w > 0}:
+                mix = None  # val data without some task (or with other texts): measure it as it is
+            self.val_stream = PackedStream(val_texts, seed=cfg.seed, task_weights=mix, name="val")
 
     def _stream_data(self) -> None:
         """stream=True: both streams read their files as they go (see StreamingPackedStream)."""
@@ -566,13 +585,13 @@ class SFTTrainer(Trainer):
         if cfg.eval_interval > 0 and not cfg.val_data:
             raise ValueError("SFTConfig.stream=True holds no samples back for val: set val_data, or eval_interval=0")
         opts = dict(seed=cfg.seed, reader=self.reader, buffer=cfg.shuffle_buffer)
-        self.train_stream = StreamingPackedStream(cfg.train_data, policy_fraction=cfg.policy_fraction, name="train", **opts)
+        self.train_stream = StreamingPackedStream(cfg.train_data, task_weights=cfg.task_weights, name="train", **opts)
         self.val_stream = None
         if cfg.eval_interval > 0:
             try:
-                self.val_stream = StreamingPackedStream(cfg.val_data, policy_fraction=cfg.policy_fraction, name="val", **opts)
-            except ValueError:  # val data with one task only: measure it as it is
-                self.val_stream = StreamingPackedStream(cfg.val_data, policy_fraction=None, name="val", **opts)
+                self.val_stream = StreamingPackedStream(cfg.val_data, task_weights=cfg.task_weights, name="val", **opts)
+            except ValueError:  # val data without some task: measure it as it is
+                self.val_stream = StreamingPackedStream(cfg.val_data, task_weights=None, name="val", **opts)
         log.info("SFT data: streaming %d train file(s), %d val file(s), shuffle buffer %d", len(cfg.train_data),
                  len(cfg.val_data), cfg.shuffle_buffer)
 

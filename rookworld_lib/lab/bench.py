@@ -251,7 +251,7 @@ def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
     G = cfg.group_size
     items = [PromptItem("P", t) for t in grpo_prompt_texts(len(FENS))]
     tcfg = GRPOTrainConfig(steps=cfg.grpo_steps + 1, prompts_per_step=cfg.grpo_prompts, group_size=G,
-                           policy_fraction=1.0, max_new_tokens=cfg.grpo_new_tokens, minibatch_size=cfg.grpo_prompts * G,
+                           max_new_tokens=cfg.grpo_new_tokens, minibatch_size=cfg.grpo_prompts * G,
                            lr=1e-6, weight_decay=0.0, grad_clip=1.0, loss=grpo.GRPOConfig(loss_type="dapo", beta=0.0),
                            dtype=cfg.precision, device=str(device), seed=cfg.seed, progress=False)
     torch.manual_seed(cfg.seed)

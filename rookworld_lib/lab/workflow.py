@@ -31,6 +31,7 @@ from ..chess.datagen import DatagenConfig
 from ..chess.engine import usable_cores
 from ..chess.evaluate import EvalConfig, Estimate
 from ..chess.tasks import COMPLETION_BUDGET
+from ..chess.training import task_weights
 from ..core.train_grpo import GRPOTrainConfig
 from ..core.train_sft import SFTConfig
 
@@ -76,9 +77,10 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
     return Profile(
         name,
         SFTConfig(**{**dict(model=model, device=device, dtype=dtype, compile=compile, eval_steps=4, checkpoint_interval=0,
-                            resume=False, model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **(model_overrides or {})}),
+                            resume=False, task_weights=task_weights(),
+                            model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **(model_overrides or {})}),
                      **sft}),
-        GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False,
+        GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False, task_weights=task_weights(),
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
         EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, candidate_order=candidate_order)
 
