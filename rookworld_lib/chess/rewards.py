@@ -110,6 +110,10 @@ class _Weights:
                              f"got {total}")
 
 
+def _unlisted_margin():  # the setting both policy weightings share
+    return option(50, "offline estimate: a legal move outside the candidates = last eval minus this", min=0, max=10_000)
+
+
 @dataclass(frozen=True)
 class PolicyWeights(_Weights):
     """Weights of the policy components for a legal ``B:`` (they sum to 1)."""
@@ -119,8 +123,7 @@ class PolicyWeights(_Weights):
     moves_legal: float = weight(0.1, "legal, distinct M: candidates")
     moves_overlap: float = weight(0.15, "overlap of M: with the engine's top candidates")
     evals_accuracy: float = weight(0.15, "accuracy of the E: evals of the candidates the engine also lists")
-    unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
-                                     "this", min=0, max=10_000)
+    unlisted_margin_cp: int = _unlisted_margin()
     format_gate: bool = option(True, "score every malformed answer (the strict parser finds an error in its shape; "
                                "legality is not asked) in [-0.95, -0.55], below every well-formed one (the "
                                "ranking well-formed with a legal B: > with an illegal B: > malformed)")
@@ -139,8 +142,7 @@ class GradedWeights(_Weights):
     format: float = weight(0.15, "structure of the completion (the five checks of the strict parser)")
     valid: float = weight(0.0, "the answer is format-valid as the strict policy/valid metric counts it "
                           "(tasks.valid_policy_answer: no parser error, legal candidates, as many as the data give)")
-    unlisted_margin_cp: int = option(50, "offline estimate: a legal move outside the candidates = last eval minus "
-                                     "this", min=0, max=10_000)
+    unlisted_margin_cp: int = _unlisted_margin()
 
 
 GRADED_COMPONENTS = ("best_legal", "best_quality", "moves_legal", "moves_distinct", "evals_accuracy", "format", "valid")

@@ -1,4 +1,4 @@
-"""Supervised pretraining (SFT) on task text: packed P:/A: samples (`PackedStream` in memory, or
+"""Supervised pretraining (SFT) on task text: packed samples, tasks mixed by `task_weights` (`PackedStream` in memory, or
 `StreamingPackedStream` reading large sharded sets as it goes, stream=True), AdamW, warm-up
 + cosine, the val loss every `eval_interval` steps, metrics in `<out_dir>/metrics.jsonl`. On CPU with
 deterministic=True a resumed run ends bit-identical to an uninterrupted one.
