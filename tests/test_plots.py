@@ -144,7 +144,7 @@ def test_finish_puts_the_static_figure_in_the_live_widgets_place(tmp_path, monke
             updates.append((obj, kw))
 
     monkeypatch.setattr(plots, "_write_png", lambda fig, path: False)
-    monkeypatch.setattr("IPython.display.display", lambda *a, **k: shown.append(a))
+    monkeypatch.setattr(plots, "display", lambda *a, **k: shown.append(a))
     live = plots.LiveCurves(["reward"], "GRPO")
     live.widget, live._handle = plots.go.FigureWidget(live._figure([])), Handle()
     live({"step": 1, "reward": 0.5})

@@ -169,7 +169,7 @@ _ARROW_TEXT_TYPES = ("string", "large_string", "string_view")  # by name: string
 
 def _table_texts(path: Path) -> Iterator[str | None]:
     """The `text` column of a Parquet or Arrow file, batch by batch."""
-    try:
+    try:  # optional: only Parquet/Arrow input needs pyarrow
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import chess
+import pandas as pd
 from rapidfuzz.distance import Levenshtein
 from scipy.special import stdtrit
 
@@ -409,8 +410,6 @@ def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: Eva
 def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M):
     """A pandas DataFrame: one row per metric, one column per named result, then the reference and
     what the reference measured (so no row sets unlike things side by side without saying so)."""
-    import pandas as pd
-
     rows = []
     for m in sorted({m for res in columns.values() for m in res}):
         ref, measured = reference.get(m, (None, NOTES.get(m, "")))
@@ -431,8 +430,6 @@ def terminal_table(results: dict, model: str, width: int = TERMINAL_WIDTH) -> st
     """`rookworld eval`'s table for a terminal: metric, this model's estimate, and the figure reported
     for the original model where one measured the same thing, then a key saying what each reported
     figure measured; no line wider than `width`."""
-    import pandas as pd
-
     ref = "reported"
     rows = [{"metric": m, model: str(results[m]),
              ref: "" if m not in REFERENCE_ROOKWORLD_LM_124M else _reference_text(REFERENCE_ROOKWORLD_LM_124M[m][0])}
@@ -542,8 +539,6 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
     change has Newcombe's paired interval, a pass@1 change (per-record differences of sample shares)
     a t interval (`paired_difference`). The records are matched by record_key: two evaluations of other
     records, or in another order, are refused. A pandas DataFrame, one row per metric measured on both sides."""
-    import pandas as pd
-
     rows = []
     for m in metrics:
         if m not in before or m not in after:
@@ -601,8 +596,6 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
 
 def curve_table(rows: Sequence[dict]):
     """A learning curve's rows as a table: tokens, wall time, losses and the strict rates in percent."""
-    import pandas as pd
-
     table = pd.DataFrame([{"step": r["step"], "tokens (M)": round(r["tokens"] / 1e6, 3) if r["tokens"] else None,
                            "train wall (s)": r["train_wall_s"], "train loss": r["train_loss"], "val loss": r["val_loss"],
                            **{f"{m} (%)": round(100 * r[m]["value"], 1) for m in STRICT_METRICS + SAMPLED_METRICS if m in r}}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -144,6 +145,7 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
 def _launch(argv: list[str]) -> int:
     """`python -m rookworld_lib.core.distributed <torchrun args>`: torchrun, minus the traceback it prints
     when a worker fails (the worker has said why, in one line or with its own traceback)."""
+    # torchrun's launcher (the elastic agent): imported by the launching process alone, never by a worker
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -166,8 +168,6 @@ def _launch(argv: list[str]) -> int:
 
 def _terminate_with_parent() -> None:
     """In the child, before exec: ask Linux to send SIGTERM when the parent dies (elsewhere: nothing)."""
-    import ctypes
-
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 

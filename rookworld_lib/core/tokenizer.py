@@ -11,6 +11,7 @@ import base64
 import contextlib
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -102,8 +103,6 @@ def hf_tokenizer_json() -> str | None:
     except (OSError, UnicodeDecodeError):
         pass
     try:  # optional heavy dependency: only the first export on a machine needs it
-        import inspect
-
         from tokenizers import Tokenizer
         from transformers.convert_slow_tokenizer import TikTokenConverter
     except ImportError:

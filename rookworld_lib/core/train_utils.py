@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import _get_fused_kernels_supported_devices
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import bad_field
@@ -83,8 +84,6 @@ class WarmupCosineSchedule:
 # -- optimizer ------------------------------------------------------------------------------
 
 def _fused_supported(device_type: str) -> bool:
-    from torch.optim.optimizer import _get_fused_kernels_supported_devices
-
     return device_type in _get_fused_kernels_supported_devices()
 
 

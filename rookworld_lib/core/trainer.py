@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import checkpoint as ckpt_lib
 from . import distributed
@@ -187,8 +189,6 @@ class Trainer:
         Buffers are not synced in forward: they are constants (no batch norm), so eval needs no collective."""
         if self.dist.world_size == 1:
             return model
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
         ids = [self.runtime.device.index] if self.runtime.device.type == "cuda" else None
         # torch 2.13 renamed broadcast_buffers (deprecated, with a FutureWarning) to forward_sync_buffers
         no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
@@ -287,8 +287,6 @@ class Trainer:
         """Runs once before the first step of a call to train() (SFT logs its step-0 val loss)."""
 
     def _loop(self, until: int | None) -> list[dict]:
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
         total = self.total_steps
         target = total if until is None else min(until, total)
         main, show = self.dist.is_main, self.cfg.progress and self.dist.is_main

@@ -99,7 +99,7 @@ TARGETS = {"train_step_speedup_vs_transformers": 1.5, "sampling_speedup_vs_trans
 
 def make_models(cfg: BenchConfig, workdir: Path, device: torch.device):
     """Our GPT (seeded init) and transformers' GPT2LMHeadModel loaded from its save_pretrained copy."""
-    import transformers
+    import transformers  # optional heavy dependency (the dev extras): only the comparisons need it
 
     torch.manual_seed(cfg.seed)
     ours = GPT(GPTConfig.preset(cfg.model, dropout=0.0))
@@ -236,7 +236,7 @@ def grpo_prompt_texts(n: int) -> list[str]:
 
 def hf_gpt2_tokenizer():
     """A transformers fast tokenizer built offline from our GPT-2 rank file (same ids as tiktoken)."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # optional heavy dependency, as above
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     conv = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
@@ -260,7 +260,7 @@ def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
 
 def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> list[float]:
     """Wall time of each GRPOTrainer optimizer step (one generation round per step; the first with TRL's setup)."""
-    import datasets
+    import datasets  # optional heavy dependencies (the dev extras): only the TRL comparison needs them
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
@@ -299,7 +299,7 @@ def bench_grpo(cfg: BenchConfig, workdir: Path, device: torch.device) -> dict:
     if not cfg.trl:
         return {"status": "skipped", "reason": "TRL comparison disabled (--no-trl)", **settings}
     try:
-        import trl
+        import trl  # optional heavy dependency: its absence skips the comparison
     except ImportError as exc:
         return {"status": "skipped", "reason": f"trl is not installed ({exc}); `pip install trl` (it must not replace "
                 f"the installed torch: check with `pip install --dry-run trl`)", **settings}
@@ -365,7 +365,7 @@ def _report(progress, part: dict) -> None:
 
 def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> dict:
     """Run (a), (b), (c) and, with sweep, the rollout sweep; return the object --json prints."""
-    import transformers
+    import transformers  # optional heavy dependency, as above
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
 from ..core.model import FLOP_KINDS, GPTConfig, flops_breakdown, flops_per_token  # noqa: F401  (public here too)
 from ..core.train_step import PHASE_PREFIX, phase  # noqa: F401  (public here too)
@@ -38,8 +40,6 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs that torch.utils.flop_counter.FlopCounterMode counts while running fn()."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
@@ -402,8 +402,6 @@ def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = Non
                    device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
     """Run fn() once under torch.profiler (with memory); export a trace, tabulate the top ops, and give each
     `phase(...)` region's live tensor memory at its start, peak and end (MB, from the profile's start)."""
-    from torch.profiler import ProfilerActivity, profile
-
     device = resolve_device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with _without_kineto_usdt_lines(), profile(activities=activities, profile_memory=True, record_shapes=False) as prof:

@@ -31,8 +31,12 @@ import threading
 import time
 from pathlib import Path
 
+import nbformat
+import papermill as pm
+import torch
 from jupyter_client import AsyncKernelManager
 from traitlets import Unicode
+from traitlets.config import Config
 
 from ..core.config import ParameterError, json_or_text
 from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
@@ -54,8 +58,6 @@ def numbered_notebooks(directory: Path = NOTEBOOKS_DIR) -> list[Path]:
 
 def parameter_cells(notebook: Path) -> tuple[str, str]:
     """The source of the notebook's `parameters` cell and of the code cell after it, which checks them."""
-    import nbformat
-
     cells = [c for c in nbformat.read(str(notebook), as_version=4).cells if c.cell_type == "code"]
     i = next((i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
     return ("", "") if i is None else (cells[i].source, cells[i + 1].source if i + 1 < len(cells) else "")
@@ -122,9 +124,6 @@ class NotebookKernelManager(AsyncKernelManager):
 def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
     """Run one notebook with papermill while a thread prints the lines its kernel appends to the
     progress file, as `  <notebook> | <line>` (see the module doc)."""
-    import papermill as pm
-    from traitlets.config import Config
-
     logs, progress = run_dir / "logs", run_dir / "progress.log"
     logs.mkdir(exist_ok=True)
     progress.touch()
@@ -163,8 +162,6 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
 def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
                  extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
-    import torch
-
     if profile == "auto":
         profile = "gpu" if torch.cuda.is_available() else "cpu"
     if profile not in PROFILES:

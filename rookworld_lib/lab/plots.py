@@ -25,7 +25,10 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from IPython.display import display
+from pandas.io.formats.style import Styler
 from plotly.colors import qualitative
+from plotly.subplots import make_subplots
 
 from ..chess.evaluate import STRICT_METRICS
 from ..core.paths import FIGURES_DIR
@@ -124,19 +127,18 @@ def report_figure_lines(run_dir: str | Path) -> list[str]:
     return ["", "## Figures", "", *lines[:-1]] if lines else []
 
 
+class _Table(Styler):
+    def __repr__(self) -> str:  # Styler's own: "<pandas.io.formats.style.Styler object at 0x...>"
+        return self.data.to_string()
+
+
 def legible(frame, digits: int = 3, cell_px: int = 220):
     """A DataFrame as a table people read in a notebook: floats to `digits` decimals (thousands
     separated), missing values blank, and cells that wrap (at most `cell_px` wide, long names break
     anywhere) so that a wide table fits its cell instead of running off the right edge. A pandas
     Styler: it renders as HTML, and as the frame's text where only text is shown (a saved notebook's
     text/plain, a terminal); the frame itself is unchanged."""
-    from pandas.io.formats.style import Styler
-
-    class Table(Styler):
-        def __repr__(self) -> str:  # Styler's own: "<pandas.io.formats.style.Styler object at 0x...>"
-            return self.data.to_string()
-
-    return Table(frame).format(precision=digits, thousands=",", na_rep="").set_table_styles(
+    return _Table(frame).format(precision=digits, thousands=",", na_rep="").set_table_styles(
         [{"selector": "th, td", "props": [("white-space", "normal"), ("overflow-wrap", "anywhere"),
                                           ("max-width", f"{cell_px}px")]}])
 
@@ -182,8 +184,6 @@ CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"
 def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", title: str = "Learning curve") -> go.Figure:
     """Val loss and every strict chess rate (with its 95% interval) against training tokens or wall
     time, one line per run: curves maps a run's name to its `evaluate.checkpoint_curve` rows."""
-    from plotly.subplots import make_subplots
-
     if x not in CURVE_X:
         raise ValueError(f"x={x!r}: choose one of {sorted(CURVE_X)}")
     panels = ["val_loss", *STRICT_METRICS]
@@ -224,14 +224,10 @@ class LiveCurves:
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
         self.title, self.history, self.widget, self._handle = title, [], None, None
         if live and widget_frontend():
-            from IPython.display import display
-
             self.widget = go.FigureWidget(self._figure([]))
             self._handle = display(self.widget, display_id=True)
 
     def _figure(self, history: list[dict]) -> go.Figure:
-        from plotly.subplots import make_subplots
-
         titles = list(self.panels)
         fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                             subplot_titles=titles if len(titles) > 1 else None)
@@ -265,8 +261,6 @@ class LiveCurves:
     def finish(self, name: str, figures_dir: str | Path | None = None) -> go.Figure:
         """Save the static figure (`save_figure(fig, name, figures_dir)`) and show it once: in the live
         widget's place where there is one, else below the cell. Returns it."""
-        from IPython.display import display
-
         fig = self.figure()
         save_figure(fig, name, figures_dir)
         if self._handle is not None:  # the figure's own bundle: a Figure displays itself anew, never in place

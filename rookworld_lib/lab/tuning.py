@@ -15,7 +15,10 @@ import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import pandas as pd
+import plotly.graph_objects as go
 import torch
+from plotly.subplots import make_subplots
 
 from . import perf
 from .health import state_bytes
@@ -353,8 +356,6 @@ class MatrixResult:
         """A pandas DataFrame for people: one row per matrix row, rounded to what the timing supports,
         units in the column names; a skipped or failed row shows its reason and nothing else. The raw
         numbers stay in `rows` (and the results JSON)."""
-        import pandas as pd
-
         def shown(r: dict) -> dict:
             if r["status"] != "ok":
                 return {"row": r["name"], "status": r["status"], "note": r.get("reason") or ""}
@@ -447,8 +448,6 @@ def _tokens_per_s_overlap(row: dict, noise: list[dict]) -> bool:
 def speedup_figure(result: MatrixResult):
     """Bar chart: tokens/s of each row relative to the baseline, with the row's p10-p90 interval; red
     bars change the result, grey ones differ from the baseline by less than the timing noise."""
-    import plotly.graph_objects as go
-
     rows = [r for r in result.ok_rows() if r["variable"] not in ("batch_size", "seq_len")]
     base_tps = result.row("baseline")["tokens_per_s"]
     speedups = [r["speedup"] for r in rows]
@@ -472,9 +471,6 @@ def speedup_figure(result: MatrixResult):
 def scaling_figure(result: MatrixResult):
     """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence
     length (right): four panels with their own y axes, ticks at the measured values."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
     fig = make_subplots(rows=2, cols=2, shared_xaxes="columns", vertical_spacing=0.1, horizontal_spacing=0.12,
                         subplot_titles=("step time vs batch size", "step time vs sequence length",
                                         "throughput vs batch size", "throughput vs sequence length"))

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from ..core import grpo as grpo_lib
@@ -52,8 +53,6 @@ class Profile:
 
     def summary(self):
         """The sizes a reader checks, one line per stage (a DataFrame; the full settings are the fields)."""
-        import pandas as pd
-
         s, g, e = self.sft, self.grpo, self.eval
         every = lambda n: "all" if n is None else n  # noqa: E731
         data = "shipped set" if self.datagen is None else f"own: {self.datagen.get('games', '?')} games (datagen)"
@@ -202,8 +201,6 @@ def grpo_summary(history: list[dict], last: int = 10):
     """The last GRPO steps' key metrics as a table with short headers (the metric keys are in
     GRPO_SUMMARY_COLUMNS). Columns a run does not log are left out: `kl` exists only with a reference
     model (beta > 0), `entropy` only when logits are scored."""
-    import pandas as pd
-
     frame = pd.DataFrame(history)
     keep = [c for c in GRPO_SUMMARY_COLUMNS if c in frame.columns]
     return frame[keep].tail(last).rename(columns=GRPO_SUMMARY_COLUMNS).set_index("step")
@@ -233,8 +230,6 @@ class StageTimer:
 def reward_trend(history: list[dict]):
     """Did the sampled reward rise? Per reward key that the run logged (rewards/<task>/mean, and each
     reward function's rewards/<name>/mean), the mean over the first and the last quarter of the steps."""
-    import pandas as pd
-
     # each task's total first, then its reward functions (a function that covers the whole task, as
     # A/reward does, repeats the total and is left out)
     keys = sorted({k for r in history for k in r if k.startswith("rewards/") and k.endswith("/mean")},
