@@ -102,3 +102,25 @@ def test_axes_fit_what_an_idle_run_draws(resolve):
     assert layout["yaxis2"]["range"][0] < -0.1  # the negative reward keeps its own range
     bars = tuning.speedup_figure(matrix()).data[0]
     assert list(bars.x) == ["baseline (1.00x)", "attn_impl=math (1.00x)"] and bars.text is None
+
+
+def test_scaling_figure_draws_the_baseline_run_again_and_says_when_the_host_drifted(resolve):
+    """The scaling lines mix rows run minutes apart: the baseline's repeat (run after every row) is
+    drawn at the baseline's x in each panel, and the title says so when the two disagree (drift)."""
+    m = matrix()
+    base = m.row("baseline")
+    steady = MatrixResult(m.baseline, [*m.rows, {**base, "name": "baseline (repeat)", "variable": "baseline-repeat",
+                                                 "step_time_s": 0.0101, "tokens_per_s": base["tokens_per_step"] / 0.0101}],
+                          0.05, {"device": "cpu"}, {}, {})
+    fig = tuning.scaling_figure(steady)
+    again = [t for t in fig.data if t.legendgroup == "repeat"]
+    assert [(list(t.x), list(t.y)) for t in again] == [([2], [0.0101 * 1e3]), ([2], [base["tokens_per_step"] / 0.0101]),
+                                                       ([16], [0.0101 * 1e3]), ([16], [base["tokens_per_step"] / 0.0101])]
+    assert steady.drift() is None and "drifted" not in fig.layout.title.text
+    slow = {**base, "name": "baseline (repeat)", "variable": "baseline-repeat", "step_time_s": 0.014, "tokens_per_s": 32 / 0.014,
+            "step_time_p10_s": 0.0126, "step_time_p90_s": 0.0168, "speedup": 0.71}
+    drifted = MatrixResult(m.baseline, [*m.rows, slow], 0.05, {"device": "cpu"}, {}, {})
+    assert drifted.drift() and "drifted" in tuning.scaling_figure(drifted).layout.title.text
+    assert len(tuning.scaling_figure(m).data) == 4  # no repeat, no marker
+    full = resolve(tuning.scaling_figure(drifted))
+    assert not {k: v for k, v in legend_colours(full).items() if len(v) > 1}

@@ -103,7 +103,8 @@ def test_scaling_and_figures(matrix):
     pts = matrix.scaling("batch_size")
     assert [p["value"] for p in pts] == [2, 4]
     assert len(tuning.speedup_figure(matrix).data) == 1
-    assert len(tuning.scaling_figure(matrix).data) == 4
+    # a line each for step time and tokens/s per variable, and the baseline's repeat (run last) beside each
+    assert [t.legendgroup for t in tuning.scaling_figure(matrix).data] == ["time", "tps", "repeat", "repeat"] * 2
 
 
 def test_run_config_profiles_memory_by_phase(tmp_path):

@@ -470,7 +470,14 @@ def speedup_figure(result: MatrixResult):
 
 def scaling_figure(result: MatrixResult):
     """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence
-    length (right): four panels with their own y axes, ticks at the measured values."""
+    length (right): four panels with their own y axes, ticks at the measured values. The baseline's
+    repeat (run_matrix(repeat_baseline=True)), run after every other row, is drawn beside the
+    baseline's point as an open marker: how far the host's speed moved while the rows ran."""
+    try:
+        again = result.row("baseline (repeat)")
+    except KeyError:
+        again = None
+    again = again if again is not None and again["status"] == "ok" else None
     fig = make_subplots(rows=2, cols=2, shared_xaxes="columns", vertical_spacing=0.1, horizontal_spacing=0.12,
                         subplot_titles=("step time vs batch size", "step time vs sequence length",
                                         "throughput vs batch size", "throughput vs sequence length"))
@@ -483,10 +490,17 @@ def scaling_figure(result: MatrixResult):
                                  line_color=series_colour(0), legendgroup="time", showlegend=col == 1), row=1, col=col)
         fig.add_trace(go.Scatter(x=xs, y=[p["tokens_per_s"] for p in pts], mode="lines+markers", name="tokens/s",
                                  line_color=series_colour(1), legendgroup="tps", showlegend=col == 1), row=2, col=col)
+        if again is not None:
+            x = [getattr(result.baseline, variable)]
+            for row, y in ((1, again["step_time_s"] * 1e3), (2, again["tokens_per_s"])):
+                fig.add_trace(go.Scatter(x=x, y=[y], mode="markers", name="baseline, run again after every row",
+                                         marker=dict(symbol="circle-open", size=11, color=series_colour(2)),
+                                         legendgroup="repeat", showlegend=col == 1 and row == 1), row=row, col=col)
         fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], col=col)  # counts: integer ticks
         fig.update_xaxes(title_text=variable.replace("_", " "), row=2, col=col)
         fig.update_yaxes(title_text="ms per step", row=1, col=col)
         fig.update_yaxes(title_text="tokens/s", row=2, col=col)
-    fig.update_layout(title=f"Scaling of one training step ({result.baseline.model}, {result.environment['device']})",
-                      template="plotly_white", height=650)
+    drifted = "<br><sup>the host's speed drifted while the rows ran (open marker: the baseline run again at the end)</sup>"
+    fig.update_layout(title=f"Scaling of one training step ({result.baseline.model}, {result.environment['device']})"
+                            + (drifted if result.drift() else ""), template="plotly_white", height=650)
     return fig
