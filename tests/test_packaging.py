@@ -46,3 +46,14 @@ def test_cli_help_lists_every_subcommand():
     out = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "--help"], capture_output=True, text=True, check=True)
     for sub in ("datagen", "sft", "grpo", "eval", "bench", "run"):
         assert sub in out.stdout
+
+
+def test_every_public_name_the_readme_lists_imports_from_its_path_and_the_core_stays_chess_free():
+    """The README's public-names table: each `from ... import ...` line works in a fresh interpreter,
+    and its core lines load nothing of the chess layer or the lab."""
+    lines = re.findall(r"^\|[^|]*\| `(from rookworld_lib\.[\w.]+ import [\w, ]+)` \|", (ROOT / "README.md").read_text(), re.M)
+    assert len(lines) >= 12 and any("core.train_grpo" in line for line in lines)
+    core = [line for line in lines if line.startswith("from rookworld_lib.core.")]
+    code = "\n".join(core) + "\nimport sys\nprint(sorted(m for m in sys.modules if m.startswith(('rookworld_lib.chess', 'rookworld_lib.lab'))))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    subprocess.run([sys.executable, "-c", "\n".join(lines)], check=True)
