@@ -251,10 +251,11 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
 
 
 def test_task_weights_mix_any_named_tasks_in_grpo_prompts_and_sft_samples():
-    """The core mixes tasks by name, not by chess's P:/A: tags: GRPO gives each task its weight's share
-    of a step's prompts (two tasks: round(n * share of the first), the rule the trainer has always
-    used; a weight of 0 leaves a task out; None: one pool), and SFT's stream draws each sample's task
-    with those odds (a binomial 5-sigma band over 4,000 samples)."""
+    """The core mixes tasks by name, not by chess's P:/A: tags. GRPO gives each task its share of the
+    prompts over the run, within one prompt of it at every step, however few prompts a step has (a
+    0.1 task among 4 prompts a step is drawn, not rounded away); where a step's share is whole it gets
+    exactly that; a weight of 0 leaves a task out; None draws from one pool. SFT's stream draws each
+    sample's task with those odds (a binomial 5-sigma band over 4,000 samples)."""
     import random
 
     import numpy as np
@@ -266,12 +267,20 @@ def test_task_weights_mix_any_named_tasks_in_grpo_prompts_and_sft_samples():
     sampler = PromptSampler(items, {"sum": 2, "sort": 1, "copy": 1}, seed=0)
     assert sampler.counts(8) == {"sum": 4, "sort": 2, "copy": 2} and sampler.tasks == ["sum", "sort", "copy"]
     assert [i.task for i in sampler.draw(8)] == ["sum"] * 4 + ["sort"] * 2 + ["copy"] * 2
-    assert PromptSampler(items, {"sum": 1, "sort": 0, "copy": 1}, seed=0).counts(5) == {"sum": 2, "sort": 0, "copy": 3}
+    assert PromptSampler(items, {"sum": 1, "sort": 0, "copy": 1}, seed=0).counts(6) == {"sum": 3, "sort": 0, "copy": 3}
     rng = random.Random(0)
-    for _ in range(500):
-        f, n = rng.choice([0.0, 0.25, 0.5, 0.75, 1.0, rng.random()]), rng.randint(1, 64)
-        counts = PromptSampler(items[:10], {"sum": f, "sort": 1 - f}, seed=0).counts(n)
-        assert counts == {"sum": round(n * f), "sort": n - round(n * f)}, (f, n)
+    for _ in range(300):
+        f, n = rng.choice([0.1, 0.25, 0.5, 0.75, 1.0, rng.random()]), rng.randint(1, 33)
+        sampler, drawn = PromptSampler(items[:10], {"sum": f, "sort": 1 - f}, seed=0), 0
+        for step in range(1, 21):
+            counts = sampler.counts(n)
+            assert sum(counts.values()) == n
+            drawn += counts["sum"]
+            assert abs(drawn - step * n * f) < 1 + 1e-9, (f, n, step, drawn)
+            if (n * f).is_integer():
+                assert counts["sum"] == n * f, (f, n)
+    rare = PromptSampler(items[:10], {"sum": 0.9, "sort": 0.1}, seed=0)
+    assert sum(rare.counts(4)["sort"] for _ in range(10)) == 4  # 40 prompts, 4 of the 0.1 task
     one_pool = PromptSampler(items, None, seed=0)
     assert one_pool.tasks == ["sum", "sort", "copy"] and len(set(i.prompt for i in one_pool.draw(15))) == 15
 

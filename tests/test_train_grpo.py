@@ -207,6 +207,13 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
                     GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
                                        "loss": grpo.GRPOConfig(beta=0.0), "task_weights": {"P": 0.5, "A": 0.5}}),
                     reward_funcs=item_reward(toy_reward))
+    # another starting model, handed in as a Python user would: its weights are not the run's (helper-36)
+    torch.manual_seed(1)
+    with pytest.raises(ValueError, match=r"other settings \(starting model: 'the first or latest weights of the run' -> 'other weights'\)"):
+        GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), toy_items(),
+                    GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
+                                       "loss": grpo.GRPOConfig(beta=0.0), "task_weights": {"P": 0.5, "A": 0.5}}),
+                    reward_funcs=item_reward(toy_reward))
     # a checkpoint of another kind (here: relabelled as SFT) is refused by kind
     path = ck.latest_checkpoint(tmp_path / "run" / "checkpoints")
     state = ck.load_checkpoint(path)

@@ -572,11 +572,11 @@ def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
 
 
 def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records: Sequence, cfg: EvalConfig,
-                     on_point=None) -> list[dict]:
+                     on_point=None, device: str = "cpu") -> list[dict]:
     """The learning curve of a training run: a `curve_point` per checkpoint, oldest first.
 
     run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
-    checkpoint is evaluated on the P: and A: records. on_point(row) is called as each row is ready."""
+    checkpoint is evaluated on the P: and A: records (on `device`). on_point(row) is called as each row is ready."""
 
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir / "checkpoints")
@@ -586,7 +586,7 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     history = read_metrics(run_dir / METRICS_FILE)
     rows = []
     for step, path in found:
-        model = model_from_checkpoint(path).eval()
+        model = model_from_checkpoint(path).eval().to(resolve_device(device))
         results = {**evaluate_policy(model, policy_records, cfg), **evaluate_environment(model, env_records, cfg)}
         rows.append(curve_point(history, step, results))
         if on_point is not None:
@@ -627,6 +627,7 @@ def cli(argv: list[str] | None = None) -> int:
                          "suites (a learning curve), print the table and write <run>/curve.json")
     args = ap.parse_args(argv)
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
+    device = resolve_device(args.device)
     if args.every_checkpoint:
         return _curve_cli(args, cfg)
     suites = load_test_suites(args.data_dir)  # before the model loads: missing data or no suite stop here
@@ -634,7 +635,7 @@ def cli(argv: list[str] | None = None) -> int:
         raise ValueError("no suite selected: no suite with test records is left on (--max-policy / --max-env 0 turn "
                          "the policy / env suite off) and --selfplay-games is 0; select one with --selfplay-games N, "
                          "--max-policy N, --max-env N or a --data-dir holding that suite's test data")
-    model = GPT.from_pretrained(args.model).eval().to(resolve_device(args.device))
+    model = GPT.from_pretrained(args.model).eval().to(device)
     cfg = cfg.for_model(model)
     print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
           f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
@@ -689,7 +690,7 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
     if not (run / METRICS_FILE).exists() and (run / GRPO_METRICS_FILE).exists():
         raise ValueError(f"{run} is a GRPO run; --every-checkpoint evaluates the checkpoints of a `rookworld sft` run")
     with run_lock(run):  # a run still training there would rotate its checkpoints away mid-curve: refused
-        rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show)  # capped by cfg.max_*
+        rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show, device=args.device)  # capped by cfg.max_*
         out = run / "curve.json"
         if out.exists():  # an earlier curve (hours of evaluation, perhaps on more positions) is kept beside it
             kept = out.with_name(f"curve-{time.strftime('%Y%m%d-%H%M%S', time.localtime(out.stat().st_mtime))}.json")

@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import distributed, grpo
+from .checkpoint import weights_fingerprint
 from .config import SEED_MAX, bad_field, check_weights, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
@@ -169,8 +170,8 @@ def _shown(value) -> str:
 
 
 class PromptSampler:
-    """Draws prompts: each task's share of a step as task_weights gives it (None: one pool of every
-    item), reshuffling each pool when it runs out."""
+    """Draws prompts: each task at its share of task_weights (None: one pool of every item), each
+    pool reshuffled when it runs out."""
 
     def __init__(self, items: list[PromptItem], task_weights: dict[str, float] | None, seed: int):
         self.weights = task_weights
@@ -190,6 +191,7 @@ class PromptSampler:
         self.tasks = list(task_weights or dict.fromkeys(i.task for i in items))
         self.rng = random.Random(seed)
         self.order = {t: [] for t in self.pools}
+        self.credit = dict.fromkeys(self.pools, 0.0)  # see counts
 
     def _next(self, task):
         if not self.order[task]:
@@ -198,15 +200,20 @@ class PromptSampler:
         return self.pools[task][self.order[task].pop()]
 
     def counts(self, n: int) -> dict[str, int]:
-        """How many of n prompts each pool gives: each task its weight's share of what the tasks after
-        it have not taken, rounded (two tasks: round(n * share of the first), the rest the second)."""
+        """How many of the next n prompts each pool gives, by smooth weighted round robin (nginx's):
+        each prompt goes to the task with the most credit, every task earning its share per prompt
+        and the chosen one paying 1, the credit carried from step to step. Every task with a weight
+        is drawn at its share in the long run, however few prompts a step has (0.1 of 4 prompts: one
+        step in 2.5); where n * share is whole, each step gets exactly that (0.5 of 16: 8 and 8)."""
         if self.weights is None:
             return {"all": n}
-        out, left, weights = {}, n, list(self.weights.items())
-        for k, (task, w) in enumerate(weights):
-            rest = sum(v for _, v in weights[k:])
-            out[task] = left if w == rest else round(left * w / rest)
-            left -= out[task]
+        total, out = sum(self.weights.values()), dict.fromkeys(self.weights, 0)
+        for _ in range(n):
+            for task, w in self.weights.items():
+                self.credit[task] += w / total
+            pick = max(self.credit, key=self.credit.get)  # the first of equals
+            self.credit[pick] -= 1.0
+            out[pick] += 1
         return out
 
     def draw(self, n: int) -> list[PromptItem]:
@@ -222,11 +229,13 @@ class PromptSampler:
         return h.hexdigest()
 
     def state_dict(self):
-        return {"rng": self.rng.getstate(), "order": copy.deepcopy(self.order)}
+        return {"rng": self.rng.getstate(), "order": copy.deepcopy(self.order), "credit": dict(self.credit)}
 
     def load_state_dict(self, state):
         self.rng.setstate(state["rng"])
         self.order = copy.deepcopy(state["order"])
+        # a checkpoint from before the credit: zero, where a step of whole shares leaves it
+        self.credit = dict(state.get("credit") or dict.fromkeys(self.pools, 0.0))
 
 
 @dataclass
@@ -298,6 +307,7 @@ class GRPOTrainer(Trainer):
         if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
         check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
+        self.start_weights = weights_fingerprint(model)  # the model as handed in: a resume must be handed it too
         super().__init__(cfg, cfg.steps, on_step=on_step)
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         check_export_spares(init_from, cfg.out_dir, type(self).__name__)
@@ -365,7 +375,10 @@ class GRPOTrainer(Trainer):
     # -- what the scaffold asks -----------------------------------------------------------
 
     def checkpoint_extra(self) -> dict:
+        now = self.model if self.vocab is None else self.vocab.expand(self.model, self.outside)
         extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint, "tokens_seen": self.tokens_seen,
+                 # the model handed in at the start, and as train() leaves it (the weights saved here)
+                 "start_weights": self.start_weights, "weights": weights_fingerprint(now),
                  "rewards": [[n, w] for n, w in zip(self.reward_names, self.reward_weights)],
                  "task_vocab": None if self.vocab is None else self.vocab.ids.tolist(),
                  "task_vocab_base": None if self.outside is None else self.init_from or "unknown"}
@@ -383,6 +396,8 @@ class GRPOTrainer(Trainer):
         extra, diff = ckpt.get("extra") or {}, {}
         if self.init_from is not None and extra.get("init_from") not in (None, self.init_from):
             diff["init_from"] = (extra["init_from"], self.init_from)
+        if extra.get("start_weights") is not None and self.start_weights not in (extra["start_weights"], extra["weights"]):
+            diff["starting model"] = ("the first or latest weights of the run", "other weights")
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
         saved, shape = ckpt.get("model_config") or {}, dataclasses.asdict(self.model.config)

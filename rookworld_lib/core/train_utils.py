@@ -137,7 +137,11 @@ def resolve_device(device: str = "auto") -> torch.device:
     """"auto" -> cuda when available, else cpu; anything else is checked to exist."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"device {device!r} (--device): must be 'auto' or a torch device such as 'cpu', 'cuda', "
+                         "'cuda:1'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available (use 'cpu' or 'auto')")
     if dev.type == "mps" and not torch.backends.mps.is_available():

@@ -30,7 +30,7 @@ from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
 from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path, get_tokenizer
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 from ..core.config import SEED_MAX, option, validate
-from ..core.train_utils import Runtime, build_adamw, clip_grad_norm, resolve_device, setup_runtime
+from ..core.train_utils import Runtime, build_adamw, check_device_name, clip_grad_norm, resolve_device, setup_runtime
 from ..core.train_step import TrainStep
 from ..core.task_vocab import TaskVocab, pin_bias_coordinate
 from ..chess import data as chess_data
@@ -78,6 +78,7 @@ class BenchConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices (the option() checks above)
+        check_device_name(self)
         block = PRESETS[self.model].block_size
         if self.train_seq_len > block or self.prompt_len + self.new_tokens > block:
             raise ValueError(f"BenchConfig: sequences longer than the {self.model} model's block_size {block}")
