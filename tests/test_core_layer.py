@@ -290,3 +290,26 @@ def test_task_weights_mix_any_named_tasks_in_grpo_prompts_and_sft_samples():
     drawn = np.bincount([stream._pool_of(k) for k in range(n)], minlength=3) / n
     for share, want in zip(drawn, (0.6, 0.3, 0.1)):
         assert abs(share - want) < 5 * (want * (1 - want) / n) ** 0.5, drawn
+
+
+def test_sft_task_weights_shape_the_val_stream_and_name_an_untagged_sample_where_the_user_put_it(tmp_path):
+    """A task of weight 0 is left out of the val loss as it is of training (the val texts held out of
+    the train texts hold it too); a sample with no task tag is named by its index in the texts given,
+    before any val split, whether it would land in train or val."""
+    import numpy as np
+    import pytest
+
+    from rookworld_lib.core.train_sft import SFTTrainer
+
+    texts = [f"S: {i}+{i} = {2 * i}" for i in range(100)] + [f"R: {'ab' * (i % 5 + 1)} = ba" for i in range(100)]
+    cfg = SFTConfig(model="tiny", model_overrides={"block_size": 32}, block_size=32, batch_size=2, max_steps=1,
+                    warmup_steps=0, val_fraction=0.2, eval_interval=1, eval_steps=1, progress=False, report_to="none",
+                    export_hf=False, out_dir=str(tmp_path / "run"), task_weights={"S": 1.0, "R": 0.0})
+    val = SFTTrainer(cfg, train_texts=texts).val_stream
+    assert val.task_weights == {"S": 1.0, "R": 0.0}
+    assert set(np.bincount([val._pool_of(k) for k in range(2000)], minlength=2)[1:]) == {0}  # never an R: sample
+    for where in (0, 151, 199):
+        bad = texts[:where] + ["hello world"] + texts[where + 1:]
+        with pytest.raises(ValueError, match=rf"^train sample {where} starts with 'hello world': with task_weights set, "
+                                             r"every sample must start with 'S: ' or 'R: ' \(give its task a weight"):
+            SFTTrainer(cfg, train_texts=bad)

@@ -396,13 +396,15 @@ class GRPOTrainer(Trainer):
         extra, diff = ckpt.get("extra") or {}, {}
         if self.init_from is not None and extra.get("init_from") not in (None, self.init_from):
             diff["init_from"] = (extra["init_from"], self.init_from)
-        if extra.get("start_weights") is not None and self.start_weights not in (extra["start_weights"], extra["weights"]):
-            diff["starting model"] = ("the first or latest weights of the run", "other weights")
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
         saved, shape = ckpt.get("model_config") or {}, dataclasses.asdict(self.model.config)
         diff.update({f"model.{k}": (saved[k], shape[k]) for k in ("n_layer", "n_head", "n_embd", "vocab_size",
                                                                   "block_size", "bias") if saved.get(k, shape[k]) != shape[k]})
+        same_shape = not any(k.startswith("model.") for k in diff)  # else the shape says it
+        if same_shape and extra.get("start_weights") is not None and self.start_weights not in (extra["start_weights"],
+                                                                                               extra["weights"]):
+            diff["starting model"] = ("the first or latest weights of the run", "other weights")
         rewards = [[n, w] for n, w in zip(self.reward_names, self.reward_weights)]
         if extra.get("rewards", rewards) != rewards:  # reward functions by name, with their weights
             diff["reward_funcs"] = tuple(", ".join(f"{n} x{w:g}" for n, w in r) for r in (extra["rewards"], rewards))

@@ -279,6 +279,15 @@ def _encode_pool(enc, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)), offsets  # an unused pool may be empty
 
 
+def _check_tags(texts: Sequence[str], tasks: list[str], name: str, first: int = 0) -> None:
+    """Refuse a sample that starts with none of the tasks' tags, naming it (sample first, first + 1, ...)."""
+    if (i := next((i for i, t in enumerate(texts) if task_of(t.lstrip(), tasks) is None), None)) is not None:
+        tags = " or ".join(f"'{t}: '" for t in tasks)
+        raise ValueError(f"{name} sample {first + i} starts with {texts[i].lstrip()[:24]!r}: with task_weights set, "
+                         f"every sample must start with {tags} (give its task a weight, 0 to leave it out, or set "
+                         "task_weights=None)")
+
+
 def _check_pools(task_weights: dict[str, float], present: list[str], name: str) -> None:
     """Refuse a task with a share above 0 and no samples in the data (present: the tasks that have some)."""
     if missing := [t for t, w in task_weights.items() if w > 0 and t not in present]:
@@ -313,12 +322,8 @@ class PackedStream:
         else:
             groups = {t: [] for t in self.pool_names}
             for i, text in enumerate(texts):
-                task = task_of(text.lstrip(), self.pool_names)
-                if task is None:
-                    tags = " or ".join(f"'{t}: '" for t in self.pool_names)
-                    raise ValueError(f"{name} sample {i} starts with {text.lstrip()[:24]!r}: with task_weights set, "
-                                     f"every sample must start with {tags} (or set task_weights=None)")
-                groups[task].append(i)
+                _check_tags([text], self.pool_names, name, i)
+                groups[task_of(text.lstrip(), self.pool_names)].append(i)
             _check_pools(task_weights, [t for t in self.pool_names if groups[t]], name)
         cleaned = [text.removesuffix(EOT_TOKEN) for text in texts]
         if empty := [i for i, t in enumerate(cleaned) if not t.strip()]:
@@ -560,6 +565,9 @@ class SFTTrainer(Trainer):
             train_texts = self.reader.load_texts(cfg.train_data)
         if val_texts is None and cfg.val_data:
             val_texts = self.reader.load_texts(cfg.val_data)
+        if cfg.task_weights is not None:  # named by their place in what the user gave, before any val split
+            for name, texts in (("train", train_texts), ("val", val_texts or ())):
+                _check_tags(texts, list(cfg.task_weights), name)
         if val_texts is None:
             if cfg.val_fraction > 0:  # held out whether or not eval is on, so the training data never depend on it
                 train_texts, val_texts = split_val(train_texts, cfg.val_fraction, cfg.seed)
@@ -574,9 +582,9 @@ class SFTTrainer(Trainer):
                  self.train_stream.n_tokens, f", {len(val_texts)} val samples" if val_texts else "")
         self.val_stream = None
         if val_texts and cfg.eval_interval > 0:
-            mix = cfg.task_weights
-            if mix is not None and {task_of(t.lstrip(), mix) for t in val_texts} != {t for t, w in mix.items() if w > 0}:
-                mix = None  # val data without some task (or with other texts): measure it as it is
+            mix = cfg.task_weights  # the training mix (a task of weight 0 left out), where val holds every task of it
+            if mix is not None and not {t for t, w in mix.items() if w > 0} <= {task_of(t.lstrip(), mix) for t in val_texts}:
+                mix = None  # val data without some task: measure it as it is
             self.val_stream = PackedStream(val_texts, seed=cfg.seed, task_weights=mix, name="val")
 
     def _stream_data(self) -> None:
