@@ -313,3 +313,48 @@ def test_sft_task_weights_shape_the_val_stream_and_name_an_untagged_sample_where
         with pytest.raises(ValueError, match=rf"^train sample {where} starts with 'hello world': with task_weights set, "
                                              r"every sample must start with 'S: ' or 'R: ' \(give its task a weight"):
             SFTTrainer(cfg, train_texts=bad)
+
+
+def test_a_resume_past_the_steps_a_run_is_set_to_is_refused_not_a_silent_no_op(tmp_path):
+    import pytest
+
+    tiny_trainer(tmp_path, steps=3).train()
+    with pytest.raises(ValueError, match=r"step_00000003.pt is at step 3, past the 2 steps this GRPO run is set to: "
+                                         "nothing to train; set more steps"):
+        tiny_trainer(tmp_path, steps=2)
+    assert tiny_trainer(tmp_path, steps=3).train() == []  # the same length: done, nothing to add
+
+
+def test_prompt_items_and_task_names_are_checked_where_they_are_made():
+    import pytest
+
+    with pytest.raises(ValueError, match="PromptItem.task must be a non-empty name, got ''"):
+        PromptItem("", "Q: 1 A:")
+    with pytest.raises(ValueError, match="PromptItem.prompt must be text, got int 123"):
+        PromptItem("sum", 123)
+    with pytest.raises(ValueError, match=r"GRPOTrainConfig.task_weights must name each task by its tag without the colon "
+                                         r"\('P' for samples 'P: ...'\), not 'S:'"):
+        GRPOTrainConfig(task_weights={"S:": 1.0})
+
+
+def test_grpo_writes_its_export_at_the_end_as_sft_does_and_help_lists_every_field(tmp_path):
+    import dataclasses
+
+    from rookworld_lib.core.model import GPT
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig as Config
+
+    trainer = tiny_trainer(tmp_path / "a", steps=2)
+    trainer.train()
+    back = GPT.from_pretrained(tmp_path / "a" / "final")  # the trained weights, as train() left them
+    assert all(torch_equal(a, b) for a, b in zip(trainer.model.parameters(), back.parameters()))
+    tiny_trainer(tmp_path / "b", export_hf=False).train()
+    assert not (tmp_path / "b" / "final").exists()
+    for cls in (Config, SFTConfig):  # help(Config): each field, its type, default and help text
+        assert all(f"\n    {f.name} (" in cls.__doc__ for f in dataclasses.fields(cls))
+    assert "task_weights (dict[str, float] | None = None): each task's share" in Config.__doc__
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a.detach().cpu(), b.detach().cpu())

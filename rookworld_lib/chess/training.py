@@ -22,6 +22,7 @@ from ..core.model import GPT, PROMPT_PREFIX_KEY, CheckpointFormatError, read_con
 from ..core.paths import DataFormatError, json_lines
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, check_world_size
+from ..core.trainer import FINAL_DIR
 from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
 from ..core.task_vocab import TaskVocab, outside_logmass
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
@@ -405,10 +406,10 @@ def _run_grpo(args: argparse.Namespace) -> int:
     trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
                           init_from=args.init_from, task_vocab=vocab)
     try:
-        trainer.train()
-        final = trainer.export()  # every rank: rank 0 writes, the others wait at its barrier
+        trainer.train()  # writes <out>/final at the end (--no-export-hf: not)
         if trainer.dist.is_main:
-            print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / GRPO_METRICS_FILE}; model in {final}")
+            print(f"GRPO finished at step {trainer.step}; metrics {trainer.out_dir / GRPO_METRICS_FILE}"
+                  + (f"; model in {trainer.out_dir / FINAL_DIR}" if cfg.export_hf else ""))
     finally:
         trainer.close()  # before the process group goes (see Trainer.close)
     return 0

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Iterable
@@ -27,6 +28,22 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, 
     assert set(checks) <= {"min", "max", "min_open", "max_open", "choices"}, checks
     kw = {"default_factory": factory} if factory is not None else {"default": default}
     return dataclasses.field(metadata={"help": help, **checks}, **kw)
+
+
+def documented(cls):
+    """Class decorator (over @dataclass): each field's help text appended to the class docstring, as
+    TRL's configs list their parameters, so that help(Config) shows what every field does."""
+    lines = [textwrap.fill(f"{name} ({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)}"
+                           f" = {_shown_default(f)}): {f.metadata.get('help', '')}", 100, initial_indent="    ",
+                           subsequent_indent="        ") for f in dataclasses.fields(cls) for name in [f.name]]
+    cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n    Fields:\n" + "\n".join(lines) + "\n"
+    return cls
+
+
+def _shown_default(f) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default)
+    return f"{f.default_factory.__name__}()" if f.default_factory is not dataclasses.MISSING else "required"
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -87,8 +104,9 @@ def check_weights(cfg, name: str) -> None:
     if not isinstance(value, dict) or not value:
         bad_field(cls, name, value, "must be a non-empty dict {task: weight}, or None")
     for task, w in value.items():
-        if not isinstance(task, str) or not task:
-            bad_field(cls, name, value, f"must name each task by a non-empty string, not {task!r}")
+        if not isinstance(task, str) or not task.strip() or task.endswith(":"):
+            bad_field(cls, name, value, f"must name each task by its tag without the colon ('P' for samples "
+                      f"'P: ...'), not {task!r}")
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
             bad_field(cls, f"{name}[{task!r}]", w, "must be a finite number >= 0")
     if not any(value.values()):

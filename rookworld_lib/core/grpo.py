@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import bad_field, check_number, option, validate
+from .config import bad_field, check_number, documented, option, validate
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -257,6 +257,7 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
 
 # --- Configuration
 
+@documented
 @dataclass(frozen=True)
 class GRPOConfig:
     """How the GRPO loss is formed. The defaults are the DeepSeekMath objective.

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.utils.checkpoint import checkpoint
 
-from .config import option, validate
+from .config import documented, option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import TMP_PREFIX, atomic_path, atomic_write
 from .tokenizer import EOT_TOKEN, write_hf_tokenizer
@@ -32,6 +32,7 @@ from .tokenizer import EOT_TOKEN, write_hf_tokenizer
 ATTN_IMPLS = ("sdpa", "math")
 
 
+@documented
 @dataclass(frozen=True)
 class GPTConfig:
     """Shape and behaviour of a GPT-2 model. Defaults are GPT-2 124M (124,439,808 parameters)."""

@@ -36,7 +36,7 @@ import torch
 
 from . import distributed, grpo
 from .checkpoint import weights_fingerprint
-from .config import SEED_MAX, bad_field, check_weights, option, validate
+from .config import SEED_MAX, bad_field, check_weights, documented, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
@@ -48,7 +48,7 @@ METRICS_FILE = "grpo_metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
 # The config.json key of a GRPO export's rollout temperature (GPT.meta): sampled evaluations use it
 ROLLOUT_TEMPERATURE_KEY = "rookworld_rollout_temperature"
-# A completions.jsonl row: the step; the group (prompt index within the step); task "P"/"A"; prompt and
+# A completions.jsonl row: the step; the group (prompt index within the step); the prompt's task; prompt and
 # completion text; reward and advantage; the completion's mean token ratio new/old at its first update
 # and the fraction of its tokens with a ratio outside [1 - clip_eps_low, 1 + clip_eps_high] (null when
 # none of its tokens enter the loss).
@@ -65,15 +65,22 @@ class PromptItem:
     prompt: str
     truth: dict | None = None
 
+    def __post_init__(self):
+        if not isinstance(self.task, str) or not self.task.strip():
+            raise ValueError(f"PromptItem.task must be a non-empty name, got {self.task!r}")
+        if not isinstance(self.prompt, str):
+            raise ValueError(f"PromptItem.prompt must be text, got {type(self.prompt).__name__} {self.prompt!r:.60}")
 
+
+@documented
 @dataclass
 class GRPOTrainConfig:
     """Settings of the GRPO loop (the loss itself is configured by `loss`, a grpo.GRPOConfig)."""
 
-    steps: int = option(20, "optimizer-level GRPO steps (each = one rollout batch)", min=1)
+    steps: int = option(20, "GRPO steps, each one rollout batch (prompts_per_step x group_size completions) trained on in mu passes of minibatch_size completions, one optimizer step each", min=1)
     prompts_per_step: int = option(8, "prompts per rollout batch", min=1)
     group_size: int = option(4, "completions per prompt (G)", min=2)
-    task_weights: dict[str, float] | None = option(None, "each task's share of a step's prompts (PromptItem.task), e.g. {'P': 0.5, 'A': 0.5}; None: drawn from all prompts as one pool")
+    task_weights: dict[str, float] | None = option(None, "each task's share of a step's prompts (PromptItem.task), e.g. {'math': 0.7, 'code': 0.3}; None: drawn from all prompts as one pool")
     max_new_tokens: int = option(96, "completion budget; longer completions are truncated", min=1)
     temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=0.0, min_open=True)
     vocab: str = option("auto", '"auto": sample and score over the task vocabulary a model marks (a vocab="task" SFT export: the same policy to float precision, several times faster; see task_vocab), else over all of GPT-2; "full": always all 50,257 tokens; "task": the marked vocabulary, or the trainer\'s task_vocab= (an opt-in for a model that marks none)', choices=("auto", "full", "task"))
@@ -97,7 +104,8 @@ class GRPOTrainConfig:
     cudnn_attention: bool = option(True, "on CUDA, let attention use cuDNN's kernel (PyTorch's choice): 1.2x faster a step of the gpu profile's once warm, but its first steps on a fresh machine cost about 7 s more, so a run of a few dozen steps is faster without (docs/perf.md); no effect on CPU")
     checkpoint_interval: int = option(0, "steps between checkpoints (0 = only where the run stops), with out_dir", min=0)
     keep_checkpoints: int = option(2, "newest checkpoints kept on disk", min=0)
-    out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl and checkpoints/ go here (None = keep nothing)")
+    out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ go here (None = keep nothing)")
+    export_hf: bool = option(True, "at the end, write the trained model (the full GPT-2) in Hugging Face format to <out_dir>/final, as SFT does (trainer.export(dir) writes it anywhere)")
     report_to: str = option("tensorboard", '"tensorboard": the metrics also as event files in out_dir (tensorboard --logdir runs); "none"', choices=("tensorboard", "none"))
     completions_interval: int = option(10, "write the step's completions (completions.jsonl, TensorBoard text) at step 1 and every this many steps (0 = never)", min=0)
     resume: bool = option(True, "continue from out_dir/checkpoints when it holds a checkpoint of this run")
@@ -122,7 +130,8 @@ class GRPOTrainConfig:
 # TRL's reward-function signature: f(prompts, completions, **columns) -> one float (or None:
 # unscorable) per completion; the columns here are `task` and `truth`, one value per completion.
 RewardFunc = Callable[..., Sequence[float | None]]
-RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to", "cudnn_attention"}  # how long, what is logged, a kernel choice
+RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to", "cudnn_attention",
+                                                 "export_hf"}  # how long, what is logged or written, a kernel choice
 
 
 def score_completions(reward_funcs: Sequence[RewardFunc], weights: Sequence[float], items: list[PromptItem],
@@ -290,6 +299,17 @@ def _varied_groups(batch: RolloutBatch, G: int) -> RolloutBatch:
 class GRPOTrainer(Trainer):
     """The policy, the optional frozen reference, the prompts and the loop state; resumes from out_dir.
 
+    model: the GPT to train (in place: after train() it holds the trained weights); items: the
+    PromptItems to draw from (mixed by cfg.task_weights); reward_funcs: one function or a list, each
+    called as TRL calls them, f(prompts=[...], completions=[...], task=[...], truth=[...]) with one
+    entry per completion (task and truth from its PromptItem: put whatever a reward needs to know
+    about a prompt, such as its solution, in truth), returning one float or None (unscorable) each;
+    reward_weights: one per function (default 1 each; their weighted sum is the reward); on_step:
+    called with each step's metrics record; init_from: the directory the model was loaded from (a
+    resume must name the same); task_vocab: the opt-in vocabulary of cfg.vocab="task" for a model
+    that marks none. With out_dir, train() writes metrics, completions and checkpoints there and, at
+    the end, the Hugging Face export to <out_dir>/final (cfg.export_hf); export(dir) writes it anywhere.
+
     Under torchrun each rank samples and scores its share of the rollout chunks, then every rank
     gathers the global batch; each minibatch is split across the ranks and normalised by global
     counts, so the update does not depend on the world size.
@@ -309,6 +329,7 @@ class GRPOTrainer(Trainer):
         check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
         self.start_weights = weights_fingerprint(model)  # the model as handed in: a resume must be handed it too
         super().__init__(cfg, cfg.steps, on_step=on_step)
+        self.export_at_end = cfg.export_hf and cfg.out_dir is not None
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
         check_export_spares(init_from, cfg.out_dir, type(self).__name__)
         check_world_size(cfg, self.dist.world_size)

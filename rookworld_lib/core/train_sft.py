@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import SEED_MAX, bad_field, check_number, check_weights, option, validate
+from .config import SEED_MAX, bad_field, check_number, check_weights, documented, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
@@ -49,6 +49,7 @@ RECORD_KEYS = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "throu
 
 # -- configuration ---------------------------------------------------------------------------------
 
+@documented
 @dataclass(frozen=True)
 class SFTConfig:
     """Settings of one SFT run. Bad values fail at construction with a message naming the field."""
@@ -58,9 +59,9 @@ class SFTConfig:
     model_overrides: dict = option(factory=dict, help="GPTConfig fields to override, e.g. dropout=0.1")
     init_from: str = option("scratch", '"scratch" (random init of the preset) or a Hugging Face GPT-2 directory')
     # data
-    train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines; the chess layer\'s also reads its P:/A: records)')
+    train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines, or TRL\'s prompt/completion records; a task layer\'s reader may read its own records)')
     val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
-    task_weights: dict[str, float] | None = option(None, "each task's share of the packed stream, a task's samples being those that start with its tag ('P: ...' is task P), e.g. {'P': 0.5, 'A': 0.5}; None: one pool, the data's own mix")
+    task_weights: dict[str, float] | None = option(None, "each task's share of the packed stream, a task's samples being those that start with its tag ('P: ...' is task P), e.g. {'math': 0.7, 'code': 0.3}; None: one pool, the data's own mix")
     stream: bool = option(False, "read train_data/val_data as they are used (tokenized on the fly through a shuffle buffer): memory does not grow with the data; for large sharded sets")
     shuffle_buffer: int = option(10_000, "samples held in each task's shuffle buffer when stream=True", min=1)
     val_fraction: float = option(0.05, "share of training samples held out for val when there is no val data (0 = none)", min=0.0, max=1.0, max_open=True)
@@ -305,10 +306,10 @@ class PackedStream:
     All draws are pure functions of (seed, sample index), so the position is three numbers and a
     resumed run reads the same tokens.
 
-    texts: full sample strings ("P: ... B: e2e4", "A: ...+0.001+0+0"); a trailing <|endoftext|>
-    is dropped (each sample gets one in front). task_weights ({"P": 0.5, "A": 0.5}): the chance
-    that the next sample is of each task, a task's samples being those that start with its tag
-    ("P: ..."); every text must then start with one of them. None: one pool, the data's own mix.
+    texts: full sample strings ("S: 3+4 = 7", "R: abc = cba"); a trailing <|endoftext|> is dropped
+    (each sample gets one in front). task_weights ({"S": 0.7, "R": 0.3}): the chance that the next
+    sample is of each task, a task's samples being those that start with its tag ("S: ..."); every
+    text must then start with one of them. None: one pool, the data's own mix.
     """
 
     def __init__(self, texts: Sequence[str], *, seed: int, task_weights: dict[str, float] | None = None,

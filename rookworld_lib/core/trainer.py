@@ -154,6 +154,9 @@ class Trainer:
             changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
                              "same settings to resume it, or another out_dir for a new run")
+        if ckpt["step"] > self.total_steps:
+            raise ValueError(f"{latest} is at step {ckpt['step']}, past the {self.total_steps} steps this {self.name} run "
+                             "is set to: nothing to train; set more steps to continue it, or another out_dir for a new run")
         ckpt["path"] = latest
         return ckpt
 
