@@ -72,6 +72,10 @@ def test_onpolicy_ratio_dev_isolates_the_first_minibatch():
     rec = trainer.train_step()
     assert rec["ratio/onpolicy_dev"] < 1e-4
     assert max(rec["ratio/max"] - 1.0, 1.0 - rec["ratio/min"]) > 1e-2
+    assert rec["num_completions"] == 4 * 4  # the step's completions (prompts x group), not a minibatch's 4
+    # the per-task reward spread is the sample std (Bessel), as TRL's per-function one
+    rewards = [r for r, i in zip(trainer.last_batch.rewards.tolist(), trainer.last_batch.items) if i.task == "P"]
+    assert rec["rewards/P/std"] == pytest.approx(torch.tensor(rewards).std().item())
 
 
 def test_reference_model_and_kl_logged_when_beta_positive():

@@ -662,7 +662,7 @@ class GRPOTrainer(Trainer):
             sel = torch.tensor([i.task == task for i in batch.items])
             if (scored := rewards[sel][~rewards[sel].isnan()]).numel():
                 record[f"rewards/{task}/mean"] = scored.mean().item()
-                record[f"rewards/{task}/std"] = scored.std(unbiased=False).item()
+                record[f"rewards/{task}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # as below
         for name, column in zip(self.reward_names, batch.reward_table.T):  # TRL's, over the rows each scored
             if (scored := column[~column.isnan()]).numel():
                 record[f"rewards/{name}/mean"] = scored.mean().item()
@@ -675,6 +675,7 @@ class GRPOTrainer(Trainer):
                        "time/update": timings["update"], "time/step": elapsed,
                        "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
                        "num_tokens": self.tokens_seen,  # as TRL's: prompt and completion tokens so far
+                       "num_completions": len(batch.items),  # the step's (a loss call's are a minibatch's)
                        "world_size": self.dist.world_size})
         return record
 
