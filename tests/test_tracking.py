@@ -135,3 +135,15 @@ def test_completion_ratios_are_the_losses_at_each_rows_first_update():
     assert rec["ratio/mean"] == pytest.approx(sum(means) / 4, rel=1e-6)
     assert all(abs(rows[i]["ratio"] - 1) < 1e-4 and rows[i]["clip_fraction"] == 0 for i in order[:4].tolist())
     assert max(abs(r["ratio"] - 1) for r in rows) > 1e-2  # later minibatches ran after updates
+
+
+def test_a_new_event_file_sorts_after_every_earlier_one(tmp_path):
+    """TensorBoard reads event files in name order (the time in whole seconds first, then host, pid and
+    a counter that is not zero-padded): a writer opened in the same second as an earlier file waits for
+    the next, or that file's steps would purge its own (this file's resume test failed so, now and then)."""
+    import time
+
+    earlier = f"events.out.tfevents.{int(time.time()) + 1}.host.1.9"
+    (tmp_path / earlier).write_bytes(b"")
+    make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4}).train()
+    assert sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))[0] == earlier

@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -341,7 +342,14 @@ class Trainer:
             from torch.utils.tensorboard import SummaryWriter  # heavy (tensorboard): only where event files are written
 
             # purge_step hides the events of earlier writers from this step on: a resume redoes the steps
-            # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything
+            # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything.
+            # TensorBoard reads the files in name order, the name starting with the time in whole seconds:
+            # a writer opened in the second of an earlier one's file could sort before it (its counter,
+            # not zero-padded: ...pid.10 < ...pid.9), and that file's steps would then purge this one's.
+            newest = max((int(p.name.split(".")[3]) for p in self.out_dir.glob("events.out.tfevents.*")
+                          if p.name.split(".")[3].isdigit()), default=0)
+            while time.time() < newest + 1:
+                time.sleep(0.05)
             self.tensorboard = stack.enter_context(SummaryWriter(
                 str(self.out_dir), purge_step=0 if resume_step is None else resume_step + 1, flush_secs=10))
 

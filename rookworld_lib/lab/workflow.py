@@ -80,7 +80,8 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
                             model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **(model_overrides or {})}),
                      **sft}),
         GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False, task_weights=task_weights(),
-                        export_hf=False,  # notebook 05 exports the GRPO model to <run>/training/final
+                        export_hf=False, checkpoint_interval=0,  # notebook 05 exports to <run>/training/final;
+                        # a notebook run starts afresh (resume=False), so checkpoints before the end would go unused
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
         EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, candidate_order=candidate_order)
 
