@@ -472,9 +472,21 @@ def test_convert_fails_when_no_line_converts_and_names_our_own_records(tmp_path,
     captured = capsys.readouterr()
     assert "3  a record in our own format already (rookworld datagen's): use its directory as it is" in captured.out
     assert "rookworld convert: error: none of the 3 lines converted" in captured.err
-    assert convert.cli([str(garbage), "--out", str(tmp_path / "b"), "--workers", "1", "--no-progress", "--json"]) == 1
-    report = json.loads(capsys.readouterr().out)
+    assert not (tmp_path / "a").exists()  # the --out folder as it was (here: none), not a lock and an errors file
+    kept = tmp_path / "b"
+    kept.mkdir()
+    (kept / "convert_errors_test.txt").write_text("an earlier run's\n")
+    assert convert.cli([str(garbage), "--out", str(kept), "--workers", "1", "--no-progress", "--json"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
     assert report["errors_by_reason"] == {"expected 7 '+'-separated fields, found 1": 2}, report["errors_by_reason"]
+    assert f"none of the 2 lines converted (their reasons by count in the report); nothing was written to {kept}" in captured.err
+    assert sorted(p.name for p in kept.iterdir()) == ["convert_errors_test.txt"]
+    assert (kept / "convert_errors_test.txt").read_text() == "an earlier run's\n"
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert convert.cli([str(empty), "--out", str(tmp_path / "e"), "--workers", "1", "--no-progress"]) == 1
+    assert "rookworld convert: error: the inputs hold no lines; nothing was written" in capsys.readouterr().err
     assert main(["convert", str(garbage), "--out", str(tmp_path / "c"), "--workers", "0"]) == 1
     assert "--workers) must be a whole number of processes >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()

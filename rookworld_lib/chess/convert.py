@@ -31,7 +31,7 @@ import chess
 
 from . import tasks
 from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
-from ..core.paths import atomic_file, json_line, read_jsonl, run_lock
+from ..core.paths import LOCK_FILE, atomic_file, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
 from .engine import usable_cores
 from .rewards import EnvTruth
@@ -295,7 +295,9 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     """Convert original lines into ``<out_dir>/policy_<split>.jsonl`` and ``env_<split>.jsonl`` (ready
     for ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
     ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when
-    the whole input is done, only for a task with records (another task's file is left as it is)."""
+    the whole input is done, only for a task with records (another task's file is left as it is).
+    When no line converts, nothing is written: out_dir is left as it was (the report holds the
+    reasons, and no outputs)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -311,13 +313,32 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     errors_path = out / f"convert_errors_{split}.txt"
     report = ConvertReport()
     t0 = time.perf_counter()
+    new_dir, new_lock = not out.exists(), not (out / LOCK_FILE).exists()
+    try:
+        _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
+    except _NothingConverted:  # every temporary file is gone: take back the lock file and folder made here
+        if new_lock:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+        if new_dir:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+class _NothingConverted(Exception):
+    """Raised inside the writing block when no line converted, so that every output is discarded."""
+
+
+def _convert_into(out: Path, inputs: list[Path], split: str, workers: int, chunk_lines: int, progress: bool,
+                  report: ConvertReport, errors_path: Path) -> None:
     with contextlib.ExitStack() as stack:  # on an error every output's temporary file is removed
         stack.enter_context(run_lock(out))  # one writer per directory, as datagen and training: RunDirBusyError
         if there := [f.name for t in ("P", "A") for f in data_files_of(TASK_FILES[t].format(split=split), out)]:
             raise ValueError(f"{out} already holds {', '.join(there)}: converting would replace them; choose "
                              "another --out (or --split), delete them first, or convert every input of this split "
                              "in one command")
-        err_fh = stack.enter_context(open(errors_path, "w", encoding="utf-8"))
+        err_fh = stack.enter_context(atomic_file(errors_path))
         outputs: dict = {}
         bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))
         for path, results in stack.enter_context(contextlib.closing(_converted(inputs, split, workers, chunk_lines))):
@@ -325,7 +346,7 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
                 report.lines += 1
                 if isinstance(res, str):
                     msg = f"{path}:{number}: {res}"
-                    err_fh.write(msg + "\n")
+                    err_fh.write((msg + "\n").encode())
                     # counts group by the kind of problem, not by the move or text it quotes (a quoted
                     # single character, as the '+' of "7 '+'-separated fields", is part of the kind)
                     report.reasons[re.sub(r"'[^']{2,}'|\"[^\"]{2,}\"", "'...'", res)] += 1
@@ -338,10 +359,10 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
                 outputs[task].write(json_line(res))
                 report.written[task] += 1
             bar.update(len(results))
+        if not outputs:
+            raise _NothingConverted
     report.outputs = {t: out / TASK_FILES[t].format(split=split) for t in ("P", "A") if t in outputs}
     report.outputs["errors"] = errors_path
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -367,18 +388,27 @@ def cli(argv: list[str] | None = None) -> int:
     status = 0 if sum(report.written.values()) else 1  # nothing to evaluate or train on is a failure
     if args.json:
         print(json.dumps(report.as_dict()))
+        if status:
+            _say_none_converted(report, args.out)
         return status
     print(f"{report.lines} lines in {report.seconds:.1f} s ({report.lines_per_s:.0f} lines/s): "
           f"{report.written['P']} P: and {report.written['A']} A: records, {report.errors} not converted")
     for msg in report.first_errors:
         print(f"  {msg}")
     if report.errors > len(report.first_errors):
-        print(f"  ... all {report.errors} in {report.outputs['errors']}")
+        print(f"  ... all {report.errors} in {report.outputs['errors']}" if "errors" in report.outputs
+              else f"  ... and {report.errors - len(report.first_errors)} more (counts by reason below)")
     for reason, n in report.reasons.most_common():
         print(f"  {n:>8}  {reason}")
     for t, p in report.outputs.items():
         print(f"{t}: {p}")
     if status:
-        print(f"rookworld convert: error: none of the {report.lines} lines converted (reasons above)", file=sys.stderr)
+        _say_none_converted(report, args.out)
     return status
+
+
+def _say_none_converted(report: ConvertReport, out) -> None:
+    why = (f"none of the {report.lines} lines converted (their reasons by count in the report)" if report.lines
+           else "the inputs hold no lines")
+    print(f"rookworld convert: error: {why}; nothing was written to {out}", file=sys.stderr)
 
