@@ -241,7 +241,7 @@ def test_exclude_dir_keeps_the_shipped_held_out_positions_out_of_every_split():
     assert not [s for s in kept if tasks.position_key(s["fen"]) in held]
     strip = lambda rows: [(s["split"], s["game"], s["fen"], s.get("move")) for s in rows]  # noqa: E731
     assert strip(kept) == strip([s for s in plain if tasks.position_key(s["fen"]) not in held])
-    with pytest.raises(ValueError, match="DatagenConfig.exclude_dir="):
+    with pytest.raises(ValueError, match="DatagenConfig.exclude_dir .* holds no val/test data files"):
         datagen.heldout_positions(data.DATA_DIR / "nope")
 
 
@@ -253,7 +253,7 @@ def test_a_bad_exclude_dir_stops_datagen_before_anything_is_written(tmp_path, ca
     out = tmp_path / "out"
     assert main(["datagen", "--games", "2", "--mate-games", "0", "--no-progress", "--out", str(out),
                  "--exclude-dir", str(tmp_path / "nope")]) == 1
-    assert "DatagenConfig.exclude_dir=" in capsys.readouterr().err and not out.exists()
+    assert "DatagenConfig.exclude_dir (--exclude-dir) " in capsys.readouterr().err and not out.exists()
     gap = tmp_path / "gap"  # a held-out set that lost a shard: its positions would leak into the new data
     gap.mkdir()
     (gap / "policy_val-00001.jsonl").write_text((data.DATA_DIR / "policy_val.jsonl").read_text())

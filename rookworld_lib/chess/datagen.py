@@ -238,7 +238,7 @@ def heldout_positions(data_dir: str | Path) -> set[str]:
     names = [TASK_FILES[t].format(split=s) for t in ("P", "A") for s in ("val", "test")] + [MATE_FILE]
     files = [f for name in names for f in checked_files(name, data_dir)]  # a lost shard's positions would leak
     if not files:
-        raise ValueError(f"DatagenConfig.exclude_dir={str(data_dir)!r}: no val/test data files there ({', '.join(names)})")
+        raise ValueError(f"DatagenConfig.exclude_dir {str(data_dir)!r} holds no val/test data files ({', '.join(names)})")
     return {tasks.position_key(r["fen"]) for f in files for r in load_jsonl(f).records if r["split"] != "train"}
 
 

@@ -412,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        + ", ".join(f"{k} >= {v}x" for k, v in TARGETS.items()) + ".")
     p.add_argument("--quick", action="store_true", help="small shapes, about a minute on two CPU cores")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of output")
-    p.add_argument("--model", choices=sorted(PRESETS), help="model preset (default: cpu-small)")
+    p.add_argument("--model", choices=sorted(PRESETS), help=f"model preset (default: {FULL.model}; {GPU.model} with the "
+                   "GPU shapes)")
     p.add_argument("--repeats", type=int, help=f"timed repetitions per contender (default: {FULL.repeats}; "
                    f"{QUICK.repeats} with --quick)")
     p.add_argument("--warmup", type=int, help=f"untimed repetitions per contender before timing (default: {FULL.warmup}; "
