@@ -68,6 +68,13 @@ def test_version(capsys):
     assert main(["--version"]) == 0 and capsys.readouterr().out.strip() == f"rookworld {__version__}"
 
 
+def test_help_on_a_command_is_that_commands_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["help", "grpo"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: rookworld grpo")
+    assert main(["help"]) == 0 and "commands:" in capsys.readouterr().out
+
+
 def test_datagen_writes_elsewhere_than_the_shipped_set_by_default():
     from rookworld_lib.chess.datagen import DatagenConfig
 

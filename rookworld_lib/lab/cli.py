@@ -50,6 +50,8 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["help"] and len(argv) > 1 and argv[1] in SUBCOMMANDS:  # rookworld help sft = rookworld sft --help
+        argv = [argv[1], "--help"]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0

@@ -265,7 +265,7 @@ def cli(argv: list[str] | None = None) -> int:
                     help="parameter profile; auto (the default) = gpu when CUDA is available, else cpu")
     ap.add_argument("--out", type=Path, default=RUNS_DIR, help="parent directory of the run folder (default: "
                     "$ROOKWORLD_RUNS_DIR, else runs/ in the repository)")
-    ap.add_argument("--only", nargs="*", help="run only notebooks whose names start with these prefixes")
+    ap.add_argument("--only", nargs="+", metavar="PREFIX", help="run only notebooks whose names start with these prefixes")
     ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "JSON"), default=[],
                     help="extra notebook parameter, value as JSON (e.g. -p sft_steps 200)")
     args = ap.parse_args(argv)
