@@ -333,7 +333,7 @@ def test_prompt_items_and_task_names_are_checked_where_they_are_made():
     with pytest.raises(ValueError, match="PromptItem.prompt must be text, got int 123"):
         PromptItem("sum", 123)
     with pytest.raises(ValueError, match=r"GRPOTrainConfig.task_weights must name each task by its tag without the colon "
-                                         r"\('P' for samples 'P: ...'\), not 'S:'"):
+                                         r"\('S' for samples 'S: ...'\), not 'S:'"):
         GRPOTrainConfig(task_weights={"S:": 1.0})
 
 
@@ -358,3 +358,29 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return torch.equal(a.detach().cpu(), b.detach().cpu())
+
+
+def test_a_resume_keeps_the_runs_own_start_and_refuses_a_checkpoint_from_before_task_weights(tmp_path):
+    """Resumed once with its latest weights (a notebook re-running its cell on the model trained in
+    place), a run still knows where it started: its first model resumes it later too. A checkpoint
+    written before task_weights (its config has policy_fraction) is refused in one line saying so."""
+    import pytest
+
+    from rookworld_lib.core import checkpoint as ck
+
+    def parity(completions, **_):  # varied within a group: every step moves the weights
+        return [float(len(c) % 2) for c in completions]
+
+    settings = dict(steps=3, group_size=8, max_new_tokens=6, lr=1e-2, reward_funcs=parity)
+    first = tiny_trainer(tmp_path, **settings)
+    first.train(until=1)
+    assert ck.weights_fingerprint(first.model) != first.start_weights  # trained in place
+    again = GRPOTrainer(first.model, [PromptItem("P", "Q: 1 A:")] * 2, first.cfg, reward_funcs=parity)
+    assert again.resumed_from is not None
+    again.train(until=2)
+    assert tiny_trainer(tmp_path, **settings).resumed_from is not None  # the run's first model (seeded alike)
+    state = ck.load_checkpoint(ck.latest_checkpoint(tmp_path / "checkpoints"))
+    config = {k: v for k, v in state["config"].items() if k != "task_weights"} | {"policy_fraction": 0.5}
+    ck.save_checkpoint(tmp_path / "checkpoints", {**state, "config": config, "step": state["step"] + 1})
+    with pytest.raises(ValueError, match=r"step_00000003.pt was written before task_weights replaced policy_fraction"):
+        tiny_trainer(tmp_path, **{**settings, "steps": 4})

@@ -147,3 +147,12 @@ def test_a_new_event_file_sorts_after_every_earlier_one(tmp_path):
     (tmp_path / earlier).write_bytes(b"")
     make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4}).train()
     assert sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))[0] == earlier
+
+
+def test_an_event_file_from_a_clock_ahead_of_ours_does_not_hold_a_run_up(tmp_path):
+    import time
+
+    (tmp_path / f"events.out.tfevents.{int(time.time()) + 3600}.host.1.0").write_bytes(b"")  # copied from a host ahead
+    start = time.monotonic()
+    make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4}).train()
+    assert time.monotonic() - start < 60

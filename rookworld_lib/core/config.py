@@ -96,21 +96,23 @@ def bad_field(cls_name: str, name: str, value: Any, why: str):
     raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
 
 
-def check_weights(cfg, name: str) -> None:
-    """cfg.name, unless None, must map task names to finite weights >= 0, at least one of them above 0."""
+def check_weights(cfg, name: str) -> dict[str, float] | None:
+    """cfg.name, unless None, must map task names to finite weights >= 0, at least one of them above 0;
+    returns it with float weights (1 and 1.0 are one setting), for the config to keep."""
     value, cls = getattr(cfg, name), type(cfg).__name__
     if value is None:
-        return
+        return None
     if not isinstance(value, dict) or not value:
         bad_field(cls, name, value, "must be a non-empty dict {task: weight}, or None")
     for task, w in value.items():
         if not isinstance(task, str) or not task.strip() or task.endswith(":"):
-            bad_field(cls, name, value, f"must name each task by its tag without the colon ('P' for samples "
-                      f"'P: ...'), not {task!r}")
+            bad_field(cls, name, value, f"must name each task by its tag without the colon ('S' for samples "
+                      f"'S: ...'), not {task!r}")
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
             bad_field(cls, f"{name}[{task!r}]", w, "must be a finite number >= 0")
     if not any(value.values()):
         bad_field(cls, name, value, "must give some task a weight above 0")
+    return {task: float(w) for task, w in value.items()}
 
 
 def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None) -> None:

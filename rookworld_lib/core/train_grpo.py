@@ -117,7 +117,7 @@ class GRPOTrainConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
-        check_weights(self, "task_weights")
+        self.task_weights = check_weights(self, "task_weights")
         check_device_name(self)
         if not 1 <= self.rollout_chunks <= self.prompts_per_step:
             bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
@@ -241,6 +241,9 @@ class PromptSampler:
         return {"rng": self.rng.getstate(), "order": copy.deepcopy(self.order), "credit": dict(self.credit)}
 
     def load_state_dict(self, state):
+        if set(state["order"]) != set(self.pools):
+            raise ValueError(f"the checkpoint drew prompts from the pools {sorted(state['order'])}, this run from "
+                             f"{sorted(self.pools)} (task_weights): resume with the run's own task_weights")
         self.rng.setstate(state["rng"])
         self.order = copy.deepcopy(state["order"])
         # a checkpoint from before the credit: zero, where a step of whole shares leaves it
@@ -409,6 +412,7 @@ class GRPOTrainer(Trainer):
 
     def restore_extra(self, extra: dict) -> None:
         self.tokens_seen = extra.get("tokens_seen")  # None: a checkpoint from before the count (not logged then)
+        self.start_weights = extra.get("start_weights") or self.start_weights  # the run's own start, kept across resumes
         if self.ref is not None:
             self.ref.load_state_dict(extra["ref"], strict=True)
 

@@ -100,7 +100,7 @@ class SFTConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (see the option() checks above)
-        check_weights(self, "task_weights")
+        object.__setattr__(self, "task_weights", check_weights(self, "task_weights"))
         name = type(self).__name__
         model_block = self._check_model()
         for fname in ("train_data", "val_data"):

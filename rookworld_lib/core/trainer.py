@@ -141,9 +141,17 @@ class Trainer:
                              "out_dir")
         now = json.loads(json.dumps(dataclasses.asdict(self.cfg)))  # tuples -> lists, as stored
         saved = json.loads(json.dumps(ckpt.get("config") or {}))
+        if "policy_fraction" in saved and "task_weights" in now:
+            raise ValueError(f"{latest} was written before task_weights replaced policy_fraction (2026-11-28): this "
+                             "version cannot continue it (its data order differs); start a new run in another "
+                             "out_dir, or finish this one with the version that wrote it (git checkout febfa57)")
         diff = {}
         for k, v in now.items():
-            if k in self.resume_may_change or saved.get(k) == v:
+            if k in self.resume_may_change or (saved.get(k) == v and k != "task_weights"):
+                continue
+            if k == "task_weights":  # in order: the order of the tasks orders the pools, so another is another stream
+                if list((saved.get(k) or {}).items()) != list((v or {}).items()):
+                    diff[k] = (saved.get(k), v)
                 continue
             if isinstance(v, dict) and isinstance(saved.get(k), dict):  # a nested config: name its changed fields
                 diff.update({f"{k}.{f}": (saved[k].get(f), v.get(f)) for f in sorted(saved[k].keys() | v.keys())
@@ -348,7 +356,7 @@ class Trainer:
             # not zero-padded: ...pid.10 < ...pid.9), and that file's steps would then purge this one's.
             newest = max((int(p.name.split(".")[3]) for p in self.out_dir.glob("events.out.tfevents.*")
                           if p.name.split(".")[3].isdigit()), default=0)
-            while time.time() < newest + 1:
+            while newest <= time.time() < newest + 1:  # (a file from a clock ahead of ours: no wait)
                 time.sleep(0.05)
             self.tensorboard = stack.enter_context(SummaryWriter(
                 str(self.out_dir), purge_step=0 if resume_step is None else resume_step + 1, flush_secs=10))
