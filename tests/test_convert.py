@@ -468,11 +468,11 @@ def test_convert_fails_when_no_line_converts_and_names_our_own_records(tmp_path,
     ours.write_text("".join((data.DATA_DIR / "policy_test.jsonl").read_text().splitlines(keepends=True)[:3]))
     garbage = tmp_path / "orig.txt"
     garbage.write_text("A: also garbage\nhello\n")
-    assert convert.cli([str(ours), "--out", str(tmp_path / "a"), "--workers", "1", "--no-progress"]) == 1
+    assert convert.cli([str(ours), "--out", str(tmp_path / "a" / "deep" / "er"), "--workers", "1", "--no-progress"]) == 1
     captured = capsys.readouterr()
     assert "3  a record in our own format already (rookworld datagen's): use its directory as it is" in captured.out
     assert "rookworld convert: error: none of the 3 lines converted" in captured.err
-    assert not (tmp_path / "a").exists()  # the --out folder as it was (here: none), not a lock and an errors file
+    assert not (tmp_path / "a").exists()  # the --out folder as it was (here: none, nor its parents), not a lock and an errors file
     kept = tmp_path / "b"
     kept.mkdir()
     (kept / "convert_errors_test.txt").write_text("an earlier run's\n")

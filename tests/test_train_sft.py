@@ -427,6 +427,11 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
 
     assert main(["sft", *argv[:-2], "--batch-size", "0"]) == 1  # rookworld sft: errors in one line
     assert "SFTConfig.batch_size (--batch-size) must be an integer >= 1" in capsys.readouterr().err
+    only_p = tmp_path / "p.jsonl"
+    only_p.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS if t.startswith("P: ")))
+    assert main(["sft", "--train-data", str(only_p), *argv[2:-2]]) == 1  # the core's advice, in the command's option
+    assert "the train data has no sample that starts with 'A: '; set its weight to 0 or add its samples (on the command " \
+           "line: --policy-fraction 1 trains on P: alone, 0 on A: alone)" in capsys.readouterr().err
     assert main(["sft", *argv[:-2], "--policy-fraction", "1.5"]) == 1
     assert "policy_fraction (--policy-fraction) must be a number in [0, 1] or None, got 1.5" in capsys.readouterr().err
     for given, weights in ((None, {"P": 0.5, "A": 0.5}), ("0.75", {"P": 0.75, "A": 0.25}), ("none", None)):

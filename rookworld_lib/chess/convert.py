@@ -313,15 +313,16 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     errors_path = out / f"convert_errors_{split}.txt"
     report = ConvertReport()
     t0 = time.perf_counter()
-    new_dir, new_lock = not out.exists(), not (out / LOCK_FILE).exists()
+    made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first: the folders this call would make
+    new_lock = not (out / LOCK_FILE).exists()
     try:
         _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
     except _NothingConverted:  # every temporary file is gone: take back the lock file and folder made here
         if new_lock:
             (out / LOCK_FILE).unlink(missing_ok=True)
-        if new_dir:
+        for folder in made:
             with contextlib.suppress(OSError):
-                out.rmdir()
+                folder.rmdir()
     report.seconds = time.perf_counter() - t0
     return report
 

@@ -9,6 +9,7 @@ rendered in the model's layout (tasks.LAYOUTS), the layout goes into the export'
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -261,6 +262,19 @@ def build_sft_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@contextlib.contextmanager
+def _mix_advice_in_flags():
+    """The core's task_weights advice, said in the command's own option (--policy-fraction)."""
+    try:
+        yield
+    except ValueError as exc:
+        if "task_weights gives" in str(exc):
+            raise ValueError(f"{exc} (on the command line: --policy-fraction 1 trains on P: alone, 0 on A: alone)") from None
+        if "with task_weights set" in str(exc):
+            raise ValueError(f"{exc} (on the command line: --policy-fraction none takes every sample as it is)") from None
+        raise
+
+
 def _add_policy_fraction(ap: argparse.ArgumentParser, what: str) -> None:
     def share(text: str) -> float | None:
         return None if text.lower() in ("none", "null") else float(text)
@@ -320,7 +334,8 @@ def sft_cli(argv: list[str] | None = None) -> int:
 
 def _run_sft(args: argparse.Namespace) -> int:
     cfg, reader = _sft_config_from_args(args)
-    result = train_sft(cfg, reader=reader)
+    with _mix_advice_in_flags():
+        result = train_sft(cfg, reader=reader)
     if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
         return 0
     last = result.history[-1] if result.history else {}
@@ -403,8 +418,9 @@ def _run_grpo(args: argparse.Namespace) -> int:
               f"restricted policy is {d['kl_mean']:.2e} nats/token from the full one (max {d['kl_max']:.2e}; at most "
               f"{d['mass_outside_max']:.2e} of the probability outside)", file=sys.stderr)
     funcs, weights = reward_functions(args.reward)
-    trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
-                          init_from=args.init_from, task_vocab=vocab)
+    with _mix_advice_in_flags():
+        trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
+                              init_from=args.init_from, task_vocab=vocab)
     try:
         trainer.train()  # writes <out>/final at the end (--no-export-hf: not)
         if trainer.dist.is_main:

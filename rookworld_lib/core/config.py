@@ -1,7 +1,7 @@
 """Where users enter values: config fields in TRL's style (`option`, checked by `validate`), the
 argparse options built from a config dataclass, and the checks on notebook parameters.
 
-Kept free of torch so that the chess modules (engine, rewards, datagen) import fast.
+Kept free of torch so that modules above it that never train (a task layer's data tools) import fast.
 """
 
 from __future__ import annotations

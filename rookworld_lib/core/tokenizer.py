@@ -79,7 +79,7 @@ def encode(text: str, tokenizer: tiktoken.Encoding | None = None) -> list[int]:
 def encode_prompt(prompt: str, prefix: str, tokenizer: tiktoken.Encoding | None = None) -> list[int]:
     """The token ids of `prefix` (a model's `prompt_prefix`) and then the prompt. Our SFT puts
     `<|endoftext|>` before every sample, so the models it trains expect it in front of a prompt;
-    without it they took most `P:` prompts for the tail of an environment answer."""
+    without it they read a prompt as the tail of the sample before it."""
     return encode(prefix + prompt, tokenizer)
 
 
@@ -111,7 +111,7 @@ def hf_tokenizer_json() -> str | None:
     # transformers 5 calls the special tokens extra_special_tokens, 4.x additional_special_tokens
     special = ("extra_special_tokens" if "extra_special_tokens" in inspect.signature(TikTokenConverter).parameters
                else "additional_special_tokens")
-    sample = "<|endoftext|>P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1  M: e7e5 E: 0.3 B: e7e5\n"
+    sample = "<|endoftext|>Q: 3+4 = 7; rev(abc) = cba  -0.25 e2e4 1/2 ÄÖ 日本\n"
     try:
         text = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
                                  **{special: [EOT_TOKEN]}).converted().to_str()
@@ -162,7 +162,7 @@ def check_model_tokenizer(directory: str | Path) -> None:
         from tokenizers import Tokenizer, models, pre_tokenizers  # optional (comes with transformers)
     except ImportError:
         return
-    probe = "P: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1 M: e7e5 d7d5 E: 0.3 -0.1 B: e7e5"
+    probe = "Q: 3+4 = 7; rev(abc) = cba  -0.25 e2e4 1/2 ÄÖ 日本"
     try:
         if path == vocab:  # GPT2Tokenizer's files: byte-level BPE
             tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
@@ -195,8 +195,8 @@ def check_vocabulary(model, at_least: bool = False) -> None:
                          f"embedding) cannot {cannot}")
 
 
-# A sample or prompt belongs to task T when its text starts with "T: " (the chess layer's are P: and A:);
-# SFTConfig.task_weights mixes such pools in the packed stream.
+# A sample or prompt belongs to task T when its text starts with "T: "; SFTConfig.task_weights mixes
+# such pools in the packed stream.
 def task_of(text: str, tasks: Iterable[str]) -> str | None:
-    """The task of a sample text among `tasks` ("P: ..." -> "P"); None when it starts with none of them."""
+    """The task of a sample text among `tasks` ("S: 3+4 = 7" -> "S"); None when it starts with none of them."""
     return next((t for t in tasks if isinstance(text, str) and text.startswith(f"{t}: ")), None)

@@ -61,7 +61,7 @@ class SFTConfig:
     # data
     train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines, or TRL\'s prompt/completion records; a task layer\'s reader may read its own records)')
     val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
-    task_weights: dict[str, float] | None = option(None, "each task's share of the packed stream, a task's samples being those that start with its tag ('P: ...' is task P), e.g. {'math': 0.7, 'code': 0.3}; None: one pool, the data's own mix")
+    task_weights: dict[str, float] | None = option(None, "each task's share of the packed stream, a task's samples being those that start with its tag ('S: ...' is task S), e.g. {'math': 0.7, 'code': 0.3}; None: one pool, the data's own mix")
     stream: bool = option(False, "read train_data/val_data as they are used (tokenized on the fly through a shuffle buffer): memory does not grow with the data; for large sharded sets")
     shuffle_buffer: int = option(10_000, "samples held in each task's shuffle buffer when stream=True", min=1)
     val_fraction: float = option(0.05, "share of training samples held out for val when there is no val data (0 = none)", min=0.0, max=1.0, max_open=True)
@@ -222,7 +222,7 @@ class TextReader:
     """How SFT reads its data files: JSON lines ``{"text": "..."}`` or ``{"prompt": "...", "completion": "..."}``
     (`sample_text`; ``.jsonl`` or gzipped ``.jsonl.gz``),
     each line checked as it is read (a bad one raises DataFormatError "file:line: reason"). A task layer
-    passes its own (rookworld_lib.chess.training.RecordReader also renders its records); `name` enters
+    passes its own, a subclass that may also render records of its own format; `name` enters
     a streamed run's fingerprint and `meta` is recorded in the model's export (GPT.meta)."""
 
     name = "text"
