@@ -384,3 +384,21 @@ def test_a_resume_keeps_the_runs_own_start_and_refuses_a_checkpoint_from_before_
     ck.save_checkpoint(tmp_path / "checkpoints", {**state, "config": config, "step": state["step"] + 1})
     with pytest.raises(ValueError, match=r"step_00000003.pt was written before task_weights replaced policy_fraction"):
         tiny_trainer(tmp_path, **{**settings, "steps": 4})
+
+
+def test_reward_functions_get_trls_completion_ids_beside_the_text():
+    """completion_ids, as TRL passes them: each completion's GPT-2 token ids, the end token included
+    where the completion ended; the text is those ids decoded without it."""
+    from rookworld_lib.core.tokenizer import EOT_ID, get_tokenizer
+
+    seen = []
+
+    def looks(prompts, completions, completion_ids, **_):
+        seen.extend(zip(completions, completion_ids))
+        return [0.0] * len(completions)
+
+    tiny_trainer(reward_funcs=looks, max_new_tokens=4).train()
+    tok = get_tokenizer()
+    assert len(seen) == 4
+    for text, ids in seen:
+        assert tok.decode(ids[:-1] if ids[-1] == EOT_ID else ids) == text and 1 <= len(ids) <= 4

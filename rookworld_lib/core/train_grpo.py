@@ -128,7 +128,8 @@ class GRPOTrainConfig:
 
 
 # TRL's reward-function signature: f(prompts, completions, **columns) -> one float (or None:
-# unscorable) per completion; the columns here are `task` and `truth`, one value per completion.
+# unscorable) per completion; the columns here are `task`, `truth` and, in the trainer, TRL's
+# `completion_ids` (each completion's GPT-2 token ids, its end token included), one value per completion.
 RewardFunc = Callable[..., Sequence[float | None]]
 RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to", "cudnn_attention",
                                                  "export_hf"}  # how long, what is logged or written, a kernel choice
@@ -146,9 +147,12 @@ def reward_sum(table: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
     return (table * torch.tensor(weights, dtype=torch.float32)).nansum(1)
 
 
-def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str]) -> torch.Tensor:
+def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str],
+                 completion_ids: list[list[int]] | None = None) -> torch.Tensor:
     """[N, F]: each reward function's value per completion (TRL's rewards_per_func), None as NaN."""
     columns = {"task": [i.task for i in items], "truth": [i.truth for i in items]}
+    if completion_ids is not None:
+        columns["completion_ids"] = completion_ids
     prompts = [i.prompt for i in items]
     per_func = []
     for f in reward_funcs:
@@ -304,9 +308,10 @@ class GRPOTrainer(Trainer):
 
     model: the GPT to train (in place: after train() it holds the trained weights); items: the
     PromptItems to draw from (mixed by cfg.task_weights); reward_funcs: one function or a list, each
-    called as TRL calls them, f(prompts=[...], completions=[...], task=[...], truth=[...]) with one
-    entry per completion (task and truth from its PromptItem: put whatever a reward needs to know
-    about a prompt, such as its solution, in truth), returning one float or None (unscorable) each;
+    called as TRL calls them, f(prompts=[...], completions=[...], task=[...], truth=[...],
+    completion_ids=[...]) with one entry per completion (task and truth from its PromptItem: put
+    whatever a reward needs to know about a prompt, such as its solution, in truth; completion_ids
+    its GPT-2 token ids, the end token included where it ended), returning one float or None each;
     reward_weights: one per function (default 1 each; their weighted sum is the reward); on_step:
     called with each step's metrics record; init_from: the directory the model was loaded from (a
     resume must name the same); task_vocab: the opt-in vocabulary of cfg.vocab="task" for a model
@@ -487,9 +492,11 @@ class GRPOTrainer(Trainer):
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
                     top_p=cfg.top_p, num_samples=G, seed=seed * 10_007 + c, eos_id=self.eot, pad_id=self.eot))
             t1 = time.perf_counter()
-            completions = [self.decode(rollout.completion_ids(r)) for r in range(rollout.tokens.size(0))]
+            ids = [rollout.completion_ids(r, keep_eos=True) for r in range(rollout.tokens.size(0))]
+            ids = ids if self.vocab is None else [self.vocab.ids[i].tolist() for i in ids]  # GPT-2's ids
+            completions = [self.tokenizer.decode(i[:-1] if i and i[-1] == EOT_ID else i) for i in ids]
             rows = [item for item in chunk for _ in range(G)]
-            table = reward_table(self.reward_funcs, rows, completions)
+            table = reward_table(self.reward_funcs, rows, completions, ids)
             timings["sampling"] += t1 - t0
             timings["scoring"] += time.perf_counter() - t1
             mine.append((c, RolloutBatch(rows, rollout.prompt_ids, rollout.tokens.cpu(), rollout.logprobs.cpu(),
