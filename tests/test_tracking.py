@@ -140,13 +140,20 @@ def test_completion_ratios_are_the_losses_at_each_rows_first_update():
 def test_a_new_event_file_sorts_after_every_earlier_one(tmp_path):
     """TensorBoard reads event files in name order (the time in whole seconds first, then host, pid and
     a counter that is not zero-padded): a writer opened in the same second as an earlier file waits for
-    the next, or that file's steps would purge its own (this file's resume test failed so, now and then)."""
+    the next, or that file's steps could purge its own (this file's resume test failed so, now and then);
+    a file stamped ahead of our clock holds nothing up."""
     import time
 
-    earlier = f"events.out.tfevents.{int(time.time()) + 1}.host.1.9"
-    (tmp_path / earlier).write_bytes(b"")
-    make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4}).train()
-    assert sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))[0] == earlier
+    from rookworld_lib.core.trainer import wait_past_event_files
+
+    stamp = int(time.time())
+    (tmp_path / f"events.out.tfevents.{stamp}.zz.1.9").write_bytes(b"")  # this second's
+    wait_past_event_files(tmp_path)
+    assert time.time() >= stamp + 1
+    (tmp_path / f"events.out.tfevents.{int(time.time()) + 3600}.zz.1.9").write_bytes(b"")  # a clock ahead of ours
+    start = time.monotonic()
+    wait_past_event_files(tmp_path)
+    assert time.monotonic() - start < 0.5
 
 
 def test_an_event_file_from_a_clock_ahead_of_ours_does_not_hold_a_run_up(tmp_path):

@@ -47,7 +47,7 @@ from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLos
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
 from ..core.progress import tqdm
-from ..core.config import SEED_MAX, add_config_arguments, config_kwargs_from_args, field_docs, documented, option, validate
+from ..core.config import SEED_MAX, add_config_arguments, config_kwargs_from_args, field_docs, config_class, option, validate
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ RANDOM_ENV_WEIGHT = 0.5  # ... and as A:
 
 # --- Configuration ---
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class DatagenConfig:
     """Settings of one data-generation run. Bad values fail at construction, naming the field."""
 

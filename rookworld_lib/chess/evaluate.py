@@ -49,7 +49,7 @@ from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokeni
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, ROLLOUT_TEMPERATURE_KEY, PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
-from ..core.config import SEED_MAX, add_config_arguments, bad_field, config_kwargs_from_args, documented, option, validate
+from ..core.config import SEED_MAX, add_config_arguments, bad_field, config_kwargs_from_args, config_class, option, validate
 from .training import layout_of, read_layout, reward_functions
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
@@ -172,8 +172,7 @@ def similarity(a: str, b: str) -> float:
     return Levenshtein.normalized_similarity(a, b)
 
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class EvalConfig:
     """How an evaluation decodes and how much it covers."""
 

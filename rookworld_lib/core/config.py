@@ -30,9 +30,14 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, 
     return dataclasses.field(metadata={"help": help, **checks}, **kw)
 
 
-def documented(cls):
-    """Class decorator (over @dataclass): each field's help text appended to the class docstring, as
-    TRL's configs list their parameters, so that help(Config) shows what every field does."""
+@typing.dataclass_transform(field_specifiers=(dataclasses.field, option))
+def config_class(*, frozen: bool = False):
+    """@dataclass(frozen=frozen) for a config, its fields' help texts appended to its docstring (as
+    TRL's configs list their parameters), so that help(Config) shows what every field does."""
+    return lambda cls: _documented(dataclasses.dataclass(frozen=frozen)(cls))
+
+
+def _documented(cls):
     lines = [textwrap.fill(f"{name} ({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)}"
                            f" = {_shown_default(f)}): {f.metadata.get('help', '')}", 100, initial_indent="    ",
                            subsequent_indent="        ") for f in dataclasses.fields(cls) for name in [f.name]]

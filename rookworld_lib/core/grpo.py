@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import bad_field, check_number, documented, option, validate
+from .config import bad_field, check_number, config_class, option, validate
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -257,8 +257,7 @@ def group_advantages(rewards, group_size: int, scale: str = "group", eps: float 
 
 # --- Configuration
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class GRPOConfig:
     """How the GRPO loss is formed. The defaults are the DeepSeekMath objective.
 

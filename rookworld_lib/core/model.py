@@ -14,7 +14,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.utils.checkpoint import checkpoint
 
-from .config import documented, option, validate
+from .config import config_class, option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
 from .paths import TMP_PREFIX, atomic_path, atomic_write
 from .tokenizer import EOT_TOKEN, write_hf_tokenizer
@@ -32,8 +32,7 @@ from .tokenizer import EOT_TOKEN, write_hf_tokenizer
 ATTN_IMPLS = ("sdpa", "math")
 
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class GPTConfig:
     """Shape and behaviour of a GPT-2 model. Defaults are GPT-2 124M (124,439,808 parameters)."""
 

@@ -26,7 +26,7 @@ import torch
 from .grpo import token_logprobs  # the one definition, shared with GRPO scoring
 from .model import GPT, KVCache, flops_per_token
 from .tokenizer import EOT_ID
-from .config import documented, option, validate
+from .config import config_class, option, validate
 
 
 # How each decode step runs. dynamic: attention over the cache prefix written so far (shapes grow
@@ -49,8 +49,7 @@ SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
 
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class SamplingConfig:
     """How completions are drawn."""
 

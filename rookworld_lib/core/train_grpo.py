@@ -36,7 +36,7 @@ import torch
 
 from . import distributed, grpo
 from .checkpoint import weights_fingerprint
-from .config import SEED_MAX, bad_field, check_weights, documented, option, validate
+from .config import SEED_MAX, bad_field, check_weights, config_class, option, validate
 from .model import GPT
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
@@ -72,8 +72,7 @@ class PromptItem:
             raise ValueError(f"PromptItem.prompt must be text, got {type(self.prompt).__name__} {self.prompt!r:.60}")
 
 
-@documented
-@dataclass
+@config_class()
 class GRPOTrainConfig:
     """Settings of the GRPO loop (the loss itself is configured by `loss`, a grpo.GRPOConfig)."""
 

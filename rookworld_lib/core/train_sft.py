@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import SEED_MAX, bad_field, check_number, check_weights, documented, option, validate
+from .config import SEED_MAX, bad_field, check_number, check_weights, config_class, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
@@ -49,8 +49,7 @@ RECORD_KEYS = ("step", "loss", "eval/loss", "learning_rate", "grad_norm", "throu
 
 # -- configuration ---------------------------------------------------------------------------------
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class SFTConfig:
     """Settings of one SFT run. Bad values fail at construction with a message naming the field."""
 

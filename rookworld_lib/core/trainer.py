@@ -42,6 +42,17 @@ CHECKPOINT_DIR = "checkpoints"
 FINAL_DIR = "final"
 
 
+def wait_past_event_files(out_dir: Path) -> None:
+    """Return once a new event file would sort after every one in out_dir. TensorBoard reads the files
+    in name order, the name starting with the time in whole seconds: a writer opened in the second of
+    an earlier file could sort before it (its counter is not zero-padded: ...pid.10 < ...pid.9), and
+    that file's steps would then purge the new one's. A file from a clock ahead of ours: no wait."""
+    newest = max((int(p.name.split(".")[3]) for p in Path(out_dir).glob("events.out.tfevents.*")
+                  if p.name.split(".")[3].isdigit()), default=0)
+    while newest <= time.time() < newest + 1:
+        time.sleep(0.05)
+
+
 class Trainer:
     """State and loop every training run shares; subclasses add the model, data and step."""
 
@@ -351,13 +362,7 @@ class Trainer:
 
             # purge_step hides the events of earlier writers from this step on: a resume redoes the steps
             # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything.
-            # TensorBoard reads the files in name order, the name starting with the time in whole seconds:
-            # a writer opened in the second of an earlier one's file could sort before it (its counter,
-            # not zero-padded: ...pid.10 < ...pid.9), and that file's steps would then purge this one's.
-            newest = max((int(p.name.split(".")[3]) for p in self.out_dir.glob("events.out.tfevents.*")
-                          if p.name.split(".")[3].isdigit()), default=0)
-            while newest <= time.time() < newest + 1:  # (a file from a clock ahead of ours: no wait)
-                time.sleep(0.05)
+            wait_past_event_files(self.out_dir)
             self.tensorboard = stack.enter_context(SummaryWriter(
                 str(self.out_dir), purge_step=0 if resume_step is None else resume_step + 1, flush_secs=10))
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
 from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path, get_tokenizer
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
-from ..core.config import SEED_MAX, documented, option, validate
+from ..core.config import SEED_MAX, config_class, option, validate
 from ..core.train_utils import Runtime, build_adamw, check_device_name, clip_grad_norm, resolve_device, setup_runtime
 from ..core.train_step import TrainStep
 from ..core.task_vocab import TaskVocab, pin_bias_coordinate
@@ -51,8 +51,7 @@ FENS = (
 )
 
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class BenchConfig:
     """Shapes and repetitions of the three comparisons."""
 

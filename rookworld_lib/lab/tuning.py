@@ -24,7 +24,7 @@ from . import perf
 from .health import state_bytes
 from ..core.progress import tqdm
 from ..core.model import GPT, GPTConfig, PRESETS
-from ..core.config import SEED_MAX, bad_field, documented, option, validate
+from ..core.config import SEED_MAX, bad_field, config_class, option, validate
 from ..core.tokenizer import VOCAB_SIZE
 from ..core.train_step import LOSS_IMPLS, TrainStep, resolve_loss_impl
 from ..core.train_utils import build_adamw, resolve_device, setup_runtime
@@ -82,8 +82,7 @@ def make_optimizer(model: GPT, cfg: TuneConfig):
 
 # --- Configurations ---
 
-@documented
-@dataclass(frozen=True)
+@config_class(frozen=True)
 class TuneConfig:
     """One training setup of the tuning matrix (the baseline, or the baseline with one change)."""
 
