@@ -105,7 +105,7 @@ def test_axes_fit_what_an_idle_run_draws(resolve):
 
 
 def test_scaling_figure_draws_the_baseline_run_again_and_says_when_the_host_drifted(resolve):
-    """The scaling lines mix rows run minutes apart: the baseline's repeat (run after every row) is
+    """The scaling lines mix rows run minutes apart: the baseline's repeat (run once after all the other rows) is
     drawn at the baseline's x in each panel, and the title says so when the two disagree (drift)."""
     m = matrix()
     base = m.row("baseline")

@@ -154,6 +154,10 @@ def test_a_new_event_file_sorts_after_every_earlier_one(tmp_path):
     start = time.monotonic()
     wait_past_event_files(tmp_path)
     assert time.monotonic() - start < 0.5
+    stamp = int(time.time())  # beside it, a file of this second is still waited out
+    (tmp_path / f"events.out.tfevents.{stamp}.zz.1.10").write_bytes(b"")
+    wait_past_event_files(tmp_path)
+    assert time.time() >= stamp + 1
 
 
 def test_an_event_file_from_a_clock_ahead_of_ours_does_not_hold_a_run_up(tmp_path):

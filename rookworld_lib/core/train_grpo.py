@@ -4,7 +4,7 @@ One step:
 1. draw `prompts_per_step` prompts (the tasks mixed by `task_weights`, or as the items come);
 2. sample `group_size` completions per prompt with the KV-cached sampler (dropout off);
 3. score each completion with the reward functions (TRL's signature: `f(prompts, completions, **columns)`,
-   the columns being each prompt item's `task` and `truth`; a task layer supplies them);
+   the columns being each prompt item's `task` and `truth` and each completion's GPT-2 `completion_ids`);
 4. compute group advantages; optionally drop zero-variance groups and refill (dynamic sampling);
 5. run `mu` passes over the rollout in minibatches, each an optimizer step on `grpo_loss`, with
    the sampler's log-probs as the old policy and, when beta > 0, a frozen reference model.

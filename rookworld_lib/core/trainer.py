@@ -47,9 +47,10 @@ def wait_past_event_files(out_dir: Path) -> None:
     in name order, the name starting with the time in whole seconds: a writer opened in the second of
     an earlier file could sort before it (its counter is not zero-padded: ...pid.10 < ...pid.9), and
     that file's steps would then purge the new one's. A file from a clock ahead of ours: no wait."""
-    newest = max((int(p.name.split(".")[3]) for p in Path(out_dir).glob("events.out.tfevents.*")
-                  if p.name.split(".")[3].isdigit()), default=0)
-    while newest <= time.time() < newest + 1:
+    now = time.time()
+    stamps = (int(p.name.split(".")[3]) for p in Path(out_dir).glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit())
+    newest = max((s for s in stamps if s <= now), default=0)  # a file from a clock ahead of ours cannot be passed
+    while time.time() < newest + 1:
         time.sleep(0.05)
 
 

@@ -471,7 +471,7 @@ def speedup_figure(result: MatrixResult):
 def scaling_figure(result: MatrixResult):
     """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence
     length (right): four panels with their own y axes, ticks at the measured values. The baseline's
-    repeat (run_matrix(repeat_baseline=True)), run after every other row, is drawn beside the
+    repeat (run_matrix(repeat_baseline=True)), run once after all the other rows, is drawn beside the
     baseline's point as an open marker: how far the host's speed moved while the rows ran."""
     try:
         again = result.row("baseline (repeat)")
@@ -493,7 +493,7 @@ def scaling_figure(result: MatrixResult):
         if again is not None:
             x = [getattr(result.baseline, variable)]
             for row, y in ((1, again["step_time_s"] * 1e3), (2, again["tokens_per_s"])):
-                fig.add_trace(go.Scatter(x=x, y=[y], mode="markers", name="baseline, run again after every row",
+                fig.add_trace(go.Scatter(x=x, y=[y], mode="markers", name="baseline, run again at the end",
                                          marker=dict(symbol="circle-open", size=11, color=series_colour(2)),
                                          legendgroup="repeat", showlegend=col == 1 and row == 1), row=row, col=col)
         fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], col=col)  # counts: integer ticks
