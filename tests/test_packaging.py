@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def test_the_readmes_core_example_trains_a_task_of_its_own(tmp_path, monkeypatch
     """The README's core example, run as it stands (twice, in tmp_path): GRPO lifts the toy reward."""
     block = re.search(r"The core on a task of your own.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[1]
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the block's mkdtemp folders, here
     for _ in range(2):  # a second run of the same block starts afresh, not at the first one's end
         scope: dict = {}
         exec(compile(block.replace("print(", "(lambda *a: None)("), "README.md", "exec"), scope)
