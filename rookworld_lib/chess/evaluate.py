@@ -584,9 +584,9 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
         raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
                                   f"--out, trained with --checkpoint-interval N --keep-checkpoints 0)")
     history = read_metrics(run_dir / METRICS_FILE)
-    rows = []
+    rows, device = [], resolve_device(device)
     for step, path in found:
-        model = model_from_checkpoint(path).eval().to(resolve_device(device))
+        model = model_from_checkpoint(path).eval().to(device)
         results = {**evaluate_policy(model, policy_records, cfg), **evaluate_environment(model, env_records, cfg)}
         rows.append(curve_point(history, step, results))
         if on_point is not None:

@@ -38,9 +38,9 @@ def config_class(*, frozen: bool = False):
 
 
 def _documented(cls):
-    lines = [textwrap.fill(f"{name} ({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)}"
+    lines = [textwrap.fill(f"{f.name} ({f.type if isinstance(f.type, str) else getattr(f.type, '__name__', f.type)}"
                            f" = {_shown_default(f)}): {f.metadata.get('help', '')}", 100, initial_indent="    ",
-                           subsequent_indent="        ") for f in dataclasses.fields(cls) for name in [f.name]]
+                           subsequent_indent="        ") for f in dataclasses.fields(cls)]
     cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n    Fields:\n" + "\n".join(lines) + "\n"
     return cls
 

@@ -279,11 +279,11 @@ def _encode_pool(enc, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)), offsets  # an unused pool may be empty
 
 
-def _check_tags(texts: Sequence[str], tasks: list[str], name: str, first: int = 0) -> None:
-    """Refuse a sample that starts with none of the tasks' tags, naming it (sample first, first + 1, ...)."""
+def _check_tags(texts: Sequence[str], tasks: list[str], name: str) -> None:
+    """Refuse a sample that starts with none of the tasks' tags, naming it by its index in `texts`."""
     if (i := next((i for i, t in enumerate(texts) if task_of(t.lstrip(), tasks) is None), None)) is not None:
         tags = " or ".join(f"'{t}: '" for t in tasks)
-        raise ValueError(f"{name} sample {first + i} starts with {texts[i].lstrip()[:24]!r}: with task_weights set, "
+        raise ValueError(f"{name} sample {i} starts with {texts[i].lstrip()[:24]!r}: with task_weights set, "
                          f"every sample must start with {tags} (give its task a weight, 0 to leave it out, or set "
                          "task_weights=None)")
 
@@ -320,9 +320,9 @@ class PackedStream:
         if task_weights is None:
             groups = {"all": list(range(len(texts)))}
         else:
+            _check_tags(texts, self.pool_names, name)
             groups = {t: [] for t in self.pool_names}
             for i, text in enumerate(texts):
-                _check_tags([text], self.pool_names, name, i)
                 groups[task_of(text.lstrip(), self.pool_names)].append(i)
             _check_pools(task_weights, [t for t in self.pool_names if groups[t]], name)
         cleaned = [text.removesuffix(EOT_TOKEN) for text in texts]
@@ -420,8 +420,8 @@ class StreamingPackedStream(PackedStream):
         if task_weights is None and next(self._texts("all", 0), None) is None:
             raise ValueError(f"{name} data is empty: no samples to train on")
         if task_weights is not None:
-            _check_pools(task_weights, [t for t in self.pool_names if task_weights[t] == 0
-                                        or next(self._texts(t, 0), None) is not None], name)
+            _check_pools(task_weights, [t for t in self.pool_names if task_weights[t] > 0
+                                        and next(self._texts(t, 0), None) is not None], name)
         self.pools = [None] * len(self.pool_names)  # nothing held: see token_ids
         self.n_samples = self.n_tokens = None  # unknown without a pass over the data
         self.fingerprint = self._fingerprint()
