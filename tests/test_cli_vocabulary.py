@@ -48,12 +48,16 @@ def test_help_speaks_one_vocabulary(capsys, command):
     text = help_text(capsys, command)
     opts = options(text)
     assert ("--out" in opts) == (command in OUT), f"{command}: output flag"
-    assert "--out-dir" not in text.replace("--out DIR, --out-dir DIR", ""), f"{command}: --out-dir shown as its own flag"
+    assert "--out-dir" not in text, f"{command}: the deprecated --out-dir is listed"
     if command in DEVICE:
         assert "--device" in opts and re.search(r"default: '?auto", opts["--device"]), f"{command}: {opts.get('--device')}"
+    fields = {"out_dir" if flag == "--out" else flag[2:].replace("-", "_") for flag in opts}
     for flag, doc in opts.items():
         assert len(re.findall(r"default", doc, re.I)) <= 1, f"{command} {flag}: two defaults: {doc}"
         assert not [w for w in INTERNALS if w in doc], f"{command} {flag} names an internal: {doc}"
+        # an option's help names the others as the user types them (--val-fraction), not as Python does
+        python_names = set(re.findall(r"(?<!'s )(?<![\w.`'-])([a-z]+(?:_[a-z]+)+)(?![\w`])", doc.split(" ", 1)[1]))
+        assert not python_names & fields - {"sum_then_normalize", "normalize_then_sum"}, f"{command} {flag}: {doc}"
 
 
 def test_the_old_output_flag_still_works_and_says_the_new_one(capsys):

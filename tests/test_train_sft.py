@@ -30,7 +30,8 @@ HALF = training.task_weights()  # P: and A: samples with even odds, as every pro
     (dict(model_overrides={"n_head": 3}), r"SFTConfig\.model_overrides .*invalid model"),
     (dict(model_overrides={"gradient_checkpointing": True}), r"SFTConfig\.model_overrides .*activation_checkpointing"),
     (dict(init_from="/no/such/dir"), r"SFTConfig\.init_from"),
-    (dict(train_data=("/no/such/file.jsonl",)), r"SFTConfig\.train_data .*do not exist"),
+    (dict(train_data=("/no/such/file.jsonl",)),  # the missing file named once
+     r"SFTConfig\.train_data names file\(s\) that do not exist: \['/no/such/file\.jsonl'\]$"),
     (dict(task_weights={"P": 1.5, "A": -0.5}), r"SFTConfig\.task_weights\['A'\] must be a finite number >= 0, got -0\.5"),
     (dict(task_weights={"P": 0, "A": 0.0}), r"SFTConfig\.task_weights must give some task a weight above 0"),
     (dict(task_weights={}), r"SFTConfig\.task_weights must be a non-empty dict"),

@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import textwrap
 import types
@@ -96,9 +97,10 @@ def validate(cfg) -> None:
 SEED_MAX = 2**32 - 1  # every seed option's upper bound (numpy's legacy seeds; seeds derived from it stay in int64)
 
 
-def bad_field(cls_name: str, name: str, value: Any, why: str):
-    """The one error format for config validation: `Cls.field must ..., got value`."""
-    raise ValueError(f"{cls_name}.{name} {why}, got {value!r}")
+def bad_field(cls_name: str, name: str, value: Any, why: str, *, got: bool = True):
+    """The one error format for config validation: `Cls.field must ..., got value` (got=False: `why`
+    already names the offending part of the value)."""
+    raise ValueError(f"{cls_name}.{name} {why}" + (f", got {value!r}" if got else ""))
 
 
 def check_weights(cfg, name: str) -> dict[str, float] | None:
@@ -174,13 +176,39 @@ def _optional(kind):
 RENAMED = {"out_dir": "--out"}
 
 
+def flag_name(field: str) -> str:
+    """The command-line option of a config field (`lr` -> --lr, `out_dir` -> --out)."""
+    return RENAMED.get(field, "--" + field.replace("_", "-"))
+
+
 class _Renamed(argparse.Action):
-    """Stores the value; given under the old option name, says the new one on stderr (once per use)."""
+    """An old option name, not shown in --help: stores the value and says the new name on stderr."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if option_string != self.option_strings[0]:
-            print(f"{parser.prog}: {option_string} is deprecated, use {self.option_strings[0]}", file=sys.stderr)
+        print(f"{parser.prog}: {option_string} is deprecated, use {flag_name(self.dest)}", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+def _flags_in_help(text: str, flags: dict[str, str]) -> str:
+    """A field's help as a command-line user reads it: the Python names of other fields become their
+    option (`val_fraction` -> --val-fraction, `stream=True` -> --stream), their value's name in a
+    formula (`batch_size*grad_accum` -> BATCH_SIZE*GRAD_ACCUM, as the usage line names it) and a
+    folder in a path (`<out_dir>/final`, `out_dir/checkpoints` -> <out>/...); another tool's names
+    (TRL's `epsilon_high`) and another object's (the model's `block_size`) stay."""
+    def option(m: re.Match) -> str:
+        flag = flags[m["name"]]
+        if m["open"] or (m["path"] and m["path"][1:] not in flags):
+            return f"<{flag[2:]}>{m['path'] or ''}"
+        before, after = text[max(0, m.start() - 2):m.start()], text[m.end():m.end() + 3]
+        if re.search(r"[*/]\s?$|[-+x] $", before) or re.match(r"\s?[*/]|\s[*x] ", after):
+            return m["name"].upper()
+        return (("--no-" + flag[2:]) if m["value"] == "=False" else flag) + ("/" + flags[m["path"][1:]] if m["path"] else "")
+
+    names = "|".join(sorted((re.escape(n) for n in flags if "_" in n), key=len, reverse=True))
+    if not names:
+        return text
+    return re.sub(rf"(?<!'s )(?<![\w.`])(?P<open><)?(?P<name>{names})(?(open)>)(?P<value>=True|=False)?"
+                  rf"(?P<path>/\w+)?(?![\w`(])", option, text)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
@@ -191,6 +219,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
     T | None -> also "none"."""
     hints = typing.get_type_hints(cls)
     docs = {**field_docs(cls), **(help_overrides or {})}
+    flags = {f.name: flag_name(f.name) for f in dataclasses.fields(cls) if f.name not in skip}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -212,16 +241,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
             continue
         if metavars and f.name in metavars:
             kw["metavar"] = metavars[f.name]
-        text = docs.get(f.name, "").replace("%", "%%")
+        text = _flags_in_help(docs.get(f.name, ""), flags).replace("%", "%%")
         if kw.get("action") == "append":
             text += " (repeatable)"
         elif default not in ((), {}) and "(default" not in text.lower() and "(required)" not in text:  # one default
             text += f" (default: {default!r})".replace("%", "%%")
-        flags = [RENAMED.get(f.name, "--" + f.name.replace("_", "-"))]
-        if f.name in RENAMED:  # the old spelling still works, with a line saying the new one
-            flags.append("--" + f.name.replace("_", "-"))
-            kw["action"] = _Renamed
-        parser.add_argument(*flags, help=text, **kw)
+        parser.add_argument(flag_name(f.name), help=text, **kw)
+        if f.name in RENAMED:  # the old spelling still works, unlisted, with a line saying the new one
+            parser.add_argument("--" + f.name.replace("_", "-"), **{**kw, "action": _Renamed, "help": argparse.SUPPRESS})
 
 
 def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:

@@ -175,11 +175,11 @@ class SFTConfig:
         object.__setattr__(self, fname, tuple(str(p) for p in value))  # lists -> tuple (frozen)
         if dirs := [p for p in getattr(self, fname) if Path(p).is_dir()]:
             bad_field(type(self).__name__, fname, value, f"names directories, not files: {dirs} (give the JSONL "
-                      "files in them)")
+                      "files in them)", got=False)
         if missing := [p for p in getattr(self, fname) if not Path(p).exists()]:
-            bad_field(type(self).__name__, fname, value, f"names file(s) that do not exist: {missing}")
+            bad_field(type(self).__name__, fname, value, f"names file(s) that do not exist: {missing}", got=False)
         if odd := [p for p in getattr(self, fname) if not Path(p).is_file()]:  # a FIFO or a device: read once, or never
-            bad_field(type(self).__name__, fname, value, f"names what is not a regular file: {odd}")
+            bad_field(type(self).__name__, fname, value, f"names what is not a regular file: {odd}", got=False)
 
     def model_config(self) -> GPTConfig:
         """The model shape of a scratch start (a Hugging Face start reads its config.json instead)."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import __version__
 from ..chess.datagen import WorkDirMismatch
 from ..chess.engine import EngineFailedError, StockfishNotFoundError
-from ..core.config import RENAMED
+from ..core.config import flag_name
 from ..core.errors import CheckpointError, NonFiniteError, is_worker, report, report_interrupted
 from ..core.tokenizer import TokenizerFileError
 
@@ -85,7 +85,7 @@ def with_flag(message: str, argv: list[str], help_text: Callable[[], str] = str)
     typed (`GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5`), or, where the default
     is what the check refused, the command's option for it (`(--warmup-steps, not given)`)."""
     if m := re.match(r"(\w+Config)\.(\w+) ", message):
-        flag = RENAMED.get(m[2], "--" + m[2].replace("_", "-"))
+        flag = flag_name(m[2])
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             return f"{m[0][:-1]} ({flag}) {message[m.end():]}"
         if re.search(rf"(^|\s){re.escape(flag)}\b", help_text()):
