@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, KVCache, PRESETS, additive_mask, lm_loss
 from rookworld_lib.core.sampling import padded_attention_mask
@@ -90,6 +91,22 @@ def test_vocab_padding_keeps_outputs(hf_dir):
         assert torch.allclose(plain(idx), padded(idx), atol=1e-5)
 
 
+def test_a_padded_models_export_round_trips_as_its_hf_state_dict(hf_dir, tmp_path):
+    # the gpu profile pads the vocabulary to 50304 rows; its export (and the reload) holds 50257: the
+    # weights compare as exported, as notebook 05 checks its export
+    d, _ = hf_dir
+    padded = GPT.from_pretrained(d, pad_vocab_to_multiple=64)
+    with torch.no_grad():
+        padded.transformer.wte.weight[50257:] = 7.0  # whatever the padding rows hold is not exported
+    padded.save_pretrained(tmp_path)
+    back = GPT.from_pretrained(tmp_path)
+    ours, theirs, on_disk = padded.hf_state_dict(), back.hf_state_dict(), load_file(tmp_path / "model.safetensors")
+    assert ours.keys() == theirs.keys() == on_disk.keys()
+    assert all(torch.equal(ours[k], theirs[k]) and torch.equal(ours[k], on_disk[k]) for k in ours)
+    assert ours["transformer.wte.weight"].shape == (50257, padded.config.n_embd)
+    assert [p.shape for p in padded.parameters()] != [p.shape for p in back.parameters()]
+
+
 def test_math_attention_matches_sdpa(hf_dir):
     d, _ = hf_dir
     a = GPT.from_pretrained(d).eval()
@@ -128,8 +145,6 @@ def test_a_boolean_mask_converted_once_gives_what_each_layer_converting_it_gives
 
 
 def test_strict_keys_missing_and_unexpected(hf_dir, tmp_path):
-    from safetensors.torch import load_file, save_file
-
     d, _ = hf_dir
     state = load_file(str(d / "model.safetensors"))
     (tmp_path / "config.json").write_text((d / "config.json").read_text())

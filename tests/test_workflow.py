@@ -33,6 +33,12 @@ def test_profile_summary_names_every_stage_in_one_short_table():
 def test_onpolicy_tolerance_by_precision():
     assert workflow.onpolicy_ratio_tolerance(workflow.resolve("cpu")) == 1e-3
     assert workflow.onpolicy_ratio_tolerance(workflow.resolve("cpu", dtype="bf16")) == 0.1
+    # "auto" is bf16 only on a CUDA device that has it: on the CPU the gpu profile's GRPO runs in fp32
+    assert workflow.onpolicy_ratio_tolerance(workflow.resolve("gpu", device="cpu")) == 1e-3
+
+
+def test_grpo_config_without_an_out_dir_keeps_nothing():
+    assert workflow.grpo_config(workflow.resolve("ci"), None, seed=0).out_dir is None  # not a folder named "None"
 
 
 def test_improvement_verdict_reads_the_interval():

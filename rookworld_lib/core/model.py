@@ -356,13 +356,10 @@ class GPT(nn.Module):
         model.meta = {k: v for k, v in hf.items() if k.startswith(META_PREFIX) and k != PROMPT_PREFIX_KEY}
         return model
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads, and GPT-2's
-        tokenizer files for its AutoTokenizer (tokenizer.write_hf_tokenizer, where transformers is here)."""
-        if bad := [k for k in self.meta if not k.startswith(META_PREFIX) or k == PROMPT_PREFIX_KEY]:
-            raise ValueError(f"model.meta keys must start with {META_PREFIX!r} (and not be {PROMPT_PREFIX_KEY!r}): {bad}")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights as an export holds them, on the CPU: Hugging Face's names and Conv1D layout, the
+        tied head left out, the vocabulary without its padding rows. Two models export the same
+        weights when these are equal, whatever their padding."""
         state = {}
         for key, tensor in self.state_dict().items():
             if key == "lm_head.weight":
@@ -373,6 +370,16 @@ class GPT(nn.Module):
             if key == "transformer.wte.weight":
                 tensor = tensor[: self.config.vocab_size]
             state[key] = tensor.contiguous()
+        return state
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads, and GPT-2's
+        tokenizer files for its AutoTokenizer (tokenizer.write_hf_tokenizer, where transformers is here)."""
+        if bad := [k for k in self.meta if not k.startswith(META_PREFIX) or k == PROMPT_PREFIX_KEY]:
+            raise ValueError(f"model.meta keys must start with {META_PREFIX!r} (and not be {PROMPT_PREFIX_KEY!r}): {bad}")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = self.hf_state_dict()
         weights = directory / "model.safetensors"
         for stale in directory.glob(f"{TMP_PREFIX}{weights.name}.*"):  # a killed export's (one writer per directory)
             stale.unlink(missing_ok=True)

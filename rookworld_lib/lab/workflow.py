@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from ..core import grpo as grpo_lib
 from ..core import progress
@@ -35,6 +34,7 @@ from ..chess.tasks import COMPLETION_BUDGET
 from ..chess.training import task_weights
 from ..core.train_grpo import GRPOTrainConfig
 from ..core.train_sft import SFTConfig
+from ..core.train_utils import setup_runtime
 
 
 @dataclass(frozen=True)
@@ -169,10 +169,10 @@ def _budget(p: Profile, layout: str) -> int:
     return own if layout == "compact" else max(own, COMPLETION_BUDGET[layout])
 
 
-def grpo_config(p: Profile, out_dir: Path, seed: int, layout: str = "compact") -> GRPOTrainConfig:
-    """The profile's GRPO settings for one run (the completion budget fits the layout)."""
+def grpo_config(p: Profile, out_dir: Path | None, seed: int, layout: str = "compact") -> GRPOTrainConfig:
+    """The profile's GRPO settings for one run (the completion budget fits the layout; out_dir None: keep nothing)."""
     budget = _budget(p, layout)
-    return dataclasses.replace(p.grpo, max_new_tokens=budget, seed=seed, out_dir=str(out_dir),
+    return dataclasses.replace(p.grpo, max_new_tokens=budget, seed=seed, out_dir=None if out_dir is None else str(out_dir),
                                loss=dataclasses.replace(p.grpo.loss, max_completion_length=budget))
 
 
@@ -188,8 +188,7 @@ def onpolicy_ratio_tolerance(p: Profile) -> float:
 
     fp32 sampler and scorer differ in summation order only (about 1e-6 per token); under bf16 each
     rounds its own activations (a few percent per token); beyond 0.1 something else is at work."""
-    dtype, device = p.sft.dtype, p.sft.device
-    half = dtype == "bf16" or (dtype == "auto" and device in ("cuda", "auto") and torch.cuda.is_available())
+    half = setup_runtime(p.grpo.device, p.grpo.dtype).amp_dtype is not None  # "auto": bf16 only where CUDA has it
     return 0.1 if half else 1e-3
 
 
