@@ -196,6 +196,29 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     shutil.rmtree(errors_dir)  # this test's litter in /tmp, not the product's to clean after kill -9
 
 
+def test_a_really_full_disk_under_nproc_2_is_said_once_in_one_line(tmp_path):
+    """Not simulated: `rookworld sft --nproc 2` into a 400 kB tmpfs, which the first checkpoint fills.
+    Both workers fail to write it; the launcher says so once, in one line naming the file, exit 1."""
+    data_file = tmp_path / "train.jsonl"
+    data_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(full)], capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root (CAP_SYS_ADMIN)")
+    try:
+        args = ["--train-data", str(data_file), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
+                "--max-steps", "3", "--warmup-steps", "0", "--eval-interval", "0", "--val-fraction", "0",
+                "--device", "cpu", "--no-progress", "--out", str(full / "run")]
+        done = subprocess.run([sys.executable, "-m", "rookworld_lib.lab.cli", "sft", "--nproc", "2", *args],
+                              env=child_env(), capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["umount", "-l", str(full)], check=True)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("rookworld sft: ")]
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(lines) == 1 and "No space left on device" in lines[0], done.stderr[-3000:]
+    assert f"could not save checkpoint {full / 'run' / 'checkpoints'}" in lines[0], lines
+
+
 @pytest.mark.heavy
 @pytest.mark.skipif(not HEAVY, reason="heavy: set ROOKWORLD_HEAVY=1")
 def test_heavy_sigkill_a_torchrun_job_then_resume_at_world_size_1_and_2(tmp_path):
