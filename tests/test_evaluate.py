@@ -185,6 +185,25 @@ def test_paired_rates_take_newcombes_interval():
     assert same.value == 0 and same.low < 0 < same.high
 
 
+def test_newcombe_takes_no_correlation_when_the_cross_product_is_small():
+    """Method 10's phi is continuity-corrected: (AD - BC - n/2) / sqrt(margins) where AD - BC > n/2, AD - BC
+    below 0, and 0 between. 10 right both times, 11 right only after, 10 only before, 12 neither: AD - BC
+    = 120 - 110 = 10 <= n/2, so the interval is the plain square-and-add of the two Wilson intervals
+    (Newcombe 1998, eq. for method 10 with phi = 0; Wilson's textbook formula written out here)."""
+    z, n = 1.959964, 43
+
+    def wilson(k):
+        p = k / n
+        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return p, centre - half, centre + half
+
+    (p1, l1, u1), (p2, l2, u2) = wilson(10 + 11), wilson(10 + 10)  # after, before
+    d = ev.paired_difference(*paired(10, 11, 10, 12))
+    assert d.value == pytest.approx(p1 - p2)
+    assert d.low == pytest.approx(p1 - p2 - math.hypot(p1 - l1, u2 - p2), abs=1e-9)
+    assert d.high == pytest.approx(p1 - p2 + math.hypot(p2 - l2, u1 - p1), abs=1e-9)
+
+
 def test_a_bound_near_zero_is_printed_with_its_sign():
     assert ev._points(0.00012) == "+0.01" and ev._points(-0.0003) == "-0.03" and ev._points(0.0) == "+0.0"
     assert ev._points(0.067) == "+6.7"

@@ -797,3 +797,27 @@ def test_bias_corrected_kl_is_kl_times_ratio():
     kl = grpo.kl_estimate(lp, ref) * (lp - old).exp()
     assert corrected["kl"] == pytest.approx(float(kl[mask].mean()), rel=1e-12)
     assert corrected["kl"] != plain["kl"]
+
+
+def test_a_tied_group_is_exactly_zero_where_centring_it_is_not():
+    # float64 0.1 x 3: the group mean is one ulp above 0.1, so (x - mean) / (std + eps) is about -1.4e-13, not 0
+    r = torch.tensor([0.1, 0.1, 0.1, 0.3, 0.6, 0.9], dtype=torch.float64)
+    g = r.view(2, 3)
+    centred = (g - g.mean(dim=1, keepdim=True)) / (g.std(dim=1, keepdim=True) + 1e-4)
+    assert centred[0].abs().max() > 0  # what the tie rule has to undo
+    for scale in ("group", "batch", "none"):
+        adv, _ = group_advantages(r, 3, scale=scale)
+        assert torch.equal(adv[:3], torch.zeros(3, dtype=torch.float64)), scale
+
+
+def test_group_stats_against_the_standard_library():
+    import statistics
+
+    r = [0.0, 1.0, 0.5, 0.2, 0.9, 0.9, -1.0, float("nan"), 0.25, 0.5, 0.75, 1.0]
+    _, stats = group_advantages(torch.tensor(r, dtype=torch.float64), 4)
+    groups = [[x for x in r[i:i + 4] if not math.isnan(x)] for i in range(0, 12, 4)]  # NaN: unscorable, left out
+    scorable = [x for g in groups for x in g]
+    assert stats.reward_group_std_mean == pytest.approx(statistics.mean(statistics.stdev(g) for g in groups))
+    assert stats.reward_mean == pytest.approx(statistics.mean(scorable))
+    assert stats.reward_std == pytest.approx(statistics.stdev(scorable))
+    assert (stats.num_groups, stats.group_size, stats.num_unscorable) == (3, 4, 1)

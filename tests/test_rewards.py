@@ -396,3 +396,103 @@ def test_mutated_real_completions_with_the_live_engine(val_policy, val_env):
             assert _in_range(rewards.score_environment(r["prompt"], m))
             n += 1
     assert n == 800
+
+
+# --- References and hand-worked values for the reward's constants and rules -------------------
+# Lichess (lila, modules/analyse: WinPercent.scala, AccuracyPercent.scala; lichess.org/page/accuracy), in
+# percent: Win% = 50 + 50 * (2 / (1 + exp(-0.00368208 * cp)) - 1);
+# Accuracy% = 103.1668 * exp(-0.04354 * (Win%before - Win%after)) - 3.1669, clipped to [0, 100].
+
+def _lichess_win_pct(cp: float) -> float:
+    return 50 + 50 * (2 / (1 + math.exp(-0.00368208 * cp)) - 1)
+
+
+def _lichess_accuracy_pct(win_before: float, win_after: float) -> float:
+    return min(100.0, max(0.0, 103.1668 * math.exp(-0.04354 * (win_before - win_after)) - 3.1669))
+
+
+def test_win_probability_and_move_accuracy_are_lichess_formulas():
+    for cp in (-1500, -300, -35, 0, 20, 100, 450, 2000):
+        assert tasks.win_prob(cp) == pytest.approx(_lichess_win_pct(cp) / 100, abs=1e-12)
+    for before, after in ((60.0, 60.0), (62.5, 55.0), (80.0, 30.0), (100.0, 0.0), (51.0, 50.2), (40.0, 45.0)):
+        # ours is in [0, 1], scaled so that no drop scores exactly 1 (Lichess: 99.9999%)
+        assert rewards.move_accuracy((before - after) / 100) == pytest.approx(
+            min(1.0, _lichess_accuracy_pct(before, after) / 99.9999), abs=1e-9)
+
+
+def test_quality_is_lichess_accuracy_and_centipawn_loss_mixed_nine_to_one():
+    for best, move in ((50, -100), (300, 250), (-20, -900), (0, -2000)):
+        accuracy = _lichess_accuracy_pct(_lichess_win_pct(best), _lichess_win_pct(move)) / 99.9999
+        loss = min(best - move, 1000) / 1000
+        assert rewards.quality_from_cp(best, move) == pytest.approx(0.9 * accuracy + 0.1 * (1 - loss), abs=1e-9)
+
+
+def test_environment_format_counts_readable_fields_and_the_field_count():
+    # format = (readable fields among new FEN, reward, terminated, truncated + 1 for exactly four) / 5
+    tr = tasks.environment_step(chess.STARTING_FEN, "g1f3")
+    good, (fen, *_) = tr.completion, tr.completion.split("+")
+    cases = {good: 5 / 5, "x+0.001+0+0": 4 / 5, f"{fen}+x+0+0": 4 / 5, "x+x+0+0": 3 / 5, "x+x+x+0": 2 / 5,
+             good + "+9": 4 / 5}
+    for completion, want in cases.items():
+        assert rewards.score_environment_detailed(tr.prompt, completion).format == pytest.approx(want), completion
+
+
+def test_fen_field_credit_hand_counted():
+    t = chess.STARTING_FEN  # credit: 0.5 x the share of the 64 squares, + 0.1 per equal later field
+    rank3 = "rnbqkbnr/pppppppp/8/8/8/{}/PPPPPPPP/RNBQKBNR w KQkq - 0 1"
+    # every square right, spelled "44": the squares count 64/64, but a differently spelled placement gets at most 63/64
+    assert rewards.fen_field_credit(rank3.format("44"), t) == pytest.approx(0.5 * 63 / 64 + 0.5)
+    # a ninth rank: the first eight match, but a malformed placement gets at most 63/64
+    assert rewards.fen_field_credit(t.replace("RNBQKBNR w", "RNBQKBNR/8 w"), t) == pytest.approx(0.5 * 63 / 64 + 0.5)
+    # a seventh field: the placement and five fields match, one field's credit taken back
+    assert rewards.fen_field_credit(t + " 7", t) == pytest.approx(0.5 + 0.4)
+    # a missing rank: ranks 1-5 of the prediction match (40 squares), then each is one rank off
+    assert rewards.fen_field_credit("rnbqkbnr/pppppppp/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1", t) == pytest.approx(
+        0.5 * 40 / 64 + 0.5)
+    # side to move and halfmove clock wrong
+    assert rewards.fen_field_credit(t.replace(" w ", " b ").replace(" 0 1", " 3 1"), t) == pytest.approx(0.5 + 0.3)
+
+
+MOVES = ["e2e4", "d2d4", "g1f3", "c2c4", "b1c3"]
+
+
+def _detail(evals, best, weights=None, engine=None, moves=MOVES):
+    """The policy score of an answer naming `best` (every other field the truth's own) against a truth of
+    the starting position whose candidates carry the given evals (labels, not Stockfish's)."""
+    truth = {"fen": chess.STARTING_FEN, "moves": moves, "evals": evals}
+    prompt, completion = tasks.policy_text(chess.STARTING_FEN, moves, evals, moves[0], "compact")
+    completion = completion.rsplit(" B: ", 1)[0] + f" B: {best}"
+    return rewards.score_policy_detailed(prompt, completion, truth=truth, engine=engine, weights=weights, cache=False)
+
+
+def test_an_unlisted_move_ranks_strictly_below_a_mating_or_mated_last_candidate():
+    # offline, an unlisted move is one move slower to mate (or one sooner to be mated) than the last candidate
+    for evals in (["M1", "M2", "M3", "M4", "M5"], ["0.3", "0.2", "0.1", "-M4", "-M2"]):
+        fifth, unlisted = _detail(evals, MOVES[4]), _detail(evals, "a2a3")
+        assert unlisted.estimated and unlisted.cp_loss == fifth.cp_loss + 1  # M5 -> M6, -M2 -> -M1
+        assert unlisted.best_quality < fifth.best_quality if evals[0] == "M1" else unlisted.best_quality <= fifth.best_quality
+    # mated in 1 is the floor: nothing is worse, so the estimate equals it
+    evals = ["0.3", "0.2", "0.1", "-M4", "-M1"]
+    assert _detail(evals, "a2a3").best_quality == _detail(evals, MOVES[4]).best_quality
+
+
+@needs_stockfish
+def test_an_engine_searched_unlisted_move_never_ranks_above_the_last_candidate():
+    # the labels put the last candidate at -9 pawns; Stockfish puts a2a3 near 0: it is capped at -9, the
+    # truth's ranking (an unlisted move is no better than the listed ones) wins over a second search
+    evals = ["9.0", "8.0", "7.0", "6.0", "-9.0"]
+    fifth, unlisted = _detail(evals, MOVES[4], engine="auto"), _detail(evals, "a2a3", engine="auto")
+    assert not unlisted.estimated and unlisted.best_quality == fifth.best_quality and unlisted.cp_loss == 1800
+
+
+def test_graded_evals_accuracy_takes_each_moves_first_eval():
+    graded = rewards.GradedWeights()
+    truth = {"fen": chess.STARTING_FEN, "moves": MOVES[:2], "evals": ["0.3", "0.3"]}
+    prompt, _ = tasks.policy_text(chess.STARTING_FEN, MOVES[:2], ["0.3", "0.3"], "e2e4", "compact")
+    right_first = rewards.score_policy_detailed(prompt, " M: e2e4 e2e4 d2d4 E: 0.3 9.0 0.3 B: e2e4", truth=truth,
+                                                engine=None, weights=graded)
+    assert right_first.evals_accuracy == 1.0
+    wrong_first = rewards.score_policy_detailed(prompt, " M: e2e4 e2e4 d2d4 E: 9.0 0.3 0.3 B: e2e4", truth=truth,
+                                                engine=None, weights=graded)
+    off = abs(_lichess_win_pct(900) - _lichess_win_pct(30)) / 100  # e2e4's first eval, 9.0 against 0.3
+    assert wrong_first.evals_accuracy == pytest.approx(((1 - off) + 1.0) / 2)
