@@ -14,7 +14,7 @@ import chess.engine
 import pytest
 
 from rookworld_lib.lab.cli import main
-from rookworld_lib.chess import convert, data, evaluate, rewards, tasks
+from rookworld_lib.chess import convert, data, evaluate, rewards, tasks, training
 from rookworld_lib.core.tokenizer import get_tokenizer
 
 ENC = get_tokenizer()
@@ -309,6 +309,20 @@ def test_convert_files_writes_loadable_records_and_reports_every_bad_line(tmp_pa
     assert len(data.load_split("A", "test", out)) == n_env_ok
 
 
+def test_training_positions_that_are_test_positions_are_counted_aloud(tmp_path, caplog):
+    # converted splits are not split by position (datagen's are): the same lines as train and as test
+    pol, env = write_original_files(tmp_path)
+    out = tmp_path / "converted"
+    convert.convert([pol], out, split="train")
+    train = training.train_records(out)  # no val or test files there yet: nothing to say
+    assert train and "stand at a position of its val or test records" not in caplog.text
+    convert.convert([pol, env], out, split="test")
+    assert len(training.train_records(out)) == len(train)
+    assert f"{out}: {len(train)} of the {len(train)} training records stand at a position of its val or test records" in caplog.text
+    caplog.clear()
+    assert training.train_records() and "stand at a position" not in caplog.text  # the shipped set: split by position
+
+
 def test_convert_reads_parquet_and_arrow(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -354,7 +368,6 @@ def test_converted_files_get_the_users_umask_not_0600(tmp_path, umask, mode):
 def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_layout(tmp_path, capfd):
     import torch
 
-    from rookworld_lib.chess import training
     from rookworld_lib.chess.training import LAYOUT_KEY
     from rookworld_lib.core import train_grpo
     from rookworld_lib.core.model import GPT, PROMPT_PREFIX_KEY
@@ -400,6 +413,8 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
                                   "--group-size", "2", "--minibatch-size", "4", "--device", "cpu"]) == 0
     err = capfd.readouterr().err
     assert "layout: original" in err
+    prefix = GPT.from_pretrained(sft.final_dir).prompt_prefix  # the run says what it samples over and reads first
+    assert f"sampling over all of GPT-2's 50,257 tokens; prompt prefix {prefix!r}" in err, err
     items, cfg = seen[:-1], seen[-1]
     assert cfg.max_new_tokens == tasks.COMPLETION_BUDGET["original"]
     for item in items:  # the prompts are the original layout's
@@ -416,6 +431,7 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
                               "--reward", "graded"]) == 0
     err = capfd.readouterr().err
     assert "tokens of the training records" in err and "nats/token from the full one" in err, err
+    assert "sampling over the model's " in err and " task tokens; prompt prefix" in err, err
     start, out = GPT.from_pretrained(sft.final_dir), GPT.from_pretrained(tmp_path / "grpo-task/final")
     vocab = training.data_vocab([i.truth for i in items], "original")
     outside = torch.ones(start.config.vocab_size, dtype=torch.bool)

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import chess
@@ -27,8 +28,15 @@ def test_mean_interval_is_student_t():
     big = ev.mean_interval([0.0, 1.0] * 50)  # t(99, 0.975) = 1.984
     assert big.high - big.value == pytest.approx(1.984217 * math.sqrt(100 / 99 / 4) / 10, abs=1e-6)
     one = ev.mean_interval([0.2])  # one value: no interval at all, never a point
-    assert (one.value, one.low, one.high, one.n) == (0.2, -math.inf, math.inf, 1)
+    assert (one.value, one.low, one.high, one.n) == (0.2, -math.inf, math.inf, 1) and str(one) == "0.2 (n=1, no interval)"
     assert (ev.mean_interval([0.2], share=True).low, ev.mean_interval([0.2], share=True).high) == (0.0, 1.0)
+    # kept inside the values' range: a similarity in [0, 1] near 0 (the t interval reaches below it)
+    near_zero = ev.mean_interval([0.0, 0.0, 0.0, 0.03], bounds=(0.0, 1.0))
+    assert near_zero.low == 0.0 and near_zero.high == pytest.approx(0.0075 + 3.182446 * 0.015 / 2, abs=1e-6)
+    # a share where every record scored 0: not the point [0, 0] but the Wilson interval of 0 of 8
+    zeros = ev.mean_interval([0.0] * 8, share=True)
+    assert (zeros.low, zeros.high) == (0.0, ev.wilson(0, 8).high) and zeros.high > 0.3 and zeros.kind == "share"
+    assert ev.mean_interval([1.0] * 8, share=True).low == ev.wilson(8, 8).low
 
 
 def test_similarity_is_one_minus_edit_distance_over_the_longer_length():
@@ -122,6 +130,11 @@ def test_end_to_end_small_model_runs_every_suite():
     res = ev.evaluate_all(model, [rec], [env_rec], [mate], cfg)
     for key in ("policy/valid", "env/next_fen_exact", "mate_in_one/accuracy", "self_play/legal_half_moves"):
         assert key in res and res[key].n >= 1
+    # each suite takes its cap: max_mate as max_policy and max_env do, 0 turning the suite off
+    capped = dataclasses.replace(cfg, max_policy=1, max_env=0, max_mate=2, selfplay_games=0)
+    res2 = ev.evaluate_all(model, [rec] * 3, [env_rec], [mate] * 5, capped)
+    assert (res2["policy/valid"].n, res2["mate_in_one/accuracy"].n) == (1, 2) and "env/valid" not in res2
+    assert "mate_in_one/accuracy" not in ev.evaluate_all(model, [rec], [], [mate], dataclasses.replace(capped, max_mate=0))
     table = ev.comparison_table({"init": res})
     assert ev.REFERENCE_NAME in table.columns and "reference measured" in table.columns
     assert table.loc["policy/cp_loss", "reference measured"].startswith("(ours only) centipawns B: loses")

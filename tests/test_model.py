@@ -374,3 +374,13 @@ def test_a_model_folder_with_another_tokenizer_is_refused_where_ours_would_misre
     (tmp_path / "chars" / "merges.txt").write_text("#version: 0.2\n")
     with pytest.raises(ValueError, match=f"{tmp_path / 'chars' / 'vocab.json'}: not GPT-2's tokenizer"):
         evaluate.complete(GPT.from_pretrained(tmp_path / "chars"), ["P: 8/8/8/8/8/8/8/8 w - - 0 1"], evaluate.EvalConfig())
+
+
+def test_from_pretrained_returns_eval_mode_as_transformers_does(tmp_path):
+    # dropout 0.1, as GPT-2's own config has it: in train mode every forward pass would differ
+    transformers.GPT2LMHeadModel(small_hf_config(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)).save_pretrained(tmp_path)
+    ours, theirs = GPT.from_pretrained(tmp_path), transformers.GPT2LMHeadModel.from_pretrained(tmp_path)
+    assert not ours.training and not theirs.training
+    idx = torch.randint(0, 50257, (2, 9))
+    with torch.no_grad():
+        assert (ours(idx) - theirs(idx).logits).abs().max().item() < 1e-4

@@ -3,6 +3,7 @@ import math
 import pytest
 
 from rookworld_lib.lab import workflow
+from rookworld_lib.chess import evaluate as ev
 from rookworld_lib.chess.evaluate import Estimate
 from rookworld_lib.core.paths import DATA_DIR
 
@@ -28,6 +29,21 @@ def test_profile_summary_names_every_stage_in_one_short_table():
     table = workflow.PROFILES["cpu"].summary()
     assert list(table.index) == ["data", "SFT", "GRPO", "evaluation"] and table.shape == (4, 1)
     assert "150 steps x 16 prompts x 4 samples" in table.loc["GRPO"].item() and "P: all" in table.loc["evaluation"].item()
+
+
+def test_a_run_from_a_brought_model_is_described_as_one():
+    p = workflow.PROFILES["ci"]
+    table = p.summary("/models/RookWorld-LM-124M", "original")
+    assert table.loc["SFT"].item() == "none: GRPO starts from /models/RookWorld-LM-124M"
+    assert "<= 128 tokens" in table.loc["GRPO"].item()  # the original layout's budget, which GRPO then uses
+    assert "<= 24 tokens" in p.summary().loc["GRPO"].item()
+    assert workflow.start_label(None) == "SFT" and workflow.start_label("/m") == "init_from"
+    before = {"policy/valid": ev.rate([0, 1]), "env/valid": ev.rate([1, 1])}
+    after = {"policy/valid": ev.rate([1, 1]), "env/valid": ev.rate([1, 1])}
+    report = workflow.training_report(p, ev.comparison_table({"init_from": before, "init_from+GRPO": after}),
+                                      ev.paired_difference([0.1, 0.2], [0.3, 0.4]), {"load init_from": 0.1},
+                                      ev.paired_change(before, after), init_from="/m")
+    assert report.startswith("## Training (ci profile: GRPO from /m, 2 GRPO steps of 4x4)") and "SFT" not in report
 
 
 def test_onpolicy_tolerance_by_precision():
@@ -63,7 +79,6 @@ def test_gpu_profile_pads_the_vocabulary_and_cpu_does_not(tmp_path):
 
 
 def test_chess_verdict_and_report_name_the_strict_metrics_that_moved():
-    from rookworld_lib.chess import evaluate as ev
 
     before = {"policy/valid": ev.rate([0] * 100), "env/next_fen_exact": ev.rate([1, 0] * 50)}
     after = {"policy/valid": ev.rate([1] * 40 + [0] * 60), "env/next_fen_exact": ev.rate([1, 0] * 50)}

@@ -89,6 +89,8 @@ class Estimate:
             return "n/a (n=0)"
         if self.kind in ("rate", "share"):
             return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):  # one value: no interval to print
+            return f"{self.value:.3g} (n={self.n}, no interval)"
         return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}] (n={self.n})"
 
 
@@ -135,22 +137,25 @@ def pass_at_1(per_record: Sequence[Sequence[bool | float]], keys: Sequence[str] 
     return Estimate(p, est.low, est.high, n, outcomes=shares, keys=tuple(keys))
 
 
-def mean_interval(values: Sequence[float], share: bool = False, level: float = 0.95) -> Estimate:
+def mean_interval(values: Sequence[float], share: bool = False, level: float = 0.95,
+                  bounds: tuple[float, float] = (-math.inf, math.inf)) -> Estimate:
     """Mean and Student t 95% interval (n - 1 degrees of freedom; one value gives no interval: the whole
-    line, or [0, 1] for a share); with `share`, of values in [0, 1], shown as a percentage (as the rates
-    are) with the interval kept inside [0, 1]."""
+    of `bounds`), kept inside `bounds`, the values' possible range (a similarity in [0, 1], a count >= 0).
+    `share`: values in [0, 1] shown as a percentage, as the rates are; where every value is 0 (or every
+    one 1) the t interval would be a point, so it takes the records' Wilson interval, as a rate would."""
     vals = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(vals)
-    kind = "share" if share else "mean"
+    kind, (lo, hi) = ("share", (0.0, 1.0)) if share else ("mean", bounds)
     if n == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0, kind)
     m = sum(vals) / n
     if n == 1:
-        return Estimate(m, 0.0 if share else -math.inf, 1.0 if share else math.inf, 1, kind)
+        return Estimate(m, lo, hi, 1, kind)
+    if share and all(v == vals[0] for v in vals) and vals[0] in (0.0, 1.0):
+        return replace(wilson(sum(vals), n), kind=kind)
     sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
     half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / math.sqrt(n)
-    low, high = (max(0.0, m - half), min(1.0, m + half)) if share else (m - half, m + half)
-    return Estimate(m, low, high, n, kind)
+    return Estimate(m, max(lo, m - half), min(hi, m + half), n, kind)
 
 
 EVAL_CLIP_CP = 1000  # Lichess clips evaluations to +-10 pawns for its average centipawn loss
@@ -183,6 +188,7 @@ class EvalConfig:
                              "of `samples` rows each for pass@1", min=1)
     max_policy: int | None = option(None, "cap on P: records evaluated (None = all; 0 = no policy suite)", min=0)
     max_env: int | None = option(None, "cap on A: records evaluated (None = all; 0 = no env suite)", min=0)
+    max_mate: int | None = option(None, "cap on mate-in-one records evaluated (None = all; 0 = no mate-in-one suite)", min=0)
     selfplay_games: int = option(8, "self-play games (0 = skip), each from its own start", min=0, max=1000)
     selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
     layout: str | None = option(None, "prompt layout; None: the model's own (training.layout_of; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
@@ -304,7 +310,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
     keys = [record_key(r) for r in records]
     out = {"policy/valid": rate(valid, keys), "policy/legal_best_move": rate(legal, keys),
            "policy/best_move_accuracy": rate(correct, keys), "policy/top5_overlap": mean_interval(overlaps, share=True),
-           "policy/cp_loss": mean_interval(cp_losses)}
+           "policy/cp_loss": mean_interval(cp_losses, bounds=(0.0, 2.0 * EVAL_CLIP_CP))}
     if agree:
         out["policy/original_label_agreement"] = rate(agree, [record_key(r) for r in records
                                                               if r.get("original_best") is not None])
@@ -313,7 +319,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
 
 def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Share of mate-in-one positions where B: is a mating move (checked by python-chess)."""
-    records, _, completions = _decode(model, records, cfg, policy_prompt_of)
+    records, _, completions = _decode(model, records, cfg, policy_prompt_of, cfg.max_mate)
     hits = []
     for rec, text in zip(records, completions):
         board = chess.Board(rec["fen"])
@@ -345,7 +351,7 @@ def _score_environment(records: list, prompts: list[str], completions: list[str]
             hits.append(getattr(score, part) >= 1.0)
     keys = [record_key(r) for r in records]
     return {"env/valid": rate(valid, keys), "env/next_fen_exact": rate(right["fen_exact"], keys),
-            "env/fen_similarity": mean_interval(sims), "env/reward_accuracy": rate(right["reward"], keys),
+            "env/fen_similarity": mean_interval(sims, bounds=(0.0, 1.0)), "env/reward_accuracy": rate(right["reward"], keys),
             "env/terminated_accuracy": rate(right["terminated"], keys),
             "env/truncated_accuracy": rate(right["truncated"], keys)}
 
@@ -381,13 +387,13 @@ def self_play(model: GPT, cfg: EvalConfig) -> dict:
             legal_plies[i] += 1
             still.append(i)
         alive = still
-    return {"self_play/legal_half_moves": mean_interval(legal_plies)}
+    return {"self_play/legal_half_moves": mean_interval(legal_plies, bounds=(0.0, cfg.selfplay_max_plies))}
 
 
 def selected_suites(policy_records, env_records, mate_records, cfg: EvalConfig) -> list[str]:
-    """The suites an evaluation runs: each with records and not capped at 0 (max_policy / max_env),
-    and self-play when cfg.selfplay_games > 0."""
-    runs = {"policy": bool(policy_records) and cfg.max_policy != 0, "mate_in_one": bool(mate_records),
+    """The suites an evaluation runs: each with records and not capped at 0 (max_policy / max_env /
+    max_mate), and self-play when cfg.selfplay_games > 0."""
+    runs = {"policy": bool(policy_records) and cfg.max_policy != 0, "mate_in_one": bool(mate_records) and cfg.max_mate != 0,
             "env": bool(env_records) and cfg.max_env != 0, "self_play": cfg.selfplay_games > 0}
     return [name for name, yes in runs.items() if yes]
 
@@ -632,9 +638,10 @@ def cli(argv: list[str] | None = None) -> int:
         return _curve_cli(args, cfg)
     suites = load_test_suites(args.data_dir)  # before the model loads: missing data or no suite stop here
     if not selected_suites(suites["P"], suites["A"], suites["M1"], cfg):
-        raise ValueError("no suite selected: no suite with test records is left on (--max-policy / --max-env 0 turn "
-                         "the policy / env suite off) and --selfplay-games is 0; select one with --selfplay-games N, "
-                         "--max-policy N, --max-env N or a --data-dir holding that suite's test data")
+        raise ValueError("no suite selected: no suite with test records is left on (--max-policy / --max-env / "
+                         "--max-mate 0 turn the policy / env / mate-in-one suite off) and --selfplay-games is 0; select "
+                         "one with --selfplay-games N, --max-policy N, --max-env N, --max-mate N or a --data-dir holding "
+                         "that suite's test data")
     model = GPT.from_pretrained(args.model).eval().to(device)
     cfg = cfg.for_model(model)
     print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "

@@ -29,6 +29,7 @@ from ..core.task_vocab import TaskVocab, outside_logmass
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_utils import setup_runtime
 from . import data, rewards, tasks
+from .datagen import heldout_positions
 
 log = logging.getLogger(__name__)
 
@@ -224,13 +225,22 @@ def policy_weights(variant: str = "graded"):
 
 def train_records(data_dir=None) -> list[dict]:
     """The P: and A: training records of a data directory (plain, .gz or sharded files); either task
-    may be absent (a converted original set may hold one task only), not both."""
+    may be absent (a converted original set may hold one task only), not both. A warning says how many
+    of them stand at a position of the directory's val or test records (converted sets are not split
+    by position, as datagen's are): those are measured on positions the model trained on."""
     present = [task for task in tasks.TASKS if data.split_files(task, "train", data_dir)]
     if not present:
         raise ValueError(f"{Path(data_dir or data.DATA_DIR)}: no training data: no "
                          + " and no ".join(data.looked_for(task, "train") for task in tasks.TASKS)
                          + " (rookworld datagen or rookworld convert --split train writes them)")
-    return [r for task in present for r in data.load_split(task, "train", data_dir).records]
+    records = [r for task in present for r in data.load_split(task, "train", data_dir).records]
+    with contextlib.suppress(ValueError):  # no val or test files there: nothing to overlap
+        held = heldout_positions(data_dir or data.DATA_DIR)
+        if shared := sum(tasks.position_key(r["fen"]) in held for r in records):
+            log.warning("%s: %d of the %d training records stand at a position of its val or test records: an "
+                        "evaluation there measures positions the model trained on", data_dir or data.DATA_DIR,
+                        shared, len(records))
+    return records
 
 
 # -- rookworld sft ---------------------------------------------------------------------------------
@@ -421,6 +431,7 @@ def _run_grpo(args: argparse.Namespace) -> int:
     with _mix_advice_in_flags():
         trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
                               init_from=args.init_from, task_vocab=vocab)
+    print(f"sampling over {trainer.sampling_vocabulary()}; prompt prefix {model.prompt_prefix!r}", file=sys.stderr)
     try:
         trainer.train()  # writes <out>/final at the end (--no-export-hf: not)
         if trainer.dist.is_main:

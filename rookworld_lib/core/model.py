@@ -310,7 +310,8 @@ class GPT(nn.Module):
     def from_pretrained(cls, directory: str | Path, **config_overrides) -> "GPT":
         """Load a Hugging Face GPT-2 directory (config.json + model.safetensors), every key checked in
         both directions: a silently missing key (strict=False) leaves a layer at its random init, and
-        the model still runs, just badly."""
+        the model still runs, just badly. In eval mode (dropout off), as transformers' from_pretrained
+        returns it; a trainer switches to train mode itself."""
         config_path, weights_path = Path(directory) / "config.json", Path(directory) / "model.safetensors"
         for path in (config_path, weights_path):
             if not path.is_file():
@@ -354,7 +355,7 @@ class GPT(nn.Module):
         model.load_state_dict(converted, strict=True)
         model.prompt_prefix, model.source = prefix, str(directory)
         model.meta = {k: v for k, v in hf.items() if k.startswith(META_PREFIX) and k != PROMPT_PREFIX_KEY}
-        return model
+        return model.eval()
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights as an export holds them, on the CPU: Hugging Face's names and Conv1D layout, the

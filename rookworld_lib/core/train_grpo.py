@@ -459,6 +459,10 @@ class GRPOTrainer(Trainer):
         model.meta = {**model.meta, ROLLOUT_TEMPERATURE_KEY: self.cfg.temperature}
         return model
 
+    def sampling_vocabulary(self) -> str:
+        """What the policy is sampled and scored over, in words (for a run's log)."""
+        return "all of GPT-2's 50,257 tokens" if self.vocab is None else f"the model's {len(self.vocab)} task tokens"
+
     def encode(self, prompt: str) -> list[int]:
         """A prompt's token ids as the model reads them (compact over a task vocabulary)."""
         ids = encode_prompt(prompt, self.model.prompt_prefix, self.tokenizer)

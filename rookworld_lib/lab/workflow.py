@@ -45,31 +45,33 @@ class Profile:
     sft: SFTConfig  # SFT from scratch (train/val data, out_dir, seed: see sft_config)
     grpo: GRPOTrainConfig  # GRPO after SFT (out_dir, seed, completion budget: see grpo_config)
     eval: EvalConfig  # before/after evaluation (budget, layout, seed: see eval_config)
-    eval_mate: int  # mate-in-one test records evaluated
     heldout: int  # test records (half P:, half A:) for the held-out reward comparison
     datagen: dict | None = None  # DatagenConfig fields of the profile's own training data; None: the shipped set
     reward: str = "graded"  # GRPO's reward (chess.training.reward_functions): "graded" or "gated"
     candidate_order: str = "layout"  # how SFT writes the P: candidates (chess.training.CANDIDATE_ORDERS)
 
-    def summary(self):
-        """The sizes a reader checks, one line per stage (a DataFrame; the full settings are the fields)."""
+    def summary(self, init_from: str | None = None, layout: str = "compact"):
+        """The sizes a reader checks, one line per stage (a DataFrame; the full settings are the fields), for
+        a run in `layout` that trains from scratch or, given init_from, starts GRPO from that model."""
         s, g, e = self.sft, self.grpo, self.eval
         every = lambda n: "all" if n is None else n  # noqa: E731
-        data = "shipped set" if self.datagen is None else f"own: {self.datagen.get('games', '?')} games (datagen)"
+        own = self.datagen is not None and not init_from
+        data = f"own: {self.datagen.get('games', '?')} games (datagen)" if own else "shipped set"
         shape = ", ".join(f"{k}={v}" for k, v in s.model_overrides.items() if k != "pad_vocab_to_multiple")
         rows = {
             "data": data,
-            "SFT": f"{s.model}{f' ({shape})' if shape else ''} on {s.device}, {s.max_steps} steps x {s.batch_size * s.grad_accum} x {s.block_size} tokens, "
+            "SFT": f"none: GRPO starts from {init_from}" if init_from else
+                   f"{s.model}{f' ({shape})' if shape else ''} on {s.device}, {s.max_steps} steps x {s.batch_size * s.grad_accum} x {s.block_size} tokens, "
                    f"lr {s.lr:g}, vocab {s.vocab}, P: candidates in {self.candidate_order} order",
-            "GRPO": f"{g.steps} steps x {g.prompts_per_step} prompts x {g.group_size} samples, <= {g.max_new_tokens} tokens, "
+            "GRPO": f"{g.steps} steps x {g.prompts_per_step} prompts x {g.group_size} samples, <= {_budget(self, layout)} tokens, "
                     f"T {g.temperature:g}, lr {g.lr:g}, KL {g.loss.beta:g}, reward {self.reward}",
-            "evaluation": f"P: {every(e.max_policy)}, A: {every(e.max_env)}, mate-in-one {self.eval_mate}, "
+            "evaluation": f"P: {every(e.max_policy)}, A: {every(e.max_env)}, mate-in-one {every(e.max_mate)}, "
                           f"self-play {e.selfplay_games} games, pass@1 over {e.samples} samples, held-out reward on {self.heldout}",
         }
         return pd.DataFrame({"profile " + self.name: rows})
 
 
-def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, eval_mate: int, heldout: int,
+def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: dict, heldout: int,
              dtype: str = "fp32", pad_vocab_to_multiple: int = 1, compile: bool = False, model_overrides: dict | None = None,
              datagen: dict | None = None, candidate_order: str = "layout") -> Profile:
     # pad_vocab_to_multiple=64 on GPU: LM-head matmuls on fast kernels, 1.5x faster steps (docs/perf.md)
@@ -83,7 +85,7 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
                         export_hf=False, checkpoint_interval=0,  # notebook 05 exports to <run>/training/final;
                         # a notebook run starts afresh (resume=False), so checkpoints before the end would go unused
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
-        EvalConfig(**{"samples": 4, **evals}), eval_mate, heldout, datagen, candidate_order=candidate_order)
+        EvalConfig(**{"samples": 4, **evals}), heldout, datagen, candidate_order=candidate_order)
 
 
 # the cpu profile's GRPO (docs/grpo.md, one change at a time on one SFT model): the graded reward,
@@ -92,7 +94,7 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
 # best moves +13.3 points [+7.8, +18.9], valid A: +14.0 [+6.6, +21.4], nothing down
 _CPU_GRPO = dict(steps=150, prompts_per_step=16, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=32,
                  temperature=0.3)
-_CPU_EVALS = dict(evals=dict(max_policy=None, max_env=None, selfplay_games=8, selfplay_max_plies=40), eval_mate=50,
+_CPU_EVALS = dict(evals=dict(max_policy=None, max_env=None, max_mate=50, selfplay_games=8, selfplay_max_plies=40),
                   heldout=160)  # the whole test split
 
 
@@ -100,8 +102,8 @@ PROFILES = {
     "ci": _profile("ci", "cpu", "tiny", sft=dict(max_steps=8, batch_size=4, block_size=128, lr=3e-3, warmup_steps=2,
                                                  vocab="task"),
                    grpo=dict(steps=2, prompts_per_step=4, group_size=4, max_new_tokens=24, lr=1e-4, minibatch_size=16),
-                   beta=0.04, evals=dict(max_policy=8, max_env=8, selfplay_games=2, selfplay_max_plies=4),
-                   eval_mate=4, heldout=8),
+                   beta=0.04, evals=dict(max_policy=8, max_env=8, max_mate=4, selfplay_games=2, selfplay_max_plies=4),
+                   heldout=8),
     "cpu": _profile("cpu", "cpu", "cpu-small",
                     sft=dict(max_steps=3000, batch_size=8, block_size=256, lr=2e-3, warmup_steps=100, vocab="task"),
                     grpo=_CPU_GRPO, beta=0.04, **_CPU_EVALS),
@@ -128,8 +130,9 @@ PROFILES = {
                     sft=dict(max_steps=4000, batch_size=32, block_size=512, lr=6e-4, warmup_steps=200),
                     grpo=dict(steps=200, prompts_per_step=64, group_size=8, max_new_tokens=96, lr=1e-6,
                               minibatch_size=128),
-                    beta=0.04, evals=dict(max_policy=1000, max_env=1000, selfplay_games=64, selfplay_max_plies=200),
-                    eval_mate=500, heldout=1000, dtype="auto", pad_vocab_to_multiple=64, compile=True),
+                    beta=0.04, evals=dict(max_policy=1000, max_env=1000, max_mate=500, selfplay_games=64,
+                                          selfplay_max_plies=200),
+                    heldout=1000, dtype="auto", pad_vocab_to_multiple=64, compile=True),
 }
 
 
@@ -290,14 +293,20 @@ def signal_line(history: list[dict]) -> str | None:
             f"differed (mean over {len(tied)} GRPO steps; `frac_reward_zero_std` {mean:.2f}).")
 
 
+def start_label(init_from: str | None) -> str:
+    """The name of the model GRPO starts from, in tables: "SFT", or "init_from" for a model brought in."""
+    return "init_from" if init_from else "SFT"
+
+
 def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, float], strict=None,
-                    grpo_history: list[dict] | None = None) -> str:
+                    grpo_history: list[dict] | None = None, init_from: str | None = None) -> str:
     """Markdown for the run report: stage times, the before/after table, GRPO's learning signal, the
-    strict chess metrics (an `evaluate.paired_change` table) and the verdicts."""
+    strict chess metrics (an `evaluate.paired_change` table) and the verdicts; init_from: the model
+    GRPO started from, when no SFT ran."""
     g, shape = profile.grpo, profile.sft.model_config()
-    lines = [f"## Training ({profile.name} profile: {profile.sft.model} at {shape.n_layer} x {shape.n_embd}, "
-             f"{profile.sft.max_steps} SFT steps, "
-             f"{g.steps} GRPO steps of {g.prompts_per_step}x{g.group_size})", "",
+    start = f"GRPO from {init_from}" if init_from else (f"{profile.sft.model} at {shape.n_layer} x {shape.n_embd}, "
+                                                        f"{profile.sft.max_steps} SFT steps")
+    lines = [f"## Training ({profile.name} profile: {start}, {g.steps} GRPO steps of {g.prompts_per_step}x{g.group_size})", "",
              "| stage | wall time (s) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
     lines += ["", markdown_table(table), ""]
@@ -305,7 +314,8 @@ def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, 
         lines += [signal, ""]
     lines += [f"**Verdict:** {improvement_verdict(diff)}"]
     if strict is not None:
-        lines += ["", "Strict chess metrics, SFT vs SFT+GRPO on the same test records (paired 95% intervals):", "",
+        before = start_label(init_from)
+        lines += ["", f"Strict chess metrics, {before} vs {before}+GRPO on the same test records (paired 95% intervals):", "",
                   markdown_table(strict), "", f"**Chess verdict:** {chess_verdict(strict)}"]
     return "\n".join(lines) + "\n"
 
