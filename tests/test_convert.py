@@ -193,6 +193,17 @@ def test_a_white_lines_b_comes_first_among_moves_tied_at_the_top():
     assert convert.convert_line(line, ident="t", split="test")["best"] == "a7a6"  # the stable order
 
 
+def test_the_mate_tag_comes_from_the_best_candidate_not_the_first_listed():
+    # the original lines shuffle their pairs; 999.99 pawns spells mate in 1 (100000 - 1 centipawns)
+    fen = chess.STARTING_FEN
+    mate_second = convert.convert_line(f"P: {fen:90}M: {'a2a3 b2b3 c2c3 d2d3 e2e3':30}E: {'0.1 999.99 0.0 -0.5 0.2':40}"
+                                       "B: b2b3", ident="t", split="test")
+    assert mate_second["best"] == "b2b3" and mate_second["evals"][0] == "M1" and "mate" in mate_second["tags"]
+    mated_first = convert.convert_line(f"P: {fen:90}M: {'a2a3 b2b3 c2c3 d2d3 e2e3':30}E: {'-999.99 0.1 0.0 -0.5 0.2':40}"
+                                       "B: e2e3", ident="t", split="test")
+    assert mated_first["best"] == "e2e3" and mated_first["evals"][-1] == "-M1" and "mate" not in mated_first["tags"]
+
+
 # --------------------------------------------------------------------------------------------
 # A: lines
 # --------------------------------------------------------------------------------------------

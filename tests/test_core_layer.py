@@ -279,6 +279,13 @@ def test_task_weights_mix_any_named_tasks_in_grpo_prompts_and_sft_samples():
             assert abs(drawn - step * n * f) < 1 + 1e-9, (f, n, step, drawn)
             if (n * f).is_integer():
                 assert counts["sum"] == n * f, (f, n)
+    # the credit is part of the state: restored mid-run, a sampler draws as one that never stopped
+    straight, paused = (PromptSampler(items[:10], {"sum": 0.7, "sort": 0.3}, seed=0) for _ in range(2))
+    for _ in range(3):
+        straight.draw(4), paused.draw(4)
+    resumed = PromptSampler(items[:10], {"sum": 0.7, "sort": 0.3}, seed=0)
+    resumed.load_state_dict(paused.state_dict())
+    assert [[i.prompt for i in straight.draw(4)] for _ in range(10)] == [[i.prompt for i in resumed.draw(4)] for _ in range(10)]
     rare = PromptSampler(items[:10], {"sum": 0.9, "sort": 0.1}, seed=0)
     assert sum(rare.counts(4)["sort"] for _ in range(10)) == 4  # 40 prompts, 4 of the 0.1 task
     one_pool = PromptSampler(items, None, seed=0)

@@ -258,6 +258,13 @@ def test_policy_record_validation_names_the_field(field, value, reason):
     assert reason in data.validate_record(rec)
 
 
+def test_policy_record_validation_counts_legal_moves_with_python_chess():
+    (p1, _), _ = _good_records()
+    n = chess.Board(p1["fen"]).legal_moves.count()
+    assert p1["n_legal"] == n and data.validate_record(p1) is None
+    assert data.validate_record({**p1, "n_legal": n + 1}) == f"field 'n_legal' is {n + 1}, the position has {n} legal moves"
+
+
 def test_env_record_validation_catches_wrong_transitions():
     _, (a1, _) = _good_records()
     illegal = next(r for r in shipped("A", "val") if r["kind"] != "legal")

@@ -63,6 +63,8 @@ def test_every_move_of_every_game_becomes_an_A_record_that_python_chess_replays(
             board.push_uci(uci)
         legal = [s for s in sel.env if not s.get("wrong")]
         assert [(tasks.position_key(s["fen"]), s["move"]) for s in legal] == expected
+        for s in sel.env:  # the original A: format's history: the last 10 moves, this one included
+            assert s["previous"] + [g["moves"][s["ply"]]] == g["moves"][max(0, s["ply"] - 9): s["ply"] + 1]
         for s in sel.env:
             rec = datagen.env_record(s)
             assert (rec["new_fen"], rec["reward"], rec["terminated"], rec["truncated"]) == _replay(rec["fen"], rec["move"])
@@ -79,6 +81,15 @@ def test_every_move_of_every_game_becomes_an_A_record_that_python_chess_replays(
     env = [s for sel in sels for s in sel.env]
     wrong = sum(bool(s.get("wrong")) for s in env) / sum(not s.get("wrong") for s in env)
     assert abs(wrong - cfg.illegal_rate) < 0.03  # wrong-move siblings keep their proportion
+
+
+def test_each_position_is_labelled_for_the_policy_task_once():
+    # eight training games of the same moves: every position is reached eight times in one split
+    cfg = datagen.DatagenConfig(games=8, mate_games=0, env_rate=0.0, policy_rate=1.0, max_plies=60)
+    game = _random_games(cfg, 1)[0]
+    keys = [tasks.position_key(s["fen"]) for sel in datagen.select_samples([{**game, "game": i} for i in range(8)], cfg)
+            for s in sel.policy]
+    assert len(keys) > 20 and len(keys) == len(set(keys))
 
 
 def test_a_fivefold_repetition_is_an_ordinary_transition_and_a_record_that_says_otherwise_is_refused():

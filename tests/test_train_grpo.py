@@ -1,10 +1,12 @@
 import dataclasses
+import json
+import math
 
 import pytest
 import torch
 
 from rookworld_lib.lab.cli import main
-from rookworld_lib.core import grpo
+from rookworld_lib.core import grpo, train_grpo
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.sampling import sequence_logprobs
 from rookworld_lib.core.tokenizer import EOT_ID, encode
@@ -150,6 +152,34 @@ def test_kill_and_resume_gives_identical_parameters(tmp_path):
     assert len(lines) == 3  # one record per step, none repeated after the resume
 
 
+def test_the_non_finite_count_survives_a_resume(monkeypatch, tmp_path):
+    real, calls = grpo.grpo_loss, {"n": 0}
+
+    def first_nan(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == 1 else loss), metrics
+
+    monkeypatch.setattr(grpo, "grpo_loss", first_nan)
+    cfg = {"steps": 3, "minibatch_size": 16, "out_dir": str(tmp_path)}
+    assert make(cfg).train(until=2)[0]["nonfinite/total"] == 1
+    resumed = make(cfg)
+    assert resumed.step == 2 and resumed.train()[-1]["nonfinite/total"] == 1  # not back to 0
+
+
+def test_completions_are_written_at_step_1_and_every_interval(tmp_path):
+    make({"steps": 3, "minibatch_size": 16, "out_dir": str(tmp_path), "completions_interval": 2}).train()
+    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert sorted({r["step"] for r in rows}) == [1, 2] and len(rows) == 2 * 4 * 4  # steps 1 and 2: 4 prompts x 4
+
+
+def test_the_on_policy_deviation_reads_both_sides_of_one():
+    assert train_grpo.onpolicy_deviation([{"ratio/min": 0.9, "ratio/max": 1.0}]) == pytest.approx(0.1)
+    assert train_grpo.onpolicy_deviation([{"ratio/min": 1.0, "ratio/max": 1.02}, None,
+                                          {"ratio/min": 0.99, "ratio/max": 1.0}]) == pytest.approx(0.02)
+    assert math.isnan(train_grpo.onpolicy_deviation([None, {"ratio/min": float("nan"), "ratio/max": float("nan")}]))
+
+
 def test_export_writes_hugging_face_format(tmp_path):
     trainer = make({"out_dir": str(tmp_path)})
     trainer.train()
@@ -199,7 +229,7 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     # the attention kernel is a speed choice a resume may change (and checkpoints from before the field lack it)
     assert make({**cfg, "steps": 2, "cudnn_attention": False}).resumed_from is not None
     assert set(RESUME_MAY_CHANGE) <= {f.name for f in dataclasses.fields(GRPOTrainConfig)}
-    for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"),
+    for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"), ({"seed": 2}, "seed"),
                          ({"task_weights": {"P": 0.75, "A": 0.25}}, r"task_weights: \{'P': 0\.5, 'A': 0\.5\} -> \{'P'"),
                          ({"task_weights": {"A": 0.5, "P": 0.5}}, r"task_weights: \{'P': 0\.5, 'A': 0\.5\} -> \{'A'"),
                          ({"loss": grpo.GRPOConfig(beta=0.0, loss_type="dr_grpo", max_completion_length=4)}, r"loss\.loss_type: 'grpo' -> 'dr_grpo', loss\.max_completion_length")):

@@ -484,3 +484,53 @@ def test_sft_takes_prompt_completion_records_as_trl_writes_them(tmp_path):
                          (7, r"train_texts\[0\]: .* got int"), ("  ", r"train_texts\[0\]: an empty sample")):
         with pytest.raises(ValueError, match=message):
             SFTTrainer(cfg, train_texts=[bad])
+
+
+# ---- data and val-loss rules, each checked against an independent count or torch's own loss ------
+
+def test_the_val_split_is_disjoint_from_training_and_the_fraction_rounded():
+    texts = [f"P: sample {i}" for i in range(40)]
+    train, val = sft.split_val(texts, 0.05, seed=3)
+    assert len(val) == round(40 * 0.05) == 2 and len(train) == 38  # by hand: 5% of 40
+    assert not set(train) & set(val) and sorted(train + val) == sorted(texts)
+
+
+def test_the_val_loss_is_the_mean_over_eval_steps_batches_as_torch_computes_it(tmp_path):
+    cfg = tiny_cfg(tmp_path, eval_steps=3, eval_interval=2, loss_impl="plain")
+    trainer = SFTTrainer(cfg, train_texts=TEXTS, val_texts=TEXTS[:10])
+    trainer.val_stream.reset()
+    batches = [trainer.val_stream.next_batch(cfg.batch_size, cfg.block_size) for _ in range(3)]
+    model = trainer.model.eval()
+    with torch.no_grad():
+        want = sum(torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item() for x, y in batches) / 3
+    assert trainer.evaluate() == pytest.approx(want, rel=1e-5)
+
+
+def test_weights_that_do_not_sum_to_one_give_the_same_shares():
+    import numpy as np
+
+    texts = [f"{t}: {i}" for t in ("S", "R") for i in range(20)]
+    stream = PackedStream(texts, seed=0, task_weights={"S": 2.0, "R": 1.0})
+    n = 4000
+    share = np.mean([stream._pool_of(k) == 0 for k in range(n)])
+    assert abs(share - 2 / 3) < 5 * ((2 / 9) / n) ** 0.5, share  # a binomial 5-sigma band around 2/3
+
+
+def test_every_epoch_is_a_fresh_permutation_of_the_samples():
+    enc = get_tokenizer()
+    texts = [f"P: sample number {i}" for i in range(16)]
+    stream = PackedStream(texts, seed=5)
+    epochs = [[enc.decode(stream._sample_tokens(0, e * 16 + j).tolist()[1:]) for j in range(16)] for e in range(3)]
+    assert all(sorted(e) == sorted(texts) for e in epochs)  # each epoch reads every sample once
+    assert epochs[0] != epochs[1] != epochs[2] != epochs[0]  # in a new order each time
+
+
+def test_a_resume_refuses_texts_changed_to_the_same_token_counts():
+    stream = PackedStream(TEXTS, seed=0, task_weights={"P": 0.5, "A": 0.5})
+    stream.next_batch(2, 16)
+    i = next(i for i, t in enumerate(TEXTS) if "0.1" in t)
+    edited = [t.replace("0.1", "0.2", 1) if k == i else t for k, t in enumerate(TEXTS)]  # same lengths, other tokens
+    other = PackedStream(edited, seed=0, task_weights={"P": 0.5, "A": 0.5})
+    assert [len(t) for t, _ in other.pools] == [len(t) for t, _ in stream.pools]
+    with pytest.raises(ValueError, match="the train data differ from the data of the checkpoint"):
+        other.load_state_dict(stream.state_dict())

@@ -660,9 +660,7 @@ class GRPOTrainer(Trainer):
         # The ratios above average over minibatches, later ones after updates (off-policy). The first
         # minibatch is scored by the same weights that sampled: any deviation of its ratio from 1 is
         # a sampler/trainer log-prob mismatch (precision, temperature, masking), not learning.
-        firsts = [m for m in distributed.all_gather_objects(updates["first"]) if m is not None]
-        record["ratio/onpolicy_dev"] = max((max(m["ratio/max"] - 1.0, 1.0 - m["ratio/min"]) for m in firsts
-                                            if m["ratio/max"] == m["ratio/max"]), default=float("nan"))
+        record["ratio/onpolicy_dev"] = onpolicy_deviation(distributed.all_gather_objects(updates["first"]))
         record.update({"loss": _mean(updates["losses"]), "grad_norm": _mean(updates["grad_norms"]),
                        "nonfinite/total": self.guard.total})
         return record
@@ -747,6 +745,13 @@ def _merge_ranks(ms: list[dict], sequence: bool) -> dict:
             pairs = [(w, v) for w, v in zip(by, vals) if w > 0 and math.isfinite(v)]
             out[key] = sum(w * v for w, v in pairs) / sum(w for w, _ in pairs) if pairs else float("nan")
     return out
+
+
+def onpolicy_deviation(firsts: list[dict | None]) -> float:
+    """The largest |ratio - 1| of the first minibatches (each rank's ratio/min and ratio/max), on either
+    side of 1; NaN where none has a ratio (no completion token entered the loss)."""
+    return max((max(m["ratio/max"] - 1.0, 1.0 - m["ratio/min"]) for m in firsts
+                if m is not None and m["ratio/max"] == m["ratio/max"]), default=float("nan"))
 
 
 def _mean(values):
