@@ -93,9 +93,12 @@ docs-figures: setup
 # JupyterLab at the repository root: notebooks/ and runs/ (reports, executed notebooks, figures) side
 # by side; the notebooks open on the 'RookWorld (.venv)' kernel. The git filter strips outputs on commit
 # (.gitattributes already names it, so installing it changes no tracked file).
+# as root (in a container, say) Jupyter refuses to start without --allow-root
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
 	$(VENV)/bin/nbstripout --install --attributes .gitattributes
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) notebooks/00_data_and_rewards.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=$(CURDIR) $(ALLOW_ROOT) notebooks/00_data_and_rewards.ipynb
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

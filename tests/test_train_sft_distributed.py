@@ -144,3 +144,14 @@ def test_nproc_that_does_not_split_the_batch_is_refused_once_before_torchrun(cap
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["rookworld sft: error: --batch-size (8) must be a multiple of --nproc (3): each process trains "
                    "on batch_size / nproc rows of every micro-batch"]
+
+
+def test_grpo_says_its_run_lines_once_under_torchrun(capsys, monkeypatch):
+    # the launcher's preflight parses the settings silently; of the workers only rank 0 speaks
+    args = training.build_grpo_parser().parse_args(["--init-from", "m", "--out", "o", "--layout", "compact"])
+    training._grpo_config_from_args(args)
+    assert capsys.readouterr().err == ""
+    for rank, said in (("1", ""), ("0", "layout: compact (--layout); max_new_tokens 96\n")):
+        monkeypatch.setenv("RANK", rank)
+        training._grpo_config_from_args(args, say=training._say)
+        assert capsys.readouterr().err == said

@@ -385,9 +385,9 @@ def build_grpo_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _grpo_config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, str]:
-    """The run's config and layout (the model's own unless --layout), with the layout's budget. The
-    settings are checked before the model directory is read, so that a bad one is named first."""
+def _grpo_config_from_args(args: argparse.Namespace, say=lambda line: None) -> tuple[GRPOTrainConfig, str]:
+    """The run's config and layout (the model's own unless --layout), with the layout's budget, told to
+    `say`. The settings are checked before the model directory is read, so that a bad one is named first."""
     if not args.out_dir:
         raise ValueError("give an output directory: --out DIR")
     given = args.max_new_tokens
@@ -399,7 +399,7 @@ def _grpo_config_from_args(args: argparse.Namespace) -> tuple[GRPOTrainConfig, s
                            max_completion_length=cfg.max_new_tokens, temperature=args.temperature)
     layout, why = (args.layout, "--layout") if args.layout else read_layout(args.init_from)
     budget = tasks.COMPLETION_BUDGET[layout] if given is None else given
-    print(f"layout: {layout} ({why}); max_new_tokens {budget}", file=sys.stderr)
+    say(f"layout: {layout} ({why}); max_new_tokens {budget}")
     return replace(cfg, max_new_tokens=budget, loss=replace(loss, max_completion_length=budget)), layout
 
 
@@ -413,8 +413,14 @@ def grpo_cli(argv: list[str] | None = None) -> int:
     return distributed.run_command("grpo", argv, build_grpo_parser, _run_grpo, preflight=_grpo_preflight)
 
 
+def _say(line: str) -> None:
+    """A line about the run on stderr, once: under torchrun rank 0 says it."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
+
+
 def _run_grpo(args: argparse.Namespace) -> int:
-    cfg, layout = _grpo_config_from_args(args)
+    cfg, layout = _grpo_config_from_args(args, say=_say)
     records = train_records(args.data_dir)
     # On a GPU the padded vocabulary (50304 rows) runs the LM head on fast matmul kernels; the
     # logits and every result are unchanged (docs/perf.md).
@@ -424,14 +430,14 @@ def _run_grpo(args: argparse.Namespace) -> int:
     if cfg.vocab == "task" and TaskVocab.of_model(model) is None:  # the opt-in: the data's tokens, distance measured
         vocab = data_vocab(records, layout)
         d = vocab_distance(model, vocab, records, layout, temperature=cfg.temperature)
-        print(f"task vocabulary: {len(vocab)} tokens of the training records; on {d['records']} records' text the "
-              f"restricted policy is {d['kl_mean']:.2e} nats/token from the full one (max {d['kl_max']:.2e}; at most "
-              f"{d['mass_outside_max']:.2e} of the probability outside)", file=sys.stderr)
+        _say(f"task vocabulary: {len(vocab)} tokens of the training records; on {d['records']} records' text the "
+             f"restricted policy is {d['kl_mean']:.2e} nats/token from the full one (max {d['kl_max']:.2e}; at most "
+             f"{d['mass_outside_max']:.2e} of the probability outside)")
     funcs, weights = reward_functions(args.reward)
     with _mix_advice_in_flags():
         trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
                               init_from=args.init_from, task_vocab=vocab)
-    print(f"sampling over {trainer.sampling_vocabulary()}; prompt prefix {model.prompt_prefix!r}", file=sys.stderr)
+    _say(f"sampling over {trainer.sampling_vocabulary()}; prompt prefix {model.prompt_prefix!r}")
     try:
         trainer.train()  # writes <out>/final at the end (--no-export-hf: not)
         if trainer.dist.is_main:
