@@ -384,3 +384,17 @@ def test_from_pretrained_returns_eval_mode_as_transformers_does(tmp_path):
     idx = torch.randint(0, 50257, (2, 9))
     with torch.no_grad():
         assert (ours(idx) - theirs(idx).logits).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+def test_a_cached_decode_without_mask_or_positions_equals_the_full_forward(impl):
+    # a core user's loop: prefill, then one or two tokens at a time from the cache, nothing else passed
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32, attn_impl=impl)).eval()
+    idx = torch.randint(0, 50257, (2, 9))
+    with torch.no_grad():
+        full = model(idx)
+        cache = KVCache(model.config, 2, 9, "cpu", torch.float32)
+        parts = [model(idx[:, :5], cache=cache, start=0), model(idx[:, 5:6], cache=cache, start=5),
+                 model(idx[:, 6:9], cache=cache, start=6)]
+    assert (torch.cat(parts, dim=1) - full).abs().max().item() < 1e-5

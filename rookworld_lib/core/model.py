@@ -141,6 +141,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, start, k, v)
         dropout_p = self.config.attn_pdrop if self.training else 0.0
+        if attn_mask is None and q.size(-2) != k.size(-2):  # new tokens after cached ones: their causal mask
+            # sits at the bottom right; SDPA's is_causal would put it at the top left
+            attn_mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril(k.size(-2) - q.size(-2))
         is_causal = attn_mask is None
         if self.config.attn_impl == "sdpa":
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
