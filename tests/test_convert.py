@@ -193,6 +193,13 @@ def test_a_white_lines_b_comes_first_among_moves_tied_at_the_top():
     assert convert.convert_line(line, ident="t", split="test")["best"] == "a7a6"  # the stable order
 
 
+def test_a_line_listing_an_illegal_move_is_refused():
+    fen = chess.STARTING_FEN  # e2e5: a pawn cannot advance three squares (python-chess agrees)
+    assert not chess.Board(fen).is_legal(chess.Move.from_uci("e2e5"))
+    line = f"P: {fen:90}M: {'a2a3 e2e5 c2c3 d2d3 e2e3':30}E: {'0.1 0.3 0.0 -0.5 0.2':40}B: e2e5"
+    assert convert.convert_line(line, ident="t", split="test") == "M: move 'e2e5' is not legal in this position"
+
+
 def test_the_mate_tag_comes_from_the_best_candidate_not_the_first_listed():
     # the original lines shuffle their pairs; 999.99 pawns spells mate in 1 (100000 - 1 centipawns)
     fen = chess.STARTING_FEN

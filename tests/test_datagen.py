@@ -83,6 +83,21 @@ def test_every_move_of_every_game_becomes_an_A_record_that_python_chess_replays(
     assert abs(wrong - cfg.illegal_rate) < 0.03  # wrong-move siblings keep their proportion
 
 
+def test_the_last_move_of_every_game_is_an_A_record_whatever_the_rate():
+    cfg = datagen.DatagenConfig(games=6, mate_games=0, env_rate=0.0, policy_rate=0.0, illegal_rate=0.0, max_plies=80)
+    games = _random_games(cfg, 6)
+    for g, sel in zip(games, datagen.select_samples(games, cfg)):  # the game-ending move, and the rare moves
+        assert sel.env[-1]["ply"] == len(g["moves"]) - 1, g["game"]
+        assert all({"en_passant", "promotion"} & set(s["tags"]) for s in sel.env[:-1]), g["game"]
+
+
+def test_the_mate_tag_follows_the_best_candidates_eval():
+    s = {"split": "train", "game": 0, "ply": 0, "source": "engine", "fen": chess.STARTING_FEN, "tags": [], "n_legal": 20}
+    label = {"moves": ["e2e4", "d2d4"], "limit": "depth=8"}
+    assert "mate" in datagen.policy_record(s, {**label, "evals": ["M1", "0.2"]}, "sf")["tags"]
+    assert "mate" not in datagen.policy_record(s, {**label, "evals": ["0.35", "-M2"]}, "sf")["tags"]
+
+
 def test_each_position_is_labelled_for_the_policy_task_once():
     # eight training games of the same moves: every position is reached eight times in one split
     cfg = datagen.DatagenConfig(games=8, mate_games=0, env_rate=0.0, policy_rate=1.0, max_plies=60)

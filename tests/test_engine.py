@@ -259,3 +259,27 @@ def test_script_scoring_completions_exits_by_itself(tmp_path):
     pids = [int(p) for p in lines[-1].split()[1:]]
     assert pids, "the script should have started engines"
     assert wait_gone(pids, timeout=10) == []
+
+
+def test_an_interrupt_fails_running_searches_at_once_without_restarting_engines():
+    # Ctrl-C's path (pool.interrupt): the search in flight fails with EngineFailedError and is not retried on a
+    # fresh engine, so no Stockfish is started behind the user's back; a later request starts one
+    with EnginePool(EngineSettings(depth=60), size=1, cache=False) as pool:  # depth 60: a search of minutes
+        failed = []
+
+        def search():
+            try:
+                pool.analyse(chess.Board())
+            except engine.EngineFailedError as exc:
+                failed.append(exc)
+
+        worker = threading.Thread(target=search)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not pool._engines and time.monotonic() < deadline:  # the engine has started its search
+            time.sleep(0.01)
+        time.sleep(0.2)
+        pool.interrupt()
+        worker.join(20)
+        assert not worker.is_alive() and len(failed) == 1 and pool.restarts == 0
+        assert pool.analyse(chess.Board(), multipv=1, limit=chess.engine.Limit(depth=1)).moves

@@ -79,3 +79,11 @@ def test_corrupt_file_rejected_with_clear_message(tmp_path):
 def test_missing_file_rejected_with_clear_message(tmp_path):
     with pytest.raises(tok.TokenizerFileError, match="cannot be read.*openai-whisper==20250625"):
         tok.get_tokenizer(tmp_path / "nope.tiktoken")
+
+
+def test_a_texts_task_is_its_tag_and_the_space_after_it():
+    from rookworld_lib.core.tokenizer import task_of
+
+    assert task_of("S: 3+4 = 7", ["S", "R"]) == "S" and task_of("R: abc = cba", ["S", "R"]) == "R"
+    for text in ("Sum: 3+4", "S:3+4", "S 3+4", " S: 3+4", "", None):  # a word that starts like a tag is no tag
+        assert task_of(text, ["S", "R"]) is None, text

@@ -173,6 +173,18 @@ def test_completions_are_written_at_step_1_and_every_interval(tmp_path):
     assert sorted({r["step"] for r in rows}) == [1, 2] and len(rows) == 2 * 4 * 4  # steps 1 and 2: 4 prompts x 4
 
 
+def test_each_rollout_chunk_samples_with_its_own_seed():
+    # two chunks of the same prompt: the same seed would draw the same completions in both
+    torch.manual_seed(0)
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8, rollout_chunks=2,
+                          minibatch_size=8, loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False)
+    trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), [PromptItem("P", "P: one prompt")] * 2, cfg,
+                          reward_funcs=item_reward(toy_reward))
+    trainer.train_step()
+    texts = trainer.last_batch.completions
+    assert len(texts) == 8 and texts[:4] != texts[4:]
+
+
 def test_the_on_policy_deviation_reads_both_sides_of_one():
     assert train_grpo.onpolicy_deviation([{"ratio/min": 0.9, "ratio/max": 1.0}]) == pytest.approx(0.1)
     assert train_grpo.onpolicy_deviation([{"ratio/min": 1.0, "ratio/max": 1.02}, None,
@@ -292,3 +304,15 @@ def test_a_run_refused_as_busy_does_not_say_it_resumed(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         again.train()
     assert "GRPO resumed from" in caplog.text and "at step 1" in caplog.text
+
+
+def test_a_completions_ratio_and_clip_fraction_count_its_own_tokens_only():
+    # by hand, clip range [0.8, 1.2]; padding tokens (ratio 3) must not count. Row 1: loss tokens at ratios
+    # 1.5, 1, 1: mean 3.5 / 3, a third outside. Row 2: 1.5, 1: mean 1.25, half outside. GSPO's sequence
+    # ratio, the same for every token of a row: 1.5 ** (1/3) = 1.145 (inside) and 1.5 ** (1/2) = 1.225 (outside)
+    lp = torch.tensor([[math.log(1.5), 0.0, 0.0, math.log(3.0)], [math.log(1.5), 0.0, math.log(3.0), math.log(3.0)]])
+    old, m = torch.zeros(2, 4), torch.tensor([[True, True, True, False], [True, True, False, False]])
+    stats = train_grpo._row_ratio_stats(lp, old, m, grpo.GRPOConfig())
+    assert stats.T.tolist() == [pytest.approx([3.5 / 3, 1 / 3]), pytest.approx([1.25, 0.5])]
+    seq = train_grpo._row_ratio_stats(lp, old, m, grpo.GRPOConfig(importance_sampling_level="sequence"))
+    assert seq.T.tolist() == [pytest.approx([1.5 ** (1 / 3), 0.0]), pytest.approx([1.5 ** 0.5, 1.0])]

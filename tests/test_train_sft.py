@@ -534,3 +534,14 @@ def test_a_resume_refuses_texts_changed_to_the_same_token_counts():
     assert [len(t) for t, _ in other.pools] == [len(t) for t, _ in stream.pools]
     with pytest.raises(ValueError, match="the train data differ from the data of the checkpoint"):
         other.load_state_dict(stream.state_dict())
+
+
+def test_a_run_keeps_its_newest_checkpoints_and_measures_the_final_model(tmp_path):
+    for keep, left in ((2, [4, 5]), (0, [1, 2, 3, 4, 5])):  # keep_checkpoints 0: all
+        out = tmp_path / f"keep{keep}"
+        history = train_sft(tiny_cfg(out, max_steps=5, checkpoint_interval=1, keep_checkpoints=keep, eval_interval=2),
+                            train_texts=TEXTS, val_texts=TEXTS[:6]).history
+        steps = sorted(int(p.stem.split("_")[1]) for p in (out / "checkpoints").glob("step_*.pt"))
+        assert steps == left, steps
+        # val loss at the start, every 2 steps and at the last one, though 2 does not divide 5
+        assert [r["step"] for r in history if r.get("eval/loss") is not None] == [0, 2, 4, 5]

@@ -106,6 +106,15 @@ def test_reward_trend_compares_the_first_and_last_quarter_of_every_logged_reward
     assert list(t.index) == ["A", "P", "P/best_legal"]
     assert t.loc["P"].tolist() == [1.5, 7.5, 6.0]  # steps 1-2 against 7-8
     assert t.loc["A"].tolist() == [1.0, 1.0, 0.0] and t.loc["P/best_legal", "change"] == 0.75
+    # 10 steps: a quarter is 2 steps (10 // 4), not 3
+    ten = workflow.reward_trend([{"step": s, "rewards/P/mean": float(s)} for s in range(1, 11)])
+    assert ten.loc["P"].tolist() == [1.5, 9.5, 8.0]
+
+
+def test_the_learning_signal_is_the_share_of_untied_groups_over_the_run():
+    assert "**Learning signal:** 25% of the sampled completions" in workflow.signal_line(
+        [{"frac_reward_zero_std": 1.0}, {"frac_reward_zero_std": 0.5}])  # 1 - (1.0 + 0.5) / 2
+    assert workflow.signal_line([{"frac_reward_zero_std": 1.0}] * 3).startswith("**Learning signal: none.**")
 
 
 def test_profiles_measure_pass_at_1_at_the_rollout_temperature():
