@@ -152,7 +152,8 @@ def test_kill_and_resume_gives_identical_parameters(tmp_path):
     assert len(lines) == 3  # one record per step, none repeated after the resume
 
 
-def test_the_non_finite_count_survives_a_resume(monkeypatch, tmp_path):
+def nan_first_loss(monkeypatch):
+    """The first grpo_loss call of the test returns NaN; the others are untouched."""
     real, calls = grpo.grpo_loss, {"n": 0}
 
     def first_nan(*args, **kwargs):
@@ -161,6 +162,10 @@ def test_the_non_finite_count_survives_a_resume(monkeypatch, tmp_path):
         return (loss * float("nan") if calls["n"] == 1 else loss), metrics
 
     monkeypatch.setattr(grpo, "grpo_loss", first_nan)
+
+
+def test_the_non_finite_count_survives_a_resume(monkeypatch, tmp_path):
+    nan_first_loss(monkeypatch)
     cfg = {"steps": 3, "minibatch_size": 16, "out_dir": str(tmp_path)}
     assert make(cfg).train(until=2)[0]["nonfinite/total"] == 1
     resumed = make(cfg)
@@ -203,14 +208,7 @@ def test_export_writes_hugging_face_format(tmp_path):
 
 
 def test_single_nan_is_skipped_counted_and_run_goes_on(monkeypatch):
-    real, calls = grpo.grpo_loss, {"n": 0}
-
-    def first_nan(*args, **kwargs):
-        loss, metrics = real(*args, **kwargs)
-        calls["n"] += 1
-        return (loss * float("nan") if calls["n"] == 1 else loss), metrics
-
-    monkeypatch.setattr(grpo, "grpo_loss", first_nan)
+    nan_first_loss(monkeypatch)
     trainer = make({"steps": 2, "minibatch_size": 16})
     history = trainer.train()
     assert trainer.skipped_updates == 1 and len(history) == 2
