@@ -34,6 +34,8 @@ def test_quick_json_bench_at_tiny_size(capsys, monkeypatch):
         for who in ("ours", "transformers"):
             assert _positive_finite(part[who]["tokens_per_s"])
             assert _positive_finite(part[who]["median_s"])
+        # a speed-up above 1 means ours is faster: our rate over theirs (their time over ours)
+        assert part["speedup"] == pytest.approx(part["ours"]["tokens_per_s"] / part["transformers"]["tokens_per_s"])
     assert ts["initial_logits_max_abs_diff"] < 1e-3  # same weights in both models
     assert ts["loss_impl"] == "fused"  # what SFT runs on a CPU (SFTConfig.loss_impl="auto")
     assert sm["generated_tokens"] == sm["rows"] * sm["new_tokens_per_row"]
@@ -49,6 +51,7 @@ def test_quick_json_bench_at_tiny_size(capsys, monkeypatch):
     assert _positive_finite(result["grpo_task_vocab_speedup"]) and v["task_tokens"] < 50257
     for part in (v["task"], v["full"]):
         assert _positive_finite(part["completions_per_s"]) and _positive_finite(part["median_s"])
+    assert v["speedup"] == pytest.approx(v["task"]["completions_per_s"] / v["full"]["completions_per_s"])
     assert v["settings"]["prompts_per_step"] == 2 and v["settings"]["group_size"] == 2
 
 

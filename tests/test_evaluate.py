@@ -317,3 +317,60 @@ def test_a_label_with_fewer_candidates_asks_for_as_many():
     assert (graded.valid, graded.moves_distinct, graded.total) == (1.0, 1.0, 1.0)
     five = " M: e2e4 d2d4 g1f3 c2c4 e2e3 E: 0.35 0.3 0.25 0.2 0.1 B: e2e4"  # more than the data give: not valid
     assert ev.evaluate_policy(None, [rec], ev.EvalConfig(selfplay_games=0), completions=[five])["policy/valid"].value == 0.0
+
+
+SCHOLAR = "r1bqkb1r/pppp1ppp/2n2n2/4p2Q/2B1P3/8/PPPP1PPP/RNB1K1NR w KQkq - 4 4"  # Qh5xf7 mates; Bc4xf7 only checks
+
+
+def test_environment_metrics_by_hand(monkeypatch):
+    t = tasks.environment_step(SCHOLAR, "h5f7")
+    assert (t.reward, t.terminated, t.truncated) == (1.0, 1, 0)  # python-chess: mate
+    rec = {"task": "A", "fen": t.fen, "move": "h5f7", "history": list(t.history), "prompt": t.prompt,
+           "new_fen": t.new_fen, "reward": 1.0, "terminated": 1, "truncated": 0}
+    completions = [t.completion,  # right
+                   f"{t.new_fen}+1.0+0+0",  # well-formed, says the game goes on
+                   f"{t.new_fen}+1.0+1"]  # a flag short: not valid, though its FEN, reward and first flag are right
+    monkeypatch.setattr(ev, "complete", lambda model, prompts, cfg, samples=0: completions)
+    res = ev.evaluate_environment(None, [rec] * 3, ev.EvalConfig(samples=0))
+    assert res["env/valid"].outcomes == (1, 1, 0)
+    assert res["env/next_fen_exact"].outcomes == (1, 1, 1) and res["env/reward_accuracy"].outcomes == (1, 1, 1)
+    assert res["env/terminated_accuracy"].outcomes == (1, 0, 1)
+    assert res["env/truncated_accuracy"].outcomes == (1, 1, 0)
+
+
+def test_mate_in_one_counts_mates_not_checks(monkeypatch):
+    board = chess.Board(SCHOLAR)
+    for move, mates in (("h5f7", True), ("c4f7", False)):  # python-chess's verdict after each move
+        after = board.copy()
+        after.push_uci(move)
+        assert after.is_checkmate() == mates and after.is_check()
+    monkeypatch.setattr(ev, "complete", lambda model, prompts, cfg, samples=0: [" M: h5f7 E: M1 B: h5f7",
+                                                                                " M: c4f7 E: 0.5 B: c4f7", "garbage"])
+    res = ev.evaluate_mate_in_one(None, [{"fen": SCHOLAR, "mating_moves": ["h5f7"]}] * 3, ev.EvalConfig(samples=0))
+    assert res["mate_in_one/accuracy"].outcomes == (1, 0, 0)
+
+
+def test_top5_overlap_is_a_share_of_the_labels_own_candidates():
+    rec = {**start_record(), "moves": ["e2e4", "d2d4", "g1f3"], "evals": ["0.35", "0.3", "0.28"]}
+    res = ev.evaluate_policy(None, [rec], ev.EvalConfig(samples=0, selfplay_games=0),
+                             completions=[" M: e2e4 d2d4 g1f3 E: 0.35 0.3 0.28 B: e2e4"])
+    assert res["policy/top5_overlap"].value == 1.0  # three of three, not three of five
+
+
+def test_records_pair_by_position_and_move():
+    a, b = ({"fen": SCHOLAR, "move": m} for m in ("h5f7", "c4f7"))
+    assert ev.record_key(a) != ev.record_key(b) and ev.record_key(a) == ev.record_key(dict(a))
+
+
+def test_self_play_counts_every_legal_half_move_up_to_the_cap(monkeypatch):
+    def first_legal(model, prompts, cfg, samples=0):  # a player that always names a legal move
+        out = []
+        for p in prompts:
+            board = chess.Board(tasks.parse_policy_prompt(p).fen)
+            move = sorted(m.uci() for m in board.legal_moves)[0]
+            out.append(f" M: {move} E: 0.0 B: {move}")
+        return out
+
+    monkeypatch.setattr(ev, "complete", first_legal)
+    res = ev.self_play(GPT(GPTConfig.preset("tiny", block_size=192)), ev.EvalConfig(selfplay_games=1, selfplay_max_plies=6))
+    assert res["self_play/legal_half_moves"].value == 6.0

@@ -213,3 +213,16 @@ def test_profile_phases_drops_kineto_usdt_lines_and_keeps_other_stderr(capfd):
     perf.profile_phases(step, device="cpu")
     err = capfd.readouterr().err
     assert "a real warning" in err and "USDT:" not in err
+
+
+def test_the_measured_peak_is_the_best_repeats_rate_of_an_n_cubed_matmul(monkeypatch):
+    # an n x n matmul is 2 n^3 FLOPs (one multiply and one add per term), as torch's FlopCounterMode counts
+    from torch.utils.flop_counter import FlopCounterMode
+
+    a = torch.randn(256, 256)
+    with FlopCounterMode(display=False) as counter:
+        a @ a
+    assert counter.get_total_flops() == 2 * 256**3
+    # the best of the repeats counts (1 s of [1, 2, 3]): 2e9 FLOPs in 1 s is 0.002 TFLOP/s
+    monkeypatch.setattr(perf, "benchmark", lambda fn, **kw: perf.summarize_times([2.0, 1.0, 3.0]))
+    assert perf.measure_peak_tflops("cpu", n=1000) == pytest.approx(0.002)

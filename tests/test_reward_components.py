@@ -338,3 +338,15 @@ def test_grpo_reward_variants_name_their_functions_and_weigh_a_valid_next_fen():
     assert [f.__name__ for f in reward_functions()[0]] == [f.__name__ for f in funcs]
     assert build_grpo_parser().parse_args(["--init-from", "m"]).reward == "graded"
     assert {p.reward for p in PROFILES.values()} == {"graded"}
+
+
+def test_the_graded_valid_component_is_the_strict_metric_not_the_parse():
+    prompt = tasks.policy_prompt(chess.STARTING_FEN)
+    truth = {"fen": chess.STARTING_FEN, "moves": ["e2e4", "d2d4"], "evals": ["0.3", "0.3"]}
+    illegal = " M: e2e5 E: 0.1 B: e2e5"  # parses, but e2e5 is no move here
+    assert tasks.parse_policy_completion(illegal).ok
+    g = rewards.score_policy_detailed(prompt, illegal, truth=truth, engine=None, weights=rewards.GradedWeights())
+    assert g.valid == 0.0
+    good = rewards.score_policy_detailed(prompt, " M: e2e4 d2d4 E: 0.3 0.3 B: e2e4", truth=truth, engine=None,
+                                         weights=rewards.GradedWeights())
+    assert good.valid == 1.0

@@ -373,3 +373,12 @@ def test_fen_error_cases():
     assert "canonical" in tasks.fen_error("rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 00 1")
     assert tasks.fen_error(" " + START) == "FEN has stray whitespace"
     assert tasks.task_of("P: x") == "P" and tasks.task_of("A: x") == "A" and tasks.task_of("B: x") is None
+
+
+def test_a_position_key_is_python_chess_epd_whatever_the_clocks():
+    board = chess.Board()
+    board.push_uci("e2e4")
+    want = board.epd(en_passant="fen")  # placement, side, castling, en passant: no clocks
+    assert want == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3"
+    for clocks in ("0 1", "0 7", "12 40"):
+        assert tasks.position_key(f"{want} {clocks}") == want
