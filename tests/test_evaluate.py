@@ -271,6 +271,11 @@ def test_heldout_rewards_are_the_training_reward_of_each_completion(monkeypatch)
     gated = ev.heldout_rewards(None, recs, ev.EvalConfig(layout="compact"), reward="gated")
     assert gated == pytest.approx([rewards.score(r["prompt"], t, truth=r) for r, t in zip(recs, texts)])
     assert gated[1] < 0 == graded[1]  # the two rewards differ on a malformed answer
+    # the truth travels with each record: nothing registered and no engine, the same rewards
+    rewards.clear_truth()
+    rewards.clear_cache()
+    monkeypatch.setattr(rewards, "stockfish_available", lambda: False)
+    assert ev.heldout_rewards(None, recs, ev.EvalConfig(layout="compact")) == pytest.approx([1.0, 0.0, 1.0, -1.0])
 
 
 def test_results_to_json_leaves_the_outcomes_out():
