@@ -77,9 +77,15 @@ def test_unsupported_rows_are_reported_with_reasons(matrix):
 def test_rows_carry_speed_mfu_and_memory(matrix):
     base = matrix.row("baseline")
     assert base["speedup"] == 1.0 and base["loss_delta"] == 0.0
+    assert base["flops_per_step"] == perf.flops_per_token(BASE.model_config(), BASE.seq_len, "train") * 2 * 16
     for row in matrix.ok_rows():
         assert row["tokens_per_s"] > 0 and row["step_time_s"] > 0
         assert row["step_time_p10_s"] <= row["step_time_s"] <= row["step_time_p90_s"]
+        # tokens over the median step time; above 1 is faster than the baseline; a train step's FLOPs (forward
+        # and backward: perf.flops_per_token's "train", checked against FlopCounterMode in test_perf)
+        assert row["tokens_per_s"] == pytest.approx(row["tokens_per_step"] / row["step_time_s"])
+        assert row["speedup"] == pytest.approx(row["tokens_per_s"] / base["tokens_per_s"])
+        assert row["achieved_tflops"] == pytest.approx(row["flops_per_step"] / row["step_time_s"] / 1e12)
         assert 0 < row["mfu_measured"] <= 1
         assert row["mfu_table"] is None  # CPU: no data-sheet peak
         assert len(row["losses"]) == BASE.steps
