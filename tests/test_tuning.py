@@ -108,6 +108,8 @@ def test_rows_carry_speed_mfu_and_memory(matrix):
 def test_scaling_and_figures(matrix):
     pts = matrix.scaling("batch_size")
     assert [p["value"] for p in pts] == [2, 4]
+    for p in pts:  # a batch of `value` rows of seq_len tokens per median step
+        assert p["tokens_per_s"] == pytest.approx(p["value"] * BASE.seq_len / p["step_time_s"])
     assert len(tuning.speedup_figure(matrix).data) == 1
     # a line each for step time and tokens/s per variable, and the baseline's repeat (run last) beside each
     assert [t.legendgroup for t in tuning.scaling_figure(matrix).data] == ["time", "tps", "repeat", "repeat"] * 2
