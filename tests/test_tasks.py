@@ -382,3 +382,9 @@ def test_a_position_key_is_python_chess_epd_whatever_the_clocks():
     assert want == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3"
     for clocks in ("0 1", "0 7", "12 40"):
         assert tasks.position_key(f"{want} {clocks}") == want
+
+
+def test_an_original_mate_spelling_that_names_no_mate_reads_as_no_eval():
+    # 999.99 pawns is mate in 1 (100000 - 1 centipawns); 999.999 would be "mate in 0.1": no eval, not an error
+    assert tasks.parse_eval("999.99") == tasks.Eval(mate=1) and tasks.parse_eval("-999.99") == tasks.Eval(mate=-1)
+    assert tasks.parse_eval("999.999") is None

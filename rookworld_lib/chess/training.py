@@ -236,7 +236,8 @@ def train_records(data_dir=None) -> list[dict]:
     records = [r for task in present for r in data.load_split(task, "train", data_dir).records]
     with contextlib.suppress(ValueError):  # no val or test files there: nothing to overlap
         held = heldout_positions(data_dir or data.DATA_DIR)
-        if shared := sum(tasks.position_key(r["fen"]) in held for r in records):
+        shared = sum(tasks.position_key(r["fen"]) in held for r in records)
+        if shared and os.environ.get("RANK", "0") == "0":  # said once: under torchrun by rank 0
             log.warning("%s: %d of the %d training records stand at a position of its val or test records: an "
                         "evaluation there measures positions the model trained on", data_dir or data.DATA_DIR,
                         shared, len(records))
