@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from rookworld_lib.lab import bench  # noqa: E402
+from rookworld_lib.core.model import GPTConfig  # noqa: E402
+from rookworld_lib.lab import bench, perf  # noqa: E402
 
 
 def _positive_finite(x):
@@ -39,6 +40,15 @@ def test_quick_json_bench_at_tiny_size(capsys, monkeypatch):
     assert ts["initial_logits_max_abs_diff"] < 1e-3  # same weights in both models
     assert ts["loss_impl"] == "fused"  # what SFT runs on a CPU (SFTConfig.loss_impl="auto")
     assert sm["generated_tokens"] == sm["rows"] * sm["new_tokens_per_row"]
+    # decode TFLOP/s: each generated token's FLOPs at its own context (each prompt G times, tokens 1..L after
+    # it) over the median time; the bench takes them at the mean context, so they agree to its rounding
+    L, G = sm["new_tokens_per_row"], sm["rows"] // len(sm["prompt_lengths"])
+    flops = lambda ctx: perf.flops_per_token(GPTConfig.preset("tiny"), ctx, "decode")  # noqa: E731
+    slope = flops(2) - flops(1)  # FLOPs per token of context (attention): the same at every length
+    assert flops(101) - flops(100) == slope
+    exact = G * sum(flops(n + i) for n in sm["prompt_lengths"] for i in range(1, L + 1))
+    implied = sm["ours"]["decode_tflops"] * sm["ours"]["median_s"] * 1e12
+    assert abs(implied - exact) <= 0.5 * slope * sm["generated_tokens"] * (1 + 1e-9)
     assert len(result["load_average_before"]) == len(result["load_average"]) == 3
     assert bench.load_line(result).startswith("load average (1, 5, 15 min) before ")
     assert bench.load_line({**result, "utilization": {"host_cpu_pct": {"mean": 55.0, "max": 90.0}}}).endswith(
