@@ -45,9 +45,14 @@ def trained_state(step=1, seed=0):
                                                 data=Position(7), config={"lr": 1e-2}, extra={"guard": {"n": 1}})
 
 
-def test_round_trip_restores_everything(tmp_path):
+def test_round_trip_restores_everything(tmp_path, caplog):
+    import random
+
+    import numpy as np
+
     model, opt, sched, state = trained_state(step=3)
-    expected_draw = torch.rand(4)  # what this process draws right after the state was captured
+    # what this process draws from each global RNG right after the state was captured
+    expected_draw, expected_py, expected_np = torch.rand(4), random.random(), np.random.rand()
     path = ck.save_checkpoint(tmp_path, state)
     assert path.name == "step_00000003.pt"
     pointer = json.loads((tmp_path / "latest").read_text())
@@ -57,10 +62,14 @@ def test_round_trip_restores_everything(tmp_path):
 
     fresh, data = small_model(seed=1), Position()
     fresh_opt = build_adamw(fresh, lr=1e-2, weight_decay=0.1, device_type="cpu")
-    torch.manual_seed(12345)  # anything: the checkpoint's RNG state must win
-    step = ck.restore_training_state(loaded, model=fresh, optimizer=fresh_opt, scheduler=sched, data=data)
+    torch.manual_seed(12345)  # anything: the checkpoint's RNG states must win
+    random.seed(12345)
+    np.random.seed(12345)
+    other = WarmupCosineSchedule(2e-2, 1e-3, 2, 10)  # the schedule is the run's settings: a change is said
+    step = ck.restore_training_state(loaded, model=fresh, optimizer=fresh_opt, scheduler=other, data=data)
     assert step == 3 and data.i == 7
-    assert torch.equal(torch.rand(4), expected_draw)
+    assert torch.equal(torch.rand(4), expected_draw) and random.random() == expected_py and np.random.rand() == expected_np
+    assert "LR schedule changed since the checkpoint: lr 0.01 -> 0.02" in caplog.text
     for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), name
     sa, sb = opt.state_dict()["state"], fresh_opt.state_dict()["state"]

@@ -324,3 +324,15 @@ def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
         GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), [PromptItem("P", r["prompt"], r) for r in recs], cfg,
                     reward_funcs=funcs, reward_weights=weights).train()
         assert explore.rollout_settings(tmp_path / variant)["reward"] == variant
+
+
+def test_the_clip_figures_push_is_r_times_a_where_the_clip_lets_it_through():
+    # by hand, for the grpo loss at eps 0.2: d(min(rA, clip(r)A)) / d log p = rA where the unclipped term is
+    # the minimum (A > 0: r <= 1.2; A < 0: r >= 0.8), else 0; the loss pushes log p by that much
+    fig = explore.clip_region_figure(0.2, 0.2, "grpo")
+    for trace in (t for t in fig.data if t.yaxis == "y2"):
+        a = 1.0 if trace.name == "A = +1" else -1.0
+        for r, push in zip(trace.x, trace.y):
+            if min(abs(r - 0.8), abs(r - 1.2)) > 1e-9:
+                want = r * a if (r < 1.2 if a > 0 else r > 0.8) else 0.0
+                assert push == pytest.approx(want, abs=1e-9), (trace.name, r)

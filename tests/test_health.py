@@ -39,6 +39,12 @@ def test_init_loss_and_causality():
     assert s["uniform"] == math.log(50257) and abs(s["loss"] - s["uniform"]) < 0.2
     c = health.causality_violation(m, idx, 10)
     assert c["max_change_before"] == 0.0 and c["max_change_after"] > 0
+    # the changed token's own position moves first: "after" counts it (at the last position it is all there is)
+    with torch.no_grad():
+        changed = idx.clone()
+        changed[:, 10] = (changed[:, 10] + 1) % 50257
+        at = (m(idx)[:, 10] - m(changed)[:, 10]).abs().max().item()
+    assert at > 0 and c["max_change_after"] >= at and health.causality_violation(m, idx, 31)["max_change_after"] > 0
 
 
 def test_grad_norms_cover_every_block():

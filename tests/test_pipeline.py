@@ -70,6 +70,8 @@ def test_failed_notebook_stops_the_run_and_says_so_in_the_report(tmp_path):
     assert str(run_dir) in str(info.value)
     report = (run_dir / "report.md").read_text()
     assert "**FAILED**" in report and "01_never" not in report
+    assert [(r["notebook"], r["status"]) for r in json.loads((run_dir / "run.json").read_text())["notebooks"]] == [
+        ("00_bad.ipynb", "failed")]
 
 
 def test_an_interrupted_run_writes_its_report_of_what_ran_and_stops(tmp_path, monkeypatch, capsys):

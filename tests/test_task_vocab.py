@@ -129,3 +129,17 @@ def test_sft_with_the_task_vocabulary_trains_resumes_and_exports_full_gpt2(tmp_p
         assert exported(x)[..., ~torch.isin(torch.arange(VOCAB_SIZE), vocab.ids)].max().item() == -OFF_LOGIT
     with pytest.raises(ValueError, match="SFTConfig.init_from must be 'scratch' with vocab='task'"):
         SFTConfig(vocab="task", init_from=str(tmp_path / "final"), train_data=(), out_dir=str(tmp_path / "x"))
+
+
+def test_the_mass_outside_a_vocabulary_is_measured_at_the_temperature_asked():
+    from rookworld_lib.core.task_vocab import outside_logmass
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=16)).eval()
+    vocab = TaskVocab(set(range(100)) | {EOT_ID})
+    seq = [5, 17, 42, 99]
+    with torch.no_grad():
+        logits = model(torch.tensor([seq]))[0].double()
+    for t in (0.5, 1.0, 2.0):  # by definition: logsumexp over all tokens minus over the vocabulary's, of logits / T
+        want = (logits / t).logsumexp(-1) - (logits[:, sorted(vocab.ids.tolist())] / t).logsumexp(-1)
+        assert outside_logmass(model, vocab, [seq], temperature=t).tolist() == pytest.approx(want.tolist(), rel=1e-4)
