@@ -237,7 +237,7 @@ def train_records(data_dir=None) -> list[dict]:
     with contextlib.suppress(ValueError):  # no val or test files there: nothing to overlap
         held = heldout_positions(data_dir or data.DATA_DIR)
         shared = sum(tasks.position_key(r["fen"]) in held for r in records)
-        if shared and os.environ.get("RANK", "0") == "0":  # said once: under torchrun by rank 0
+        if shared and distributed.main_process():  # said once under torchrun
             log.warning("%s: %d of the %d training records stand at a position of its val or test records: an "
                         "evaluation there measures positions the model trained on", data_dir or data.DATA_DIR,
                         shared, len(records))
@@ -347,7 +347,7 @@ def _run_sft(args: argparse.Namespace) -> int:
     cfg, reader = _sft_config_from_args(args)
     with _mix_advice_in_flags():
         result = train_sft(cfg, reader=reader)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+    if not distributed.main_process():  # under torchrun only rank 0 reports
         return 0
     last = result.history[-1] if result.history else {}
     val = [r["eval/loss"] for r in result.history if r.get("eval/loss") is not None]
@@ -416,7 +416,7 @@ def grpo_cli(argv: list[str] | None = None) -> int:
 
 def _say(line: str) -> None:
     """A line about the run on stderr, once: under torchrun rank 0 says it."""
-    if os.environ.get("RANK", "0") == "0":
+    if distributed.main_process():
         print(line, file=sys.stderr)
 
 

@@ -177,12 +177,8 @@ def weights_fingerprint(model: GPT, sample: int = 4096) -> str:
     """A short hash of a model's weights as its export holds them (names, shapes and a strided sample
     of at most `sample` values per tensor; the tied head and vocabulary padding left out): a run's
     starting model, so that a resume into the same out_dir can tell it is handed another one."""
-    h, raw = hashlib.sha256(), unwrap(model)
-    for key, tensor in raw.state_dict().items():
-        if key == "lm_head.weight":
-            continue
-        if key == "transformer.wte.weight":
-            tensor = tensor[: raw.config.vocab_size]
+    h = hashlib.sha256()
+    for key, tensor in unwrap(model).exported_tensors():
         flat = tensor.detach().reshape(-1)
         h.update(f"{key}{tuple(tensor.shape)}".encode())
         h.update(flat[:: max(1, flat.numel() // sample)].to("cpu", torch.float32).numpy().tobytes())

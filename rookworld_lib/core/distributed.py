@@ -37,6 +37,11 @@ class DistInfo:
         return self.rank == 0
 
 
+def main_process() -> bool:
+    """True outside torchrun and on its rank 0: the process that speaks for the run."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def init_from_env(device_type: str = "cpu") -> DistInfo:
     """Join the torchrun process group if there is one (gloo for CPU, NCCL for CUDA)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -225,8 +230,7 @@ def run_command(subcommand: str, argv: list[str] | None, build_parser: Callable[
     if nproc > 1:
         return torchrun(subcommand, rest, nproc, preflight=preflight)
     args = build_parser().parse_args(rest)
-    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 logs and reports
-    logging.basicConfig(level=logging.INFO if main_rank else logging.WARNING, format="%(message)s")
+    logging.basicConfig(level=logging.INFO if main_process() else logging.WARNING, format="%(message)s")
     try:
         return run(args)
     finally:

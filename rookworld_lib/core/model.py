@@ -360,21 +360,19 @@ class GPT(nn.Module):
         model.meta = {k: v for k, v in hf.items() if k.startswith(META_PREFIX) and k != PROMPT_PREFIX_KEY}
         return model.eval()
 
-    def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights as an export holds them, on the CPU: Hugging Face's names and Conv1D layout, the
-        tied head left out, the vocabulary without its padding rows. Two models export the same
-        weights when these are equal, whatever their padding."""
-        state = {}
+    def exported_tensors(self):
+        """(name, tensor) of each weight an export holds, in this model's own layout: the tied head left
+        out (transformers re-ties it from tie_word_embeddings), the vocabulary without its padding rows."""
         for key, tensor in self.state_dict().items():
-            if key == "lm_head.weight":
-                continue  # tied; transformers re-ties it from tie_word_embeddings
-            tensor = tensor.detach().cpu()
-            if key.endswith(CONV1D_SUFFIXES):
-                tensor = tensor.t()
-            if key == "transformer.wte.weight":
-                tensor = tensor[: self.config.vocab_size]
-            state[key] = tensor.contiguous()
-        return state
+            if key != "lm_head.weight":
+                yield key, tensor[: self.config.vocab_size] if key == "transformer.wte.weight" else tensor
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights as an export holds them, on the CPU: Hugging Face's names and Conv1D layout
+        (`exported_tensors`). Two models export the same weights when these are equal, whatever their
+        padding."""
+        return {key: (t.t() if key.endswith(CONV1D_SUFFIXES) else t).contiguous()
+                for key, t in ((k, v.detach().cpu()) for k, v in self.exported_tensors())}
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads, and GPT-2's
