@@ -9,7 +9,7 @@ import torch
 from rookworld_lib.core import grpo
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.sampling import sequence_logprobs
-from rookworld_lib.core.task_vocab import PINNED, TaskVocab, pin_bias_coordinate
+from rookworld_lib.core.task_vocab import PINNED, TaskVocab, pin_bias_coordinate, sampling_view
 from rookworld_lib.core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 
@@ -43,6 +43,21 @@ def test_the_marked_vocabulary_is_found_and_restriction_keeps_the_policy():
     back = vocab.expand(compact)
     for (name, a), (_, b) in zip(full.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+def test_a_row_sharing_a_coordinate_with_the_off_row_stays_in_and_sampling_adds_eot_and_prompt_tokens():
+    full, vocab = marked_model()
+    kept = int(vocab.ids[3])
+    with torch.no_grad():  # a task token whose embedding is 0 in one coordinate, as the off rows are
+        full.transformer.wte.weight[kept, PINNED + 1] = 0.0
+    found = TaskVocab.of_model(full)
+    assert found is not None and kept in found.ids.tolist() and torch.equal(found.ids, vocab.ids)
+    # a vocabulary handed in without EOT or the prompt's tokens: sampling needs both, so the view adds them
+    without = TaskVocab([t for t in vocab.ids.tolist() if t != EOT_ID][:5])
+    prompt = get_tokenizer().encode("Q: 7 A:")
+    _, used, (compact_prompt,) = sampling_view(full, [prompt], without)
+    assert EOT_ID in used.ids.tolist() and set(prompt) <= set(used.ids.tolist())
+    assert used.ids[torch.tensor(compact_prompt)].tolist() == prompt
 
 
 def test_grpo_loss_and_gradients_equal_the_full_vocabulary_ones():
