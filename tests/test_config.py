@@ -75,3 +75,17 @@ def test_notebook_parameter_check_names_the_parameter():
             config.check(*args, min=1 if args[0] == "steps" else None,
                          choices=("ci", "cpu") if args[0] == "profile" else None)
         assert str(info.value) == "notebook parameter " + message
+
+
+def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_refused():
+    import numpy as np
+
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig
+
+    np.random.seed(2**32 - 1)  # numpy's legacy seeds: [0, 2**32 - 1]
+    with pytest.raises(ValueError):
+        np.random.seed(2**32)
+    assert GRPOTrainConfig(seed=2**32 - 1).seed == 2**32 - 1
+    with pytest.raises(ValueError, match=r"seed"):
+        GRPOTrainConfig(seed=2**32)
+    assert GRPOTrainConfig(task_weights={"P": 1, "A": 0}).task_weights == {"P": 1.0, "A": 0.0}

@@ -62,6 +62,7 @@ def test_strip_nproc():
     assert distributed.strip_nproc(["--nproc", "2", "--steps", "3"]) == (2, ["--steps", "3"])
     assert distributed.strip_nproc(["--nproc=4"]) == (4, [])
     assert distributed.strip_nproc(["--steps", "3"]) == (0, ["--steps", "3"])
+    assert distributed.strip_nproc(["--nproc", "0", "--steps", "3"]) == (0, ["--steps", "3"])  # 0: this process
 
 
 def test_single_process_is_not_distributed(monkeypatch):

@@ -821,3 +821,20 @@ def test_group_stats_against_the_standard_library():
     assert stats.reward_mean == pytest.approx(statistics.mean(scorable))
     assert stats.reward_std == pytest.approx(statistics.stdev(scorable))
     assert (stats.num_groups, stats.group_size, stats.num_unscorable) == (3, 4, 1)
+
+
+def test_vespo_takes_the_positive_parameters_at_a_zero_advantage_as_trl_does():
+    # TRL's get_gamma_weights: advantages >= 0 take (k_pos, lambda_pos) = (2, 3); log w = 0.1
+    lp, old, mask = torch.tensor([[0.1]], dtype=F64), torch.zeros(1, 1, dtype=F64), torch.ones(1, 1, dtype=torch.bool)
+    phi = grpo.vespo_weights(lp, old, torch.zeros(1, dtype=F64), mask, GRPOConfig(loss_type="vespo"))
+    assert phi.item() == pytest.approx(math.exp(3 + 2 * 0.1 - 3 * math.exp(0.1)), rel=1e-12)
+
+
+def test_the_entropy_bonus_without_a_token_count_scales_this_calls_tokens_to_the_whole_batch():
+    # two of four completions in this call, 2 tokens each, uniform over 5 tokens (entropy ln 5 each):
+    # K = 4 tokens * 4 / 2 = 8 (TRL's division over accumulation steps), so the bonus is -c * 4 ln 5 / 8
+    lp, mask = torch.zeros(2, 2, dtype=F64), torch.ones(2, 2, dtype=torch.bool)
+    adv, logits = torch.tensor([1.0, -0.5], dtype=F64), torch.zeros(2, 2, 5, dtype=F64)
+    with_bonus, without = (grpo_loss(lp, lp, adv, mask, config=GRPOConfig(beta=0.0, entropy_coef=c), logits=logits,
+                                     num_completions_in_batch=4)[0].item() for c in (0.1, 0.0))
+    assert with_bonus - without == pytest.approx(-0.1 * 4 * math.log(5) / 8, rel=1e-12)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, KVCache, PRESETS, additive_mask, lm_loss
+from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, KVCache, PRESETS, additive_mask, hf_config_dict, lm_loss
 from rookworld_lib.core.sampling import padded_attention_mask
 
 transformers = pytest.importorskip("transformers")
@@ -244,6 +244,26 @@ def test_loss_at_init_near_uniform():
     with torch.no_grad():
         loss = lm_loss(m(idx[:, :-1]), idx[:, 1:]).item()
     assert abs(loss - torch.log(torch.tensor(50257.0)).item()) < 0.2
+
+
+def test_init_spreads_each_weight_as_transformers_gpt2_does():
+    """GPT-2's init (transformers' GPT2PreTrainedModel._init_weights): N(0, 0.02) for the matrices and
+    embeddings, 0.02 / sqrt(2 n_layer) for the residual projections (c_proj), zero biases, unit gains."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig.preset("tiny", block_size=64))
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf_config_dict(ours.config)))
+    mine, ref = dict(ours.named_parameters()), dict(theirs.named_parameters())
+
+    def spread(params, suffix):
+        return torch.cat([p.detach().flatten() for n, p in params.items() if n.endswith(suffix)]).std().item()
+
+    assert spread(ref, "c_proj.weight") == pytest.approx(0.01, rel=0.03)  # the reference itself: 0.02 / sqrt(4)
+    for suffix in ("c_proj.weight", "c_attn.weight", "c_fc.weight", "wte.weight", "wpe.weight"):
+        assert spread(mine, suffix) == pytest.approx(spread(ref, suffix), rel=0.03), suffix
+    for suffix in ("c_proj.bias", "ln_1.bias", "ln_f.weight"):
+        assert torch.equal(torch.cat([p.flatten() for n, p in mine.items() if n.endswith(suffix)]),
+                           torch.cat([p.flatten() for n, p in ref.items() if n.endswith(suffix)])), suffix
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600)])

@@ -426,12 +426,14 @@ def test_full_block_greedy_matches_transformers(tmp_path):
 def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_threads):
     """The first generate of a batch shape times throwaway decode steps on torch's threads and on
     one; every decode step of that call and of later calls runs on the faster, with no new timing,
-    and torch's setting is restored afterwards. A big step is never probed."""
-    import time
+    and torch's setting is restored afterwards. A big step is never probed. The probe's clock is a
+    fake that the decode steps advance, so a loaded machine cannot reorder the two counts."""
+    import types
 
     from rookworld_lib.core import sampling
 
-    state = {"threads": 2}
+    state, clock = {"threads": 2}, [0.0]
+    monkeypatch.setattr(sampling, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(torch, "get_num_threads", lambda: state["threads"])
     monkeypatch.setattr(torch, "set_num_threads", lambda n: state.update(threads=n))
     monkeypatch.setattr(sampling, "_DECODE_THREADS", {})
@@ -441,7 +443,7 @@ def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_thre
     def forward(idx, *args, **kwargs):  # decode steps (one token) on the slow count are slow
         if idx.size(1) == 1:
             calls.append(state["threads"])
-            time.sleep(0.02 if state["threads"] == slow_threads else 0.001)
+            clock[0] += 0.02 if state["threads"] == slow_threads else 0.001
         return real_forward(idx, *args, **kwargs)
 
     monkeypatch.setattr(model, "forward", forward)
@@ -483,3 +485,40 @@ def test_a_full_block_prompt_with_one_new_token_decodes(monkeypatch):
     ro = generate(model, [list(range(16))], SamplingConfig(max_new_tokens=1, temperature=0))
     assert ro.tokens.shape == (1, 1)
     assert ro.tokens[0, 0].item() == model(torch.tensor([list(range(16))]))[0, -1].argmax().item()
+
+
+def test_top_p_at_an_exact_boundary_keeps_what_transformers_keeps():
+    # four equal logits, top_p 0.75: the lowest token's ascending mass is exactly 0.25 = 1 - top_p, and
+    # TopPLogitsWarper drops it (<=), keeping three
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    x = torch.zeros(1, 4)
+    want = torch.isfinite(lp.TopPLogitsWarper(0.75)(None, x.clone()))
+    assert torch.equal(torch.isfinite(filter_logits(x, 0, 0.75)), want) and int(want.sum()) == 3
+
+
+def test_a_zero_probability_token_is_never_drawn_even_at_u_zero(monkeypatch):
+    from rookworld_lib.core.sampling import sample_categorical
+
+    # inverse CDF: the first index whose cumulative probability exceeds u, so u = 0 gives index 1 of [0, 1, 0]
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(a[0], dtype=k.get("dtype")))
+    assert sample_categorical(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])).tolist() == [1, 2]
+
+
+def test_filtered_samples_carry_log_probs_at_the_sampling_temperature():
+    # Rollout.logprobs: log softmax(logits / T) over the whole vocabulary at the drawn token, with top-k
+    # or top-p on as without (TRL scores the old policy so); sequence_logprobs is that, tested apart
+    model = sharp_model()
+    for cfg in (SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=50, seed=1),
+                SamplingConfig(max_new_tokens=8, temperature=1.6, top_p=0.9, seed=2)):
+        ro = generate(model, [[1, 2, 3], [400, 5000]], cfg)
+        with torch.no_grad():
+            full = sequence_logprobs(model, ro.prompt_ids, ro.tokens, temperature=cfg.temperature)
+        assert ((full - ro.logprobs) * ro.mask).abs().max().item() <= 1e-4
+
+
+def test_prefill_counts_prompt_tokens_not_padding_and_eos_must_be_a_token_of_the_model():
+    model = sharp_model()
+    ro = generate(model, [[1, 2, 3], [4]], SamplingConfig(max_new_tokens=2, seed=0))
+    assert ro.stats["prefill_tokens"] == 4
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        generate(model, [[1, 2]], SamplingConfig(max_new_tokens=2, eos_id=model.config.vocab_size))

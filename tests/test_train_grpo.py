@@ -314,3 +314,35 @@ def test_a_completions_ratio_and_clip_fraction_count_its_own_tokens_only():
     assert stats.T.tolist() == [pytest.approx([3.5 / 3, 1 / 3]), pytest.approx([1.25, 0.5])]
     seq = train_grpo._row_ratio_stats(lp, old, m, grpo.GRPOConfig(importance_sampling_level="sequence"))
     assert seq.T.tolist() == [pytest.approx([1.5 ** (1 / 3), 0.0]), pytest.approx([1.5 ** 0.5, 1.0])]
+
+
+def test_dapo_with_truncated_rows_masked_divides_by_the_kept_tokens_only():
+    # a tiny model that ends some completions (its EOT logit raised) and runs others to the budget
+    trainer = make({"max_new_tokens": 3, "loss": grpo.GRPOConfig(beta=0.0, loss_type="dapo",
+                                                                 mask_truncated_completions=True)})
+    with torch.no_grad():
+        trainer.model.transformer.ln_f.bias[0] = 3.0
+        trainer.model.transformer.wte.weight[EOT_ID] = 0.0
+        trainer.model.transformer.wte.weight[EOT_ID, 0] = 3.0
+    rec = trainer.train_step()
+    b, adv = trainer.last_batch, trainer.last_advantages
+    kept = b.mask.sum(1) * ~b.truncated  # DAPO: a truncated row leaves the loss, its tokens the count
+    assert b.truncated.any() and (~b.truncated).any() and (adv[~b.truncated] != 0).any()
+    # one on-policy minibatch (ratio 1): the loss is -sum_i A_i n_i / sum_i n_i over the kept rows
+    assert rec["loss"] == pytest.approx(float(-(adv * kept).sum() / kept.sum()), abs=1e-5)
+
+
+def test_num_tokens_counts_prompt_and_completion_tokens_as_trl_does():
+    trainer = make()
+    rec = trainer.train_step()
+    b = trainer.last_batch
+    prompts = sum(1 + len(encode(i.prompt)) for i in b.items)  # <|endoftext|> + the prompt, per row
+    assert rec["num_tokens"] == prompts + int(b.mask.sum()) and prompts == sum(map(len, b.prompt_ids))
+
+
+def test_each_dynamic_sampling_round_draws_with_its_own_seed():
+    trainer = make({"dynamic_sampling": True, "max_refill_rounds": 3}, reward=lambda item, text: 1.0)
+    seeds, collect = [], trainer.collect  # every group ties, so all three refills run
+    trainer.collect = lambda items, seed, timings: (seeds.append(seed), collect(items, seed, timings))[1]
+    trainer.train_step()
+    assert len(seeds) == 4 and len(set(seeds)) == 4, seeds

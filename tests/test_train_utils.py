@@ -63,6 +63,19 @@ def test_build_adamw_decays_only_matrices_and_picks_an_implementation():
     assert opt.defaults["foreach"] and not opt.defaults.get("fused")
 
 
+def test_a_gpt_decays_its_ten_matrices_and_embeddings_once_and_nothing_else():
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig.preset("tiny"))  # 2 blocks: wte (tied to the head: once), wpe, 4 Linear weights a block
+    decay, no_decay = tu.build_adamw(model, lr=1e-3, weight_decay=0.1, device_type="cpu").param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)] for p in decay["params"]) == sorted(
+        ["transformer.wte.weight", "transformer.wpe.weight"]
+        + [f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")])
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
 def test_clip_grad_norm_reports_the_norm_before_clipping():
     p = torch.nn.Parameter(torch.zeros(2))
     model = torch.nn.Module()

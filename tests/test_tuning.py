@@ -9,7 +9,7 @@ import torch
 from rookworld_lib.lab import perf, tuning
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.train_step import TrainStep
-from rookworld_lib.core.train_utils import setup_runtime
+from rookworld_lib.core.train_utils import decay_groups, setup_runtime
 
 # Small enough for CI: tiny model, 2 x 16 tokens, 3 steps.
 BASE = tuning.TuneConfig(model="tiny", batch_size=2, seq_len=16, steps=3, timed_from=1, device="cpu")
@@ -138,8 +138,8 @@ def test_cpu_offload_adamw_matches_adamw():
     a = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=32, vocab_size=300))
     b = GPT(a.config)
     b.load_state_dict(a.state_dict())
-    oa = torch.optim.AdamW(a.param_groups(0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
-    ob = tuning.CPUOffloadAdamW(b.param_groups(0.1), lr=1e-2)
+    oa = torch.optim.AdamW(decay_groups(a, 0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    ob = tuning.CPUOffloadAdamW(decay_groups(b, 0.1), lr=1e-2)
     x = torch.randint(0, 300, (2, 17))
     for _ in range(3):
         for m, o in ((a, oa), (b, ob)):

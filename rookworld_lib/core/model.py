@@ -301,12 +301,6 @@ class GPT(nn.Module):
         logits = self.lm_head(self.transformer.ln_f(x))
         return logits[..., : self.config.vocab_size] if padded else logits
 
-    def param_groups(self, weight_decay: float):
-        """AdamW groups: decay 2-D weights (matmuls, embeddings), not biases or LayerNorm gains."""
-        decay = [p for p in self.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.parameters() if p.requires_grad and p.dim() < 2]
-        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
     # --- Hugging Face GPT-2 format
 
     @classmethod

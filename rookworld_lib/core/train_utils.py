@@ -87,21 +87,21 @@ def _fused_supported(device_type: str) -> bool:
     return device_type in _get_fused_kernels_supported_devices()
 
 
+def decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW param groups as nanoGPT forms them: weight decay on the 2-D weights (matmuls,
+    embeddings; a tied head once), none on biases and LayerNorm gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
 def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple[float, float] = (0.9, 0.95),
                 eps: float = 1e-8, device_type: str = "cpu", fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW with weight decay on 2-D weights only, using the fastest implementation available.
-
-    model_or_groups: a module with `param_groups(weight_decay)` (our GPT), any other module, or
-    param groups. fused: None = the fused kernel where `device_type` has one, else "foreach"."""
-    if isinstance(model_or_groups, torch.nn.Module):
-        if hasattr(model_or_groups, "param_groups"):
-            groups = model_or_groups.param_groups(weight_decay)
-        else:
-            params = [p for p in model_or_groups.parameters() if p.requires_grad]
-            groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                      {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    else:
-        groups = list(model_or_groups)
+    """AdamW with weight decay on 2-D weights only (decay_groups), using the fastest implementation
+    available. model_or_groups: a module or param groups. fused: None = the fused kernel where
+    `device_type` has one, else "foreach"."""
+    groups = (decay_groups(model_or_groups, weight_decay) if isinstance(model_or_groups, torch.nn.Module)
+              else list(model_or_groups))
     groups = [g for g in groups if len(g["params"]) > 0]
     use_fused = _fused_supported(device_type) if fused is None else fused
     kwargs = {"fused": True} if use_fused else {"foreach": True}

@@ -27,7 +27,7 @@ from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.config import SEED_MAX, bad_field, config_class, option, validate
 from ..core.tokenizer import VOCAB_SIZE
 from ..core.train_step import LOSS_IMPLS, TrainStep, resolve_loss_impl
-from ..core.train_utils import build_adamw, resolve_device, setup_runtime
+from ..core.train_utils import build_adamw, decay_groups, resolve_device, setup_runtime
 from .plots import series_colour
 
 COMPILE_MODES = ("off", "default", "max-autotune")
@@ -74,7 +74,7 @@ class CPUOffloadAdamW:
 def make_optimizer(model: GPT, cfg: TuneConfig):
     """AdamW from `build_adamw` (SFT's factory) in the implementation cfg asks for, or offloaded."""
     if cfg.offload_optimizer:
-        return CPUOffloadAdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr)
+        return CPUOffloadAdamW(decay_groups(model, cfg.weight_decay), lr=cfg.lr)
     fused = {"auto": None, "fused": True, "foreach": False}[cfg.optimizer]
     return build_adamw(model, lr=cfg.lr, weight_decay=cfg.weight_decay,
                        device_type=next(model.parameters()).device.type, fused=fused)
