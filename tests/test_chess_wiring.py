@@ -1,0 +1,123 @@
+"""What the chess layer's commands and data checks hand on, checked against the data card
+(data/README.md), the commands' own help, python-chess and Stockfish: the split a plain `rookworld
+sft` measures its val loss on, the reward `rookworld grpo --reward` trains on, the label the gated
+reward reads, the record checks, the shard reader, and what the engine pool sends Stockfish."""
+
+import gzip
+import json
+import shutil
+
+import chess
+import chess.engine
+import pytest
+from helpers_chess import needs_stockfish
+
+from rookworld_lib.chess import data, reward_examples, training
+from rookworld_lib.chess.engine import EnginePool, EngineSettings, limit_key
+from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.paths import DATA_DIR, DataFormatError
+
+
+def first(name: str) -> dict:
+    with open(DATA_DIR / name) as fh:
+        return json.loads(fh.readline())
+
+
+def test_a_plain_sft_trains_on_the_train_split_and_measures_on_the_val_split_never_test():
+    cfg, _ = training._sft_config_from_args(training.build_sft_parser().parse_args(["--out", "x"]))
+    assert tuple(cfg.val_data) == (str(DATA_DIR / "policy_val.jsonl"), str(DATA_DIR / "env_val.jsonl"))
+    assert tuple(cfg.train_data) == (str(DATA_DIR / "policy_train.jsonl"), str(DATA_DIR / "env_train.jsonl"))
+    for held_out in ("policy_val.jsonl", "env_test.jsonl"):  # records that say they are val or test
+        with pytest.raises(DataFormatError):
+            training.check_train_split([DATA_DIR / held_out])
+
+
+@pytest.mark.parametrize("reward, want", [("gated", [training.chess_reward]), ("graded", None)])
+def test_grpo_trains_on_the_reward_its_option_names(tmp_path, monkeypatch, reward, want):
+    given = {}
+
+    class Stop(Exception):
+        pass
+
+    def trainer(model, items, cfg, *, reward_funcs, reward_weights, **_):  # what GRPOTrainer would be handed
+        given.update(funcs=reward_funcs, weights=reward_weights)
+        raise Stop
+
+    monkeypatch.setattr(training, "GRPOTrainer", trainer)
+    GPT(GPTConfig.preset("tiny")).save_pretrained(tmp_path / "m")
+    args = training.build_grpo_parser().parse_args(["--init-from", str(tmp_path / "m"), "--out", str(tmp_path / "o"),
+                                                    "--reward", reward, "--layout", "compact"])
+    with pytest.raises(Stop):
+        training._run_grpo(args)
+    funcs, weights = training.reward_functions(reward)
+    assert [f.__name__ for f in given["funcs"]] == [f.__name__ for f in funcs] and given["weights"] == weights
+    assert given["funcs"] == want if want else len(funcs) > 1  # gated: one function; graded: one per component
+
+
+def test_the_gated_reward_scores_against_the_records_label_without_asking_stockfish(monkeypatch):
+    monkeypatch.setenv("STOCKFISH_PATH", "/nonexistent/stockfish")  # the label is the only truth at hand
+    rec = first("policy_test.jsonl")
+    assert training.chess_reward([rec["prompt"]], [rec["completion"]], truth=[rec]) == [1.0]  # the label's own answer
+
+
+def test_record_checks_refuse_a_negative_ply_and_a_legal_move_count_python_chess_does_not_give():
+    rec = first("policy_test.jsonl")
+    n = chess.Board(rec["fen"]).legal_moves.count()
+    assert rec["n_legal"] == n and data.validate_record(rec) is None
+    for bad in ({"ply": -1}, {"n_legal": n - 1}, {"n_legal": n + 1}):  # data/README.md: half-moves played, >= 0
+        assert data.validate_record({**rec, **bad}) is not None, bad
+
+
+def test_a_split_in_two_shards_keeps_every_skipped_line_and_a_split_twice_over_is_refused(tmp_path):
+    lines = (DATA_DIR / "policy_train.jsonl").read_text().splitlines()[:5]
+    (tmp_path / "policy_train-00000.jsonl").write_text("\n".join(lines[:3]) + "\n")
+    (tmp_path / "policy_train-00001.jsonl").write_text("\n".join(lines[3:]) + "\nnot json\n")
+    got = data.load_split("P", "train", tmp_path, on_error="skip")
+    assert (len(got), got.n_skipped) == (5, 1)
+    twice = tmp_path / "twice"
+    twice.mkdir()
+    shutil.copy(DATA_DIR / "policy_val.jsonl", twice / "policy_val.jsonl")  # plain and gzipped: each record twice
+    with gzip.open(twice / "policy_val.jsonl.gz", "wb") as fh:
+        fh.write((DATA_DIR / "policy_val.jsonl").read_bytes())
+    with pytest.raises(DataFormatError):
+        data.load_split("P", "val", twice)
+
+
+def test_the_data_cards_side_to_move_counts_are_python_chess_s():
+    summary = data.summarize()
+    for name, info in summary["files"].items():
+        with open(DATA_DIR / name) as fh:
+            turns = [chess.Board(json.loads(line)["fen"]).turn for line in fh]
+        assert (info["white_to_move"], info["black_to_move"]) == (turns.count(chess.WHITE), turns.count(chess.BLACK)), name
+    card = (DATA_DIR / "README.md").read_text().splitlines()
+    table = data.render_card_tables(summary)
+    rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert rows and all(line in card for line in rows), [line for line in rows if line not in card]
+
+
+def test_reward_examples_are_what_their_names_say():
+    rec = next(r for r in data.load_split("P", "test").records if len(r["moves"]) == 5)
+    examples = reward_examples.policy_examples(rec)
+    assert examples["5th"].endswith(f"B: {rec['moves'][4]}") and examples["2nd"].endswith(f"B: {rec['moves'][1]}")
+    for r in data.load_split("P", "test").records[:200]:  # "a random legal move outside them"
+        if "random legal" not in (ex := reward_examples.policy_examples(r)):  # every legal move is a candidate
+            continue
+        move = ex["random legal"].rsplit("B: ", 1)[1]
+        assert move not in r["moves"] and chess.Move.from_uci(move) in chess.Board(r["fen"]).legal_moves
+    env = data.load_split("A", "test").records[0]
+    fen, reward, terminated, truncated = env["completion"].split("+")  # data/README.md's A: completion
+    wrong = reward_examples.env_examples(env)["wrong terminated flag"]
+    assert wrong == "+".join([fen, reward, str(1 - int(terminated)), truncated])
+
+
+def test_limit_keys_are_spelled_in_one_order():
+    assert limit_key(chess.engine.Limit(depth=8, nodes=1000)) == "depth=8,nodes=1000"
+
+
+@needs_stockfish
+def test_the_pool_sends_its_hash_size_and_searches_at_the_limit_asked():
+    fen = "r1bqkbnr/pppp1ppp/2n5/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R w KQkq - 2 3"
+    with EnginePool(EngineSettings(depth=8, hash_mb=32), size=1, cache=False) as pool:
+        (a,) = pool.analyse_many([fen], limit=chess.engine.Limit(depth=2), multipv=3)
+        assert pool._engines[0].protocol.config["Hash"] == 32  # python-chess's record of the option it sent
+    assert (a.limit, a.depth) == ("depth=2", 2)
