@@ -83,3 +83,13 @@ def test_datagen_writes_elsewhere_than_the_shipped_set_by_default():
     from rookworld_lib.chess.datagen import DatagenConfig
 
     assert DatagenConfig().out_dir != str(DATA_DIR) and DatagenConfig().out_dir.startswith(str(DATA_DIR))
+
+
+def test_an_error_names_the_option_in_either_spelling_and_an_unknown_command_is_a_usage_error(capsys):
+    from rookworld_lib.lab.cli import with_flag
+
+    for argv in (["--steps", "-5"], ["--steps=-5"]):
+        assert with_flag("GRPOTrainConfig.steps must be an integer >= 1, got -5", argv) == \
+            "GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5"
+    assert main(["frobnicate"]) == 2  # argparse's status for a command line it cannot use
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err

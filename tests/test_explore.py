@@ -145,6 +145,7 @@ def test_group_inspector_samples_scores_and_advantages(model, policy_records):
     first = explore.GroupInspector(model, policy_records + env, len(policy_records), group_size=4, max_new_tokens=16,
                                    temperature=1.5)
     assert [r["completion"] for r in again.rows] == [r["completion"] for r in first.rows]
+    assert [r["completion"] for r in first.sample()] != [r["completion"] for r in again.rows]  # Sample again: a new group
 
 
 def test_sample_groups_lays_out_a_batch_group_by_group(model, policy_records):
@@ -336,3 +337,22 @@ def test_the_clip_figures_push_is_r_times_a_where_the_clip_lets_it_through():
             if min(abs(r - 0.8), abs(r - 1.2)) > 1e-9:
                 want = r * a if (r < 1.2 if a > 0 else r > 0.8) else 0.0
                 assert push == pytest.approx(want, abs=1e-9), (trace.name, r)
+
+
+def _row(step, reward, clip_fraction=None):
+    return {"step": step, "group": 0, "task": "P", "prompt": "P: x", "completion": "c", "reward": reward,
+            "advantage": 0.0, "ratio": None if clip_fraction is None else 1.0, "clip_fraction": clip_fraction}
+
+
+def test_the_rollout_browsers_mean_and_clip_column_read_the_step_shown():
+    page = explore.RolloutBrowser([_row(1, 1.0), _row(1, 0.0), _row(2, 0.5), _row(2, 0.5)], step=1).html()
+    assert "mean reward +0.500" in page  # step 1's rewards 1.0 and 0.0, not every step's
+    unclipped = explore.RolloutBrowser([_row(1, 0.0, clip_fraction=0.0)]).html()
+    assert unclipped.split("<td>")[-1].split("</td>")[0] == "no"  # no token clipped
+
+
+def test_clip_controls_show_one_tokens_weight_as_the_grpo_paper_gives_it():
+    # GRPO (Shao et al. 2024): 1/G sum_i 1/|o_i| sum_t: a token of a 5-token completion in a group of 2
+    # weighs 1/10, one of a 40-token completion 1/80
+    row = explore.ClipControls(loss_type="grpo", group_size=2, short_len=5, long_len=40).html()
+    assert "<td>0.1</td><td>0.0125</td>" in row.split("<td>grpo</td>")[1].split("</tr>")[0]

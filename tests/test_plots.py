@@ -182,3 +182,23 @@ def test_legible_tables_wrap_in_html_and_read_as_text_where_only_text_is_shown()
     assert bundle["text/plain"] == frame.to_string()
     assert "overflow-wrap: anywhere" in bundle["text/html"] and "12.345" in bundle["text/html"]
     assert "before and after" in bundle["text/html"]
+
+
+def test_learning_curve_panels_sit_under_their_titles_on_log_token_axes():
+    from rookworld_lib.chess.evaluate import STRICT_METRICS
+
+    est = {"value": 0.5, "low": 0.4, "high": 0.6, "n": 100}
+    fig = plots.learning_curve_figure({"run": [{"tokens": t, "val_loss": 2.0, **{m: est for m in STRICT_METRICS}}
+                                               for t in (1e5, 1e7)]})
+    titles = [a.text for a in fig.layout.annotations]
+    # make_subplots numbers its axes row by row: panel j is y{j+1} ("y" for the first) under title j
+    assert [t.yaxis for t in fig.data] == ["y" if j == 0 else f"y{j + 1}" for j in range(len(fig.data))]
+    assert len(titles) >= len(fig.data)
+    assert [fig.layout[f"xaxis{i if i > 1 else ''}"].type for i in range(1, len(fig.data) + 1)] == ["log"] * len(fig.data)
+
+
+def test_live_curves_plot_the_records_own_steps():
+    curves = plots.LiveCurves(["reward"], "t", live=False)
+    for step, reward in ((10, 0.1), (20, 0.2), (30, 0.3)):
+        curves({"step": step, "reward": reward})
+    assert list(curves.figure().data[0].x) == [10, 20, 30]

@@ -154,3 +154,26 @@ def test_the_report_says_when_grpo_had_no_learning_signal():
     assert ("**Learning signal:** 62% of the sampled completions were in groups whose rewards differed (mean over 2 "
             "GRPO steps; `frac_reward_zero_std` 0.38)") in workflow.training_report(*args, grpo_history=some)
     assert "Learning signal" not in workflow.training_report(*args)
+
+
+def test_fewer_sft_steps_shorten_the_warmup_and_the_eval_budget_has_room_beyond_grpos():
+    p = workflow.resolve("cpu", sft_steps=50)  # the cpu profile warms up over 100 steps
+    assert (p.sft.max_steps, p.sft.warmup_steps) == (50, 50)
+    cpu = workflow.resolve("cpu")
+    assert workflow.eval_config(cpu, seed=0).max_new_tokens == cpu.grpo.max_new_tokens + 24
+
+
+def test_a_run_from_a_model_of_ones_own_reads_the_shipped_data():
+    own = workflow.PROFILES["cpu-long"]
+    assert own.summary().loc["data"].iloc[0] != "shipped set"
+    assert own.summary(init_from="/some/model").loc["data"].iloc[0] == "shipped set"  # no SFT, so no datagen
+
+
+def test_a_stage_timed_twice_adds_up(monkeypatch):
+    clock = iter(range(100))  # each reading one second after the one before
+    monkeypatch.setattr(workflow.time, "perf_counter", lambda: float(next(clock)))
+    timer = workflow.StageTimer()
+    for _ in range(2):
+        with timer("eval"):
+            pass
+    assert timer.seconds["eval"] == 2.0  # a second each time
