@@ -89,3 +89,8 @@ def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_ref
     with pytest.raises(ValueError, match=r"seed"):
         GRPOTrainConfig(seed=2**32)
     assert GRPOTrainConfig(task_weights={"P": 1, "A": 0}).task_weights == {"P": 1.0, "A": 0.0}
+
+
+def test_a_notebook_parameter_at_its_bound_is_accepted():
+    config.check("steps", 1, int, min=1)
+    config.check("lr", 0.0, float, min=0)

@@ -114,3 +114,19 @@ def test_a_worker_stopped_by_its_peer_is_said_only_without_a_primary_error(tmp_p
     assert errors.worker_errors(tmp_path) == ([peer["line"]], [1])
     (tmp_path / "rank00000.json").write_text(json.dumps({"line": "rookworld sft: error: disk full", "code": 1}))
     assert errors.worker_errors(tmp_path) == (["rookworld sft: error: disk full"], [1, 1])
+
+
+def test_a_torchrun_killed_by_a_signal_exits_1_saying_so(monkeypatch, capsys):
+    class Killed:  # what Popen.wait() returns for a child that SIGKILL ended: -9, no status a shell can use
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait(self):
+            return -9
+
+        def send_signal(self, signum):
+            pass
+
+    monkeypatch.setattr(distributed.subprocess, "Popen", Killed)
+    assert distributed.torchrun("sft", ["--max-steps", "1"], 2) == 1
+    assert "torchrun exited with status -9" in capsys.readouterr().err

@@ -838,3 +838,15 @@ def test_the_entropy_bonus_without_a_token_count_scales_this_calls_tokens_to_the
     with_bonus, without = (grpo_loss(lp, lp, adv, mask, config=GRPOConfig(beta=0.0, entropy_coef=c), logits=logits,
                                      num_completions_in_batch=4)[0].item() for c in (0.1, 0.0))
     assert with_bonus - without == pytest.approx(-0.1 * 4 * math.log(5) / 8, rel=1e-12)
+
+
+def test_group_std_mean_leaves_out_a_group_without_a_score_and_low_clipping_needs_a_negative_advantage():
+    # group 1 scores 1 and 0 (Bessel std 0.7071); group 2 could not be scored at all: no std to average
+    table = torch.tensor([[1.0], [0.0], [float("nan")], [float("nan")]], dtype=F64)
+    _, stats = group_advantages(table, 2)
+    assert stats.reward_group_std_mean == pytest.approx(math.sqrt(0.5)) and stats.num_unscorable == 2
+    # TRL: is_low_clipped = (ratio < 1 - epsilon_low) & (advantages < 0); ratio 0.5 on one token
+    lp, old, mask = torch.full((1, 1), math.log(0.5), dtype=F64), torch.zeros(1, 1, dtype=F64), torch.ones(1, 1, dtype=torch.bool)
+    for a, low in ((0.0, 0.0), (-1.0, 1.0), (1.0, 0.0)):
+        _, m = grpo_loss(lp, old, torch.tensor([a], dtype=F64), mask, config=GRPOConfig(beta=0.0))
+        assert m["clip_ratio/low_mean"] == low, (a, m["clip_ratio/low_mean"])

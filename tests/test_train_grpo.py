@@ -176,6 +176,10 @@ def test_completions_are_written_at_step_1_and_every_interval(tmp_path):
     make({"steps": 3, "minibatch_size": 16, "out_dir": str(tmp_path), "completions_interval": 2}).train()
     rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
     assert sorted({r["step"] for r in rows}) == [1, 2] and len(rows) == 2 * 4 * 4  # steps 1 and 2: 4 prompts x 4
+    for step in (1, 2):  # each prompt's group of 4 in turn, one prompt per group
+        group = [r for r in rows if r["step"] == step]
+        assert [r["group"] for r in group] == [i // 4 for i in range(16)]
+        assert all(len({r["prompt"] for r in group[4 * g:4 * g + 4]}) == 1 for g in range(4))
 
 
 def test_each_rollout_chunk_samples_with_its_own_seed():
@@ -307,13 +311,17 @@ def test_a_run_refused_as_busy_does_not_say_it_resumed(tmp_path, caplog):
 def test_a_completions_ratio_and_clip_fraction_count_its_own_tokens_only():
     # by hand, clip range [0.8, 1.2]; padding tokens (ratio 3) must not count. Row 1: loss tokens at ratios
     # 1.5, 1, 1: mean 3.5 / 3, a third outside. Row 2: 1.5, 1: mean 1.25, half outside. GSPO's sequence
-    # ratio, the same for every token of a row: 1.5 ** (1/3) = 1.145 (inside) and 1.5 ** (1/2) = 1.225 (outside)
-    lp = torch.tensor([[math.log(1.5), 0.0, 0.0, math.log(3.0)], [math.log(1.5), 0.0, math.log(3.0), math.log(3.0)]])
-    old, m = torch.zeros(2, 4), torch.tensor([[True, True, True, False], [True, True, False, False]])
+    # ratio, the same for every token of a row: 1.5 ** (1/3) = 1.145 (inside) and 1.5 ** (1/2) = 1.225 (outside).
+    # Row 3, below the range: 0.5, 1: mean 0.75, half outside; its sequence ratio 0.5 ** (1/2) = 0.707 (outside)
+    lp = torch.tensor([[math.log(1.5), 0.0, 0.0, math.log(3.0)], [math.log(1.5), 0.0, math.log(3.0), math.log(3.0)],
+                       [math.log(0.5), 0.0, math.log(3.0), math.log(3.0)]])
+    old = torch.zeros(3, 4)
+    m = torch.tensor([[True, True, True, False], [True, True, False, False], [True, True, False, False]])
     stats = train_grpo._row_ratio_stats(lp, old, m, grpo.GRPOConfig())
-    assert stats.T.tolist() == [pytest.approx([3.5 / 3, 1 / 3]), pytest.approx([1.25, 0.5])]
+    assert stats.T.tolist() == [pytest.approx([3.5 / 3, 1 / 3]), pytest.approx([1.25, 0.5]), pytest.approx([0.75, 0.5])]
     seq = train_grpo._row_ratio_stats(lp, old, m, grpo.GRPOConfig(importance_sampling_level="sequence"))
-    assert seq.T.tolist() == [pytest.approx([1.5 ** (1 / 3), 0.0]), pytest.approx([1.5 ** 0.5, 1.0])]
+    assert seq.T.tolist() == [pytest.approx([1.5 ** (1 / 3), 0.0]), pytest.approx([1.5 ** 0.5, 1.0]),
+                              pytest.approx([0.5 ** 0.5, 1.0])]
 
 
 def test_dapo_with_truncated_rows_masked_divides_by_the_kept_tokens_only():
@@ -330,6 +338,8 @@ def test_dapo_with_truncated_rows_masked_divides_by_the_kept_tokens_only():
     assert b.truncated.any() and (~b.truncated).any() and (adv[~b.truncated] != 0).any()
     # one on-policy minibatch (ratio 1): the loss is -sum_i A_i n_i / sum_i n_i over the kept rows
     assert rec["loss"] == pytest.approx(float(-(adv * kept).sum() / kept.sum()), abs=1e-5)
+    ended = (b.tokens.masked_fill(~b.mask, -1) == EOT_ID).any(1)  # the share of completions that never ended
+    assert torch.equal(~ended, b.truncated) and rec["completions/clipped_ratio"] == pytest.approx(float((~ended).float().mean()))
 
 
 def test_num_tokens_counts_prompt_and_completion_tokens_as_trl_does():
