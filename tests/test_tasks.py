@@ -388,3 +388,23 @@ def test_an_original_mate_spelling_that_names_no_mate_reads_as_no_eval():
     # 999.99 pawns is mate in 1 (100000 - 1 centipawns); 999.999 would be "mate in 0.1": no eval, not an error
     assert tasks.parse_eval("999.99") == tasks.Eval(mate=1) and tasks.parse_eval("-999.99") == tasks.Eval(mate=-1)
     assert tasks.parse_eval("999.999") is None
+
+
+def test_eval_edges_mated_bounds_and_canonical_spelling():
+    from chess.engine import Cp, Mate
+
+    # python-chess orders Mate(0) (the side to move is mated) at or below Mate(-1); so must our centipawns
+    ordered = [Mate(0), Mate(-1), Mate(-5), Cp(-300), Cp(0), Cp(250), Mate(7), Mate(1)]
+    assert all(a <= b for a, b in zip(ordered, ordered[1:]))
+    cps = [Eval.from_score(s).to_cp() for s in ordered]
+    assert cps == sorted(cps) and Eval.from_score(Mate(0)) == Eval(mate=-1)
+    # "pawns up to 500" (format_eval's range); the original layout spells mate n as +-(MATE_CP - n) / 100
+    assert tasks.parse_eval("500.0") == Eval(cp=50_000) and tasks.parse_eval("500.01") is None
+    # (MATE_CP = 100,000 centipawns): 998.5 is mate 150, 998.99 mate 101, 999.99 mate 1; 900.0 would be mate 10,000
+    assert [tasks.parse_eval(t) for t in ("-998.5", "998.99", "999.99", "900.0")] == \
+        [Eval(mate=-150), Eval(mate=101), Eval(mate=1), None]
+    board = chess.Board()
+    assert tasks.policy_truth_error(board, ["e2e4"], ["0.35"]) is None
+    for spelling in ("+0.35", "0.350", "00.35"):  # each reads as 0.35, but a label holds the format's one spelling
+        assert tasks.parse_eval(spelling) == Eval(cp=35)
+        assert tasks.policy_truth_error(board, ["e2e4"], [spelling]) is not None, spelling
