@@ -408,3 +408,38 @@ def test_eval_edges_mated_bounds_and_canonical_spelling():
     for spelling in ("+0.35", "0.350", "00.35"):  # each reads as 0.35, but a label holds the format's one spelling
         assert tasks.parse_eval(spelling) == Eval(cp=35)
         assert tasks.policy_truth_error(board, ["e2e4"], [spelling]) is not None, spelling
+
+
+def test_env_history_holds_the_last_ten_moves_ending_with_this_one():
+    # the original RookWorld A: prompt: the last 10 moves played, the current one last
+    board, moves = chess.Board(), []
+    for uci in ("e2e4", "e7e5", "g1f3", "b8c6", "f1b5", "a7a6", "b5a4", "g8f6", "e1g1", "f8e7", "f1e1", "b7b5"):
+        moves.append(uci)
+        fen = board.fen()
+        board.push_uci(uci)
+    step = tasks.environment_step(fen, moves[-1], moves[:-1])
+    assert step.history == tuple(moves[-10:]) and len(step.history) == tasks.HISTORY_LEN == 10
+    wrong = tasks.environment_step(fen, "a1a8", moves[:-1])  # an illegal move's transition keeps the same field
+    assert wrong.kind == "illegal" and wrong.history == (*moves[-10:-1], "a1a8")
+    prompt = tasks.env_prompt(fen, moves[-1], step.history)
+    assert tasks.parse_env_prompt(prompt).errors == ()
+    eleven = prompt.replace("+" + " ".join(moves[-10:]) + "+", "+" + " ".join(moves[-11:]) + "+")
+    spaced = prompt.replace(" ".join(moves[-2:]), "  ".join(moves[-2:]))
+    assert tasks.parse_env_prompt(eleven).errors and tasks.parse_env_prompt(spaced).errors
+    trailing = prompt[:-1] + " +"
+    assert any("whitespace" in e for e in tasks.parse_env_prompt(trailing).errors)
+
+
+def test_policy_samples_need_a_fen_before_m_and_one_layout_and_a_reward_is_a_short_number():
+    assert tasks.split_policy_text("P: M: e2e4 E: 0.1 B: e2e4") is None  # no FEN before M:
+    assert tasks.parse_policy("P: M: e2e4 E: 0.1 B: e2e4").errors
+    fen = chess.STARTING_FEN
+    for prompt_layout, completion_layout, want in (("compact", "compact", "compact"), ("original", "original", "original"),
+                                                   ("original", "compact", "unknown")):
+        text = tasks.policy_prompt(fen, prompt_layout) + tasks.policy_completion(["e2e4"], ["0.3"], "e2e4", completion_layout)
+        assert tasks.parse_policy(text).layout == want, (prompt_layout, completion_layout)
+    board = chess.Board(fen)
+    board.push_uci("e2e4")
+    after = board.fen()
+    assert tasks.parse_env_completion(f"{after}+0.001+0+0").reward == 0.001
+    assert tasks.parse_env_completion(f"{after}+{'1' * 17}+0+0").reward is None  # 17 digits: no reward text
