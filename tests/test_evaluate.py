@@ -379,3 +379,58 @@ def test_self_play_counts_every_legal_half_move_up_to_the_cap(monkeypatch):
     monkeypatch.setattr(ev, "complete", first_legal)
     res = ev.self_play(GPT(GPTConfig.preset("tiny", block_size=192)), ev.EvalConfig(selfplay_games=1, selfplay_max_plies=6))
     assert res["self_play/legal_half_moves"].value == 6.0
+
+
+def test_pass_at_1_samples_at_the_sample_temperature_not_the_sampled_decodings(monkeypatch):
+    class Seen(Exception):
+        pass
+
+    def generate(model, ids, sc):
+        raise Seen(sc.temperature, sc.num_samples)
+
+    monkeypatch.setattr(ev, "generate", generate)
+    cfg = ev.EvalConfig(decoding="sampled", temperature=1.7, sample_temperature=0.6, layout="compact")
+    with pytest.raises(Seen) as seen:
+        ev.complete(GPT(GPTConfig.preset("tiny", block_size=128)), ["P: x"], cfg, samples=4)
+    assert seen.value.args == (0.6, 4)
+
+
+def test_original_label_agreement_reads_the_original_best_and_fen_similarity_one_en_passant_spelling():
+    board = chess.Board()
+    rec = {"id": "r", "fen": board.fen(), "moves": ["e2e4", "d2d4"], "evals": ["0.3", "0.2"], "original_best": "d2d4",
+           "task": "P", "split": "test"}
+    prompt = tasks.policy_prompt(rec["fen"])
+    scores = ev._score_policy([rec], [prompt], [" M: e2e4 d2d4 E: 0.3 0.2 B: d2d4"])
+    assert scores["policy/original_label_agreement"].value == 1.0 and scores["policy/best_move_accuracy"].value == 0.0
+    board.push_uci("e2e4")  # python-chess spells no en-passant square here ("-"); the X-FEN spelling writes e3
+    spelled = board.fen(en_passant="fen")
+    assert spelled != board.fen()
+    env = {"id": "a", "fen": chess.STARTING_FEN, "move": "e2e4", "history": ["e2e4"], "new_fen": spelled,
+           "reward": 0.001, "terminated": 0, "truncated": 0, "task": "A", "split": "test"}
+    env_prompt = tasks.env_prompt(chess.STARTING_FEN, "e2e4", ["e2e4"])
+    out = ev._score_environment([env], [env_prompt], [tasks.env_completion(board.fen(), 0.001, 0, 0)])
+    assert out["env/fen_similarity"].value == 1.0 and out["env/next_fen_exact"].value == 1.0
+
+
+def test_self_play_starts_from_distinct_positions_the_first_the_initial_one_and_plays_past_a_claimable_draw(monkeypatch):
+    prompts = []
+    monkeypatch.setattr(ev, "complete", lambda model, ps, cfg: prompts.append(ps) or [""] * len(ps))  # every answer illegal
+    model = GPT(GPTConfig.preset("tiny", block_size=128))
+    ev.self_play(model, ev.EvalConfig(selfplay_games=60, layout="compact"))  # 20 positions lie one ply from the start
+    starts = prompts[0]
+    assert len(starts) == len(set(starts)) == 60 and starts[0] == tasks.policy_prompt(chess.STARTING_FEN)
+    # the knights go out and back: a threefold repetition a player could claim at ply 8, not a game over
+    dance = iter(["g1f3", "g8f6", "f3g1", "f6g8"] * 5)
+    monkeypatch.setattr(ev, "complete", lambda model, ps, cfg: [f" M: {m} E: 0.0 B: {m}" for m in [next(dance)] * len(ps)])
+    played = ev.self_play(model, ev.EvalConfig(selfplay_games=1, selfplay_max_plies=12, layout="compact"))
+    assert played["self_play/legal_half_moves"].value == 12
+    assert "self_play" not in ev.selected_suites([], [], [], ev.EvalConfig(selfplay_games=0))
+
+
+def test_a_change_whose_interval_is_the_point_zero_has_not_moved():
+    # pass@1 shares the same for every record before and after: every difference 0, the t interval [0, 0]
+    keys = tuple(f"k{i}" for i in range(5))
+    same = dataclasses.replace(ev.mean_interval([0.25] * 5, share=True), outcomes=(0.25,) * 5, keys=keys)
+    table = ev.paired_change({"pass@1/policy/valid": same}, {"pass@1/policy/valid": same}, ["pass@1/policy/valid"])
+    assert table.loc["pass@1/policy/valid", "change (points)"] == "+0.0 [+0.0, +0.0]"
+    assert table.loc["pass@1/policy/valid", "moved"] == "no resolved change"
