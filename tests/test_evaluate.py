@@ -434,3 +434,16 @@ def test_a_change_whose_interval_is_the_point_zero_has_not_moved():
     table = ev.paired_change({"pass@1/policy/valid": same}, {"pass@1/policy/valid": same}, ["pass@1/policy/valid"])
     assert table.loc["pass@1/policy/valid", "change (points)"] == "+0.0 [+0.0, +0.0]"
     assert table.loc["pass@1/policy/valid", "moved"] == "no resolved change"
+
+
+def test_the_test_suites_hold_only_test_records_and_curve_tables_count_tokens_in_millions():
+    import json
+
+    from rookworld_lib.core.paths import DATA_DIR
+
+    with open(DATA_DIR / "mate_in_one.jsonl") as fh:
+        splits = [json.loads(line)["split"] for line in fh]
+    suites = ev.load_test_suites(keys=("M1",))
+    assert len(suites["M1"]) == splits.count("test") and splits.count("val") > 0
+    row = {"step": 10, "tokens": 2_500_000, "train_wall_s": 1.0, "train_loss": 2.0, "val_loss": 2.1}
+    assert ev.curve_table([row])["tokens (M)"].tolist() == [2.5]
