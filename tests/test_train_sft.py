@@ -545,3 +545,20 @@ def test_a_run_keeps_its_newest_checkpoints_and_measures_the_final_model(tmp_pat
         assert steps == left, steps
         # val loss at the start, every 2 steps and at the last one, though 2 does not divide 5
         assert [r["step"] for r in history if r.get("eval/loss") is not None] == [0, 2, 4, 5]
+
+
+def test_accumulated_micro_batches_give_the_whole_batchs_mean_loss_and_gradient():
+    # nanoGPT's rule: each of grad_accum micro-batch losses scaled by 1/grad_accum, so the summed
+    # gradient is that of the whole batch's mean loss (torch's cross_entropy over all its tokens)
+    from rookworld_lib.core.model import GPT, GPTConfig
+    from rookworld_lib.core.train_utils import setup_runtime
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=16))
+    x, y = torch.randint(0, 50257, (4, 16)), torch.randint(0, 50257, (4, 16))
+    ref = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    want = torch.autograd.grad(ref, model.transformer.h[0].mlp.c_fc.weight)[0]
+    step = train_step.TrainStep(model, None, setup_runtime("cpu", "fp32"), grad_accum=2, loss_impl="plain")
+    total = sum(step.accumulate(xm, ym) for xm, ym in zip(x.chunk(2), y.chunk(2)))
+    assert total.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.grad, want, rtol=1e-4, atol=1e-7)
