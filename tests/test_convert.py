@@ -526,3 +526,16 @@ def test_convert_fails_when_no_line_converts_and_names_our_own_records(tmp_path,
     assert main(["convert", str(garbage), "--out", str(tmp_path / "c"), "--workers", "0"]) == 1
     assert "--workers) must be a whole number of processes >= 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_convert_lists_the_first_ten_errors_and_names_a_stalemate_mismatch_by_its_new_fen(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("".join(f"junk line {i}\n" for i in range(15)))
+    report = convert.convert([bad], tmp_path / "out")
+    assert report.errors == 15 and len(report.first_errors) == convert.MAX_ERRORS_SHOWN == 10
+    fen = "k7/8/1Q6/8/8/8/8/7K w - - 0 1"
+    board = chess.Board(fen)
+    board.push_uci("b6c7")
+    assert board.is_stalemate()  # the move ends the game by the rules: no repetition is involved
+    why = convert.convert_line(f"A: {fen}+b6c7+b6c7+{fen}+0.5+1+0")  # reward and flags right, the next FEN wrong
+    assert isinstance(why, str) and "new FEN" in why and "repetition" not in why

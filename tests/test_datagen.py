@@ -424,3 +424,21 @@ def test_data_generation_conversion_and_the_command_import_no_torch():
     code = ("import sys, rookworld_lib.chess.datagen, rookworld_lib.chess.convert, rookworld_lib.lab.cli; "
             "print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_every_en_passant_position_is_a_p_sample_and_mate_games_are_held_out():
+    from rookworld_lib.chess import datagen as dg
+
+    # data/README.md ("Sampling"): P: samples at all positions with a legal en-passant capture or promotion
+    moves = ["e2e4", "a7a6", "e4e5", "d7d5", "e5d6", "a6a5"]
+    game = {"game": 9, "kind": "selfplay", "moves": moves}
+    (sel,) = dg.select_samples([game], dg.DatagenConfig(games=10, mate_games=0, policy_rate=0.0001, env_rate=0.0001,
+                                                        illegal_rate=0.0))
+    board = chess.Board()
+    for m in moves[:4]:
+        board.push_uci(m)
+    assert any(m.uci() == "e5d6" and board.is_en_passant(m) for m in board.legal_moves)  # exd6 e.p.
+    assert board.fen() in [s["fen"] for s in sel.policy]
+    # the mate games (indices games .. games + mate_games - 1) are val/test only, from the first one on
+    cfg = dg.DatagenConfig(games=320)
+    assert [dg.split_of_game(i, cfg) for i in (318, 319, 320, 321)] == ["val", "test", "test", "test"]

@@ -498,3 +498,12 @@ def test_a_dangling_link_for_out_and_a_fifo_for_data_are_named_for_what_they_are
     os.mkfifo(tmp_path / "fifo.jsonl")
     assert cli.main(["sft", "--model", "tiny", "--out", str(tmp_path / "o"), "--train-data", str(tmp_path / "fifo.jsonl")]) == 1
     assert "(--train-data) names what is not a regular file: " in capsys.readouterr().err
+
+
+def test_an_interrupted_training_command_says_it_resumes_and_others_do_not(monkeypatch, capsys):
+    from rookworld_lib.core import errors
+
+    monkeypatch.delenv(errors.ERRORS_DIR_ENV, raising=False)
+    assert errors.report_interrupted("sft") == errors.report_interrupted("datagen") == 128 + 2  # the shell's SIGINT status
+    sft_line, datagen_line = capsys.readouterr().err.splitlines()
+    assert "resumes from the latest checkpoint" in sft_line and "resumes" not in datagen_line

@@ -239,3 +239,12 @@ def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(noteboo
     for name in sorted(k for k in declared if isinstance(defaults[k], float)):  # NaN passes every range test
         with pytest.raises(ParameterError, match=f"notebook parameter '{name}' must be a finite number, got nan"):
             pipeline.check_parameter_values(notebook, {name: float("nan")})
+
+
+def test_the_report_folds_in_every_notebooks_fragment(tmp_path):
+    (tmp_path / "report_a.md").write_text("## from notebook A\n")
+    (tmp_path / "report_b.md").write_text("## from notebook B\n")
+    meta = {"started": "20261129-000000", "profile": "cpu", "git_commit": "x", "torch": "t", "python": "3", "device": "cpu"}
+    pipeline.write_report(tmp_path, meta, [{"notebook": "01_a.ipynb", "status": "ok", "seconds": 1.0}], None)
+    text = (tmp_path / "report.md").read_text()
+    assert "## from notebook A" in text and "## from notebook B" in text
