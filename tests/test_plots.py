@@ -187,14 +187,19 @@ def test_legible_tables_wrap_in_html_and_read_as_text_where_only_text_is_shown()
 def test_learning_curve_panels_sit_under_their_titles_on_log_token_axes():
     from rookworld_lib.chess.evaluate import STRICT_METRICS
 
-    est = {"value": 0.5, "low": 0.4, "high": 0.6, "n": 100}
-    fig = plots.learning_curve_figure({"run": [{"tokens": t, "val_loss": 2.0, **{m: est for m in STRICT_METRICS}}
+    value = {m: 0.1 * (k + 1) for k, m in enumerate(STRICT_METRICS)}  # each metric its own level
+    fig = plots.learning_curve_figure({"run": [{"tokens": t, "val_loss": 2.0, **{m: {"value": v, "low": v - 0.01, "high": v + 0.01,
+                                                                                  "n": 100} for m, v in value.items()}}
                                                for t in (1e5, 1e7)]})
-    titles = [a.text for a in fig.layout.annotations]
-    # make_subplots numbers its axes row by row: panel j is y{j+1} ("y" for the first) under title j
-    assert [t.yaxis for t in fig.data] == ["y" if j == 0 else f"y{j + 1}" for j in range(len(fig.data))]
-    assert len(titles) >= len(fig.data)
-    assert [fig.layout[f"xaxis{i if i > 1 else ''}"].type for i in range(1, len(fig.data) + 1)] == ["log"] * len(fig.data)
+    want = {"val loss": 2.0, **{f"{m} (%)": 100 * v for m, v in value.items()}}
+    for title in fig.layout.annotations:  # the trace whose axes hold the title's spot: the title's metric
+        (trace,) = [t for t in fig.data if fig.layout[t.xaxis.replace("x", "xaxis")].domain[0] <= title.x
+                    <= fig.layout[t.xaxis.replace("x", "xaxis")].domain[1]
+                    and fig.layout[t.yaxis.replace("y", "yaxis")].domain[1] == pytest.approx(title.y)]
+        name = next(k for k in want if title.text.startswith(k))
+        assert list(trace.y) == pytest.approx([want[name]] * 2), title.text
+        assert fig.layout[trace.xaxis.replace("x", "xaxis")].type == "log"  # tokens on a log scale, as titled
+    assert len(fig.layout.annotations) == len(want) == len(fig.data)
 
 
 def test_live_curves_plot_the_records_own_steps():
