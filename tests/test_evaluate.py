@@ -402,7 +402,7 @@ def test_original_label_agreement_reads_the_original_best_and_fen_similarity_one
     prompt = tasks.policy_prompt(rec["fen"])
     scores = ev._score_policy([rec], [prompt], [" M: e2e4 d2d4 E: 0.3 0.2 B: d2d4"])
     assert scores["policy/original_label_agreement"].value == 1.0 and scores["policy/best_move_accuracy"].value == 0.0
-    board.push_uci("e2e4")  # python-chess spells no en-passant square here ("-"); the X-FEN spelling writes e3
+    board.push_uci("e2e4")  # python-chess writes "-" (no capture is legal); the FEN standard writes e3 after any double step
     spelled = board.fen(en_passant="fen")
     assert spelled != board.fen()
     env = {"id": "a", "fen": chess.STARTING_FEN, "move": "e2e4", "history": ["e2e4"], "new_fen": spelled,
