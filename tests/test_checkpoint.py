@@ -466,3 +466,16 @@ def test_a_checkpoints_export_carries_the_models_layout_and_prompt_prefix(tmp_pa
     assert back.meta == {"rookworld_layout": "original"} and back.prompt_prefix == ""
     config = json.loads((ck.export_hf(path, tmp_path / "hf") / "config.json").read_text())
     assert config["rookworld_layout"] == "original" and config["rookworld_prompt_prefix"] == ""
+
+
+def test_a_checkpoint_of_a_newer_format_version_is_refused_naming_both_versions(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    for version, refused in ((ck.VERSION, False), (ck.VERSION + 1, True)):
+        out = tmp_path / str(version)
+        ck.save_checkpoint(out, {"format": ck.FORMAT, "version": version, "step": 2, "model": model.state_dict(),
+                                 "model_config": {}})
+        if not refused:
+            assert ck.load_checkpoint(out)["version"] == version
+            continue
+        with pytest.raises(ck.CheckpointLoadError, match=rf"format version {version} is newer than this code's {ck.VERSION}"):
+            ck.load_checkpoint(out)
