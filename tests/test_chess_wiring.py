@@ -10,17 +10,12 @@ import shutil
 import chess
 import chess.engine
 import pytest
-from helpers_chess import needs_stockfish
+from helpers_chess import needs_stockfish, shipped
 
 from rookworld_lib.chess import data, reward_examples, training
 from rookworld_lib.chess.engine import EnginePool, EngineSettings, limit_key
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.paths import DATA_DIR, DataFormatError
-
-
-def first(name: str) -> dict:
-    with open(DATA_DIR / name) as fh:
-        return json.loads(fh.readline())
 
 
 def test_a_plain_sft_trains_on_the_train_split_and_measures_on_the_val_split_never_test():
@@ -56,12 +51,12 @@ def test_grpo_trains_on_the_reward_its_option_names(tmp_path, monkeypatch, rewar
 
 def test_the_gated_reward_scores_against_the_records_label_without_asking_stockfish(monkeypatch):
     monkeypatch.setenv("STOCKFISH_PATH", "/nonexistent/stockfish")  # the label is the only truth at hand
-    rec = first("policy_test.jsonl")
+    rec = shipped("P", "test")[0]
     assert training.chess_reward([rec["prompt"]], [rec["completion"]], truth=[rec]) == [1.0]  # the label's own answer
 
 
 def test_record_checks_refuse_a_negative_ply_and_a_legal_move_count_python_chess_does_not_give():
-    rec = first("policy_test.jsonl")
+    rec = shipped("P", "test")[0]
     n = chess.Board(rec["fen"]).legal_moves.count()
     assert rec["n_legal"] == n and data.validate_record(rec) is None
     for bad in ({"ply": -1}, {"n_legal": n - 1}, {"n_legal": n + 1}):  # data/README.md: half-moves played, >= 0

@@ -365,8 +365,8 @@ class GPT(nn.Module):
         """The weights as an export holds them, on the CPU: Hugging Face's names and Conv1D layout
         (`exported_tensors`). Two models export the same weights when these are equal, whatever their
         padding."""
-        return {key: (t.t() if key.endswith(CONV1D_SUFFIXES) else t).contiguous()
-                for key, t in ((k, v.detach().cpu()) for k, v in self.exported_tensors())}
+        return {key: (t.t() if key.endswith(CONV1D_SUFFIXES) else t).detach().cpu().contiguous()
+                for key, t in self.exported_tensors()}
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write config.json + model.safetensors that transformers' GPT2LMHeadModel loads, and GPT-2's
