@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -157,6 +158,10 @@ def open_notebook(page, lab, name: str) -> None:
     page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=60_000)
     # the kernel is up when the status bar says so (the toolbar's indicator reads idle before it connects)
     page.wait_for_selector(".jp-StatusBar-Widget:has-text('| Idle')", timeout=120_000)
+    # opened on the kernel whose Python the notebook names, it is not marked modified (JupyterLab writes the
+    # kernel's language_info into the notebook; the tab shows a change where that differs from the file's)
+    if json.loads((lab[2] / name).read_text())["metadata"]["language_info"]["version"] == platform.python_version():
+        assert page.locator(".lm-TabBar-tab.jp-mod-dirty").count() == 0, f"{name} opens marked modified"
 
 
 def run_all(page) -> None:

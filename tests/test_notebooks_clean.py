@@ -7,6 +7,7 @@ nbval compares, marked NBVAL_CHECK_OUTPUT or tagged keep_output).
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ipykernel.ipkernel import IPythonKernel
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -49,6 +51,12 @@ def test_notebook_hygiene(path):
             assert not c.get("outputs") and c.get("execution_count") is None, f"{path.name}: outputs not stripped"
     assert "figures_dir" in source(cells[params[0]]), f"{path.name}: plots need a figures_dir parameter"
     assert nb["metadata"]["kernelspec"]["name"] == "rookworld", f"{path.name}: opens on the project's kernel (make setup installs it)"
+    # JupyterLab writes the kernel's language_info into an opened notebook: anything else there marks a
+    # notebook modified the moment it opens (the browser test checks the tab; the version is Python's own)
+    info = dict(nb["metadata"]["language_info"])
+    assert re.fullmatch(r"3\.\d+\.\d+", info.pop("version")), f"{path.name}: language_info needs Python's version"
+    assert info == {k: v for k, v in IPythonKernel.language_info.items() if k != "version"}, \
+        f"{path.name}: language_info is not what the kernel reports"
 
 
 def test_git_status_is_clean_after_make_labs_filter_install(tmp_path):
