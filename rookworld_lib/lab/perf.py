@@ -401,7 +401,7 @@ def _without_kineto_usdt_lines():
 def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = None,
                    device: str | torch.device = "auto", top_k: int = 15) -> ProfileResult:
     """Run fn() once under torch.profiler (with memory); export a trace, tabulate the top ops, and give each
-    `phase(...)` region's live tensor memory at its start, peak and end (MB, from the profile's start)."""
+    `phase(...)` region's live tensor memory at its start, peak and end (MiB, from the profile's start)."""
     device = resolve_device(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with _without_kineto_usdt_lines(), profile(activities=activities, profile_memory=True, record_shapes=False) as prof:

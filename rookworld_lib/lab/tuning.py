@@ -367,7 +367,7 @@ class MatrixResult:
                     f"{r['speedup']:.2f}x" + (" (noise)" if r.get("within_noise") and r["variable"] != "baseline" else ""),
                     "MFU (measured peak)": f"{100 * mfu:.2g}%" if mfu else "",
                     "MFU (data-sheet peak)": f"{100 * table_mfu:.2g}%" if table_mfu else "n/a (no data-sheet peak for this device)",
-                    "peak MB": "" if r.get("peak_mem_mb") is None else f"{r['peak_mem_mb']:,.0f}",
+                    "peak MiB": "" if r.get("peak_mem_mb") is None else f"{r['peak_mem_mb']:,.0f}",
                     "loss - baseline": "" if r.get("loss_delta") is None else f"{r['loss_delta']:+.1e}",
                     "result": "" if r.get("changes_result") is None else ("CHANGED" if r["changes_result"] else "same"),
                     "note": ""}
