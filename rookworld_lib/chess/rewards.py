@@ -463,10 +463,7 @@ def _env_truth_for(pp: tasks.EnvParse, prompt, truth: EnvTruth | None) -> tuple[
         return _own_env_truth(pp, t), "registered"
     if not pp.ok:
         return None, "none"
-    try:
-        t = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
-    except ValueError:  # a move the format cannot hold ('+' or whitespace)
-        return None, "none"
+    t = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])  # a parsed prompt's move is one it can replay
     return EnvTruth(t.new_fen, t.reward, t.terminated, t.truncated), "replay"  # python-chess's own: nothing to check
 
 
@@ -477,10 +474,7 @@ def _own_env_truth(pp: tasks.EnvParse, truth: EnvTruth) -> EnvTruth:
     against the wrong position. A prompt that does not parse has nothing to check against."""
     if not pp.ok:
         return truth
-    try:
-        ref = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
-    except ValueError:  # a move the format cannot hold ('+' or whitespace): no transition to compare
-        return truth
+    ref = tasks.environment_step(pp.fen, pp.move, pp.history[:-1])
     if tasks.transition_differences(ref, new_fen=truth.new_fen, reward=truth.reward, terminated=truth.terminated,
                                     truncated=truth.truncated):
         raise TruthError(f"the truth (new_fen {truth.new_fen!r}, reward {truth.reward}, terminated {truth.terminated}, "

@@ -468,10 +468,6 @@ class GRPOTrainer(Trainer):
         ids = encode_prompt(prompt, self.model.prompt_prefix, self.tokenizer)
         return ids if self.vocab is None else self.vocab.index[ids].tolist()
 
-    def decode(self, ids: list[int]) -> str:
-        """The text of token ids as the model reads them."""
-        return self.tokenizer.decode(ids if self.vocab is None else self.vocab.ids[ids].tolist())
-
     def postfix(self, rec: dict) -> str:
         kl = rec.get("kl")
         reward = rec.get("reward")  # None (NaN) when no completion of the step could be scored

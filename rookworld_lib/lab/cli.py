@@ -126,8 +126,6 @@ def user_error_message(exc: BaseException, command: str = "sft") -> str | None:
         first = _first_line(exc) if str(exc).strip() else ""
         advice = MEMORY_ADVICE.get(command, "use a smaller model, batch or --device")
         return f"out of memory{f' ({first})' if first else ''}: {advice}"
-    if type(exc).__name__ == "SafetensorError":
-        return f"unreadable safetensors file ({exc})"
     return None
 
 
