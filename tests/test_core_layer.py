@@ -250,6 +250,36 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
         signal.signal(signal.SIGINT, previous)
 
 
+
+def test_an_ignored_sigint_stays_ignored_and_training_off_the_main_thread_leaves_handlers_alone():
+    """Under `nohup` or `&` a shell starts the process with SIGINT ignored: training must not take it over
+    (a Ctrl-C meant for the shell would stop the run) and leaves it ignored after; SIGTERM still asks for a
+    save. On a thread other than the main one (a notebook's background run) no handler can be set, so the
+    process's handlers stay exactly as they were while it trains."""
+    import signal
+    import threading
+
+    seen = []
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        trainer = tiny_trainer(steps=1)
+        trainer.on_step = lambda record: seen.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+        trainer.train()
+        assert seen[0][0] is signal.SIG_IGN and seen[0][1] not in (signal.SIG_DFL, signal.SIG_IGN), seen
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        seen.clear()
+        trainer = tiny_trainer(steps=1)
+        trainer.on_step = lambda record: seen.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+        worker = threading.Thread(target=trainer.train)
+        worker.start()
+        worker.join(60)
+        assert seen == [(signal.default_int_handler, signal.SIG_DFL)], seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_task_weights_mix_any_named_tasks_in_grpo_prompts_and_sft_samples():
     """The core mixes tasks by name, not by chess's P:/A: tags. GRPO gives each task its share of the
     prompts over the run, within one prompt of it at every step, however few prompts a step has (a

@@ -1,6 +1,7 @@
 import contextlib
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -130,6 +131,30 @@ def test_metrics_logger_resume_drops_later_records_and_a_torn_line(tmp_path):
     with tu.MetricsLogger(path, fresh=True):
         pass
     assert path.read_text() == ""
+
+
+
+def test_resume_names_the_missing_records_as_ranges_and_a_torn_line_whose_step_is_unreadable(tmp_path, caplog):
+    """A metrics file that lost records 2-4 and 7 (a line deleted by hand, a tail cut) before the checkpoint
+    at step 8 says so once, as ranges; a torn line whose step cannot be read says after which record it came."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 5, 6, 8)) + '{"st\n')
+    with caplog.at_level("WARNING", logger=tu.log.name), tu.MetricsLogger(path, resume_step=8, every_step=True):
+        pass
+    said = [r.getMessage() for r in caplog.records]
+    assert f"{path}: the records of steps 2 to 4, 7 are missing: lost, though the checkpoint at step 8 covers them" in said
+    assert (f"{path}:5: a torn line (cut off by a kill or a power cut) dropped; its step is unreadable (it came after "
+            "the record of step 8)") in said, said
+    assert [r["step"] for r in tu.read_metrics(path)] == [1, 5, 6, 8]
+
+
+def test_read_metrics_names_the_file_and_line_of_a_broken_record_in_the_middle(tmp_path):
+    """A torn last line is a kill mid-write and is skipped; a broken line with records after it is damage,
+    and reading the curve (eval --every-checkpoint) stops there, naming file:line."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, oops}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:2: "):
+        tu.read_metrics(path)
 
 
 # ---- RNG state --------------------------------------------------------------------------------
