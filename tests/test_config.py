@@ -94,3 +94,16 @@ def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_ref
 def test_a_notebook_parameter_at_its_bound_is_accepted():
     config.check("steps", 1, int, min=1)
     config.check("lr", 0.0, float, min=0)
+
+
+def test_a_parameter_above_its_maximum_and_a_malformed_override_are_refused_naming_them(capsys):
+    """The upper bound as the lower one: `-p workers 65` where 64 is the most; `--model-overrides foo`
+    (no KEY=VALUE) stops argparse with its usage error (exit 2) naming what it got."""
+    from rookworld_lib.lab.cli import main
+
+    with pytest.raises(config.ParameterError) as info:
+        config.check("workers", 65, int, min=1, max=64)
+    assert str(info.value) == "notebook parameter 'workers' must be <= 64, got 65"
+    with pytest.raises(SystemExit) as stop:
+        main(["sft", "--model-overrides", "foo"])
+    assert stop.value.code == 2 and "expected KEY=VALUE, got 'foo'" in capsys.readouterr().err

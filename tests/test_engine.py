@@ -283,3 +283,15 @@ def test_an_interrupt_fails_running_searches_at_once_without_restarting_engines(
         worker.join(20)
         assert not worker.is_alive() and len(failed) == 1 and pool.restarts == 0
         assert pool.analyse(chess.Board(), multipv=1, limit=chess.engine.Limit(depth=1)).moves
+
+
+def test_the_analysis_cache_evicts_the_least_recently_used_entry_and_counts_hits():
+    """An LRU as functools.lru_cache keeps one: a read makes an entry recent, so the one neither read nor
+    written longest goes first when the cache is full."""
+    c = engine.AnalysisCache(maxsize=2)
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1  # "a" is now the more recent
+    c.put("c", 3)  # full: "b" goes
+    assert (c.get("b"), c.get("a"), c.get("c")) == (None, 1, 3)
+    assert (c.hits, c.misses) == (3, 1)

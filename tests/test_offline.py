@@ -1,5 +1,6 @@
 """Nothing in the library downloads at run time: these machines reach no hub and no URL."""
 
+import os
 import re
 import subprocess
 import sys
@@ -15,9 +16,30 @@ DOWNLOADING = re.compile(r"\b(get_encoding|encoding_for_model|hf_hub_download|sn
 
 
 def test_no_downloading_call_in_the_library():
-    hits = [f"{path.name}:{i}: {line.strip()}" for path in sorted(LIB.glob("*.py"))
+    modules = sorted(LIB.rglob("*.py"))  # the three layers' packages (a flat glob would see only __init__.py)
+    assert len(modules) >= 30 and {p.parent.name for p in modules} >= {"core", "chess", "lab"}, modules
+    hits = [f"{path.relative_to(LIB)}:{i}: {line.strip()}" for path in modules
             for i, line in enumerate(path.read_text().splitlines(), 1) if DOWNLOADING.search(line)]
     assert hits == []
+
+
+def test_the_cache_lives_under_xdg_cache_home_else_home_else_a_per_user_temporary_folder(monkeypatch, tmp_path):
+    """XDG's rule ($XDG_CACHE_HOME, by default ~/.cache); a container's arbitrary uid has no HOME and no
+    passwd entry (Path.home() raises): a folder of that uid's own in the temporary directory."""
+    import tempfile
+
+    from rookworld_lib.core.paths import cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "rookworld"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_dir() == tmp_path / "home" / ".cache" / "rookworld"
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cache_dir() == Path(tempfile.gettempdir()) / f"rookworld-cache-{os.getuid()}"
 
 
 OFFLINE_SCRIPT = r"""

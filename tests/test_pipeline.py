@@ -221,6 +221,22 @@ def test_a_bar_off_a_terminal_is_lines_not_carriage_returns():
     assert "\r" not in err and err.count("\n") == 1 and err.startswith("convert: 100%") and "5/5" in err
 
 
+def test_a_long_bar_off_a_terminal_adds_a_line_every_report_interval_to_stderr_and_the_run(monkeypatch, capsys, tmp_path):
+    """Every REPORT_EVERY_S a bar off a terminal prints its state as one line, and under `rookworld run`
+    (ROOKWORLD_PROGRESS names the run's progress file) appends it there too; with the interval at 0,
+    every update does: 1/3, 2/3, 3/3, then the closing line."""
+    from rookworld_lib.core import progress
+
+    monkeypatch.setattr(progress, "REPORT_EVERY_S", 0.0)
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(tmp_path / "progress.txt"))
+    for _ in progress.tqdm(range(3), desc="datagen", mininterval=0, miniters=1):  # tqdm updates from its loop then
+        pass
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split("|")[2].split()[0] for line in err] == ["1/3", "2/3", "3/3", "3/3"], err
+    assert all(line.startswith("datagen: ") for line in err)
+    assert (tmp_path / "progress.txt").read_text().splitlines() == err
+
+
 @pytest.mark.parametrize("notebook", pipeline.numbered_notebooks(), ids=lambda p: p.name)
 def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(notebook):
     """`rookworld run` runs each notebook's own checks (the cell after `parameters`) before any notebook
