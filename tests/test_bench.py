@@ -2,9 +2,12 @@
 
 import json
 import math
+import sys
+import types
 from dataclasses import replace
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -99,3 +102,157 @@ def test_grpo_step_against_trl(tmp_path):
         assert _positive_finite(res[side]["median_s"]) and res[side]["completions_per_s"] == pytest.approx(4 / res[side]["median_s"])
     assert res["speedup"] == pytest.approx(res["trl"]["median_s"] / res["ours"]["median_s"])
     assert 1 <= res["ours_completion_len_mean"] <= cfg.grpo_new_tokens
+
+
+# --- the driver and the command's outputs, with the timed parts canned (no timing asserted) ---
+
+
+def _canned_result(grpo_step: dict) -> dict:
+    """A result as run_bench returns it, with numbers picked so that each printed figure is known by hand."""
+    return {"settings": {"model": "tiny"}, "grpo_step": grpo_step,
+            "train_step_speedup_vs_transformers": 1.234, "sampling_speedup_vs_transformers": 3.457,
+            "grpo_step_speedup_vs_trl": None, "grpo_task_vocab_speedup": 6.17, "targets": dict(bench.TARGETS),
+            "utilization": {"host_cpu_pct": {"mean": 42.4, "max": 90.0}},
+            "load_average_before": [0.5, 1.0, 1.5], "load_average": [2.0, 2.25, 2.5], "wall_s": 12.5}
+
+
+def test_cli_text_output_out_file_threads_and_sweep_flag(monkeypatch, tmp_path, capsys):
+    """`rookworld bench` without --json prints one line per target (the speed-up to two decimals, or the
+    GRPO comparison's status and reason where it has no speed-up) and the load line; --out writes the
+    result object unchanged; --threads N sets torch's CPU threads before the bench runs; --rollout-sweep
+    reaches run_bench. run_bench is canned: the lines below are worked out by hand from its numbers."""
+    failed = {"status": "failed", "reason": "TRL GRPOTrainer failed: RuntimeError: boom"}
+    canned = _canned_result(failed)
+    seen = {}
+
+    def fake_run_bench(cfg, progress=print, sweep=False):
+        seen.update(cfg=cfg, sweep=sweep, threads=torch.get_num_threads())
+        return canned
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2  # a count other than the current one, so that setting it shows
+    out = tmp_path / "results" / "bench.json"  # a directory that does not exist yet
+    try:
+        assert bench.cli(["--quick", "--device", "cpu", "--threads", str(want), "--out", str(out),
+                          "--rollout-sweep"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen["threads"] == want, f"--threads {want}: torch ran the bench on {seen['threads']} threads"
+    assert seen["sweep"] is True, "--rollout-sweep did not reach run_bench"
+    # --quick: the QUICK shapes (batch 4 x 64 tokens), the TRL comparison on (no --no-trl), the device given
+    assert (seen["cfg"].train_batch, seen["cfg"].train_seq_len, seen["cfg"].trl, seen["cfg"].device) == (4, 64, True, "cpu")
+    assert capsys.readouterr().out.splitlines() == [
+        "train step speedup vs transformers: 1.23x (target 1.5x)",
+        "sampling speedup vs transformers: 3.46x (target 3.0x)",
+        "grpo step speedup vs trl: failed (TRL GRPOTrainer failed: RuntimeError: boom) (target 5.0x)",
+        "grpo task vocab speedup: 6.17x (target 5.0x)",
+        "load average (1, 5, 15 min) before 0.50, 1.00, 1.50, after 2.00, 2.25, 2.50; "
+        "all cores 42% busy on average while it ran",
+    ]
+    assert json.loads(out.read_text()) == canned, "--out must hold the result object, unchanged"
+
+
+def test_cli_threads_zero_leaves_torch_alone_and_json_goes_last(monkeypatch, capsys):
+    """--threads 0 is torch's choice (the count is left as it was); with --json the progress lines go to
+    stderr and stdout's last line is the result; no --rollout-sweep, no sweep; --no-trl turns TRL off."""
+    canned = _canned_result({"status": "skipped", "reason": "TRL comparison disabled (--no-trl)"})
+    seen = {}
+
+    def fake_run_bench(cfg, progress=print, sweep=False):
+        progress("[bench] a progress line")
+        seen.update(cfg=cfg, sweep=sweep, threads=torch.get_num_threads())
+        return canned
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    before = torch.get_num_threads()
+    try:
+        assert bench.cli(["--quick", "--device", "cpu", "--threads", "0", "--json", "--no-trl"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen["threads"] == before and seen["sweep"] is False and seen["cfg"].trl is False
+    cap = capsys.readouterr()
+    assert cap.err == "[bench] a progress line\n"
+    assert json.loads(cap.out.splitlines()[-1]) == canned and len(cap.out.splitlines()) == 1
+
+
+def test_run_bench_with_rollout_sweep_assembles_the_result(monkeypatch):
+    """run_bench's driver with (a)-(d) canned and the rollout sweep real (tiny model, 2 new tokens): the
+    top-level speed-ups are the parts' own, a failed TRL comparison leaves grpo_step_speedup_vs_trl None
+    and its reason in the progress line, and the sweep times our sampler at the CPU's first two SWEEP_ROWS
+    (shrunk here to 4 and 8 rows: 2 and 4 prompts x group 2; the real 64 and 256 took 5 s), dynamic and
+    static decode, tokens/s = rows x 2 new tokens / median time."""
+    def make_models(cfg, workdir, device):  # the weights rollout_sweep loads from the work directory
+        torch.manual_seed(0)
+        bench.GPT(GPTConfig.preset("tiny", dropout=0.0)).save_pretrained(workdir)
+        return "ours", "theirs"
+
+    def part(ours, theirs):
+        return {"ours": {"tokens_per_s": ours}, "transformers": {"tokens_per_s": theirs}, "speedup": ours / theirs}
+
+    monkeypatch.setattr(bench, "SWEEP_ROWS", (4, 8, 16, 32))
+    monkeypatch.setattr(bench, "make_models", make_models)
+    monkeypatch.setattr(bench, "bench_train_step", lambda cfg, ours, theirs, runtime: part(1000.4, 500.2))
+    monkeypatch.setattr(bench, "bench_sampling", lambda cfg, ours, theirs, runtime: part(300.0, 100.0))
+    monkeypatch.setattr(bench, "bench_grpo", lambda cfg, workdir, device: {
+        "status": "failed", "reason": "TRL GRPOTrainer failed: RuntimeError: boom"})
+    monkeypatch.setattr(bench, "bench_grpo_vocab", lambda cfg, device, profile: {
+        "task": {"completions_per_s": 12.34}, "full": {"completions_per_s": 2.0}, "speedup": 6.17})
+    cfg = bench.BenchConfig(model="tiny", new_tokens=2, prompt_len=8, group_size=2, repeats=1, device="cpu")
+    lines = []
+    res = bench.run_bench(cfg, progress=lines.append, sweep=True)
+    assert res["train_step_speedup_vs_transformers"] == 2.0 and res["sampling_speedup_vs_transformers"] == 3.0
+    assert res["grpo_step_speedup_vs_trl"] is None and res["grpo_task_vocab_speedup"] == 6.17
+    assert res["targets"] == bench.TARGETS and res["settings"]["model"] == "tiny"
+    assert "[bench]     ours 1000 tok/s, transformers 500 tok/s, speedup 2.00x" in lines
+    assert "[bench]     failed: TRL GRPOTrainer failed: RuntimeError: boom" in lines
+    assert "[bench]     task 12.3 completions/s, full 2.0 completions/s, speedup 6.17x" in lines
+    assert "[bench] rollout sweep: rows (4, 8) x 2 tokens, vocab padded to x1" in lines
+    sweep = res["rollout_sweep"]
+    assert [(r["rows"], r["decode"]) for r in sweep] == [(4, "dynamic"), (4, "static"), (8, "dynamic"), (8, "static")]
+    assert res["rollout_sweep_pad_vocab_to_multiple"] == 1
+    for r in sweep:
+        assert r["new_tokens_per_row"] == 2 and len(r["times_s"]) == 2  # max(2, repeats // 2) timed calls
+        assert r["tokens_per_s"] == pytest.approx(r["rows"] * 2 / r["median_s"]), r
+        line = f"[bench]     {r['rows']:>5} rows, {r['decode']:<10}: "
+        shown = [x for x in lines if x.startswith(line)]
+        assert len(shown) == 1 and shown[0].endswith(" tok/s"), (line, lines)
+        assert int(shown[0][len(line):-len(" tok/s")].replace(",", "")) == round(r["tokens_per_s"]), shown
+
+
+def test_grpo_comparison_without_trl_is_skipped_with_the_install_advice(monkeypatch, tmp_path):
+    """Where `import trl` fails the GRPO comparison is skipped, before our trainer is built, and says how
+    to install trl without replacing torch; the settings it would have run stay in the result."""
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` raises ImportError
+    monkeypatch.setattr(bench, "our_grpo_trainer", lambda *a: pytest.fail("our trainer built without trl"))
+    cfg = bench.BenchConfig(model="tiny", grpo_prompts=3, group_size=2, grpo_new_tokens=5, device="cpu")
+    res = bench.bench_grpo(cfg, tmp_path, torch.device("cpu"))
+    assert res["status"] == "skipped", res
+    assert res["reason"].startswith("trl is not installed (") and "`pip install trl`" in res["reason"], res["reason"]
+    assert "pip install --dry-run trl" in res["reason"], res["reason"]
+    assert (res["prompts_per_step"], res["group_size"], res["completion_tokens"]) == (3, 2, 5)
+    assert "speedup" not in res
+
+
+def test_grpo_comparison_reports_a_failing_trl_run_and_keeps_ours(monkeypatch, tmp_path):
+    """A TRL GRPOTrainer that raises (its API moves between versions) makes the comparison "failed", with
+    the exception's type and message and trl's version, and our side's timing kept: 1 warm-up + 1 timed
+    step of a tiny model (1 prompt x 2 completions x at most 3 tokens). trl is a stand-in module here."""
+    fake_trl = types.ModuleType("trl")
+    fake_trl.__version__ = "0.0-test"
+    monkeypatch.setitem(sys.modules, "trl", fake_trl)
+
+    def trl_times(cfg, workdir, device):
+        raise RuntimeError("GRPOConfig got an unexpected keyword")
+
+    monkeypatch.setattr(bench, "_trl_grpo_times", trl_times)
+    torch.manual_seed(0)
+    bench.GPT(GPTConfig.preset("tiny", dropout=0.0)).save_pretrained(tmp_path)
+    cfg = bench.BenchConfig(model="tiny", grpo_prompts=1, group_size=2, grpo_new_tokens=3, grpo_steps=1, device="cpu")
+    res = bench.bench_grpo(cfg, tmp_path, torch.device("cpu"))
+    assert res["status"] == "failed", res
+    assert res["reason"] == "TRL GRPOTrainer failed: RuntimeError: GRPOConfig got an unexpected keyword"
+    assert res["trl_version"] == "0.0-test"
+    assert len(res["ours"]["times_s"]) == 1 and _positive_finite(res["ours"]["median_s"])
+    assert 1 <= res["ours_completion_len_mean"] <= 3
+    assert "speedup" not in res and "trl" not in res
