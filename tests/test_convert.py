@@ -539,3 +539,83 @@ def test_convert_lists_the_first_ten_errors_and_names_a_stalemate_mismatch_by_it
     assert board.is_stalemate()  # the move ends the game by the rules: no repetition is involved
     why = convert.convert_line(f"A: {fen}+b6c7+b6c7+{fen}+0.5+1+0")  # reward and flags right, the next FEN wrong
     assert isinstance(why, str) and "new FEN" in why and "repetition" not in why
+
+
+# --------------------------------------------------------------------------------------------
+# Lines the original generators never wrote, the Arrow file format, and the errors file named
+# --------------------------------------------------------------------------------------------
+
+def _with_reward(line: str, reward: str) -> str:
+    """An original A: line with its reward field (the fifth '+'-separated one) replaced."""
+    parts = line.split("+")
+    parts[4] = reward
+    return "+".join(parts)
+
+
+def _fivefold_line() -> str:
+    """A knight shuffle whose 16th ply repeats the start position a fifth time: the original
+    generator's outcome() (the whole move stack) ends the game there, 0.5 terminated; the
+    position and ten moves of history do not show it."""
+    moves = ["g1f3", "g8f6", "f3g1", "f6g8"] * 4
+    board = chess.Board()
+    for m in moves[:-1]:
+        board.push_uci(m)
+    line = original_env_line(board, moves[-1], moves[-10:], True)
+    assert line.endswith("+0.5+1+0"), line  # python-chess's own verdict on the game, as the generator wrote it
+    return line
+
+
+ODD_LINES = [
+    ("compact-P", f"P: {chess.STARTING_FEN} M: e2e4 d2d4 E: 0.35 0.3 B: e2e4",  # our layout, not fixed-width
+     "not the original fixed-width layout (FEN 89/90, M 30, E 40 characters)"),
+    ("reward-abc", _with_reward(original_env_line(chess.Board(), "g1f3", ["g1f3"], True), "abc"),
+     "reward is not a number: 'abc'"),
+    ("reward-0.3", _with_reward(original_env_line(chess.Board(), "g1f3", ["g1f3"], True), "0.3"),
+     "reward '0.3' is not one of (0.001, 1.0, 0.5, -1.0)"),
+    ("fivefold", _fivefold_line(), "a repetition ending: the position and ten moves of history do not decide it"),
+]
+
+
+@pytest.mark.parametrize("line, reason", [(line, reason) for _, line, reason in ODD_LINES],
+                         ids=[name for name, _, _ in ODD_LINES])
+def test_lines_the_original_generators_did_not_write_are_refused_with_their_reason(line, reason):
+    """A compact-layout P: line (already ours), a reward that is no number or none of the four the
+    generator wrote, and a repetition ending that the position alone cannot decide: each is one
+    line's reason, never a record."""
+    assert convert.convert_line(line, ident="t") == reason
+
+
+def test_arrow_file_format_reads_as_the_stream_format(tmp_path):
+    """`datasets` writes the Arrow stream format; pyarrow's ipc.new_file writes the file format (a footer
+    indexing its record batches). Both give the same lines, every batch of them, and the same records."""
+    pa = pytest.importorskip("pyarrow")
+
+    lines = policy_fixtures()[:6]
+    batches = [pa.record_batch({"text": lines[:4]}), pa.record_batch({"text": lines[4:]})]  # two batches
+    for name, writer in (("stream", pa.ipc.new_stream), ("file", pa.ipc.new_file)):
+        (tmp_path / name).mkdir()
+        with writer(str(tmp_path / name / "rook.arrow"), batches[0].schema) as w:
+            for b in batches:
+                w.write_batch(b)
+    with pytest.raises(pa.ArrowInvalid):  # the file format really is not the stream one
+        pa.ipc.open_stream(str(tmp_path / "file" / "rook.arrow"))
+    assert list(convert.iter_lines(tmp_path / "file" / "rook.arrow")) == list(enumerate(lines, 1))
+    for name in ("stream", "file"):
+        report = convert.convert([tmp_path / name / "rook.arrow"], tmp_path / name / "out", workers=1)
+        assert report.written == {"P": 6} and report.errors == 0, (name, report.first_errors)
+    stream, file = (data.load_split("P", "test", tmp_path / name / "out").records for name in ("stream", "file"))
+    assert file == stream
+    assert [r["original_best"] for r in file] == [independent_policy_parse(x)[3] for x in lines]
+
+
+def test_convert_cli_names_the_errors_file_when_more_errors_than_it_lists(tmp_path, capsys):
+    """Past the first ten errors the report names the file that holds them all."""
+    src = tmp_path / "mixed.txt"
+    src.write_text(policy_fixtures()[0] + "\n" + "".join(f"junk line {i}\n" for i in range(11)))
+    out = tmp_path / "out"
+    assert convert.cli([str(src), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert f"  ... all 11 in {out / 'convert_errors_test.txt'}" in printed, printed
+    assert sum(line.startswith(f"  {src}:") for line in printed) == 10  # the first ten, listed
+    errors = (out / "convert_errors_test.txt").read_text().splitlines()
+    assert errors == [f"{src}:{n}: expected 7 '+'-separated fields, found 1" for n in range(2, 13)]

@@ -274,6 +274,84 @@ def test_env_record_validation_catches_wrong_transitions():
     assert "kind" in data.validate_record({**a1, "kind": "weird"})
 
 
+def _not_mating(rec: dict) -> str:
+    """A legal move of a mate-in-one record's position that does not mate (python-chess's verdict)."""
+    board = chess.Board(rec["fen"])
+    for mv in board.legal_moves:
+        board.push(mv)
+        mate = board.is_checkmate()
+        board.pop()
+        if not mate:
+            return mv.uci()
+    raise AssertionError(f"every move mates in {rec['id']}")
+
+
+ILLEGAL_LABEL = {"reward": -1.0, "terminated": 0, "truncated": 1}  # what an illegal/unparseable move gives
+
+
+def _labelled_illegal(r):  # a legal move labelled as an illegal one, consistently
+    return {"kind": "illegal", "new_fen": r["fen"], **ILLEGAL_LABEL}
+
+
+def _labelled_legal(r):  # an illegal move labelled as a legal one that leaves the board as it is
+    return {"kind": "legal", "reward": 0.001, "truncated": 0}
+
+
+# (id, record kind: P, A (a legal move), Ax (an illegal one) or M1, the broken fields, the validator's
+# whole message[, marks]): every rule of the validator that the tables above do not reach
+VALIDATOR_ROWS = [
+    ("P-source", "P", lambda r: {"source": "engine"},
+     "field 'source' must be one of ('random', 'opening', 'selfplay', 'original'), got 'engine'"),
+    ("P-original_best", "P", lambda r: {"original_best": "a1a1"}, "field 'original_best' 'a1a1' is not among 'moves'"),
+    ("A-move-with-a-space", "A", lambda r: {"move": "e2 e4", "history": ["e2 e4"]},
+     "field 'move' must be non-empty without '+' or whitespace"),
+    ("A-move-with-a-plus", "A", lambda r: {"move": "e2+e4", "history": ["e2+e4"]},
+     "field 'move' must be non-empty without '+' or whitespace"),
+    ("A-move-empty", "A", lambda r: {"move": "", "history": [""]}, "field 'move' must be non-empty without '+' or whitespace"),
+    ("A-legal-with-the-illegal-label", "A", lambda r: {"new_fen": r["fen"], **ILLEGAL_LABEL},
+     "a legal move must give truncated 0 and a reward other than -1.0"),
+    ("A-legal-move-kind-illegal", "A", _labelled_illegal, "field 'kind' is 'illegal' but the move is legal"),
+    ("Ax-illegal-with-a-legal-label", "Ax", lambda r: {"reward": 0.001, "truncated": 0},
+     "an illegal/unparseable move must give new_fen = fen, reward -1.0, terminated 0, truncated 1"),
+    ("Ax-illegal-move-kind-legal", "Ax", _labelled_legal, "field 'kind' is 'legal' but the move is illegal"),
+    ("A-prompt", "A", lambda r: {"prompt": r["prompt"] + " "}, "field 'prompt' does not match fen/move/history"),
+    ("A-completion", "A", lambda r: {"completion": r["completion"] + "+"},
+     "field 'completion' does not match new_fen/reward/terminated/truncated"),
+    ("M1-no-mating-moves", "M1", lambda r: {"mating_moves": []}, "field 'mating_moves' is empty"),
+    ("M1-illegal-mating-move", "M1", lambda r: {"mating_moves": ["a1a1"]}, "mating move 'a1a1' is not legal"),
+    ("M1-a-move-that-does-not-mate", "M1", lambda r: {"mating_moves": [*r["mating_moves"], _not_mating(r)]},
+     lambda r: f"mating move {_not_mating(r)!r} does not mate"),
+    ("M1-prompt", "M1", lambda r: {"prompt": f"P: {chess.STARTING_FEN}"}, "field 'prompt' does not match 'fen'"),
+]
+
+
+def _valid_record(kind: str) -> dict:
+    """A shipped record of `kind` (see VALIDATOR_ROWS) that the validator passes."""
+    if kind == "M1":
+        rec = data.load_mate_in_one().records[0]
+    else:
+        recs = shipped("P" if kind == "P" else "A", "val")
+        rec = next(r for r in recs if kind == "P" or r["kind"] == ("legal" if kind == "A" else "illegal"))
+    assert data.validate_record(rec) is None, rec["id"]
+    return rec
+
+
+@pytest.mark.parametrize("kind, broken, message", [pytest.param(*row[1:4], id=row[0], marks=row[4:]) for row in VALIDATOR_ROWS])
+def test_record_validation_says_which_rule_a_record_breaks(kind, broken, message):
+    """A shipped record that passes, with one rule broken, gets that rule's message, whole."""
+    rec = _valid_record(kind)
+    want = message(rec) if callable(message) else message
+    assert data.validate_record({**rec, **broken(rec)}) == want
+
+
+def test_the_kind_rows_moves_are_legal_and_illegal_as_python_chess_says():
+    """The kind rows of VALIDATOR_ROWS name the move legal or illegal (the validator once said it
+    backwards: "'illegal' but the move is illegal" of a legal move); python-chess decides which it is."""
+    legal, illegal = _valid_record("A"), _valid_record("Ax")
+    assert chess.Move.from_uci(legal["move"]) in chess.Board(legal["fen"]).legal_moves
+    assert not chess.Board(illegal["fen"]).is_legal(chess.Move.from_uci(illegal["move"]))
+
+
 @pytest.mark.fault
 def test_unreadable_and_non_utf8_files(tmp_path):
     with pytest.raises(data.DataFormatError, match="cannot read"):
@@ -501,3 +579,68 @@ def test_contents_found_valid_once_are_not_checked_again_in_another_process(tmp_
     shutil.copy(data.data_file("P", "val"), path)
     with pytest.raises(pytest.fail.Exception, match="checked again"):
         data.load_jsonl(path)
+
+
+# ------------------------------------------------------------------------------------------
+# Output layouts, game-kind shares, the data card's tables, an empty directory
+# ------------------------------------------------------------------------------------------
+
+@needs_stockfish
+@pytest.mark.parametrize("layout", [dict(shard_size=7), dict(compress=True)], ids=["shards-uncompressed", "one-gzip-file"])
+def test_shards_without_gzip_and_gzip_without_shards_hold_the_plain_runs_bytes(reference_run, tmp_path, layout):
+    """--shard-size 7 alone: files of 7 records (the last one shorter); --compress alone: one complete
+    .gz per split (its trailer is written when the run ends). Either way the records, in order, are
+    the plain run's bytes (reference_run: the same TINY settings, one plain file per split)."""
+    import gzip
+
+    ref_dir, ref = reference_run
+    report = datagen.generate(datagen.DatagenConfig(out_dir=str(tmp_path), **TINY, **layout), progress=False)
+    assert report.counts == ref.counts
+    expected_names = []
+    for name, n in ref.counts.items():
+        stem = name.removesuffix(".jsonl")
+        if layout.get("compress"):
+            files = [tmp_path / f"{name}.gz"]
+            content = gzip.decompress(files[0].read_bytes())  # EOFError without the trailer
+        else:
+            files = [tmp_path / f"{stem}-{k:05d}.jsonl" for k in range((n + 6) // 7)]
+            assert [len(f.read_bytes().splitlines()) for f in files] == [7] * (n // 7) + ([n % 7] if n % 7 else []), name
+            content = b"".join(f.read_bytes() for f in files)
+        assert content == (ref_dir / name).read_bytes(), name
+        expected_names += [f.name for f in files]
+    assert sorted(p.name for p in tmp_path.glob("*.jsonl*")) == sorted(expected_names)
+
+
+def test_game_kind_shares_above_one_are_refused(tmp_path, capsys):
+    """random_share + opening_share is the share of games that are not self-play: at most 1."""
+    from rookworld_lib.lab.cli import main
+
+    cfg = datagen.DatagenConfig(random_share=0.4, opening_share=0.6)  # exactly 1: no self-play game, allowed
+    assert {datagen.game_plan(i, cfg)["kind"] for i in range(40)} == {"random", "opening"}
+    with pytest.raises(ValueError, match=r"^DatagenConfig: random_share \+ opening_share must be <= 1$"):
+        datagen.DatagenConfig(random_share=0.5, opening_share=0.6)
+    out = tmp_path / "out"
+    assert main(["datagen", "--random-share", "0.5", "--opening-share", "0.6", "--no-progress", "--out", str(out)]) == 1
+    assert capsys.readouterr().err == "rookworld datagen: error: DatagenConfig: random_share + opening_share must be <= 1\n"
+    assert not out.exists()
+
+
+def test_datagen_summary_prints_the_data_cards_tables(capsys):
+    """`rookworld datagen --summary` (the shipped data/ without --out) prints the two tables of
+    data/README.md, as they stand there: a line per file in the card's order, sizes in KB."""
+    card = (DATA_DIR / "README.md").read_text()
+    assert datagen.cli(["--summary"]) == 0
+    out = capsys.readouterr().out
+    lines = out.rstrip("\n").split("\n")
+    assert len(lines) == 2 * (2 + len(data.DATA_FILES)) + 1 and lines[2 + len(data.DATA_FILES)] == "", out
+    assert lines[0] == "| file | records | games | white to move | black to move | size (KB) |"
+    assert [line.split(" | ")[0] for line in lines[2:9]] == [f"| {name}" for name in data.DATA_FILES]
+    assert "| policy_train.jsonl | 3962 | 255 | 1929 | 2033 | 1824 |" in lines  # the card's first row, by hand
+    assert out.rstrip("\n") in card, out
+
+
+def test_loading_a_split_from_a_directory_without_it_names_the_directory_and_the_names(tmp_path):
+    with pytest.raises(data.DataFormatError) as err:
+        data.load_split("P", "train", tmp_path)
+    assert str(err.value) == (f"{tmp_path}: no policy_train.jsonl[.gz] or policy_train-NNNNN.jsonl[.gz] "
+                              "(`rookworld datagen --out DIR` or `rookworld convert ... --out DIR` writes them)")

@@ -4,10 +4,11 @@ the same samples as the in-memory loader, deterministic, resumable, and the task
 import gzip
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
-from sft_helpers import math_fields, tiny_cfg
+from sft_helpers import TEXTS, math_fields, tiny_cfg
 
 from rookworld_lib.chess import data
 from rookworld_lib.chess.training import RecordReader, task_weights
@@ -119,3 +120,74 @@ def test_sft_trains_from_a_stream_with_the_task_vocabulary_and_resumes(tmp_path,
                                    vocab="task"), reader=READER).vocab.ids.tolist() == in_memory.token_ids().tolist()
     with pytest.raises(ValueError, match="stream=True holds no samples back for val"):
         sft.SFTTrainer(tiny_cfg(tmp_path / "w", train_data=shards, stream=True, eval_interval=2), reader=READER)
+
+
+def test_a_truncated_gz_shard_raises_naming_the_file_after_its_whole_lines(tmp_path, shards):
+    """A shard cut short (a copy interrupted mid-file): the records before the cut are read, then one
+    DataFormatError names the file and gzip's own reason, where the streaming reader gets to it."""
+    packed = Path(shards[0]).read_bytes()
+    expected = [json.loads(line) for line in gzip.decompress(packed).splitlines()]
+    cut = tmp_path / "policy_val-00000.jsonl.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(EOFError) as gz:  # gzip's verdict on the same bytes
+        gzip.decompress(cut.read_bytes())
+    read = []
+    with pytest.raises(data.DataFormatError) as err:
+        for path, lineno, rec in data.iter_records([cut]):
+            read.append((path, lineno, rec))
+    assert str(err.value) == f"{cut}: cannot read ({gz.value})"
+    assert 0 < len(read) < len(expected)
+    assert read == [(str(cut), n, rec) for n, rec in enumerate(expected[: len(read)], 1)]
+    with pytest.raises(data.DataFormatError, match=f"^{cut}: cannot read "):
+        list(READER.iter_texts([str(cut)]))  # what `rookworld sft --stream` reads through
+
+
+TEXT_SAMPLES = TEXTS[:8]  # P: and A: samples of a seeded game, ~400 tokens
+
+
+def _text_file(tmp_path) -> str:
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT_SAMPLES))
+    return str(path)
+
+
+def test_sft_stream_over_text_lines_packs_them_in_file_order(tmp_path):
+    """`rookworld sft --stream` over a file of {"text": ...} lines (not records): with a shuffle buffer
+    of one and one pool, the batches are EOT t0 EOT t1 ... in the file's order, as GPT-2 encodes them."""
+    from rookworld_lib.chess import training
+
+    argv = ["--train-data", _text_file(tmp_path), "--stream", "--shuffle-buffer", "1", "--policy-fraction", "none",
+            "--eval-interval", "0", "--model", "tiny", "--model-overrides", "n_layer=1", "--model-overrides",
+            "n_embd=32", "--model-overrides", "n_head=2", "--block-size", "32", "--batch-size", "4", "--device", "cpu",
+            "--no-progress", "--no-export-hf", "--out", str(tmp_path / "run")]
+    cfg, reader = training._sft_config_from_args(training.build_sft_parser().parse_args(argv))
+    enc = get_tokenizer()
+    tokens = [t for text in TEXT_SAMPLES for t in [EOT_ID, *enc.encode_ordinary(text)]]
+    n = (len(tokens) - 1) // 128  # batches of 4 x 32 within the file's first pass
+    assert n >= 3
+    trainer = sft.SFTTrainer(cfg, reader=reader)
+    try:
+        assert isinstance(trainer.train_stream, sft.StreamingPackedStream)
+        batches = [trainer.train_stream.next_batch(4, 32) for _ in range(n)]
+    finally:
+        trainer.close()
+    for k, (x, y) in enumerate(batches):
+        assert x.flatten().tolist() == tokens[128 * k: 128 * (k + 1)], k
+        assert y.flatten().tolist() == tokens[128 * k + 1: 128 * (k + 1) + 1], k
+
+
+def test_the_default_reader_of_text_files_gives_the_batches_of_the_same_texts_in_memory(tmp_path):
+    """The core SFTTrainer without a reader reads {"text": ...} files: the same packed batches as the
+    same texts handed over as train_texts."""
+    path = _text_file(tmp_path)
+    batches = []
+    for name, kw in (("file", {}), ("texts", {"train_texts": TEXT_SAMPLES})):
+        trainer = sft.SFTTrainer(tiny_cfg(tmp_path / name, train_data=(path,), task_weights=None, val_fraction=0.0, block_size=32,
+                                          batch_size=4), **kw)
+        try:
+            assert trainer.train_stream.n_samples == len(TEXT_SAMPLES)
+            batches.append([trainer.train_stream.next_batch(4, 32) for _ in range(2)])
+        finally:
+            trainer.close()
+    for (x, y), (tx, ty) in zip(*batches):
+        assert torch.equal(x, tx) and torch.equal(y, ty)

@@ -90,6 +90,10 @@ def read_only_dir(w: dict) -> None:
     os.chmod(w["tmp"] / "ro", 0o555)
 
 
+def empty_train_file(w: dict) -> None:
+    (w["tmp"] / "empty.jsonl").write_text("")
+
+
 def strict_json_with_null(w: dict, proc: subprocess.CompletedProcess) -> None:
     def refuse(name):
         raise AssertionError(f"non-standard JSON constant {name} in eval --json output")
@@ -156,6 +160,16 @@ ROWS = [
     Row("sft-nproc-3-batch-8", sft("--nproc", "3", "--batch-size", "8"), "--batch-size (8) must be a multiple of --nproc (3)"),
     Row("sft-huge-batch", sft("--batch-size", "100000"), "tokens per micro-batch is more than the"),
     Row("sft-out-of-memory", sft(), "out of memory", inject="oom"),
+    # --- training data that cannot be trained on, named before a step is taken
+    Row("sft-train-data-is-a-directory", sft("--train-data", "{evdata}"),
+        "SFTConfig.train_data (--train-data) names directories, not files: ['{evdata}'] (give the JSONL files in them)"),
+    Row("sft-empty-train-file", sft("--train-data", "{tmp}/empty.jsonl"),
+        "{tmp}/empty.jsonl: no samples (the file is empty)", setup=empty_train_file),
+    Row("sft-mate-in-one-as-val-data", sft("--val-data", "data/mate_in_one.jsonl"),  # cwd: the repository root
+        "data/mate_in_one.jsonl: holds 'M1' records (an evaluation set), not P:/A: training samples"),
+    Row("sft-eval-without-val-data", sft("--eval-interval", "1"),
+        "eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0"),
+    Row("grpo-without-out", ["grpo", "--init-from", "{model}", "--device", "cpu"], "give an output directory: --out DIR"),
     # --- eval --json: strict JSON
     Row("eval-json-strict", ["eval", "{model}", "--data-dir", "{evdata}", "--max-policy", "1", "--selfplay-games", "0",
                              "--json"], "", 0, check=strict_json_with_null),

@@ -226,7 +226,7 @@ def _validate_env(rec, board):
     if not wrong and (rec["truncated"] != 0 or rec["reward"] == tasks.REWARD_ILLEGAL):
         return "a legal move must give truncated 0 and a reward other than -1.0"
     if wrong == (tasks.legal_move(board, move) is not None):
-        return f"field 'kind' is {rec['kind']!r} but the move is {'legal' if not wrong else 'illegal'}"
+        return f"field 'kind' is {rec['kind']!r} but the move is {'legal' if wrong else 'illegal'}"
     step = tasks.environment_step(rec["fen"], move, hist[:-1])  # the transition the environment reward checks
     label = (rec["reward"], rec["terminated"], rec["termination"])
     if tasks.transition_differences(step, **{k: rec[k] for k in ("new_fen", "reward", "terminated", "termination")}):
