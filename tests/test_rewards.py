@@ -496,3 +496,15 @@ def test_graded_evals_accuracy_takes_each_moves_first_eval():
                                                 engine=None, weights=graded)
     off = abs(_lichess_win_pct(900) - _lichess_win_pct(30)) / 100  # e2e4's first eval, 9.0 against 0.3
     assert wrong_first.evals_accuracy == pytest.approx(((1 - off) + 1.0) / 2)
+
+
+def test_a_policy_prompt_of_a_finished_game_has_nothing_to_score():
+    """A P: prompt whose position has no legal move (checkmate, stalemate; python-chess says so) asks for
+    no answer: every completion scores the floor of its reward, naming why."""
+    for fen in ("rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3",  # fool's mate
+                "7k/5Q2/6K1/8/8/8/8/8 b - - 0 1"):  # stalemate
+        assert not any(chess.Board(fen).legal_moves)
+        prompt = tasks.policy_prompt(fen)
+        detailed = rewards.score_policy_detailed(prompt, " M: e2e4 E: 0.1 B: e2e4", truth=None)
+        assert detailed.total == -1.0 and detailed.errors == ("prompt: the position has no legal moves",), detailed
+

@@ -74,6 +74,32 @@ def test_unsupported_rows_are_reported_with_reasons(matrix):
     assert len(matrix.rows) == 12  # nothing silently dropped (11 variants + the repeated baseline)
 
 
+
+def test_a_row_too_long_for_the_model_a_crash_and_a_non_finite_loss_are_rows_that_say_why(monkeypatch):
+    """Nothing is dropped from the matrix: a sequence longer than the model's context is skipped naming
+    both lengths; a step that raises is a failed row naming the exception; a loss that goes non-finite is
+    a failed row listing the losses."""
+    real = tuning._train
+
+    def train(step, cfg, batches, profile, trace_path):
+        if cfg.lr == 0.5:
+            raise RuntimeError("boom")
+        out = real(step, cfg, batches, profile, trace_path)
+        return {**out, "losses": [*out["losses"][:-1], float("nan")]} if cfg.lr == 0.7 else out
+
+    monkeypatch.setattr(tuning, "_train", train)
+    block = GPTConfig.preset("tiny").block_size
+    base = replace(BASE, steps=2)
+    result = tuning.run_matrix(base, [tuning.Variant("baseline", "baseline"),
+                                      tuning.Variant("too long", "seq_len", {"seq_len": block + 1}, expect_parity=False),
+                                      tuning.Variant("crash", "lr", {"lr": 0.5}), tuning.Variant("nan", "lr", {"lr": 0.7})],
+                               profile_memory=False, progress=False)
+    assert [r["status"] for r in result.rows] == ["ok", "skipped", "failed", "failed"]
+    assert result.row("too long")["reason"] == f"seq_len {block + 1} exceeds the tiny model's block_size {block}"
+    assert result.row("crash")["reason"] == "RuntimeError: boom"
+    assert result.row("nan")["reason"].startswith("non-finite loss [") and result.row("nan")["reason"].endswith("nan]")
+
+
 def test_rows_carry_speed_mfu_and_memory(matrix):
     base = matrix.row("baseline")
     assert base["speedup"] == 1.0 and base["loss_delta"] == 0.0
