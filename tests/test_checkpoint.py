@@ -479,3 +479,107 @@ def test_a_checkpoint_of_a_newer_format_version_is_refused_naming_both_versions(
             continue
         with pytest.raises(ck.CheckpointLoadError, match=rf"format version {version} is newer than this code's {ck.VERSION}"):
             ck.load_checkpoint(out)
+
+
+@pytest.mark.parametrize("pointer", ['{"step": 1, "bytes": 10}', '["step_00000001.pt"]', '{"file": 1}'])
+def test_a_latest_pointer_without_a_file_name_is_refused_and_deleting_it_falls_back(tmp_path, pointer):
+    """`latest` must name its checkpoint file: one that is valid JSON but names none (no "file", not an
+    object, a number for a name) is refused as unreadable, with the remedy; following it (deleting the
+    pointer) loads the newest step_*.pt."""
+    model = torch.nn.Linear(2, 2)
+    for step in (1, 2):
+        ck.save_checkpoint(tmp_path, {"format": ck.FORMAT, "version": ck.VERSION, "step": step,
+                                      "model": model.state_dict(), "model_config": {}}, keep_last=0)
+    (tmp_path / ck.POINTER).write_text(pointer)
+    with pytest.raises(ck.CheckpointLoadError) as info:
+        ck.load_checkpoint(tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'latest'}: unreadable latest-checkpoint pointer (missing 'file'); "
+                               "delete it to fall back to the newest step_*.pt file")
+    (tmp_path / ck.POINTER).unlink()
+    assert ck.load_checkpoint(tmp_path)["step"] == 2
+
+
+def test_a_checkpoint_without_step_model_or_config_is_refused_naming_what_it_lacks(tmp_path):
+    """A file with our format marker but not what a resume or an export reads (step, model, model_config):
+    refused naming each missing key, not a KeyError later in a loop."""
+    path = tmp_path / "step_00000004.pt"
+    torch.save({"format": ck.FORMAT, "version": ck.VERSION, "model": {"w": torch.zeros(2)}}, path)
+    with pytest.raises(ck.CheckpointLoadError) as info:
+        ck.load_checkpoint(path)
+    assert str(info.value) == f"{path}: checkpoint lacks step, model_config"
+    torch.save({"format": ck.FORMAT, "version": ck.VERSION}, path)
+    with pytest.raises(ck.CheckpointLoadError, match=r"step_00000004\.pt: checkpoint lacks step, model, model_config$"):
+        ck.model_from_checkpoint(tmp_path)  # the directory: its only step file, no pointer
+
+
+def test_saving_beside_a_corrupt_pointer_refuses_to_guess_and_writes_nothing(tmp_path):
+    """The pointer says which checkpoint is latest (and which the keep_last pruning keeps); when it cannot
+    be read, a save refuses (CheckpointSaveError, as for a full disk) naming the pointer and the remedy,
+    and leaves the directory as it was; once the pointer is deleted the same save succeeds."""
+    state = {"format": ck.FORMAT, "version": ck.VERSION, "model": torch.nn.Linear(2, 2).state_dict(), "model_config": {}}
+    ck.save_checkpoint(tmp_path, {**state, "step": 1})
+    (tmp_path / ck.POINTER).write_text("{not json")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(ck.CheckpointSaveError) as info:
+        ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    assert str(info.value).startswith(f"could not save checkpoint {tmp_path / 'step_00000002.pt'}: "
+                                      f"{tmp_path / 'latest'}: unreadable latest-checkpoint pointer ("), str(info.value)
+    assert "); delete it to fall back to the newest step_*.pt file" in str(info.value)
+    # step 1 is there, intact: no word that it is missing (a CheckpointLoadError is a RuntimeError too, and was
+    # once taken for a failed write, whose message adds that no earlier checkpoint exists)
+    assert "no earlier checkpoint exists" not in str(info.value), str(info.value)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    (tmp_path / ck.POINTER).unlink()
+    path = ck.save_checkpoint(tmp_path, {**state, "step": 2})
+    assert json.loads((tmp_path / ck.POINTER).read_text())["file"] == "step_00000002.pt" == path.name
+
+
+def _task_vocab_grpo_run(tmp_path):
+    """A one-step GRPO run that opted into a task vocabulary (vocab="task", task_vocab=) on a model loaded
+    from tmp_path / "base", which marks none; its checkpoints in tmp_path / "run" / "checkpoints"."""
+    from rookworld_lib.core import grpo
+    from rookworld_lib.core.task_vocab import TaskVocab
+    from rookworld_lib.core.tokenizer import get_tokenizer
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
+
+    torch.manual_seed(0)
+    GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=32)).save_pretrained(tmp_path / "base")
+    items = [PromptItem("P", f"Q: {i} A:") for i in range(4)]
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=3, minibatch_size=4, lr=1e-2,
+                          loss=grpo.GRPOConfig(beta=0.0), vocab="task", progress=False, report_to="none",
+                          export_hf=False, out_dir=str(tmp_path / "run"))
+    given = TaskVocab({t for s in ("yes no maybe", "Q: 1 A:") for t in get_tokenizer().encode(s)})
+    trainer = GRPOTrainer(GPT.from_pretrained(tmp_path / "base"), items, cfg, init_from=str(tmp_path / "base"),
+                          reward_funcs=lambda completions, **_: [float(len(c)) for c in completions], task_vocab=given)
+    trainer.train()
+    return trainer
+
+
+def test_a_grpo_checkpoint_over_an_opted_in_task_vocabulary_exports_with_its_base_models_rows(tmp_path):
+    """model_from_checkpoint (export_hf, eval --every-checkpoint) of a run over task_vocab= rebuilds the
+    full GPT-2: the trained task rows, every other embedding row from the base model the run started from,
+    as the trainer's own export_model() has it. With that base folder gone it cannot, and says so."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file
+
+    trainer = _task_vocab_grpo_run(tmp_path)
+    ckpt_dir = tmp_path / "run" / "checkpoints"
+    assert ck.load_checkpoint(ckpt_dir)["extra"]["task_vocab_base"] == str((tmp_path / "base").resolve())
+    back = ck.model_from_checkpoint(ckpt_dir)
+    want = trainer.export_model().state_dict()
+    assert back.state_dict().keys() == want.keys()
+    for name, tensor in back.state_dict().items():
+        assert torch.equal(tensor, want[name]), name
+    base_wte = load_file(str(tmp_path / "base" / "model.safetensors"))["transformer.wte.weight"]
+    outside = torch.ones(len(base_wte), dtype=torch.bool)
+    outside[trainer.vocab.ids] = False
+    assert back.config.vocab_size == 50257 and int(outside.sum()) == 50257 - len(trainer.vocab)
+    assert torch.equal(back.transformer.wte.weight[outside], base_wte[outside])  # the base model's rows, as saved
+    assert not torch.equal(back.transformer.wte.weight[~outside], base_wte[~outside])  # trained
+    shutil.rmtree(tmp_path / "base")
+    message = (f"{ckpt_dir}: a GRPO run over a task vocabulary of the model in {str((tmp_path / 'base').resolve())!r}; "
+               "exporting it needs that model's other embedding rows, and it is not there")
+    with pytest.raises(ck.CheckpointLoadError, match=re.escape(message)):
+        ck.model_from_checkpoint(ckpt_dir)

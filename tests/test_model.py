@@ -418,3 +418,127 @@ def test_a_cached_decode_without_mask_or_positions_equals_the_full_forward(impl)
         parts = [model(idx[:, :5], cache=cache, start=0), model(idx[:, 5:6], cache=cache, start=5),
                  model(idx[:, 6:9], cache=cache, start=6)]
     assert (torch.cat(parts, dim=1) - full).abs().max().item() < 1e-5
+
+
+def _untie_head(state):
+    state["lm_head.weight"] = state["transformer.wte.weight"] + 0.1 * torch.randn_like(state["transformer.wte.weight"])
+
+
+def _short_positions(state):
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][:32].contiguous()
+
+
+def _narrow_mlp(state):
+    state["transformer.h.0.mlp.c_fc.weight"] = state["transformer.h.0.mlp.c_fc.weight"][:, :192].contiguous()
+
+
+# (config.json edit, weights edit, the file the error names, the message after "<file>: "). Each is a folder
+# GPT.from_pretrained cannot read as GPT-2's math with the weights as they are; what transformers 5's
+# GPT2LMHeadModel.from_pretrained does with the same folder (checked by hand against the hf_dir model) is
+# in the comment: it either refuses too, or loads a model whose logits are not the ones our GPT-2 would give.
+NOT_GPT2_AS_WE_READ_IT = {
+    # transformers' GPT2LMHeadModel loads it as GPT-2 (no error); AutoModelForCausalLM picks Llama's class by it
+    "model_type": (lambda c: c.update(model_type="llama"), None, "config.json",
+                   "model_type is 'llama', expected 'gpt2'"),
+    # transformers falls back to GPT2Config's n_layer=12 and starts layers 2..11 at random (logits differ by 0.5)
+    "no n_layer": (lambda c: c.pop("n_layer"), None, "config.json", "config.json lacks the field 'n_layer'"),
+    # transformers falls back to GPT2Config's n_embd=768, n_head=12 and refuses the 64-wide weights (size mismatch)
+    "no n_head, n_embd": (lambda c: (c.pop("n_embd"), c.pop("n_head")), None, "config.json",
+                          "config.json lacks the fields 'n_head', 'n_embd'"),
+    # transformers builds a 192-wide MLP and refuses the 256-wide c_fc (size mismatch)
+    "n_inner": (lambda c: c.update(n_inner=192), None, "config.json",
+                "n_inner=192 is not 4 * n_embd; only GPT-2's MLP width is supported"),
+    # transformers loads both and honours them: logits differ by 0.018 and 0.002 from GPT-2's math
+    "scale_attn_weights": (lambda c: c.update(scale_attn_weights=False), None, "config.json",
+                           "scale_attn_weights=False is not supported (GPT-2 uses True)"),
+    "scale_attn_by_inverse_layer_idx": (lambda c: c.update(scale_attn_by_inverse_layer_idx=True), None, "config.json",
+                                        "scale_attn_by_inverse_layer_idx=True is not supported (GPT-2 uses False)"),
+    # transformers loads both (cross-attention layers at random init, unused without encoder states)
+    "reorder_and_upcast_attn": (lambda c: c.update(reorder_and_upcast_attn=True), None, "config.json",
+                                "reorder_and_upcast_attn=True is not supported (GPT-2 uses False)"),
+    "add_cross_attention": (lambda c: c.update(add_cross_attention=True), None, "config.json",
+                            "add_cross_attention=True is not supported (GPT-2 uses False)"),
+    # transformers 5 loads the file's lm_head.weight as a separate head (logits differ by 3.8 from the tied one)
+    "untied lm_head": (None, _untie_head, "model.safetensors",
+                       "lm_head.weight differs from transformer.wte.weight (GPT-2 ties them)"),
+    # transformers refuses: size mismatch for transformer.wpe.weight
+    "shape": (None, _short_positions, "model.safetensors",
+              "transformer.wpe.weight has shape (32, 64), expected (64, 64)"),
+    # a Conv1D weight is named in the file's (in, out) layout, as transformers' size-mismatch error names it
+    "Conv1D shape": (None, _narrow_mlp, "model.safetensors",
+                     "transformer.h.0.mlp.c_fc.weight has shape (64, 192), expected (64, 256)"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_GPT2_AS_WE_READ_IT))
+def test_a_folder_that_is_not_gpt2_as_we_read_it_is_refused_naming_the_field_and_the_file(hf_dir, tmp_path, case):
+    """One refusal per way a Hugging Face folder can differ from GPT-2's math (another model type, a
+    missing size, another MLP width or attention scaling, an untied head, a tensor of another shape): a
+    CheckpointFormatError naming the file and the field, never a model that runs with other logits."""
+    d, _ = hf_dir
+    edit_config, edit_weights, culprit, message = NOT_GPT2_AS_WE_READ_IT[case]
+    config = json.loads((d / "config.json").read_text())
+    if edit_config:
+        edit_config(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    state = load_file(str(d / "model.safetensors"))
+    if edit_weights:
+        torch.manual_seed(0)
+        edit_weights(state)
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointFormatError) as info:
+        GPT.from_pretrained(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path / culprit}: {message}"), str(info.value)
+
+
+def test_gpt2s_own_variants_of_those_settings_still_load(hf_dir, tmp_path):
+    """The refusals above are not blanket ones: n_inner written out as 4 * n_embd and an lm_head.weight
+    saved equal to the embedding (both GPT-2, and what transformers loads to the same logits) load, and
+    give the hf_dir model's logits."""
+    d, hf = hf_dir
+    config = json.loads((d / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_inner": 4 * 64}))
+    state = load_file(str(d / "model.safetensors"))
+    save_file({**state, "lm_head.weight": state["transformer.wte.weight"].clone()}, str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    idx = torch.randint(0, 50257, (1, 12))
+    with torch.no_grad():
+        assert (GPT.from_pretrained(tmp_path)(idx) - hf(idx).logits).abs().max().item() < 1e-4
+
+
+def test_missing_or_unreadable_config_and_weights_are_named(hf_dir, tmp_path):
+    """Without config.json, with one that is not UTF-8, or with files the OS will not read (procfs files,
+    unreadable even for root: /proc/self/mem reads EIO at offset 0, /proc/self/environ cannot be mapped):
+    a CheckpointFormatError naming the file and the cause, not a traceback from json or safetensors.
+    transformers refuses the first two too (no config: GPT2Config's 768-wide default mismatches the
+    weights; bad bytes: "is not a valid JSON file")."""
+    import os
+    import re
+
+    from rookworld_lib.core.model import read_config_json
+
+    d, _ = hf_dir
+    weights, config = tmp_path / "model.safetensors", tmp_path / "config.json"
+    weights.write_bytes((d / "model.safetensors").read_bytes())
+    with pytest.raises(CheckpointFormatError, match=re.escape(f"{config} not found: a Hugging Face GPT-2 directory "
+                                                              "needs config.json and model.safetensors")):
+        GPT.from_pretrained(tmp_path)
+    # read_config_json (SFT's init_from reads it without a check before) names the missing file alike
+    with pytest.raises(CheckpointFormatError, match=re.escape(f"{config} not found")):
+        read_config_json(config)
+    config.write_bytes(b"\xff" + (d / "config.json").read_bytes())
+    with pytest.raises(CheckpointFormatError, match=re.escape(f"{config}: cannot read ('utf-8' codec can't decode "
+                                                              "byte 0xff in position 0: invalid start byte)")):
+        GPT.from_pretrained(tmp_path)
+    if not os.path.exists("/proc/self/mem"):
+        pytest.skip("procfs: Linux only")
+    config.unlink()
+    config.symlink_to("/proc/self/mem")
+    with pytest.raises(CheckpointFormatError, match=re.escape(f"{config}: cannot read ([Errno 5] Input/output error)")):
+        GPT.from_pretrained(tmp_path)
+    config.unlink()
+    config.write_text((d / "config.json").read_text())
+    weights.unlink()
+    weights.symlink_to("/proc/self/environ")
+    with pytest.raises(CheckpointFormatError, match=re.escape(f"{weights}: cannot read (No such device")):
+        GPT.from_pretrained(tmp_path)

@@ -87,3 +87,90 @@ def test_a_texts_task_is_its_tag_and_the_space_after_it():
     assert task_of("S: 3+4 = 7", ["S", "R"]) == "S" and task_of("R: abc = cba", ["S", "R"]) == "R"
     for text in ("Sum: 3+4", "S:3+4", "S 3+4", " S: 3+4", "", None):  # a word that starts like a tag is no tag
         assert task_of(text, ["S", "R"]) is None, text
+
+
+def _tiny_export(directory):
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=16)).save_pretrained(directory)
+
+
+def test_a_model_folder_without_tokenizer_files_passes_the_vocabulary_check(tmp_path):
+    """A GPT-2 folder with weights and config only (a hub copy without its tokenizer, an export made
+    where transformers is not installed) is read with our GPT-2 tokenizer: no error. A lone vocab.json
+    is no tokenizer either (the slow tokenizer needs merges.txt beside it), even one that is not GPT-2's."""
+    from rookworld_lib.core.model import GPT
+
+    _tiny_export(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    model = GPT.from_pretrained(tmp_path)
+    assert tok.check_vocabulary(model) is None
+    (tmp_path / "vocab.json").write_text('{"a": 0, "b": 1}')
+    assert tok.check_vocabulary(model) is None
+
+
+def test_a_corrupt_tokenizer_json_is_named_as_unreadable(tmp_path):
+    """A model folder whose tokenizer.json is cut short: eval and GRPO (check_vocabulary) refuse it naming
+    the file and the parser's reason, as transformers' AutoTokenizer cannot load that folder either."""
+    import re
+
+    transformers = pytest.importorskip("transformers")
+    from rookworld_lib.core.model import GPT
+
+    _tiny_export(tmp_path)
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(path.read_bytes()[:27])  # '{"version": "1.0", ...' cut inside its first value
+    with pytest.raises(Exception):  # noqa: B017 (the reference: transformers refuses the same folder)
+        transformers.AutoTokenizer.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: unreadable (Exception: EOF while parsing")) as info:
+        tok.check_vocabulary(GPT.from_pretrained(tmp_path))
+    assert str(info.value).endswith("; a GPT-2 model folder needs GPT-2's tokenizer or none"), str(info.value)
+
+
+class _RaisingConverter:
+    """A TikTokenConverter that cannot convert (as transformers' does without what it needs)."""
+
+    def __init__(self, vocab_file=None, pattern=None, **special):
+        raise ValueError("`tiktoken` is required to read a `tiktoken` file")
+
+
+class _OtherConverter:
+    """A TikTokenConverter whose tokenizer encodes otherwise than GPT-2 (a two-word vocabulary)."""
+
+    def __init__(self, vocab_file=None, pattern=None, **special):
+        pass
+
+    def converted(self):
+        from tokenizers import Tokenizer, models
+
+        return Tokenizer(models.WordLevel({"<|endoftext|>": 0, "Q": 1}, unk_token="Q"))
+
+
+@pytest.mark.parametrize("converter,cause", [(_RaisingConverter, "`tiktoken` is required to read a `tiktoken` file"),
+                                             (_OtherConverter, "it encodes otherwise than tiktoken")])
+def test_a_failed_tokenizer_conversion_warns_and_exports_without_tokenizer_files(tmp_path, monkeypatch, caplog,
+                                                                                converter, cause):
+    """Where transformers' TikTokenConverter fails, or gives a tokenizer that encodes a probe text
+    otherwise than tiktoken, an export still succeeds: weights and config only, one warning saying why,
+    and nothing cached (the next export tries again)."""
+    import importlib
+    import logging
+
+    pytest.importorskip("transformers")
+    # the module hf_tokenizer_json imports it from (`transformers.convert_slow_tokenizer` is also a function)
+    convert_slow_tokenizer = importlib.import_module("transformers.convert_slow_tokenizer")
+    from rookworld_lib.core.model import GPT
+
+    tok.get_tokenizer()  # built (and lru-cached) before anything is patched
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no tokenizer.json cached by an earlier run
+    monkeypatch.setattr(convert_slow_tokenizer, "TikTokenConverter", converter)
+    with caplog.at_level(logging.WARNING, logger="rookworld_lib.core.tokenizer"):
+        assert tok.hf_tokenizer_json() is None
+        _tiny_export(tmp_path / "m")
+    warned = [r.getMessage() for r in caplog.records if r.name == "rookworld_lib.core.tokenizer"]
+    assert warned == [f"no tokenizer files in exports: transformers' TikTokenConverter failed ({cause})"] * 2, warned
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert not (tmp_path / "cache").exists()
+    assert GPT.from_pretrained(tmp_path / "m").config.n_embd == 16

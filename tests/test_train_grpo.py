@@ -356,3 +356,68 @@ def test_each_dynamic_sampling_round_draws_with_its_own_seed():
     trainer.collect = lambda items, seed, timings: (seeds.append(seed), collect(items, seed, timings))[1]
     trainer.train_step()
     assert len(seeds) == 4 and len(set(seeds)) == 4, seeds
+
+
+def test_rollout_chunks_must_be_between_one_and_the_prompts_of_a_step():
+    """A step's prompts are sampled in rollout_chunks chunks: 0 chunks, or more chunks than prompts (an
+    empty chunk), is refused naming the field and the value; 1 and prompts_per_step are the bounds."""
+    for chunks in (0, 5, -1):
+        with pytest.raises(ValueError) as info:
+            GRPOTrainConfig(prompts_per_step=4, rollout_chunks=chunks)
+        assert str(info.value) == f"GRPOTrainConfig.rollout_chunks must be in 1..prompts_per_step, got {chunks}"
+    assert [GRPOTrainConfig(prompts_per_step=4, rollout_chunks=c).rollout_chunks for c in (1, 4)] == [1, 4]
+
+
+def _alternate(prompts, completions, **_):
+    """Rewards 0, 1 within each group of 2 rows (the trainer scores a chunk's rows group by group): no
+    group is ever tied, whatever the completions."""
+    return [float(i % 2) for i in range(len(completions))]
+
+
+def test_dynamic_sampling_keeps_a_batch_without_ties_whole_and_refills_nothing():
+    """No group tied: dynamic sampling drops nothing, samples no refill round (refill_rounds 0, one
+    collect) and trains on the batch as drawn; every group tied: all max_refill_rounds rounds are
+    sampled, none helps, and the step keeps its first batch (each group's rewards equal: advantages 0)."""
+    for reward, rounds, zero_std in ((_alternate, 0, 0.0), (item_reward(lambda item, text: 1.0), 2, 1.0)):
+        torch.manual_seed(0)
+        cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=3, minibatch_size=4,
+                              loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False, dynamic_sampling=True,
+                              max_refill_rounds=2)
+        trainer = GRPOTrainer(GPT(GPTConfig.preset("tiny", n_layer=1, block_size=32)), toy_items(), cfg,
+                              reward_funcs=reward)
+        batches, collect = [], trainer.collect
+        trainer.collect = lambda items, seed, timings: (batches.append(collect(items, seed, timings)), batches[-1])[1]
+        rec = trainer.train_step()
+        assert rec["dynamic_sampling/refill_rounds"] == rounds and len(batches) == 1 + rounds, rec
+        assert rec["frac_reward_zero_std"] == zero_std
+        first, b = batches[0], trainer.last_batch
+        assert len(b.items) == 4 and b.items == first.items and b.completions == first.completions
+        assert torch.equal(b.tokens, first.tokens) and torch.equal(b.rewards, first.rewards)
+        assert b.rewards.tolist() == ([0.0, 1.0, 0.0, 1.0] if rounds == 0 else [1.0] * 4)
+        # TRL's group scaling, (r - mean) / sample std: rewards 0, 1 -> -/+0.5 / sqrt(0.5); a tie -> 0
+        half = 0.5 ** 0.5
+        assert trainer.last_advantages.tolist() == pytest.approx([-half, half, -half, half] if rounds == 0 else [0.0] * 4,
+                                                                 abs=1e-3)
+
+
+def test_resume_refuses_another_sampling_vocabulary_naming_both(tmp_path):
+    """A run over an opted-in task vocabulary (vocab="task", task_vocab=) cannot be continued over all of
+    GPT-2 (vocab="full"): the refusal names the vocabularies, the run's as its count of task tokens
+    (the ones given, every prompt token and EOT, counted here from GPT-2's ids) and this one's as all."""
+    from rookworld_lib.core.task_vocab import TaskVocab
+    from rookworld_lib.core.tokenizer import get_tokenizer
+
+    items = [PromptItem("P", f"Q: {i} A:") for i in range(4)]
+    given = {t for s in ("yes no maybe",) for t in get_tokenizer().encode(s)}
+    ids = given | {t for i in items for t in encode(i.prompt)} | {EOT_ID}
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=3, minibatch_size=4,
+                          loss=grpo.GRPOConfig(beta=0.0), vocab="task", progress=False, report_to="none",
+                          export_hf=False, out_dir=str(tmp_path))
+    reward = item_reward(toy_reward)
+    torch.manual_seed(0)
+    GRPOTrainer(GPT(GPTConfig.preset("tiny", n_layer=1, block_size=32)), items, cfg, reward_funcs=reward,
+                task_vocab=TaskVocab(given)).train()
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=rf"other settings \(vocab: '{len(ids)} task tokens' -> 'all tokens'"):
+        GRPOTrainer(GPT(GPTConfig.preset("tiny", n_layer=1, block_size=32)), items,
+                    dataclasses.replace(cfg, vocab="full"), reward_funcs=reward)

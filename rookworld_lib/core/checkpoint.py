@@ -154,6 +154,8 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
         atomic_write(_digest_path(path), lambda f: f.write(f"{digest}  {path.name}\n".encode()))
         pointer = json.dumps({"file": path.name, "step": step, "bytes": size, "sha256": digest}) + "\n"
         atomic_write(directory / POINTER, lambda f: f.write(pointer.encode()))
+    except CheckpointLoadError as exc:  # an unreadable pointer (a RuntimeError too, so first): refuse to guess what is latest
+        raise CheckpointSaveError(f"could not save checkpoint {path}: {exc}") from exc
     except (OSError, RuntimeError) as exc:  # torch's zip writer reports I/O failures as RuntimeError
         kept = f"the previous checkpoint {previous} is intact and still the latest" if previous and previous.exists() \
             else "no earlier checkpoint exists in that directory"
@@ -164,8 +166,6 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
         err = CheckpointSaveError(f"could not save checkpoint {path}: {reason}; {kept}")
         err.errno = cause.errno if isinstance(cause, OSError) else None
         raise err from exc
-    except CheckpointLoadError as exc:  # an unreadable pointer: refuse to guess what is latest
-        raise CheckpointSaveError(f"could not save checkpoint {path}: {exc}") from exc
     log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
     if keep_last > 0:
         for old in [p for _, p in list_checkpoints(directory)[:-keep_last] if p != path]:

@@ -340,13 +340,16 @@ class GPT(nn.Module):
                                         "(GPT-2 ties them)")
         converted = {}
         for key, tensor in state.items():
-            if key.endswith(CONV1D_SUFFIXES):
+            conv1d = key.endswith(CONV1D_SUFFIXES)  # stored (in, out), as transformers' Conv1D holds them
+            want = tuple(own[key].shape)[::-1] if conv1d else tuple(own[key].shape)
+            if key == "transformer.wte.weight":  # the file holds the vocabulary's rows, no padding
+                want = (config.vocab_size, *want[1:])
+            if tuple(tensor.shape) != want:  # both in the file's layout
+                raise CheckpointFormatError(f"{weights_path}: {key} has shape {tuple(tensor.shape)}, expected {want}")
+            if conv1d:
                 tensor = tensor.t()
             if key == "transformer.wte.weight":  # zero rows up to the padded vocabulary
                 tensor = F.pad(tensor, (0, 0, 0, config.padded_vocab_size - config.vocab_size))
-            if tensor.shape != own[key].shape:
-                raise CheckpointFormatError(f"{weights_path}: {key} has shape {tuple(tensor.shape)}, "
-                                            f"expected {tuple(own[key].shape)}")
             converted[key] = tensor.to(own[key].dtype)
         converted["lm_head.weight"] = converted["transformer.wte.weight"]  # the same tied parameter
         model.load_state_dict(converted, strict=True)
