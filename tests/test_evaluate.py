@@ -447,3 +447,30 @@ def test_the_test_suites_hold_only_test_records_and_curve_tables_count_tokens_in
     assert len(suites["M1"]) == splits.count("test") and splits.count("val") > 0
     row = {"step": 10, "tokens": 2_500_000, "train_wall_s": 1.0, "train_loss": 2.0, "val_loss": 2.1}
     assert ev.curve_table([row])["tokens (M)"].tolist() == [2.5]
+
+
+def test_a_bare_env_prompt_record_is_asked_in_the_models_layout(monkeypatch):
+    """A user's own A: eval data may be bare prompts, {"prompt": ...}, as another tool wrote them: here
+    the FEN standard's spelling, an en-passant square after every double step. A model of the original
+    layout is asked in python-chess's spelling (the square only where a capture is legal), as it was
+    trained; a compact model gets the prompt as written, and a prompt that does not parse is passed
+    through untouched (the reward scores it as it is)."""
+    written = "A: rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1+e7e5+e2e4 e7e5+"  # after 1. e4
+    board = chess.Board()
+    board.push_uci("e2e4")  # python-chess's replay of the history's first move: no black pawn can take on e3
+    assert board.fen() == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1"
+    asked = f"A: {board.fen()}+e7e5+e2e4 e7e5+"
+    assert ev.env_prompt_of({"prompt": written}, "original") == asked
+    assert ev.env_prompt_of({"prompt": written}, "compact") == written
+    assert ev.env_prompt_of({"prompt": "A: e2e4"}, "original") == "A: e2e4"
+    # scored through evaluate_environment: the truth is python-chess's replay of the prompt's move
+    board.push_uci("e7e5")
+    assert board.fen() == "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR w KQkq - 0 2"
+    rec = {"prompt": written, "new_fen": board.fen(), "reward": 0.001, "terminated": 0, "truncated": 0}
+    seen = []
+    monkeypatch.setattr(ev, "complete", lambda model, prompts, cfg, samples=0: seen.extend(prompts) or [
+        f"{board.fen()}+0.001+0+0", f"{board.fen()}+1.0+1+0"])
+    res = ev.evaluate_environment(None, [rec, rec], ev.EvalConfig(layout="original", samples=0))
+    assert seen == [asked, asked]
+    assert res["env/valid"].outcomes == (1, 1) and res["env/next_fen_exact"].outcomes == (1, 1)
+    assert res["env/reward_accuracy"].outcomes == (1, 0) and res["env/terminated_accuracy"].outcomes == (1, 0)

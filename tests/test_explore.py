@@ -356,3 +356,37 @@ def test_clip_controls_show_one_tokens_weight_as_the_grpo_paper_gives_it():
     # weighs 1/10, one of a 40-token completion 1/80
     row = explore.ClipControls(loss_type="grpo", group_size=2, short_len=5, long_len=40).html()
     assert "<td>0.1</td><td>0.0125</td>" in row.split("<td>grpo</td>")[1].split("</tr>")[0]
+
+
+def test_position_explorer_refuses_what_is_not_a_p_record_naming_the_first(model, policy_records):
+    """The explorer draws a P: record's candidates and scores its best move: an empty list, a prompt
+    string where a record belongs, or a record without its labels is refused at once, naming which
+    record and what it lacks, not a KeyError deep in the first draw."""
+    hint = "give P: records, e.g. data.load_split('P', 'test').records"
+    with pytest.raises(ValueError, match=re.escape("PositionExplorer needs at least one P: record")):
+        explore.PositionExplorer(model, [])
+    with pytest.raises(ValueError) as info:
+        explore.PositionExplorer(model, [policy_records[0]["prompt"]])  # the prompt text, not its record
+    assert str(info.value) == f"PositionExplorer shows P: (policy) records; records[0] is a str: {hint}"
+    # a position of its own, with no labels yet: python-chess finds 20 legal moves, the record lists none
+    board = chess.Board()
+    assert board.is_valid() and board.legal_moves.count() == 20
+    unlabelled = {"task": "P", "fen": board.fen(), "moves": ["e2e4"]}
+    with pytest.raises(ValueError) as info:
+        explore.PositionExplorer(model, [policy_records[0], unlabelled])
+    assert str(info.value) == f"PositionExplorer shows P: (policy) records; records[1] is a record without ['evals']: {hint}"
+    with pytest.raises(ValueError, match=re.escape("records[0] is a record without ['fen', 'moves', 'evals']")):
+        explore.PositionExplorer(model, [{"task": "P"}])
+
+
+def test_group_inspector_built_without_a_draw_asks_for_one(model, policy_records):
+    """sample=False: no group is drawn until Sample is pressed; the snapshot and the live table say so
+    (at once, and after a control is set), and the first draw replaces the hint with its rows."""
+    gi = explore.GroupInspector(model, policy_records, 1, group_size=3, max_new_tokens=8, sample=False)
+    assert gi.rows == [] and gi.draws == 0 and gi.table.value == "<i>press Sample</i>"  # the live widget too
+    assert gi.html() == "<div class='rw-group-inspector'><div class='rw-group-table'><i>press Sample</i></div></div>"
+    gi.temperature.value = 1.5
+    assert gi.table.value == "<i>press Sample</i>"
+    rows = gi.sample()
+    check_group(rows, 3)
+    assert "press Sample" not in gi.table.value and gi.table.value.count('<tr class="rw-completion">') == 3

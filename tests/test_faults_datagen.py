@@ -230,3 +230,64 @@ def test_fresh_keeps_the_lock_of_the_work_directory_it_empties(tmp_path):
         with pytest.raises(RunDirBusyError):
             with run_lock(work):
                 pass
+
+
+# --- a resumed run's work directory, a STOCKFISH_PATH that is no program ------------------------
+
+def test_a_corrupt_work_file_of_a_resumed_run_is_refused_in_one_line_naming_it(tmp_path, capsys, fast_timeouts):
+    """An interrupted run's work directory whose config.json was torn (a disk filled, a kill mid-copy):
+    the resumed run stops in one line that names that file and the two ways out, before it plays a
+    game, and leaves the file as it found it (it may be the only record of the run's settings)."""
+    out = tmp_path / "d"
+    work = out / ".datagen-work"  # datagen's default work directory: <out>/.datagen-work
+    work.mkdir(parents=True)
+    for torn in ('{"config": {"games": 2, "mate_games": 0, "ran', "[]"):  # cut short; valid JSON but no record
+        (work / "config.json").write_text(torn)
+        assert main(datagen_argv(out, fake_engine(tmp_path, "never answers go"))) == 1
+        line = one_line(capsys.readouterr().err, "rookworld datagen",
+                        f"corrupt work file: {work / 'config.json'}; delete {work} or rerun with --fresh")
+        assert line.startswith("rookworld datagen: error: ")
+        assert (work / "config.json").read_text() == torn
+        assert sorted(p.name for p in work.iterdir()) == ["config.json"]  # no games.jsonl: nothing was played
+        assert not [p for p in out.iterdir() if p.suffix in (".jsonl", ".gz")]  # nor any data file written
+
+
+def not_a_program(tmp_path: Path) -> str:
+    """An executable file that is not a program: text with the x bit and no #! line, as a STOCKFISH_PATH
+    set to a downloaded README, an HTML error page or a script without its shebang would be."""
+    path = tmp_path / "stockfish"
+    path.write_text("Stockfish 17 - see https://stockfishchess.org for the binary\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_stockfish_path_that_is_not_a_program_ends_datagen_in_one_line_and_starts_nothing(tmp_path, capsys,
+                                                                                            monkeypatch):
+    import psutil
+
+    path = not_a_program(tmp_path)
+    monkeypatch.setenv("STOCKFISH_PATH", path)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    out = tmp_path / "d"
+    assert main(["datagen", "--out", str(out), *DATAGEN_ARGS]) == 1  # no --stockfish: STOCKFISH_PATH's
+    # execve's ENOEXEC, in the kernel's words: the file is there and executable, the kernel cannot run it
+    line = one_line(capsys.readouterr().err, "rookworld datagen",
+                    f"cannot start Stockfish at {path!r} (Exec format error). ", "set STOCKFISH_PATH to the binary")
+    assert line.startswith("rookworld datagen: error: cannot start Stockfish")
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before  # no engine process left
+    assert not out.exists()  # the engine is started first: a run that cannot start one writes nothing
+
+
+def test_the_python_chess_pool_refuses_a_stockfish_path_that_is_not_a_program_at_once(tmp_path, monkeypatch):
+    """The pool behind the rewards, eval and the explorers: no retry can make a text file run, so the
+    first failed start is a StockfishNotFoundError naming the file, not EngineFailedError after retries."""
+    path = not_a_program(tmp_path)
+    monkeypatch.setenv("STOCKFISH_PATH", path)
+    board = chess.Board()
+    with engine.EnginePool(engine.EngineSettings(max_retries=3), size=1, cache=False) as pool:
+        assert pool.path == path
+        with pytest.raises(engine.StockfishNotFoundError) as info:
+            pool.analyse(board.fen())
+        assert pool.restarts == 0 and pool._engines == []
+    assert str(info.value).startswith(f"cannot start Stockfish at {path!r} (Exec format error). ")  # the path once
+    assert "failed to start" not in str(info.value)

@@ -124,3 +124,65 @@ def test_runs_created_at_once_get_distinct_directories(tmp_path):
     for t in threads:
         t.join()
     assert sorted(made) == sorted([tmp_path / STAMP] + [tmp_path / f"{STAMP}-{n}" for n in range(2, 9)])
+
+
+# --- a failed notebook; a distributed worker whose peer failed --------------------------------
+
+def test_a_failed_notebook_ends_rookworld_run_in_one_line_naming_it_and_its_executed_copy(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """`rookworld run` whose second notebook raises: exit 1 and one error line that names the notebook,
+    the cell's error and the run directory, where the executed copy (with the traceback in its
+    outputs) and the report are; the run stopped there."""
+    import functools
+
+    import nbformat
+
+    from rookworld_lib.lab.cli import main
+
+    nbs, out = tmp_path / "notebooks", tmp_path / "runs"
+    nbs.mkdir()
+    write_notebook(nbs / "00_fine.ipynb", "x = 1", "pass")
+    write_notebook(nbs / "01_broken.ipynb", "x = 1", "raise ValueError('planted failure')")
+    write_notebook(nbs / "02_after.ipynb", "x = 1", "pass")
+    monkeypatch.setattr(pipeline, "run_pipeline", functools.partial(pipeline.run_pipeline, notebooks_dir=nbs))
+    assert main(["run", "--profile", "cpu", "--out", str(out)]) == 1
+    (run_dir,) = out.iterdir()
+    captured = capsys.readouterr()
+    lines = [x for x in captured.err.splitlines() if x.startswith("rookworld run:")]
+    assert lines == [f"rookworld run: error: notebook pipeline failed: 01_broken.ipynb: PapermillExecutionError: "
+                     f"ValueError: planted failure (kernel log: {run_dir / 'logs' / '01_broken.kernel.log'}) "
+                     f"(executed notebooks and report in {run_dir})"], captured.err
+    assert "Traceback" not in captured.err and "run written to" not in captured.out
+    executed = nbformat.read(str(run_dir / "01_broken.ipynb"), as_version=4)
+    assert [o["evalue"] for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"] == [
+        "planted failure"]
+    assert sorted(p.name for p in run_dir.glob("*.ipynb")) == ["00_fine.ipynb", "01_broken.ipynb"]  # 02 never ran
+
+
+def test_a_worker_whose_peer_failed_hands_the_launcher_a_line_that_yields_to_the_peers(tmp_path, monkeypatch):
+    """Under `--nproc N` a worker whose peer died sees its own collective fail ("Connection closed by
+    peer"): it exits 1 with a secondary line, "stopped because another worker failed (<first line>)",
+    which the launcher shows only when no worker said what went wrong. Outside torchrun the same
+    RuntimeError is a bug and keeps its traceback."""
+    from rookworld_lib.chess import training
+    from rookworld_lib.core import errors
+    from rookworld_lib.lab.cli import main
+
+    gloo = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29500"
+
+    def grpo_cli(argv):
+        raise RuntimeError(f"{gloo}\nException raised from recvBytes at ../torch/csrc/distributed/c10d/Utils.hpp:672")
+
+    monkeypatch.setattr(training, "grpo_cli", grpo_cli)
+    monkeypatch.setenv(errors.ERRORS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    assert main(["grpo", "--steps", "5"]) == 1
+    line = f"rookworld grpo: error: stopped because another worker failed ({gloo})"
+    assert json.loads((tmp_path / "rank00001.json").read_text()) == {"line": line, "code": 1, "secondary": True}
+    assert errors.worker_errors(tmp_path) == ([line], [1])  # alone, it is what the launcher prints
+    peer = "rookworld grpo: error: out of memory: lower --prompts-per-step"
+    (tmp_path / "rank00000.json").write_text(json.dumps({"line": peer, "code": 1, "secondary": False}))
+    assert errors.worker_errors(tmp_path) == ([peer], [1, 1])  # the peer's own error is the one to read
+    monkeypatch.delenv("RANK")
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        main(["grpo", "--steps", "5"])

@@ -177,3 +177,39 @@ def test_a_stage_timed_twice_adds_up(monkeypatch):
         with timer("eval"):
             pass
     assert timer.seconds["eval"] == 2.0  # a second each time
+
+
+def test_grpo_steps_sets_grpos_steps_and_leaves_sft_and_the_profile_alone():
+    """Notebook 05's grpo_steps (`rookworld run -p grpo_steps N`): GRPO's step count, nothing else; the
+    cpu profile's values by hand from workflow.PROFILES: SFT 3,000 steps warmed up over 100, GRPO 150
+    steps of 16 prompts x 4 samples."""
+    p = workflow.resolve("cpu", grpo_steps=40)
+    assert p.grpo.steps == 40
+    assert (p.grpo.prompts_per_step, p.grpo.group_size, p.grpo.lr, p.grpo.temperature) == (16, 4, 5e-5, 0.3)
+    assert (p.sft.max_steps, p.sft.warmup_steps) == (3000, 100)
+    assert "40 steps x 16 prompts x 4 samples" in p.summary().loc["GRPO"].item()
+    assert workflow.PROFILES["cpu"].grpo.steps == 150  # the named profile itself is untouched
+    both = workflow.resolve("ci", sft_steps=5, grpo_steps=3)  # each override its own stage
+    assert (both.sft.max_steps, both.sft.warmup_steps, both.grpo.steps) == (5, 2, 3)
+
+
+def test_rookworld_run_passes_grpo_steps_to_the_notebook_that_declares_it(tmp_path, monkeypatch, capsys):
+    """`rookworld run -p grpo_steps 40`: the value reaches notebook 05 as the integer 40 (the notebook
+    hands it to workflow.resolve) and no other notebook; 0 is refused by notebook 05's own check before
+    any notebook runs. The notebooks are not executed here: what papermill would be given is recorded."""
+    from rookworld_lib.lab import pipeline
+    from rookworld_lib.lab.cli import main
+
+    given = {}
+    monkeypatch.setattr(pipeline, "execute", lambda nb, out, params, run_dir: given.__setitem__(nb.name[:2], params))
+    assert main(["run", "--profile", "cpu", "--out", str(tmp_path / "runs"), "-p", "grpo_steps", "40"]) == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert sorted(given) == ["00", "01", "02", "03", "04", "05", "06"]
+    assert given["05"]["grpo_steps"] == 40 and type(given["05"]["grpo_steps"]) is int
+    assert given["05"]["profile"] == "cpu" and given["05"]["run_dir"] == str(run_dir)
+    assert [name for name, params in given.items() if "grpo_steps" in params] == ["05"]
+    capsys.readouterr()
+    assert main(["run", "--profile", "cpu", "--out", str(tmp_path / "refused"), "-p", "grpo_steps", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err == "rookworld run: error: notebook parameter 'grpo_steps' must be >= 1, got 0\n"
+    assert not (tmp_path / "refused").exists()

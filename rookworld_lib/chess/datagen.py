@@ -458,7 +458,7 @@ class UciAnalyser:
             self.proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          text=True, bufsize=1, start_new_session=True)
         except OSError as exc:
-            raise StockfishNotFoundError(f"cannot start Stockfish at {path!r} ({exc}). {INSTALL_HINT}") from None
+            raise StockfishNotFoundError(f"cannot start Stockfish at {path!r} ({exc.strerror or exc}). {INSTALL_HINT}") from None
         for line in self._exchange("uci\n", "uciok", self.floor):
             if line.startswith("id name "):
                 self.name = line[8:].strip()
@@ -759,7 +759,8 @@ def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
         atomic_write(path, lambda f: f.write(json.dumps(record, indent=1).encode()))
         return
     try:
-        old = json.loads(path.read_text())
+        if not isinstance(old := json.loads(path.read_text()), dict):  # valid JSON, but not the record written
+            raise ValueError(path)
     except ValueError:
         raise DataFormatError(f"corrupt work file: {path}; delete {work} or rerun with --fresh") from None
     a, b = {**old.get("config", {}), "engine": old.get("engine")}, {**state["config"], "engine": state["engine"]}

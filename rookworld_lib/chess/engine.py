@@ -358,7 +358,7 @@ class EnginePool:
                 failures.append(f"{type(exc).__name__}: {str(exc) or f'no uciok within {self.timeout:.1f} s'}")
                 log.warning("Stockfish at %s failed to start (%s)", self.path, failures[-1])
             except OSError as exc:  # not there, not executable, not a program: no retry helps
-                raise StockfishNotFoundError(f"cannot start Stockfish at {self.path!r} ({exc}). {INSTALL_HINT}") from None
+                raise StockfishNotFoundError(f"cannot start Stockfish at {self.path!r} ({exc.strerror or exc}). {INSTALL_HINT}") from None
         raise EngineFailedError(f"Stockfish failed to start {len(failures)} times ({self.path}); last: {failures[-1]}")
 
     def _check_open(self, generation: int) -> None:

@@ -354,6 +354,8 @@ class GroupInspector(_Explorer):
             c.observe(lambda _: setattr(self.table, "value", self._table()), names="value")
         if sample:
             self.sample()
+        else:
+            self.table.value = self._table()  # what to do first, as the snapshot says
 
     def _controls(self) -> dict:
         return {"prompt": self.prompt_slider, "G": self.group_size, "temperature": self.temperature,
