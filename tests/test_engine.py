@@ -295,3 +295,47 @@ def test_the_analysis_cache_evicts_the_least_recently_used_entry_and_counts_hits
     c.put("c", 3)  # full: "b" goes
     assert (c.get("b"), c.get("a"), c.get("c")) == (None, 1, 3)
     assert (c.hits, c.misses) == (3, 1)
+
+
+def _as_path(p: str):
+    from pathlib import Path
+
+    return Path(p)
+
+
+def _limit_keys_round_trip():
+    # python-chess's Limit is the reference for a good key, and limit_key writes what parse_limit_key reads
+    assert engine.parse_limit_key("depth=8") == chess.engine.Limit(depth=8)
+    limit = chess.engine.Limit(depth=8, nodes=1000, time=0.5)
+    assert engine.parse_limit_key(engine.limit_key(limit)) == limit
+
+
+def _a_pool_of_one_starts_nothing_and_closes():
+    EnginePool(EngineSettings(depth=1), size=1, cache=False).close()  # engines start lazily: none here
+
+
+@pytest.mark.parametrize("call, match, boundary", [
+    # a pathlib.Path is a path (find_stockfish takes one too) and is kept as text; a number is not
+    pytest.param(lambda: EngineSettings(path=3), r"^EngineSettings\.path must be a string, got 3$",
+                 lambda: EngineSettings(path=_as_path(engine.DEBIAN_PATH)).path == engine.DEBIAN_PATH or 1 / 0,
+                 id="path-number"),
+    pytest.param(lambda: engine.parse_limit_key("depth8"), r"^not a limit key: 'depth8' \(name=value parts",
+                 _limit_keys_round_trip, id="limit-no-equals"),
+    pytest.param(lambda: engine.parse_limit_key("movetime=100"), r"^not a limit key: 'movetime=100' \(name=value parts",
+                 lambda: engine.parse_limit_key("time=0.1"), id="limit-unknown-name"),
+    pytest.param(lambda: engine.parse_limit_key("depth=8,nodes="), r"^not a limit key: 'depth=8,nodes=' \(name=value parts",
+                 lambda: engine.parse_limit_key("depth=8,nodes=1"), id="limit-empty-value"),
+    pytest.param(lambda: engine.parse_limit_key("depth=eight"), r"^not a limit key: 'depth=eight' \(name=value parts",
+                 None, id="limit-not-a-number"),
+    pytest.param(lambda: EnginePool(size=0), r"^EnginePool size must be a positive int, got 0$",
+                 _a_pool_of_one_starts_nothing_and_closes, id="pool-size-0"),
+    pytest.param(lambda: EnginePool(size=2.0), r"^EnginePool size must be a positive int, got 2\.0$", None,
+                 id="pool-size-float"),
+    pytest.param(lambda: EnginePool(size=True), r"^EnginePool size must be a positive int, got True$", None,
+                 id="pool-size-bool"),
+])
+def test_bad_engine_arguments_name_the_argument(call, match, boundary):
+    with pytest.raises(ValueError, match=match):
+        call()
+    if boundary is not None:
+        boundary()  # the nearest good value passes the same check

@@ -850,3 +850,73 @@ def test_group_std_mean_leaves_out_a_group_without_a_score_and_low_clipping_need
     for a, low in ((0.0, 0.0), (-1.0, 1.0), (1.0, 0.0)):
         _, m = grpo_loss(lp, old, torch.tensor([a], dtype=F64), mask, config=GRPOConfig(beta=0.0))
         assert m["clip_ratio/low_mean"] == low, (a, m["clip_ratio/low_mean"])
+
+
+# ------------------------------------------------------------------------------------------
+# Bad arguments from a notebook: each check names the argument, what it needs and what it got
+# ------------------------------------------------------------------------------------------
+
+_LP = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -0.3, -0.7]], dtype=F64)  # [N=2, T=3]
+_MASK = torch.ones(2, 3, dtype=torch.bool)
+_ADV = torch.tensor([1.0, -1.0], dtype=F64)
+_TRUNC = GRPOConfig(mask_truncated_completions=True)
+
+
+@pytest.mark.parametrize("call, match, boundary", [
+    pytest.param(lambda: grpo.entropy_from_logits(torch.zeros(2, 8)),  # one row of logits, no batch axis
+                 r"entropy_from_logits wants logits \(B, T, V\); got \(2, 8\)",
+                 lambda: grpo.entropy_from_logits(torch.zeros(1, 1, 2)), id="entropy-logits-2d"),
+    pytest.param(lambda: group_advantages([[1.0, 0.5], [0.0]], 2),  # ragged per-function rewards
+                 r"group_advantages: rewards must be numbers .*one list per completion; expected sequence of length 2",
+                 lambda: group_advantages([[1.0, 0.5], [0.0, None]], 2), id="rewards-ragged"),
+    pytest.param(lambda: group_advantages(["1.0", "0.0"], 2),  # reward text, unparsed
+                 r"group_advantages: rewards must be numbers \(or None / NaN for unscorable\)",
+                 lambda: group_advantages([1.0, None], 2), id="rewards-text"),
+    pytest.param(lambda: group_advantages([], 2),
+                 r"group_advantages: rewards must be \[N\] or \[N, num_reward_functions\], got shape \(0,\)",
+                 lambda: group_advantages([0.0], 1), id="rewards-empty"),
+    pytest.param(lambda: group_advantages(torch.zeros(2, 2, 1), 2),
+                 r"rewards must be \[N\] or \[N, num_reward_functions\], got shape \(2, 2, 1\)",
+                 lambda: group_advantages(torch.zeros(2, 2), 2), id="rewards-3d"),
+    pytest.param(lambda: grpo.kl_estimate(_LP, _LP, "k4"),
+                 r"kl_estimate: estimator must be one of \('k1', 'k2', 'k3'\), got 'k4'",
+                 lambda: grpo.kl_estimate(_LP, _LP, "k1"), id="kl-estimator"),
+    pytest.param(lambda: grpo.effective_mask(_MASK, torch.zeros(3, dtype=torch.bool), _TRUNC),
+                 r"grpo: truncated must have shape \(2,\), got \(3,\)",
+                 lambda: grpo.effective_mask(_MASK, torch.zeros(2, dtype=torch.bool), _TRUNC), id="truncated-shape"),
+    pytest.param(lambda: grpo.effective_mask(_MASK, torch.zeros(2, 3, dtype=torch.bool), _TRUNC),  # the token mask
+                 r"grpo: truncated must have shape \(2,\), got \(2, 3\)", None, id="truncated-per-token"),
+    pytest.param(lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=0),
+                 r"grpo: num_completions_in_batch must be a finite number > 0, got 0",
+                 lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=1), id="num-completions"),
+    pytest.param(lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=float("nan")),  # NaN passes `<= 0`
+                 r"grpo: num_completions_in_batch must be a finite number > 0, got nan", None, id="num-completions-nan"),
+    pytest.param(lambda: grpo.importance_log_weights(_LP, _LP, _MASK, "sentence"),
+                 r"importance_sampling_level must be one of \('token', 'sequence'\), got 'sentence'",
+                 lambda: grpo.importance_log_weights(_LP, _LP, _MASK, "sequence"), id="is-level"),
+    pytest.param(lambda: grpo_loss(torch.tensor([[5, 7, 9], [1, 2, 3]]), _LP, _ADV, _MASK),  # token ids, not log-probs
+                 r"grpo_loss: logprobs must be floating point, got torch.int64",
+                 lambda: grpo_loss(_LP.float(), _LP, _ADV, _MASK), id="logprobs-int"),
+    pytest.param(lambda: grpo_loss(torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0), torch.ones(0, 3)),
+                 r"grpo_loss: need at least one completion and one position, got logprobs of shape \(0, 3\)",
+                 lambda: grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1)),
+                 id="no-completions"),
+    pytest.param(lambda: grpo_loss(torch.zeros(2, 0), torch.zeros(2, 0), _ADV, torch.ones(2, 0)),
+                 r"need at least one completion and one position, got logprobs of shape \(2, 0\)", None,
+                 id="no-positions"),
+    pytest.param(lambda: grpo.logprob_gradient(_LP, _LP, _ADV, _MASK, logits=torch.zeros(2, 3, 5)),
+                 r"logprob_gradient: logits are not supported",
+                 lambda: grpo.logprob_gradient(_LP, _LP, _ADV, _MASK, entropy=torch.zeros(2, 3)), id="gradient-logits"),
+    pytest.param(lambda: grpo.micro_batch_gradient(_LP, _LP, _ADV, _MASK, 0),
+                 r"micro_batch_gradient: micro_batch_size must be a positive integer, got 0",
+                 lambda: grpo.micro_batch_gradient(_LP, _LP, _ADV, _MASK, 1), id="micro-batch-0"),
+    pytest.param(lambda: grpo.micro_batch_gradient(_LP, _LP, _ADV, _MASK, 1.5),
+                 r"micro_batch_size must be a positive integer, got 1.5", None, id="micro-batch-float"),
+    pytest.param(lambda: grpo.micro_batch_gradient(_LP, _LP, _ADV, _MASK, True),  # a bool is an int to Python
+                 r"micro_batch_size must be a positive integer, got True", None, id="micro-batch-bool"),
+])
+def test_bad_arguments_name_the_argument_and_the_value(call, match, boundary):
+    with pytest.raises(ValueError, match=match):
+        call()
+    if boundary is not None:  # the nearest good value passes the same check
+        boundary()

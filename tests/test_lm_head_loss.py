@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rookworld_lib.core.lm_head_loss import (CPU_CHUNK_ROWS, DEVICE_CHUNK_ROWS, default_chunk_rows,
+from rookworld_lib.core.lm_head_loss import (CPU_CHUNK_ROWS, DEVICE_CHUNK_ROWS, default_chunk_rows, linear_token_logprobs,
                                          linear_cross_entropy)
 from rookworld_lib.core.model import GPT, GPTConfig, lm_loss
 
@@ -208,3 +208,34 @@ def test_torch_compile_breaks_the_graph_at_the_fused_head_and_matches_eager():
         assert any(f.filename.endswith("lm_head_loss.py") for f in breaks[0].user_stack), breaks[0].user_stack
     assert counter.frame_count >= 1
     torch._dynamo.reset()
+
+
+_G = torch.Generator().manual_seed(3)
+_H, _W = torch.randn(2, 3, 4, generator=_G, dtype=torch.float64), torch.randn(5, 4, generator=_G, dtype=torch.float64)
+_Y = torch.tensor([[0, 4, 2], [1, 1, 3]])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(chunk_rows=0), r"^linear_cross_entropy: chunk_rows must be >= 1, got 0$"),
+    (dict(chunk_rows=-64), r"^linear_cross_entropy: chunk_rows must be >= 1, got -64$"),
+    (dict(targets=_Y.t()), r"^linear_cross_entropy: hidden \(2, 3, 4\) and targets \(3, 2\) disagree$"),
+], ids=["chunk-rows-0", "chunk-rows-negative", "targets-transposed"])
+def test_linear_cross_entropy_names_a_bad_chunk_size_or_shape(kwargs, match):
+    args = dict(hidden=_H, weight=_W, targets=_Y)
+    with pytest.raises(ValueError, match=match):
+        linear_cross_entropy(**{**args, **kwargs})
+    # the smallest chunk is accepted, and is torch's cross-entropy of the logits
+    assert linear_cross_entropy(**args, chunk_rows=1).item() == pytest.approx(reference(_H, _W, _Y).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("chunk_rows", [0, -1])
+def test_token_logprobs_refuse_a_chunk_size_below_one(chunk_rows):
+    """A chunk of fewer than one row is refused, as linear_cross_entropy refuses it: 0 once fell back to the
+    default in silence and -1 returned the outputs' uninitialised memory (a range with a negative step runs
+    no chunk)."""
+    h, w, t = torch.randn(2, 3, 8), torch.randn(11, 8), torch.randint(0, 11, (2, 3))
+    with pytest.raises(ValueError, match=rf"^linear_token_logprobs: chunk_rows must be >= 1, got {chunk_rows}$"):
+        linear_token_logprobs(h, w, t, chunk_rows=chunk_rows)
+    lp, _ = linear_token_logprobs(h, w, t, chunk_rows=1)  # the smallest chunk: torch's log-softmax of the logits
+    torch.testing.assert_close(lp, torch.log_softmax(h @ w.T, -1).gather(-1, t[..., None])[..., 0])
+

@@ -226,3 +226,33 @@ def test_the_measured_peak_is_the_best_repeats_rate_of_an_n_cubed_matmul(monkeyp
     # the best of the repeats counts (1 s of [1, 2, 3]): 2e9 FLOPs in 1 s is 0.002 TFLOP/s
     monkeypatch.setattr(perf, "benchmark", lambda fn, **kw: perf.summarize_times([2.0, 1.0, 3.0]))
     assert perf.measure_peak_tflops("cpu", n=1000) == pytest.approx(0.002)
+
+
+_PEAK = perf.Peak(device="NVIDIA H100 80GB HBM3", precision="bf16", table_tflops=989.4, measured_tflops=None)
+
+
+def _one_timing_is_every_quantile():
+    one = perf.summarize_times([0.25])
+    assert (one.median_s, one.p10_s, one.p90_s, one.min_s, one.mean_s) == (0.25,) * 5
+
+
+@pytest.mark.parametrize("call, match, boundary", [
+    pytest.param(lambda: perf.summarize_times([]), r"^summarize_times: times is empty; it needs at least one timing$",
+                 _one_timing_is_every_quantile, id="no-times"),
+    pytest.param(lambda: perf.benchmark(lambda: None, warmup=-1), r"^benchmark needs warmup >= 0 and repeats >= 1, got -1, 10$",
+                 lambda: perf.benchmark(lambda: None, warmup=0, repeats=1, sync=False), id="warmup-negative"),
+    pytest.param(lambda: perf.benchmark(lambda: None, repeats=0), r"^benchmark needs warmup >= 0 and repeats >= 1, got 2, 0$",
+                 None, id="repeats-0"),
+    pytest.param(lambda: perf.mfu(1e12, float("inf"), _PEAK),  # a timer that never stopped: not "0% MFU"
+                 r"^mfu needs positive, finite flops and seconds; got flops=1000000000000\.0, seconds=inf$",
+                 lambda: perf.mfu(1e12, 1e-2, _PEAK), id="mfu-inf-seconds"),
+    pytest.param(lambda: perf.mfu(0, 1.0, _PEAK), r"^mfu needs positive, finite flops and seconds; got flops=0, seconds=1\.0$",
+                 None, id="mfu-zero-flops"),
+    pytest.param(lambda: perf.table_peak("NVIDIA H100", "int8"), r"^precision must be one of \(.*'bf16'.*\), got 'int8'$",
+                 lambda: perf.table_peak("NVIDIA H100", "bf16"), id="precision"),
+])
+def test_bad_timing_arguments_say_what_is_wrong(call, match, boundary):
+    with pytest.raises(ValueError, match=match):
+        call()
+    if boundary is not None:
+        boundary()  # the nearest good value passes the same check

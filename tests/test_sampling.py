@@ -522,3 +522,31 @@ def test_prefill_counts_prompt_tokens_not_padding_and_eos_must_be_a_token_of_the
     assert ro.stats["prefill_tokens"] == 4
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         generate(model, [[1, 2]], SamplingConfig(max_new_tokens=2, eos_id=model.config.vocab_size))
+
+
+_ONE_NEW = SamplingConfig(max_new_tokens=1, temperature=0)
+
+
+@pytest.mark.parametrize("call, match, boundary", [
+    pytest.param(lambda m: generate(m, None, _ONE_NEW),
+                 r"^generate: prompts must be a list of token-id lists, got NoneType$",
+                 lambda m: generate(m, [[5]], _ONE_NEW), id="prompts-none"),
+    pytest.param(lambda m: generate(m, 464, _ONE_NEW),  # one token id, not a batch of prompts
+                 r"^generate: prompts must be a list of token-id lists, got int$",
+                 lambda m: generate(m, [[464]], _ONE_NEW), id="prompts-int"),
+    pytest.param(lambda m: generate(m, [[5], None], _ONE_NEW),
+                 r"^generate: prompts\[1\] must be a list of token ids, got NoneType$",
+                 lambda m: generate(m, [[5], [6]], _ONE_NEW), id="prompt-row-none"),
+    pytest.param(lambda m: sequence_logprobs(m, [[5, 6], []], torch.zeros(2, 1, dtype=torch.long)),
+                 r"^prompt 1 is empty; every prompt needs at least one token$",
+                 lambda m: sequence_logprobs(m, [[5, 6], [7]], torch.zeros(2, 1, dtype=torch.long)), id="score-empty-prompt"),
+    pytest.param(lambda m: sequence_logprobs(m, [[5, 6]], torch.zeros(1, 0, dtype=torch.long)),
+                 r"^sequence_logprobs: completion_tokens has no columns; there is nothing to score$",
+                 lambda m: sequence_logprobs(m, [[5, 6]], torch.zeros(1, 1, dtype=torch.long)), id="score-no-columns"),
+])
+def test_bad_generate_and_scoring_arguments_name_the_argument(call, match, boundary):
+    model = sharp_model()
+    with pytest.raises(ValueError, match=match):
+        call(model)
+    with torch.no_grad():
+        boundary(model)  # the nearest good value passes the same check

@@ -443,3 +443,43 @@ def test_policy_samples_need_a_fen_before_m_and_one_layout_and_a_reward_is_a_sho
     after = board.fen()
     assert tasks.parse_env_completion(f"{after}+0.001+0+0").reward == 0.001
     assert tasks.parse_env_completion(f"{after}+{'1' * 17}+0+0").reward is None  # 17 digits: no reward text
+
+
+def _after_e4() -> str:
+    board = chess.Board()
+    board.push_uci("e2e4")
+    return board.fen()  # python-chess's FEN of a real position: the reference for a good one
+
+
+def _fen_of_the_board_is_accepted():
+    assert tasks.fen_error(chess.Board()) == "FEN must be a string, got Board"  # the parser's answer: no raise
+    assert tasks.fen_error(_after_e4()) is None
+    tasks.policy_prompt(chess.Board().fen())
+
+
+@pytest.mark.parametrize("call, match, boundary", [
+    pytest.param(lambda: tasks.policy_prompt(chess.Board()),  # the board, not its FEN
+                 r"^policy_prompt: FEN must be a string, got Board: Board\('rnbqkbnr/",
+                 _fen_of_the_board_is_accepted, id="fen-is-a-board"),
+    pytest.param(lambda: tasks.env_prompt(None, "e2e4", ["e2e4"]),
+                 r"^env_prompt: FEN must be a string, got NoneType: None$",
+                 lambda: tasks.env_prompt(START, "e2e4", ["e2e4"]), id="fen-none"),
+    pytest.param(lambda: Eval(), r"^Eval needs exactly one of cp or mate, got cp=None, mate=None$", lambda: Eval(cp=0), id="eval-neither"),
+    pytest.param(lambda: Eval(cp=35, mate=2), r"^Eval needs exactly one of cp or mate, got cp=35, mate=2$", lambda: Eval(mate=2),
+                 id="eval-both"),
+    pytest.param(lambda: Eval(mate=0), r"Eval mate must be non-zero", lambda: Eval(mate=-1), id="eval-mate-0"),
+    pytest.param(lambda: Eval(cp=tasks.MATE_CP // 2 + 1), r"^Eval cp must be in \[-50000, 50000\], got 50001$",  # |cp| <= 500 pawns (MAX_PAWNS)
+                 lambda: Eval(cp=tasks.MATE_CP // 2), id="eval-cp-high"),
+    pytest.param(lambda: Eval(cp=-tasks.MATE_CP // 2 - 1), r"^Eval cp must be in \[-50000, 50000\], got -50001$",
+                 lambda: Eval(cp=-tasks.MATE_CP // 2), id="eval-cp-low"),
+    pytest.param(lambda: tasks.env_prompt(START, "e2e4", ["g1f3", "f3g1"] * 5 + ["e2e4"]),
+                 r"^env_prompt: history has 11 moves, at most 10$",
+                 lambda: tasks.env_prompt(START, "e2e4", ["g1f3", "f3g1"] * 4 + ["g1f3", "e2e4"]), id="history-11"),
+    pytest.param(lambda: tasks.env_completion(_after_e4(), 0.3, 0, 0),
+                 r"^env_completion: reward must be one of \(0\.001, 1\.0, 0\.5, -1\.0\), got 0\.3$",
+                 lambda: [tasks.env_completion(_after_e4(), r, 0, 0) for r in tasks.ENV_REWARDS], id="reward"),
+])
+def test_builders_name_the_bad_argument(call, match, boundary):
+    with pytest.raises(ValueError, match=match):
+        call()
+    boundary()  # the nearest good value passes the same check

@@ -562,3 +562,45 @@ def test_accumulated_micro_batches_give_the_whole_batchs_mean_loss_and_gradient(
     total = sum(step.accumulate(xm, ym) for xm, ym in zip(x.chunk(2), y.chunk(2)))
     assert total.item() == pytest.approx(ref.item(), rel=1e-5)
     torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.grad, want, rtol=1e-4, atol=1e-7)
+
+
+def _hf_dir(root: Path, n_positions) -> str:
+    """A folder with only the config.json of a Hugging Face GPT-2 (SFTConfig reads no weights)."""
+    d = root / f"hf_{n_positions}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32,
+                                               "n_positions": n_positions}))
+    return str(d)
+
+
+def _jsonl(root: Path) -> Path:
+    f = root / "t.jsonl"
+    f.write_text('{"text": "P: x"}\n')
+    return f
+
+
+@pytest.mark.parametrize("bad, match, good", [
+    pytest.param(lambda d: dict(model_overrides="n_layer=2"),  # the CLI's spelling, in Python
+                 r"^SFTConfig\.model_overrides must be a dict of GPTConfig fields, got 'n_layer=2'$",
+                 lambda d: dict(model_overrides={"n_layer": 2}), id="overrides-text"),
+    pytest.param(lambda d: dict(init_from=""),
+                 r"""^SFTConfig\.init_from must be "scratch" or a Hugging Face GPT-2 directory, got ''$""",
+                 lambda d: dict(init_from="scratch"), id="init-from-empty"),
+    pytest.param(lambda d: dict(init_from=_hf_dir(d, None)),
+                 r"^SFTConfig\.init_from has a config\.json whose n_positions is None, got '.*hf_None'$",
+                 lambda d: dict(init_from=_hf_dir(d, 256)), id="init-from-n-positions"),  # == block_size 256: fits
+    pytest.param(lambda d: dict(train_data=None),
+                 r"^SFTConfig\.train_data must be a list of JSONL file paths, got None$",
+                 lambda d: dict(train_data=str(_jsonl(d))), id="train-data-none"),  # one path: taken as a list
+    pytest.param(lambda d: dict(val_data=[str(_jsonl(d)), 3]),
+                 r"^SFTConfig\.val_data must be a list of JSONL file paths, got \['.*t\.jsonl', 3\]$",
+                 lambda d: dict(val_data=[_jsonl(d)]), id="val-data-entry"),
+    pytest.param(lambda d: dict(out_dir=""),
+                 r"^SFTConfig\.out_dir must be a directory path, got ''$",
+                 lambda d: dict(out_dir=d / "run"), id="out-dir-empty"),
+])
+def test_config_names_a_bad_model_source_data_list_or_out_dir(tmp_path, bad, match, good):
+    with pytest.raises(ValueError, match=match):
+        SFTConfig(**bad(tmp_path))
+    cfg = SFTConfig(**good(tmp_path))  # the nearest good value passes the same check
+    assert isinstance(cfg.train_data, tuple) and isinstance(cfg.val_data, tuple)

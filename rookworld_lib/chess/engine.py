@@ -37,7 +37,7 @@ import chess
 import chess.engine
 
 from .tasks import Eval
-from ..core.config import bad_field, option, validate
+from ..core.config import option, validate
 from ..core.progress import tqdm
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,8 @@ class EngineSettings:
 
     def __post_init__(self):
         validate(self)
-        if self.path is not None and not isinstance(self.path, str):  # validate checks no str fields
-            bad_field("EngineSettings", "path", self.path, "must be a string or None")
+        if self.path is not None:  # validate lets a path-like through, as find_stockfish takes one: kept as text
+            object.__setattr__(self, "path", os.fspath(self.path))
         if self.depth is None and self.nodes is None and self.time is None:
             raise ValueError("EngineSettings: set at least one of depth, nodes, time (an unlimited search never ends)")
 
@@ -146,9 +146,13 @@ def parse_limit_key(key: str) -> chess.engine.Limit:
     kwargs = {}
     for part in key.split(","):
         name, _, value = part.partition("=")
-        if name not in ("depth", "nodes", "time") or not value:
-            raise ValueError(f"not a limit key: {key!r}")
-        kwargs[name] = float(value) if name == "time" else int(value)
+        try:
+            if name not in ("depth", "nodes", "time"):
+                raise ValueError(name)
+            kwargs[name] = float(value) if name == "time" else int(value)
+        except ValueError:
+            raise ValueError(f"not a limit key: {key!r} (name=value parts joined by ',': depth and nodes "
+                             "integers, time seconds, e.g. depth=8,nodes=1000)") from None
     return chess.engine.Limit(**kwargs)
 
 

@@ -204,11 +204,11 @@ class Eval:
 
     def __post_init__(self):
         if (self.cp is None) == (self.mate is None):
-            raise ValueError("Eval needs exactly one of cp or mate")
+            raise ValueError(f"Eval needs exactly one of cp or mate, got cp={self.cp!r}, mate={self.mate!r}")
         if self.mate == 0:
             raise ValueError("Eval mate must be non-zero (a mated position has no candidate moves)")
         if self.cp is not None and abs(self.cp) > MATE_CP // 2:
-            raise ValueError(f"Eval cp {self.cp} out of range")
+            raise ValueError(f"Eval cp must be in [-{MATE_CP // 2}, {MATE_CP // 2}], got {self.cp}")
 
     @classmethod
     def from_score(cls, score) -> Eval:

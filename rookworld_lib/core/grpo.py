@@ -356,8 +356,8 @@ def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_item
     mf = m.to(dtype)
     N = m.shape[0]
     n_glob = float(num_completions_in_batch) if num_completions_in_batch is not None else float(N)
-    if n_glob <= 0:
-        raise ValueError(f"grpo: num_completions_in_batch must be > 0, got {num_completions_in_batch!r}")
+    if not n_glob > 0 or not math.isfinite(n_glob):  # NaN passes a `<= 0` test and would make the loss NaN
+        raise ValueError(f"grpo: num_completions_in_batch must be a finite number > 0, got {num_completions_in_batch!r}")
     lt = config.loss_type
     if lt == "grpo":
         return mf / (mf.sum(dim=1, keepdim=True).clamp(min=1.0) * n_glob)
@@ -636,7 +636,7 @@ def micro_batch_gradient(logprobs: Tensor, old_logprobs: Tensor, advantages: Ten
     dr_grpo with equal-sized micro-batches only.
     """
     config = config or GRPOConfig()
-    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+    if not isinstance(micro_batch_size, int) or isinstance(micro_batch_size, bool) or micro_batch_size < 1:
         raise ValueError(f"micro_batch_gradient: micro_batch_size must be a positive integer, got {micro_batch_size!r}")
     N = logprobs.shape[0]
     counts = {"num_items_in_batch": int(effective_mask(mask, truncated, config).sum()),

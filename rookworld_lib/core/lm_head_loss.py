@@ -198,6 +198,10 @@ def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: to
     float rounding and carry gradients to hidden and weight; the entropies (nats) are detached."""
     if hidden.shape[:-1] != tokens.shape:
         raise ValueError(f"linear_token_logprobs: hidden {tuple(hidden.shape)} and tokens {tuple(tokens.shape)} disagree")
+    if chunk_rows is None:
+        chunk_rows = default_chunk_rows(hidden.device)
+    if chunk_rows < 1:  # range(0, M, 0) raises; a negative step never runs and leaves the outputs unwritten
+        raise ValueError(f"linear_token_logprobs: chunk_rows must be >= 1, got {chunk_rows}")
     lp, ent = _LinearTokenLogprobs.apply(hidden.reshape(-1, hidden.size(-1)), weight, tokens.reshape(-1).long(),
-                                         1.0 / temperature, chunk_rows or default_chunk_rows(hidden.device))
+                                         1.0 / temperature, chunk_rows)
     return lp.view(tokens.shape), ent.view(tokens.shape)

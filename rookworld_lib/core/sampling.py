@@ -108,8 +108,10 @@ class Rollout:
 
 def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, valid) of shape (N, P): prompts right-aligned, valid marks the real tokens."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    if not prompts:
+        raise ValueError("left_pad: no prompts; pass at least one")
+    if (empty := next((i for i, p in enumerate(prompts) if len(p) == 0), None)) is not None:
+        raise ValueError(f"prompt {empty} is empty; every prompt needs at least one token")
     P = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
     valid = torch.zeros((len(prompts), P), dtype=torch.bool)
@@ -167,7 +169,7 @@ def _integer_dtype(dtype) -> bool:
     return getattr(dtype, "kind", "") in ("i", "u")  # numpy: signed / unsigned integers
 
 
-def _listed(x, where: str, hint: str, quote: bool) -> list:
+def _listed(x, where: str, hint: str, quote: bool, what: str = "a list of token-id lists") -> list:
     """x as a list: text, a non-integer tensor or array, or a non-sequence is refused naming `where`."""
     if isinstance(x, (str, bytes)):
         shown = f" ({x[:30]!r})" if quote else ""
@@ -179,7 +181,7 @@ def _listed(x, where: str, hint: str, quote: bool) -> list:
     try:
         return list(x)
     except TypeError:
-        raise ValueError(f"{where} must be a list of token-id lists, got {type(x).__name__}") from None
+        raise ValueError(f"{where} must be {what}, got {type(x).__name__}") from None
 
 
 def _token_rows(prompts, vocab_size: int) -> list[list[int]]:
@@ -195,7 +197,7 @@ def _token_rows(prompts, vocab_size: int) -> list[list[int]]:
     for i, p in enumerate(prompts):
         if isinstance(p, numbers.Integral):
             raise ValueError(f"{where}[{i}] is a single id ({p!r}); pass one list of token ids per prompt")
-        ids = _listed(p, f"{where}[{i}]", "tokenizer.encode(text)", quote=True)
+        ids = _listed(p, f"{where}[{i}]", "tokenizer.encode(text)", quote=True, what="a list of token ids")
         if not ids:
             raise ValueError(f"{where}[{i}] is empty; every prompt needs at least one token")
         for j, t in enumerate(ids):

@@ -220,7 +220,7 @@ class Timing:
 def summarize_times(times: list[float]) -> Timing:
     """Median, p10/p90 (linear interpolation between order statistics), min and mean of `times`."""
     if not times:
-        raise ValueError("no timings to summarize")
+        raise ValueError("summarize_times: times is empty; it needs at least one timing")
     xs = sorted(times)
     deciles = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else xs * 9
     return Timing(median_s=statistics.median(xs), p10_s=deciles[0], p90_s=deciles[-1], min_s=xs[0],
