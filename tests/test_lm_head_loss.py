@@ -135,7 +135,6 @@ def test_default_chunking_spans_several_chunks_and_matches_reference():
 @pytest.mark.parametrize("chunk_rows,temperature", [(1, 1.0), (7, 0.7), (1000, 1.3)])
 def test_token_logprobs_entropies_and_gradients_match_float64_reference(chunk_rows, temperature):
     from rookworld_lib.core.grpo import entropy_from_logits, token_logprobs
-    from rookworld_lib.core.lm_head_loss import linear_token_logprobs
 
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(3, 11, 16, generator=g, dtype=torch.float64)
