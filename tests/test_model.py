@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rookworld_lib.core.model import GPT, CheckpointFormatError, GPTConfig, KVCache, PRESETS, additive_mask, hf_config_dict, lm_loss
+from rookworld_lib.core.model import (GPT, CheckpointFormatError, GPTConfig, KVCache, PRESETS, additive_mask,
+                                      config_from_dict, hf_config_dict, lm_loss)
 from rookworld_lib.core.sampling import padded_attention_mask
 
 transformers = pytest.importorskip("transformers")
@@ -542,3 +543,29 @@ def test_missing_or_unreadable_config_and_weights_are_named(hf_dir, tmp_path):
     weights.symlink_to("/proc/self/environ")
     with pytest.raises(CheckpointFormatError, match=re.escape(f"{weights}: cannot read (No such device")):
         GPT.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("call, match", [
+    pytest.param(lambda m: GPTConfig.preset("gpt5"), r"^unknown model preset 'gpt5'; choose one of \['cpu-medium', ",
+                 id="preset"),
+    pytest.param(lambda m: KVCache(m.config, 1, m.config.block_size + 1, "cpu", torch.float32),
+                 r"^KV cache length 33 exceeds the model's block_size 32$", id="cache-too-long"),
+    pytest.param(lambda m: m(torch.zeros(1, 33, dtype=torch.long)), r"^sequence of length 33 exceeds block_size 32$",
+                 id="sequence-too-long"),
+    pytest.param(lambda m: m(torch.zeros(1, 3, dtype=torch.long), start=30), r"^sequence of length 33 exceeds block_size 32$",
+                 id="continuation-too-long"),
+    pytest.param(lambda m: m(torch.zeros(1, 1, dtype=torch.long), start=torch.tensor(3)),
+                 r"^a tensor `start` \(static-shape decode\) needs explicit position_ids and attn_mask$", id="tensor-start"),
+    pytest.param(lambda m: config_from_dict({"n_layer": 2, "n_layers": 2}), r"^unknown GPTConfig field\(s\): n_layers$",
+                 id="config-field"),
+])
+def test_bad_model_arguments_name_what_is_wrong(call, match):
+    """What a notebook user can get wrong calling the model directly: a preset name, a cache or a sequence
+    longer than the context (the last position a model has a learned embedding for), a static-decode start
+    without its positions and mask, a misspelt config field. The longest sequence that fits runs."""
+    torch.manual_seed(0)
+    m = GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=32)).eval()
+    with pytest.raises(ValueError, match=match):
+        call(m)
+    with torch.no_grad():
+        assert m(torch.zeros(1, 32, dtype=torch.long)).shape == (1, 32, m.config.vocab_size)
