@@ -142,14 +142,14 @@ def launches(monkeypatch):
 
 
 @pytest.mark.parametrize("extra, nproc, message", [
-    (["--dynamic-sampling"], "2",
-     "dynamic_sampling is not supported with more than one process (ranks would hold unequal batches)"),
+    (["--dynamic-sampling"], "2", "GRPOTrainConfig.dynamic_sampling (--dynamic-sampling) is not supported with more "
+                                  "than one process (2): the processes would hold batches of unequal size"),
     # 8 prompts x 4 completions (the defaults) = 32 completions a step, split over 2, but minibatches of 3
-    (["--minibatch-size", "3"], "2", "minibatch_size (3) and prompts_per_step * group_size (32) must be "
-                                     "multiples of the number of processes (2)"),
-    # minibatches of 6 split over 3, but the 32 completions a step do not
-    (["--minibatch-size", "6"], "3", "minibatch_size (6) and prompts_per_step * group_size (32) must be "
-                                     "multiples of the number of processes (3)"),
+    (["--minibatch-size", "3"], "2", "GRPOTrainConfig.minibatch_size (--minibatch-size) must be a multiple of the "
+                                     "number of processes (2), got 3"),
+    # minibatches of 6 split over 3, but the 32 completions a step do not (an option the command was not given)
+    (["--minibatch-size", "6"], "3", "GRPOTrainConfig.prompts_per_step (--prompts-per-step, not given) times "
+                                     "group_size must be a multiple of the number of processes (3), got 8 x 4 = 32"),
 ], ids=["dynamic-sampling", "minibatch-not-split", "completions-not-split"])
 def test_grpo_nproc_refuses_unsplittable_settings_before_starting_workers(capsys, tmp_path, launches, extra,
                                                                           nproc, message):

@@ -759,11 +759,15 @@ def check_world_size(cfg: GRPOTrainConfig, world_size: int) -> None:
     """Settings that cannot be split over `world_size` processes (torchrun, --nproc) raise ValueError."""
     if world_size == 1:
         return
+    # worded as config checks are (`GRPOTrainConfig.field ...`): the CLI adds the field's option
     n = cfg.prompts_per_step * cfg.group_size
     if cfg.dynamic_sampling:
-        raise ValueError("dynamic_sampling is not supported with more than one process (ranks would hold unequal "
-                         "batches)")
-    if cfg.minibatch_size % world_size or n % world_size:
-        raise ValueError(f"minibatch_size ({cfg.minibatch_size}) and prompts_per_step * group_size ({n}) must be "
-                         f"multiples of the number of processes ({world_size})")
+        raise ValueError(f"GRPOTrainConfig.dynamic_sampling is not supported with more than one process ({world_size}): "
+                         "the processes would hold batches of unequal size")
+    if cfg.minibatch_size % world_size:
+        raise ValueError(f"GRPOTrainConfig.minibatch_size must be a multiple of the number of processes ({world_size}), "
+                         f"got {cfg.minibatch_size}")
+    if n % world_size:
+        raise ValueError(f"GRPOTrainConfig.prompts_per_step times group_size must be a multiple of the number of "
+                         f"processes ({world_size}), got {cfg.prompts_per_step} x {cfg.group_size} = {n}")
 
