@@ -109,7 +109,7 @@ class Rollout:
 def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, valid) of shape (N, P): prompts right-aligned, valid marks the real tokens."""
     if not prompts:
-        raise ValueError("left_pad: no prompts; pass at least one")
+        raise ValueError("no prompts; pass at least one")
     if (empty := next((i for i, p in enumerate(prompts) if len(p) == 0), None)) is not None:
         raise ValueError(f"prompt {empty} is empty; every prompt needs at least one token")
     P = max(len(p) for p in prompts)
