@@ -168,7 +168,8 @@ ROWS = [
     Row("sft-mate-in-one-as-val-data", sft("--val-data", "data/mate_in_one.jsonl"),  # cwd: the repository root
         "data/mate_in_one.jsonl: holds 'M1' records (an evaluation set), not P:/A: training samples"),
     Row("sft-eval-without-val-data", sft("--eval-interval", "1"),
-        "eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0"),
+        "SFTConfig.eval_interval (--eval-interval) is 1, but there is no val data to measure on: set val_data or a "
+        "val_fraction > 0 (or pass val_texts), or eval_interval 0"),
     Row("grpo-without-out", ["grpo", "--init-from", "{model}", "--device", "cpu"], "give an output directory: --out DIR"),
     # --- eval --json: strict JSON
     Row("eval-json-strict", ["eval", "{model}", "--data-dir", "{evdata}", "--max-policy", "1", "--selfplay-games", "0",

@@ -572,7 +572,8 @@ class SFTTrainer(Trainer):
             if cfg.val_fraction > 0:  # held out whether or not eval is on, so the training data never depend on it
                 train_texts, val_texts = split_val(train_texts, cfg.val_fraction, cfg.seed)
             elif cfg.eval_interval > 0:
-                raise ValueError("eval_interval > 0 needs val data: set val_data, pass val_texts, or set val_fraction > 0")
+                raise ValueError(f"SFTConfig.eval_interval is {cfg.eval_interval}, but there is no val data to measure on: "
+                                 "set val_data or a val_fraction > 0 (or pass val_texts), or eval_interval 0")
         self.train_stream = PackedStream(train_texts, seed=cfg.seed, task_weights=cfg.task_weights, name="train")
         if cfg.batch_size * cfg.block_size > self.train_stream.n_tokens:  # before any memory is spent on it
             raise ValueError(f"SFTConfig.batch_size {cfg.batch_size} x block_size {cfg.block_size} = "
