@@ -439,3 +439,24 @@ def test_reward_functions_get_trls_completion_ids_beside_the_text():
     assert len(seen) == 4
     for text, ids in seen:
         assert tok.decode(ids[:-1] if ids[-1] == EOT_ID else ids) == text and 1 <= len(ids) <= 4
+
+
+def test_ranks_that_see_different_latest_checkpoints_are_refused_naming_both(tmp_path, monkeypatch):
+    """Under torchrun every rank must resume from the same checkpoint: where out_dir is not on a shared
+    filesystem, rank 1 finds another latest file than rank 0 (here none, while rank 0 broadcasts
+    step_00000004.pt) and the run is refused naming both; ranks that agree start fresh."""
+    import re
+
+    import pytest
+
+    from rookworld_lib.core import distributed
+
+    trainer = tiny_trainer(tmp_path)
+    trainer.dist = distributed.DistInfo(rank=1, world_size=2)
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: "step_00000004.pt")
+    with pytest.raises(ValueError, match=rf"^rank 1 sees latest checkpoint None in {re.escape(str(tmp_path / 'checkpoints'))}, rank 0 "
+                                         r"sees step_00000004\.pt: under torchrun out_dir must be on a filesystem that "
+                                         r"every node shares$"):
+        trainer.find_checkpoint()
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: obj)  # rank 0 sees none either
+    assert trainer.find_checkpoint() is None

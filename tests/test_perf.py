@@ -256,3 +256,61 @@ def test_bad_timing_arguments_say_what_is_wrong(call, match, boundary):
         call()
     if boundary is not None:
         boundary()  # the nearest good value passes the same check
+
+
+# --- host facts off the usual Linux x86 path, and the JSON writer (a coverage audit) ---
+
+def _fake_proc(monkeypatch, tmp_path, files: dict[str, str]):
+    """perf reads /proc/<name> through `Path`: point each name at a file in tmp_path holding the given text."""
+    from pathlib import Path
+
+    real = {f"/proc/{name}": tmp_path / name for name in files}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(perf, "Path", lambda p: real.get(str(p), Path(p)))
+
+
+def test_cpu_facts_where_proc_cpuinfo_has_no_model_name_or_is_missing(monkeypatch, tmp_path):
+    """ARM Linux lists no "model name" (and macOS has no /proc/cpuinfo): the field is None, the CPU is
+    named by what `platform` knows, and no bf16 flags means no native bf16."""
+    import platform
+
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm\nCPU implementer\t: 0x41\n"
+    _fake_proc(monkeypatch, tmp_path, {"cpuinfo": arm})
+    assert perf._cpuinfo("Features") == "fp asimd evtstrm"
+    assert perf._cpuinfo("model name") is None
+    assert perf.cpu_name() == (platform.processor() or platform.machine() or "unknown CPU")
+    assert perf.cpu_native_bf16() is False
+    (tmp_path / "cpuinfo").unlink()  # macOS
+    assert perf._cpuinfo("model name") is None and perf._cpuinfo("Features") is None
+
+
+def test_host_cpu_times_read_proc_stat_and_give_none_where_it_is_missing_or_unreadable(monkeypatch, tmp_path):
+    """(busy, total) jiffies from /proc/stat's first line, idle and iowait (fields 4 and 5) not busy:
+    100+0+50+800+50 = 1000 in all, 1000-800-50 = 150 busy. A machine without /proc/stat (macOS) or a line
+    that is not numbers gives None, so the sampler leaves host_cpu_pct out instead of failing."""
+    _fake_proc(monkeypatch, tmp_path, {"stat": "cpu  100 0 50 800 50\ncpu0 50 0 25 400 25\n"})
+    assert perf._host_cpu_times() == (150.0, 1000.0)
+    (tmp_path / "stat").write_text("cpu  100 zero 50\n")
+    assert perf._host_cpu_times() is None
+    (tmp_path / "stat").unlink()
+    assert perf._host_cpu_times() is None
+
+
+def test_to_json_writes_results_devices_dtypes_and_paths_and_names_what_it_cannot(tmp_path):
+    """to_json (`rookworld bench --out`): an object with as_dict() as that dict (a Timing with its spread,
+    (3 - 1) / 2 = 1), a dataclass as its fields, a device, dtype or path as its text; anything else is a
+    TypeError naming its type, and no file is written."""
+    timing = perf.Timing(median_s=2.0, p10_s=1.0, p90_s=3.0, min_s=1.0, mean_s=2.0, times_s=(1.0, 2.0, 3.0))
+    peak = perf.Peak(device="cpu", precision="fp32", table_tflops=None, measured_tflops=0.5)
+    out = perf.to_json({"timing": timing, "peak": peak, "device": torch.device("cpu"), "dtype": torch.bfloat16,
+                        "trace": tmp_path / "trace.json"}, tmp_path / "sub" / "result.json")
+    assert json.loads(out.read_text()) == {
+        "timing": {"median_s": 2.0, "p10_s": 1.0, "p90_s": 3.0, "min_s": 1.0, "mean_s": 2.0,
+                   "times_s": [1.0, 2.0, 3.0], "spread": 1.0},
+        "peak": {"device": "cpu", "precision": "fp32", "table_tflops": None, "measured_tflops": 0.5},
+        "device": "cpu", "dtype": "torch.bfloat16", "trace": str(tmp_path / "trace.json")}
+    for bad, name in ((object(), "object"), ({1, 2}, "set")):
+        with pytest.raises(TypeError, match=rf"^cannot serialise {name}$"):
+            perf.to_json({"x": bad}, tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()

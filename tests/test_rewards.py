@@ -508,3 +508,59 @@ def test_a_policy_prompt_of_a_finished_game_has_nothing_to_score():
         detailed = rewards.score_policy_detailed(prompt, " M: e2e4 E: 0.1 B: e2e4", truth=None)
         assert detailed.total == -1.0 and detailed.errors == ("prompt: the position has no legal moves",), detailed
 
+
+
+# --- truth fields of odd types and engine answers the data never hold (a coverage audit) ---
+
+def test_a_truth_field_of_an_unhashable_type_is_refused_as_unusable_not_a_type_error():
+    """A truth whose moves are a dict or a list of lists (a mangled record) cannot key the truth cache;
+    it is checked uncached and refused as any bad truth is, naming the field, not with lru_cache's
+    "unhashable type" TypeError."""
+    with pytest.raises(rewards.TruthError, match=r"^unusable policy truth: field 'moves' must be a list of 1\.\.5 legal "
+                                                r"UCI moves, got \{'e2e4': 1\}$"):
+        rewards.policy_truth({"fen": chess.STARTING_FEN, "moves": {"e2e4": 1}, "evals": ["0.3"]})
+    with pytest.raises(rewards.TruthError, match=r"^unusable policy truth: move \['e2e4'\] in 'moves' is not a legal"):
+        rewards.score_policy(tasks.policy_prompt(chess.STARTING_FEN), " M: e2e4 E: 0.3 B: e2e4",
+                             truth={"fen": chess.STARTING_FEN, "moves": [["e2e4"]], "evals": ["0.3"]}, engine=None)
+    assert rewards.policy_truth({"fen": chess.STARTING_FEN, "moves": ["e2e4"], "evals": ["0.3"]}).moves == ("e2e4",)
+
+
+class _SpyPool:
+    """An EnginePool stand-in that answers every search with `evals` (moves: the root moves searched) and
+    records each call's multipv, limit and root moves."""
+
+    def __init__(self, evals):
+        self.evals, self.calls = tuple(evals), []
+
+    def analyse(self, board, multipv=None, limit=None, root_moves=None):
+        self.calls.append((multipv, limit, root_moves))
+        moves = tuple(root_moves or ())[:len(self.evals)]
+        return engine.Analysis(board.fen(en_passant="fen"), moves, self.evals[:len(moves)], "depth=8")
+
+
+def test_an_unlisted_move_of_a_truth_with_an_unknown_limit_is_searched_at_the_engines_own_limit():
+    """Converted original data label their searches 'unknown': an unlisted B: move is then searched at the
+    engine's own limit (limit=None), one line restricted to that move; a truth of 'depth=8' searches at
+    depth 8. The searched eval counts: -0.50 against the best candidate's 0.30 is a loss of 80 cp."""
+    evals = ["0.3", "0.2", "0.1", "0.0", "-0.1"]
+    prompt, completion = tasks.policy_text(chess.STARTING_FEN, MOVES, evals, MOVES[0], "compact")
+    completion = completion.rsplit(" B: ", 1)[0] + " B: a2a3"
+    for label, limit in (("unknown", None), ("depth=8", chess.engine.Limit(depth=8))):
+        pool = _SpyPool([tasks.Eval(cp=-50)])
+        truth = {"fen": chess.STARTING_FEN, "moves": MOVES, "evals": evals, "limit": label}
+        d = rewards.score_policy_detailed(prompt, completion, truth=truth, engine=pool, cache=False)
+        assert pool.calls == [(1, limit, ["a2a3"])], pool.calls
+        assert d.errors == ("B: move is not among the M: candidates",)  # the format's rule, not the engine's
+        assert d.estimated is False and d.best_rank is None and d.cp_loss == 80.0
+
+
+def test_an_engine_that_answers_no_line_scores_a_legal_move_without_quality():
+    """Where the engine's search returns no principal variation (no candidates, no evals: a search cut off
+    before its first line), a legal B: move is scored with no quality and no centipawn loss, marked
+    estimated, rather than failing on the missing eval."""
+    fen = "4k3/8/8/8/8/8/3PP3/4K3 w - - 0 1"  # a position no shipped data set registers
+    pool = _SpyPool([])
+    d = rewards.score_policy_detailed(tasks.policy_prompt(fen), " M: e1f1 E: 0.1 B: e1f1", engine=pool, cache=False)
+    assert pool.calls == [(None, None, None), (1, chess.engine.Limit(depth=8), ["e1f1"])], pool.calls  # position, move
+    assert d.truth_source == "engine" and d.errors == ()
+    assert (d.best_legal, d.best_quality, d.cp_loss, d.best_rank, d.estimated) == (1.0, 0.0, None, None, True)

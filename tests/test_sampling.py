@@ -550,3 +550,13 @@ def test_bad_generate_and_scoring_arguments_name_the_argument(call, match, bound
         call(model)
     with torch.no_grad():
         boundary(model)  # the nearest good value passes the same check
+
+
+def test_scoring_no_prompts_is_refused_by_name_not_by_an_empty_max():
+    """sequence_logprobs over an empty batch (a GRPO minibatch or a caller's filter that kept no rows) says
+    that no prompt was given, not Python's "max() arg is an empty sequence"; one prompt scores."""
+    model = sharp_model()
+    with pytest.raises(ValueError, match=r"^no prompts; pass at least one$"):
+        sequence_logprobs(model, [], torch.zeros(0, 1, dtype=torch.long))
+    with torch.no_grad():
+        assert sequence_logprobs(model, [[5]], torch.zeros(1, 1, dtype=torch.long)).shape == (1, 1)

@@ -174,3 +174,58 @@ def test_a_failed_tokenizer_conversion_warns_and_exports_without_tokenizer_files
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
     assert not (tmp_path / "cache").exists()
     assert GPT.from_pretrained(tmp_path / "m").config.n_embd == 16
+
+
+def test_without_transformers_and_nothing_cached_an_export_has_no_tokenizer_files(tmp_path, monkeypatch, caplog):
+    """Where transformers is not installed (an optional dependency) and no tokenizer.json was cached by an
+    earlier export, hf_tokenizer_json() is None, quietly (nothing failed: nothing to warn about), and an
+    export holds the weights and config only; nothing is cached."""
+    import logging
+    import sys
+
+    from rookworld_lib.core.model import GPT
+
+    tok.get_tokenizer()  # built (and lru-cached) before anything is patched
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setitem(sys.modules, "transformers.convert_slow_tokenizer", None)  # `import` raises ImportError
+    with caplog.at_level(logging.WARNING, logger="rookworld_lib.core.tokenizer"):
+        assert tok.hf_tokenizer_json() is None
+        _tiny_export(tmp_path / "m")
+    assert [r.getMessage() for r in caplog.records if r.name == "rookworld_lib.core.tokenizer"] == []
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert not (tmp_path / "cache").exists()
+    assert GPT.from_pretrained(tmp_path / "m").config.n_embd == 16
+
+
+def test_an_unwritable_cache_still_gives_the_tokenizer_and_exports_it(tmp_path, monkeypatch):
+    """A cache folder that cannot be made (here $XDG_CACHE_HOME is a file, as an unwritable home is) is no
+    error: the converted tokenizer.json is returned (and built again next time), and it encodes as
+    tiktoken does, checked with the `tokenizers` library itself."""
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    tok.get_tokenizer()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache folder would go\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    text = tok.hf_tokenizer_json()
+    assert text is not None and blocker.read_text() == "a file where the cache folder would go\n"
+    sample = "P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 M: e2e4 d2d4 B: e2e4"
+    assert Tokenizer.from_str(text).encode(sample).ids == tok.get_tokenizer().encode(sample)
+    (tmp_path / "m").mkdir()
+    assert tok.write_hf_tokenizer(tmp_path / "m", 64) is True and (tmp_path / "m" / "tokenizer.json").read_text() == text
+
+
+def test_a_model_folder_is_not_checked_where_the_tokenizers_library_is_missing(tmp_path, monkeypatch):
+    """check_model_tokenizer reads a folder's tokenizer.json with `tokenizers` (it comes with transformers):
+    a foreign tokenizer (a two-word vocabulary) is refused where that library is installed, and passes
+    unchecked where it is not, as the docstring promises, rather than failing on the import."""
+    import sys
+
+    tokenizers = pytest.importorskip("tokenizers")
+    foreign = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<|endoftext|>": 0, "Q": 1}, unk_token="Q"))
+    foreign.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match="tokenizer.json: not GPT-2's tokenizer"):
+        tok.check_model_tokenizer(tmp_path)
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    assert tok.check_model_tokenizer(tmp_path) is None

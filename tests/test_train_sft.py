@@ -604,3 +604,72 @@ def test_config_names_a_bad_model_source_data_list_or_out_dir(tmp_path, bad, mat
         SFTConfig(**bad(tmp_path))
     cfg = SFTConfig(**good(tmp_path))  # the nearest good value passes the same check
     assert isinstance(cfg.train_data, tuple) and isinstance(cfg.val_data, tuple)
+
+
+# ---- refusals and no-ops no other test reaches (a coverage audit), each against a hand-worked value ----
+
+def test_a_sample_that_is_only_an_eot_is_refused_as_empty():
+    """sample_text lets "<|endoftext|>" through (it is not blank), but the stream drops a trailing EOT
+    (every sample gets one in front), which leaves nothing: refused naming the sample's index and the
+    stream, as a blank sample is; "P: x<|endoftext|>" keeps "P: x" and is fine."""
+    with pytest.raises(ValueError, match=r"^train sample 1 is empty$"):
+        PackedStream(["P: x", EOT_TOKEN], seed=0)
+    with pytest.raises(ValueError, match=r"^val sample 0 is empty$"):
+        PackedStream(["  " + EOT_TOKEN, "P: x"], seed=0, name="val")
+    assert sft.sample_text(EOT_TOKEN, "train_texts[1]") == EOT_TOKEN  # the check before the stream's passes it
+    assert PackedStream(["P: x" + EOT_TOKEN], seed=0).n_samples == 1
+
+
+def test_a_streamed_data_file_without_samples_is_refused_at_once(tmp_path):
+    """stream=True reads files as it goes, but a file with only blank lines is refused when the stream is
+    made (not at the first draw, mid-run), naming the stream; one sample is enough."""
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n\n")
+    with pytest.raises(ValueError, match=r"^train data is empty: no samples to train on$"):
+        sft.StreamingPackedStream([blank], seed=0)
+    with pytest.raises(ValueError, match=r"^val data is empty: no samples to train on$"):
+        sft.StreamingPackedStream([blank], seed=0, name="val")
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"text": "P: x"}) + "\n")
+    sft.StreamingPackedStream([blank, one], seed=0)
+
+
+def test_a_val_split_that_would_leave_no_training_sample_is_refused():
+    """split_val holds out round(n x fraction) samples, at least one: from 1 sample that is all of them, and
+    from 2 samples at 0.75 round(1.5) = 2 (Python rounds half to even); 0.5 of 2 holds out 1 and keeps 1."""
+    with pytest.raises(ValueError, match=r"^cannot hold out 1 val samples from 1: give val data or lower val_fraction$"):
+        sft.split_val(["P: a"], 0.05, seed=0)
+    with pytest.raises(ValueError, match=r"^cannot hold out 2 val samples from 2: "):
+        sft.split_val(["P: a", "P: b"], 0.75, seed=0)
+    train, val = sft.split_val(["P: a", "P: b"], 0.5, seed=0)
+    assert len(train) == len(val) == 1 and sorted(train + val) == ["P: a", "P: b"]
+
+
+def test_a_trainer_without_any_training_data_says_how_to_give_it(tmp_path):
+    """Neither train_data files nor train_texts: refused before any model is built, naming both ways."""
+    with pytest.raises(ValueError, match=r"^no training data: set SFTConfig\.train_data \(JSONL files\) or pass "
+                                         r"train_texts$"):
+        SFTTrainer(tiny_cfg(tmp_path))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_evaluate_without_val_data_is_none_not_a_loss(tmp_path):
+    """eval_interval 0: no val stream is built (whatever val_fraction holds out), and evaluate() says None,
+    which the metrics log as no eval/loss, rather than a number or a crash."""
+    trainer = SFTTrainer(tiny_cfg(tmp_path, eval_interval=0), train_texts=TEXTS)  # val_fraction 0.05 holds 1 out
+    assert trainer.val_stream is None
+    assert trainer.evaluate() is None
+
+
+def test_clipping_before_any_backward_measures_a_zero_norm_and_makes_no_gradients():
+    """clip_grad_norm on a model no backward has touched (a TrainStep's clip() before accumulate) gives
+    0, as torch's own clip_grad_norm_ over no tensors does, and leaves every .grad None."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+    from rookworld_lib.core.train_utils import clip_grad_norm
+
+    model = GPT(GPTConfig.preset("tiny", **TINY_MODEL))
+    want = torch.nn.utils.clip_grad_norm_([], 1.0)
+    for max_norm in (1.0, 0.0):  # 0: measure only
+        norm = clip_grad_norm(model, max_norm)
+        assert isinstance(norm, torch.Tensor) and norm.shape == () and norm.item() == want.item() == 0.0
+    assert all(p.grad is None for p in model.parameters())

@@ -269,3 +269,46 @@ def test_the_matrix_takes_the_peak_it_is_given():
     row = result.row("baseline")
     assert result.peaks["fp32"] is peak
     assert row["mfu_measured"] == pytest.approx(row["achieved_tflops"] / 1e3)
+
+
+# --- refusals no other test reaches (a coverage audit), each against a hand-worked value ---
+
+def test_a_compiled_row_on_a_cpu_without_a_cpp_compiler_is_skipped_with_the_reason(monkeypatch):
+    """torch.compile on a CPU builds C++ kernels: with none of g++, c++ or clang++ on PATH the row is
+    skipped saying so; any one of them is enough, and an uncompiled row never needs one."""
+    cfg, cpu = replace(BASE, compile="default"), torch.device("cpu")
+    monkeypatch.setattr(tuning.shutil, "which", lambda name: None)
+    assert tuning.unsupported_reason(cfg, cpu) == "torch.compile on CPU needs a C++ compiler (g++/clang++), none found"
+    assert tuning.unsupported_reason(BASE, cpu) is None  # compile="off"
+    monkeypatch.setattr(tuning.shutil, "which", lambda name: "/usr/bin/clang++" if name == "clang++" else None)
+    assert tuning.unsupported_reason(cfg, cpu) is None
+
+
+def test_initial_weights_of_another_shape_are_refused_naming_the_tensor():
+    """load_initial_state copies the baseline's weights into each row's model, padding the vocabulary
+    rows only: a model of another width (64 -> 32 columns of the token embedding, its first tensor) or a
+    smaller vocabulary (1000 rows < 50257) cannot take them, and the error names the tensor and shapes."""
+    torch.manual_seed(0)
+    state = {k: v.detach().clone() for k, v in GPT(GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16)).named_parameters()}
+    narrow = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16))
+    with pytest.raises(ValueError, match=r"^cannot map initial weights transformer\.wte\.weight \(50257, 64\) onto "
+                                         r"\(50257, 32\)$"):
+        tuning.load_initial_state(narrow, state)
+    small_vocab = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=64, block_size=16, vocab_size=1000))
+    with pytest.raises(ValueError, match=r"^cannot map initial weights transformer\.wte\.weight \(50257, 64\) onto "
+                                         r"\(1000, 64\)$"):
+        tuning.load_initial_state(small_vocab, state)
+
+
+def test_an_impossible_mfu_against_a_table_only_peak_is_an_error_not_a_remeasurement():
+    """A peak given without a measurement (get_peak(measure=False): the data sheet's only) cannot be
+    re-measured upward, so 2 TFLOP/s against a 1 TFLOP/s sheet (200%) is the FLOP count's error, raised as
+    perf.MFUError; the peak is left as given. Half the sheet's rate is 50% of it."""
+    sheet = perf.Peak(device="NVIDIA H100 80GB HBM3", precision="bf16", table_tflops=1.0, measured_tflops=None)
+    peaks = {"bf16": sheet}
+    with pytest.raises(perf.MFUError, match=r"^MFU 200\.0% of the data-sheet peak \(2 TFLOP/s achieved vs 1 TFLOP/s on "
+                                            r"NVIDIA H100 80GB HBM3, bf16\) is impossible"):
+        tuning.checked_mfu(2e12, 1.0, peaks, torch.device("cpu"), "bf16")
+    assert peaks == {"bf16": sheet}
+    util = tuning.checked_mfu(0.5e12, 1.0, peaks, torch.device("cpu"), "bf16")
+    assert (util.vs_table, util.vs_measured) == (0.5, None)
