@@ -82,8 +82,12 @@ def test_two_processes_match_one_and_resume_across_world_sizes(tmp_path, data_fi
 
     # the same run as 2 processes under torchrun, fresh
     two = tmp_path / "two"
+    scratch = tmp_path / "tmpdir"  # torchrun's temporary directory: it keeps nothing there once it ends
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     out = torchrun_sft(argv(data_file, two), capfd)
     assert out.count("SFT finished at step 4") == 1  # rank 0 reports; rank 1 stays quiet
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("torchelastic_")]
     worst = max_diff(params_at(ref, 4), params_at(two, 4))
     print(f"max |1 process - 2 processes| = {worst:.2e}")
     assert worst <= TOL, worst

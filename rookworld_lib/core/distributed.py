@@ -111,12 +111,13 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
     assert nproc >= 1, nproc
     if preflight is not None:
         preflight(list(argv), nproc)
-    cmd = [sys.executable, "-m", "rookworld_lib.core.distributed", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "rookworld_lib.lab.cli", subcommand, *argv]
     # each process gets its share of the cores; oversubscribed threads slow everything down (a set value wins)
     env = {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)), **os.environ}
     with tempfile.TemporaryDirectory(prefix="rookworld-errors-") as errors_dir:
         env[ERRORS_DIR_ENV] = errors_dir
+        # torchrun's own log directory goes in there too (without --log-dir it leaves a torchelastic_* in /tmp)
+        cmd = [sys.executable, "-m", "rookworld_lib.core.distributed", "--standalone", f"--nproc_per_node={nproc}",
+               f"--log-dir={errors_dir}", "-m", "rookworld_lib.lab.cli", subcommand, *argv]
         # torchrun dies with this launcher, even a SIGKILLed one (the kernel sends it SIGTERM, and it
         # stops its workers): no orphans keep writing into the out_dir. Ctrl-C and SIGTERM are passed on.
         proc = subprocess.Popen(cmd, env=env, preexec_fn=_terminate_with_parent)
