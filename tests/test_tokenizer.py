@@ -208,8 +208,10 @@ def test_an_unwritable_cache_still_gives_the_tokenizer_and_exports_it(tmp_path, 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the cache folder would go\n")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken"))  # where tiktoken's loader copies a rank file
     text = tok.hf_tokenizer_json()
     assert text is not None and blocker.read_text() == "a file where the cache folder would go\n"
+    assert not (tmp_path / "tiktoken").exists()  # the converter took our checked ranks, not tiktoken's loader
     sample = "P: rnbqkbnr/pppppppp/8/8/8/8/PPPPPPPP/RNBQKBNR w KQkq - 0 1 M: e2e4 d2d4 B: e2e4"
     assert Tokenizer.from_str(text).encode(sample).ids == tok.get_tokenizer().encode(sample)
     (tmp_path / "m").mkdir()

@@ -50,8 +50,8 @@ def default_ranks_path() -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _build(path: str) -> tiktoken.Encoding:
-    """The encoding of a rank file (one `base64(token) rank` pair per line) whose sha256 is GPT-2's."""
+def _ranks(path: str) -> dict[bytes, int]:
+    """The ranks of a rank file (one `base64(token) rank` pair per line) whose sha256 is GPT-2's."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -61,8 +61,13 @@ def _build(path: str) -> tiktoken.Encoding:
         raise TokenizerFileError(
             f"GPT-2 rank file {path} is corrupt: sha256 {digest} != expected {RANKS_SHA256}. {RESTORE_HINT}"
         )
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
-    return tiktoken.Encoding(name="gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+    return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
+
+
+@functools.lru_cache(maxsize=4)
+def _build(path: str) -> tiktoken.Encoding:
+    """The encoding of a checked rank file (_ranks)."""
+    return tiktoken.Encoding(name="gpt2_offline", pat_str=GPT2_PATTERN, mergeable_ranks=_ranks(path),
                              special_tokens={EOT_TOKEN: EOT_ID}, explicit_n_vocab=VOCAB_SIZE)
 
 
@@ -113,8 +118,10 @@ def hf_tokenizer_json() -> str | None:
                else "additional_special_tokens")
     sample = "<|endoftext|>Q: 3+4 = 7; rev(abc) = cba  -0.25 e2e4 1/2 ÄÖ 日本\n"
     try:
-        text = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
-                                 **{special: [EOT_TOKEN]}).converted().to_str()
+        converter = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN, **{special: [EOT_TOKEN]})
+        # the checked ranks: tiktoken's own loader would leave a copy of the file in /tmp/data-gym-cache
+        converter.load_tiktoken_bpe = _ranks
+        text = converter.converted().to_str()
         if Tokenizer.from_str(text).encode(sample).ids != encode(sample, enc):
             raise ValueError("it encodes otherwise than tiktoken")
     except Exception as exc:  # an optional file: an export without it, never a failed export
