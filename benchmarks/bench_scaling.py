@@ -82,7 +82,8 @@ def main() -> None:
         if gpu:
             from rookworld_lib.lab import perf
             from rookworld_lib.core.model import GPTConfig
-            flops = perf.flops_per_token(GPTConfig.preset(args.model), args.block_size, "train") * s1
+            shape = GPTConfig.preset(args.model, pad_vocab_to_multiple=args.pad_vocab)  # the head it trained
+            flops = perf.flops_per_token(shape, args.block_size, "train") * s1
             peak = perf.table_peak(out["gpu"], "bf16" if args.dtype in ("auto", "bf16") else "fp32")
             out["sft"]["model_tflops"] = flops / 1e12
             out["sft"]["mfu_vs_table_peak"] = flops / (peak * 1e12) if peak else None

@@ -50,6 +50,9 @@ def test_config_arguments_round_trip():
     assert config.config_kwargs_from_args(Demo, args) == {
         "steps": 7, "rate": None, "flag": True, "pair": (0.8, 0.99), "files": ("a.jsonl", "b.jsonl"),
         "extra": {"dropout": 0.1, "attn_impl": "math"}, "mode": "b"}
+    # several KEY=VALUE after one flag, as one writes `--model-overrides n_layer=6 n_embd=192`, and repeated
+    args = ap.parse_args(["--extra", "n_layer=6", "n_embd=192", "--extra", "n_head=6", "--steps", "2"])
+    assert config.config_kwargs_from_args(Demo, args)["extra"] == {"n_layer": 6, "n_embd": 192, "n_head": 6}
     assert "how many steps" in ap.format_help() and "{a,b}" in ap.format_help()  # choices shown
 
 

@@ -215,7 +215,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
                          metavars=None) -> None:
     """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by its
     metadata["help"], defaulting to its default: bool -> --x/--no-x; tuple[float, float] -> --x A B;
-    tuple[str, ...] -> --x A B C; dict -> --x KEY=VALUE (repeatable, VALUE as JSON where it parses);
+    tuple[str, ...] -> --x A B C; dict -> --x KEY=VALUE [KEY=VALUE ...] (repeatable, VALUE as JSON where it parses);
     T | None -> also "none"."""
     hints = typing.get_type_hints(cls)
     docs = {**field_docs(cls), **(help_overrides or {})}
@@ -232,7 +232,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         elif origin is tuple:  # tuple[T, ...] takes any number of values, tuple[T, T] exactly two
             kw.update(type=args[0], nargs="*" if args[-1] is Ellipsis else len(args), metavar=args[0].__name__.upper())
         elif origin is dict or hint is dict:
-            kw.update(type=_parse_override, action="append", metavar="KEY=VALUE", default=None)
+            kw.update(type=_parse_override, action="extend", nargs="+", metavar="KEY=VALUE", default=None)
         elif hint in (int, float, str):
             kw["type"] = _optional(hint) if optional else hint
             if "choices" in f.metadata and not optional:
@@ -242,8 +242,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         if metavars and f.name in metavars:
             kw["metavar"] = metavars[f.name]
         text = _flags_in_help(docs.get(f.name, ""), flags).replace("%", "%%")
-        if kw.get("action") == "append":
-            text += " (repeatable)"
+        if kw.get("action") == "extend":
+            text += " (one or more; repeatable)"
         elif default not in ((), {}) and "(default" not in text.lower() and "(required)" not in text:  # one default
             text += f" (default: {default!r})".replace("%", "%%")
         parser.add_argument(flag_name(f.name), help=text, **kw)
