@@ -26,7 +26,8 @@ def two_process_params(tmp_path_factory) -> dict[str, dict]:
     one xdist worker)."""
     out = tmp_path_factory.mktemp("grpo-2-processes")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    logs = tmp_path_factory.mktemp("torchrun-logs")  # not torchrun's default, a torchelastic_* left in /tmp
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
            str(WORKER), str(out), *LOSS_TYPES]
     # A launch takes about 15 s; the limit turns a hang at exit (GRPOTrainer.close) into a quick failure.
     try:

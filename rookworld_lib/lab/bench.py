@@ -27,7 +27,7 @@ from . import perf
 from ..core import grpo
 from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
-from ..core.tokenizer import EOT_ID, EOT_TOKEN, GPT2_PATTERN, default_ranks_path, get_tokenizer
+from ..core.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer, hf_tokenizer_json
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
 from ..core.config import SEED_MAX, config_class, option, validate
 from ..core.train_utils import Runtime, build_adamw, check_device_name, clip_grad_norm, resolve_device, setup_runtime
@@ -236,14 +236,12 @@ def grpo_prompt_texts(n: int) -> list[str]:
 
 
 def hf_gpt2_tokenizer():
-    """A transformers fast tokenizer built offline from our GPT-2 rank file (same ids as tiktoken)."""
-    from transformers import PreTrainedTokenizerFast  # optional heavy dependency, as above
-    from transformers.convert_slow_tokenizer import TikTokenConverter
+    """A transformers fast tokenizer of our exports' tokenizer.json (same ids as tiktoken), offline."""
+    from tokenizers import Tokenizer  # optional heavy dependencies (tokenizers comes with transformers)
+    from transformers import PreTrainedTokenizerFast
 
-    conv = TikTokenConverter(vocab_file=str(default_ranks_path()), pattern=GPT2_PATTERN,
-                             extra_special_tokens=[EOT_TOKEN])
-    return PreTrainedTokenizerFast(tokenizer_object=conv.converted(), eos_token=EOT_TOKEN, pad_token=EOT_TOKEN,
-                                   bos_token=EOT_TOKEN, padding_side="left")
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(hf_tokenizer_json()), eos_token=EOT_TOKEN,
+                                   pad_token=EOT_TOKEN, bos_token=EOT_TOKEN, padding_side="left")
 
 
 def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
