@@ -400,6 +400,25 @@ for line in sys.stdin:
     elif cmd == "quit":
         break""",
 }
+# engines that answer in form but not in substance (a UCI shell around them: uci, isready, quit as above)
+_UCI_SHELL = """
+for line in sys.stdin:
+    cmd = line.split()[0] if line.split() else ""
+    if cmd == "uci":
+        print("id name FakeAnswer", *(f"option name {o} type spin default 1 min 1 max 1024" for o in ("Threads", "Hash", "MultiPV")),
+              "uciok", sep="\\n", flush=True)
+    elif cmd == "isready":
+        print("readyok", flush=True)
+    elif cmd == "go":
+        print(ANSWER, flush=True)
+    elif cmd == "quit":
+        break"""
+FAKE_ENGINES.update({
+    # e2e4 whatever the position: an illegal move once it is not white's, or the pawn has moved
+    "plays illegal moves": "ANSWER = 'info depth 1 multipv 1 score cp 13 nodes 1 pv e2e4\\nbestmove e2e4'" + _UCI_SHELL,
+    "answers without lines": "ANSWER = 'bestmove 0000'" + _UCI_SHELL,  # no info line, a null move
+    "answers without a score": "ANSWER = 'info depth 1 multipv 1 nodes 1 pv e2e4\\nbestmove e2e4'" + _UCI_SHELL,
+})
 
 
 def fake_engine(tmp_path: Path, kind: str) -> str:

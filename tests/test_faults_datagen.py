@@ -25,7 +25,7 @@ import pytest
 from forked_child import ForkedChild, cli_main
 from helpers_chess import wait_gone
 from test_data_messages import one_line
-from test_faults import DATAGEN_ARGS, child_env, fake_engine
+from test_faults import DATAGEN_ARGS, assert_one_clear_message, child_env, fake_engine, run_driver
 
 from rookworld_lib.chess import datagen, engine
 from rookworld_lib.lab.cli import main
@@ -222,7 +222,7 @@ def test_fresh_keeps_the_lock_of_the_work_directory_it_empties(tmp_path):
     from rookworld_lib.core.paths import LOCK_FILE, RunDirBusyError, run_lock
 
     work = tmp_path / "work"
-    (work / "sub").mkdir(parents=True)
+    (work / "out").mkdir(parents=True)
     (work / "games.jsonl").write_text("{}\n")
     with run_lock(work):
         datagen._open_work_dir(work, {"config": {}, "engine": "x"}, True, tmp_path / "out")
@@ -230,6 +230,52 @@ def test_fresh_keeps_the_lock_of_the_work_directory_it_empties(tmp_path):
         with pytest.raises(RunDirBusyError):
             with run_lock(work):
                 pass
+
+
+def test_labels_from_an_engine_that_answers_in_form_only_end_in_one_line_and_publish_nothing(tmp_path):
+    """Random games (no engine moves), so only the P: labels meet the engine: an illegal PV move, a search
+    without lines (bestmove 0000) or an info line without a score is an engine failure, retried and then
+    said in one line; nothing is published (an illegal label used to go out with exit 0, a search without
+    lines to drop every P: record, silently)."""
+    kinds = ("plays illegal moves", "answers without lines", "answers without a score")
+    jobs = ["from rookworld_lib.chess import engine\nengine.TIMEOUT_FLOOR_S = 0.5\nengine.SLOW_NODES_PER_S = 1e8\n"
+            "from rookworld_lib.lab.cli import main\n"
+            f"raise SystemExit(main({datagen_argv(tmp_path / str(i), fake_engine(tmp_path, k), '--random-share', '1', '--opening-share', '0', '--policy-rate', '1')!r}))"
+            for i, k in enumerate(kinds)]
+    for i, result in enumerate(run_driver(jobs, child_env())):
+        assert_one_clear_message(result, "rookworld datagen", "Stockfish failed on every attempt while labelling")
+        assert not [p for p in (tmp_path / str(i)).glob("*.jsonl*")], kinds[i]
+
+
+def test_a_work_dir_that_would_take_what_must_stay_is_refused_before_anything_runs(tmp_path, capsys):
+    """datagen deletes its work directory when it finishes (and empties it on --fresh): a --work-dir that is
+    --out or a folder above it, or one holding files of its own, is refused in one line, and nothing in
+    it is touched. A folder datagen made is removed as before, and only what datagen keeps in it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    for work, why in ((out, "which is out_dir or a folder above it"), (tmp_path, "which is out_dir or a folder above it"),
+                      (mine, "holds files that are not datagen's (notes.txt)")):
+        for extra in ((), ("--fresh",)):
+            assert main(datagen_argv(out, "/usr/games/stockfish", "--work-dir", str(work), *extra)) == 1
+            one_line(capsys.readouterr().err, "rookworld datagen", f"--work-dir) {work}" if "holds" in why else
+                     f"--work-dir) is {work}", why)
+    assert (out / "notes.txt").read_text() == (mine / "notes.txt").read_text() == "mine\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    # a left-over work directory of datagen's (its files and a lock) is no stranger: taken, then removed whole
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".lock").write_text("")
+    (work / "games.jsonl").write_text("")
+    datagen._remove_work(work, keep_lock=True)
+    assert sorted(p.name for p in work.iterdir()) == [".lock"]
+    (work / "config.json").write_text("{}")
+    (work / "stray").write_text("not ours\n")  # appeared during a run: kept, with its folder
+    datagen._remove_work(work, keep_lock=False)
+    assert sorted(p.name for p in work.iterdir()) == ["stray"]
 
 
 # --- a resumed run's work directory, a STOCKFISH_PATH that is no program ------------------------

@@ -494,16 +494,25 @@ class UciAnalyser:
         if not any(board.legal_moves):
             return Analysis(fen, (), (), self.limit_key, 0)
         last = {}  # multipv index -> tokens of its last info line with a PV
-        for line in self._exchange(f"ucinewgame\nposition fen {fen}\n{self.go}\n", "bestmove", self.timeout):
-            if line.startswith("info depth") and " pv " in line:
-                t = line.split()
-                last[int(t[t.index("multipv") + 1]) if "multipv" in t else 1] = t
-        lines = {}  # first move -> eval, best first (as engine._to_analysis)
-        for _, t in sorted(last.items()):
-            i = t.index("score")
-            score = chess.engine.Mate(int(t[i + 2])) if t[i + 1] == "mate" else chess.engine.Cp(int(t[i + 2]))
-            lines.setdefault(t[t.index("pv") + 1], tasks.Eval.from_score(score))
-        depth = max((int(t[t.index("depth") + 1]) for t in last.values()), default=None)
+        try:
+            for line in self._exchange(f"ucinewgame\nposition fen {fen}\n{self.go}\n", "bestmove", self.timeout):
+                if line.startswith("info depth") and " pv " in line:
+                    t = line.split()
+                    last[int(t[t.index("multipv") + 1]) if "multipv" in t else 1] = t
+            lines = {}  # first move -> eval, best first (as engine._to_analysis)
+            for _, t in sorted(last.items()):
+                i, move = t.index("score"), t[t.index("pv") + 1]
+                score = chess.engine.Mate(int(t[i + 2])) if t[i + 1] == "mate" else chess.engine.Cp(int(t[i + 2]))
+                if not board.is_legal(chess.Move.from_uci(move)):
+                    raise ValueError(f"illegal move {move!r} in {fen!r}")
+                lines.setdefault(move, tasks.Eval.from_score(score))
+            depth = max((int(t[t.index("depth") + 1]) for t in last.values()), default=None)
+        except (ValueError, IndexError) as exc:  # an info line unread (no score, a word for a number) or an illegal move
+            self.kill()
+            raise EngineFailedError(f"Stockfish gave an analysis that cannot be used ({exc})") from None
+        if not lines:
+            self.kill()
+            raise EngineFailedError(f"Stockfish gave no line with a move and a score for {fen!r}")
         return Analysis(fen, tuple(lines), tuple(lines.values()), self.limit_key, depth)
 
     def play(self, board: chess.Board, limit: chess.engine.Limit) -> chess.Move:
@@ -515,8 +524,10 @@ class UciAnalyser:
         try:
             last = self._exchange(f"position {position}{' moves ' + moves if moves else ''}\n{go_command(limit)}\n",
                                   "bestmove", search_timeout(limit, 1, self.floor))[-1]
-            return chess.Move.from_uci(last.split()[1])
-        except (EngineFailedError, ValueError, IndexError) as exc:  # the last two: a garbled bestmove
+            if not board.is_legal(move := chess.Move.from_uci(last.split()[1])):  # 0000 too
+                raise ValueError(f"illegal bestmove {move.uci()!r} in {board.fen()!r}")
+            return move
+        except (EngineFailedError, ValueError, IndexError) as exc:  # the last two: a garbled or illegal bestmove
             self.kill()
             raise EngineSessionLost(f"Stockfish failed during a session ({type(exc).__name__}: {exc})") from None
 
@@ -666,6 +677,7 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) 
     propagate; what was finished stays in the work directory for the next run."""
     if cfg.exclude_dir:  # a bad --exclude-dir stops here, before anything is started or written
         heldout_positions(cfg.exclude_dir)
+    _check_work_dir(cfg.work_path(), cfg.out_dir)
     settings = EngineSettings(depth=cfg.depth, nodes=cfg.nodes, multipv=cfg.multipv, path=cfg.stockfish)
     with LeanPool(settings, size=cfg.workers) as pool:  # finds and starts Stockfish first: no stray dirs
         engine_name = pool.version()
@@ -675,8 +687,35 @@ def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) 
         with run_lock(cfg.out_dir), (run_lock(cfg.work_path()) if outside else contextlib.nullcontext()):
             report = _generate(cfg, pool, engine_name, progress, fresh)
             if not cfg.keep_work:
-                shutil.rmtree(cfg.work_path(), ignore_errors=True)
+                _remove_work(cfg.work_path(), keep_lock=False)
     return report
+
+
+WORK_ENTRIES = ("config.json", "games.jsonl", "labels.jsonl", "out")  # all a work directory holds, with LOCK_FILE
+
+
+def _check_work_dir(work: Path, out_dir) -> None:
+    """Refuse a work directory that datagen would delete with what it must keep: --out itself or a folder
+    above it, or a folder holding files of its own (a work directory holds only WORK_ENTRIES)."""
+    if _inside(out_dir, work):
+        raise ValueError(f"DatagenConfig.work_dir is {work}, which is out_dir or a folder above it: datagen deletes "
+                         "its work directory when it finishes; choose a folder of its own")
+    if work.is_dir() and (foreign := sorted(p.name for p in work.iterdir() if p.name not in (*WORK_ENTRIES, LOCK_FILE))):
+        raise ValueError(f"DatagenConfig.work_dir {work} holds files that are not datagen's ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}): datagen empties and deletes its work directory; "
+                         "choose an empty or new folder")
+
+
+def _remove_work(work: Path, keep_lock: bool) -> None:
+    """Delete what datagen keeps in `work` (WORK_ENTRIES), then the folder itself unless keep_lock, or
+    where something else is left in it."""
+    for name in WORK_ENTRIES + (() if keep_lock else (LOCK_FILE,)):
+        item = work / name
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
+    if not keep_lock:
+        with contextlib.suppress(OSError):  # not empty: something not ours stays, with its folder
+            work.rmdir()
 
 
 MADE_FILE = ".datagen.json"  # in --out: the settings and engine of the data set there (the same run again may redo it)
@@ -749,9 +788,7 @@ def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
     """Create the work directory (recording the --out it works for), or check that the one there has
     this run's settings (its games and labels are valid only for those)."""
     if fresh and work.exists():  # emptied, its .lock kept: another run must not take a lock held on it
-        for item in work.iterdir():
-            if item.name != LOCK_FILE:
-                shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
+        _remove_work(work, keep_lock=True)
     work.mkdir(parents=True, exist_ok=True)
     path = work / "config.json"
     if not path.exists():

@@ -488,8 +488,8 @@ class EnginePool:
             root_objs = [chess.Move.from_uci(m) for m in roots] if roots else None
             if root_objs and not all(board.is_legal(m) for m in root_objs):
                 raise ValueError(f"root_moves {roots} are not all legal in {fen!r}")
-            infos = self._run("analyse", lambda eng: self._search(eng, board, limit, multipv, root_objs))
-            result = _to_analysis(fen, board.turn, infos, lkey)
+            result = self._run("analyse", lambda eng: _to_analysis(
+                fen, board.turn, self._search(eng, board, limit, multipv, root_objs), lkey))
         if self.cache is not None:
             self.cache.put(key, result)
         return result
@@ -584,13 +584,21 @@ class EngineSession:
         return result.move
 
 
+class NoLinesError(chess.engine.EngineError):
+    """A search of a position with legal moves gave no line with a move and a score (retried, as a crash)."""
+
+
 def _to_analysis(fen: str, turn: chess.Color, infos: list, limit: str) -> Analysis:
+    """The lines of a multipv search of a position with legal moves (python-chess has checked each PV's
+    moves); NoLinesError where none has both a move and a score: a broken engine, not an empty label."""
     lines, depths = {}, []  # first move -> eval, one per principal variation
     for info in infos:
         pv, score = info.get("pv"), info.get("score")
         if pv and score is not None and pv[0].uci() not in lines:
             lines[pv[0].uci()] = Eval.from_score(score.pov(turn))
             depths += [info["depth"]] if info.get("depth") is not None else []
+    if not lines:
+        raise NoLinesError(f"no line with a move and a score for {fen!r}")
     return Analysis(fen, tuple(lines), tuple(lines.values()), limit, max(depths, default=None))
 
 
