@@ -27,6 +27,18 @@ def test_a_plain_sft_trains_on_the_train_split_and_measures_on_the_val_split_nev
             training.check_train_split([DATA_DIR / held_out])
 
 
+def test_a_held_out_record_anywhere_in_a_training_file_is_refused_naming_its_line(tmp_path):
+    """Not only the first record: train records with two test records after them (a concatenation) are
+    refused at the first test one, file:line; the train file alone passes."""
+    train = (DATA_DIR / "policy_train.jsonl").read_text().splitlines(keepends=True)[:40]
+    test = (DATA_DIR / "policy_test.jsonl").read_text().splitlines(keepends=True)[:2]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(train + test))
+    with pytest.raises(DataFormatError, match=rf"^{mixed}:41: a 'test' record in the training data"):
+        training.check_train_split([DATA_DIR / "policy_train.jsonl", mixed])
+    training.check_train_split([DATA_DIR / "policy_train.jsonl", DATA_DIR / "env_train.jsonl"])
+
+
 @pytest.mark.parametrize("reward, want", [("gated", [training.chess_reward]), ("graded", None)])
 def test_grpo_trains_on_the_reward_its_option_names(tmp_path, monkeypatch, reward, want):
     given = {}

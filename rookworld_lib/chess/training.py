@@ -295,15 +295,15 @@ def _add_policy_fraction(ap: argparse.ArgumentParser, what: str) -> None:
 
 
 def check_train_split(paths) -> None:
-    """Refuse training files of datagen records from the val or test split (their first record says
-    so): eval scores the test positions as held out and SFT's val loss the val ones, so training on
+    """Refuse training files holding datagen records of the val or test split (any record, not only the
+    first): eval scores the test positions as held out and SFT's val loss the val ones, so training on
     them would inflate both without a word."""
     for path in map(Path, paths):
-        first = next(json_lines(path), (0, None))[1]
-        if isinstance(first, dict) and first.get("split", "train") != "train":
-            raise DataFormatError(f"{path}:1: a {first['split']!r} record in the training data: SFT trains on the "
-                                  "train split (eval scores the test positions, the val loss the val ones); give "
-                                  "the *_train files (`rookworld convert --split train` for converted data)")
+        for lineno, rec in json_lines(path):
+            if isinstance(rec, dict) and rec.get("split", "train") != "train":
+                raise DataFormatError(f"{path}:{lineno}: a {rec['split']!r} record in the training data: SFT trains "
+                                      "on the train split (eval scores the test positions, the val loss the val ones); "
+                                      "give the *_train files (`rookworld convert --split train` for converted data)")
 
 
 def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordReader]:
