@@ -249,6 +249,11 @@ def test_a_content_already_validated_is_not_checked_again_but_a_changed_one_is(t
     ("split", "dev", "split"),
     ("n_legal", True, "type bool"),
     ("extra", 1, "unknown field"),
+    # a search a reward may repeat for an unlisted move: a limit key it can finish (depth=99 held a reward for days)
+    ("limit", "depth=99", "field 'limit': limit 'depth=99': depth must be in [1, 40] (or 'unknown')"),
+    ("limit", "nodes=1000000000000", "nodes must be in [1, 1e+08]"),
+    ("limit", "banana", "field 'limit': not a limit key: 'banana'"),
+    ("limit", 8, "field 'limit'"),
 ])
 def test_policy_record_validation_names_the_field(field, value, reason):
     (p1, _), _ = _good_records()
@@ -256,6 +261,12 @@ def test_policy_record_validation_names_the_field(field, value, reason):
     if field == "evals":
         rec["evals"] = ["0.30"] + p1["evals"][1:]
     assert reason in data.validate_record(rec)
+
+
+def test_a_policy_record_limit_of_the_original_data_or_at_the_bounds_is_valid():
+    (p1, _), _ = _good_records()
+    for limit in ("unknown", "depth=40", "nodes=100000000", "depth=8,nodes=1000"):
+        assert data.validate_record({**p1, "limit": limit}) is None, limit
 
 
 def test_policy_record_validation_counts_legal_moves_with_python_chess():

@@ -540,12 +540,13 @@ class _SpyPool:
 
 def test_an_unlisted_move_of_a_truth_with_an_unknown_limit_is_searched_at_the_engines_own_limit():
     """Converted original data label their searches 'unknown': an unlisted B: move is then searched at the
-    engine's own limit (limit=None), one line restricted to that move; a truth of 'depth=8' searches at
-    depth 8. The searched eval counts: -0.50 against the best candidate's 0.30 is a loss of 80 cp."""
+    engine's own limit (limit=None), one line restricted to that move, as is one past engine.LIMIT_RANGES
+    (depth=99 would hold the reward for days); a truth of 'depth=8' searches at depth 8. The searched
+    eval counts: -0.50 against the best candidate's 0.30 is a loss of 80 cp."""
     evals = ["0.3", "0.2", "0.1", "0.0", "-0.1"]
     prompt, completion = tasks.policy_text(chess.STARTING_FEN, MOVES, evals, MOVES[0], "compact")
     completion = completion.rsplit(" B: ", 1)[0] + " B: a2a3"
-    for label, limit in (("unknown", None), ("depth=8", chess.engine.Limit(depth=8))):
+    for label, limit in (("unknown", None), ("depth=99", None), ("depth=8", chess.engine.Limit(depth=8))):
         pool = _SpyPool([tasks.Eval(cp=-50)])
         truth = {"fen": chess.STARTING_FEN, "moves": MOVES, "evals": evals, "limit": label}
         d = rewards.score_policy_detailed(prompt, completion, truth=truth, engine=pool, cache=False)

@@ -30,14 +30,13 @@ from pathlib import Path
 import chess
 
 from . import tasks
-from .data import ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
+from .data import ORIGINAL_LIMIT, ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
 from ..core.paths import LOCK_FILE, atomic_file, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
 from .engine import usable_cores
 from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
-ORIGINAL_LIMIT = "unknown"
 MAX_ERRORS_SHOWN = 10
 
 

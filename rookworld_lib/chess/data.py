@@ -37,6 +37,7 @@ DATA_FILES = (*(TASK_FILES[t].format(split=s) for t in ("P", "A") for s in SPLIT
 GZIP_LEVEL = 6  # of compressed output: near level 9's size at a third of its time
 GAME_KINDS = ("random", "opening", "selfplay")
 ORIGINAL_SOURCE = "original"  # records converted from the original RookWorld data (rookworld convert)
+ORIGINAL_LIMIT = "unknown"
 ENV_KINDS = ("legal", "illegal", "unparseable")
 
 
@@ -200,6 +201,13 @@ def _validate_policy(rec, board):
         return f"field 'original_best' {rec['original_best']!r} is not among 'moves'"
     if rec["n_legal"] != board.legal_moves.count():
         return f"field 'n_legal' is {rec['n_legal']}, the position has {board.legal_moves.count()} legal moves"
+    if "limit" in rec and rec["limit"] != ORIGINAL_LIMIT:  # a search a reward may repeat: one it can finish
+        if not isinstance(rec["limit"], str):
+            return f"field 'limit' must be a limit key such as 'depth=8' (or {ORIGINAL_LIMIT!r}), got {rec['limit']!r}"
+        try:
+            parse_limit_key(rec["limit"])
+        except ValueError as exc:
+            return f"field 'limit': {exc} (or {ORIGINAL_LIMIT!r})"
     prompt, completion = tasks.policy_text(rec["fen"], moves, evals, rec["best"])
     if rec["prompt"] != prompt:
         return "field 'prompt' does not match 'fen'"

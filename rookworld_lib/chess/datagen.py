@@ -42,7 +42,7 @@ import chess.engine
 from . import engine, tasks
 from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, load_jsonl,
                    mating_moves, move_tags, position_tags, render_card_tables, summarize)
-from .engine import (INSTALL_HINT, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
+from .engine import (INSTALL_HINT, LIMIT_RANGES, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
@@ -67,8 +67,9 @@ class DatagenConfig:
     out_dir: str = option(str(DATA_DIR / "generated"), "output directory (never the shipped data/: its files are the reference set)")
     seed: int = option(20261122, "seeds every game and every sampling decision", min=0, max=SEED_MAX)
     games: int = option(320, "games to play (split 8:1:1 into train/val/test by game)", min=1)
-    depth: int | None = option(8, "Stockfish depth of the P: labels (None: use nodes)", min=1, max=40)
-    nodes: int | None = option(None, "Stockfish node budget of the P: labels instead of a depth", min=1)
+    depth: int | None = option(8, "Stockfish depth of the P: labels (None: use nodes)", min=1, max=LIMIT_RANGES["depth"][1])
+    nodes: int | None = option(None, "Stockfish node budget of the P: labels instead of a depth", min=1,
+                               max=LIMIT_RANGES["nodes"][1])
     multipv: int = option(5, "candidate moves per P: label", min=1, max=tasks.MAX_CANDIDATES)
     workers: int = option(2, "Stockfish processes (and threads) in parallel", min=1, max=256)
     policy_rate: float = option(0.12, "share of a game's positions sampled as P: (x3 for special ones; 0: no P:)", min=0, max=1)

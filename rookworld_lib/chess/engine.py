@@ -141,18 +141,25 @@ def limit_key(limit: chess.engine.Limit) -> str:
     return ",".join(parts) or "unlimited"
 
 
+LIMIT_RANGES = {"depth": (1, 40), "nodes": (1, 10**8), "time": (0.001, 60.0)}  # a label's search (10^8 nodes: minutes)
+
+
 def parse_limit_key(key: str) -> chess.engine.Limit:
-    """Inverse of :func:`limit_key` (``depth=8``, ``nodes=1000``, ``depth=8,nodes=1000``)."""
+    """Inverse of :func:`limit_key` (``depth=8``, ``nodes=1000``, ``depth=8,nodes=1000``), within
+    LIMIT_RANGES: a record asking for a longer search would hold a reward for days."""
     kwargs = {}
     for part in key.split(","):
         name, _, value = part.partition("=")
         try:
-            if name not in ("depth", "nodes", "time"):
+            if name not in LIMIT_RANGES:
                 raise ValueError(name)
             kwargs[name] = float(value) if name == "time" else int(value)
         except ValueError:
             raise ValueError(f"not a limit key: {key!r} (name=value parts joined by ',': depth and nodes "
                              "integers, time seconds, e.g. depth=8,nodes=1000)") from None
+        low, high = LIMIT_RANGES[name]
+        if not low <= kwargs[name] <= high:  # NaN too
+            raise ValueError(f"limit {key!r}: {name} must be in [{low}, {high:g}]")
     return chess.engine.Limit(**kwargs)
 
 

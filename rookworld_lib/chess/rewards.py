@@ -200,8 +200,8 @@ def policy_truth(obj) -> PolicyTruth:
     """The PolicyTruth of a P: record (dict or dataclass), of one row of TRL's columns, or of a
     PolicyTruth (an engine.Analysis), checked as the data files' records are
     (:func:`tasks.policy_truth_error`); else TruthError, naming the field, its value and what is allowed.
-    The limit is a label (converted original data say 'unknown'); one that is not a limit key leaves
-    a search of an unlisted move to the engine's own limit."""
+    The limit is a label (converted original data say 'unknown'); one that is not a limit key, or one
+    past engine.LIMIT_RANGES, leaves a search of an unlisted move to the engine's own limit."""
     return _checked_truth(_policy_truth, obj, (*POLICY_TRUTH_COLUMNS, "limit"))
 
 
