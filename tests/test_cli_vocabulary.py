@@ -93,3 +93,22 @@ def test_an_error_names_the_option_in_either_spelling_and_an_unknown_command_is_
             "GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5"
     assert main(["frobnicate"]) == 2  # argparse's status for a command line it cannot use
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
+    assert main(["help", "frobnicate"]) == 2  # not the general usage with status 0
+    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["sft", "--help"]])
+def test_help_into_a_pipe_its_reader_closed_ends_quietly(argv):
+    """`rookworld --help | head -1`: the reader closes the pipe before the help is written; no
+    BrokenPipeError traceback (unbuffered output, as where PYTHONUNBUFFERED=1 is set, hits it at once)."""
+    import os
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-m", "rookworld_lib.lab.cli", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc.stdout.close()  # as `head` does once it has its line
+        err = proc.stderr.read().decode()
+        proc.wait(60)
+        assert "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -97,6 +97,19 @@ def test_an_interrupted_run_writes_its_report_of_what_ran_and_stops(tmp_path, mo
     assert f"interrupted in 01_stopped.ipynb; what ran: {run_dir / 'report.md'}" in capsys.readouterr().err
 
 
+def test_a_parameter_value_is_json_none_as_the_cells_spell_it_and_a_relative_path_the_users(tmp_path, monkeypatch):
+    """`-p device None` is None (the parameter cells' spelling; it used to pass as the text 'None' and fail
+    in the kernel, or name a file 'None'), and a relative path of a path parameter is taken from the
+    working directory, as --out is (the kernels run in the notebooks folder)."""
+    monkeypatch.chdir(tmp_path)
+    assert pipeline.parameter_value("device", "None") is None and pipeline.parameter_value("device", "null") is None
+    assert pipeline.parameter_value("profile", "cpu") == "cpu" and pipeline.parameter_value("sft_steps", "5") == 5
+    assert pipeline.parameter_value("init_from", "runs/x/final") == str(tmp_path / "runs/x/final")
+    assert pipeline.parameter_value("model_dir", "/abs/m") == "/abs/m"
+    assert pipeline.parameter_value("data_dir", "") == ""  # empty: the shipped data set
+    assert pipeline.parameter_value("seed", "3") == 3 and pipeline.parameter_value("profile", "runs") == "runs"
+
+
 def test_unknown_parameter_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"\['no_such_parameter'\] are declared by none"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"no_such_parameter": 1},

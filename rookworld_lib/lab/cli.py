@@ -49,8 +49,15 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["help"] and len(argv) > 1 and argv[1] in SUBCOMMANDS:  # rookworld help sft = rookworld sft --help
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # the reader went away (`rookworld --help | head -1`): stop quietly, as `ls | head` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["help"] and len(argv) > 1:  # rookworld help sft = rookworld sft --help
         argv = [argv[1], "--help"]
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return report_interrupted(name)
+    except BrokenPipeError:
+        raise
     except Exception as exc:
         message = None if debug else user_error_message(exc, name)
         if message is None and not debug and _peer_failed(exc):

@@ -85,6 +85,31 @@ def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
                              f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
 
 
+def check_run_folders(extra: dict, notebooks: list[Path]) -> None:
+    """Refuse -p values that would take a run's files out of its folder, whose report.md gathers them:
+    figures_dir, and run_dir where notebook 05 trains (notebook 06 alone may explore another run)."""
+    if "figures_dir" in extra:
+        raise ParameterError("-p figures_dir: rookworld run writes the figures into the run folder's figures/, "
+                             "which its report.md shows (--out chooses where the run folder goes)")
+    if "run_dir" in extra and any(nb.name.startswith("05") for nb in notebooks):
+        raise ParameterError("-p run_dir: notebook 05 trains into the run folder, which its report.md gathers "
+                             "(--out chooses where it goes); -p run_dir is for notebook 06 alone (--only 06), to "
+                             "explore another run")
+
+
+# parameters naming a file or folder: a relative one is the user's, as --out is, not the notebooks folder's
+PATH_PARAMETERS = frozenset({"data_dir", "init_from", "model_dir", "run_dir", "results_path", "trace_dir"})
+
+
+def parameter_value(name: str, text: str):
+    """A -p value: JSON where it parses (`None` too, as the parameter cells spell it), else the text; a
+    relative path of a PATH_PARAMETERS name made absolute against the working directory."""
+    value = None if text == "None" else json_or_text(text)
+    if name in PATH_PARAMETERS and isinstance(value, str) and value and not Path(value).is_absolute():
+        value = str(Path(value).resolve())
+    return value
+
+
 def check_parameter_values(notebook: Path, values: dict) -> None:
     """Run the notebook's own checks of its parameters (the `check(...)` statements of the cell after
     `parameters`, with the imports they use) on its defaults overridden by `values`, in this process:
@@ -174,6 +199,7 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
                          f"(available: {', '.join(p.name for p in everything) or 'none'})")
     declared = {nb: declared_parameters(nb) for nb in notebooks}
     check_parameters(extra_parameters or {}, declared)
+    check_run_folders(extra_parameters or {}, notebooks)
     given = {**PROFILES[profile], **(extra_parameters or {})}
     for nb in notebooks:
         check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
@@ -182,7 +208,10 @@ def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str
     if device.startswith("cuda") and not torch.cuda.is_available():
         if "device" in (extra_parameters or {}):
             raise ValueError(f"-p device {device!r}: torch sees no CUDA device here; pass -p device cpu, or leave it out")
-        raise ValueError(f"profile {named!r} trains on {device}, and torch sees no CUDA device here; choose "
+        if (extra_parameters or {}).get("profile") == named:  # the notebooks' profile, given apart from --profile
+            raise ValueError(f"-p profile {named} trains on {device}, and torch sees no CUDA device here; leave -p "
+                             "profile out (or pass -p profile cpu)")
+        raise ValueError(f"--profile {named} trains on {device}, and torch sees no CUDA device here; choose "
                          "--profile cpu (or auto)")
     run_dir = new_run_dir(Path(out_root).resolve())  # a notebook runs in its own folder: no relative paths
     stamp = run_dir.name
@@ -269,7 +298,7 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "JSON"), default=[],
                     help="extra notebook parameter, value as JSON (e.g. -p sft_steps 200)")
     args = ap.parse_args(argv)
-    extra = {name: json_or_text(value) for name, value in args.parameter}  # -p profile cpu: a bare string
+    extra = {name: parameter_value(name, value) for name, value in args.parameter}  # -p profile cpu: a bare string
     try:
         run_dir = run_pipeline(args.profile, args.out, args.only, extra)
     except RuntimeError as exc:  # a notebook failed: the message names it and the run directory
