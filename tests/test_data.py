@@ -263,6 +263,23 @@ def test_policy_record_validation_names_the_field(field, value, reason):
     assert reason in data.validate_record(rec)
 
 
+def test_a_split_file_holding_records_of_another_split_is_refused_naming_one(tmp_path):
+    """Every reader of a split (GRPO's prompts, eval's suites, SFT's defaults) goes through load_split: test
+    records in a train file (GRPO trained on them, exit 0) or train records in a test file (eval scored them
+    as held out) are refused, naming the file and a record."""
+    (tmp_path / "policy_train.jsonl").write_text((DATA_DIR / "policy_test.jsonl").read_text())
+    first_test = json.loads((DATA_DIR / "policy_test.jsonl").read_text().splitlines()[0])["id"]
+    with pytest.raises(data.DataFormatError, match=rf"policy_train.jsonl: record '{first_test}' is a 'test' record "
+                                                   r"in the train split's file"):
+        data.load_split("P", "train", tmp_path)
+    lines = (DATA_DIR / "policy_test.jsonl").read_text().splitlines(keepends=True)
+    train_line = (DATA_DIR / "policy_train.jsonl").read_text().splitlines(keepends=True)[0]
+    (tmp_path / "policy_test.jsonl").write_text("".join(lines[:3] + [train_line]))
+    with pytest.raises(data.DataFormatError, match=r"is a 'train' record in the test split's file"):
+        data.load_split("P", "test", tmp_path)
+    assert len(data.load_split("P", "test").records) == 730  # the shipped splits pass
+
+
 def test_a_policy_record_limit_of_the_original_data_or_at_the_bounds_is_valid():
     (p1, _), _ = _good_records()
     for limit in ("unknown", "depth=40", "nodes=100000000", "depth=8,nodes=1000"):

@@ -446,6 +446,28 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
     assert "SFT finished at step 3" in capsys.readouterr().out
 
 
+def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run(tmp_path, capsys):
+    """A run whose checkpoints were deleted (to free space, say) keeps its final/ model and metrics: a new
+    run into that --out used to start fresh and replace both (exit 0); it stops in one line. The same
+    check is the core Trainer's, so GRPO's too."""
+    import shutil
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    out = tmp_path / "run"
+    argv = ["--train-data", str(data), "--model", "tiny", "--block-size", "32", "--batch-size", "2", "--max-steps", "2",
+            "--warmup-steps", "1", "--eval-interval", "0", "--val-fraction", "0", "--out", str(out), "--no-progress",
+            "--device", "cpu"]
+    assert main(["sft", *argv]) == 0
+    shutil.rmtree(out / "checkpoints")
+    kept = {p: p.read_bytes() for p in (out / "final" / "model.safetensors", out / "metrics.jsonl")}
+    capsys.readouterr()
+    assert main(["sft", *argv, "--seed", "7"]) == 1
+    assert f"rookworld sft: error: {out} holds an earlier run's exported model ({out / 'final'}) but no checkpoint " \
+           "to resume: a new run would replace it" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
 def test_cli_help():
     with pytest.raises(SystemExit) as info:
         training.build_sft_parser().parse_args(["--help"])

@@ -450,6 +450,11 @@ def _load_all(task: str, split: str | None, data_dir, on_error: str) -> LoadedDa
         raise DataFormatError(f"{Path(data_dir or DATA_DIR)}: no {looked_for(task, split)} "
                               "(`rookworld datagen --out DIR` or `rookworld convert ... --out DIR` writes them)")
     parts = [load_jsonl(f, task=task, on_error=on_error) for f in files]
+    for f, part in zip(files, parts):  # a test record trained on, or a train record scored as held out
+        if split is not None and (other := next((r for r in part if r["split"] != split), None)):
+            raise DataFormatError(f"{f}: record {other['id']!r} is a {other['split']!r} record in the {split} split's "
+                                  f"file: a split's files hold its records alone (datagen writes them so; `rookworld "
+                                  f"convert --split {split}` for converted data)")
     if len(parts) == 1:
         return parts[0]
     return LoadedData(str(files[0]), [r for part in parts for r in part], [e for part in parts for e in part.skipped])

@@ -142,6 +142,10 @@ class Trainer:
                                  f"sees {main_sees}: under torchrun out_dir must be on a filesystem that every node "
                                  "shares")
         if latest is None:
+            if self.out_dir is not None and (self.out_dir / FINAL_DIR).exists():  # checkpoints deleted, say
+                raise ValueError(f"{self.out_dir} holds an earlier run's exported model ({self.out_dir / FINAL_DIR}) but "
+                                 "no checkpoint to resume: a new run would replace it and that run's metrics; choose "
+                                 f"another out_dir, or delete {self.out_dir / FINAL_DIR} to start over there")
             return None
         if not self.cfg.resume:
             raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {latest.name}); "
