@@ -73,7 +73,7 @@ def test_grpo_names_an_empty_policy_file(tmp_path, capsys):
     torch.manual_seed(0)
     GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(tmp_path / "hf")
     (tmp_path / "policy_train.jsonl").write_text("")
-    (tmp_path / "env_train.jsonl").write_text(json.dumps(shipped("A", "val")[0]) + "\n")
+    (tmp_path / "env_train.jsonl").write_text(json.dumps(shipped("A", "train")[0]) + "\n")
     rc, err = run_cli(capsys, "grpo", "--init-from", str(tmp_path / "hf"), "--data-dir", str(tmp_path),
                       "--out", str(tmp_path / "grpo"), "--steps", "1", "--no-progress", "--device", "cpu")
     assert rc == 1

@@ -70,6 +70,18 @@ def test_stream_is_deterministic_given_the_seed_and_shuffles(shards):
     assert first(1) != first(1, buffer=1)  # the buffer shuffles within the files too
 
 
+def test_a_shuffle_buffer_larger_than_the_data_holds_it_all_and_yields(shards):
+    """--shuffle-buffer above the pool's size used to fill from epoch after epoch and never yield (memory
+    growing, SIGTERM unheard): the buffer holds the whole pool, and draws from it from the second epoch on."""
+    texts = READER.load_texts(shards)
+    stream = sft.StreamingPackedStream(shards, reader=READER, seed=3, buffer=10**9)
+    drawn = [next(stream._sources[0]) for _ in range(2 * len(texts))]
+    assert set(drawn) <= set(texts) and len(set(drawn)) > len(texts) / 2  # the whole pool, sampled
+    assert drawn[:len(texts)] != texts  # shuffled
+    small = sft.StreamingPackedStream(shards, reader=READER, seed=3, buffer=64)  # within the data: as before
+    assert len([next(small._sources[0]) for _ in range(len(texts))]) == len(texts)
+
+
 def test_stream_resumes_at_its_position(shards):
     a = sft.StreamingPackedStream(shards, reader=READER, seed=5, task_weights=HALF, buffer=32)
     for _ in range(7):

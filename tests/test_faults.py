@@ -585,7 +585,7 @@ def test_malformed_lines_stop_with_file_and_line_or_are_skipped_and_counted(tmp_
     assert f"rookworld sft: error: {path}:2: " in err
     hf = tmp_path / "hf"
     GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(hf)
-    (tmp_path / "env_train.jsonl").write_text(json.dumps(data.load_split("A", "val")[0]) + "\n")
+    (tmp_path / "env_train.jsonl").write_text(json.dumps(data.load_split("A", "train")[0]) + "\n")
     assert main(["grpo", "--init-from", str(hf), "--data-dir", str(tmp_path), "--out", str(tmp_path / "grpo"),
                  "--steps", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err
@@ -959,7 +959,7 @@ def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_
         d = tmp_path / f"data{k}"
         d.mkdir()
         for task, name in (("P", "policy"), ("A", "env")):
-            recs = data.load_split(task, "val").records[:k]
+            recs = data.load_split(task, "train").records[:k]
             (d / f"{name}_train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         data_dirs.append(d)
     run = tmp_path / "run"

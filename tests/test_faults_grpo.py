@@ -52,7 +52,7 @@ def world(tmp_path_factory) -> dict:
     GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=32, n_head=2, block_size=128)).save_pretrained(root / "hf")
     (root / "data").mkdir()
     for task, name in (("P", "policy"), ("A", "env")):
-        recs = data.load_split(task, "val").records[:4]
+        recs = data.load_split(task, "train").records[:4]
         (root / "data" / f"{name}_train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     return {"hf": root / "hf", "data": root / "data"}
 

@@ -1,3 +1,4 @@
+import re
 import json
 import subprocess
 import sys
@@ -159,6 +160,26 @@ def test_strict_keys_missing_and_unexpected(hf_dir, tmp_path):
     save_file(extra, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointFormatError, match="unexpected keys: transformer.h.0.attn.q_norm.weight"):
         GPT.from_pretrained(tmp_path)
+
+
+def test_weights_that_are_integers_or_not_finite_are_refused_naming_the_tensor(hf_dir, tmp_path):
+    """Integer weights used to load as truncated floats (a model of zeros, silently) and NaN weights as a
+    model eval scored 0% and SFT blamed on the learning rate: each is refused, naming the file and the
+    key. Half-precision weights load, upcast, as before."""
+    d, _ = hf_dir
+    state = load_file(str(d / "model.safetensors"))
+    (tmp_path / "config.json").write_text((d / "config.json").read_text())
+    weights = tmp_path / "model.safetensors"
+    for key, tensor, says in (("transformer.h.0.mlp.c_fc.weight", None, "holds torch.int32 values; weights are floating point"),
+                              ("transformer.ln_f.weight", float("nan"), "holds NaN or infinite values"),
+                              ("transformer.wpe.weight", float("inf"), "holds NaN or infinite values")):
+        bad = dict(state)
+        bad[key] = bad[key].to(torch.int32) if tensor is None else bad[key].clone().index_fill_(0, torch.tensor([0]), tensor)
+        save_file(bad, str(weights), metadata={"format": "pt"})
+        with pytest.raises(CheckpointFormatError, match=rf"^{re.escape(str(weights))}: {re.escape(key)} {says}$"):
+            GPT.from_pretrained(tmp_path)
+    save_file({k: v.half() for k, v in state.items()}, str(weights), metadata={"format": "pt"})
+    assert GPT.from_pretrained(tmp_path).transformer.ln_f.weight.dtype == torch.float32
 
 
 def test_rejects_non_gpt2_activation(hf_dir, tmp_path):

@@ -148,6 +148,36 @@ def test_resume_names_the_missing_records_as_ranges_and_a_torn_line_whose_step_i
     assert [r["step"] for r in tu.read_metrics(path)] == [1, 5, 6, 8]
 
 
+def test_resume_drops_lines_that_are_json_but_no_record_and_steps_out_of_order_and_says_a_file_is_gone(tmp_path, caplog):
+    """Hand-edited lines that parse but are no record ([1], "x", a text step) used to end a resume in a
+    traceback; a record repeated out of order (1 2 3 4 2) was kept. Each is dropped with file:line. In a
+    file of rows per step (completions) equal steps are rows, not repeats. A metrics file deleted before a
+    resume loses the checkpoint's records, said as a missing one's are."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ({"step": 1}, [1], {"step": "2"}, {"step": 2}, {"step": 3},
+                                                           "x", {"step": 2}, {"step": 4})))
+    with caplog.at_level("WARNING", logger=tu.log.name), tu.MetricsLogger(path, resume_step=4, every_step=True):
+        pass
+    said = [r.getMessage() for r in caplog.records]
+    assert [r["step"] for r in tu.read_metrics(path)] == [1, 2, 3, 4]
+    assert f"{path}:2: dropped: not a record with a whole-number step" in said
+    assert f"{path}:3: dropped: not a record with a whole-number step" in said
+    assert f"{path}:6: dropped: not a record with a whole-number step" in said
+    assert f"{path}:7: dropped: step 2 after the record of step 3 (the steps of this file only increase)" in said
+    rows = tmp_path / "completions.jsonl"
+    rows.write_text("".join(json.dumps({"step": s, "i": i}) + "\n" for i, s in enumerate((1, 1, 2, 2, 3))))
+    with tu.MetricsLogger(rows, resume_step=2):
+        pass
+    assert [r["i"] for r in tu.read_metrics(rows)] == [0, 1, 2, 3]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger=tu.log.name), tu.MetricsLogger(tmp_path / "gone.jsonl", resume_step=4,
+                                                                          every_step=True):
+        pass
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'gone.jsonl'}: missing: the records of steps 1 to 4 are lost, though the checkpoint at step 4 "
+        "covers them"]
+
+
 def test_read_metrics_names_the_file_and_line_of_a_broken_record_in_the_middle(tmp_path):
     """A torn last line is a kill mid-write and is skipped; a broken line with records after it is damage,
     and reading the curve (eval --every-checkpoint) stops there, naming file:line."""

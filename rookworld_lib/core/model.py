@@ -346,6 +346,10 @@ class GPT(nn.Module):
                 want = (config.vocab_size, *want[1:])
             if tuple(tensor.shape) != want:  # both in the file's layout
                 raise CheckpointFormatError(f"{weights_path}: {key} has shape {tuple(tensor.shape)}, expected {want}")
+            if not tensor.is_floating_point():  # an integer copy would load as truncated weights, silently
+                raise CheckpointFormatError(f"{weights_path}: {key} holds {tensor.dtype} values; weights are floating point")
+            if not torch.isfinite(tensor).all():  # trains only NaN losses, samples one token: say where
+                raise CheckpointFormatError(f"{weights_path}: {key} holds NaN or infinite values")
             if conv1d:
                 tensor = tensor.t()
             if key == "transformer.wte.weight":  # zero rows up to the padded vocabulary

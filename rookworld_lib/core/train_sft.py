@@ -67,7 +67,7 @@ class SFTConfig:
     # batch
     block_size: int = option(256, "tokens per packed sequence (at most the model's block_size)", min=1)
     batch_size: int = option(8, "sequences per micro-batch", min=1)
-    grad_accum: int = option(1, "micro-batches per optimizer step (tokens/step = batch_size*grad_accum*block_size)", min=1)
+    grad_accum: int = option(1, "micro-batches per optimizer step (tokens/step = batch_size*grad_accum*block_size; at most 65,536)", min=1, max=2**16)
     # optimizer and schedule
     lr: float = option(6e-4, "peak learning rate", min=0.0, min_open=True)
     min_lr: float = option(6e-5, "learning rate at the end of the cosine decay", min=0.0)
@@ -436,15 +436,21 @@ class StreamingPackedStream(PackedStream):
                 yield text
 
     def _shuffled(self, pool: str) -> Iterator[str]:
-        """The pool's endless sample sequence: every epoch's texts through the shuffle buffer."""
-        rng, buf = random.Random(f"{self.seed}:{pool}:buffer"), []
-        for text in itertools.chain.from_iterable(self._texts(pool, e) for e in itertools.count()):
-            if len(buf) < self.buffer:
-                buf.append(text)
-                continue
-            j = rng.randrange(self.buffer)
-            buf[j], text = text, buf[j]
-            yield text
+        """The pool's endless sample sequence: every epoch's texts through the shuffle buffer, which holds
+        the whole pool where the pool is smaller (a larger buffer would fill from epoch after epoch, for
+        ever)."""
+        rng, buf, size = random.Random(f"{self.seed}:{pool}:buffer"), [], self.buffer
+        for epoch in itertools.count():
+            for text in self._texts(pool, epoch):
+                if len(buf) < size:
+                    buf.append(text)
+                    continue
+                j = rng.randrange(size)
+                buf[j], text = text, buf[j]
+                yield text
+            if not buf:
+                return  # an empty pool (refused when the stream is made)
+            size = min(size, len(buf))
 
     def reset(self) -> None:
         super().reset()

@@ -124,13 +124,19 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
 
 # -- device and precision -------------------------------------------------------------------
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")  # where the loops run (torch.device also names meta, xla, ...: not here)
+
+
 def check_device_name(cfg) -> None:
-    """cfg.device must be "auto" or a name torch.device takes (whether it is here is resolve_device's)."""
+    """cfg.device must be "auto" or a torch device of DEVICE_TYPES (whether it is here is resolve_device's)."""
     if cfg.device != "auto":
         try:
-            torch.device(cfg.device)
+            kind = torch.device(cfg.device).type
         except (RuntimeError, ValueError, TypeError):
-            bad_field(type(cfg).__name__, "device", cfg.device, "must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1'")
+            kind = None
+        if kind not in DEVICE_TYPES:
+            bad_field(type(cfg).__name__, "device", cfg.device, "must be 'auto' or a torch device such as 'cpu', "
+                      "'cuda', 'cuda:1', 'mps'")
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -140,8 +146,10 @@ def resolve_device(device: str = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
+        dev = None
+    if dev is None or dev.type not in DEVICE_TYPES:
         raise ValueError(f"device {device!r} (--device): must be 'auto' or a torch device such as 'cpu', 'cuda', "
-                         "'cuda:1'") from None
+                         "'cuda:1', 'mps'")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available (use 'cpu' or 'auto')")
     if dev.type == "mps" and not torch.backends.mps.is_available():
@@ -299,6 +307,9 @@ class MetricsLogger(JsonlAppender):
             path.write_text("")
         elif resume_step is not None and path.exists():
             write_jsonl(path, _records_up_to(path, resume_step, every_step))
+        elif resume_step and every_step:  # deleted (or never written): the checkpoint's steps have no records
+            log.warning("%s: missing: the records of steps 1 to %d are lost, though the checkpoint at step %d "
+                        "covers them", path, resume_step, resume_step)
         super().__init__(path)
 
     def log(self, record: dict) -> dict:
@@ -318,9 +329,15 @@ def _records_up_to(path: Path, step: int, every_step: bool) -> list[dict]:
     missing before `step`."""
     kept, last, lost = [], None, set()
     for lineno, rec, reason in read_jsonl(path):
+        at = rec.get("step", 0) if isinstance(rec, dict) else None
+        # one record a step (metrics) or rows of a step (completions), in step order; anything else is no record
+        if reason is None and (type(at) is not int or (last is not None and (at <= last if every_step else at < last))):
+            log.warning("%s:%d: dropped: %s", path, lineno, "not a record with a whole-number step" if type(at) is not int
+                        else f"step {at} after the record of step {last} (the steps of this file only increase)")
+            continue
         if reason is None:
             last = rec.get("step", last)
-            if rec.get("step", 0) <= step:
+            if at <= step:
                 kept.append(rec)
             continue
         raw = path.read_bytes().split(b"\n")[lineno - 1]  # rare: only a torn line is read twice
