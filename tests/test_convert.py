@@ -327,6 +327,34 @@ def test_convert_files_writes_loadable_records_and_reports_every_bad_line(tmp_pa
     assert len(data.load_split("A", "test", out)) == n_env_ok
 
 
+def test_gzipped_inputs_and_padded_lines_convert_as_the_plain_ones_and_a_broken_gzip_is_named(tmp_path, capsys):
+    """.txt.gz and .jsonl.gz read as their inner kind (they were read as text: every line an error), and
+    padding after a line's last field is its end, as CRLF is (it refused every padded line, blaming the
+    P: columns); a gzip file cut off is one line naming it."""
+    import gzip
+
+    pol, env = write_original_files(tmp_path)
+    plain = convert.convert([pol, env], tmp_path / "plain", split="test", workers=1)
+    texts = pol.read_text().splitlines() + [json.loads(line)["text"] for line in env.read_text().splitlines()]
+    padded = tmp_path / "padded.txt"
+    padded.write_text("".join(t + " \t \n" for t in texts))
+    zipped = tmp_path / "lines.txt.gz"
+    zipped.write_bytes(gzip.compress(padded.read_bytes()))
+    jsonl = tmp_path / "lines.jsonl.gz"
+    jsonl.write_bytes(gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in padded.read_text().splitlines()).encode()))
+    for i, source in enumerate((padded, zipped, jsonl)):
+        report = convert.convert([source], tmp_path / f"out{i}", split="test", workers=1)
+        assert (report.written, report.errors) == (plain.written, plain.errors), source
+        for task in ("P", "A"):
+            assert [r["completion"] for r in data.load_split(task, "test", tmp_path / f"out{i}")] == \
+                [r["completion"] for r in data.load_split(task, "test", tmp_path / "plain")]
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(zipped.read_bytes()[:60])
+    assert main(["convert", str(cut), "--out", str(tmp_path / "cut"), "--workers", "1", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"rookworld convert: error: {cut}: not a whole gzip file" in err and "Traceback" not in err
+
+
 def test_training_positions_that_are_test_positions_are_counted_aloud(tmp_path, caplog, monkeypatch):
     # converted splits are not split by position (datagen's are): the same lines as train and as test
     pol, env = write_original_files(tmp_path)

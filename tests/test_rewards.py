@@ -269,6 +269,19 @@ def test_truth_for_another_position_is_a_clear_error(val_policy, val_env):
         rewards.score_policy(a["prompt"], a["completion"], truth=b)
     with pytest.raises(rewards.TruthError, match="unusable policy truth"):
         rewards.score_policy(a["prompt"], a["completion"], truth=val_env[0])
+    # the en-passant square counts where a pawn can take there (python-chess: e5d6 is legal in one, not the
+    # other): the truth of the position with it is not the prompt's without it; an uncapturable one is the same
+    with_ep, without = "4k3/8/8/3pP3/8/8/8/4K3 w - d6 0 2", "4k3/8/8/3pP3/8/8/8/4K3 w - - 0 2"
+    assert chess.Board(with_ep).is_legal(chess.Move.from_uci("e5d6")) and not chess.Board(without).is_legal(
+        chess.Move.from_uci("e5d6"))
+    truth = {"fen": with_ep, "moves": ["e5d6", "e1d2"], "evals": ["1.5", "0.0"]}
+    with pytest.raises(rewards.TruthError, match="not for the prompt's position"):
+        rewards.score_policy(tasks.policy_prompt(without), " M: e5d6 e1d2 E: 1.5 0.0 B: e5d6", truth=truth, engine=None)
+    assert rewards.score_policy(tasks.policy_prompt(with_ep), " M: e5d6 e1d2 E: 1.5 0.0 B: e5d6", truth=truth,
+                                engine=None) == 1.0
+    idle = "4k3/8/8/3p4/8/8/8/4K3 w - - 0 2"  # no white pawn beside d5 to take on d6: the square is spelling only
+    truth = {"fen": "4k3/8/8/3p4/8/8/8/4K3 w - d6 0 2", "moves": ["e1d2"], "evals": ["0.0"]}
+    assert rewards.score_policy(tasks.policy_prompt(idle), " M: e1d2 E: 0.0 B: e1d2", truth=truth, engine=None) > 0
 
 
 def test_offline_scoring_estimates_unlisted_moves(val_policy):

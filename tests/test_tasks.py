@@ -40,9 +40,22 @@ def test_eval_round_trip_and_order():
     assert tasks.parse_eval("#3") == Eval(mate=3)
 
 
-@pytest.mark.parametrize("bad", ["", "M0", "M", "-", "1e3", "nan", "inf", "1.2.3", "M-3", "0,5", "1000.0", "500.01", " 0.3", "--M2"])
+@pytest.mark.parametrize("bad", ["", "M0", "M", "-", "1e3", "nan", "inf", "1.2.3", "M-3", "0,5", "1000.0", "500.01", " 0.3", "--M2",
+                                 "٠.٤٨", "M٣", "０.５"])  # digits of other scripts: \\d and float() take them
 def test_parse_eval_rejects(bad):
     assert tasks.parse_eval(bad) is None
+
+
+def test_an_answer_in_other_digits_is_not_format_valid():
+    """Arabic-Indic digits in E: (or in an A: reward) made an answer valid, scoring 1.0, though the data's
+    own check refuses the same text: the format is ASCII digits."""
+    arabic = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
+    p = tasks.parse_policy_completion(" M: e2e4 d2d4 E: " + "0.3 0.2".translate(arabic) + " B: e2e4")
+    assert not p.ok and tasks.parse_policy_completion(" M: e2e4 d2d4 E: 0.3 0.2 B: e2e4").ok
+    new = chess.Board()
+    new.push_uci("e2e4")
+    assert not tasks.parse_env_completion(f"{new.fen()}+" + "0.001".translate(arabic) + "+0+0").ok
+    assert tasks.parse_env_completion(f"{new.fen()}+0.001+0+0").ok
 
 
 def test_eval_from_engine_score_is_side_to_move_view():

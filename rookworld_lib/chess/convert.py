@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import gzip
 import itertools
 import json
 import os
@@ -119,7 +120,7 @@ def convert_line(text: str, *, split: str = "test", ident: str = "0", number: in
     """Our record for one original line (``P:``, ``A:`` or an unprefixed arbiter line), or the
     reason it cannot be converted. `ident` makes the record id; `number` fills ``game``."""
     try:
-        text = text.rstrip("\r\n")
+        text = text.rstrip()  # a line's end: CRLF, or padding after its last field
         if text.startswith(tasks.POLICY_PREFIX):
             line = parse_policy_line(text)
             return line if isinstance(line, str) else policy_record(line, split, f"P-{ident}", number)
@@ -197,8 +198,15 @@ def _table_texts(path: Path) -> Iterator[str | None]:
 
 def _text_file_lines(path: Path) -> Iterator[tuple[int, str]]:
     # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first line
-    with open(path, encoding="utf-8-sig", errors="replace") as fh:
-        yield from enumerate(fh, 1)
+    if not path.name.lower().endswith(".gz"):
+        with open(path, encoding="utf-8-sig", errors="replace") as fh:
+            yield from enumerate(fh, 1)
+        return
+    try:
+        with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace") as fh:
+            yield from enumerate(fh, 1)
+    except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut off (lines before that were read)
+        raise ValueError(f"{path}: not a whole gzip file ({exc}); decompress a good copy, or give the text file") from None
 
 
 _NO_TEXT = "not a JSON object with a 'text' field"
@@ -207,12 +215,12 @@ _OURS = ("a record in our own format already (rookworld datagen's): use its dire
 
 
 def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]]:
-    """(line number, text) of each non-blank line of one input file, streamed: .txt (any other
-    suffix too) one line each; .jsonl/.json a ``text`` field per JSON line, or a ValueError with
+    """(line number, text) of each non-blank line of one input file (gzipped too: .txt.gz, .jsonl.gz),
+    streamed: .txt (any other suffix too) one line each; .jsonl/.json a ``text`` field per JSON line, or a ValueError with
     the reason a line has none (conversion reports it as that line's error); .parquet and .arrow
     a ``text`` column, numbered by row."""
     path = Path(path)
-    suffix = path.suffix.lower()
+    suffix = Path(path.name.lower().removesuffix(".gz")).suffix  # a gzipped file reads as its inner kind
     if suffix in (".parquet", ".arrow"):
         items: Iterable = enumerate(_table_texts(path), 1)
     elif suffix in (".jsonl", ".json"):

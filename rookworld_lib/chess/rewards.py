@@ -419,7 +419,9 @@ def _resolve_engine(engine):
 def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine, pool) -> tuple[PolicyTruth, str]:
     if truth is not None:
         fen = board.fen(en_passant="fen")
-        if not isinstance(truth.fen, str) or truth.fen.split(" ")[:3] != fen.split(" ")[:3]:
+        # placement, turn, castling and a capturable en-passant square (another one is another position)
+        truth_fen = tasks.normalized_fen(truth.fen) if isinstance(truth.fen, str) else None
+        if truth_fen is None or tasks.position_key(truth_fen) != tasks.position_key(board.fen(en_passant="legal")):
             raise TruthError(f"the truth is for {truth.fen!r}, not for the prompt's position {fen!r}")
         return truth, "given"
     with _REGISTRY_LOCK:

@@ -77,8 +77,9 @@ ORIGINAL_MATE_PAWNS = 900.0  # original layout: |eval| >= 900 pawns spells a mat
 WIN_PROB_SLOPE = 0.00368208
 
 UCI_RE = re.compile(r"[a-h][1-8][a-h][1-8][qrbn]?")
-_PAWNS_RE = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{1,4})?|\.\d{1,4})")
-_MATE_RE = re.compile(r"([+-]?)[M#]([1-9]\d{0,2})")
+# re.ASCII: digits 0-9 alone (\d and float() take any script's, so an answer in Arabic-Indic digits scored 1.0)
+_PAWNS_RE = re.compile(r"[+-]?(?:\d{1,3}(?:\.\d{1,4})?|\.\d{1,4})", re.ASCII)
+_MATE_RE = re.compile(r"([+-]?)[M#]([1-9]\d{0,2})", re.ASCII)
 
 
 # --- Small helpers ---
@@ -709,7 +710,7 @@ def parse_env_prompt(prompt: str) -> EnvParse:
     return EnvParse(fen=fen if not err else None, move=move, history=history, errors=errors)
 
 
-_FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_FLOAT_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)  # as _PAWNS_RE
 
 
 @_parser(EnvParse, "completion")
