@@ -120,6 +120,10 @@ def test_a_bad_reward_function_or_prompt_is_refused_in_one_line_naming_it():
             tiny_trainer(reward_funcs=returns(value)).train()
     for value in (np.zeros(4, dtype=np.float32), torch.ones(4), [True, None, 1, np.float64(0.5)]):
         assert len(tiny_trainer(reward_funcs=returns(value)).train()) == 1
+    # an unscored completion's reward is null in the rollout rows (completions.jsonl), as the metrics leave it out
+    trainer = tiny_trainer(reward_funcs=returns([1.0, None, 1.0, None]))
+    record = trainer.train()[0]
+    assert record["reward"] == 1.0 and [r["reward"] for r in trainer.last_rollout] == [1.0, None, 1.0, None]
     with pytest.raises(ValueError, match="reward_funcs: str 'a' is not callable"):
         tiny_trainer(reward_funcs="abc")
     with pytest.raises(ValueError, match=r"reward_weights must be finite numbers, got \['x'\]"):

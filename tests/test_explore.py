@@ -181,6 +181,21 @@ def test_group_inspector_advantages_with_varied_rewards(model, policy_records, m
     assert "loss pushes log p" in gi.table.value and ">up<" in gi.table.value and ">down<" in gi.table.value
 
 
+def test_group_inspector_takes_settings_past_its_sliders_or_refuses_them(model, policy_records):
+    """Notebook 06 allows temperature up to 5, the slider stopped at 2: the inspector sampled at 2 and said
+    3 (ipywidgets clamps a value to its range). A slider now reaches the value given; a value no slider
+    can hold (G below 2, an index past the records) is refused."""
+    gi = explore.GroupInspector(model, policy_records, 1, group_size=2, max_new_tokens=4, temperature=3.0, top_k=500,
+                                top_p=0.01, sample=False)
+    assert (gi.temperature.value, gi.top_k.value, gi.top_p.value) == (3.0, 500, 0.01)
+    for bad, match in (({"group_size": 1}, "group_size >= 2"), ({"index": len(policy_records)}, "is not among the"),
+                       ({"top_p": 0.0}, r"top_p in \(0, 1\]")):
+        with pytest.raises(ValueError, match=match):
+            explore.GroupInspector(model, policy_records, **{"index": 0, "sample": False, **bad})
+    with pytest.raises(ValueError, match="needs at least one record"):
+        explore.GroupInspector(model, [], sample=False)
+
+
 def rollout_rows():
     rows = []
     for step in (0, 1):
@@ -346,9 +361,20 @@ def _row(step, reward, clip_fraction=None):
 
 def test_the_rollout_browsers_mean_and_clip_column_read_the_step_shown():
     page = explore.RolloutBrowser([_row(1, 1.0), _row(1, 0.0), _row(2, 0.5), _row(2, 0.5)], step=1).html()
-    assert "mean reward +0.500" in page  # step 1's rewards 1.0 and 0.0, not every step's
+    assert "mean reward +0.500 (over the 2 scored)" in page  # step 1's rewards 1.0 and 0.0, not every step's
     unclipped = explore.RolloutBrowser([_row(1, 0.0, clip_fraction=0.0)]).html()
     assert unclipped.split("<td>")[-1].split("</td>")[0] == "no"  # no token clipped
+
+
+def test_the_rollout_browser_shows_an_unscored_completion_as_na_and_averages_the_scored_and_refuses_no_rows(tmp_path):
+    """A completion no reward function scored is null in completions.jsonl (it was 0.0, so the browser's
+    mean differed from the trainer's, which leaves it out); the browser shows n/a and means the scored
+    ones. An empty file (a run stopped before its first logged step) is a ValueError naming it."""
+    page = explore.RolloutBrowser([_row(1, 1.0), _row(1, None), _row(1, 1.0)]).html()
+    assert "mean reward +1.000 (over the 2 scored)" in page and "<td>n/a</td>" in page
+    (tmp_path / "completions.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"completions.jsonl: no rollout rows to browse"):
+        explore.RolloutBrowser(tmp_path / "completions.jsonl")
 
 
 def test_clip_controls_show_one_tokens_weight_as_the_grpo_paper_gives_it():

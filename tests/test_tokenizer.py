@@ -231,3 +231,19 @@ def test_a_model_folder_is_not_checked_where_the_tokenizers_library_is_missing(t
         tok.check_model_tokenizer(tmp_path)
     monkeypatch.setitem(sys.modules, "tokenizers", None)
     assert tok.check_model_tokenizer(tmp_path) is None
+
+
+def test_the_rank_file_is_the_repositorys_whatever_data_set_rookworld_data_dir_names(tmp_path):
+    """ROOKWORLD_DATA_DIR points at a data set (datagen's or convert's output, which never holds the
+    tokenizer): the tokenizer still loads, from the repository's data/ (it failed, saying to restore an
+    intact data/gpt2.tiktoken)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from rookworld_lib.core import tokenizer as t, paths as p; "
+            "print(p.DATA_DIR, t.default_ranks_path(), t.get_tokenizer().encode('P: e2e4'))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ROOKWORLD_DATA_DIR": str(tmp_path)},
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == str(tmp_path.resolve()) and out[1] == str(tok.REPO_ROOT / "data" / "gpt2.tiktoken")
+    assert " ".join(out[2:]) == str(tok.get_tokenizer().encode("P: e2e4"))

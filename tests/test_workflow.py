@@ -109,6 +109,10 @@ def test_reward_trend_compares_the_first_and_last_quarter_of_every_logged_reward
     # 10 steps: a quarter is 2 steps (10 // 4), not 3
     ten = workflow.reward_trend([{"step": s, "rewards/P/mean": float(s)} for s in range(1, 11)])
     assert ten.loc["P"].tolist() == [1.5, 9.5, 8.0]
+    # one of several components that happens to equal the total (all 0 but one) is a component: kept
+    parts = workflow.reward_trend([{"step": s, "rewards/P/mean": s / 2, "rewards/P/format/mean": s / 2,
+                                    "rewards/P/valid/mean": 0.0} for s in (1, 2)])
+    assert list(parts.index) == ["P", "P/format", "P/valid"]
 
 
 def test_the_learning_signal_is_the_share_of_untied_groups_over_the_run():

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tiktoken
 
-from .paths import DATA_DIR, atomic_write, cache_dir
+from .paths import REPO_ROOT, atomic_write, cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,10 @@ class TokenizerFileError(RuntimeError):
 
 
 def default_ranks_path() -> Path:
-    """The rank file: ROOKWORLD_TOKENIZER_FILE when set (read at every load), else the shipped one."""
+    """The rank file: ROOKWORLD_TOKENIZER_FILE when set (read at every load), else the repository's: part
+    of the code, not of a data set (ROOKWORLD_DATA_DIR points at data sets, which never hold it)."""
     override = os.environ.get("ROOKWORLD_TOKENIZER_FILE")
-    return Path(override) if override else DATA_DIR / "gpt2.tiktoken"
+    return Path(override) if override else REPO_ROOT / "data" / "gpt2.tiktoken"
 
 
 @functools.lru_cache(maxsize=4)

@@ -581,9 +581,11 @@ class GRPOTrainer(Trainer):
         """The step's completions as COMPLETION_KEYS rows; each rank measured the ratios of its rows."""
         ratio, clip = torch.stack(distributed.all_gather_objects(row_stats.cpu())).nanmean(0).tolist()
         G, step = self.cfg.group_size, self.step + 1
+        # the reward as the metrics take it: NaN (null in the file) where no reward function scored the completion
+        rewards = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
         return to_jsonable([dict(zip(COMPLETION_KEYS, (step, i // G, item.task, item.prompt, text, *values)))
                             for i, (item, text, *values) in enumerate(zip(batch.items, batch.completions,
-                                                                          batch.rewards.tolist(), adv.tolist(),
+                                                                          rewards.tolist(), adv.tolist(),
                                                                           ratio, clip))])
 
     def _update(self, batch: RolloutBatch, adv: torch.Tensor) -> dict:

@@ -330,16 +330,24 @@ class GroupInspector(_Explorer):
     def __init__(self, model: GPT, records: list[dict], index: int = 0, *, group_size: int = 4,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int | None = None,
                  seed: int = 0, sample: bool = True, reward: str = "graded"):
-        assert records, "GroupInspector needs at least one record"
+        # a value the sliders cannot show would be clamped to their range, silently: refused, or the range widened
+        if not records:
+            raise ValueError("GroupInspector needs at least one record")
+        if not 0 <= index < len(records):
+            raise ValueError(f"index {index} is not among the {len(records)} records (0..{len(records) - 1})")
+        if group_size < 2 or top_k < 0 or temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"GroupInspector needs group_size >= 2, top_k >= 0, temperature >= 0 and top_p in (0, 1]; "
+                             f"got {group_size}, {top_k}, {temperature}, {top_p}")
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
         self.reward = reward  # the trainer's reward variant (training.reward_functions)
         whole = {"description_width": "initial"}  # labels are not cut to "temperat..."
         self.prompt_slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="prompt", style=whole)
         self.group_size = W.IntSlider(value=group_size, min=2, max=max(32, group_size), description="G", style=whole)
-        self.temperature = W.FloatSlider(value=temperature, min=0.0, max=2.0, step=0.05, description="temperature",
-                                         style=whole)
-        self.top_k = W.IntSlider(value=top_k, min=0, max=100, description="top-k (0 off)", style=whole)
-        self.top_p = W.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p", style=whole)
+        self.temperature = W.FloatSlider(value=temperature, min=0.0, max=max(2.0, temperature), step=0.05,
+                                         description="temperature", style=whole)
+        self.top_k = W.IntSlider(value=top_k, min=0, max=max(100, top_k), description="top-k (0 off)", style=whole)
+        self.top_p = W.FloatSlider(value=top_p, min=min(0.05, top_p), max=1.0, step=0.05, description="top-p",
+                                   style=whole)
         self.button = W.Button(description="Sample", button_style="primary")
         self.table = W.HTML()
         self.button.on_click(lambda _: self.sample())
@@ -400,7 +408,8 @@ class RolloutBrowser(_Explorer):
 
     def __init__(self, source, step: int | None = None):
         self.all_rows = read_rollouts(source)
-        assert self.all_rows, "RolloutBrowser needs at least one rollout row"
+        if not self.all_rows:  # a run stopped before it logged a step
+            raise ValueError(f"{source if isinstance(source, (str, Path)) else 'rollouts'}: no rollout rows to browse")
         self.steps = sorted({r["step"] for r in self.all_rows})
         # the trainer logs the rollouts of step 1 and every completions_interval-th step: only those are here
         self.slider = W.SelectionSlider(options=self.steps, description=f"step ({len(self.steps)} logged)",
@@ -432,9 +441,10 @@ class RolloutBrowser(_Explorer):
         rows = [[r["group"], r["task"], _pre(r["prompt"]) if i == 0 or self.rows[i - 1]["group"] != r["group"] else "",
                  _pre(r["completion"]), _fmt(r["reward"]), _fmt(r["advantage"]), _push(r["advantage"]),
                  _fmt(r.get("ratio"), ".4f"), clipped(r)] for i, r in enumerate(self.rows)]
-        mean = sum(r["reward"] for r in self.rows) / len(self.rows)
+        scored = [r["reward"] for r in self.rows if r["reward"] is not None]  # None: no reward function scored it
+        mean = _fmt(sum(scored) / len(scored) if scored else None)
         return (f"<p>step {self.step}: {len(self.rows)} completions in {len({r['group'] for r in self.rows})} "
-                f"groups, mean reward {mean:+.3f}. ratio = mean per-token new/old probability ratio "
+                f"groups, mean reward {mean} (over the {len(scored)} scored). ratio = mean per-token new/old probability ratio "
                 f"(n/a before an update); clipped = share of tokens whose ratio the loss clipped.</p>"
                 + _table(["group", "task", "prompt", "completion", "reward", "advantage", "loss pushes log p",
                           "ratio", "clipped"], rows, "rw-rollouts", "rw-rollout", raw=("prompt", "completion")))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,12 +235,13 @@ class StageTimer:
 def reward_trend(history: list[dict]):
     """Did the sampled reward rise? Per reward key that the run logged (rewards/<task>/mean, and each
     reward function's rewards/<name>/mean), the mean over the first and the last quarter of the steps."""
-    # each task's total first, then its reward functions (a function that covers the whole task, as
-    # A/reward does, repeats the total and is left out)
+    # each task's total first, then its reward functions (a task's only function that repeats its total at
+    # every step, as A/reward does, is left out; of several, each is a component, even where it equals the total)
     keys = sorted({k for r in history for k in r if k.startswith("rewards/") and k.endswith("/mean")},
                   key=lambda k: (k.split("/")[1], k.count("/"), k))
-    keys = [k for k in keys if not (k.count("/") == 3 and all(r.get(k) == r.get(f"rewards/{k.split('/')[1]}/mean")
-                                                               for r in history))]
+    functions = Counter(k.split("/")[1] for k in keys if k.count("/") == 3)
+    keys = [k for k in keys if not (k.count("/") == 3 and functions[k.split("/")[1]] == 1 and all(
+        r.get(k) == r.get(f"rewards/{k.split('/')[1]}/mean") for r in history))]
     q = max(1, len(history) // 4)
     rows = {}
     for key in keys:
