@@ -39,6 +39,18 @@ def test_a_held_out_record_anywhere_in_a_training_file_is_refused_naming_its_lin
     training.check_train_split([DATA_DIR / "policy_train.jsonl", DATA_DIR / "env_train.jsonl"])
 
 
+def test_train_records_as_val_data_and_a_file_given_twice_are_refused():
+    """--val-data of train records measured a 'val loss' on training samples; a --train-data file given
+    twice counted its samples twice and let val_fraction hold out copies whose twins were trained on."""
+    train, val = DATA_DIR / "policy_train.jsonl", DATA_DIR / "policy_val.jsonl"
+    with pytest.raises(DataFormatError, match=rf"^{train}:1: a 'train' record in the val data"):
+        training.check_train_split([DATA_DIR / "env_train.jsonl"], [train])
+    for paths, vals in (([train, train], []), ([train], [train])):
+        with pytest.raises(ValueError, match=rf"^{train} is given twice \(--train-data, --val-data\)"):
+            training.check_train_split(paths, vals)
+    training.check_train_split([train, DATA_DIR / "env_train.jsonl"], [val, DATA_DIR / "env_val.jsonl"])
+
+
 @pytest.mark.parametrize("reward, want", [("gated", [training.chess_reward]), ("graded", None)])
 def test_grpo_trains_on_the_reward_its_option_names(tmp_path, monkeypatch, reward, want):
     given = {}

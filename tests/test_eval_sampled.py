@@ -270,3 +270,13 @@ def test_an_evaluation_samples_pass_at_1_at_the_rollout_temperature_the_export_r
     loaded = GPT.from_pretrained(export)
     assert ev.EvalConfig().for_model(loaded).sample_temperature == 0.3
     assert ev.EvalConfig(sample_temperature=0.7).for_model(loaded).sample_temperature == 0.7
+    # a bad value in config.json is the file's, named so (it was blamed on --sample-temperature, not given)
+    for bad in (0, -1.0, float("nan"), "0.3", True, None):
+        loaded.meta[ROLLOUT_TEMPERATURE_KEY] = bad
+        with pytest.raises(ev.CheckpointFormatError, match=rf"^{export}/config.json: {ROLLOUT_TEMPERATURE_KEY} must be a "
+                                                           r"finite number > 0, got"):
+            ev.EvalConfig().for_model(loaded)
+        assert ev.EvalConfig(sample_temperature=0.7).for_model(loaded).sample_temperature == 0.7  # given: it wins
+    # a completion budget the block cannot hold beside any prompt (it was cut silently, the run printing it)
+    with pytest.raises(ValueError, match=r"EvalConfig.max_new_tokens is 64: the model's block_size 64 holds"):
+        ev.EvalConfig(max_new_tokens=64).for_model(model)

@@ -41,7 +41,7 @@ from scipy.special import stdtrit
 
 from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
-from ..core.model import GPT
+from ..core.model import GPT, CheckpointFormatError
 from ..core.paths import atomic_write, run_lock
 from ..core.sampling import SamplingConfig, generate
 from ..core.task_vocab import sampling_view
@@ -212,6 +212,13 @@ class EvalConfig:
         layout = self.layout or layout_of(model)
         prefix = getattr(model, "prompt_prefix", "") if self.prompt_prefix is None else self.prompt_prefix
         temperature = self.sample_temperature or getattr(model, "meta", {}).get(ROLLOUT_TEMPERATURE_KEY, 1.0)
+        if not self.sample_temperature and not (type(temperature) in (int, float) and 0 < temperature < math.inf):
+            raise CheckpointFormatError(f"{getattr(model, 'source', 'the model')}/config.json: {ROLLOUT_TEMPERATURE_KEY} "
+                                        f"must be a finite number > 0, got {temperature!r} (or give --sample-temperature)")
+        block = getattr(getattr(model, "config", None), "block_size", None)
+        if block and (self.max_new_tokens or 0) >= block:  # cut to the block less each prompt: none left
+            raise ValueError(f"EvalConfig.max_new_tokens is {self.max_new_tokens}: the model's block_size {block} "
+                             "holds the prompt and the completion; give fewer")
         return replace(self, layout=layout, prompt_prefix=prefix, sample_temperature=temperature,
                        max_new_tokens=self.max_new_tokens or tasks.COMPLETION_BUDGET[layout])
 

@@ -294,16 +294,24 @@ def _add_policy_fraction(ap: argparse.ArgumentParser, what: str) -> None:
                          f"one pool, the data's own mix (default: {POLICY_FRACTION})")
 
 
-def check_train_split(paths) -> None:
+def check_train_split(paths, val_paths=()) -> None:
     """Refuse training files holding datagen records of the val or test split (any record, not only the
     first): eval scores the test positions as held out and SFT's val loss the val ones, so training on
-    them would inflate both without a word."""
-    for path in map(Path, paths):
-        for lineno, rec in json_lines(path):
-            if isinstance(rec, dict) and rec.get("split", "train") != "train":
-                raise DataFormatError(f"{path}:{lineno}: a {rec['split']!r} record in the training data: SFT trains "
-                                      "on the train split (eval scores the test positions, the val loss the val ones); "
-                                      "give the *_train files (`rookworld convert --split train` for converted data)")
+    them would inflate both without a word. Likewise train records in the val files, a file given twice
+    (its samples counted twice, and held out by val_fraction while their twins train) or as both."""
+    given = [Path(p).resolve() for p in (*paths, *val_paths)]
+    if twice := next((p for i, p in enumerate(given) if p in given[:i]), None):
+        raise ValueError(f"{twice} is given twice (--train-data, --val-data): its samples would count twice, or "
+                         "the val loss would measure samples SFT trains on; give each file once")
+    for files, refused, what in ((paths, ("val", "test"), "training data: SFT trains on the train split (eval scores "
+                                  "the test positions, the val loss the val ones); give the *_train files (`rookworld "
+                                  "convert --split train` for converted data)"),
+                                 (val_paths, ("train",), "val data: the val loss would measure samples SFT trains on; "
+                                  "give the *_val files")):
+        for path in map(Path, files):
+            for lineno, rec in json_lines(path):
+                if isinstance(rec, dict) and rec.get("split") in refused:
+                    raise DataFormatError(f"{path}:{lineno}: a {rec['split']!r} record in the {what}")
 
 
 def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordReader]:
@@ -323,7 +331,7 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
                              "writes data/policy_train.jsonl and data/env_train.jsonl)")
         log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
     cfg = SFTConfig(**kwargs)
-    check_train_split(cfg.train_data)
+    check_train_split(cfg.train_data, cfg.val_data)
     layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
     log.info("layout: %s (%s)", layout, why)
     order = args.candidate_order or candidate_order_for(cfg.init_from)
