@@ -48,7 +48,7 @@ class Row:
     code: int = 1
     setup: Callable[[dict], None] | None = None  # breaks something in the world before the run
     inject: str | None = None  # a fault simulated inside the process (see INJECTIONS)
-    interrupt: bool = False  # send SIGINT once training has written a metrics line
+    interrupt: bool | int = False  # send SIGINT (or this signal) once training has written a metrics line
     check: Callable[[dict, subprocess.CompletedProcess], None] | None = None  # more assertions
     marks: list = field(default_factory=list)
 
@@ -109,7 +109,10 @@ def no_run_directory(w: dict, proc: subprocess.CompletedProcess) -> None:
 ROWS = [
     # --- Ctrl-C
     Row("sft-ctrl-c", sft(out="{tmp}/run-ci") + ["--max-steps", "100000", "--checkpoint-interval", "50"],
-        "rookworld sft: interrupted", 130, interrupt=True),
+        "rookworld sft: interrupted (Ctrl-C); the same command resumes", 130, interrupt=True),
+    # SIGTERM (timeout, a scheduler) is named as such: it used to be reported as a Ctrl-C
+    Row("sft-sigterm", sft(out="{tmp}/run-ci") + ["--max-steps", "100000", "--checkpoint-interval", "50"],
+        "rookworld sft: interrupted (SIGTERM); the same command resumes", 130, interrupt=signal.SIGTERM),
     Row("sft-nproc-2-ctrl-c", sft("--nproc", "2", out="{tmp}/run-ci") + ["--max-steps", "100000"],
         "rookworld sft: interrupted", 130, interrupt=True,
         marks=[pytest.mark.heavy, pytest.mark.skipif(not HEAVY, reason="heavy: set ROOKWORLD_HEAVY=1")]),
@@ -142,6 +145,13 @@ ROWS = [
     # a device torch names but the loops do not run on (meta: tracebacks in sft, grpo, eval, files left in --out)
     Row("eval-meta-device", ["eval", "{model}", "--data-dir", "{evdata}", "--device", "meta"],
         "device 'meta' (--device): must be 'auto' or a torch device such as 'cpu', 'cuda', 'cuda:1', 'mps'"),
+    Row("sft-weight-decay-flipping-signs", sft("--weight-decay", "1e9"),
+        "SFTConfig.weight_decay (--weight-decay) must be < 1/lr (1666.67): AdamW scales each weight by 1 - lr*weight_decay"),
+    Row("grpo-weight-decay-flipping-signs", grpo("{model}", "--weight-decay", "1e6"),
+        "GRPOTrainConfig.weight_decay (--weight-decay) must be < 1/lr (100000)"),
+    Row("sft-init-from-a-run-directory", sft("--init-from", "{tmp}/sftrun"),
+        "SFTConfig.init_from (--init-from) is a run directory; its model is {tmp}/sftrun/final", setup=lambda w: (
+            (w["tmp"] / "sftrun").mkdir(), shutil.copytree(w["model"], w["tmp"] / "sftrun" / "final"))),
     Row("sft-grad-accum-past-int64", sft("--grad-accum", str(10**20)),
         "SFTConfig.grad_accum (--grad-accum) must be an integer in 1..65536, got 100000000000000000000"),
     Row("sft-meta-device", sft("--device", "meta"), "SFTConfig.device (--device) must be 'auto' or a torch device",
@@ -331,7 +341,7 @@ def run(target, argv: list[str], env: dict, interrupt: bool, metrics: Path | Non
         while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT if interrupt is True else interrupt)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -29,10 +29,12 @@ INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 RESUMABLE = ("sft", "grpo")  # commands that continue from their latest checkpoint when run again
 
 
-def report_interrupted(command: str) -> int:
-    """`rookworld <command>: interrupted (Ctrl-C)...`, one line; returns 130."""
+def report_interrupted(command: str, signal_name: str = "") -> int:
+    """`rookworld <command>: interrupted (Ctrl-C)...` (or the signal that stopped it, SIGTERM), one line;
+    returns 130."""
     resume = "; the same command resumes from the latest checkpoint" if command in RESUMABLE else ""
-    return report(command, f"interrupted (Ctrl-C){resume}", INTERRUPTED, kind="")
+    how = signal_name if signal_name.startswith("SIG") and signal_name != "SIGINT" else "Ctrl-C"
+    return report(command, f"interrupted ({how}){resume}", INTERRUPTED, kind="")
 
 
 def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:

@@ -122,6 +122,9 @@ class GRPOTrainConfig:
             bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
         if self.warmup_steps > self.steps:
             bad_field(type(self).__name__, "warmup_steps", self.warmup_steps, f"must be <= steps ({self.steps})")
+        if self.lr * self.weight_decay >= 1:  # as SFTConfig's: decoupled decay would flip each weight's sign
+            bad_field(type(self).__name__, "weight_decay", self.weight_decay, f"must be < 1/lr ({1 / self.lr:g}): "
+                      "AdamW scales each weight by 1 - lr*weight_decay a step")
         if not isinstance(self.loss, grpo.GRPOConfig):
             bad_field(type(self).__name__, "loss", self.loss, "must be a grpo.GRPOConfig")
 

@@ -73,7 +73,8 @@ class SFTConfig:
     min_lr: float = option(6e-5, "learning rate at the end of the cosine decay", min=0.0)
     warmup_steps: int = option(100, "steps of linear warm-up from lr/warmup_steps to lr", min=0)
     max_steps: int = option(1000, "optimizer steps in the run", min=1)
-    weight_decay: float = option(0.1, "AdamW decoupled weight decay on 2-D weights (not biases, LayerNorms)", min=0.0)
+    weight_decay: float = option(0.1, "AdamW decoupled weight decay on 2-D weights (not biases, LayerNorms); lr * "
+                                 "weight_decay < 1", min=0.0)
     betas: tuple[float, float] = option((0.9, 0.95), "AdamW (beta1, beta2)")
     grad_clip: float = option(1.0, "clip the global grad norm to this (0 = no clipping, norm still logged)", min=0.0)
     max_nonfinite_in_a_row: int = option(5, "stop after this many consecutive skipped (non-finite) updates", min=1)
@@ -115,6 +116,9 @@ class SFTConfig:
         if self.init_from != "scratch":
             check_export_spares(self.init_from, self.out_dir if self.export_hf else None, name)
         check_number(self, "min_lr", min=0.0, max=self.lr)
+        if self.lr * self.weight_decay >= 1:  # decoupled decay scales each weight by 1 - lr*wd a step: its sign flips
+            bad_field(name, "weight_decay", self.weight_decay, f"must be < 1/lr ({1 / self.lr:g}): AdamW scales each "
+                      "weight by 1 - lr*weight_decay a step")
         if self.vocab == "task" and self.init_from != "scratch":
             bad_field(name, "init_from", self.init_from, "must be 'scratch' with vocab='task' (it trains a new compact "
                       "head)")
@@ -146,8 +150,10 @@ class SFTConfig:
         if not isinstance(self.init_from, str) or not self.init_from:
             bad_field(name, "init_from", self.init_from, 'must be "scratch" or a Hugging Face GPT-2 directory')
         if self.init_from != "scratch" and not (Path(self.init_from) / "config.json").is_file():
-            bad_field(name, "init_from", self.init_from,
-                      'must be "scratch" or a directory with config.json + model.safetensors (none found there)')
+            final = Path(self.init_from) / "final"  # a run directory, as grpo and eval say
+            bad_field(name, "init_from", self.init_from, f"is a run directory; its model is {final}" if (
+                final / "config.json").is_file() else 'must be "scratch" or a directory with config.json + '
+                'model.safetensors (none found there)')
         try:
             model_config = self.model_config()
         except ValueError as exc:
@@ -598,7 +604,8 @@ class SFTTrainer(Trainer):
         """stream=True: both streams read their files as they go (see StreamingPackedStream)."""
         cfg = self.cfg
         if cfg.eval_interval > 0 and not cfg.val_data:
-            raise ValueError("SFTConfig.stream=True holds no samples back for val: set val_data, or eval_interval=0")
+            raise ValueError(f"SFTConfig.eval_interval is {self.cfg.eval_interval}, but a stream (SFTConfig.stream) "
+                             "holds no samples back for val: set val_data, or eval_interval=0")
         opts = dict(seed=cfg.seed, reader=self.reader, buffer=cfg.shuffle_buffer)
         self.train_stream = StreamingPackedStream(cfg.train_data, task_weights=cfg.task_weights, name="train", **opts)
         self.val_stream = None

@@ -347,13 +347,13 @@ class Trainer:
                 if stopping and self.step < target:  # every rank alike (the flag is summed over ranks)
                     log.warning("%s stopped after step %d (%s)%s", self.name, self.step, stop[0] if stop else "another rank",
                                 f"; checkpoint {self.last_checkpoint}" if self.last_checkpoint else "")
-                    raise KeyboardInterrupt
+                    raise KeyboardInterrupt(stop[0] if stop else "")  # the signal's name: the CLI says which
         if self.step >= total and self.export_at_end:
             self.export()
         # a signal in the run's last step (or, in one process, in the save or the log closing): the run is
         # saved and exported, and the caller stops too (under torchrun every rank decided alike in the loop)
         if stopping or (self.dist.world_size == 1 and stop):
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(stop[0] if stop else "")
         return self.history
 
     def _open_logs(self, stack: contextlib.ExitStack) -> None:

@@ -73,10 +73,10 @@ def _main(argv: list[str]) -> int:
     try:
         module, _, func = SUBCOMMANDS[name][0].partition(":")
         return int(getattr(importlib.import_module(module), func or "cli")(rest) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if debug:
             raise
-        return report_interrupted(name)
+        return report_interrupted(name, str(exc))  # a training loop names the signal (SIGTERM)
     except BrokenPipeError:
         raise
     except Exception as exc:
