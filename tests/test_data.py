@@ -248,6 +248,7 @@ def test_a_content_already_validated_is_not_checked_again_but_a_changed_one_is(t
     ("fen", "not a fen", "fen"),
     ("split", "dev", "split"),
     ("n_legal", True, "type bool"),
+    ("n_legal", "20", "field 'n_legal' has type str, not int"),  # what is wanted, too
     ("extra", 1, "unknown field"),
     # a search a reward may repeat for an unlisted move: a limit key it can finish (depth=99 held a reward for days)
     ("limit", "depth=99", "field 'limit': limit 'depth=99': depth must be in [1, 40] (or 'unknown')"),
@@ -343,6 +344,9 @@ VALIDATOR_ROWS = [
      "an illegal/unparseable move must give new_fen = fen, reward -1.0, terminated 0, truncated 1"),
     ("Ax-illegal-move-kind-legal", "Ax", _labelled_legal, "field 'kind' is 'legal' but the move is illegal"),
     ("A-prompt", "A", lambda r: {"prompt": r["prompt"] + " "}, "field 'prompt' does not match fen/move/history"),
+    # an entry the prompt cannot hold: named as the field's rule (it was the validator's crash net, naming env_prompt)
+    ("A-history-entry-with-a-space", "A", lambda r: {"history": ["d2 d4", *r["history"][-9:]]},
+     "field 'history' must be 1..10 moves (each non-empty, without '+' or whitespace) ending with the current move"),
     ("A-completion", "A", lambda r: {"completion": r["completion"] + "+"},
      "field 'completion' does not match new_fen/reward/terminated/truncated"),
     ("M1-no-mating-moves", "M1", lambda r: {"mating_moves": []}, "field 'mating_moves' is empty"),

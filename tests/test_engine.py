@@ -67,6 +67,10 @@ def test_missing_stockfish_names_the_install_commands(monkeypatch, tmp_path):
     assert "apt-get install -y stockfish" in msg and "conda install -c conda-forge stockfish" in msg
     with pytest.raises(engine.StockfishNotFoundError):
         EnginePool(EngineSettings(depth=1))
+    monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path))  # the folder, not the program in it: said so
+    with pytest.raises(engine.StockfishNotFoundError, match=rf"at '{tmp_path}' \(STOCKFISH_PATH: a directory, not the "
+                                                            r"program in it\)"):
+        engine.find_stockfish()
     # nothing anywhere: PATH empty and no Debian binary
     monkeypatch.delenv("STOCKFISH_PATH")
     monkeypatch.setenv("PATH", str(tmp_path))

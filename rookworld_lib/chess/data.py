@@ -176,7 +176,8 @@ def _validate(rec, task):
             if name not in OPTIONAL_FIELDS:
                 return f"missing field {name!r}"
         elif isinstance(rec[name], bool) or not isinstance(rec[name], typ):  # JSON true is no int here
-            return f"field {name!r} has type {type(rec[name]).__name__}"
+            want = " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
+            return f"field {name!r} has type {type(rec[name]).__name__}, not {want}"
     if extra := set(rec) - set(SCHEMA[t]):
         return f"unknown field(s) {sorted(extra)}"
     if rec["split"] not in _SPLITS_OF[t]:
@@ -223,8 +224,10 @@ def _validate_env(rec, board):
     if not move or "+" in move or any(c.isspace() for c in move):
         return "field 'move' must be non-empty without '+' or whitespace"
     hist = rec["history"]
-    if not hist or hist[-1] != move or len(hist) > tasks.HISTORY_LEN or not all(isinstance(h, str) for h in hist):
-        return f"field 'history' must be 1..{tasks.HISTORY_LEN} moves ending with the current move"
+    if not hist or hist[-1] != move or len(hist) > tasks.HISTORY_LEN or not all(
+            isinstance(h, str) and h and "+" not in h and not any(c.isspace() for c in h) for h in hist):
+        return (f"field 'history' must be 1..{tasks.HISTORY_LEN} moves (each non-empty, without '+' or whitespace) "
+                "ending with the current move")
     if err := tasks.env_truth_error(rec["new_fen"], rec["reward"], rec["terminated"], rec["truncated"]):
         return err  # the check of the truth a reward is given
     wrong = rec["kind"] != "legal"

@@ -74,7 +74,8 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
     else:  # shutil.which takes a path with a directory as it is, and looks a bare name up on the PATH
         explicit = os.path.expanduser(str(explicit))
         found = shutil.which(explicit)
-        where = f"at {explicit!r} ({'STOCKFISH_PATH' if path is None else 'the given path'})"
+        where = f"at {explicit!r} ({'STOCKFISH_PATH' if path is None else 'the given path'}"
+        where += ": a directory, not the program in it)" if os.path.isdir(explicit) else ")"
     if not found:
         raise StockfishNotFoundError(f"Stockfish not found {where}. {INSTALL_HINT}")
     return found
