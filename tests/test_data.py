@@ -349,11 +349,18 @@ VALIDATOR_ROWS = [
      "field 'history' must be 1..10 moves (each non-empty, without '+' or whitespace) ending with the current move"),
     ("A-completion", "A", lambda r: {"completion": r["completion"] + "+"},
      "field 'completion' does not match new_fen/reward/terminated/truncated"),
+    ("Ax-illegal-move-kind-unparseable", "Ax", lambda r: {"kind": "unparseable" if r["kind"] == "illegal" else "illegal"},
+     lambda r: f"field 'kind' is {'unparseable' if r['kind'] == 'illegal' else 'illegal'!r}, but the move {r['move']!r} "
+               f"is {r['kind']}"),
     ("M1-no-mating-moves", "M1", lambda r: {"mating_moves": []}, "field 'mating_moves' is empty"),
     ("M1-illegal-mating-move", "M1", lambda r: {"mating_moves": ["a1a1"]}, "mating move 'a1a1' is not legal"),
     ("M1-a-move-that-does-not-mate", "M1", lambda r: {"mating_moves": [*r["mating_moves"], _not_mating(r)]},
      lambda r: f"mating move {_not_mating(r)!r} does not mate"),
     ("M1-prompt", "M1", lambda r: {"prompt": f"P: {chess.STARTING_FEN}"}, "field 'prompt' does not match 'fen'"),
+    # every move that mates at once, each once (a duplicate or a missing one passed: only membership was checked)
+    ("M1-a-mating-move-twice", "M1", lambda r: {"mating_moves": r["mating_moves"] * 2},
+     lambda r: f"field 'mating_moves' must list every mating move once: {r['mating_moves']}, got "
+               f"{r['mating_moves'] * 2}"),
 ]
 
 

@@ -239,6 +239,8 @@ def _validate_env(rec, board):
     if wrong == (tasks.legal_move(board, move) is not None):
         return f"field 'kind' is {rec['kind']!r} but the move is {'legal' if wrong else 'illegal'}"
     step = tasks.environment_step(rec["fen"], move, hist[:-1])  # the transition the environment reward checks
+    if rec["kind"] != step.kind:  # illegal (UCI's shape) or unparseable (not): datagen --summary counts them apart
+        return f"field 'kind' is {rec['kind']!r}, but the move {move!r} is {step.kind}"
     label = (rec["reward"], rec["terminated"], rec["termination"])
     if tasks.transition_differences(step, **{k: rec[k] for k in ("new_fen", "reward", "terminated", "termination")}):
         return (f"fields new_fen/reward/terminated/termination are {rec['new_fen']!r}/{label[0]}/{label[1]}/{label[2]!r}, "
@@ -262,6 +264,8 @@ def _validate_mate(rec, board):
             return f"mating move {m!r} is not legal"
         if mv.uci() not in mating:
             return f"mating move {m!r} does not mate"
+    if sorted(mates) != mating:  # the card: every move that mates at once, each once (an eval counts against it)
+        return f"field 'mating_moves' must list every mating move once: {mating}, got {mates}"
     if rec["prompt"] != tasks.policy_prompt(rec["fen"]):
         return "field 'prompt' does not match 'fen'"
     return None
