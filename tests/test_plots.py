@@ -132,6 +132,12 @@ def test_curves_figure_trend_lines_are_least_squares_fits():
     slope, icept = np.polyfit(list(data.x), list(data.y), 1)
     assert list(trend.x) == [1, 10] and trend.line.dash == "dash" and trend.line.color == data.line.color
     assert np.allclose(trend.y, [icept + slope * 1, icept + slope * 10])
+    # a NaN is a gap as null is (it made the whole trend line NaN); records without a step are numbered
+    history[4]["r"] = float("nan")
+    data, trend = curves_figure(history, ["r"], "t", trend=True).data
+    assert 5 not in list(data.x) and np.isfinite(trend.y).all()
+    data = curves_figure([{"r": 1.0}, {"r": 2.0}], ["r"], "t").data[0]
+    assert list(data.x) == [1, 2]
 
 
 def test_finish_puts_the_static_figure_in_the_live_widgets_place(tmp_path, monkeypatch):

@@ -23,6 +23,7 @@ def test_grpo_summary_keeps_only_logged_columns():
     assert "KL" not in no_kl.columns and len(no_kl) == 10 and list(no_kl.index) == list(range(3, 13))
     assert list(no_kl.columns) == [v for k, v in workflow.GRPO_SUMMARY_COLUMNS.items() if k not in ("kl", "step")]
     assert "KL" in workflow.grpo_summary(history(True), last=3).columns
+    assert workflow.grpo_summary([]).empty  # no step logged yet (it raised KeyError)
 
 
 def test_profile_summary_names_every_stage_in_one_short_table():

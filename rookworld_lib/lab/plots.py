@@ -161,7 +161,10 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
     with `smooth` > 1 the lines are trailing means over that many points."""
     fig = go.Figure()
     for i, key in enumerate(keys):
-        pts = [(r[x], r[key]) for r in history if key in r and r[key] is not None]
+        # NaN is a gap, as null is (one would turn the trend and `smooth` points after it into NaN); records
+        # without a step are numbered, as LiveCurves numbers them
+        pts = [(r.get(x, n + 1) if x == "step" else r[x], r[key]) for n, r in enumerate(history)
+               if r.get(key) is not None and r[key] == r[key] and (x == "step" or x in r)]
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]

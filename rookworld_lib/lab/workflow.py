@@ -207,6 +207,8 @@ def grpo_summary(history: list[dict], last: int = 10):
     GRPO_SUMMARY_COLUMNS). Columns a run does not log are left out: `kl` exists only with a reference
     model (beta > 0), `entropy` only when logits are scored."""
     frame = pd.DataFrame(history)
+    if "step" not in frame.columns:  # no step logged yet: an empty table, not a KeyError
+        return pd.DataFrame()
     keep = [c for c in GRPO_SUMMARY_COLUMNS if c in frame.columns]
     return frame[keep].tail(last).rename(columns=GRPO_SUMMARY_COLUMNS).set_index("step")
 
