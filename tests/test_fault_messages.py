@@ -219,6 +219,10 @@ ROWS = [
     Row("run-device-parameter-without-cuda", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "device", "cuda"],
         "-p device 'cuda': torch sees no CUDA device here; pass -p device cpu", check=no_run_directory,
         marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
+    # a value past what the notebook's own data hold: refused before notebook 05 trains (it failed in 06, after)
+    Row("run-position-past-the-test-positions", ["run", "--out", "{tmp}/runs", "--only", "05", "06", "-p", "position",
+                                                 "99999"],
+        "notebook parameter 'position' must be <= 729, got 99999", check=no_run_directory),
     Row("run-nan-parameter", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "sgd_lr", "NaN"],
         "notebook parameter 'sgd_lr' must be a finite number, got nan", check=no_run_directory),
     # --- GRPO's settings: checked before the model is read, and before anything is written
