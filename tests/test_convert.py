@@ -353,6 +353,7 @@ def test_gzipped_inputs_and_padded_lines_convert_as_the_plain_ones_and_a_broken_
     assert main(["convert", str(cut), "--out", str(tmp_path / "cut"), "--workers", "1", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert f"rookworld convert: error: {cut}: not a whole gzip file" in err and "Traceback" not in err
+    assert not (tmp_path / "cut").exists()  # nothing published, and the folder made for it taken back
 
 
 def test_training_positions_that_are_test_positions_are_counted_aloud(tmp_path, caplog, monkeypatch):

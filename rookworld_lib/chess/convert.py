@@ -322,14 +322,20 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     t0 = time.perf_counter()
     made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first: the folders this call would make
     new_lock = not (out / LOCK_FILE).exists()
-    try:
-        _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
-    except _NothingConverted:  # every temporary file is gone: take back the lock file and folder made here
+    def take_back():  # every temporary file is gone: the lock file and the folders made here too
         if new_lock:
             (out / LOCK_FILE).unlink(missing_ok=True)
         for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+    try:
+        _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
+    except _NothingConverted:
+        take_back()
+    except ValueError:  # an input that cannot be read (a broken gzip): nothing was published
+        take_back()
+        raise
     report.seconds = time.perf_counter() - t0
     return report
 
