@@ -464,3 +464,31 @@ def test_ranks_that_see_different_latest_checkpoints_are_refused_naming_both(tmp
         trainer.find_checkpoint()
     monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: obj)  # rank 0 sees none either
     assert trainer.find_checkpoint() is None
+
+
+def test_the_trainers_loss_takes_the_samplers_budget_and_temperature():
+    """The loss's copies of the sampler's settings are the sampler's (TRL has one field for each): dr_grpo's
+    constant is max_new_tokens, whatever loss.max_completion_length says (512, TRL's default, made a step
+    128 times smaller at a budget of 4, silently), as the temperature already was."""
+    grads = []
+    for length in (4, 512):
+        trainer = tiny_trainer(max_new_tokens=4, temperature=0.7,
+                               loss=grpo.GRPOConfig(loss_type="dr_grpo", max_completion_length=length, beta=0.0),
+                               reward_funcs=lambda completions, **_: [float(len(c)) for c in completions])
+        assert (trainer.cfg.loss.max_completion_length, trainer.cfg.loss.temperature) == (4, 0.7)
+        grads.append(trainer.train()[0]["grad_norm"])
+    assert grads[0] == grads[1]
+
+
+def test_a_grpo_config_is_frozen_as_the_other_configs():
+    """cfg.group_size = 1 after construction bypassed every check (a run that trained nothing, silently);
+    GRPOTrainConfig is frozen as SFTConfig and GRPOConfig are: dataclasses.replace checks the new value."""
+    import dataclasses
+
+    import pytest
+
+    cfg = tiny_trainer().cfg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.group_size = 1
+    with pytest.raises(ValueError, match="GRPOTrainConfig.group_size must be an integer >= 2"):
+        dataclasses.replace(cfg, group_size=1)

@@ -152,6 +152,9 @@ ROWS = [
     Row("sft-init-from-a-run-directory", sft("--init-from", "{tmp}/sftrun"),
         "SFTConfig.init_from (--init-from) is a run directory; its model is {tmp}/sftrun/final", setup=lambda w: (
             (w["tmp"] / "sftrun").mkdir(), shutil.copytree(w["model"], w["tmp"] / "sftrun" / "final"))),
+    # a bias-free model has no GPT-2 export: refused before training (its final/ could not be loaded back)
+    Row("sft-bias-free-model", sft("--model-overrides", "bias=false"),
+        "SFTConfig.model_overrides (--model-overrides) must not set bias=False: the run exports GPT-2"),
     Row("sft-grad-accum-past-int64", sft("--grad-accum", str(10**20)),
         "SFTConfig.grad_accum (--grad-accum) must be an integer in 1..65536, got 100000000000000000000"),
     Row("sft-meta-device", sft("--device", "meta"), "SFTConfig.device (--device) must be 'auto' or a torch device",

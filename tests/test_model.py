@@ -590,3 +590,11 @@ def test_bad_model_arguments_name_what_is_wrong(call, match):
         call(m)
     with torch.no_grad():
         assert m(torch.zeros(1, 32, dtype=torch.long)).shape == (1, 32, m.config.vocab_size)
+
+
+def test_a_bias_free_model_is_not_exported_as_gpt2(tmp_path):
+    """GPT-2's format has a bias in every layer: a GPTConfig(bias=False) model's export lacked them, and
+    from_pretrained (and so GRPO and eval) refused it. save_pretrained says so instead, writing nothing."""
+    with pytest.raises(ValueError, match=r"^GPTConfig.bias is False: GPT-2's format \(the export\) holds a bias"):
+        GPT(GPTConfig.preset("tiny", bias=False)).save_pretrained(tmp_path / "m")
+    assert not (tmp_path / "m").exists()

@@ -246,7 +246,7 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"), ({"seed": 2}, "seed"),
                          ({"task_weights": {"P": 0.75, "A": 0.25}}, r"task_weights: \{'P': 0\.5, 'A': 0\.5\} -> \{'P'"),
                          ({"task_weights": {"A": 0.5, "P": 0.5}}, r"task_weights: \{'P': 0\.5, 'A': 0\.5\} -> \{'A'"),
-                         ({"loss": grpo.GRPOConfig(beta=0.0, loss_type="dr_grpo", max_completion_length=4)}, r"loss\.loss_type: 'grpo' -> 'dr_grpo', loss\.max_completion_length")):
+                         ({"loss": grpo.GRPOConfig(beta=0.0, loss_type="dr_grpo", max_completion_length=4)}, r"loss\.loss_type")):  # only that: the budget is the trainer's either way
         with pytest.raises(ValueError, match=rf"other settings \({name}: "):
             make({**cfg, **change})
     torch.manual_seed(0)

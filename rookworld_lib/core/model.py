@@ -380,6 +380,9 @@ class GPT(nn.Module):
         tokenizer files for its AutoTokenizer (tokenizer.write_hf_tokenizer, where transformers is here)."""
         if bad := [k for k in self.meta if not k.startswith(META_PREFIX) or k == PROMPT_PREFIX_KEY]:
             raise ValueError(f"model.meta keys must start with {META_PREFIX!r} (and not be {PROMPT_PREFIX_KEY!r}): {bad}")
+        if not self.config.bias:  # its export would lack keys every GPT-2 loader asks for (from_pretrained refused it)
+            raise ValueError("GPTConfig.bias is False: GPT-2's format (the export) holds a bias in every layer; train "
+                             "with bias=True to export")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         state = self.hf_state_dict()

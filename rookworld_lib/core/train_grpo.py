@@ -72,7 +72,7 @@ class PromptItem:
             raise ValueError(f"PromptItem.prompt must be text, got {type(self.prompt).__name__} {self.prompt!r:.60}")
 
 
-@config_class()
+@config_class(frozen=True)
 class GRPOTrainConfig:
     """Settings of the GRPO loop (the loss itself is configured by `loss`, a grpo.GRPOConfig)."""
 
@@ -116,7 +116,7 @@ class GRPOTrainConfig:
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
-        self.task_weights = check_weights(self, "task_weights")
+        object.__setattr__(self, "task_weights", check_weights(self, "task_weights"))  # frozen, as SFTConfig
         check_device_name(self)
         if not 1 <= self.rollout_chunks <= self.prompts_per_step:
             bad_field(type(self).__name__, "rollout_chunks", self.rollout_chunks, "must be in 1..prompts_per_step")
@@ -334,8 +334,11 @@ class GRPOTrainer(Trainer):
                  reward_funcs: RewardFunc | Sequence[RewardFunc], reward_weights: Sequence[float] | None = None,
                  on_step: Callable[[dict], None] | None = None, init_from: str | None = None,
                  task_vocab: TaskVocab | None = None):
-        if cfg.loss.temperature != cfg.temperature:  # entropy must be measured where log-probs are
-            cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature))
+        # the loss's copies of the sampler's settings are the sampler's, as TRL has one field for each: entropy is
+        # measured where log-probs are, and dr_grpo divides by the budget sampled (another silently scaled its step)
+        if (cfg.loss.temperature, cfg.loss.max_completion_length) != (cfg.temperature, cfg.max_new_tokens):
+            cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature,
+                                                                    max_completion_length=cfg.max_new_tokens))
         check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
         self.start_weights = weights_fingerprint(model)  # the model as handed in: a resume must be handed it too
         super().__init__(cfg, cfg.steps, on_step=on_step)

@@ -144,6 +144,9 @@ class SFTConfig:
             bad_field(name, "model_overrides", self.model_overrides,
                       f"must not change vocab_size: the training text is tokenized into GPT-2's {VOCAB_SIZE} tokens "
                       "(pad_vocab_to_multiple pads the embedding instead)")
+        if self.model_overrides.get("bias", True) is not True:  # its export is no GPT-2 (save_pretrained refuses it)
+            bad_field(name, "model_overrides", self.model_overrides, "must not set bias=False: the run exports GPT-2, "
+                      "whose format holds a bias in every layer")
         if "gradient_checkpointing" in self.model_overrides:
             bad_field(name, "model_overrides", self.model_overrides,
                       "must not set gradient_checkpointing (use SFTConfig.activation_checkpointing)")
