@@ -118,7 +118,8 @@ def test_a_bad_reward_function_or_prompt_is_refused_in_one_line_naming_it():
                            (torch.zeros(4, 2), "gave Tensor tensor\\(\\[0., 0.\\]\\) for completion 0")):
         with pytest.raises(ValueError, match=rf"^reward function 'judge' {message}"):
             tiny_trainer(reward_funcs=returns(value)).train()
-    for value in (np.zeros(4, dtype=np.float32), torch.ones(4), [True, None, 1, np.float64(0.5)]):
+    for value in (np.zeros(4, dtype=np.float32), torch.ones(4), [True, None, 1, np.float64(0.5)],
+                  np.array(["yes", "no", "yes", "no"]) == "yes", np.ones((4, 1))):  # numpy bools; one value a row
         assert len(tiny_trainer(reward_funcs=returns(value)).train()) == 1
     # an unscored completion's reward is null in the rollout rows (completions.jsonl), as the metrics leave it out
     trainer = tiny_trainer(reward_funcs=returns([1.0, None, 1.0, None]))
@@ -131,6 +132,16 @@ def test_a_bad_reward_function_or_prompt_is_refused_in_one_line_naming_it():
     with pytest.raises(ValueError, match=r"prompt 1: task 'math', which task_weights \{'P': 1.0\} does not name; give "
                                          r"it a weight \(0 leaves it out\) or set task_weights=None"):
         tiny_trainer(items=[PromptItem("P", "Q: 1 A:"), PromptItem("math", "1+1=")], task_weights={"P": 1.0})
+    # items as a generator are read once (the sampler read it empty: "the items list is empty"); others are named
+    assert tiny_trainer(items=(PromptItem("P", f"Q: {k} A:") for k in range(2))).train()
+    for items, message in ((["Q: 1 A:"], r"items\[0\] is a str, not a PromptItem"),
+                           ([PromptItem("P", "Q:"), {"task": "P", "prompt": "x"}], r"items\[1\] is a dict")):
+        with pytest.raises(ValueError, match=message):
+            tiny_trainer(items=items)
+    bare = tiny_trainer()  # a plain GPT-2 directory's model has no prompt prefix: an empty prompt is nothing
+    bare.model.prompt_prefix = ""
+    with pytest.raises(ValueError, match=r"items\[0\]: the prompt is empty"):
+        GRPOTrainer(bare.model, [PromptItem("P", "")] * 2, bare.cfg, says_yes)
     with pytest.raises(ValueError, match="task_weights gives 'A' a share of 0.5, but no prompt is of that task"):
         tiny_trainer(task_weights={"P": 0.5, "A": 0.5})
     with warnings.catch_warnings(record=True) as caught:

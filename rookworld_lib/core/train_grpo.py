@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from . import distributed, grpo
@@ -163,7 +164,10 @@ def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], co
             got = f"{len(values)} values" if isinstance(values, (list, tuple)) else _shown(values)
             raise ValueError(f"reward function {reward_name(f)!r} gave {got} for {len(completions)} completions; it "
                              "must give a list of one float (or None: unscorable) per completion")
-        values = [v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for v in values]
+        # one-element tensors and numpy values (np.True_ of `np.array(completions) == "yes"`) as the numbers they
+        # hold, as TRL's torch.tensor(values) takes them
+        values = [v.item() if (isinstance(v, torch.Tensor) and v.numel() == 1) or (
+            isinstance(v, (np.generic, np.ndarray)) and v.size == 1) else v for v in values]
         if (bad := next((i for i, v in enumerate(values) if not (v is None or isinstance(v, numbers.Real))), None)) is not None:
             raise ValueError(f"reward function {reward_name(f)!r} gave {_shown(values[bad])} for completion {bad}; "
                              "each value must be a float (or None: unscorable)")
@@ -350,7 +354,13 @@ class GRPOTrainer(Trainer):
         # over a task vocabulary the model is its restriction (task_vocab.TaskVocab.restrict) and token ids
         # are compact; `outside`: the rows an export gives every other token (None: the off rows)
         self.vocab, self.outside, self.full_model = None, None, None
+        items = list(items)  # a generator is read once, here (the sampler read it empty)
+        if (bad := next((k for k, i in enumerate(items) if not isinstance(i, PromptItem)), None)) is not None:
+            raise ValueError(f"items[{bad}] is a {type(items[bad]).__name__}, not a PromptItem(task, prompt)")
         prompts = [encode_prompt(i.prompt, model.prompt_prefix, self.tokenizer) for i in items]
+        if (empty := next((k for k, p in enumerate(prompts) if not p), None)) is not None:
+            raise ValueError(f"items[{empty}]: the prompt is empty (and so is the model's prompt prefix): nothing to "
+                             "complete")
         # before anything is written to out_dir: the longest prompt and its completion must fit the model
         check_fits(model.config.block_size, max(map(len, prompts), default=0), cfg.max_new_tokens)
         if cfg.vocab != "full":
