@@ -503,3 +503,17 @@ def test_a_grpo_config_is_frozen_as_the_other_configs():
         cfg.group_size = 1
     with pytest.raises(ValueError, match="GRPOTrainConfig.group_size must be an integer >= 2"):
         dataclasses.replace(cfg, group_size=1)
+
+
+def test_a_grpo_run_takes_every_seed_its_config_allows():
+    """GRPOTrainConfig.seed goes to 2**32 - 1, but a chunk's sampling seed (seed * 1,000,003 + step, times
+    10,007) passed torch's 2**64 from seed 1.8e9 on: the first step died in torch.Generator.manual_seed.
+    The seed a generator gets is taken mod 2**64 (every smaller one as before)."""
+    import pytest
+
+    from rookworld_lib.core.config import SEED_MAX
+    from rookworld_lib.core.sampling import SamplingConfig
+
+    assert tiny_trainer(seed=SEED_MAX).train()[0]["step"] == 1
+    with pytest.raises(ValueError, match=r"SamplingConfig.seed must be an integer in 0..18446744073709551615"):
+        SamplingConfig(seed=2**64)

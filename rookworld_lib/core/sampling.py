@@ -62,7 +62,8 @@ class SamplingConfig:
     eos_id: int | None = option(EOT_ID, f"token ending a completion (in the mask); None or NO_EOS ({NO_EOS}): never "
                                 "stop early")
     pad_id: int = option(EOT_ID, "token emitted after EOS and used for left padding")
-    seed: int | None = option(None, "seeds a private torch.Generator; None draws from the global RNG")
+    seed: int | None = option(None, "seeds a private torch.Generator (0 to 2**64 - 1, torch's range); None draws "
+                              "from the global RNG", min=0, max=2**64 - 1)
     decode: str = option("auto", "dynamic, static, cuda_graph, or auto (cuda_graph on CUDA, dynamic elsewhere)",
                          choices=DECODE_MODES)
 

@@ -505,7 +505,8 @@ class GRPOTrainer(Trainer):
             with self.runtime.autocast():
                 rollout = generate(self.model, [self.encode(i.prompt) for i in chunk], SamplingConfig(
                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k,
-                    top_p=cfg.top_p, num_samples=G, seed=seed * 10_007 + c, eos_id=self.eot, pad_id=self.eot))
+                    top_p=cfg.top_p, num_samples=G, seed=(seed * 10_007 + c) % 2**64,  # a generator seed: < 2**64
+                    eos_id=self.eot, pad_id=self.eot))
             t1 = time.perf_counter()
             ids = [rollout.completion_ids(r, keep_eos=True) for r in range(rollout.tokens.size(0))]
             ids = ids if self.vocab is None else [self.vocab.ids[i].tolist() for i in ids]  # GPT-2's ids
