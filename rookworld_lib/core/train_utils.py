@@ -329,14 +329,15 @@ def _records_up_to(path: Path, step: int, every_step: bool) -> list[dict]:
     missing before `step`."""
     kept, last, lost = [], None, set()
     for lineno, rec, reason in read_jsonl(path):
-        at = rec.get("step", 0) if isinstance(rec, dict) else None
-        # one record a step (metrics) or rows of a step (completions), in step order; anything else is no record
-        if reason is None and (type(at) is not int or (last is not None and (at <= last if every_step else at < last))):
-            log.warning("%s:%d: dropped: %s", path, lineno, "not a record with a whole-number step" if type(at) is not int
-                        else f"step {at} after the record of step {last} (the steps of this file only increase)")
-            continue
         if reason is None:
-            last = rec.get("step", last)
+            at = rec.get("step", 0) if isinstance(rec, dict) else None
+            # one record a step (metrics) or rows of a step (completions), in step order; anything else is no record
+            if type(at) is not int or (last is not None and (at <= last if every_step else at < last)):
+                log.warning("%s:%d: dropped: %s", path, lineno, "not a record with a whole-number step"
+                            if type(at) is not int else
+                            f"step {at} after the record of step {last} (the steps of this file only increase)")
+                continue
+            last = at
             if at <= step:
                 kept.append(rec)
             continue
