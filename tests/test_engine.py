@@ -29,6 +29,8 @@ pytestmark = needs_stockfish
     (dict(time=0), "time"), (dict(multipv=0), "multipv"), (dict(threads=0), "threads"),
     (dict(hash_mb=0), "hash_mb"), (dict(fresh_search="yes"), "fresh_search"), (dict(max_retries=-1), "max_retries"),
     (dict(path=3), "path"),
+    # past LIMIT_RANGES: labels made under such settings would be refused by every loader
+    (dict(depth=41), "depth"), (dict(depth=None, nodes=10**8 + 1), "nodes"), (dict(depth=None, time=61.0), "time"),
 ])
 def test_settings_reject_bad_values_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"EngineSettings.{field}"):
@@ -43,6 +45,10 @@ def test_settings_need_a_limit_and_describe_it():
     assert engine.parse_limit_key("depth=8,nodes=1000") == chess.engine.Limit(depth=8, nodes=1000)
     assert not EngineSettings(depth=None, time=0.1).reproducible
     assert not EngineSettings(threads=2).reproducible
+    # the widest settings make labels the record check takes (one range for both)
+    for kw in (dict(depth=40), dict(depth=None, nodes=10**8), dict(depth=None, time=60.0), dict(depth=1, nodes=1)):
+        key = EngineSettings(**kw).limit_key
+        assert engine.parse_limit_key(key) == EngineSettings(**kw).limit, key
 
 
 def test_every_search_gets_a_generous_time_limit_from_its_budget():
@@ -269,7 +275,7 @@ def test_script_scoring_completions_exits_by_itself(tmp_path):
 def test_an_interrupt_fails_running_searches_at_once_without_restarting_engines():
     # Ctrl-C's path (pool.interrupt): the search in flight fails with EngineFailedError and is not retried on a
     # fresh engine, so no Stockfish is started behind the user's back; a later request starts one
-    with EnginePool(EngineSettings(depth=60), size=1, cache=False) as pool:  # depth 60: a search of minutes
+    with EnginePool(EngineSettings(depth=40), size=1, cache=False) as pool:  # depth 40: a search of minutes
         failed = []
 
         def search():

@@ -96,14 +96,20 @@ def usable_cores() -> int:
 
 # --- Settings and results ---
 
+# every search the workbench runs: a label's, and a reward's of an unlisted move (10^8 nodes take minutes)
+LIMIT_RANGES = {"depth": (1, 40), "nodes": (1, 10**8), "time": (0.001, 60.0)}
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     """Stockfish search settings. Bad values fail at construction, naming the field."""
 
-    depth: int | None = option(DEFAULT_DEPTH, "search depth in plies (None: no depth limit)", min=1, max=99)
-    nodes: int | None = option(None, "node budget per search (None: no node limit)", min=1, max=10**15)
+    depth: int | None = option(DEFAULT_DEPTH, "search depth in plies (None: no depth limit)",
+                                min=LIMIT_RANGES["depth"][0], max=LIMIT_RANGES["depth"][1])
+    nodes: int | None = option(None, "node budget per search (None: no node limit)",
+                               min=LIMIT_RANGES["nodes"][0], max=LIMIT_RANGES["nodes"][1])
     time: float | None = option(None, "seconds per search (None: no time limit; time limits are not reproducible)",
-                                min=0.0, min_open=True)
+                                min=LIMIT_RANGES["time"][0], max=LIMIT_RANGES["time"][1])
     multipv: int = option(5, "principal variations per analysis: the candidate moves of a P: label", min=1, max=256)
     threads: int = option(1, "Stockfish `Threads`; 1 keeps results reproducible (the pool adds processes instead)",
                           min=1, max=1024)
@@ -140,9 +146,6 @@ def limit_key(limit: chess.engine.Limit) -> str:
     """``depth=8``, ``nodes=1000``, ``depth=8,nodes=1000`` ...: a limit as recorded with labels."""
     parts = [f"{k}={getattr(limit, k)}" for k in ("depth", "nodes", "time") if getattr(limit, k) is not None]
     return ",".join(parts) or "unlimited"
-
-
-LIMIT_RANGES = {"depth": (1, 40), "nodes": (1, 10**8), "time": (0.001, 60.0)}  # a label's search (10^8 nodes: minutes)
 
 
 def parse_limit_key(key: str) -> chess.engine.Limit:
