@@ -36,6 +36,26 @@ def test_validate_checks_each_field_by_its_annotation_and_option_checks():
         assert str(info.value) == message
 
 
+def test_numpy_numbers_are_taken_as_pythons_and_checked_as_they():
+    """A sweep's values come from numpy (np.arange, np.linspace): an np.int64 is an integer (it was
+    refused as 'must be an integer'), an np.float32 a number; the config keeps Python's int and float,
+    which JSON writes; a float is still not an integer, and the bounds still hold."""
+    import json
+
+    import numpy as np
+    d = Demo(steps=np.int64(7), rate=np.float32(0.25))
+    assert (d.steps, d.rate) == (7, 0.25) and (type(d.steps), type(d.rate)) == (int, float)
+    assert json.loads(json.dumps({"steps": d.steps})) == {"steps": 7}
+    for bad, message in (({"steps": np.float64(7.0)}, "Demo.steps must be an integer >= 1, got np.float64(7.0)"),
+                         ({"steps": np.int64(0)}, "Demo.steps must be an integer >= 1, got 0"),
+                         ({"rate": np.float32("nan")}, "Demo.rate must be a finite number in [0.0, 1.0), got nan"),
+                         ({"flag": np.bool_(True)}, "Demo.flag must be True or False, got np.True_")):
+        with pytest.raises(ValueError) as info:
+            Demo(**bad)
+        assert str(info.value) == message
+    assert config.check_weights(type("W", (), {"w": {"P": np.float32(0.5)}})(), "w") == {"P": 0.5}
+
+
 def test_config_arguments_round_trip():
     assert config.field_docs(Demo) == {"steps": "how many steps", "rate": "a rate, or none", "flag": "a switch",
                                    "pair": "two numbers", "files": "some files", "extra": "KEY=VALUE settings",

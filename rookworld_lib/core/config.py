@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import numbers
 import os
 import re
 import sys
@@ -72,13 +73,18 @@ def _hints(cls) -> dict:
 
 def validate(cfg) -> None:
     """Check every field of a config against its annotation and its `option` checks; the first bad
-    one raises ValueError `Cls.field must ..., got value` (None passes where the type allows it)."""
+    one raises ValueError `Cls.field must ..., got value` (None passes where the type allows it).
+    A numpy integer or float in an int or float field is kept as Python's int or float."""
     hints = _hints(type(cfg))
     for f in dataclasses.fields(cfg):
         hint, optional = _optional_of(hints[f.name])
         value, meta = getattr(cfg, f.name), f.metadata
         if optional and value is None:
             continue
+        if hint in (int, float) and type(value) not in (int, float) and not isinstance(value, bool) \
+                and isinstance(value, numbers.Integral if hint is int else numbers.Real):
+            value = hint(value)  # numpy's numbers (a sweep's np.arange) kept as Python's, as JSON writes them
+            object.__setattr__(cfg, f.name, value)
         if "choices" in meta:
             if value not in meta["choices"]:
                 bad_field(type(cfg).__name__, f.name, value, f"must be one of {tuple(meta['choices'])}")
@@ -115,7 +121,7 @@ def check_weights(cfg, name: str) -> dict[str, float] | None:
         if not isinstance(task, str) or not task.strip() or task.endswith(":"):
             bad_field(cls, name, value, f"must name each task by its tag without the colon ('S' for samples "
                       f"'S: ...'), not {task!r}")
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) or w < 0:
             bad_field(cls, f"{name}[{task!r}]", w, "must be a finite number >= 0")
     if not any(value.values()):
         bad_field(cls, name, value, "must give some task a weight above 0")
