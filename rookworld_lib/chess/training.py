@@ -106,6 +106,15 @@ def layout_of(model: GPT) -> str:
                       f"{source}/config.json" if source else "the model")[0]
 
 
+def candidates_in_order(moves, evals, order: str) -> tuple[tuple, tuple]:
+    """A P: record's (moves, evals) in the candidate order a model was trained on (CANDIDATE_ORDERS;
+    a model's is its ORDER_KEY): "uci" sorts them by move text, "layout" keeps the record's."""
+    if order not in CANDIDATE_ORDERS:
+        raise ValueError(f"candidate order must be one of {CANDIDATE_ORDERS}, got {order!r}")
+    pairs = sorted(zip(moves, evals)) if order == "uci" else list(zip(moves, evals))
+    return tuple(m for m, _ in pairs), tuple(e for _, e in pairs)
+
+
 def set_layout(model: GPT, layout: str) -> GPT:
     """Record `layout` in the model (its export's config.json carries it)."""
     if layout not in tasks.LAYOUTS:
@@ -153,7 +162,7 @@ class RecordReader(TextReader):
         if rec["task"] not in tasks.TASKS:
             raise DataFormatError(f"{path}: holds {rec['task']!r} records (an evaluation set), not P:/A: training samples")
         if self.order == "uci" and rec["task"] == "P":
-            moves, evals = zip(*sorted(zip(rec["moves"], rec["evals"])))
+            moves, evals = candidates_in_order(rec["moves"], rec["evals"], self.order)
             return "".join(tasks.policy_text(rec["fen"], moves, evals, rec["best"], self.layout, shuffle=False))
         return "".join(data.record_text(rec, self.layout))
 

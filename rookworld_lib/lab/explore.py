@@ -39,7 +39,8 @@ from ..core.progress import widget_frontend
 from .plots import series_colour
 from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
-from ..chess.training import REWARD_VARIANTS, policy_weights, prompt_items, reward_functions
+from ..chess.training import (ORDER_KEY, REWARD_VARIANTS, candidates_in_order, policy_weights, prompt_items,
+                              reward_functions)
 from ..core.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, reward_name, score_completions
 
@@ -160,10 +161,12 @@ class _Explorer:
 @torch.no_grad()
 def candidate_probabilities(model: GPT, record: dict) -> list[dict]:
     """For each Stockfish candidate of a P: record: the model's log-prob of the completion naming it
-    as B: (the record's own M:/E: fields, the move, then EOT) and p(B: = move | prompt, M:, E:), the
-    probability of the tokens after "B:" (disjoint events: they add up to at most 1)."""
+    as B: (the record's M:/E: fields, the move, then EOT) and p(B: = move | prompt, M:, E:), the
+    probability of the tokens after "B:" (disjoint events: they add up to at most 1). The M:/E: fields
+    list the candidates in the order the model was trained on (its ORDER_KEY: sorted for "uci")."""
     cfg, tok = EvalConfig().for_model(model), get_tokenizer()
-    texts = [tasks.policy_completion(record["moves"], record["evals"], m, cfg.layout) for m in record["moves"]]
+    moves, evals = candidates_in_order(record["moves"], record["evals"], model.meta.get(ORDER_KEY, "layout"))
+    texts = [tasks.policy_completion(moves, evals, m, cfg.layout) for m in record["moves"]]
     ids = [encode(t, tok) + [EOT_ID] for t in texts]
     head = encode(texts[0][:texts[0].rindex("B:") + 2], tok)  # " M: ... E: ... B:", the same in every text
     assert all(x[:len(head)] == head for x in ids), "the B: move must start a new token"
