@@ -133,6 +133,21 @@ def test_position_explorer_takes_a_pasted_fen(model, policy_records):
     assert pe.error_html.value == ""  # a position shown: no stale error above it
 
 
+@pytest.mark.skipif(not stockfish_available(), reason="Stockfish not installed")
+def test_a_pasted_test_fen_shows_what_the_slider_shows_for_it(model):
+    """The data write the en-passant square after every double push (tasks.canonical_fen); a pasted
+    copy of a test position's FEN kept python-chess's default spelling (no square without a legal
+    capture), so the explorer showed and scored another prompt for the same position."""
+    records = data.load_split("P", "test").records
+    i = next(i for i, r in enumerate(records)
+             if r["fen"].split()[3] != "-" and not chess.Board(r["fen"]).has_legal_en_passant())
+    pe = explore.PositionExplorer(model, records, i, max_new_tokens=16)
+    shown = (pe.fen, pe.prompt, pe.greedy)
+    pe.fen_box.value = records[i]["fen"]
+    assert pe.index is None and (pe.fen, pe.prompt, pe.greedy) == shown
+    assert pe.fen.split()[3] == records[i]["fen"].split()[3] != "-"
+
+
 def check_group(rows, G):
     assert len(rows) == G
     adv, _ = grpo.group_advantages([r["reward"] for r in rows], G)

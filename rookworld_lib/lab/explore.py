@@ -180,14 +180,15 @@ def candidate_probabilities(model: GPT, record: dict) -> list[dict]:
 
 
 def record_for_fen(fen: str) -> dict:
-    """A P: record for a pasted FEN: Stockfish's candidates when it is installed, none otherwise."""
+    """A P: record for a pasted FEN, spelt as the data spell it (tasks.canonical_fen: an en-passant
+    square given is kept); Stockfish's candidates when it is installed, none otherwise."""
     board = chess.Board(fen)  # ValueError names a malformed FEN
     if not board.is_valid():
         raise ValueError(f"not a legal position: {fen!r} ({tasks.status_words(board.status())})")
     if not any(board.legal_moves):
         raise ValueError(f"no move to make in {fen!r}: {'checkmate' if board.is_checkmate() else 'stalemate'}")
     a = get_pool().analyse(board) if stockfish_available() else None
-    return {"fen": board.fen(), "moves": list(a.moves) if a else [], "evals": list(a.evals) if a else [],
+    return {"fen": tasks.canonical_fen(board), "moves": list(a.moves) if a else [], "evals": list(a.evals) if a else [],
             "best": a.best if a else None, "limit": a.limit if a else None}
 
 
