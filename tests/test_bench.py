@@ -153,6 +153,25 @@ def test_cli_text_output_out_file_threads_and_sweep_flag(monkeypatch, tmp_path, 
     assert json.loads(out.read_text()) == canned, "--out must hold the result object, unchanged"
 
 
+def test_cli_refuses_an_out_it_cannot_write_before_the_bench_and_prints_before_writing(monkeypatch, tmp_path, capsys):
+    """`--out` in a folder where no file can be made (/proc) ran the whole bench, then failed, and with --json
+    printed nothing: minutes of timing lost. It is now refused first; and the result is printed before the
+    file is written, so a write that fails later still leaves it on screen. --grpo-steps reaches the config."""
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("the bench ran before --out was checked"))
+    with pytest.raises(ValueError, match=r"^--out /proc/rw_bench\.json: cannot write there \(.+\); choose a directory"):
+        bench.cli(["--quick", "--device", "cpu", "--out", "/proc/rw_bench.json"])
+    canned, seen = _canned_result({"status": "skipped", "reason": "TRL comparison disabled (--no-trl)"}), {}
+    monkeypatch.setattr(bench, "run_bench", lambda cfg, progress=print, sweep=False: seen.update(cfg=cfg) or canned)
+
+    def full_disk(result, path):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench.perf, "to_json", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        bench.cli(["--quick", "--device", "cpu", "--json", "--grpo-steps", "7", "--out", str(tmp_path / "b.json")])
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == canned and seen["cfg"].grpo_steps == 7
+
+
 def test_cli_threads_zero_leaves_torch_alone_and_json_goes_last(monkeypatch, capsys):
     """--threads 0 is torch's choice (the count is left as it was); with --json the progress lines go to
     stderr and stdout's last line is the result; no --rollout-sweep, no sweep; --no-trl turns TRL off."""

@@ -411,10 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of output")
     p.add_argument("--model", choices=sorted(PRESETS), help=f"model preset (default: {FULL.model}; {GPU.model} with the "
                    "GPU shapes)")
-    p.add_argument("--repeats", type=int, help=f"timed repetitions per contender (default: {FULL.repeats}; "
-                   f"{QUICK.repeats} with --quick)")
+    p.add_argument("--repeats", type=int, help=f"timed repetitions per contender of the training-step and sampling "
+                   f"rows (default: {FULL.repeats}; {QUICK.repeats} with --quick); the GRPO rows time --grpo-steps")
+    p.add_argument("--grpo-steps", type=int, help=f"timed GRPO steps per contender of the GRPO rows (default: "
+                   f"{FULL.grpo_steps}; {QUICK.grpo_steps} with --quick)")
     p.add_argument("--warmup", type=int, help=f"untimed repetitions per contender before timing (default: {FULL.warmup}; "
-                   f"{GPU.warmup} with the GPU shapes)")
+                   f"{GPU.warmup} with the GPU shapes); the TRL comparison warms up one step on each side")
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N (default: auto)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default, or 0: torch's choice)")
     p.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
@@ -431,29 +433,44 @@ def cli(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads is not None and args.threads < 0:
         raise ValueError(f"--threads must be >= 0 (torch CPU threads; 0 leaves them to torch), got {args.threads}")
-    if args.out is not None:  # checked before a minute of timing
-        if args.out.is_dir():
-            raise ValueError(f"--out {args.out} is a directory; give the path of a JSON file")
-        if file := next((p for p in args.out.parents if p.is_file()), None):
-            raise ValueError(f"--out {args.out}: {file} is a file, not a directory")
+    if args.out is not None:  # checked before minutes of timing
+        _check_writable(args.out)
     cfg = QUICK if args.quick else GPU if resolve_device(args.device).type == "cuda" else FULL
-    over = {"precision": args.precision, "model": args.model, "repeats": args.repeats, "warmup": args.warmup}
+    over = {"precision": args.precision, "model": args.model, "repeats": args.repeats, "warmup": args.warmup,
+            "grpo_steps": args.grpo_steps}
     cfg = replace(cfg, device=args.device, trl=not args.no_trl, **{k: v for k, v in over.items() if v is not None})
     if args.threads:
         torch.set_num_threads(args.threads)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     result = run_bench(cfg, progress=log, sweep=args.rollout_sweep)
+    if args.json:  # printed before the file is written: a failed write leaves the result on screen
+        print(json.dumps(result, default=perf._json_default))
+    else:
+        g = result["grpo_step"]
+        for key, target in TARGETS.items():
+            value = f"{result[key]:.2f}x" if result[key] is not None else f"{g['status']} ({g['reason']})"
+            print(f"{key.replace('_', ' ')}: {value} (target {target}x)")
+        print(load_line(result))
     if args.out:
         perf.to_json(result, args.out)
-    if args.json:
-        print(json.dumps(result, default=perf._json_default))
-        return 0
-    g = result["grpo_step"]
-    for key, target in TARGETS.items():
-        value = f"{result[key]:.2f}x" if result[key] is not None else f"{g['status']} ({g['reason']})"
-        print(f"{key.replace('_', ' ')}: {value} (target {target}x)")
-    print(load_line(result))
     return 0
+
+
+def _check_writable(out: Path) -> None:
+    """--out must be a JSON file that can be written: a directory, a parent that is a file, or a folder
+    where no file can be made (a read-only disk, /proc) is refused before the bench runs."""
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a directory; give the path of a JSON file")
+    if file := next((p for p in out.parents if p.is_file()), None):
+        raise ValueError(f"--out {out}: {file} is a file, not a directory")
+    folder = next(p for p in out.absolute().parents if p.exists())  # where the file, or its folders, will be made
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+        if out.exists():
+            out.open("a").close()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror}); choose a directory you can write to") from None
 
 
 def load_line(result: dict) -> str:
