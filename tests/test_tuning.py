@@ -78,13 +78,15 @@ def test_unsupported_rows_are_reported_with_reasons(matrix):
 def test_a_row_too_long_for_the_model_a_crash_and_a_non_finite_loss_are_rows_that_say_why(monkeypatch):
     """Nothing is dropped from the matrix: a sequence longer than the model's context is skipped naming
     both lengths; a step that raises is a failed row naming the exception; a loss that goes non-finite is
-    a failed row listing the losses."""
+    a failed row listing the losses; an MFU above 100% is a failed row naming it (it ended the matrix)."""
     real = tuning._train
 
     def train(step, cfg, batches, profile, trace_path):
         if cfg.lr == 0.5:
             raise RuntimeError("boom")
         out = real(step, cfg, batches, profile, trace_path)
+        if cfg.lr == 0.9:  # a step timed impossibly fast: above 100% of any peak, even re-measured
+            return {**out, "step_time_s": 1e-12}
         return {**out, "losses": [*out["losses"][:-1], float("nan")]} if cfg.lr == 0.7 else out
 
     monkeypatch.setattr(tuning, "_train", train)
@@ -92,9 +94,12 @@ def test_a_row_too_long_for_the_model_a_crash_and_a_non_finite_loss_are_rows_tha
     base = replace(BASE, steps=2)
     result = tuning.run_matrix(base, [tuning.Variant("baseline", "baseline"),
                                       tuning.Variant("too long", "seq_len", {"seq_len": block + 1}, expect_parity=False),
-                                      tuning.Variant("crash", "lr", {"lr": 0.5}), tuning.Variant("nan", "lr", {"lr": 0.7})],
+                                      tuning.Variant("crash", "lr", {"lr": 0.5}), tuning.Variant("nan", "lr", {"lr": 0.7}),
+                                      tuning.Variant("mfu", "lr", {"lr": 0.9}), tuning.Variant("after", "lr", {"lr": 0.1})],
                                profile_memory=False, progress=False)
-    assert [r["status"] for r in result.rows] == ["ok", "skipped", "failed", "failed"]
+    # an impossible MFU (a wrong count or a peak measured in a busy moment) fails its row, not the matrix
+    assert [r["status"] for r in result.rows] == ["ok", "skipped", "failed", "failed", "failed", "ok"]
+    assert result.row("mfu")["reason"].startswith("MFUError: MFU ") and "of the measured peak" in result.row("mfu")["reason"]
     assert result.row("too long")["reason"] == f"seq_len {block + 1} exceeds the tiny model's block_size {block}"
     assert result.row("crash")["reason"] == "RuntimeError: boom"
     assert result.row("nan")["reason"].startswith("non-finite loss [") and result.row("nan")["reason"].endswith("nan]")

@@ -267,7 +267,10 @@ def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: d
         row["status"], row["reason"] = "failed", f"non-finite loss {losses}"
     tokens, seconds = cfg.batch_size * cfg.seq_len, run["step_time_s"]
     flops = perf.flops_per_token(cfg.model_config(), cfg.seq_len, "train") * tokens
-    util = checked_mfu(flops, seconds, {} if peaks is None else peaks, device, cfg.precision)
+    try:
+        util = checked_mfu(flops, seconds, {} if peaks is None else peaks, device, cfg.precision)
+    except perf.MFUError as exc:  # a count or a peak gone wrong: this row's result, the others stand
+        return {**row, "status": "failed", "reason": f"MFUError: {exc}"}
     return {**row, **run, "tokens_per_step": tokens, "tokens_per_s": tokens / seconds, "flops_per_step": flops,
             "achieved_tflops": util.achieved_tflops, "mfu_table": util.vs_table, "mfu_measured": util.vs_measured,
             "peak_table_tflops": util.peak.table_tflops, "peak_measured_tflops": util.peak.measured_tflops,
@@ -403,7 +406,7 @@ def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, toler
         variants.append(Variant("baseline (repeat)", "baseline-repeat"))
     init, peaks, rows = initial_state(base), dict(peaks or {}), []
     # the process's own warm-up (thread pools, allocator, kernels) is paid here, not by the first row
-    run_config(base, Variant("warm-up", "baseline"), init_state=init, profile_memory=False)
+    run_config(base, Variant("warm-up", "baseline"), init_state=init, peaks=peaks, profile_memory=False)
     with perf.UtilizationSampler(interval_s=0.25) as sampler:
         for v in tqdm(variants, desc="tuning matrix", disable=not progress):
             cfg = replace(base, **v.overrides)
