@@ -220,6 +220,38 @@ def test_group_inspector_advantages_with_varied_rewards(model, policy_records, m
     assert "loss pushes log p" in gi.table.value and ">up<" in gi.table.value and ">down<" in gi.table.value
 
 
+def test_group_advantages_are_computed_as_the_run_computed_them(model, policy_records, monkeypatch):
+    """A run trained with GDPO (normalize_then_sum) or another scale_rewards: the inspector showed the
+    default advantages, and for one real group 'down' where the trainer pushed 'up'. The groups now take
+    the run's settings, and their advantages are grpo.group_advantages' of the trainer's reward table."""
+    funcs = [lambda prompts, completions, **_: [float(len(t) % 7) for t in completions],
+             lambda prompts, completions, **_: [float(t.count("e")) for t in completions]]
+    monkeypatch.setattr(explore, "reward_functions", lambda variant: (funcs, [1.0, 0.25]))
+    for aggregation, scale in (("normalize_then_sum", "group"), ("sum_then_normalize", "none")):
+        gi = explore.GroupInspector(model, policy_records, 1, group_size=6, max_new_tokens=12, temperature=2.0,
+                                    aggregation=aggregation, scale=scale)
+        texts = [r["completion"] for r in gi.rows]
+        table = torch.tensor([f(None, texts) for f in funcs]).T  # (completions, functions)
+        want, _ = grpo.group_advantages(table, 6, scale=scale, reward_weights=[1.0, 0.25],
+                                        multi_objective_aggregation=aggregation)
+        assert [r["advantage"] for r in gi.rows] == pytest.approx(want.tolist(), abs=1e-6)
+        assert f"advantages {aggregation}, scaled by {scale}" in gi.table.value
+    gdpo = want
+    summed, _ = grpo.group_advantages(table, 6, scale="group", reward_weights=[1.0, 0.25])
+    assert not torch.allclose(gdpo, summed)  # the settings matter for this group
+
+
+def test_group_inspector_states_the_budget_it_sampled_and_names_a_record_it_cannot_sample(model, policy_records):
+    gi = explore.GroupInspector(model, policy_records, 0, group_size=2, max_new_tokens=100_000)
+    prompt_len = len(encode_prompt(policy_records[0]["prompt"], model.prompt_prefix))
+    assert gi.budget == model.config.block_size - prompt_len  # the context's end, not the 100,000 asked for
+    assert f"at most {gi.budget} new tokens" in gi.table.value and all(r["tokens"] <= gi.budget for r in gi.rows)
+    for bad, got in (({"task": "M1", "fen": "x"}, "a record of task 'M1'"), ({"fen": "x"}, "a record of task None"),
+                     ("P: x", "a str")):
+        with pytest.raises(ValueError, match=rf"^records\[1\] is {got}: the groups sample P: and A: prompts"):
+            explore.sample_groups(model, [policy_records[0], bad], 2)
+
+
 def test_group_inspector_takes_settings_past_its_sliders_or_refuses_them(model, policy_records):
     """Notebook 06 allows temperature up to 5, the slider stopped at 2: the inspector sampled at 2 and said
     3 (ipywidgets clamps a value to its range). A slider now reaches the value given; a value no slider
@@ -363,13 +395,19 @@ def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
     assert explore.rollout_settings(None) is None and explore.rollout_settings(tmp_path) is None
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=32))
-    for name, temperature, budget in (("older", 0.7, 3), ("newer", 0.3, 2)):
+    for name, temperature, budget, more in (("older", 0.7, 3, dict(top_k=5, top_p=0.9, scale_rewards="batch",
+                                                                   multi_objective_aggregation="normalize_then_sum")),
+                                            ("newer", 0.3, 2, {})):
         cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=budget,
                               temperature=temperature, progress=False, report_to="none", seed=0,
-                              out_dir=str(tmp_path / name / "grpo"))
+                              out_dir=str(tmp_path / name / "grpo"), **more)
         GRPOTrainer(model, [PromptItem("P", "Q: 1 A:")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions)).train()
-    assert explore.rollout_settings(tmp_path) == {"temperature": 0.3, "max_new_tokens": 2, "reward": None}  # its own
-    assert explore.rollout_settings(tmp_path / "older") == {"temperature": 0.7, "max_new_tokens": 3, "reward": None}
+    assert explore.rollout_settings(tmp_path) == {  # its own
+        "temperature": 0.3, "max_new_tokens": 2, "top_k": 0, "top_p": 1.0, "reward": None, "scale": "group",
+        "aggregation": "sum_then_normalize"}
+    assert explore.rollout_settings(tmp_path / "older") == {
+        "temperature": 0.7, "max_new_tokens": 3, "top_k": 5, "top_p": 0.9, "reward": None, "scale": "batch",
+        "aggregation": "normalize_then_sum"}
     from rookworld_lib.chess.training import reward_functions  # a run of one of the chess rewards: named
     for variant in ("gated", "graded"):
         funcs, weights = reward_functions(variant)

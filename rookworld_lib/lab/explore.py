@@ -42,7 +42,7 @@ from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
 from ..chess.training import (ORDER_KEY, REWARD_VARIANTS, candidates_in_order, policy_weights, prompt_items,
                               reward_functions)
 from ..core.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, reward_name, score_completions
+from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, reward_name, reward_sum, reward_table
 
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
@@ -72,10 +72,11 @@ def latest_run(root: str | Path = RUNS_DIR) -> Path | None:
 
 
 def rollout_settings(run_dir: str | Path | None) -> dict | None:
-    """How the newest GRPO run under `run_dir` sampled and scored its rollouts (its latest checkpoint's
-    settings): {"temperature", "max_new_tokens", "reward"}, the reward the training.REWARD_VARIANTS whose
-    functions it recorded (None: functions of the user's own); None when `run_dir` holds no readable
-    GRPO checkpoint."""
+    """How the newest GRPO run under `run_dir` sampled, scored and weighed its rollouts (its latest
+    checkpoint's settings), as keyword arguments of sample_groups and GroupInspector: temperature,
+    max_new_tokens, top_k, top_p, reward (the training.REWARD_VARIANTS whose functions it recorded;
+    None: functions of the user's own), scale and aggregation (its scale_rewards and
+    multi_objective_aggregation); None when `run_dir` holds no readable GRPO checkpoint."""
     for metrics in sorted(Path(run_dir).glob(f"**/{METRICS_FILE}"), key=lambda p: p.stat().st_mtime)[::-1] if run_dir else ():
         with contextlib.suppress(CheckpointError, KeyError, TypeError):  # unreadable or not GRPO's: the default
             if (path := latest_checkpoint(metrics.parent / "checkpoints")) is not None:
@@ -84,7 +85,9 @@ def rollout_settings(run_dir: str | Path | None) -> dict | None:
                 reward = next((v for v in REWARD_VARIANTS if names == list(map(reward_name, reward_functions(v)[0]))),
                               None)
                 return {"temperature": float(config["temperature"]), "max_new_tokens": int(config["max_new_tokens"]),
-                        "reward": reward}
+                        "top_k": int(config.get("top_k", 0)), "top_p": float(config.get("top_p", 1.0)), "reward": reward,
+                        "scale": config.get("scale_rewards", "group"),
+                        "aggregation": config.get("multi_objective_aggregation", "sum_then_normalize")}
     return None
 
 
@@ -305,23 +308,36 @@ class PositionExplorer(_Explorer):
 
 # --- Group inspector
 
-def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0, max_new_tokens: int | None = None, seed: int = 0, scale: str = "group",
-                  step: int = 0, reward: str = "graded") -> list[dict]:
-    """One rollout batch as GRPO's samples it: G completions per record's prompt in one batched
-    `generate` call, each scored by the trainer's reward (`reward_functions(reward)`: the functions and
-    weights the trainer sums), with its group advantage. Rows in the RolloutBrowser format, group = the
-    record's index (ratio, clip_fraction None: no update yet)."""
+def _group_prompts(model: GPT, records: list[dict], max_new_tokens: int | None) -> tuple[list, list, int]:
+    """(prompt items, their token ids, the token budget sampled: max_new_tokens or the layout's, within
+    the context) of P:/A: records, as sample_groups samples them."""
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or rec.get("task") not in tasks.TASKS:
+            got = f"a record of task {rec.get('task')!r}" if isinstance(rec, dict) else f"a {type(rec).__name__}"
+            raise ValueError(f"records[{i}] is {got}: the groups sample P: and A: prompts (data.load_split('P', 'test'))")
     cfg, tok = EvalConfig().for_model(model), get_tokenizer()
     items = prompt_items(records, cfg.layout)
-    assert len(items) == len(records), "records must be P: or A: records"
     ids = [encode_prompt(i.prompt, cfg.prompt_prefix, tok) for i in items]
-    budget = max(1, min(max_new_tokens or cfg.max_new_tokens, model.config.block_size - max(map(len, ids))))
+    return items, ids, max(1, min(max_new_tokens or cfg.max_new_tokens, model.config.block_size - max(map(len, ids))))
+
+
+def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, max_new_tokens: int | None = None, seed: int = 0, scale: str = "group",
+                  aggregation: str = "sum_then_normalize", step: int = 0, reward: str = "graded") -> list[dict]:
+    """One rollout batch as GRPO's samples it: G completions per record's prompt in one batched
+    `generate` call, each scored by the trainer's reward (`reward_functions(reward)`: the functions and
+    weights the trainer sums), with its group advantage as the trainer computes it (its scale_rewards
+    and multi_objective_aggregation: `scale`, `aggregation`). Rows in the RolloutBrowser format, group =
+    the record's index (ratio, clip_fraction None: no update yet)."""
+    items, ids, budget = _group_prompts(model, records, max_new_tokens)
     ro = generate(model.eval(), ids, SamplingConfig(max_new_tokens=budget, temperature=temperature, top_k=top_k,
                                                     top_p=top_p, num_samples=group_size, seed=seed))
-    texts, rows = ro.completions(tok), [i for i in items for _ in range(group_size)]
-    scores = score_completions(*reward_functions(reward), rows, texts).tolist()
-    adv, _ = grpo.group_advantages(scores, group_size, scale=scale)
+    texts, rows = ro.completions(get_tokenizer()), [i for i in items for _ in range(group_size)]
+    funcs, weights = reward_functions(reward)
+    table = reward_table(funcs, rows, texts)
+    scores = reward_sum(table, weights).tolist()
+    adv, _ = grpo.group_advantages(table, group_size, scale=scale, reward_weights=weights,
+                                   multi_objective_aggregation=aggregation)
     return [{"step": step, "group": n // group_size, "task": i.task, "prompt": i.prompt, "completion": t,
              "reward": r, "advantage": float(a), "ratio": None, "clip_fraction": None,
              "tokens": int(ro.mask[n].sum()), "truncated": bool(ro.truncated[n])}
@@ -333,7 +349,8 @@ class GroupInspector(_Explorer):
 
     def __init__(self, model: GPT, records: list[dict], index: int = 0, *, group_size: int = 4,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int | None = None,
-                 seed: int = 0, sample: bool = True, reward: str = "graded"):
+                 seed: int = 0, sample: bool = True, reward: str = "graded", scale: str = "group",
+                 aggregation: str = "sum_then_normalize"):
         # a value the sliders cannot show would be clamped to their range, silently: refused, or the range widened
         if not records:
             raise ValueError("GroupInspector needs at least one record")
@@ -344,6 +361,7 @@ class GroupInspector(_Explorer):
                              f"got {group_size}, {top_k}, {temperature}, {top_p}")
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
         self.reward = reward  # the trainer's reward variant (training.reward_functions)
+        self.scale, self.aggregation = scale, aggregation  # the trainer's scale_rewards, multi_objective_aggregation
         whole = {"description_width": "initial"}  # labels are not cut to "temperat..."
         self.prompt_slider = W.IntSlider(value=index, min=0, max=len(records) - 1, description="prompt", style=whole)
         self.group_size = W.IntSlider(value=group_size, min=2, max=max(32, group_size), description="G", style=whole)
@@ -377,9 +395,10 @@ class GroupInspector(_Explorer):
         """Draw a group with the controls' settings (a new seed each call); return and show its rows."""
         self.rows = sample_groups(self.model, [self.records[self.prompt_slider.value]], self.group_size.value,
                                  temperature=self.temperature.value, top_k=self.top_k.value, top_p=self.top_p.value,
-                                 max_new_tokens=self.max_new_tokens, seed=self.seed + self.draws, reward=self.reward)
+                                 max_new_tokens=self.max_new_tokens, seed=self.seed + self.draws, reward=self.reward,
+                                 scale=self.scale, aggregation=self.aggregation)
         self.drawn = {k: c.value for k, c in self._controls().items()}
-        self.budget = self.max_new_tokens or EvalConfig().for_model(self.model).max_new_tokens  # (or the context's end)
+        self.budget = _group_prompts(self.model, [self.records[self.drawn["prompt"]]], self.max_new_tokens)[2]
         self.draws += 1
         self.table.value = self._table()
         return self.rows
@@ -393,7 +412,8 @@ class GroupInspector(_Explorer):
         rows = [[i, _pre(r["completion"]), _fmt(r["reward"]), _fmt(r["advantage"]), _push(r["advantage"]),
                  r["tokens"], "yes" if r["truncated"] else "no"] for i, r in enumerate(self.rows)]
         return (stale + f"<p>prompt #{d['prompt']} ({self.rows[0]['task']}:), G = {d['G']}, temperature {d['temperature']:g}, "
-                f"top-k {d['top-k']}, top-p {d['top-p']:g}, at most {self.budget} new tokens; the {self.reward} reward</p>"
+                f"top-k {d['top-k']}, top-p {d['top-p']:g}, at most {self.budget} new tokens; the {self.reward} reward, "
+                f"advantages {self.aggregation}, scaled by {self.scale}</p>"
                 f"<div><b>prompt</b> {_pre(self.rows[0]['prompt'])}</div>"
                 + _table(["#", "completion", "reward", "advantage", "loss pushes log p", "tokens", "truncated"],
                          rows, "rw-completions", "rw-completion", raw=("completion",))
