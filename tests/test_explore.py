@@ -289,6 +289,9 @@ def test_rollout_browser_from_rows_and_from_a_file(tmp_path):
     rb.slider.value = 1
     assert rb.step == 1 and [r["step"] for r in rb.rows] == [1] * 6
     assert "1.1000" in rb.table.value and "yes (25% of tokens)" in rb.table.value and "<td>n/a</td>" not in rb.table.value
+    # a clipped share near 0 or 1 is not rounded to "0%" (a row marked clipped) or "100%"
+    for share, shown in ((0.001, "yes (&lt;1% of tokens)"), (0.996, "yes (&gt;99% of tokens)"), (1.0, "yes (100% of tokens)")):
+        assert shown in explore.RolloutBrowser([dict(r, clip_fraction=share) for r in rows], step=1).table.value
     path = tmp_path / "completions.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9, "torn')  # a torn last line
     from_file = explore.RolloutBrowser(path, step=1)
@@ -449,6 +452,14 @@ def test_the_rollout_browser_shows_an_unscored_completion_as_na_and_averages_the
     ones. An empty file (a run stopped before its first logged step) is a ValueError naming it."""
     page = explore.RolloutBrowser([_row(1, 1.0), _row(1, None), _row(1, 1.0)]).html()
     assert "mean reward +1.000 (over the 2 scored)" in page and "<td>n/a</td>" in page
+    # a NaN reward (a user's own rows) is unscored too; it turned the step's mean into n/a
+    page = explore.RolloutBrowser([_row(1, 1.0), _row(1, float("nan")), _row(1, 0.0)]).html()
+    assert "mean reward +0.500 (over the 2 scored)" in page
+    # a user's row of the wrong type is named (a null advantage and a string step were bare TypeErrors)
+    for key, value, want in (("advantage", None, "a number"), ("step", "1", "an integer"), ("group", 0.5, "an integer"),
+                             ("reward", "high", "a number or null")):
+        with pytest.raises(ValueError, match=rf"^rollouts: row 2: {key} is {re.escape(repr(value))}, expected {want}$"):
+            explore.RolloutBrowser([_row(1, 1.0), {**_row(1, 1.0), key: value}])
     (tmp_path / "completions.jsonl").write_text("")
     with pytest.raises(ValueError, match=r"completions.jsonl: no rollout rows to browse"):
         explore.RolloutBrowser(tmp_path / "completions.jsonl")

@@ -30,6 +30,9 @@ def test_logits_stats_counts_nonfinite():
     x = torch.tensor([[1.0, float("nan"), -2.0, float("inf")]])
     s = health.logits_stats(x)
     assert s["nonfinite"] == 2 and s["min"] == -2.0 and s["max"] == 1.0
+    # a diverged model, every logit NaN: the case the count exists for (it raised on the empty selection)
+    s = health.logits_stats(torch.full((1, 2, 3), float("nan")))
+    assert s["nonfinite"] == 6 and all(math.isnan(s[k]) for k in ("min", "max", "mean", "std"))
 
 
 def test_init_loss_and_causality():

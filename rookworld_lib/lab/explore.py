@@ -112,11 +112,27 @@ def read_rollouts(source) -> list[dict]:
     raises naming it (ratio and clip_fraction may be missing or null: before an update)."""
     rows = list(source) if not isinstance(source, (str, Path)) else [
         obj if err is None else f"line {n}: {err}" for n, obj, err in read_jsonl(source, torn_tail=True)]
+    where = source if isinstance(source, (str, Path)) else "rollouts"
     for i, r in enumerate(rows):  # torn_tail: a live run may be mid-append
         if not isinstance(r, dict) or (missing := [k for k in ROLLOUT_KEYS if k not in r]):
-            raise ValueError(f"{source if isinstance(source, (str, Path)) else 'rollouts'}: row {i + 1}: "
+            raise ValueError(f"{where}: row {i + 1}: "
                              + (f"missing {missing} (needs {list(ROLLOUT_KEYS)})" if isinstance(r, dict) else str(r)))
-    return rows
+        bad = next((k for k, ok in (("step", _is_int(r["step"])), ("group", _is_int(r["group"])),
+                                    ("advantage", _is_number(r["advantage"])),
+                                    ("reward", r["reward"] is None or _is_number(r["reward"]))) if not ok), None)
+        if bad:
+            raise ValueError(f"{where}: row {i + 1}: {bad} is {r[bad]!r}, expected "
+                             + ("an integer" if bad in ("step", "group") else "a number" + " or null" * (bad == "reward")))
+    # a NaN reward is an unscored completion, as the trainer writes it (null): out of the means
+    return [dict(r, reward=None) if r["reward"] is not None and math.isnan(r["reward"]) else r for r in rows]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 # --- HTML pieces (escaped; shared by widgets and static snapshots)
@@ -129,10 +145,16 @@ def _fmt(x, spec: str = "+.3f") -> str:
 
 def _table(headers, rows, cls: str, row_cls: str = "", raw: tuple = ()) -> str:
     """An HTML table; cells are escaped except the columns named in `raw` (already HTML)."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    # a header breaks between words only ("mov|e" under the info column's overflow-wrap:anywhere)
+    head = "".join(f"<th style='overflow-wrap:normal'>{html.escape(h)}</th>" for h in headers)
     body = "".join(f'<tr class="{row_cls}">' + "".join(
         f"<td>{c if h in raw else html.escape(str(c))}</td>" for h, c in zip(headers, r)) + "</tr>" for r in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _share(x: float) -> str:
+    """A share in (0, 1] as a percentage that neither rounds a small one to 0% nor a large one to 100%."""
+    return f"{x:.0%}" if 0.01 <= x <= 0.99 or x == 1 else "<1%" if x < 0.01 else ">99%"
 
 
 def _push(advantage: float) -> str:
@@ -459,7 +481,7 @@ class RolloutBrowser(_Explorer):
     def _table(self) -> str:
         def clipped(r):
             c = r.get("clip_fraction")
-            return "n/a" if c is None else f"yes ({c:.0%} of tokens)" if c > 0 else "no"
+            return "n/a" if c is None else f"yes ({_share(c)} of tokens)" if c > 0 else "no"
 
         # a group's prompt once, on its first row: the completions get the width
         rows = [[r["group"], r["task"], _pre(r["prompt"]) if i == 0 or self.rows[i - 1]["group"] != r["group"] else "",

@@ -46,11 +46,13 @@ def init_stats(model: GPT) -> list[dict]:
 
 
 def logits_stats(logits: torch.Tensor) -> dict:
-    """Range, mean, std and the count of non-finite values of a logits tensor."""
+    """Range, mean, std (NaN where no value is finite: a diverged model) and the count of non-finite
+    values of a logits tensor."""
     x = logits.detach().float()
     finite = torch.isfinite(x)
-    return {"min": x[finite].min().item(), "max": x[finite].max().item(), "mean": x[finite].mean().item(),
-            "std": x[finite].std().item(), "nonfinite": int((~finite).sum())}
+    v = x[finite] if finite.any() else torch.full((1,), math.nan)
+    return {"min": v.min().item(), "max": v.max().item(), "mean": v.mean().item(),
+            "std": v.std().item() if v.numel() > 1 else math.nan, "nonfinite": int((~finite).sum())}
 
 
 def init_loss(model: GPT, idx: torch.Tensor) -> dict:
