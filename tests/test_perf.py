@@ -199,6 +199,32 @@ def test_profile_phases_memory_trace_and_top_ops(tmp_path):
     assert abs(sum(r["self_pct"] for r in res.top_ops)) <= 100.0 + 1e-6
 
 
+def test_the_recorded_commit_says_when_the_code_differs_from_it(tmp_path, monkeypatch):
+    """A bench or tuning JSON, and a run's report, record the commit their numbers came from; measured on a
+    modified checkout they named the bare commit (docs/perf.md had to say so by hand). `-dirty` as git
+    describe writes it, for changed tracked files (an untracked file changes no code that ran)."""
+    import subprocess
+
+    from rookworld_lib.core import paths
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    head = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "notes.txt").write_text("untracked")
+    assert paths.git_commit() == head == perf.environment_info("cpu")["git_commit"]
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert paths.git_commit() == f"{head}-dirty" == perf.environment_info("cpu")["git_commit"]
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path / "not-a-checkout")
+    assert paths.git_commit() is None
+
+
 def test_environment_info_is_json():
     info = perf.environment_info("cpu")
     assert info["torch"] == torch.__version__ and info["device_type"] == "cpu"

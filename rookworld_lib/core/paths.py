@@ -44,10 +44,15 @@ TMP_PREFIX = ".tmp-"  # temporary files of atomic writes; a torn one is left onl
 
 
 def git_commit() -> str | None:
-    """The short commit of the checkout holding this package (None outside git)."""
+    """The short commit of the checkout holding this package, "-dirty" after it where tracked files
+    differ from it (as `git describe --dirty` writes it: the numbers came from code no commit holds);
+    None outside git."""
+    def git(*args, check=True):
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=check)
+
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                              text=True, timeout=5, check=True).stdout.strip() or None
+        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+        return commit + "-dirty" * (git("diff", "--no-ext-diff", "--quiet", "HEAD", check=False).returncode == 1) or None
     return None
 
 
