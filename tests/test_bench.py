@@ -5,6 +5,7 @@ import math
 import sys
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,6 +152,21 @@ def test_cli_text_output_out_file_threads_and_sweep_flag(monkeypatch, tmp_path, 
         "all cores 42% busy on average while it ran",
     ]
     assert json.loads(out.read_text()) == canned, "--out must hold the result object, unchanged"
+
+
+def test_the_training_race_refuses_two_models_that_differ():
+    """Row (a) reported how far the two contenders' logits differ but raced them whatever it was: with one
+    MLP weight of transformers' copy scaled by 5 it reported a speed-up between two different models."""
+    import tempfile
+
+    from rookworld_lib.core.train_utils import setup_runtime
+    cfg = replace(bench.QUICK, model="tiny", repeats=1, warmup=0)
+    with tempfile.TemporaryDirectory() as d:
+        ours, theirs = bench.make_models(cfg, Path(d), torch.device("cpu"))
+    with torch.no_grad():
+        theirs.transformer.h[0].mlp.c_fc.weight.mul_(5)
+    with pytest.raises(ValueError, match=r"^bench: the two contenders' logits differ by up to .+ \(> 0\.001 in fp32\)"):
+        bench.bench_train_step(cfg, ours, theirs, setup_runtime("cpu", "fp32"))
 
 
 def test_cli_refuses_an_out_it_cannot_write_before_the_bench_and_prints_before_writing(monkeypatch, tmp_path, capsys):

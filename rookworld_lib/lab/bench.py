@@ -119,12 +119,23 @@ def _race(cfg: BenchConfig, device: torch.device, ours, theirs, tokens: int) -> 
 
 # --- (a) training step ---
 
+SAME_WEIGHTS_ATOL = 1e-3  # fp32 logits of one model under ours and transformers' code (measured: ~1e-5)
+
+
 def bench_train_step(cfg: BenchConfig, ours: GPT, theirs, runtime: Runtime) -> dict:
     """SFT's TrainStep against transformers' usual step, same batch, optimizer factory and clip."""
     device = runtime.device
     x, y = (t.to(device) for t in random_batches(1, cfg.train_batch, cfg.train_seq_len, seed=cfg.seed + 1)[0])
-    with torch.no_grad():
-        diff = (ours.eval()(x) - theirs.eval()(input_ids=x).logits).abs().max().item()
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # full fp32 for the check (a GPU's TF32 differs by ~1e-3)
+    try:
+        with torch.no_grad():
+            diff = (ours.eval()(x) - theirs.eval()(input_ids=x).logits).abs().max().item()
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    if not diff <= SAME_WEIGHTS_ATOL:  # the premise of the race: one model, two implementations (NaN too)
+        raise ValueError(f"bench: the two contenders' logits differ by up to {diff:.3g} (> {SAME_WEIGHTS_ATOL:g} in "
+                         "fp32) on the same batch: they do not hold the same weights, so their timings compare nothing")
     ours.train()
     theirs.train()
     # The same optimizer for both contenders (SFT's: build_adamw, weight decay 0.1): this compares models.
