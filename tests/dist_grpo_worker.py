@@ -6,6 +6,8 @@ in turn inside the same process group (one launch for all of them: the launch, n
 is what costs seconds) and rank 0 saves each one's parameters to OUT_DIR/<loss_type>.pt:
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 dist_grpo_worker.py OUT_DIR grpo dapo
+
+(`grpo-one-chunk`: the grpo job in one rollout chunk, which rank 0 alone samples.)
 """
 
 import sys
@@ -28,7 +30,7 @@ def initial_model() -> GPT:
     return GPT(GPTConfig.preset("tiny", block_size=64))
 
 
-def train(loss_type: str) -> tuple[dict, bool]:
+def train(loss_type: str, rollout_chunks: int = 2) -> tuple[dict, bool]:
     """Train the job once at this process's world size; returns ({"params": the final parameters,
     "history": the logged records}, is rank 0).
 
@@ -38,7 +40,7 @@ def train(loss_type: str) -> tuple[dict, bool]:
     torch.set_num_threads(1)
     try:
         items = [PromptItem("P", f"P: prompt {i}") for i in range(8)] + [PromptItem("A", f"A: env {i}+") for i in range(8)]
-        cfg = GRPOTrainConfig(steps=2, prompts_per_step=4, group_size=4, rollout_chunks=2, max_new_tokens=6,
+        cfg = GRPOTrainConfig(steps=2, prompts_per_step=4, group_size=4, rollout_chunks=rollout_chunks, max_new_tokens=6,
                               minibatch_size=8, mu=2, lr=1e-3, seed=3, progress=False, task_weights={"P": 0.5, "A": 0.5},
                               loss=grpo.GRPOConfig(beta=0.04, loss_type=loss_type, max_completion_length=6))
         trainer = GRPOTrainer(initial_model(), items, cfg, reward_funcs=item_reward(reward))
@@ -52,12 +54,13 @@ def train(loss_type: str) -> tuple[dict, bool]:
         torch.set_num_threads(threads)
 
 
-def main(out_dir: str, loss_types: list[str]) -> None:
+def main(out_dir: str, jobs: list[str]) -> None:
     try:
-        for loss_type in loss_types:
-            job, is_main = train(loss_type)
+        for name in jobs:  # a loss type, or `<loss type>-one-chunk`: one rollout chunk (one rank samples)
+            loss_type, _, one = name.partition("-")
+            job, is_main = train(loss_type, 1 if one else 2)
             if is_main:
-                torch.save(job, Path(out_dir) / f"{loss_type}.pt")
+                torch.save(job, Path(out_dir) / f"{name}.pt")
     finally:
         distributed.cleanup()
 

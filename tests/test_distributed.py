@@ -28,14 +28,14 @@ def two_process_params(tmp_path_factory) -> dict[str, dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     logs = tmp_path_factory.mktemp("torchrun-logs")  # not torchrun's default, a torchelastic_* left in /tmp
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
-           str(WORKER), str(out), *LOSS_TYPES]
+           str(WORKER), str(out), *LOSS_TYPES, "grpo-one-chunk"]
     # A launch takes about 15 s; the limit turns a hang at exit (GRPOTrainer.close) into a quick failure.
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"2-process GRPO run did not finish in 180 s:\n{exc.stderr}") from exc
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {loss_type: torch.load(out / f"{loss_type}.pt") for loss_type in LOSS_TYPES}
+    return {job: torch.load(out / f"{job}.pt") for job in (*LOSS_TYPES, "grpo-one-chunk")}
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -57,6 +57,16 @@ def test_grpo_two_processes_match_one(two_process_params, loss_type, monkeypatch
         for key in ("loss", "loss/policy", "num_completions", "num_tokens", "advantages/mean", "advantages/std",
                     "kl", "approx_kl", "ratio/mean", "ratio/min", "ratio/max", "clip_ratio/region_mean", "grad_norm"):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, a[key], b[key])
+
+
+@pytest.mark.parametrize("job", ["grpo", "grpo-one-chunk"])
+def test_the_sampling_rate_is_every_ranks_tokens_over_the_slowest_ranks_time(two_process_params, job):
+    """With one rollout chunk rank 0 samples and rank 1 waits: the rate divided the tokens by the ranks'
+    mean sampling time (half of rank 0's), so it read 2x (N x) too high. A phase's time is now its slowest
+    rank's, and the rate the step's sampled tokens (no dynamic sampling: its completions' lengths) over it."""
+    for r in two_process_params[job]["history"]:
+        tokens = r["completions/mean_length"] * r["num_completions"]
+        assert r["throughput/generated_tokens_per_s"] * r["time/sampling"] == pytest.approx(tokens, rel=1e-6), r
 
 
 def test_strip_nproc():

@@ -78,12 +78,21 @@ def broadcast_object(obj, src: int = 0):
 
 def all_reduce_sum(value: float) -> float:
     """The sum of `value` over all ranks."""
+    return _all_reduce(value, "SUM")
+
+
+def all_reduce_max(value: float) -> float:
+    """The largest `value` of all ranks (a phase's wall time: its slowest rank's)."""
+    return _all_reduce(value, "MAX")
+
+
+def _all_reduce(value: float, op: str) -> float:
     if not _enabled():
         return float(value)
     # NCCL reduces CUDA tensors only (gloo CPU ones)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
     t = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return float(t.item())
 
 

@@ -695,10 +695,11 @@ class GRPOTrainer(Trainer):
                 record[f"rewards/{name}/mean"] = scored.mean().item()
                 record[f"rewards/{name}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # nanstd
         lengths = batch.mask.sum(1).float()
-        sampling_s = self.rank_mean(timings["sampling"])
+        # a phase's time is its slowest rank's (with fewer rollout chunks than ranks, some sample nothing)
+        sampling_s, scoring_s = distributed.all_reduce_max(timings["sampling"]), distributed.all_reduce_max(timings["scoring"])
         record.update({"reward": rewards.nanmean().item(), "completions/mean_length": lengths.mean().item(),
                        "completions/max_length": lengths.max().item(), "completions/clipped_ratio": batch.truncated.float().mean().item(),
-                       "time/sampling": timings["sampling"], "time/scoring": timings["scoring"],
+                       "time/sampling": sampling_s, "time/scoring": scoring_s,
                        "time/update": timings["update"], "time/step": elapsed,
                        "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
                        "num_tokens": self.tokens_seen,  # as TRL's: prompt and completion tokens so far
