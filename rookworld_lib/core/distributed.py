@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,7 +153,11 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
         return 130
     if codes:
         return max(codes)
-    if code and not lines:
+    if code < 0:  # torchrun itself killed: its workers get SIGTERM from the kernel (worker_dies_with_agent)
+        print(f"rookworld {subcommand}: error: torchrun was killed by {signal.Signals(-code).name}; its workers "
+              "stop with it, after their step; the same command resumes from the latest checkpoint",
+              file=sys.stderr, flush=True)
+    elif code and not lines:
         print(f"rookworld {subcommand}: error: torchrun exited with status {code}; the workers' output above "
               "says why", file=sys.stderr, flush=True)
     return 1 if code < 0 else code
@@ -169,16 +175,45 @@ def _launch(argv: list[str]) -> int:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    launcher = os.getppid()
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        _, failure = exc.get_first_failure()
+        rank, failure = exc.get_first_failure()
+        if failure.exitcode < 0:  # killed by a signal (the OOM killer's SIGKILL): no worker could say so
+            module = "rookworld_lib.lab.cli"  # torchrun() runs `-m rookworld_lib.lab.cli <command> ...`
+            _say_killed(argv[argv.index(module) + 1] if module in argv[:-1] else "", rank,
+                        signal.Signals(-failure.exitcode).name)
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     except SignalException as exc:  # Ctrl-C or SIGTERM: the agent has stopped the workers
         return 128 + int(exc.sigval)
     except KeyboardInterrupt:
         return 130
+    finally:  # the launcher killed (kill -9): nobody will read the workers' lines; its folder goes with it
+        if os.getppid() != launcher and os.environ.get(ERRORS_DIR_ENV):
+            shutil.rmtree(os.environ[ERRORS_DIR_ENV], ignore_errors=True)
     return 0
+
+
+def _say_killed(command: str, rank: int, signame: str) -> None:
+    """The launcher's line for a worker a signal ended, ahead of its peers' "stopped because another worker
+    failed" (a primary error, as a worker's own: errors.worker_errors)."""
+    if errors_dir := os.environ.get(ERRORS_DIR_ENV):
+        line = (f"rookworld {command}: error: worker rank {rank} was killed by {signame}"
+                + (" (out of memory? the kernel's OOM killer sends it)" if signame == "SIGKILL" else "")
+                + "; the same command resumes from the latest checkpoint")
+        with contextlib.suppress(OSError):
+            Path(errors_dir, "rank_launcher.json").write_text(json.dumps({"line": line, "code": 1, "secondary": False}))
+
+
+def worker_dies_with_agent() -> None:
+    """In a worker that torchrun started for distributed.torchrun: SIGTERM (stop after the step, save)
+    when torchrun's agent dies, even by SIGKILL; torchrun asks it for itself, its workers do not."""
+    if os.environ.get(ERRORS_DIR_ENV) and os.environ.get("RANK") is not None:
+        agent = os.getppid()
+        _terminate_with_parent()
+        if os.getppid() != agent:  # it died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _terminate_with_parent() -> None:
@@ -239,6 +274,7 @@ def run_command(subcommand: str, argv: list[str] | None, build_parser: Callable[
     nproc, rest = strip_nproc(list(sys.argv[1:] if argv is None else argv))
     if nproc > 1:
         return torchrun(subcommand, rest, nproc, preflight=preflight)
+    worker_dies_with_agent()
     args = build_parser().parse_args(rest)
     logging.basicConfig(level=logging.INFO if main_process() else logging.WARNING, format="%(message)s")
     try:
