@@ -292,6 +292,32 @@ def test_grpo_refuses_a_run_dir_another_run_is_writing(tmp_path):
     assert (tmp_path / "grpo_metrics.jsonl").exists()
 
 
+def test_under_torchrun_every_rank_says_rank_0s_busy_error_and_none_reads_the_checkpoints(tmp_path, monkeypatch):
+    """Rank 0 alone holds out_dir's lock. A job started twice: the second job's rank 1 compared checkpoints the
+    first job was still writing, and said "another run saved step_N" or "out_dir must be on a filesystem that
+    every node shares" (false, one machine), beside or instead of the busy line. Every rank now raises rank
+    0's RunDirBusyError, before reading a checkpoint (construction) and before training (train)."""
+    from rookworld_lib.core import distributed
+    from rookworld_lib.core.distributed import DistInfo
+    from rookworld_lib.core.paths import RunDirBusyError, busy_message, run_lock
+
+    settings = {"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "steps": 1}
+    make(settings).train()
+    again = make({**settings, "steps": 2})
+    rank_0_says = []  # what rank 0 broadcasts; this process plays rank 1
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: rank_0_says[-1])
+    with run_lock(tmp_path):
+        rank_0_says.append(busy_message(tmp_path))
+        assert "being written by another run" in rank_0_says[-1]
+        again.dist = DistInfo(rank=1, world_size=2)
+        monkeypatch.setattr(again, "_check_checkpoint_is_ours", lambda: pytest.fail("rank 1 went on to the checkpoints"))
+        with pytest.raises(RunDirBusyError, match="being written by another run"):
+            again.train()
+        with pytest.raises(RunDirBusyError, match="being written by another run"):
+            again.find_checkpoint()
+    assert busy_message(tmp_path) is None and busy_message(tmp_path / "nowhere") is None  # the holder is gone
+
+
 def test_a_run_refused_as_busy_does_not_say_it_resumed(tmp_path, caplog):
     import logging
 

@@ -257,6 +257,17 @@ class RunDirBusyError(ValueError):
     """Another run is writing into the same out_dir."""
 
 
+def busy_message(out_dir: str | os.PathLike) -> str | None:
+    """RunDirBusyError's message when another run holds out_dir's lock now, else None (nothing kept)."""
+    if not (Path(out_dir) / LOCK_FILE).exists():
+        return None
+    try:
+        with run_lock(out_dir):
+            return None
+    except RunDirBusyError as exc:
+        return str(exc)
+
+
 @contextlib.contextmanager
 def run_lock(out_dir: str | os.PathLike):
     """Hold `<out_dir>/.lock` while a run writes there: a second writer stops at once with one clear

@@ -32,7 +32,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import checkpoint as ckpt_lib
 from . import distributed
 from .errors import NonFiniteError
-from .paths import run_lock
+from .paths import RunDirBusyError, busy_message, run_lock
 from .progress import tqdm
 from .train_utils import MetricsLogger, NonFiniteGuard, rng_state, set_rng_state, setup_runtime, to_jsonable
 
@@ -134,6 +134,9 @@ class Trainer:
         """
         if self.ckpt_dir is None:
             return None
+        if self.dist.world_size > 1 and (busy := distributed.broadcast_object(
+                busy_message(self.out_dir) if self.dist.is_main and self.out_dir is not None else None)):
+            raise RunDirBusyError(busy)  # every rank: one line; the ranks could see another run's saves apart
         latest = ckpt_lib.latest_checkpoint(self.ckpt_dir)
         if self.dist.world_size > 1:
             mine = None if latest is None else latest.name
@@ -294,11 +297,28 @@ class Trainer:
         if self.closed and self.dist.world_size > 1:
             raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "
                                "make a new one")
-        with run_lock(self.out_dir) if self.out_dir is not None and self.dist.is_main else contextlib.nullcontext():
+        with self._out_dir_lock():
             self._check_checkpoint_is_ours()
             if note := self.__dict__.pop("_resume_note", None):
                 log.info(*note)
             return self._loop(until)
+
+    @contextlib.contextmanager
+    def _out_dir_lock(self):
+        """Rank 0 holds out_dir's lock (paths.run_lock) while the ranks train; when another run holds it,
+        every rank raises the same RunDirBusyError (said once), none going on to check its checkpoints."""
+        busy = None
+        with contextlib.ExitStack() as stack:
+            if self.out_dir is not None and self.dist.is_main:
+                try:
+                    stack.enter_context(run_lock(self.out_dir))
+                except RunDirBusyError as exc:
+                    busy = str(exc)
+            if self.out_dir is not None and self.dist.world_size > 1:
+                busy = distributed.broadcast_object(busy)
+            if busy:
+                raise RunDirBusyError(busy)
+            yield
 
     def _check_checkpoint_is_ours(self) -> None:
         """Refuse to go on where out_dir's latest checkpoint is not the one this trainer left (another
