@@ -468,7 +468,8 @@ def test_ranks_that_see_different_latest_checkpoints_are_refused_naming_both(tmp
 
     trainer = tiny_trainer(tmp_path)
     trainer.dist = distributed.DistInfo(rank=1, world_size=2)
-    monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: "step_00000004.pt")
+    rank_0_says = iter([None, "step_00000004.pt"])  # out_dir is not busy; its latest checkpoint
+    monkeypatch.setattr(distributed, "broadcast_object", lambda obj, src=0: next(rank_0_says))
     with pytest.raises(ValueError, match=rf"^rank 1 sees latest checkpoint None in {re.escape(str(tmp_path / 'checkpoints'))}, rank 0 "
                                          r"sees step_00000004\.pt: under torchrun out_dir must be on a filesystem that "
                                          r"every node shares$"):

@@ -127,6 +127,41 @@ def test_a_worker_stopped_by_its_peer_is_said_only_without_a_primary_error(tmp_p
     assert errors.worker_errors(tmp_path) == (["rookworld sft: error: disk full"], [1, 1])
 
 
+def test_one_interrupt_line_names_the_signal_that_was_sent(tmp_path, monkeypatch, capsys):
+    """SIGTERM to one worker: it said "interrupted (SIGTERM)" and its peer, which saw no signal,
+    "interrupted (Ctrl-C)", two final lines that contradict each other. The peer's line is now secondary
+    (shown only where no worker named a signal); and after a Ctrl-C at the launcher, the launcher's own
+    "Ctrl-C" line stands for the workers' (torchrun passes them SIGTERM)."""
+    monkeypatch.setenv(errors.ERRORS_DIR_ENV, str(tmp_path))
+    for rank, name in ((0, "SIGTERM"), (1, errors.PEER_STOPPED)):
+        monkeypatch.setenv("RANK", str(rank))
+        assert errors.report_interrupted("grpo", name) == 130
+    term = "rookworld grpo: interrupted (SIGTERM); the same command resumes from the latest checkpoint"
+    assert errors.worker_errors(tmp_path) == ([term], [130, 130])
+    (tmp_path / "rank00000.json").unlink()
+    assert errors.worker_errors(tmp_path)[0] == [
+        "rookworld grpo: interrupted (with another process); the same command resumes from the latest checkpoint"]
+
+    class CtrlC:  # torchrun under a Ctrl-C: the launcher gets SIGINT, the workers write SIGTERM lines
+        def __init__(self, cmd, env, **kwargs):
+            self.dir = Path(env[errors.ERRORS_DIR_ENV])
+
+        def wait(self):
+            distributed.signal.raise_signal(distributed.signal.SIGINT)  # the launcher's handler passes it on
+            (self.dir / "rank00000.json").write_text(json.dumps({"line": term, "code": 130}))
+            return 130
+
+        def send_signal(self, signum):
+            pass
+
+    monkeypatch.delenv(errors.ERRORS_DIR_ENV)
+    monkeypatch.delenv("RANK")
+    monkeypatch.setattr(distributed.subprocess, "Popen", CtrlC)
+    assert distributed.torchrun("grpo", ["--steps", "1"], 2) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "rookworld grpo: interrupted (Ctrl-C); the same command resumes from the latest checkpoint"]
+
+
 def test_a_torchrun_killed_by_a_signal_exits_1_saying_so(monkeypatch, capsys):
     class Killed:  # what Popen.wait() returns for a child that SIGKILL ended: -9, no status a shell can use
         def __init__(self, *args, **kwargs):

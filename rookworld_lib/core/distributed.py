@@ -145,11 +145,12 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
             for s, handler in previous.items():
                 signal.signal(s, handler)
         lines, codes = worker_errors(Path(errors_dir))
+    if signal.SIGINT in interrupted:  # Ctrl-C, or SIGINT to this launcher alone: the workers may have seen SIGTERM
+        lines = [line for line in lines if not line.startswith(f"rookworld {subcommand}: interrupted")]
     for line in lines:
         print(line, file=sys.stderr, flush=True)
-    if signal.SIGINT in interrupted:  # Ctrl-C, or SIGINT to this launcher alone (its workers then get SIGTERM)
-        if not any("interrupted" in line for line in lines):
-            report_interrupted(subcommand)
+    if signal.SIGINT in interrupted:
+        report_interrupted(subcommand)
         return 130
     if codes:
         return max(codes)

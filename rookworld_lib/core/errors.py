@@ -29,12 +29,16 @@ INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 RESUMABLE = ("sft", "grpo")  # commands that continue from their latest checkpoint when run again
 
 
+PEER_STOPPED = "another rank"  # a torchrun worker stopped because another worker got the signal
+
+
 def report_interrupted(command: str, signal_name: str = "") -> int:
     """`rookworld <command>: interrupted (Ctrl-C)...` (or the signal that stopped it, SIGTERM), one line;
-    returns 130."""
+    returns 130. A worker stopped with its peers (PEER_STOPPED) says so only where no worker named a signal."""
     resume = "; the same command resumes from the latest checkpoint" if command in RESUMABLE else ""
-    how = signal_name if signal_name.startswith("SIG") and signal_name != "SIGINT" else "Ctrl-C"
-    return report(command, f"interrupted ({how}){resume}", INTERRUPTED, kind="")
+    how = signal_name if signal_name.startswith("SIG") and signal_name != "SIGINT" else (
+        "with another process" if signal_name == PEER_STOPPED else "Ctrl-C")
+    return report(command, f"interrupted ({how}){resume}", INTERRUPTED, kind="", secondary=signal_name == PEER_STOPPED)
 
 
 def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:

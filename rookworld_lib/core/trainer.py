@@ -31,7 +31,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import checkpoint as ckpt_lib
 from . import distributed
-from .errors import NonFiniteError
+from .errors import PEER_STOPPED, NonFiniteError
 from .paths import RunDirBusyError, busy_message, run_lock
 from .progress import tqdm
 from .train_utils import MetricsLogger, NonFiniteGuard, rng_state, set_rng_state, setup_runtime, to_jsonable
@@ -365,15 +365,15 @@ class Trainer:
                 if (interval > 0 and self.step % interval == 0) or self.step == target or stopping:
                     self.save()
                 if stopping and self.step < target:  # every rank alike (the flag is summed over ranks)
-                    log.warning("%s stopped after step %d (%s)%s", self.name, self.step, stop[0] if stop else "another rank",
+                    log.warning("%s stopped after step %d (%s)%s", self.name, self.step, stop[0] if stop else PEER_STOPPED,
                                 f"; checkpoint {self.last_checkpoint}" if self.last_checkpoint else "")
-                    raise KeyboardInterrupt(stop[0] if stop else "")  # the signal's name: the CLI says which
+                    raise KeyboardInterrupt(stop[0] if stop else PEER_STOPPED)  # the signal's name: the CLI says which
         if self.step >= total and self.export_at_end:
             self.export()
         # a signal in the run's last step (or, in one process, in the save or the log closing): the run is
         # saved and exported, and the caller stops too (under torchrun every rank decided alike in the loop)
         if stopping or (self.dist.world_size == 1 and stop):
-            raise KeyboardInterrupt(stop[0] if stop else "")
+            raise KeyboardInterrupt(stop[0] if stop else PEER_STOPPED)
         return self.history
 
     def _open_logs(self, stack: contextlib.ExitStack) -> None:
