@@ -131,6 +131,14 @@ def test_position_explorer_takes_a_pasted_fen(model, policy_records):
         pe.set_fen("rnb1kbnr/pppp1ppp/8/4p3/6Pq/5P2/PPPPP2P/RNBQKBNR w KQkq - 1 3")  # fool's mate
     pe.select(2)
     assert pe.error_html.value == ""  # a position shown: no stale error above it
+    # after a paste the slider still reads 2, and a slider moved onto its own value fires nothing: a button
+    # takes the user back; a typo in the box leaves it where it was
+    pe.fen_box.value = fen
+    assert pe.index is None and pe.back.layout.display is None and pe.back.description == "back to position 2"
+    pe.back.click()
+    assert pe.index == 2 and pe.fen == policy_records[2]["fen"] and pe.back.layout.display == "none"
+    pe.fen_box.value = "not a fen"
+    assert pe.index == 2 and "(still showing test position 2)" in pe.error_html.value
 
 
 @pytest.mark.skipif(not stockfish_available(), reason="Stockfish not installed")

@@ -248,9 +248,12 @@ class PositionExplorer(_Explorer):
                                   continuous_update=False)
         self.fen_box = W.Text(placeholder="paste a FEN and press Enter", description="FEN",
                               continuous_update=False, layout=W.Layout(width="60%"))
+        # after a paste the slider still reads its position, and a slider moved onto its own value says nothing
+        self.back = W.Button(layout=W.Layout(display="none"))
+        self.back.on_click(lambda _: self.select(self.slider.value))
         self.board_html, self.info_html, self.error_html = W.HTML(), W.HTML(), W.HTML()
         self.info_html.layout = W.Layout(min_width="0", flex="1 1 auto")  # shrinks with the page, never past it
-        self.widget = W.VBox([W.HBox([self.slider, self.fen_box]), self.error_html,
+        self.widget = W.VBox([W.HBox([self.slider, self.fen_box, self.back]), self.error_html,
                               W.HBox([self.board_html, self.info_html])])
         for w, cls in ((self.widget, "rw-position-explorer"), (self.slider, "rw-position-slider"),
                        (self.board_html, "rw-board"), (self.info_html, "rw-position-info")):
@@ -269,12 +272,15 @@ class PositionExplorer(_Explorer):
             self._show(self.records[index])
             self.slider.value = index
             self.fen_box.value = ""  # the box shows no FEN the board no longer shows (and takes the same one again)
+            self.back.layout.display = "none"
         return self
 
     def set_fen(self, fen: str) -> PositionExplorer:
         """Show a pasted position (candidates from Stockfish, when installed)."""
+        record = record_for_fen(fen.strip())
         self.index = None
-        self._show(record_for_fen(fen.strip()))
+        self._show(record)
+        self.back.description, self.back.layout.display = f"back to position {self.slider.value}", None
         return self
 
     def _fen_typed(self, fen: str) -> None:
