@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -199,8 +200,39 @@ def _value_and_grad(fn, lp, logits=None):
 
 
 CLIPS = [(0.2, 0.2), (0.2, 0.28)]  # symmetric; DAPO clip-higher
+# the math of k1's value and gradient is tested as such; a run with it gets the warning tested below
+K1_WARNING = "ignore:GRPOConfig. kl_estimator='k1' without use_bias_correction_kl:UserWarning"
 
 
+def test_the_kl_terms_expected_gradients():
+    """The KL term is differentiated through log pi. Its expected gradient over the policy's tokens,
+    computed exactly on a 5-token vocabulary (each token a one-token completion, weighted by its
+    probability, on-policy, A = 0), against autograd of the exact divergences: k1's is 0 (it regularises
+    nothing: a warning), k2's is that of KL(pi || ref), k3's (the default) that of the reverse KL(ref || pi);
+    with use_bias_correction_kl, k1's and k3's are KL(pi || ref)'s."""
+    torch.manual_seed(0)
+    theta = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.randn(5, dtype=torch.float64), -1)
+    lp = torch.log_softmax(theta, -1)
+    pi = lp.detach().exp()
+    forward = torch.autograd.grad((lp.exp() * (lp - ref)).sum(), theta, retain_graph=True)[0]  # KL(pi || ref)
+    reverse = torch.autograd.grad((ref.exp() * (ref - lp)).sum(), theta, retain_graph=True)[0]  # KL(ref || pi)
+    one = torch.ones(1, 1, dtype=torch.bool)
+    for estimator, bias, want in (("k1", False, torch.zeros(5, dtype=torch.float64)), ("k2", False, forward),
+                                  ("k3", False, reverse), ("k1", True, forward), ("k3", True, forward)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = GRPOConfig(loss_type="dapo", beta=1.0, kl_estimator=estimator, use_bias_correction_kl=bias,
+                             log_ratio_clamp=None)
+        assert [str(w.message).startswith("GRPOConfig: kl_estimator='k1'") for w in caught] == (
+            [True] if (estimator, bias) == ("k1", False) else []), (estimator, bias)
+        expected = sum(pi[y] * torch.autograd.grad(grpo_loss(
+            lp[y].reshape(1, 1), lp[y].detach().reshape(1, 1), torch.zeros(1, dtype=torch.float64), one,
+            ref[y].reshape(1, 1), cfg)[0], theta, retain_graph=True)[0] for y in range(5))
+        torch.testing.assert_close(expected, want, atol=1e-12, rtol=0, msg=f"{estimator}, bias correction {bias}")
+
+
+@pytest.mark.filterwarnings(K1_WARNING)
 @pytest.mark.parametrize("loss_type, level, estimator, clip", list(itertools.product(
     grpo.LOSS_TYPES, grpo.IMPORTANCE_SAMPLING_LEVELS, [None, "k1", "k2", "k3"], CLIPS)))
 def test_loss_and_gradient_match_reference(loss_type, level, estimator, clip):
@@ -457,13 +489,14 @@ def test_group_stats_are_merged_into_metrics():
 # gradcheck (finite differences, float64)
 # ------------------------------------------------------------------------------------------
 
+@pytest.mark.filterwarnings(K1_WARNING)
 @pytest.mark.parametrize("cfg", [
     GRPOConfig(),
     GRPOConfig(loss_type="dapo", clip_eps_high=0.28, kl_estimator="k3", beta=0.04, entropy_coef=0.01),
     GRPOConfig(loss_type="dr_grpo", importance_sampling_level="sequence", kl_estimator="k1", beta=0.1,
-               max_completion_length=T),
+               max_completion_length=T, use_bias_correction_kl=True),
     GRPOConfig(loss_type="bnpo", kl_estimator="k2", beta=0.2, delta=1.5, entropy_coef=0.02, temperature=1.3),
-], ids=["default", "dapo-k3-entropy", "drgrpo-gspo-k1", "bnpo-k2-delta"])
+], ids=["default", "dapo-k3-entropy", "drgrpo-gspo-k1-bias-corrected", "bnpo-k2-delta"])
 def test_gradcheck(cfg):
     lp, old, adv, mask, ref, logits = (x[:6] for x in make_batch(seed=5))  # rows 4 (empty) and 5 (full) included
     lp = lp.detach().requires_grad_(True)

@@ -103,6 +103,22 @@ def test_nonfinite_loss_skipped_counted_and_stops_after_k(monkeypatch):
     assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
 
 
+def test_dynamic_sampling_under_gdpo_ties_a_group_on_every_reward_function_not_their_sum():
+    """GDPO (normalize_then_sum) normalises each reward function within its group: a group whose weighted
+    sums tie (1 x 1 + 2 x 0 = 1 x 0 + 2 x 0.5) still has advantages of +-0.39, and dynamic sampling dropped it;
+    a group tied in every function has none. The sum decides under sum_then_normalize, as before."""
+    table = torch.tensor([[1.0, 0.0], [0.0, 0.5], [1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [2.0, 0.5]])
+    weights = [1.0, 2.0]
+    items = [PromptItem("P", f"q{i // 2}") for i in range(6)]
+    batch = train_grpo.RolloutBatch(items, [[1]] * 6, torch.zeros(6, 1, dtype=torch.long), torch.zeros(6, 1),
+                                    torch.ones(6, 1, dtype=torch.bool), torch.zeros(6, dtype=torch.bool),
+                                    train_grpo.reward_sum(table, weights), list("abcdef"), table, 6)
+    adv = grpo.group_advantages(table, 2, reward_weights=weights, multi_objective_aggregation="normalize_then_sum")[0]
+    assert adv[0].abs() > 0.3 and adv[2] == adv[3] == 0  # q0 has a signal under GDPO, q1 none
+    kept = lambda per_function: sorted({i.prompt for i in train_grpo._varied_groups(batch, 2, per_function).items})  # noqa: E731
+    assert kept(True) == ["q0", "q2"] and kept(False) == ["q2"]  # q2's sums differ (2 vs 3); q0's tie at 1
+
+
 def test_dynamic_sampling_drops_tied_groups():
     calls = {"n": 0}
 

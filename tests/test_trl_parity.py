@@ -439,6 +439,7 @@ def test_difference_log_ratio_clamp():
     assert m["ratio/max"] == pytest.approx(math.exp(20.0))
 
 
+@pytest.mark.filterwarnings("ignore:GRPOConfig. kl_estimator='k1' without use_bias_correction_kl:UserWarning")
 def test_difference_kl_estimators_and_metric_without_beta():
     """TRL has only k3 and logs `kl` only when beta != 0; ours offers k1/k2 and logs kl whenever ref is given."""
     lp, old, adv, mask, ref, _ = make_batch(6)

@@ -32,6 +32,7 @@ notebooks/03_grpo_sign_validation.ipynb asserts each of these.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -289,8 +290,8 @@ class GRPOConfig:
     delta: float | None = option(None, "two-sided clipping (INTELLECT-2): unclipped ratio capped at delta (> 1 + clip_eps_high); None = off")
     importance_sampling_level: str = option("token", '"token": per-token ratio; "sequence": GSPO geometric-mean ratio per completion', choices=IMPORTANCE_SAMPLING_LEVELS)
     beta: float = option(0.04, "KL coefficient against the reference (initial) model; 0 runs without a reference model", min=0.0)
-    kl_estimator: str = option("k3", "per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r", choices=KL_ESTIMATORS)
-    use_bias_correction_kl: bool = option(False, "multiply the per-token KL by the importance ratio (TRL's option, on in TRL)")
+    kl_estimator: str = option("k3", "per-token KL(pi_theta || pi_ref) estimator, log r = ref - logp: k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r; differentiated through logp, without bias correction k2 pushes down KL(pi_theta || pi_ref), k3 the reverse KL(pi_ref || pi_theta), k1 nothing (its expected gradient is 0: a warning)", choices=KL_ESTIMATORS)
+    use_bias_correction_kl: bool = option(False, "multiply the per-token KL by the importance ratio (TRL's option, on in TRL): k1 and k3 then push down KL(pi_theta || pi_ref)")
     entropy_coef: float = option(0.0, "entropy bonus: subtract entropy_coef * (mean token entropy of the accumulated batch) (needs logits); 0 = off", min=0.0)
     temperature: float = option(1.0, "temperature at which the entropy of `logits` is measured (the one used for logprobs; GRPOTrainer sets it to its temperature)", min=0.0, min_open=True)
     mask_truncated_completions: bool = option(False, "drop completions that hit the length budget (no EOS) from the loss (DAPO)")
@@ -308,6 +309,10 @@ class GRPOConfig:
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             bad_field("GRPOConfig", "max_completion_length", None,
                       "must be set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
+        if self.kl_estimator == "k1" and self.beta > 0 and not self.use_bias_correction_kl:
+            warnings.warn("GRPOConfig: kl_estimator='k1' without use_bias_correction_kl has an expected gradient "
+                          "of 0 (E[grad log pi] = 0): the KL term regularises nothing; use k3 or k2, or "
+                          "use_bias_correction_kl=True", stacklevel=3)
 
 
 # --- Building blocks (public: the notebook and the tests use them)
@@ -319,6 +324,12 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -
     k1 = -log r (unbiased, but negative whenever the reference likes the token more),
     k2 = (log r)^2 / 2 (>= 0, biased), k3 = r - 1 - log r (>= 0 and unbiased; TRL's and
     DeepSeekMath's choice). All three are exactly 0 where logprobs == ref_logprobs.
+
+    These are estimates of the value. A loss differentiates them through logprobs, and in
+    expectation over the policy's tokens k1's gradient is 0, k2's that of KL(pi_theta || pi_ref),
+    k3's that of the reverse KL(pi_ref || pi_theta); times the importance ratio
+    (GRPOConfig.use_bias_correction_kl) k1's and k3's are KL(pi_theta || pi_ref)'s
+    (tests/test_grpo.py::test_the_kl_terms_expected_gradients).
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimate: estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")

@@ -300,13 +300,20 @@ def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBa
                         [batch.completions[i] for i in r], batch.reward_table[rows], batch.generated_tokens)
 
 
-def _varied_groups(batch: RolloutBatch, G: int) -> RolloutBatch:
+def _varied_groups(batch: RolloutBatch, G: int, per_function: bool = False) -> RolloutBatch:
     """The groups whose scorable rewards are not all tied (the ones dynamic sampling keeps): an
-    unscorable completion (advantage 0) cannot break a tie."""
-    r = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan")).view(-1, G)
-    spread = (torch.where(r.isnan(), -math.inf, r).amax(1)
-              - torch.where(r.isnan(), math.inf, r).amin(1))  # -inf where none is scorable, 0 where one is
-    return _select_groups(batch, spread >= 1e-6, G)
+    unscorable completion (advantage 0) cannot break a tie. per_function (GDPO's normalize_then_sum,
+    which normalises each reward function within its group): a group ties when every function does,
+    whatever their weighted sums."""
+    columns = batch.reward_table.T if per_function else [
+        batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))]
+    varied = torch.zeros(len(batch.items) // G, dtype=torch.bool)
+    for column in columns:
+        r = column.view(-1, G)
+        spread = (torch.where(r.isnan(), -math.inf, r).amax(1)
+                  - torch.where(r.isnan(), math.inf, r).amin(1))  # -inf where none is scorable, 0 where one is
+        varied |= spread >= 1e-6
+    return _select_groups(batch, varied, G)
 
 
 class GRPOTrainer(Trainer):
@@ -534,12 +541,13 @@ class GRPOTrainer(Trainer):
         info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
             return batch, info
-        kept = _varied_groups(batch, G)  # generated_tokens counts every sampled token, dropped groups too
+        per_function = cfg.multi_objective_aggregation == "normalize_then_sum"
+        kept = _varied_groups(batch, G, per_function)  # generated_tokens counts every sampled token, dropped groups too
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
-            kept = _concat([kept, _varied_groups(more, G)], self.eot)
+            kept = _concat([kept, _varied_groups(more, G, per_function)], self.eot)
             info["dynamic_sampling/refill_rounds"] = round_ + 1
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info
