@@ -62,6 +62,12 @@ def test_position_explorer_follows_the_slider_and_scores_the_candidates(model, p
     # the reward shown is the one GRPO trains on (graded), the trainer's functions summed; not the gated score
     assert pe.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy), abs=1e-6)  # float32 sums
     assert set(rewards.GradedWeights.__dataclass_fields__) & set(pe.score) >= {"moves_distinct", "valid"}
+    # the table shows each component's weight, and the total is their weighted sum (no gate in the graded one)
+    reward_table = pe.info_html.value.split('class="rw-reward"')[1]
+    shown = dict(re.findall(r"<tr class=\"\"><td>(\w+)</td><td>[^<]*</td><td>([0-9.]+)</td>", reward_table))
+    weights = rewards.GradedWeights()
+    assert shown == {k: format(getattr(weights, k), "g") for k in pe.score if isinstance(getattr(weights, k, None), float)}
+    assert pe.score["total"] == pytest.approx(sum(float(w) * pe.score[k] for k, w in shown.items()), abs=1e-6)
     gated = explore.PositionExplorer(model, policy_records, 3, max_new_tokens=16, reward="gated")
     assert gated.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy, "gated"), abs=1e-6)
     pe.fen_box.value = policy_records[0]["fen"]  # a pasted FEN, then the slider: the box no longer claims it

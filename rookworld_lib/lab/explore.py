@@ -313,14 +313,16 @@ class PositionExplorer(_Explorer):
         self.board_html.value, self.info_html.value = self.svg, self._info()
 
     def _info(self) -> str:
-        board = chess.Board(self.fen)
-        cands = _table(["move", "SAN", "Stockfish eval", "log p(completion)", "p(B: = move)"],
+        board, weights = chess.Board(self.fen), policy_weights(self.reward)
+        cands = _table(["move", "SAN", "Stockfish eval", "log p(completion) at T = 1", "p(B: = move) at T = 1"],
                        [[c["move"] + (" (model)" if c["move"] == self.greedy_move else ""),
                          board.san(chess.Move.from_uci(c["move"])), c["eval"], _fmt(c["logp_completion"], ".2f"),
                          _fmt(c["p_best"], ".3g")] for c in self.candidates], "rw-candidates")
         score = ("<i>no ground truth (Stockfish not installed): no reward</i>" if self.score is None else
-                 _table(["component", "value"], [[k, "; ".join(v) or "none" if k == "errors" else _fmt(v)]
-                                                  for k, v in self.score.items()], "rw-reward"))
+                 _table(["component", "value", "weight in the total"],
+                        [[k, "; ".join(v) or "none" if k == "errors" else _fmt(v), _fmt(getattr(weights, k, None), "g")
+                          if isinstance(getattr(weights, k, None), float) else ""] for k, v in self.score.items()],
+                        "rw-reward"))
         where = f"test position {self.index}" if self.index is not None else "pasted FEN"
         return (f"<div style='overflow-wrap:anywhere;min-width:0'><b>{where}</b>: {html.escape(self.fen)}<br>"
                 f"<span style='color:#15781B'>&#9632;</span> Stockfish candidates &nbsp; "
