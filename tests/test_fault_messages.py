@@ -226,6 +226,11 @@ ROWS = [
     Row("run-position-past-the-test-positions", ["run", "--out", "{tmp}/runs", "--only", "05", "06", "-p", "position",
                                                  "99999"],
         "notebook parameter 'position' must be <= 729, got 99999", check=no_run_directory),
+    # a seed past the configs' range: SFT refused it after the run folder was made (the check cells had no bound)
+    Row("run-seed-past-its-range", ["run", "--out", "{tmp}/runs", "--only", "05", "-p", "seed", "-1"],
+        "notebook parameter 'seed' must be >= 0, got -1", check=no_run_directory),
+    Row("run-seed-past-numpys-bound", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "seed", "5000000000"],
+        "notebook parameter 'seed' must be <= 4294967295, got 5000000000", check=no_run_directory),
     Row("run-nan-parameter", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "sgd_lr", "NaN"],
         "notebook parameter 'sgd_lr' must be a finite number, got nan", check=no_run_directory),
     # --- GRPO's settings: checked before the model is read, and before anything is written
