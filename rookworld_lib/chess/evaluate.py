@@ -650,9 +650,13 @@ def cli(argv: list[str] | None = None) -> int:
                          "one with --selfplay-games N, --max-policy N, --max-env N, --max-mate N or a --data-dir holding "
                          "that suite's test data")
     model = GPT.from_pretrained(args.model).eval().to(device)
-    cfg = cfg.for_model(model)
+    given_t, cfg = cfg.sample_temperature, cfg.for_model(model)
+    source = ("--sample-temperature" if given_t else f"{ROLLOUT_TEMPERATURE_KEY} in config.json"
+              if ROLLOUT_TEMPERATURE_KEY in model.meta else "no rollout temperature recorded: 1.0")
     print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
-          f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}", file=sys.stderr)
+          f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}"
+          + (f"; pass@1 over {cfg.samples} samples at T {cfg.sample_temperature:g} ({source})" if cfg.samples else ""),
+          file=sys.stderr)
     results = evaluate_all(model, suites["P"], suites["A"], suites["M1"], cfg)
     if args.json:
         print(json.dumps(results_to_json(results), allow_nan=False))

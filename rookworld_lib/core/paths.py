@@ -285,7 +285,7 @@ def run_lock(out_dir: str | os.PathLike):
         holder = fh.read().strip() or "another process"
         fh.close()
         raise RunDirBusyError(f"{out} is being written by another run ({holder}); wait for it to finish, "
-                              "or choose another out_dir") from None
+                              "or choose another out_dir (--out)") from None
     try:
         fh.seek(0)
         fh.truncate()

@@ -67,7 +67,7 @@ class SFTConfig:
     # batch
     block_size: int = option(256, "tokens per packed sequence (at most the model's block_size)", min=1)
     batch_size: int = option(8, "sequences per micro-batch", min=1)
-    grad_accum: int = option(1, "micro-batches per optimizer step (tokens/step = batch_size*grad_accum*block_size; at most 65,536)", min=1, max=2**16)
+    grad_accum: int = option(1, "micro-batches per optimizer step, at most 65,536 (tokens/step = batch_size*grad_accum*block_size)", min=1, max=2**16)
     # optimizer and schedule
     lr: float = option(6e-4, "peak learning rate", min=0.0, min_open=True)
     min_lr: float = option(6e-5, "learning rate at the end of the cosine decay", min=0.0)
@@ -359,7 +359,7 @@ class PackedStream:
             raise ValueError(
                 f"the {self.name} data differ from the data of the checkpoint (seed, task_weights, samples or "
                 "their tokens changed), so resuming would not continue the same run; restore the original data "
-                "or start a new run in another out_dir")
+                "or start a new run in another out_dir (--out)")
         self._cursor = (int(state["sample"]), int(state["offset"]), tuple(int(c) for c in state["counts"]))
 
     def _fingerprint(self) -> str:

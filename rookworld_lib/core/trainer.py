@@ -148,7 +148,7 @@ class Trainer:
             if self.out_dir is not None and (self.out_dir / FINAL_DIR).exists():  # checkpoints deleted, say
                 raise ValueError(f"{self.out_dir} holds an earlier run's exported model ({self.out_dir / FINAL_DIR}) but "
                                  "no checkpoint to resume: a new run would replace it and that run's metrics; choose "
-                                 f"another out_dir, or delete {self.out_dir / FINAL_DIR} to start over there")
+                                 f"another out_dir (--out), or delete {self.out_dir / FINAL_DIR} to start over there")
             return None
         if not self.cfg.resume:
             raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {latest.name}); "
@@ -181,10 +181,10 @@ class Trainer:
         if diff:
             changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
-                             "same settings to resume it, or another out_dir for a new run")
+                             "same settings to resume it, or another out_dir (--out) for a new run")
         if ckpt["step"] > self.total_steps:
             raise ValueError(f"{latest} is at step {ckpt['step']}, past the {self.total_steps} steps this {self.name} run "
-                             "is set to: nothing to train; set more steps to continue it, or another out_dir for a new run")
+                             "is set to: nothing to train; set more steps to continue it, or another out_dir (--out) for a new run")
         ckpt["path"] = latest
         return ckpt
 
