@@ -194,7 +194,8 @@ def test_a_sigkilled_nproc_launcher_takes_torchrun_and_its_workers_with_it(tmp_p
     assert not errors_dir.exists(), "torchrun left the dead launcher's folder in /tmp"
 
 
-@pytest.mark.parametrize("victim", ["torchrun", "worker"])
+@pytest.mark.parametrize("victim", ["torchrun", pytest.param("worker", marks=[  # 16 s more: heavy
+    pytest.mark.heavy, pytest.mark.skipif(not HEAVY, reason="heavy: set ROOKWORLD_HEAVY=1")])])
 def test_a_sigkilled_torchrun_or_worker_is_named_in_one_line_and_leaves_no_worker_running(tmp_path, victim):
     """`kill -9` of torchrun (the elastic agent) left both workers training to the end, writing the
     out_dir after the command had returned; `kill -9` of a worker (the OOM killer) was never named:
