@@ -57,7 +57,7 @@ ORIGINAL_MOVES_WIDTH = 30
 ORIGINAL_EVALS_WIDTH = 40
 # New-token budget of a completion (EOT included) by layout: the longest P:/A: completion of the
 # shipped data, EOT included, is 73 tokens compact and 79 original (an A: one, a padded P: one): room
-# to spare. (The cpu profiles' GRPO samples 72 tokens: it cuts that one A: train record's answer short.)
+# to spare.
 COMPLETION_BUDGET = {"compact": 96, "original": 128}
 
 REWARD_LEGAL = 0.001

@@ -92,7 +92,8 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
 # the cpu profile's GRPO (docs/grpo.md, one change at a time on one SFT model): the graded reward,
 # sampled at T=0.3 (near the greedy answers evaluated), 16 prompts x 4 per step for 150 steps (9,600
 # completions; over the task vocabulary a step costs what an SFT step does), lr 5e-5, KL 0.04: legal
-# best moves +13.3 points [+7.8, +18.9], valid A: +14.0 [+6.6, +21.4], nothing down
+# best moves +13.3 points [+7.8, +18.9], valid A: +14.0 [+6.6, +21.4], nothing down. Its 72-token budget cuts
+# short the one shipped answer longer than that (A:, 73 tokens with EOT; tasks.COMPLETION_BUDGET)
 _CPU_GRPO = dict(steps=150, prompts_per_step=16, group_size=4, max_new_tokens=72, lr=5e-5, minibatch_size=32,
                  temperature=0.3)
 _CPU_EVALS = dict(evals=dict(max_policy=None, max_env=None, max_mate=50, selfplay_games=8, selfplay_max_plies=40),
