@@ -84,6 +84,26 @@ def test_single_process_is_not_distributed(monkeypatch):
     assert distributed.all_reduce_sum(2.5) == 2.5
 
 
+def test_more_processes_than_gpus_is_refused_in_one_line_before_cuda_is_touched(monkeypatch):
+    """CUDA runs one process per GPU (cuda:LOCAL_RANK): rank 2 of --nproc 3 on a 2-GPU machine is told
+    so, not CUDA's "invalid device ordinal" from set_device."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    touched = []
+    monkeypatch.setattr(torch.cuda, "set_device", touched.append)
+    with pytest.raises(distributed.NprocError, match=r"--nproc 3 runs one process per GPU, and this machine has 2: "
+                                                     r"give --nproc 2 or fewer") as info:
+        distributed.init_from_env("cuda")
+    assert isinstance(info.value, ValueError) and not touched  # the CLI's one-line error; no CUDA call
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: touched.append(backend))
+    distributed.init_from_env("cuda")  # a rank that has its GPU goes on
+    assert touched == [1, "nccl"]
+
+
 @pytest.mark.parametrize("argv, why", [(["--nproc", "abc"], "whole number"), (["--nproc=-2"], ">= 0"),
                                        (["--nproc", "-2"], ">= 0"), (["--nproc"], "needs a value")])
 def test_strip_nproc_refuses_what_is_not_a_count(argv, why):

@@ -50,6 +50,10 @@ def init_from_env(device_type: str = "cpu") -> DistInfo:
     info = DistInfo(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1 and not dist.is_initialized():
         if device_type == "cuda":
+            gpus = torch.cuda.device_count()
+            if info.local_rank >= gpus:  # one GPU per process: CUDA's "invalid device ordinal" says none of this
+                raise NprocError(f"--nproc {world} runs one process per GPU, and this machine has {gpus}: "
+                                 f"give --nproc {gpus} or fewer (or --device cpu)")
             torch.cuda.set_device(info.local_rank)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return info
