@@ -92,12 +92,13 @@ def env_examples(rec, seed: int = 0) -> dict[str, str]:
             "garbled": mutate_text(rec["completion"], rng, rng.randint(3, 8)), "garbage": _garbage(rng)}
 
 
-def reward_distribution(policy_records=(), env_records=(), seed: int = 0, policy_weights=None) -> list[dict]:
+def reward_distribution(policy_records=(), env_records=(), seed: int = 0, policy_weights=None,
+                        env_weights=None) -> list[dict]:
     """One row per (record, example category): task, category, reward, id (for tables and plots).
-    `policy_weights`: score_policy's (rewards.GradedWeights() for the graded policy reward)."""
+    `policy_weights` / `env_weights`: score_policy's and score_environment's (None: the format-gated
+    reward, `rewards.score`; rewards.GradedWeights() and rewards.GRADED_ENV_WEIGHTS: the graded one GRPO trains)."""
     rows = [{"task": "P", "category": cat, "reward": score_policy(rec["prompt"], c, truth=rec, weights=policy_weights),
              "id": rec["id"]}
             for rec in policy_records for cat, c in policy_examples(rec, seed).items()]
-    return rows + [{"task": "A", "category": cat, "reward": score_environment(rec["prompt"], c, truth=rec),
+    return rows + [{"task": "A", "category": cat, "reward": score_environment(rec["prompt"], c, truth=rec, weights=env_weights),
                     "id": rec["id"]} for rec in env_records for cat, c in env_examples(rec, seed).items()]
-
