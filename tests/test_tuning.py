@@ -63,6 +63,9 @@ def test_rows_with_different_data_are_not_flagged(matrix):
     row = matrix.row("batch_size=4")
     assert row["status"] == "ok" and row["expect_parity"] is False
     assert "batch_size=4" not in matrix.flagged()
+    # the table a user reads says so too: its loss is not compared, so it is neither CHANGED nor same
+    assert matrix.table().loc["batch_size=4", "result"] == "n/a (other data)"
+    assert matrix.table().loc["planted-lr", "result"] == "CHANGED"
 
 
 def test_unsupported_rows_are_reported_with_reasons(matrix):

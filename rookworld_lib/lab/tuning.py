@@ -372,7 +372,8 @@ class MatrixResult:
                     "MFU (data-sheet peak)": f"{100 * table_mfu:.2g}%" if table_mfu else "n/a (no data-sheet peak for this device)",
                     "peak MiB": "" if r.get("peak_mem_mb") is None else f"{r['peak_mem_mb']:,.0f}",
                     "loss - baseline": "" if r.get("loss_delta") is None else f"{r['loss_delta']:+.1e}",
-                    "result": "" if r.get("changes_result") is None else ("CHANGED" if r["changes_result"] else "same"),
+                    "result": "" if r.get("changes_result") is None else
+                    "n/a (other data)" if not r["expect_parity"] else ("CHANGED" if r["changes_result"] else "same"),
                     "note": ""}
 
         return pd.DataFrame([shown(r) for r in self.rows]).fillna("").set_index("row")
@@ -450,7 +451,8 @@ def _tokens_per_s_overlap(row: dict, noise: list[dict]) -> bool:
 
 def speedup_figure(result: MatrixResult):
     """Bar chart: tokens/s of each row relative to the baseline, with the row's p10-p90 interval; red
-    bars change the result, grey ones differ from the baseline by less than the timing noise."""
+    bars change the result, grey ones differ from the baseline by less than the timing noise (their
+    speed-up is shown as "~"), blue ones by more (and the baseline)."""
     rows = [r for r in result.ok_rows() if r["variable"] not in ("batch_size", "seq_len")]
     base_tps = result.row("baseline")["tokens_per_s"]
     speedups = [r["speedup"] for r in rows]
@@ -459,14 +461,16 @@ def speedup_figure(result: MatrixResult):
     spans = [_tokens_per_s_interval(r) for r in rows]
     bars = dict(type="data", symmetric=False, array=[hi / base_tps - s for (_, hi), s in zip(spans, speedups)],
                 arrayminus=[s - lo / base_tps for (lo, _), s in zip(spans, speedups)])
-    fig = go.Figure(go.Bar(x=[f"{r['name']} ({s:.2f}x)" for r, s in zip(rows, speedups)], y=speedups, name="speedup",
+    noise = [bool(r.get("within_noise")) and r["variable"] != "baseline" for r in rows]
+    fig = go.Figure(go.Bar(x=[f"{r['name']} ({'~' if n else ''}{s:.2f}x)" for r, s, n in zip(rows, speedups, noise)], y=speedups, name="speedup",
                            error_y=bars, marker_color=colour))  # the speed-up in the row's label: a bar of 0.04x has no room
     fig.add_hline(y=1.0, line_dash="dash", line_color="gray")
     drifted = (f"; host speed drifted: the baseline's repeat ran at {result.row('baseline (repeat)')['speedup']:.2f}x"
                if result.drift() else "")
     fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']})"
-                            f"<br><sup>grey = within noise, red = changes the loss{drifted}</sup>",
-                      yaxis_title="tokens/s relative to baseline (p10-p90 bars)", xaxis_title="row (one setting changed)",
+                            f"<br><sup>blue = faster or slower than the noise, grey = within noise, "
+                            f"red = changes the loss{drifted}</sup>",
+                      yaxis_title="tokens/s vs baseline", xaxis_title="row (one setting changed)",
                       template="plotly_white")
     return fig
 
