@@ -93,6 +93,14 @@ def test_chess_verdict_and_report_name_the_strict_metrics_that_moved():
     report = workflow.training_report(workflow.PROFILES["ci"], table, ev.paired_difference([0.0, 0.1], [0.2, 0.3]),
                                       {"SFT": 1.0}, strict)
     assert "| policy/valid | 0.0% [0.0, 3.7] (n=100) | 40.0% [" in report and f"**Chess verdict:** {verdict}" in report
+    assert "pass@1" not in report  # no sampled rows: no note on their intervals
+    sampled = {"pass@1/policy/valid": ev.pass_at_1([[1, 0, 0, 0]] * 30 + [[0] * 4] * 70)}
+    report = workflow.training_report(workflow.PROFILES["cpu"], ev.comparison_table({"SFT": {**before, **sampled},
+                                      "SFT+GRPO": {**after, **sampled}}), ev.paired_difference([0.0, 0.1], [0.2, 0.3]), {}, strict)
+    # the pass@1 interval is narrower than Wilson's at the n it shows; the report says why, with the profile's k and T
+    assert sampled["pass@1/policy/valid"].high - sampled["pass@1/policy/valid"].low < \
+        ev.wilson(7.5, 100).high - ev.wilson(7.5, 100).low
+    assert "each record's 4 samples at T 0.3; its interval is Wilson's at the effective number" in report
 
 
 def test_reward_trend_compares_the_first_and_last_quarter_of_every_logged_reward():

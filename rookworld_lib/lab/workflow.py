@@ -317,6 +317,8 @@ def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, 
              "| stage | wall time (s) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
     lines += ["", markdown_table(table), ""]
+    if any(str(m).startswith("pass@1/") for m in table.index):
+        lines += [interval_note(profile), ""]
     if signal := signal_line(grpo_history or []):
         lines += [signal, ""]
     lines += [f"**Verdict:** {improvement_verdict(diff)}"]
@@ -325,6 +327,16 @@ def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, 
         lines += ["", f"Strict chess metrics, {before} vs {before}+GRPO on the same test records (paired 95% intervals):", "",
                   markdown_table(strict), "", f"**Chess verdict:** {chess_verdict(strict)}"]
     return "\n".join(lines) + "\n"
+
+
+def interval_note(profile: Profile) -> str:
+    """What the report's intervals are, for a table with pass@1 rows (their n reads like a greedy rate's)."""
+    k = profile.eval.samples
+    return (f"Rates carry Wilson 95% intervals over the n test records. A `pass@1/` rate is the mean over each "
+            f"record's {k} samples at T {profile.grpo.temperature:g}; its interval is Wilson's at the effective "
+            f"number of independent draws, between n and n x {k} (`evaluate.pass_at_1`), so it can be narrower "
+            f"than a greedy rate's at the same n. A change's interval comes from the paired per-record "
+            f"differences (`evaluate.paired_change`), not from the two levels' intervals.")
 
 
 def markdown_table(df) -> str:
