@@ -111,6 +111,14 @@ def test_learning_curve_figure_draws_every_metric_with_its_interval():
     assert list(valid.error_y.array) == pytest.approx([10.0, 20.0]) and list(valid.error_y.arrayminus) == pytest.approx([5.0, 10.0])
     with pytest.raises(ValueError, match="x='step'"):
         learning_curve_figure({"a": rows}, x="step")
+    # this run among the reference runs: drawn last (on top), black stars, one legend entry
+    fig = learning_curve_figure({"this run": rows[:1], "a": rows, "b": rows}, highlight="this run")
+    mine = [t for t in fig.data if t.name == "this run"]
+    assert fig.data[-1].name == "this run" and len(mine) == 6 and sum(t.showlegend for t in mine) == 1
+    assert all(t.marker.symbol == "star" and t.line.color == "black" for t in mine)
+    assert not any(t.marker.symbol for t in fig.data if t.name != "this run")
+    with pytest.raises(ValueError, match="highlight='c' is not one of the curves"):
+        learning_curve_figure({"a": rows}, highlight="c")
 
 
 def test_the_shipped_learning_curve_is_well_formed():

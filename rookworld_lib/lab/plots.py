@@ -184,16 +184,23 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
 CURVE_X = {"tokens": "training tokens", "train_wall_s": "training wall time (s)"}
 
 
-def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", title: str = "Learning curve") -> go.Figure:
+def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", title: str = "Learning curve",
+                          highlight: str | None = None) -> go.Figure:
     """Val loss and every strict chess rate (with its 95% interval) against training tokens or wall
-    time, one line per run: curves maps a run's name to its `evaluate.checkpoint_curve` rows."""
+    time, one line per run: curves maps a run's name to its `evaluate.checkpoint_curve` rows. The
+    `highlight` run (one of curves, e.g. this run among the reference runs) is drawn last, in black
+    with large star markers, so that a single point is found among the others' lines."""
+    if highlight is not None and highlight not in curves:
+        raise ValueError(f"highlight={highlight!r} is not one of the curves: {sorted(curves)}")
     if x not in CURVE_X:
         raise ValueError(f"x={x!r}: choose one of {sorted(CURVE_X)}")
     panels = ["val_loss", *STRICT_METRICS]
     fig = make_subplots(rows=2, cols=3, subplot_titles=["val loss (each run's own val texts)", *(f"{m} (%)" for m in STRICT_METRICS)],
                         horizontal_spacing=0.07, vertical_spacing=0.14)
-    for i, (name, rows) in enumerate(curves.items()):
-        color = series_colour(i)
+    order = [n for n in curves if n != highlight] + ([highlight] if highlight is not None else [])
+    for i, name in enumerate(order):
+        rows, color = curves[name], "black" if name == highlight else series_colour(i)
+        marker = dict(symbol="star", size=13) if name == highlight else None
         for j, key in enumerate(panels):
             pts = [r for r in rows if r.get(key) is not None and r.get(x) is not None]
             if key == "val_loss":
@@ -203,7 +210,7 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
                 err = dict(type="data", symmetric=False, array=[100 * r[key]["high"] - y for r, y in zip(pts, ys)],
                            arrayminus=[y - 100 * r[key]["low"] for r, y in zip(pts, ys)], thickness=1)
             fig.add_scatter(x=[r[x] for r in pts], y=ys, error_y=err, mode="lines+markers", name=name,
-                            legendgroup=name, showlegend=j == 0, line=dict(color=color),
+                            legendgroup=name, showlegend=j == 0, line=dict(color=color), marker=marker,
                             row=j // 3 + 1, col=j % 3 + 1)
     fig.update_xaxes(type="log")  # a learning curve's budgets span orders of magnitude
     fig.update_xaxes(title_text=f"{CURVE_X[x]}, log scale", row=2)
