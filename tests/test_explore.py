@@ -326,8 +326,9 @@ def test_clip_controls_redraw_the_figures():
     assert vlines() == pytest.approx([0.8, 1.2])
     cc.eps_high.value = 0.28
     assert vlines() == pytest.approx([0.8, 1.28])
-    r, push_pos, push_neg = (torch.tensor(cc.clip_fig.data[i][k]) for i, k in ((0, "x"), (1, "y"), (3, "y")))
-    assert torch.all((push_pos == 0) == (r > 1.28 + 1e-9)) and torch.all((push_neg == 0) == (r < 0.8 - 1e-9))
+    for trace, clipped in ((cc.clip_fig.data[1], lambda r: r > 1.28 + 1e-9), (cc.clip_fig.data[3], lambda r: r < 0.8 - 1e-9)):
+        points = [(r, y) for r, y in zip(trace.x, trace.y) if y is not None]  # None: the gap at the step
+        assert len(points) == 201 and all((y == 0) == clipped(r) for r, y in points)
     # length bias: G completions from 5 to 40 tokens; the weights of GRPOConfig's docstring
     cc.group_size.value = 6
     lengths = list(cc.length_fig.data[0].x)
@@ -443,9 +444,12 @@ def test_the_clip_figures_push_is_r_times_a_where_the_clip_lets_it_through():
     for trace in (t for t in fig.data if t.yaxis == "y2"):
         a = 1.0 if trace.name == "A = +1" else -1.0
         for r, push in zip(trace.x, trace.y):
-            if min(abs(r - 0.8), abs(r - 1.2)) > 1e-9:
+            if push is None:  # the step at the clip boundary is a gap, not a sloped segment
+                assert r == pytest.approx(1.2 if a > 0 else 0.8, abs=0.005), (trace.name, r)
+            elif min(abs(r - 0.8), abs(r - 1.2)) > 1e-9:
                 want = r * a if (r < 1.2 if a > 0 else r > 0.8) else 0.0
                 assert push == pytest.approx(want, abs=1e-9), (trace.name, r)
+        assert sum(y is None for y in trace.y) == 1
 
 
 def _row(step, reward, clip_fraction=None):

@@ -138,6 +138,11 @@ def test_curves_figure_trend_lines_are_least_squares_fits():
     assert 5 not in list(data.x) and np.isfinite(trend.y).all()
     data = curves_figure([{"r": 1.0}, {"r": 2.0}], ["r"], "t").data[0]
     assert list(data.x) == [1, 2]
+    # the title says what the lines are; a legend name may carry the key's weight
+    fig = curves_figure(history, ["r"], "t", trend=True, smooth=3, names={"r": "r (x0.5)"})
+    assert fig.layout.title.text == "t<br><sup>lines: trailing means of 3 steps; dashed: least-squares line fitted to every point</sup>"
+    assert [t.name for t in fig.data] == ["r (x0.5)", "r (x0.5) trend"]
+    assert curves_figure(history, ["r"], "t").layout.title.text == "t"
 
 
 def test_finish_puts_the_static_figure_in_the_live_widgets_place(tmp_path, monkeypatch):

@@ -529,7 +529,8 @@ def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: s
         top = (grpo.vespo_weights(r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), adv, mask, cfg)[:, 0]
                if vespo else grpo.policy_objective(r, adv, cfg))
         fig.add_scatter(x=r.tolist(), y=top.tolist(), name=f"A = {a:+.0f}", line_color=color, row=1, col=1)
-        fig.add_scatter(x=r.tolist(), y=push.tolist(), name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
+        xs, ys = _break_at_jumps(r.tolist(), push.tolist())
+        fig.add_scatter(x=xs, y=ys, name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
     if vespo:
         fig.update_layout(title="vespo: no clip range; the push fades smoothly as the ratio leaves 1", height=560)
         return fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
@@ -539,6 +540,20 @@ def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: s
                             "per sign of A", height=560)
     fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
     return fig
+
+
+def _break_at_jumps(xs: list[float], ys: list[float], jump: float = 0.1) -> tuple[list, list]:
+    """The points with a gap (None) wherever y jumps by more than `jump` between neighbours: plotly
+    would join the two sides of the clip's step with a sloped segment, as if the push faded over a range
+    (between the grid's points the curves move by at most |A| x 0.005)."""
+    out_x, out_y = xs[:1], ys[:1]
+    for x0, y0, x, y in zip(xs, ys, xs[1:], ys[1:]):
+        if abs(y - y0) > jump:
+            out_x.append((x0 + x) / 2)
+            out_y.append(None)
+        out_x.append(x)
+        out_y.append(y)
+    return out_x, out_y
 
 
 def length_bias_weights(lengths: list[int]) -> dict[str, torch.Tensor]:

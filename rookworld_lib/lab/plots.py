@@ -155,10 +155,15 @@ KEY_COLOUR = {"reward": 0, "rewards/P/mean": 1, "rewards/A/mean": 2}
 
 
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False,
-                  smooth: int = 1) -> go.Figure:
+                  smooth: int = 1, names: dict[str, str] | None = None) -> go.Figure:
     """One line per metric key over the training history (records of JSON-lines metrics); with
     `trend`, each key's least-squares line (fitted to the raw points) beside it, dashed, same colour;
-    with `smooth` > 1 the lines are trailing means over that many points."""
+    with `smooth` > 1 the lines are trailing means over that many points. The title's second line
+    says both. names: a legend name for a key (its weight, say); the key by default."""
+    names = names or {}
+    how = ([f"lines: trailing means of {smooth} {x}s"] if smooth > 1 else []) + \
+        (["dashed: least-squares line fitted to every point"] if trend else [])
+    title = f"{title}<br><sup>{'; '.join(how)}</sup>" if how else title
     fig = go.Figure()
     for i, key in enumerate(keys):
         # NaN is a gap, as null is (one would turn the trend and `smooth` points after it into NaN); records
@@ -170,13 +175,13 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         colour = series_colour(KEY_COLOUR.get(key, i))
         shown = [statistics.fmean(ys[max(0, j - smooth + 1): j + 1]) for j in range(len(ys))]
-        fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=key,
+        fig.add_scatter(x=xs, y=shown, mode="lines+markers" if smooth == 1 else "lines", name=names.get(key, key),
                         line=dict(color=colour), marker=dict(size=4))
         if trend and len(pts) > 1:
             # statistics.linear_regression refuses a constant x: a flat line at the mean there
             slope, icept = statistics.linear_regression(xs, ys) if len(set(xs)) > 1 else (0.0, statistics.fmean(ys))
             fig.add_scatter(x=[xs[0], xs[-1]], y=[icept + slope * xs[0], icept + slope * xs[-1]], mode="lines",
-                            name=f"{key} trend", line=dict(color=colour, dash="dash"), showlegend=False)
+                            name=f"{names.get(key, key)} trend", line=dict(color=colour, dash="dash"), showlegend=False)
     fig.update_layout(title=title, xaxis_title=x)
     return fig.update_yaxes(exponentformat="e")  # 4e-10, not plotly's SI "400p"
 
