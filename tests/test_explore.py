@@ -111,6 +111,9 @@ def test_position_explorer_draws_the_models_legal_best_move(model, policy_record
     monkeypatch.setattr(explore, "complete", lambda *a, **k: [f" M: {move} E: 0.1 B: {move}"])
     pe = explore.PositionExplorer(model, policy_records, 0, max_new_tokens=16)
     assert pe.greedy_move == move and explore.MODEL_COLOR[:7] in pe.svg
+    # drawn under the candidates, so that a shorter candidate along its line stays visible
+    arrows = [line for line in pe.svg.split("<") if 'class="arrow"' in line and line.startswith("line")]
+    assert len(arrows) == 1 + len(rec["moves"]) and f'stroke="{explore.MODEL_COLOR}"' in arrows[0]
     assert pe.score["total"] == pytest.approx(training_reward(rec, pe.prompt, pe.greedy)) and pe.score["best_legal"] == 1.0
     monkeypatch.setattr(explore, "complete", lambda *a, **k: [" M: a1a8 E: 0.1 B: a1a8"])  # illegal: no model arrow
     pe.select(1)

@@ -39,6 +39,17 @@ def test_live_curves_records_without_widgets():
     assert list(fig.data[0].y) == [0.1, 0.3] and list(fig.data[1].y) == [0.0]
 
 
+def test_a_long_curve_is_a_line_and_a_short_one_keeps_its_markers():
+    """3,000 SFT steps drawn with markers made a thick band; the few val-loss points keep theirs."""
+    from rookworld_lib.lab.plots import MARKERS_UP_TO, LiveCurves
+
+    live = LiveCurves(["loss", "eval/loss"], "t", live=False)
+    for s in range(1, 3001):
+        live({"step": s, "loss": 1.0 / s, "eval/loss": 2.0 / s if s % 500 == 0 else None})
+    modes = {t.name: t.mode for t in live.figure().data}
+    assert modes == {"loss": "lines", "eval/loss": "lines+markers"} and 6 <= MARKERS_UP_TO < 3000
+
+
 def test_live_curves_panels_and_the_widget_extend_by_name():
     # outside a kernel there is no widget; a FigureWidget built as in JupyterLab shows what the browser gets
     live = plots.LiveCurves({"reward": ["reward", "rewards/P/mean"], "KL": ["kl"]}, "GRPO")

@@ -304,12 +304,13 @@ class PositionExplorer(_Explorer):
         self.score = (rewards.score_policy_detailed(self.prompt, self.greedy, truth=record,
                                                     weights=policy_weights(self.reward)).as_dict()
                       if record["moves"] else None)
-        arrows = [chess.svg.Arrow(m.from_square, m.to_square, color=CANDIDATE_COLOR)
-                  for m in map(chess.Move.from_uci, record["moves"])]
-        if self.greedy_move:
-            m = chess.Move.from_uci(self.greedy_move)
-            arrows.append(chess.svg.Arrow(m.from_square, m.to_square, color=MODEL_COLOR))
-        self.svg = chess.svg.board(board, arrows=arrows, size=self.size)
+        # the model's arrow first, under the candidates' see-through ones: drawn last it hid a shorter
+        # candidate along the same line (its e2e4 over Stockfish's e2e3); its target square is tinted too
+        model_move = [chess.Move.from_uci(self.greedy_move)] if self.greedy_move else []
+        arrows = [chess.svg.Arrow(m.from_square, m.to_square, color=MODEL_COLOR) for m in model_move] + \
+            [chess.svg.Arrow(m.from_square, m.to_square, color=CANDIDATE_COLOR) for m in map(chess.Move.from_uci, record["moves"])]
+        self.svg = chess.svg.board(board, arrows=arrows, size=self.size,
+                                   fill={m.to_square: MODEL_COLOR[:7] + "40" for m in model_move})
         self.board_html.value, self.info_html.value = self.svg, self._info()
 
     def _info(self) -> str:

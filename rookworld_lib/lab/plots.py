@@ -222,6 +222,9 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
     return fig.update_layout(title=title, height=700, legend=dict(orientation="h", y=-0.14))
 
 
+MARKERS_UP_TO = 300  # a curve of more points is drawn as a line alone
+
+
 class LiveCurves:
     """Training curves that grow with each step. In JupyterLab a plotly FigureWidget, extended by the
     training loop's `on_step` callback while the cell runs: each update is a widget message the
@@ -250,7 +253,9 @@ class LiveCurves:
         for row, keys in enumerate(self.panels.values(), start=1):
             for key in keys:  # every key gets its trace, points or not: the widget extends them by name
                 pts = [(r.get("step", i + 1), r[key]) for i, r in enumerate(history) if r.get(key) is not None]
-                fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=key,
+                # markers while they can be told apart: 3,000 SFT steps of them draw a thick band
+                fig.add_scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], name=key,
+                                mode="lines+markers" if len(pts) <= MARKERS_UP_TO else "lines",
                                 line=dict(color=series_colour(KEY_COLOUR.get(key, n))), row=row, col=1)
                 n += 1
             if all(y >= 0 for r in history for k in keys if isinstance(y := r.get(k), (int, float))):
