@@ -604,6 +604,13 @@ ODD_LINES = [
     ("reward-0.3", _with_reward(original_env_line(chess.Board(), "g1f3", ["g1f3"], True), "0.3"),
      "reward '0.3' is not one of (0.001, 1.0, 0.5, -1.0)"),
     ("fivefold", _fivefold_line(), "a repetition ending: the position and ten moves of history do not decide it"),
+    ("tabs", f"P: {chess.STARTING_FEN}\tM: e2e4 d2d4\tE: 0.35 0.3\tB: e2e4",  # was "internal error (substring not found)"
+     "not the original fixed-width layout (FEN 89/90, M 30, E 40 characters): its fields are separated by tabs"),
+    # python-chess's fen() drops impossible rights: the form differed, and the reason said only that
+    ("castling", original_env_line(chess.Board("r3k2r/pppppppp/8/8/8/8/PPPPPPPP/R2K3R w kq - 0 1"), "d1e1", ["d1e1"], True)
+     .replace(" w kq - ", " w KQkq - ", 1), "impossible position: FEN is not a legal chess position (bad castling rights)"),
+    ("fullmove-0", original_env_line(chess.Board(), "g1f3", ["g1f3"], True).replace(" w KQkq - 0 1", " w KQkq - 0 0", 1),
+     "impossible position: FEN is not in canonical form: fullmove number '0' (python-chess writes '1')"),
 ]
 
 
@@ -614,6 +621,23 @@ def test_lines_the_original_generators_did_not_write_are_refused_with_their_reas
     generator wrote, and a repetition ending that the position alone cannot decide: each is one
     line's reason, never a record."""
     assert convert.convert_line(line, ident="t") == reason
+
+
+def test_a_line_indented_or_led_by_a_byte_order_mark_converts_as_the_plain_line(tmp_path):
+    """Two Windows files joined with `cat` put the second one's byte-order mark at the start of a line
+    (utf-8-sig takes only the file's first); it and an indented line were refused with reasons about
+    FEN or '+' fields."""
+    pol, env = write_original_files(tmp_path)
+    texts = pol.read_text().splitlines()[:2] + [json.loads(line)["text"] for line in env.read_text().splitlines()][:2]
+    for i, text in enumerate(texts):
+        plain = convert.convert_line(text, ident="x")
+        assert isinstance(plain, dict), plain
+        for led in ("\ufeff" + text, "  " + text, "\t" + text, "\ufeff " + text):
+            assert convert.convert_line(led, ident="x") == plain, (i, led[:4])
+    joined = tmp_path / "joined.txt"
+    joined.write_bytes("".join(t + "\r\n" for t in texts[:2]).encode("utf-8-sig") * 2)  # `cat a.txt b.txt`
+    report = convert.convert([joined], tmp_path / "out", split="test", workers=1)
+    assert report.errors == 0 and report.written["P"] == 4, report
 
 
 def test_arrow_file_format_reads_as_the_stream_format(tmp_path):

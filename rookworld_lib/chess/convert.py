@@ -70,9 +70,10 @@ def parse_policy_line(text: str) -> OriginalPolicyLine | str:
     parse = tasks.parse_policy(text)
     if not parse.ok:
         return "; ".join(parse.errors)
-    width = text.index(" M:") + 1 - len(tasks.POLICY_PREFIX)
     if parse.layout != "original":
-        return "not the original fixed-width layout (FEN 89/90, M 30, E 40 characters)"
+        return ("not the original fixed-width layout (FEN 89/90, M 30, E 40 characters)"
+                + (": its fields are separated by tabs" if "\t" in text else ""))
+    width = text.index(" M:") + 1 - len(tasks.POLICY_PREFIX)
     board = tasks.checked_board(parse.fen)[0]
     for m in parse.moves:
         if tasks.legal_move(board, m) is None:
@@ -120,7 +121,9 @@ def convert_line(text: str, *, split: str = "test", ident: str = "0", number: in
     """Our record for one original line (``P:``, ``A:`` or an unprefixed arbiter line), or the
     reason it cannot be converted. `ident` makes the record id; `number` fills ``game``."""
     try:
-        text = text.rstrip()  # a line's end: CRLF, or padding after its last field
+        # a line's end: CRLF, or padding after its last field; its start: indentation, or the byte-order mark
+        # of a file joined to this one with `cat` (utf-8-sig takes only the first file's)
+        text = text.rstrip().lstrip(" \t\ufeff")
         if text.startswith(tasks.POLICY_PREFIX):
             line = parse_policy_line(text)
             return line if isinstance(line, str) else policy_record(line, split, f"P-{ident}", number)

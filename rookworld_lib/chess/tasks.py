@@ -103,6 +103,9 @@ def fen_error(fen: str) -> str | None:
     return _checked_board(fen)[1]
 
 
+FEN_FIELDS = ("placement", "side to move", "castling rights", "en-passant square", "halfmove clock", "fullmove number")
+
+
 def checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
     """(board, None) for a usable FEN, else (None, why): one parse for both. Never raises.
     The board is the caller's own copy."""
@@ -123,12 +126,15 @@ def _checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
         board = chess.Board(fen)
     except ValueError as exc:
         return None, f"FEN does not parse: {exc}"
-    if board.fen(en_passant="fen") != fen:
-        return None, "FEN is not in canonical form"
-    status = board.status()
+    status = board.status()  # first: python-chess's fen() drops impossible castling rights, so the form would differ
     if status != chess.STATUS_VALID:
         return None, f"FEN is not a legal chess position ({status_words(status)})"
+    if (canonical := board.fen(en_passant="fen")) != fen:
+        differ = [f"{name} {ours!r} (python-chess writes {theirs!r})" for name, ours, theirs
+                  in zip(FEN_FIELDS, fen.split(" "), canonical.split(" ")) if ours != theirs]
+        return None, f"FEN is not in canonical form: {'; '.join(differ)}"
     return board, None
+
 
 
 def _require_fen(fen: str, where: str) -> chess.Board:
