@@ -623,6 +623,17 @@ def test_lines_the_original_generators_did_not_write_are_refused_with_their_reas
     assert convert.convert_line(line, ident="t") == reason
 
 
+def test_the_reasons_counts_group_by_kind_and_keep_the_word_that_says_what_to_fix():
+    """Quoted moves, FENs and values group together; a quoted field or key stayed '...' too, which hid
+    what to fix ("not a JSON object with a '...' field")."""
+    assert convert.reason_kind("M: move 'e2e5' is not legal in this position") == \
+        convert.reason_kind("M: move 'a1a8' is not legal in this position") == "M: move '...' is not legal in this position"
+    for kept in ("not a JSON object with a 'text' field", "expected 7 '+'-separated fields, found 3",
+                 "not a policy sample: expected 'P: <FEN> M: ...'", "not a policy sample: expected 'M:'"):
+        assert convert.reason_kind(kept) == kept
+    assert convert.reason_kind("reward is not a number: 'abc'") == "reward is not a number: '...'"
+
+
 def test_a_line_indented_or_led_by_a_byte_order_mark_converts_as_the_plain_line(tmp_path):
     """Two Windows files joined with `cat` put the second one's byte-order mark at the start of a line
     (utf-8-sig takes only the file's first); it and an indented line were refused with reasons about

@@ -117,6 +117,17 @@ def _disagreement(line: OriginalEnvLine, ref: tasks.EnvTransition) -> str | None
     return f"transition disagrees with python-chess: {', '.join(d.replace('new_fen', 'new FEN') for d in diff)}"
 
 
+def reason_kind(reason: str) -> str:
+    """A line's reason as its kind of problem, for the counts: the moves, FENs and values it quotes become
+    '...'; a quoted single character (the '+' of "7 '+'-separated fields"), a field marker ('M:', 'P: '),
+    a pattern ('P: <FEN> M: ...') and the JSON key 'text' are part of the kind, the words that say what to fix."""
+    def kind(m: re.Match) -> str:
+        quoted = m.group(1) or m.group(2)
+        return m.group(0) if re.fullmatch(r"[A-Z]: ?|text", quoted) or "<FEN>" in quoted else "'...'"
+
+    return re.sub(r"'([^']{2,})'|\"([^\"]{2,})\"", kind, reason)
+
+
 def convert_line(text: str, *, split: str = "test", ident: str = "0", number: int = 0) -> dict | str:
     """Our record for one original line (``P:``, ``A:`` or an unprefixed arbiter line), or the
     reason it cannot be converted. `ident` makes the record id; `number` fills ``game``."""
@@ -364,9 +375,7 @@ def _convert_into(out: Path, inputs: list[Path], split: str, workers: int, chunk
                 if isinstance(res, str):
                     msg = f"{path}:{number}: {res}"
                     err_fh.write((msg + "\n").encode())
-                    # counts group by the kind of problem, not by the move or text it quotes (a quoted
-                    # single character, as the '+' of "7 '+'-separated fields", is part of the kind)
-                    report.reasons[re.sub(r"'[^']{2,}'|\"[^\"]{2,}\"", "'...'", res)] += 1
+                    report.reasons[reason_kind(res)] += 1
                     if len(report.first_errors) < MAX_ERRORS_SHOWN:
                         report.first_errors.append(msg)
                     continue
