@@ -1,4 +1,5 @@
 import hashlib
+import json
 import random
 import shutil
 
@@ -216,6 +217,20 @@ def test_an_unwritable_cache_still_gives_the_tokenizer_and_exports_it(tmp_path, 
     assert Tokenizer.from_str(text).encode(sample).ids == tok.get_tokenizer().encode(sample)
     (tmp_path / "m").mkdir()
     assert tok.write_hf_tokenizer(tmp_path / "m", 64) is True and (tmp_path / "m" / "tokenizer.json").read_text() == text
+
+
+def test_a_tokenizer_json_with_two_single_character_tokens_swapped_is_refused(tmp_path):
+    """GPT-2's own tokenizer.json with the ids of "P" and "M" swapped: it passed (the probe held neither
+    letter alone), and eval scored the model with prompts it reads as other tokens."""
+    pytest.importorskip("tokenizers")
+    spec = json.loads(tok.hf_tokenizer_json())
+    vocab = spec["model"]["vocab"]
+    vocab["P"], vocab["M"] = vocab["M"], vocab["P"]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"tokenizer.json: not GPT-2's tokenizer \(it encodes '\w\\n\w' as \[\d+"):
+        tok.check_model_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(tok.hf_tokenizer_json())  # GPT-2's own passes
+    assert tok.check_model_tokenizer(tmp_path) is None
 
 
 def test_a_model_folder_is_not_checked_where_the_tokenizers_library_is_missing(tmp_path, monkeypatch):

@@ -170,7 +170,10 @@ def check_model_tokenizer(directory: str | Path) -> None:
         from tokenizers import Tokenizer, models, pre_tokenizers  # optional (comes with transformers)
     except ImportError:
         return
-    probe = "Q: 3+4 = 7; rev(abc) = cba  -0.25 e2e4 1/2 ÄÖ 日本"
+    # every printable ASCII character alone at a line's start (a task's "P:" starts a text) and after a
+    # space, then mixed text: a tokenizer that swaps two single-character tokens differs somewhere
+    printable = [chr(c) for c in range(33, 127)]
+    probe = "\n".join(printable) + " " + " ".join(printable) + " Q: 3+4 = 7; rev(abc) = cba  -0.25 e2e4 1/2 ÄÖ 日本"
     try:
         if path == vocab:  # GPT2Tokenizer's files: byte-level BPE
             tok = Tokenizer(models.BPE.from_file(str(vocab), str(merges)))
@@ -182,9 +185,11 @@ def check_model_tokenizer(directory: str | Path) -> None:
         raise ValueError(f"{path}: unreadable ({type(exc).__name__}: {exc}); a GPT-2 model folder needs "
                          "GPT-2's tokenizer or none") from None
     if ids != encode(probe):
-        raise ValueError(f"{path}: not GPT-2's tokenizer (it encodes {probe[:20]!r}... as {ids[:6]}, GPT-2 as "
-                         f"{encode(probe)[:6]}); the texts here are GPT-2's tokens, so this model cannot be scored "
-                         "or trained here")
+        at = next((i for i, (a, b) in enumerate(zip(ids, encode(probe))) if a != b), min(len(ids), len(encode(probe))))
+        text = get_tokenizer().decode(encode(probe)[at:at + 3])
+        raise ValueError(f"{path}: not GPT-2's tokenizer (it encodes {text!r} as {ids[at:at + 3]}, GPT-2 as "
+                         f"{encode(probe)[at:at + 3]}); the texts here are GPT-2's tokens, so this model cannot be "
+                         "scored or trained here")
 
 
 def check_vocabulary(model, at_least: bool = False) -> None:
