@@ -318,7 +318,8 @@ def test_an_export_carries_the_tokenizer_transformers_reads_offline(tmp_path):
 def test_a_model_over_another_vocabulary_is_named_before_it_samples_or_trains(tmp_path):
     """A GPT-2 directory with vocab_size 50258 (a pad token added) loads with transformers' logits, but
     an id past GPT-2's cannot be decoded: eval and GRPO refuse it naming config.json; SFT trains a
-    padded embedding (50304) but not one missing GPT-2 ids (1000)."""
+    padded embedding no more (it trained 50304 rows into an export that eval and grpo then refused), nor
+    one missing GPT-2 ids (1000); the message for the padded one says how to cut it to GPT-2's."""
     from rookworld_lib.chess import data, evaluate
     from rookworld_lib.core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
     from rookworld_lib.core.train_sft import SFTConfig, train_sft
@@ -327,15 +328,17 @@ def test_a_model_over_another_vocabulary_is_named_before_it_samples_or_trains(tm
         GPT(GPTConfig.preset("tiny", block_size=64, vocab_size=n)).save_pretrained(tmp_path / str(n))
         model = GPT.from_pretrained(tmp_path / str(n))
         message = rf"{tmp_path / str(n)}/config.json: vocab_size {n}: the texts here are GPT-2's 50,257 tokens"
-        with pytest.raises(ValueError, match=message + ".* cannot be sampled"):
+        with pytest.raises(ValueError, match=message + ".* cannot be trained, sampled or scored here"):
             evaluate.complete(model, [data.load_split("P", "test").records[0]["prompt"]], evaluate.EvalConfig())
         with pytest.raises(ValueError, match=message):
             GRPOTrainer(model, [PromptItem("P", "Q:")] * 2, GRPOTrainConfig(progress=False),
                         reward_funcs=lambda completions, **_: [0.0] * len(completions))
-    cfg = SFTConfig(init_from=str(tmp_path / "1000"), block_size=32, out_dir=str(tmp_path / "sft"), max_steps=1,
-                    warmup_steps=0, val_fraction=0.0, eval_interval=0, progress=False, report_to="none")
-    with pytest.raises(ValueError, match=r"vocab_size 1000: .* cannot be trained on them"):
-        train_sft(cfg, train_texts=["P: a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 64)
+    for n, fix in ((1000, ""), (50258, r"; for an embedding padded past GPT-2's tokens, keep the first 50,257 rows")):
+        cfg = SFTConfig(init_from=str(tmp_path / str(n)), block_size=32, out_dir=str(tmp_path / "sft"), max_steps=1,
+                        warmup_steps=0, val_fraction=0.0, eval_interval=0, progress=False, report_to="none")
+        with pytest.raises(ValueError, match=rf"vocab_size {n}: .* cannot be trained, sampled or scored here{fix}"):
+            train_sft(cfg, train_texts=["P: a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 64)
+        assert not (tmp_path / "sft" / "final").exists()
 
 
 def test_a_run_whose_export_would_overwrite_the_model_it_starts_from_is_refused(tmp_path):

@@ -192,20 +192,22 @@ def check_model_tokenizer(directory: str | Path) -> None:
                          "scored or trained here")
 
 
-def check_vocabulary(model, at_least: bool = False) -> None:
-    """Raise ValueError naming the model's config.json unless its vocabulary is GPT-2's 50,257 tokens (or,
-    with `at_least`, holds them: a padded embedding trains on them as well), or naming its folder's
-    tokenizer.json when that is not GPT-2's (check_model_tokenizer): what it reads is encoded, and what
-    it writes decoded, with get_tokenizer()."""
+def check_vocabulary(model) -> None:
+    """Raise ValueError naming the model's config.json unless its vocabulary is GPT-2's 50,257 tokens, or
+    naming its folder's tokenizer.json when that is not GPT-2's (check_model_tokenizer): what it reads is
+    encoded, and what it writes decoded, with get_tokenizer(). A folder with more rows (llm.c's 50,304)
+    is refused by training too: its export would hold them, and nothing here could sample it."""
     if getattr(model, "source", None):
         check_model_tokenizer(model.source)
     n = model.config.vocab_size
-    if n < VOCAB_SIZE or (n > VOCAB_SIZE and not at_least):
+    if n != VOCAB_SIZE:
         where = f"{model.source}/config.json: " if getattr(model, "source", None) else ""
-        cannot = "be trained on them" if at_least else "be sampled and its answers decoded"
+        fix = (f"; for an embedding padded past GPT-2's tokens, keep the first {VOCAB_SIZE:,} rows of "
+               f"transformer.wte.weight (and of lm_head.weight, if untied) and set vocab_size {VOCAB_SIZE} "
+               "in config.json" if n > VOCAB_SIZE else "")
         raise ValueError(f"{where}vocab_size {n}: the texts here are GPT-2's {VOCAB_SIZE:,} tokens "
                          f"(data/gpt2.tiktoken); a model over another vocabulary (added tokens, a cut or padded "
-                         f"embedding) cannot {cannot}")
+                         f"embedding) cannot be trained, sampled or scored here{fix}")
 
 
 # A sample or prompt belongs to task T when its text starts with "T: "; SFTConfig.task_weights mixes

@@ -631,7 +631,7 @@ class SFTTrainer(Trainer):
         else:
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
-            check_vocabulary(model, at_least=True)  # every GPT-2 token id must index the embedding
+            check_vocabulary(model)  # GPT-2's tokens, no more: the export must be what eval and grpo sample
         model.meta.update(self.reader.meta)
         model.prompt_prefix = EOT_TOKEN  # PackedStream puts EOT before every sample
         if self.vocab is not None:
