@@ -5,9 +5,10 @@ import chess
 import pytest
 import torch
 
+from rookworld_lib.chess import data, tasks
 from rookworld_lib.chess import evaluate as ev
-from rookworld_lib.chess import tasks
 from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.tokenizer import encode_prompt
 
 
 def test_wilson_known_values():
@@ -474,3 +475,20 @@ def test_a_bare_env_prompt_record_is_asked_in_the_models_layout(monkeypatch):
     assert seen == [asked, asked]
     assert res["env/valid"].outcomes == (1, 1) and res["env/next_fen_exact"].outcomes == (1, 1)
     assert res["env/reward_accuracy"].outcomes == (1, 0) and res["env/terminated_accuracy"].outcomes == (1, 0)
+
+
+def test_a_short_context_model_gets_its_whole_budget_or_a_refusal_never_a_cut_that_depends_on_the_batch():
+    """A 128-position model and A: prompts of about 100 tokens: the budget was cut, per batch, to fit the
+    batch's longest prompt, so one prompt's greedy answer changed with --batch-size. Now the budget holds
+    for every row, or the call is refused naming the budget that fits."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=128)).eval()
+    prompts = [r["prompt"] for r in data.load_split("A", "test").records[:6]]
+    longest = max(len(encode_prompt(p, "")) for p in prompts)
+    assert 80 < longest < 128
+    with pytest.raises(ValueError, match=rf"the longest prompt \({longest} tokens\) \+ max_new_tokens \(40\) .* "
+                                         rf"give --max-new-tokens {129 - longest} or fewer"):
+        ev.complete(model, prompts, ev.EvalConfig(max_new_tokens=40, layout="compact", prompt_prefix=""))
+    fits = dict(max_new_tokens=129 - longest, layout="compact", prompt_prefix="")
+    one = ev.complete(model, prompts, ev.EvalConfig(batch_size=1, **fits))
+    assert one == ev.complete(model, prompts, ev.EvalConfig(batch_size=6, **fits))

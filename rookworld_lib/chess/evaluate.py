@@ -43,7 +43,7 @@ from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
 from ..core.model import GPT, CheckpointFormatError
 from ..core.paths import atomic_write, run_lock
-from ..core.sampling import SamplingConfig, generate
+from ..core.sampling import SamplingConfig, check_fits, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, ROLLOUT_TEMPERATURE_KEY, PromptItem, score_completions
@@ -234,12 +234,18 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     # a vocab="task" export decodes over its task tokens (task_vocab.sampling_view): the same answers
     model, vocab, all_ids = sampling_view(model, [encode_prompt(p, cfg.prompt_prefix, tokenizer) for p in prompts])
     eot = EOT_ID if vocab is None else int(vocab.index[EOT_ID])
-    out = []
-    budget = model.config.block_size
+    # every row gets the whole budget, or the call is refused (as GRPO's is): a budget cut to fit each
+    # batch's longest prompt made a row's greedy answer depend on --batch-size
+    block, longest = model.config.block_size, max(map(len, all_ids), default=0)
+    try:
+        check_fits(block, longest, cfg.max_new_tokens)
+    except ValueError as exc:
+        raise ValueError(f"{exc}: give --max-new-tokens {block + 1 - longest} or fewer" if longest <= block
+                         else str(exc)) from None
+    out, new = [], cfg.max_new_tokens
     per_batch = max(1, cfg.batch_size // max(1, samples))
     for start in range(0, len(prompts), per_batch):
         ids = all_ids[start:start + per_batch]
-        new = max(1, min(cfg.max_new_tokens, budget - max(map(len, ids))))
         temperature = cfg.sample_temperature if samples else 0.0 if cfg.decoding == "greedy" else cfg.temperature
         sc = SamplingConfig(max_new_tokens=new, temperature=temperature, num_samples=max(1, samples),
                             seed=cfg.seed + start, eos_id=eot, pad_id=eot)
