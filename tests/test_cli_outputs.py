@@ -173,3 +173,14 @@ def test_grpo_nproc_starts_torchrun_when_the_settings_split(capsys, tmp_path, la
     cmd = launches[0]
     assert "--nproc_per_node=2" in cmd and "--nproc" not in cmd
     assert cmd[cmd.index("grpo") + 1:] == argv[3:], cmd  # everything after `grpo --nproc 2`, unchanged
+
+
+def test_a_folder_that_is_no_gpt2_is_named_so_before_any_layout_is_read_from_it(tmp_path, capsys):
+    """A Llama folder: grpo first said its layout was "taken as an original RookWorld model", then
+    refused it; the refusal is now the only line, and nothing is written."""
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    assert cli.main(["grpo", "--init-from", str(tmp_path / "llama"), "--out", str(tmp_path / "o"), "--steps", "1"]) == 1
+    out = capsys.readouterr()
+    assert out.err.strip() == f"rookworld grpo: error: {tmp_path / 'llama'}/config.json: model_type is 'llama', expected 'gpt2'"
+    assert not (tmp_path / "o").exists()

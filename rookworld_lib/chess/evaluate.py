@@ -216,7 +216,7 @@ class EvalConfig:
             raise CheckpointFormatError(f"{getattr(model, 'source', 'the model')}/config.json: {ROLLOUT_TEMPERATURE_KEY} "
                                         f"must be a finite number > 0, got {temperature!r} (or give --sample-temperature)")
         block = getattr(getattr(model, "config", None), "block_size", None)
-        if block and (self.max_new_tokens or 0) >= block:  # cut to the block less each prompt: none left
+        if block and (self.max_new_tokens or 0) >= block:  # no position left for a prompt
             raise ValueError(f"EvalConfig.max_new_tokens is {self.max_new_tokens}: the model's block_size {block} "
                              "holds the prompt and the completion; give fewer")
         return replace(self, layout=layout, prompt_prefix=prefix, sample_temperature=temperature,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..core import distributed, grpo
 from ..core.config import add_config_arguments, config_kwargs_from_args
-from ..core.model import GPT, PROMPT_PREFIX_KEY, CheckpointFormatError, read_config_json
+from ..core.model import GPT, PROMPT_PREFIX_KEY, CheckpointFormatError, config_from_hf, read_config_json
 from ..core.paths import DataFormatError, json_lines
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem, check_world_size
@@ -74,7 +74,9 @@ def read_layout(directory: str | os.PathLike) -> tuple[str, str]:
     """(layout, why) of a Hugging Face GPT-2 directory: its recorded layout, or "original" when
     config.json records none (a model that is not ours: RookWorld-LM-124M and its kin)."""
     path = Path(directory) / "config.json"
-    return _layout_of(read_config_json(path), path)
+    d = read_config_json(path)
+    config_from_hf(d, path)  # a folder that is no GPT-2 (Llama, GPT-Neo) is named as such, not given a layout
+    return _layout_of(d, path)
 
 
 def layout_for(init_from: str | os.PathLike | None) -> tuple[str, str]:
