@@ -446,7 +446,7 @@ def test_cli_trains_from_a_jsonl_file(tmp_path, capsys, monkeypatch):
     assert "SFT finished at step 3" in capsys.readouterr().out
 
 
-def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run(tmp_path, capsys):
+def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run(tmp_path, capsys, caplog):
     """A run whose checkpoints were deleted (to free space, say) keeps its final/ model and metrics: a new
     run into that --out used to start fresh and replace both (exit 0); it stops in one line. The same
     check is the core Trainer's, so GRPO's too."""
@@ -466,6 +466,17 @@ def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run
     assert f"rookworld sft: error: {out} holds an earlier run's exported model ({out / 'final'}) but no checkpoint " \
            "to resume: a new run would replace it" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in kept} == kept
+    # without final/ either (--no-export-hf, or deleted; or a run killed before its first checkpoint): the records
+    # are all that is left of that run, and a new run emptied them; it starts afresh and keeps them aside
+    shutil.rmtree(out / "final")
+    for again in (1, 2):  # twice within a second: the second keeps the first's records beside the earlier ones
+        caplog.clear()
+        assert main(["sft", *argv, "--seed", "7"]) == 0
+        assert "an earlier run's records, with no checkpoint to resume, are kept as metrics-" in caplog.text
+        shutil.rmtree(out / "checkpoints")
+        shutil.rmtree(out / "final")
+    aside = sorted(out.glob("metrics-*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
+    assert len(aside) == 2 and aside[0].read_bytes() == kept[out / "metrics.jsonl"]
 
 
 def test_cli_help():

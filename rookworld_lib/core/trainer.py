@@ -379,6 +379,14 @@ class Trainer:
     def _open_logs(self, stack: contextlib.ExitStack) -> None:
         resume_step = None if self.fresh else self.step
         for name in (self.metrics_file, *self.log_files):
+            path = self.out_dir / name
+            if self.fresh and path.is_file() and path.stat().st_size:  # an earlier run's, with no checkpoint left
+                stamp = time.strftime('%Y%m%d-%H%M%S', time.localtime(path.stat().st_mtime))
+                kept = next(k for n in range(1, 10**6) if not (k := path.with_name(
+                    f"{path.stem}-{stamp}{f'-{n}' if n > 1 else ''}{path.suffix}")).exists())
+                path.replace(kept)  # a fresh start empties the file: its records are all that may be left of that run
+                log.warning("%s: an earlier run's records, with no checkpoint to resume, are kept as %s; this run "
+                            "starts afresh", path, kept.name)
             self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,
                                                                 resume_step=resume_step,
                                                                 every_step=name == self.metrics_file))
