@@ -272,6 +272,14 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
                     GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
                                        "loss": grpo.GRPOConfig(beta=0.0), "task_weights": {"P": 0.5, "A": 0.5}}),
                     reward_funcs=item_reward(toy_reward))
+    # the same prompts labelled anew (deeper evals, say): another reward for the same completions; it resumed
+    relabelled = [PromptItem(i.task, i.prompt, {"evals": ["0.5"]}) for i in toy_items()]
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r"other settings \(ground truth: \"the checkpoint's labels of these prompts\" -> 'other labels'\)"):
+        GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), relabelled,
+                    GRPOTrainConfig(**{**cfg, "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False,
+                                       "loss": grpo.GRPOConfig(beta=0.0), "task_weights": {"P": 0.5, "A": 0.5}}),
+                    reward_funcs=item_reward(toy_reward))
     # another starting model, handed in as a Python user would: its weights are not the run's (helper-36)
     torch.manual_seed(1)
     with pytest.raises(ValueError, match=r"other settings \(starting model: 'the first or latest weights of the run' -> 'other weights'\)"):

@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import functools
 import hashlib
+import json
 import math
 import numbers
 import random
@@ -247,6 +248,16 @@ class PromptSampler:
                 h.update(f"{item.task}\x00{item.prompt}\x00".encode())
         return h.hexdigest()
 
+    @property
+    def truth_fingerprint(self) -> str:
+        """SHA-256 of the prompts' ground truth, in order: the same prompts labelled anew (deeper evals, other
+        candidates) give other rewards, so a resume must score against the same truth."""
+        h = hashlib.sha256()
+        for pool in self.pools.values():
+            for item in pool:
+                h.update(json.dumps(item.truth, sort_keys=True, default=str).encode() + b"\x00")
+        return h.hexdigest()
+
     def state_dict(self):
         return {"rng": self.rng.getstate(), "order": copy.deepcopy(self.order), "credit": dict(self.credit)}
 
@@ -427,7 +438,8 @@ class GRPOTrainer(Trainer):
 
     def checkpoint_extra(self) -> dict:
         now = self.model if self.vocab is None else self.vocab.expand(self.model, self.outside)
-        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint, "tokens_seen": self.tokens_seen,
+        extra = {"init_from": self.init_from, "prompts": self.prompts.fingerprint,
+                 "truth": self.prompts.truth_fingerprint, "tokens_seen": self.tokens_seen,
                  # the model handed in at the start, and as train() leaves it (the weights saved here)
                  "start_weights": self.start_weights, "weights": weights_fingerprint(now),
                  "rewards": [[n, w] for n, w in zip(self.reward_names, self.reward_weights)],
@@ -450,6 +462,8 @@ class GRPOTrainer(Trainer):
             diff["init_from"] = (extra["init_from"], self.init_from)
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
+        elif extra.get("truth") not in (None, self.prompts.truth_fingerprint):  # None: a checkpoint from before it
+            diff["ground truth"] = ("the checkpoint's labels of these prompts", "other labels")
         saved, shape = ckpt.get("model_config") or {}, dataclasses.asdict(self.model.config)
         diff.update({f"model.{k}": (saved[k], shape[k]) for k in ("n_layer", "n_head", "n_embd", "vocab_size",
                                                                   "block_size", "bias") if saved.get(k, shape[k]) != shape[k]})
