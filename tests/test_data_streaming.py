@@ -96,6 +96,38 @@ def test_stream_resumes_at_its_position(shards):
         sft.StreamingPackedStream(shards, reader=READER, seed=6, task_weights=HALF, buffer=32).load_state_dict(state)
 
 
+def test_a_stream_resumes_on_the_same_content_only_whatever_its_size_or_folder(shards, tmp_path):
+    """The stream's checkpoint named each file by name and size: a file edited in place at the same size
+    (lines in another order, a changed digit) resumed on other data. A byte-identical copy in another
+    folder still resumes; content beyond the wholly hashed size is sampled in blocks, the size always counted."""
+    import shutil
+
+    plain = []
+    for p in shards:  # plain JSON lines: an edit that keeps the order's bytes keeps the size
+        plain.append(tmp_path / Path(p).name.removesuffix(".gz"))
+        with gzip.open(p, "rb") as f:
+            plain[-1].write_bytes(f.read())
+    (tmp_path / "copy").mkdir()
+    copies = [str(shutil.copy(p, tmp_path / "copy" / p.name)) for p in plain]
+    a = sft.StreamingPackedStream(copies, reader=READER, seed=5, task_weights=HALF, buffer=32)
+    a.next_batch(3, 50)
+    state = a.state_dict()
+    sft.StreamingPackedStream([str(p) for p in plain], reader=READER, seed=5, task_weights=HALF,
+                              buffer=32).load_state_dict(state)  # the same bytes in another folder: resumes
+    size = Path(copies[0]).stat().st_size
+    Path(copies[0]).write_text("".join(Path(copies[0]).read_text().splitlines(keepends=True)[::-1]))
+    assert Path(copies[0]).stat().st_size == size  # the same records in another order, the same size
+    with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
+        sft.StreamingPackedStream(copies, reader=READER, seed=5, task_weights=HALF, buffer=32).load_state_dict(state)
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(200_000))
+    before = sft._content_digest(big, whole=10_000, block=1_000, blocks=8)
+    with open(big, "r+b") as f:  # one byte in the last block: sampled
+        f.seek(199_999)
+        f.write(b"x")
+    assert sft._content_digest(big, whole=10_000, block=1_000, blocks=8) != before
+
+
 def test_stream_task_vocabulary_is_the_in_memory_one(shards):
     in_memory = sft.PackedStream(READER.load_texts(shards), seed=0, task_weights=HALF)
     streamed = sft.StreamingPackedStream(shards, reader=READER, seed=0, task_weights=HALF)

@@ -412,6 +412,21 @@ class PackedStream:
         return np.unique(np.concatenate([tokens for tokens, _ in self.pools]))
 
 
+def _content_digest(path: Path, whole: int = 8 << 20, block: int = 64 << 10, blocks: int = 128) -> str:
+    """SHA-256 of a training file's size and bytes: all of them up to `whole` bytes; beyond, `blocks`
+    evenly spaced blocks (first and last included): a streamed data set may be many GB, read at every start."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= whole:
+            h.update(f.read())
+        else:
+            for i in range(blocks):
+                f.seek((size - block) * i // (blocks - 1))
+                h.update(f.read(block))
+    return h.hexdigest()
+
+
 class StreamingPackedStream(PackedStream):
     """PackedStream's stream (same packing, task draws and resumable position) read from JSONL files
     as it goes: each pool's samples come through a seeded shuffle buffer of `buffer` texts, the
@@ -478,7 +493,8 @@ class StreamingPackedStream(PackedStream):
             self._drawn[pool] = k
 
     def _fingerprint(self) -> str:
-        files = [(Path(p).name, Path(p).stat().st_size) for p in self.paths]
+        # each file by name and content (names and sizes alone let a same-size edit resume on other data)
+        files = [(Path(p).name, _content_digest(Path(p))) for p in self.paths]
         return hashlib.sha256(json.dumps(["stream", self.seed, self.task_weights, self.pool_names, self.reader.name,
                                           self.buffer, files]).encode()).hexdigest()[:32]
 
