@@ -469,7 +469,7 @@ def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run
     # without final/ either (--no-export-hf, or deleted; or a run killed before its first checkpoint): the records
     # are all that is left of that run, and a new run emptied them; it starts afresh and keeps them aside
     shutil.rmtree(out / "final")
-    for again in (1, 2):  # twice within a second: the second keeps the first's records beside the earlier ones
+    for _ in (1, 2):  # twice within a second: the second keeps the first's records beside the earlier ones
         caplog.clear()
         assert main(["sft", *argv, "--seed", "7"]) == 0
         assert "an earlier run's records, with no checkpoint to resume, are kept as metrics-" in caplog.text
@@ -706,3 +706,27 @@ def test_clipping_before_any_backward_measures_a_zero_norm_and_makes_no_gradient
         norm = clip_grad_norm(model, max_norm)
         assert isinstance(norm, torch.Tensor) and norm.shape == () and norm.item() == want.item() == 0.0
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_resume_on_other_val_data_says_the_val_loss_breaks_there_and_a_task_vocabulary_refuses_new_tokens(tmp_path, caplog):
+    """--val-data and --eval-steps may change on resume, but eval/loss then mixes two measurements in one
+    series: the resume says so once. Under vocab='task' a val set with tokens outside the run's vocabulary
+    trained two steps and failed at the first val loss with a token-id message; it is refused at the start."""
+    train, val = TEXTS[:16], TEXTS[16:]
+    kw = dict(max_steps=4, checkpoint_interval=2, eval_interval=2, eval_steps=1, val_fraction=0.0)
+    cfg = tiny_cfg(tmp_path / "run", **{**kw, "max_steps": 2})
+    train_sft(cfg, train_texts=train, val_texts=val)
+    caplog.clear()
+    train_sft(tiny_cfg(tmp_path / "run", **{**kw, "max_steps": 3}), train_texts=train, val_texts=val)
+    assert "not comparable" not in caplog.text  # the same val data and steps: nothing to say
+    train_sft(tiny_cfg(tmp_path / "run", **kw), train_texts=train, val_texts=val[:-3])
+    assert "val data (--val-data) changed since the checkpoint at step 3: eval/loss from then on is not comparable" in caplog.text
+    caplog.clear()
+    train_sft(tiny_cfg(tmp_path / "run", **{**kw, "max_steps": 5, "eval_steps": 2}), train_texts=train, val_texts=val[:-3])
+    assert "--eval-steps changed since the checkpoint at step 4" in caplog.text
+    task = tiny_cfg(tmp_path / "task", **{**kw, "max_steps": 2, "vocab": "task"})
+    train_sft(task, train_texts=train, val_texts=val)
+    with pytest.raises(ValueError, match=r"the val data \(--val-data\) changed since step_00000002.pt, and its texts hold "
+                                         r"\d+ token\(s\) the run's task vocabulary lacks"):
+        train_sft(dataclasses.replace(task, max_steps=4), train_texts=train, val_texts=["P: zebra quokka narwhal xylophone"])
+    assert last_step(Path(task.out_dir) / "metrics.jsonl") == 2  # refused before a step

@@ -561,11 +561,17 @@ class SFTTrainer(Trainer):
         # vocab="task": the model is trained over the tokens its text uses and exported as full GPT-2;
         # a resumed run keeps its checkpoint's (no pass over streamed data)
         self.vocab = None
+        val_changed = ckpt is not None and self._val_changed(ckpt)
         if cfg.vocab == "task":
             saved = (ckpt or {}).get("extra", {}).get("task_vocab")
             streams = [s for s in (self.train_stream, self.val_stream) if s is not None]
             self.vocab = TaskVocab(saved or np.unique(np.concatenate([s.token_ids() for s in streams])))
             log.info("task vocabulary: %d of GPT-2's %d tokens", len(self.vocab), VOCAB_SIZE)
+            if saved and val_changed and len(missing := np.setdiff1d(self.val_stream.token_ids(), self.vocab.ids)):
+                raise ValueError(f"the val data (--val-data) changed since {ckpt['path'].name}, and its texts hold "
+                                 f"{len(missing)} token(s) the run's task vocabulary lacks (built from the first run's "
+                                 "train and val texts): resume with the run's own val data, or start a new run "
+                                 "in another out_dir (--out)")
         seed_everything(cfg.seed)
         self.model = self._build_model(ckpt).to(self.runtime.device)
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
@@ -659,7 +665,22 @@ class SFTTrainer(Trainer):
         return tokens if self.vocab is None else self.vocab.compact(tokens)
 
     def checkpoint_extra(self) -> dict:
-        return {} if self.vocab is None else {"task_vocab": self.vocab.ids.tolist()}  # export_hf expands with it
+        val = {"val": None if self.val_stream is None else self.val_stream.fingerprint}
+        return val if self.vocab is None else {**val, "task_vocab": self.vocab.ids.tolist()}  # export_hf expands with it
+
+    def _val_changed(self, ckpt: dict) -> bool:
+        """Whether the val loss is measured on other texts, or on more or fewer of them, than before the
+        checkpoint (a resume may change --val-data and --eval-steps): said once, since eval/loss then
+        breaks its series there. A checkpoint from before the record: not known, nothing said."""
+        extra, saved = ckpt.get("extra") or {}, ckpt.get("config") or {}
+        now = None if self.val_stream is None else self.val_stream.fingerprint
+        changed = [what for what, differs in (("val data (--val-data)", "val" in extra and extra["val"] != now),
+                                               ("--eval-steps", saved.get("eval_steps", self.cfg.eval_steps)
+                                                != self.cfg.eval_steps)) if differs]
+        if changed:
+            log.warning("%s changed since the checkpoint at step %d: eval/loss from then on is not comparable with "
+                        "the values before", " and ".join(changed), ckpt["step"])
+        return bool(changed)
 
     def export_model(self) -> GPT:
         """The full GPT-2 (the compact model expanded under vocab='task')."""
