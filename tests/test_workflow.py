@@ -226,3 +226,21 @@ def test_rookworld_run_passes_grpo_steps_to_the_notebook_that_declares_it(tmp_pa
     err = capsys.readouterr().err
     assert err == "rookworld run: error: notebook parameter 'grpo_steps' must be >= 1, got 0\n"
     assert not (tmp_path / "refused").exists()
+
+
+def test_notebook_05s_training_cell_stopped_and_run_again_resumes_at_its_checkpoint(tmp_path):
+    """A training cell stopped by Ctrl-C in JupyterLab saves a checkpoint (README); the profiles set
+    resume=False, so the cell run again was refused ("resume=True continues it"), a setting the notebook
+    does not offer. Now it resumes, and the metrics file holds every step once."""
+    from rookworld_lib.chess.training import RecordReader
+    from rookworld_lib.core.train_sft import METRICS_FILE, train_sft
+    from rookworld_lib.core.train_utils import read_metrics
+
+    prof = workflow.resolve("ci")
+    assert prof.sft.resume and prof.grpo.resume
+    cfg = workflow.sft_config(prof, tmp_path / "training" / "sft", DATA_DIR, 0)
+    stopped = train_sft(cfg, reader=RecordReader("compact", prof.candidate_order), until=3)
+    assert stopped.step == 3 and stopped.checkpoint is not None
+    again = train_sft(cfg, reader=RecordReader("compact", prof.candidate_order))
+    assert again.step == prof.sft.max_steps and [r["step"] for r in again.history][0] == 4
+    assert [r["step"] for r in read_metrics(tmp_path / "training" / "sft" / METRICS_FILE)] == list(range(prof.sft.max_steps + 1))

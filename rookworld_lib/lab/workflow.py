@@ -79,12 +79,13 @@ def _profile(name, device, model, *, sft: dict, grpo: dict, beta: float, evals: 
     return Profile(
         name,
         SFTConfig(**{**dict(model=model, device=device, dtype=dtype, compile=compile, eval_steps=4, checkpoint_interval=0,
-                            resume=False, task_weights=task_weights(),
+                            task_weights=task_weights(),
                             model_overrides={"pad_vocab_to_multiple": pad_vocab_to_multiple, **(model_overrides or {})}),
                      **sft}),
-        GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, resume=False, task_weights=task_weights(),
+        GRPOTrainConfig(device=device, dtype=dtype, warmup_steps=0, task_weights=task_weights(),
                         export_hf=False, checkpoint_interval=0,  # notebook 05 exports to <run>/training/final;
-                        # a notebook run starts afresh (resume=False), so checkpoints before the end would go unused
+                        # a run's folder is new (resume finds nothing), but a training cell stopped by Ctrl-C saves
+                        # a checkpoint, and running it again resumes there (resume=True, the configs' default)
                         loss=grpo_lib.GRPOConfig(beta=beta), **grpo),  # GRPOTrainer scores at the sampling temperature
         EvalConfig(**{"samples": 4, **evals}), heldout, datagen, candidate_order=candidate_order)
 
