@@ -368,6 +368,25 @@ def test_lean_session_lost_when_its_engine_dies():
             pass
 
 
+@needs_stockfish
+def test_a_game_whose_engine_the_interrupt_killed_is_neither_said_to_fail_nor_replayed(monkeypatch, caplog):
+    """Ctrl-C closes the pool, which kills the game's engine: the game logged "Stockfish failed during a
+    session ...; replaying it on a fresh engine" (4 of 4 tries), though nothing failed and nothing was replayed."""
+    cfg = datagen.DatagenConfig(games=4, mate_games=0, max_plies=40)
+    index = next(i for i in range(cfg.games) if datagen.game_plan(i, cfg)["kind"] != "random")
+    play = datagen.UciAnalyser.play
+
+    def interrupted(self, board, limit):  # the pool closed (as by Ctrl-C) during the game's first search
+        pool.close()
+        return play(self, board, limit)
+
+    monkeypatch.setattr(datagen.UciAnalyser, "play", interrupted)
+    with LeanPool(EngineSettings(), size=1) as pool:
+        with pytest.raises(EngineFailedError, match="closed"):
+            datagen.play_game(index, cfg, pool)
+    assert "replaying" not in caplog.text and "failed" not in caplog.text
+
+
 HUNG_ENGINE = """import os, sys, time
 for line in sys.stdin:
     cmd = (line.split() or [""])[0]

@@ -148,6 +148,8 @@ def play_game(index: int, cfg: DatagenConfig, pool: LeanPool) -> dict:
             with pool.session() as session:
                 return _play(index, cfg, plan, session)
         except EngineSessionLost as exc:
+            if getattr(pool, "_closed", False):  # killed on purpose (Ctrl-C closes the pool): nothing failed, no replay
+                raise EngineFailedError("engine pool is closed") from None
             log.warning("game %d: %s; replaying it on a fresh engine", index, exc)
     raise EngineFailedError(f"game {index}: Stockfish kept dying")
 
