@@ -310,6 +310,10 @@ def test_resume_refuses_other_settings_and_never_starts_over_silently(tmp_path):
         SFTTrainer(tiny_cfg(tmp_path, lr=1e-3), train_texts=TEXTS)
     with pytest.raises(ValueError, match="train data differ"):
         SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS[:-2])
+    # the same files read another way (--candidate-order uci: another reader) was blamed on the data files
+    sorted_reader = training.RecordReader("compact", "uci")
+    with pytest.raises(ValueError, match=r"other settings \(text reader: 'text' -> 'records-compact-uci'\)"):
+        SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS, reader=sorted_reader)
     with pytest.raises(ValueError, match="already holds checkpoints"):
         SFTTrainer(tiny_cfg(tmp_path, resume=False), train_texts=TEXTS)
     more = SFTTrainer(tiny_cfg(tmp_path, max_steps=8, checkpoint_interval=4), train_texts=TEXTS)  # may change

@@ -664,8 +664,14 @@ class SFTTrainer(Trainer):
         """GPT-2 token ids as the model reads them (compact ids under vocab='task')."""
         return tokens if self.vocab is None else self.vocab.compact(tokens)
 
+    def resume_differences(self, ckpt: dict) -> dict[str, tuple]:
+        """How the data files become texts (the reader: a layout, a candidate order) must be the checkpoint's:
+        otherwise the data fingerprint differs, and the refusal blamed the data files."""
+        saved = (ckpt.get("extra") or {}).get("reader")  # None: a checkpoint from before the record
+        return {} if saved in (None, self.reader.name) else {"text reader": (saved, self.reader.name)}
+
     def checkpoint_extra(self) -> dict:
-        val = {"val": None if self.val_stream is None else self.val_stream.fingerprint}
+        val = {"val": None if self.val_stream is None else self.val_stream.fingerprint, "reader": self.reader.name}
         return val if self.vocab is None else {**val, "task_vocab": self.vocab.ids.tolist()}  # export_hf expands with it
 
     def _val_changed(self, ckpt: dict) -> bool:
