@@ -94,6 +94,22 @@ def test_keep_last_prunes_older_checkpoints_after_the_new_one_is_in_place(tmp_pa
     assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [3, 4, 5]
 
 
+def test_stray_entries_named_like_checkpoints_neither_count_towards_keep_last_nor_stand_for_the_latest(tmp_path):
+    """A folder named step_00000099.pt was taken as a checkpoint (and, without the pointer, as the run's
+    checkpoint folder); a stray file named past the run's steps counted towards keep_last, so one real
+    checkpoint fewer was kept, and was never pruned."""
+    *_, state = trained_state()
+    (tmp_path / "step_00000099.pt").mkdir()
+    (tmp_path / "step_00000098.pt").write_bytes(b"")
+    for step in (1, 2, 3, 4):
+        ck.save_checkpoint(tmp_path, {**state, "step": step}, keep_last=2)
+    assert [s for s, _ in ck.list_checkpoints(tmp_path)] == [3, 4, 98]  # two real ones kept; the folder is none
+    assert (tmp_path / "step_00000099.pt").is_dir() and (tmp_path / "step_00000098.pt").exists()
+    (tmp_path / "step_00000098.pt").unlink()
+    (tmp_path / ck.POINTER).unlink()
+    assert ck.load_checkpoint(tmp_path)["step"] == 4  # the newest checkpoint file, not the folder
+
+
 def test_latest_without_pointer_falls_back_to_the_highest_step(tmp_path):
     *_, state = trained_state()
     ck.save_checkpoint(tmp_path, {**state, "step": 2})

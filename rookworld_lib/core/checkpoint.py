@@ -96,7 +96,7 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)))
+    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)) and p.is_file())
 
 
 def _read_pointer(directory: Path) -> dict | None:
@@ -167,8 +167,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
         err.errno = cause.errno if isinstance(cause, OSError) else None
         raise err from exc
     log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
-    if keep_last > 0:
-        for old in [p for _, p in list_checkpoints(directory)[:-keep_last] if p != path]:
+    if keep_last > 0:  # the newest up to this one: a stray file named past it (step_99.pt) neither counts nor goes
+        step = int(_NAME.match(path.name).group(1))
+        for old in [p for s, p in list_checkpoints(directory) if s <= step][:-keep_last]:
             _remove((old, _digest_path(old)))
     return path
 
