@@ -483,6 +483,19 @@ def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run
     assert len(aside) == 2 and aside[0].read_bytes() == kept[out / "metrics.jsonl"]
 
 
+def test_a_finished_run_run_again_reports_its_last_loss_not_none(tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    argv = ["sft", "--train-data", str(data), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
+            "--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "1", "--val-fraction", "0.2",
+            "--out", str(tmp_path / "run"), "--no-progress", "--device", "cpu"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0  # nothing to train: it said "loss None, val loss None"
+    again = capsys.readouterr().out
+    assert "loss None" not in again and again.split(";")[0] == first.split(";")[0], (first, again)
+
+
 def test_cli_help():
     with pytest.raises(SystemExit) as info:
         training.build_sft_parser().parse_args(["--help"])

@@ -27,7 +27,7 @@ from ..core.trainer import FINAL_DIR
 from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
 from ..core.task_vocab import TaskVocab, outside_logmass
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
-from ..core.train_utils import setup_runtime
+from ..core.train_utils import read_metrics, setup_runtime
 from . import data, rewards, tasks
 from .datagen import heldout_positions
 
@@ -368,8 +368,11 @@ def _run_sft(args: argparse.Namespace) -> int:
         result = train_sft(cfg, reader=reader)
     if not distributed.main_process():  # under torchrun only rank 0 reports
         return 0
-    last = result.history[-1] if result.history else {}
-    val = [r["eval/loss"] for r in result.history if r.get("eval/loss") is not None]
+    # the run's records, those of the steps before a resume too (a finished run run again trains none)
+    kept = result.out_dir / METRICS_FILE if result.out_dir else None
+    history = read_metrics(kept) if kept and kept.is_file() else result.history
+    last = next((r for r in reversed(history) if r.get("loss") is not None), {})
+    val = [r["eval/loss"] for r in history if r.get("eval/loss") is not None]
     print(f"SFT finished at step {result.step}: loss {last.get('loss')}, val loss {val[-1] if val else None}; "
           f"checkpoint {result.checkpoint}; metrics {result.out_dir / METRICS_FILE}"
           + (f"; Hugging Face model in {result.final_dir}" if result.final_dir else ""))
