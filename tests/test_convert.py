@@ -685,3 +685,39 @@ def test_convert_cli_names_the_errors_file_when_more_errors_than_it_lists(tmp_pa
     assert sum(line.startswith(f"  {src}:") for line in printed) == 10  # the first ten, listed
     errors = (out / "convert_errors_test.txt").read_text().splitlines()
     assert errors == [f"{src}:{n}: expected 7 '+'-separated fields, found 1" for n in range(2, 13)]
+
+
+def test_the_report_counts_repeated_records_and_short_candidate_lists(tmp_path, capsys):
+    """Each copy of a line became a record with no word, and eval then counted every copy in n; a P:
+    line listing 2 of 20 legal moves converted silently, and policy/valid then asks answers for 2."""
+    lines = policy_fixtures()[:2]
+    start = chess.Board()
+    short = f"P: {start.fen():90}M: {'e2e4 d2d4':30}E: {'0.3 0.28':40}B: e2e4"  # 2 candidates of 20 legal moves
+    source = tmp_path / "rook.txt"
+    source.write_text("\n".join([lines[0], lines[0], lines[0], lines[1], short]) + "\n")
+    report = convert.convert([source], tmp_path / "out", split="test", workers=1)
+    assert (report.written["P"], report.duplicates, report.short_lists) == (5, 2, 1)
+    assert report.as_dict()["duplicates"] == 2 and report.as_dict()["short_candidate_lists"] == 1
+    assert main(["convert", str(source), "--out", str(tmp_path / "cli"), "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "  2 records repeat an earlier one" in out and "  1 P: records list fewer candidates than min(5, legal moves)" in out
+
+
+def test_a_text_input_that_is_not_utf8_or_not_text_or_a_json_array_is_named_so(tmp_path):
+    """A Latin-1 byte in a text line was decoded as a replacement character and reported as a FEN error
+    (a JSON line said "not UTF-8"); a binary file became hundreds of lines of reasons; a JSON array got
+    "not a JSON object with a 'text' field" on every physical line."""
+    good = policy_fixtures()[0]
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes(good.encode() + b"\n" + good.encode().replace(b" M:", b"\xa0M:", 1) + b"\n")
+    report = convert.convert([latin], tmp_path / "a", split="test", workers=1)
+    assert report.written["P"] == 1 and report.first_errors == [f"{latin}:2: not UTF-8 (invalid start byte at byte {good.index(' M:')})"]
+    binary = tmp_path / "pytorch_model.bin"
+    binary.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 40)
+    with pytest.raises(ValueError, match=rf"{binary}: not a text file \(NUL bytes in its first 8 kB\)"):
+        convert.convert([binary], tmp_path / "b", split="test", workers=1)
+    array = tmp_path / "lines.json"
+    array.write_text(json.dumps([{"text": good}, {"text": good}], indent=1))
+    with pytest.raises(ValueError, match=rf"{array}: a JSON array; give JSON lines"):
+        convert.convert([array], tmp_path / "c", split="test", workers=1)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()

@@ -14,9 +14,11 @@ error ``file:line: reason``; the README's "Bring your own RookWorld" describes t
 from __future__ import annotations
 
 import argparse
+import array
 import concurrent.futures
 import contextlib
 import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import chess
+import numpy as np
 
 from . import tasks
 from .data import ORIGINAL_LIMIT, ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
@@ -210,15 +213,21 @@ def _table_texts(path: Path) -> Iterator[str | None]:
             yield from batch.column("text").to_pylist()
 
 
-def _text_file_lines(path: Path) -> Iterator[tuple[int, str]]:
-    # utf-8-sig: a byte-order mark (Windows editors write one) is not part of the first line
-    if not path.name.lower().endswith(".gz"):
-        with open(path, encoding="utf-8-sig", errors="replace") as fh:
-            yield from enumerate(fh, 1)
-        return
+def _text_file_lines(path: Path) -> Iterator[tuple[int, str | ValueError]]:
+    """(line number, text) of a text file (gzipped too), decoded strictly: a line that is not UTF-8 is a
+    ValueError with the byte, as a JSON line's is (replacement characters made FEN errors of it)."""
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
     try:
-        with gzip.open(path, "rt", encoding="utf-8-sig", errors="replace") as fh:
-            yield from enumerate(fh, 1)
+        with opener(path, "rb") as fh:
+            if b"\0" in fh.peek(8192)[:8192]:  # a binary file given by mistake: one line, not hundreds
+                raise ValueError(f"{path}: not a text file (NUL bytes in its first 8 kB); give text lines, JSON lines, "
+                                 ".parquet or .arrow")
+            for n, raw in enumerate(fh, 1):
+                try:
+                    # utf-8-sig on line 1: a byte-order mark (Windows editors write one) is not part of it
+                    yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    yield n, ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
     except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut off (lines before that were read)
         raise ValueError(f"{path}: not a whole gzip file ({exc}); decompress a good copy, or give the text file") from None
 
@@ -237,6 +246,8 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix  # a gzipped file reads as its inner kind
     if suffix in (".parquet", ".arrow"):
         items: Iterable = enumerate(_table_texts(path), 1)
+    elif suffix in (".jsonl", ".json") and _json_array(path):
+        raise ValueError(f"{path}: a JSON array; give JSON lines (one object with a 'text' field per line)")
     elif suffix in (".jsonl", ".json"):
         # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
         items = ((n, v["text"] if isinstance(v, dict) and isinstance(v.get("text"), str) else
@@ -250,6 +261,14 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
             yield n, text
 
 
+def _json_array(path: Path) -> bool:
+    """Whether a .json(l) file starts with '[' (a JSON array: every physical line would be refused alone)."""
+    with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as fh:
+        with contextlib.suppress(gzip.BadGzipFile, EOFError, OSError):  # read_jsonl names a broken file
+            return fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
+    return False
+
+
 @dataclass
 class ConvertReport:
     """What a conversion did: lines read, records written per task, errors by reason."""
@@ -260,6 +279,8 @@ class ConvertReport:
     first_errors: list[str] = field(default_factory=list)  # the first MAX_ERRORS_SHOWN, file:line: reason
     seconds: float = 0.0
     outputs: dict = field(default_factory=dict)  # task -> path
+    duplicates: int = 0  # records equal to an earlier one (prompt and completion), each written: n counts them again
+    short_lists: int = 0  # P: records listing fewer candidates than min(5, legal moves): policy/valid asks as few
 
     @property
     def errors(self) -> int:
@@ -274,6 +295,7 @@ class ConvertReport:
     def as_dict(self) -> dict:
         """The report as JSON-ready values (paths as strings)."""
         return {"lines": self.lines, "written": dict(self.written), "errors": self.errors,
+                "duplicates": self.duplicates, "short_candidate_lists": self.short_lists,
                 "errors_by_reason": dict(self.reasons.most_common()), "first_errors": self.first_errors,
                 "seconds": round(self.seconds, 2),  # strict JSON: no NaN for a rate without time
                 "lines_per_s": round(self.lines_per_s, 1) if self.seconds > 0 else None,
@@ -369,6 +391,7 @@ def _convert_into(out: Path, inputs: list[Path], split: str, workers: int, chunk
         err_fh = stack.enter_context(atomic_file(errors_path))
         outputs: dict = {}
         bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))
+        seen = array.array("Q")  # 8 bytes of each record's hash: millions of lines in tens of MB
         for path, results in stack.enter_context(contextlib.closing(_converted(inputs, split, workers, chunk_lines))):
             for number, res in results:
                 report.lines += 1
@@ -384,9 +407,13 @@ def _convert_into(out: Path, inputs: list[Path], split: str, workers: int, chunk
                     outputs[task] = stack.enter_context(atomic_file(out / TASK_FILES[task].format(split=split)))
                 outputs[task].write(json_line(res))
                 report.written[task] += 1
+                seen.append(int.from_bytes(hashlib.blake2b(f"{res['prompt']}\0{res['completion']}".encode(),
+                                                           digest_size=8).digest(), "little"))
+                report.short_lists += task == "P" and len(res["moves"]) < min(5, res["n_legal"])
             bar.update(len(results))
         if not outputs:
             raise _NothingConverted
+        report.duplicates = len(seen) - np.unique(np.frombuffer(seen, dtype=np.uint64)).size
     report.outputs = {t: out / TASK_FILES[t].format(split=split) for t in ("P", "A") if t in outputs}
     report.outputs["errors"] = errors_path
 
@@ -419,6 +446,11 @@ def cli(argv: list[str] | None = None) -> int:
         return status
     print(f"{report.lines} lines in {report.seconds:.1f} s ({report.lines_per_s:.0f} lines/s): "
           f"{report.written['P']} P: and {report.written['A']} A: records, {report.errors} not converted")
+    if report.duplicates:
+        print(f"  {report.duplicates} records repeat an earlier one (each written; a test split counts every copy)")
+    if report.short_lists:
+        print(f"  {report.short_lists} P: records list fewer candidates than min(5, legal moves): policy/valid asks "
+              "their answers for as many")
     for msg in report.first_errors:
         print(f"  {msg}")
     if report.errors > len(report.first_errors):
