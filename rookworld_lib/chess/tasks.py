@@ -136,7 +136,6 @@ def _checked_board(fen: str) -> tuple[chess.Board | None, str | None]:
     return board, None
 
 
-
 def _require_fen(fen: str, where: str) -> chess.Board:
     """The (cached, shared) board of a valid `fen`; ValueError naming `where` otherwise."""
     err = fen_error(fen)
