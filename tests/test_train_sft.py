@@ -747,3 +747,19 @@ def test_a_resume_on_other_val_data_says_the_val_loss_breaks_there_and_a_task_vo
                                          r"\d+ token\(s\) the run's task vocabulary lacks"):
         train_sft(dataclasses.replace(task, max_steps=4), train_texts=train, val_texts=["P: zebra quokka narwhal xylophone"])
     assert last_step(Path(task.out_dir) / "metrics.jsonl") == 2  # refused before a step
+
+
+def test_a_resume_refused_over_changed_settings_names_the_options_that_give_them_back(tmp_path, capsys):
+    """The refusal named config fields (`loss.beta`, `lr`) and said "use the same settings"; it now ends with
+    the command's options for the saved values, where a plain value gives them back."""
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    argv = ["sft", "--train-data", str(data), "--model", "tiny", "--block-size", "32", "--batch-size", "2",
+            "--max-steps", "2", "--warmup-steps", "1", "--eval-interval", "0", "--val-fraction", "0",
+            "--out", str(tmp_path / "run"), "--no-progress", "--device", "cpu", "--lr", "0.003"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "3", "--lr", "0.001", "--weight-decay", "0.05"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "other settings (lr: 0.003 -> 0.001, weight_decay: 0.1 -> 0.05)" in err
+    assert err.endswith("; as before: --lr 0.003 --weight-decay 0.1"), err

@@ -180,8 +180,10 @@ class Trainer:
         diff.update(self.resume_differences(ckpt))
         if diff:
             changes = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
+            err = ValueError(f"{self.ckpt_dir} holds a checkpoint of a run with other settings ({changes}); use the "
                              "same settings to resume it, or another out_dir (--out) for a new run")
+            err.resume_diff = diff  # field -> (saved, now): a command line names the options that resume it
+            raise err
         if ckpt["step"] > self.total_steps:
             raise ValueError(f"{latest} is at step {ckpt['step']}, past the {self.total_steps} steps this {self.name} run "
                              "is set to: nothing to train; set more steps to continue it, or another out_dir (--out) for a new run")

@@ -86,7 +86,10 @@ def _main(argv: list[str]) -> int:
             return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
         if message is None:
             raise  # a bug: its traceback is what a report needs
-        return report(name, with_flag(message, rest, lambda: _help_text(name)), 1)
+        message = with_flag(message, rest, lambda: _help_text(name))
+        if diff := getattr(exc, "resume_diff", None):
+            message += resume_options(diff, _help_text(name))
+        return report(name, message, 1)
 
 
 def with_flag(message: str, argv: list[str], help_text: Callable[[], str] = str) -> str:
@@ -100,6 +103,15 @@ def with_flag(message: str, argv: list[str], help_text: Callable[[], str] = str)
         if re.search(rf"(^|\s){re.escape(flag)}\b", help_text()):
             return f"{m[0][:-1]} ({flag}, not given) {message[m.end():]}"
     return message
+
+
+def resume_options(diff: dict[str, tuple], help_text: str) -> str:
+    """For a resume refused over changed settings (field -> (saved, now)): the command's options that
+    give the saved values back, where a plain value does (`; as before: --lr 0.003 --beta 0.04`)."""
+    given = [f"{flag} {old}" for field, (old, _) in diff.items()
+             if isinstance(old, (int, float, str)) and not isinstance(old, bool) and old != ""
+             and re.search(rf"(^|\s){re.escape(flag := flag_name(field.rsplit('.', 1)[-1]))}\b", help_text)]
+    return f"; as before: {' '.join(given)}" if given else ""
 
 
 def _help_text(command: str) -> str:
