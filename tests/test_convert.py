@@ -716,6 +716,11 @@ def test_a_text_input_that_is_not_utf8_or_not_text_or_a_json_array_is_named_so(t
     binary.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 40)
     with pytest.raises(ValueError, match=rf"{binary}: not a text file \(NUL bytes in its first 8 kB\)"):
         convert.convert([binary], tmp_path / "b", split="test", workers=1)
+    nulls = tmp_path / "rows.jsonl"
+    nulls.write_text(json.dumps({"text": good}) + "\n" + json.dumps({"text": None}) + "\n" + json.dumps({"line": good}) + "\n")
+    report = convert.convert([nulls], tmp_path / "n", split="test", workers=1)
+    assert report.first_errors == [f"{nulls}:2: its 'text' is null, not the line as a string",
+                                   f"{nulls}:3: not a JSON object with a 'text' field"]
     array = tmp_path / "lines.json"
     array.write_text(json.dumps([{"text": good}, {"text": good}], indent=1))
     with pytest.raises(ValueError, match=rf"{array}: a JSON array; give JSON lines"):

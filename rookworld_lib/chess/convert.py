@@ -252,7 +252,9 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
         # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
         items = ((n, v["text"] if isinstance(v, dict) and isinstance(v.get("text"), str) else
                   ValueError(why if why and why.startswith("not UTF-8") else
-                             _OURS if isinstance(v, dict) and {"task", "prompt", "completion"} <= v.keys() else _NO_TEXT))
+                             _OURS if isinstance(v, dict) and {"task", "prompt", "completion"} <= v.keys() else
+                             f"its 'text' is {json.dumps(v['text'])[:20]}, not the line as a string"
+                             if isinstance(v, dict) and "text" in v else _NO_TEXT))
                  for n, v, why in read_jsonl(path))
     else:
         items = _text_file_lines(path)
