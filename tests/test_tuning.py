@@ -134,9 +134,12 @@ def test_rows_carry_speed_mfu_and_memory(matrix):
             assert shown["note"] == r["reason"] and shown.drop(["status", "note"]).eq("").all()
         else:
             assert shown["tokens/s"] == f"{r['tokens_per_s']:,.0f}" and "e" not in shown["ms/step (median)"]
-            # MFU against each peak, named: the measured matmul peak, and the data sheet's (none on a CPU)
-            assert shown["MFU (measured peak)"] == f"{100 * r['mfu_measured']:.2g}%"
-            assert shown["MFU (data-sheet peak)"] == "n/a (no data-sheet peak for this device)"
+            # MFU over the measured matmul peak of the row's precision, which it names
+            assert shown["MFU (measured peak)"] == f"{100 * r['mfu_measured']:.2g}% of {r['peak_measured_tflops']:.3g} TFLOP/s"
+    assert "MFU (data-sheet peak)" not in table  # a CPU has none: no column of n/a
+    sheet = tuning.MatrixResult(matrix.baseline, [{**r, "mfu_table": 0.25} if r["status"] == "ok" else r
+                                                  for r in matrix.rows], matrix.tolerance, {"device": "cuda"}, {}, {})
+    assert sheet.table().loc["baseline", "MFU (data-sheet peak)"] == "25%"
 
 
 def test_scaling_and_figures(matrix):

@@ -368,7 +368,8 @@ class MatrixResult:
                     "tokens/s": f"{r['tokens_per_s']:,.0f}",
                     "vs baseline": "" if r.get("speedup") is None else
                     f"{r['speedup']:.2f}x" + (" (noise)" if r.get("within_noise") and r["variable"] != "baseline" else ""),
-                    "MFU (measured peak)": f"{100 * mfu:.2g}%" if mfu else "",
+                    # each row's MFU is over the measured peak of its own precision (a bf16 row: bf16's)
+                    "MFU (measured peak)": f"{100 * mfu:.2g}% of {r['peak_measured_tflops']:.3g} TFLOP/s" if mfu else "",
                     "MFU (data-sheet peak)": f"{100 * table_mfu:.2g}%" if table_mfu else "n/a (no data-sheet peak for this device)",
                     "peak MiB": "" if r.get("peak_mem_mb") is None else f"{r['peak_mem_mb']:,.0f}",
                     "loss - baseline": "" if r.get("loss_delta") is None else f"{r['loss_delta']:+.1e}",
@@ -376,7 +377,10 @@ class MatrixResult:
                     "n/a (other data)" if not r["expect_parity"] else ("CHANGED" if r["changes_result"] else "same"),
                     "note": ""}
 
-        return pd.DataFrame([shown(r) for r in self.rows]).fillna("").set_index("row")
+        table = pd.DataFrame([shown(r) for r in self.rows]).fillna("").set_index("row")
+        if not any(r.get("mfu_table") for r in self.ok_rows()):  # a CPU: no data-sheet peak, a column of n/a
+            table = table.drop(columns="MFU (data-sheet peak)")
+        return table
 
     def scaling(self, variable: str) -> list[dict]:
         """(value, step time, tokens/s) for batch_size or seq_len rows, baseline included, sorted."""
