@@ -471,3 +471,95 @@ def test_resume_refuses_another_sampling_vocabulary_naming_both(tmp_path):
     with pytest.raises(ValueError, match=rf"other settings \(vocab: '{len(ids)} task tokens' -> 'all tokens'"):
         GRPOTrainer(GPT(GPTConfig.preset("tiny", n_layer=1, block_size=32)), items,
                     dataclasses.replace(cfg, vocab="full"), reward_funcs=reward)
+
+
+def test_a_trl_users_inputs_are_refused_in_one_line_each_and_tensors_weigh_as_numbers(tmp_path):
+    """What a TRL script hands its trainer (a transformers model, a hub id, reward_funcs=None, a scalar weight,
+    one PromptItem) gave tracebacks from deep inside; a reward function named like a task was renamed, and
+    rewards/<task>/mean then logged the task's total under the function's TRL name; an inf or a value past
+    float32 was refused without naming the function; 0-d tensor weights were "not finite numbers"."""
+    transformers = pytest.importorskip("transformers")
+    kw = dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4, progress=False,
+              loss=grpo.GRPOConfig(beta=0.0), task_weights=None)
+    model, cfg, f = GPT(GPTConfig.preset("tiny", block_size=64)), GRPOTrainConfig(**kw), item_reward(toy_reward)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=8))
+    for bad, match in ((dict(model=hf), r"model must be a rookworld GPT, got GPT2LMHeadModel: load .* GPT\.from_pretrained"),
+                       (dict(model="gpt2"), r"model must be a rookworld GPT, got str 'gpt2'"),
+                       (dict(reward_funcs=None), r"reward_funcs must be a function .* got NoneType None"),
+                       (dict(reward_weights=2.0), r"reward_weights must be a list of one number per reward function, got float 2\.0"),
+                       (dict(items=toy_items()[0]), r"items must be a list of PromptItem, got one PromptItem")):
+        args = {"model": model, "items": toy_items(), "cfg": cfg, "reward_funcs": f, **bad}
+        with pytest.raises(ValueError, match=match):
+            GRPOTrainer(**args)
+    with pytest.raises(ValueError, match="PromptItem.task must be a non-empty name without a trailing colon"):
+        PromptItem("math:", "2+2")
+
+    def accuracy(prompts, completions, **_):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"reward function 'accuracy' has the name of a task: rewards/accuracy/mean"):
+        GRPOTrainer(model, [PromptItem("accuracy", f"Q {i}") for i in range(4)], cfg, reward_funcs=[accuracy, f])
+    weighted = GRPOTrainer(model, toy_items(), cfg, reward_funcs=[f, f], reward_weights=torch.tensor([1.0, 0.5]))
+    assert weighted.reward_weights == [1.0, 0.5]
+    for value, shown in ((float("inf"), "inf"), (1e39, r"1e\+39")):
+        def huge(prompts, completions, value=value, **_):
+            return [value] + [0.0] * (len(completions) - 1)
+
+        with pytest.raises(ValueError, match=rf"reward function 'huge' gave {shown} for completion 0: each value must be finite in float32"):
+            GRPOTrainer(model, toy_items(), cfg, reward_funcs=huge).train()
+
+
+def test_truth_that_is_no_json_is_not_compared_on_resume_and_json_truth_is(tmp_path):
+    """A verifier object or a set in PromptItem.truth: its text holds a memory address or a hash-seed order,
+    so every resume was refused as "other labels"; such truth is not compared (JSON truth still is)."""
+
+    class Checker:
+        def __init__(self, want):
+            self.want = want
+
+    cfg = {"steps": 1, "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "out_dir": str(tmp_path / "o"),
+           "group_size": 4, "lr": 3e-3, "seed": 1, "progress": False, "loss": grpo.GRPOConfig(beta=0.0),
+           "task_weights": {"P": 0.5, "A": 0.5}}
+
+    def items(truth):
+        return [PromptItem(i.task, i.prompt, truth()) for i in toy_items()]
+
+    torch.manual_seed(0)
+    GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), items(lambda: {"check": Checker("a")}),
+                GRPOTrainConfig(**cfg), reward_funcs=item_reward(toy_reward)).train()
+    torch.manual_seed(0)
+    resumed = GRPOTrainer(GPT(GPTConfig.preset("tiny", block_size=64)), items(lambda: {"check": Checker("a")}),
+                          GRPOTrainConfig(**{**cfg, "steps": 2}), reward_funcs=item_reward(toy_reward))
+    assert resumed.resumed_from is not None and resumed.prompts.truth_fingerprint is None
+
+
+def test_reward_functions_get_trls_trainer_state_and_those_needing_what_is_not_passed_are_refused_up_front():
+    """TRL passes trainer_state (a curriculum reads its global_step), log_metric and log_extra, and gathers
+    async functions: trainer_state is passed here; a function that requires the other two, or is async,
+    failed after the first rollout (TypeError, "gave coroutine"): it is refused when the trainer is built."""
+    seen = []
+
+    def curriculum(prompts, completions, trainer_state, **_):
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
+        return [float(trainer_state.global_step >= 1)] * len(completions)
+
+    cfg = GRPOTrainConfig(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4, progress=False,
+                          loss=grpo.GRPOConfig(beta=0.0), task_weights=None)
+    model = GPT(GPTConfig.preset("tiny", block_size=64))
+    GRPOTrainer(model, toy_items(), cfg, reward_funcs=curriculum).train()
+    assert seen == [(0, 2), (1, 2)]
+
+    def logs(prompts, completions, log_metric, **_):
+        return [0.0] * len(completions)
+
+    async def slow(prompts, completions, **_):
+        return [0.0] * len(completions)
+
+    class Judge:
+        async def __call__(self, prompts, completions, **_):
+            return [0.0] * len(completions)
+
+    for f, match in ((logs, r"reward function 'logs' needs log_metric, which TRL passes and this trainer does not"),
+                     (slow, r"reward function 'slow' is async"), (Judge(), r"reward function 'Judge' is async")):
+        with pytest.raises(ValueError, match=match):
+            GRPOTrainer(model, toy_items(), cfg, reward_funcs=[curriculum, f])

@@ -763,3 +763,14 @@ def test_a_resume_refused_over_changed_settings_names_the_options_that_give_them
     err = capsys.readouterr().err.strip()
     assert "other settings (lr: 0.003 -> 0.001, weight_decay: 0.1 -> 0.05)" in err
     assert err.endswith("; as before: --lr 0.003 --weight-decay 0.1"), err
+
+
+def test_train_texts_given_as_one_string_or_an_empty_val_list_are_named(tmp_path):
+    """train_texts="one string" trained on its characters (or blamed 'train_texts[2]: an empty sample', a
+    space); val_texts=[] with eval on silently never measured, where None is refused in one line."""
+    cfg = tiny_cfg(tmp_path / "s", max_steps=1, warmup_steps=0, eval_interval=0)
+    for name in ("train_texts", "val_texts"):
+        with pytest.raises(ValueError, match=rf"{name} must be a list of texts \(or records\), got one str: wrap it in a list"):
+            train_sft(cfg, **{"train_texts": TEXTS, name: "P: a b c d"})
+    with pytest.raises(ValueError, match="there is no val data to measure on"):
+        train_sft(tiny_cfg(tmp_path / "v", max_steps=1, warmup_steps=0, eval_interval=1, val_fraction=0.0), train_texts=TEXTS, val_texts=[])

@@ -150,6 +150,8 @@ def test_scaling_and_figures(matrix):
     assert len(tuning.speedup_figure(matrix).data) == 1
     # a line each for step time and tokens/s per variable, and the baseline's repeat (run last) beside each
     assert [t.legendgroup for t in tuning.scaling_figure(matrix).data] == ["time", "tps", "repeat", "repeat"] * 2
+    layout = tuning.scaling_figure(matrix).layout  # the log x axes say so
+    assert [layout[f"xaxis{i}"].title.text for i in (3, 4)] == ["batch size (log scale)", "seq len (log scale)"]
 
 
 def test_run_config_profiles_memory_by_phase(tmp_path):

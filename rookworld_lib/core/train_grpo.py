@@ -4,7 +4,9 @@ One step:
 1. draw `prompts_per_step` prompts (the tasks mixed by `task_weights`, or as the items come);
 2. sample `group_size` completions per prompt with the KV-cached sampler (dropout off);
 3. score each completion with the reward functions (TRL's signature: `f(prompts, completions, **columns)`,
-   the columns being each prompt item's `task` and `truth` and each completion's GPT-2 `completion_ids`);
+   the columns being each prompt item's `task` and `truth`, each completion's GPT-2 `completion_ids`, and
+   `trainer_state` (TRL's: here its `global_step` and `max_steps`); TRL's `log_metric` and `log_extra`
+   are not passed, and async functions are not run: both refused when the trainer is built);
 4. compute group advantages; optionally drop zero-variance groups and refill (dynamic sampling);
 5. run `mu` passes over the rollout in minibatches, each an optimizer step on `grpo_loss`, with
    the sampler's log-probs as the old policy and, when beta > 0, a frozen reference model.
@@ -18,10 +20,12 @@ ends bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import hashlib
+import inspect
 import json
 import math
 import numbers
@@ -68,8 +72,9 @@ class PromptItem:
     truth: dict | None = None
 
     def __post_init__(self):
-        if not isinstance(self.task, str) or not self.task.strip():
-            raise ValueError(f"PromptItem.task must be a non-empty name, got {self.task!r}")
+        if not isinstance(self.task, str) or not self.task.strip() or self.task.endswith(":"):
+            raise ValueError(f"PromptItem.task must be a non-empty name without a trailing colon ('P', for prompts "
+                             f"'P: ...'), got {self.task!r}")
         if not isinstance(self.prompt, str):
             raise ValueError(f"PromptItem.prompt must be text, got {type(self.prompt).__name__} {self.prompt!r:.60}")
 
@@ -151,12 +156,41 @@ def reward_sum(table: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
     return (table * torch.tensor(weights, dtype=torch.float32)).nansum(1)
 
 
+@dataclass(frozen=True)
+class TrainerState:
+    """The `trainer_state` a reward function is handed (TRL passes transformers' TrainerState): the
+    optimizer steps done before this rollout, and the run's total, e.g. for a curriculum."""
+
+    global_step: int
+    max_steps: int
+
+
+UNSUPPORTED_REWARD_KWARGS = ("log_metric", "log_extra")  # TRL passes them; this trainer does not
+
+
+def check_reward_function(f: RewardFunc) -> None:
+    """Refuse, before any rollout, a reward function this trainer cannot call as TRL would: an async one
+    (TRL gathers them), or one that requires TRL's log_metric / log_extra."""
+    name = reward_name(f)
+    if inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(inspect.getattr_static(type(f), "__call__", None)):  # an object's
+        raise ValueError(f"reward function {name!r} is async: give a plain function (TRL runs async ones with "
+                         "asyncio.gather; this trainer calls them in turn)")
+    params = {}
+    with contextlib.suppress(TypeError, ValueError):  # a builtin without a signature: called as it is
+        params = inspect.signature(f).parameters
+    if needs := [p for p in UNSUPPORTED_REWARD_KWARGS if p in params and params[p].default is inspect.Parameter.empty]:
+        raise ValueError(f"reward function {name!r} needs {', '.join(needs)}, which TRL passes and this trainer "
+                         "does not (docs/grpo_options.md): give it a default, or log through the returned rewards")
+
+
 def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str],
-                 completion_ids: list[list[int]] | None = None) -> torch.Tensor:
+                 completion_ids: list[list[int]] | None = None, trainer_state: TrainerState | None = None) -> torch.Tensor:
     """[N, F]: each reward function's value per completion (TRL's rewards_per_func), None as NaN."""
     columns = {"task": [i.task for i in items], "truth": [i.truth for i in items]}
     if completion_ids is not None:
         columns["completion_ids"] = completion_ids
+    if trainer_state is not None:
+        columns["trainer_state"] = trainer_state
     prompts = [i.prompt for i in items]
     per_func = []
     for f in reward_funcs:
@@ -172,8 +206,14 @@ def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], co
         if (bad := next((i for i, v in enumerate(values) if not (v is None or isinstance(v, numbers.Real))), None)) is not None:
             raise ValueError(f"reward function {reward_name(f)!r} gave {_shown(values[bad])} for completion {bad}; "
                              "each value must be a float (or None: unscorable)")
+        if (bad := next((i for i, v in enumerate(values) if v is not None and abs(float(v)) > FLOAT32_MAX), None)) is not None:
+            raise ValueError(f"reward function {reward_name(f)!r} gave {values[bad]!r} for completion {bad}: each value "
+                             "must be finite in float32 (|x| <= 3.4e38; None or NaN: unscorable)")
         per_func.append([float("nan") if v is None else float(v) for v in values])
     return torch.tensor(per_func, dtype=torch.float32).reshape(len(per_func), len(completions)).T
+
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def reward_name(f: RewardFunc) -> str:
@@ -249,13 +289,17 @@ class PromptSampler:
         return h.hexdigest()
 
     @property
-    def truth_fingerprint(self) -> str:
+    def truth_fingerprint(self) -> str | None:
         """SHA-256 of the prompts' ground truth, in order: the same prompts labelled anew (deeper evals, other
-        candidates) give other rewards, so a resume must score against the same truth."""
+        candidates) give other rewards, so a resume must score against the same truth. None where a truth is
+        no JSON (a verifier object, a set): its text would differ between processes, so it is not compared."""
         h = hashlib.sha256()
-        for pool in self.pools.values():
-            for item in pool:
-                h.update(json.dumps(item.truth, sort_keys=True, default=str).encode() + b"\x00")
+        try:
+            for pool in self.pools.values():
+                for item in pool:
+                    h.update(json.dumps(item.truth, sort_keys=True).encode() + b"\x00")
+        except (TypeError, ValueError):
+            return None
         return h.hexdigest()
 
     def state_dict(self):
@@ -361,6 +405,12 @@ class GRPOTrainer(Trainer):
         if (cfg.loss.temperature, cfg.loss.max_completion_length) != (cfg.temperature, cfg.max_new_tokens):
             cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, temperature=cfg.temperature,
                                                                     max_completion_length=cfg.max_new_tokens))
+        if not isinstance(model, GPT):  # TRL takes a transformers model or a hub id; a traceback followed
+            raise ValueError(f"model must be a rookworld GPT, got {type(model).__name__}"
+                             f"{f' {model!r}' if isinstance(model, (str, Path)) else ''}: load a Hugging Face GPT-2 "
+                             "directory with GPT.from_pretrained(directory)")
+        if isinstance(items, PromptItem):
+            raise ValueError("items must be a list of PromptItem, got one PromptItem: wrap it in a list")
         check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
         self.start_weights = weights_fingerprint(model)  # the model as handed in: a resume must be handed it too
         super().__init__(cfg, cfg.steps, on_step=on_step)
@@ -398,24 +448,36 @@ class GRPOTrainer(Trainer):
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
         self.prompts = self.data = PromptSampler(items, cfg.task_weights, cfg.seed)
+        if reward_funcs is None or isinstance(reward_funcs, (str, bytes)):
+            raise ValueError(f"reward_funcs must be a function f(prompts, completions, **columns) or a list of them, "
+                             f"got {_shown(reward_funcs)}")
         self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
         if (bad := next((f for f in self.reward_funcs if not callable(f)), None)) is not None:
             raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
                              "**columns) or a list of them")
-        weights = [1.0] * len(self.reward_funcs) if reward_weights is None else list(reward_weights)
-        if not all(isinstance(w, numbers.Real) and math.isfinite(w) for w in weights):
+        for f in self.reward_funcs:
+            check_reward_function(f)
+        if reward_weights is not None and not hasattr(reward_weights, "__len__"):
+            raise ValueError(f"reward_weights must be a list of one number per reward function, got {_shown(reward_weights)}")
+        weights = [1.0] * len(self.reward_funcs) if reward_weights is None else [
+            w.item() if (isinstance(w, torch.Tensor) and w.numel() == 1) or (isinstance(w, (np.ndarray, np.generic))
+                         and w.size == 1) else w for w in reward_weights]
+        if not all(isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in weights):
             raise ValueError(f"reward_weights must be finite numbers, got {weights}")
         self.reward_weights = [float(w) for w in weights]
         if not self.reward_funcs or len(self.reward_weights) != len(self.reward_funcs):
             raise ValueError(f"give one or more reward functions and one weight each (got {len(self.reward_funcs)} "
                              f"functions, {len(self.reward_weights)} weights)")
-        self.reward_names: list[str] = []  # unique in metrics (a second "<lambda>" is "<lambda>_2"), and no task's
+        self.reward_names: list[str] = []  # unique in metrics (a second "<lambda>" is "<lambda>_2"), as TRL names them
         for name in map(reward_name, self.reward_funcs):
             unique, n = name, 1
-            while unique in self.reward_names or unique in self.prompts.tasks:
+            while unique in self.reward_names:
                 n += 1
                 unique = f"{name}_{n}"
             self.reward_names.append(unique)
+        if clash := sorted(set(self.reward_names) & set(self.prompts.tasks)):  # renamed, it logged the task's total
+            raise ValueError(f"reward function {clash[0]!r} has the name of a task: rewards/{clash[0]}/mean would be "
+                             "both the function's mean and the task's weighted total; rename the function or the task")
         self.tokens_seen: int | None = 0  # prompt and completion tokens of every batch so far (TRL's num_tokens)
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
@@ -462,7 +524,7 @@ class GRPOTrainer(Trainer):
             diff["init_from"] = (extra["init_from"], self.init_from)
         if extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
-        elif extra.get("truth") not in (None, self.prompts.truth_fingerprint):  # None: a checkpoint from before it
+        elif None not in (extra.get("truth"), self.prompts.truth_fingerprint) and extra["truth"] != self.prompts.truth_fingerprint:
             diff["ground truth"] = ("the checkpoint's labels of these prompts", "other labels")
         saved, shape = ckpt.get("model_config") or {}, dataclasses.asdict(self.model.config)
         diff.update({f"model.{k}": (saved[k], shape[k]) for k in ("n_layer", "n_head", "n_embd", "vocab_size",
@@ -533,7 +595,7 @@ class GRPOTrainer(Trainer):
             ids = ids if self.vocab is None else [self.vocab.ids[i].tolist() for i in ids]  # GPT-2's ids
             completions = [self.tokenizer.decode(i[:-1] if i and i[-1] == EOT_ID else i) for i in ids]
             rows = [item for item in chunk for _ in range(G)]
-            table = reward_table(self.reward_funcs, rows, completions, ids)
+            table = reward_table(self.reward_funcs, rows, completions, ids, TrainerState(self.step, cfg.steps))
             timings["sampling"] += t1 - t0
             timings["scoring"] += time.perf_counter() - t1
             mine.append((c, RolloutBatch(rows, rollout.prompt_ids, rollout.tokens.cpu(), rollout.logprobs.cpu(),

@@ -594,10 +594,14 @@ class SFTTrainer(Trainer):
             raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
         if cfg.stream and train_texts is None and val_texts is None:
             return self._stream_data()
+        for name, given in (("train_texts", train_texts), ("val_texts", val_texts)):
+            if isinstance(given, (str, bytes)):  # a str is a sequence of one-character samples
+                raise ValueError(f"{name} must be a list of texts (or records), got one {type(given).__name__}: "
+                                 "wrap it in a list")
         if train_texts is not None:
             train_texts = [sample_text(t, f"train_texts[{i}]") for i, t in enumerate(train_texts)]
-        if val_texts is not None:
-            val_texts = [sample_text(t, f"val_texts[{i}]") for i, t in enumerate(val_texts)]
+        if val_texts is not None:  # an empty list is no val data, as None is
+            val_texts = [sample_text(t, f"val_texts[{i}]") for i, t in enumerate(val_texts)] or None
         if train_texts is None:
             train_texts = self.reader.load_texts(cfg.train_data)
         if val_texts is None and cfg.val_data:

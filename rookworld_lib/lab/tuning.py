@@ -508,7 +508,7 @@ def scaling_figure(result: MatrixResult):
                                          marker=dict(symbol="circle-open", size=11, color=series_colour(2)),
                                          legendgroup="repeat", showlegend=col == 1 and row == 1), row=row, col=col)
         fig.update_xaxes(type="log", tickvals=xs, ticktext=[str(x) for x in xs], col=col)  # counts: integer ticks
-        fig.update_xaxes(title_text=variable.replace("_", " "), row=2, col=col)
+        fig.update_xaxes(title_text=f"{variable.replace('_', ' ')} (log scale)", row=2, col=col)
         fig.update_yaxes(title_text="ms per step", row=1, col=col)
         fig.update_yaxes(title_text="tokens/s", row=2, col=col)
     drifted = "<br><sup>the host's speed drifted while the rows ran (open marker: the baseline run again at the end)</sup>"
