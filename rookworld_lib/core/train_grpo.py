@@ -95,7 +95,8 @@ class GRPOTrainConfig:
     mu: int = option(1, "inner passes over each rollout batch (1 = strictly on-policy)", min=1)
     minibatch_size: int = option(16, "completions per optimizer step inside a pass", min=1)
     lr: float = option(1e-5, "peak learning rate", min=0.0, min_open=True)
-    min_lr_ratio: float = option(0.1, "cosine floor as a fraction of lr", min=0.0, max=1.0)
+    min_lr_ratio: float = option(0.1, "cosine floor as a fraction of lr, reached at the last step (a 1-step run "
+                                      "trains at the floor; TRL's linear schedule starts at lr)", min=0.0, max=1.0)
     warmup_steps: int = option(0, "linear warm-up steps", min=0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0.0)
     grad_clip: float = option(1.0, "max global grad norm (0 = off)", min=0.0)
