@@ -137,13 +137,13 @@ def test_end_to_end_small_model_runs_every_suite():
     assert (res2["policy/valid"].n, res2["mate_in_one/accuracy"].n) == (1, 2) and "env/valid" not in res2
     assert "mate_in_one/accuracy" not in ev.evaluate_all(model, [rec], [], [mate], dataclasses.replace(capped, max_mate=0))
     table = ev.comparison_table({"init": res})
-    assert ev.REFERENCE_NAME in table.columns and "reference measured" in table.columns
-    assert table.loc["policy/cp_loss", "reference measured"].startswith("(ours only) centipawns B: loses")
+    assert ev.REFERENCE_NAME in table.columns and ev.REFERENCE_NOTE in table.columns
+    assert table.loc["policy/cp_loss", ev.REFERENCE_NOTE].startswith("(ours only) centipawns B: loses")
     # `rookworld eval`'s terminal table: every line fits 120 columns; its columns are explained below it
     text = ev.terminal_table(res, ev.model_label("runs/20260101-000000/training/final"))
     assert max(map(len, text.splitlines())) <= ev.TERMINAL_WIDTH
     assert text.splitlines()[0].split() == ["training/final", "reported"]
-    assert "training/final: estimate [95% interval]" in text and "reported: RookWorld 7M x 3E" in text
+    assert "training/final: estimate [95% interval]" in text and "reported: RookWorld-LM-124M, 7M samples x 3 epochs" in text
     assert "  mate_in_one/accuracy: BIG-bench checkmate-in-one" in text
 
 

@@ -54,7 +54,8 @@ from .training import layout_of, read_layout, reward_functions
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
 # the metric that measures the same thing: {metric: (value, what it measured and on which data)}.
-REFERENCE_NAME = "RookWorld 7M x 3E (reported)"
+REFERENCE_NAME = "RookWorld-LM-124M, 7M samples x 3 epochs (reported)"
+REFERENCE_NOTE = "what the reference measured; notes"
 REFERENCE_ROOKWORLD_LM_124M = {
     "policy/original_label_agreement":
         (0.166, "B: equal to the original label (for black the worst listed move), rook val set"),
@@ -434,8 +435,8 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
         ref, measured = reference.get(m, (None, NOTES.get(m, "")))
         rows.append({"metric": m, **{name: str(res.get(m, "")) for name, res in columns.items()},
                      REFERENCE_NAME: "" if ref is None else _reference_text(ref),
-                     "reference measured": measured})
-    return pd.DataFrame(rows, columns=["metric", *columns, REFERENCE_NAME, "reference measured"]).set_index("metric")
+                     REFERENCE_NOTE: measured})
+    return pd.DataFrame(rows, columns=["metric", *columns, REFERENCE_NAME, REFERENCE_NOTE]).set_index("metric")
 
 
 # What a metric with no reference figure measures, where its name does not say it (comparison_table)

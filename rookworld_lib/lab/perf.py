@@ -111,7 +111,7 @@ def device_name(device: str | torch.device = "auto") -> str:
     device = resolve_device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{cpu_name()} ({torch.get_num_threads()} threads)"
+    return f"{cpu_name()} ({torch.get_num_threads()} thread{'s' if torch.get_num_threads() != 1 else ''})"
 
 
 def tensor_bytes(tensors) -> int:
