@@ -50,7 +50,7 @@ CATEGORY_ORDER = ("best", "2nd", "5th", "random legal", "illegal", "best repeate
 def policy_examples(rec, seed: int = 0) -> dict[str, str]:
     """Completions of graded quality for one P: record, keyed by category: the record's M:/E: with
     B: = best, 2nd, 5th candidate; a random legal move outside them, then an illegal move, each put in
-    M: as the last candidate and named in B: (format-valid); the best move repeated in every M: slot
+    M: as the last candidate and named in B: (well-formed, as the gate reads it); the best move repeated in every M: slot
     (malformed: a small model's greedy failure); a garbled copy of the true completion (3-8
     character edits); and random garbage."""
     rng = random.Random(f"{seed}:{rec['id']}")
@@ -59,7 +59,7 @@ def policy_examples(rec, seed: int = 0) -> dict[str, str]:
     out = {name: head + rec["moves"][k] for k, name in ((0, "best"), (1, "2nd"), (4, "5th")) if k < len(rec["moves"])}
     moves, evals = rec["moves"], rec["evals"]
 
-    def as_last_candidate(move: str) -> str:  # format-valid: the move replaces the last candidate and is B:
+    def as_last_candidate(move: str) -> str:  # well-formed: the move replaces the last candidate and is B:
         return f" M: {' '.join([*moves[:-1], move])} E: {' '.join(evals)} B: {move}"
 
     others = sorted(m.uci() for m in board.legal_moves if m.uci() not in moves)

@@ -31,7 +31,7 @@ one, so the reward ranks well-formed with a legal ``B:`` ([0, 1]) above well-for
 ``B:`` (-0.25) above malformed above garbage (-1.0). A well-formed answer with some illegal or too few
 candidates is not gated: its ``moves_legal`` and ``moves_overlap`` fall instead.
 Without the gate a malformed answer that names the best move (five copies of it in ``M:``, the
-typical greedy failure of a small SFT model) scored 0.78, above a format-valid answer with a worse
+typical greedy failure of a small SFT model) scored 0.78, above a well-formed answer with a worse
 legal move, and GRPO had nothing to gain from valid text.
 
 Graded policy reward (:class:`GradedWeights` as the weights; issue 26): seven components in [0, 1],
