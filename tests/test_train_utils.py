@@ -174,7 +174,7 @@ def test_resume_drops_lines_that_are_json_but_no_record_and_steps_out_of_order_a
                                                                           every_step=True):
         pass
     assert [r.getMessage() for r in caplog.records] == [
-        f"{tmp_path / 'gone.jsonl'}: missing: the records of steps 1 to 4 are lost, though the checkpoint at step 4 "
+        f"{tmp_path / 'gone.jsonl'}: missing: the records of every step up to 4 are lost, though the checkpoint at step 4 "
         "covers them"]
 
 

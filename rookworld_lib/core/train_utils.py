@@ -308,7 +308,7 @@ class MetricsLogger(JsonlAppender):
         elif resume_step is not None and path.exists():
             write_jsonl(path, _records_up_to(path, resume_step, every_step))
         elif resume_step and every_step:  # deleted (or never written): the checkpoint's steps have no records
-            log.warning("%s: missing: the records of steps 1 to %d are lost, though the checkpoint at step %d "
+            log.warning("%s: missing: the records of every step up to %d are lost, though the checkpoint at step %d "
                         "covers them", path, resume_step, resume_step)
         super().__init__(path)
 
