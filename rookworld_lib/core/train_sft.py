@@ -29,7 +29,7 @@ import torch
 
 from .config import SEED_MAX, bad_field, check_number, check_weights, config_class, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
-from .paths import RUNS_DIR, DataFormatError, json_lines
+from .paths import RUNS_DIR, DataFormatError, atomic_write, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
@@ -702,7 +702,8 @@ class SFTTrainer(Trainer):
         """Write the settings beside the metrics; a fresh run logs the val loss before step 1."""
         cfg = self.cfg
         if self.dist.is_main:
-            (self.out_dir / "sft_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+            text = json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"  # atomic: a kill never leaves half of it
+            atomic_write(self.out_dir / "sft_config.json", lambda f: f.write(text.encode()))
         if self.fresh and cfg.eval_interval > 0:
             self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "eval/loss": self.evaluate(),
                                   "num_tokens": 0, "nonfinite/total": 0, "nonfinite/in_a_row": 0})
