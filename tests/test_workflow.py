@@ -236,11 +236,14 @@ def test_notebook_05s_training_cell_stopped_and_run_again_resumes_at_its_checkpo
     from rookworld_lib.core.train_sft import METRICS_FILE, train_sft
     from rookworld_lib.core.train_utils import read_metrics
 
+    from sft_helpers import TEXTS
+
     prof = workflow.resolve("ci")
     assert prof.sft.resume and prof.grpo.resume
-    cfg = workflow.sft_config(prof, tmp_path / "training" / "sft", DATA_DIR, 0)
-    stopped = train_sft(cfg, reader=RecordReader("compact", prof.candidate_order), until=3)
+    cfg = workflow.sft_config(prof, tmp_path / "training" / "sft", DATA_DIR, 0)  # the cell's config, on small texts
+    texts = dict(train_texts=TEXTS[:16], val_texts=TEXTS[16:], reader=RecordReader("compact", prof.candidate_order))
+    stopped = train_sft(cfg, until=3, **texts)
     assert stopped.step == 3 and stopped.checkpoint is not None
-    again = train_sft(cfg, reader=RecordReader("compact", prof.candidate_order))
+    again = train_sft(cfg, **texts)
     assert again.step == prof.sft.max_steps and [r["step"] for r in again.history][0] == 4
     assert [r["step"] for r in read_metrics(tmp_path / "training" / "sft" / METRICS_FILE)] == list(range(prof.sft.max_steps + 1))
