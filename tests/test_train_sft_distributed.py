@@ -159,3 +159,18 @@ def test_grpo_says_its_run_lines_once_under_torchrun(capsys, monkeypatch):
         monkeypatch.setenv("RANK", rank)
         training._grpo_config_from_args(args, say=training._say)
         assert capsys.readouterr().err == said
+
+
+def test_the_grpo_launcher_says_once_when_some_processes_would_sample_nothing(monkeypatch, capsys):
+    """A rank samples whole rollout chunks: --rollout-chunks 1 under --nproc 2 left one process idle while the
+    other sampled every prompt, and nothing said so."""
+    from rookworld_lib.core import grpo
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig
+
+    for chunks, said in ((1, True), (2, False)):
+        cfg = GRPOTrainConfig(prompts_per_step=4, group_size=2, minibatch_size=4, rollout_chunks=chunks,
+                              loss=grpo.GRPOConfig(beta=0.0))
+        monkeypatch.setattr(training, "_grpo_config_from_args", lambda args, cfg=cfg: (cfg, "compact"))
+        training._grpo_preflight(["--init-from", "m", "--out", "o"], 2)
+        err = capsys.readouterr().err
+        assert ("rookworld grpo: note: --rollout-chunks 1 < --nproc 2: 1 of the processes sample nothing" in err) == said

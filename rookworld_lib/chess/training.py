@@ -427,8 +427,14 @@ def _grpo_config_from_args(args: argparse.Namespace, say=lambda line: None) -> t
 
 
 def _grpo_preflight(argv: list[str], nproc: int) -> None:
-    """Refuse, before torchrun starts, settings that every worker would refuse."""
-    check_world_size(_grpo_config_from_args(build_grpo_parser().parse_args(argv))[0], nproc)
+    """Refuse, before torchrun starts, settings that every worker would refuse; say once when some
+    processes would sample nothing (a rank takes whole rollout chunks)."""
+    cfg = _grpo_config_from_args(build_grpo_parser().parse_args(argv))[0]
+    check_world_size(cfg, nproc)
+    if cfg.rollout_chunks < nproc:
+        print(f"rookworld grpo: note: --rollout-chunks {cfg.rollout_chunks} < --nproc {nproc}: "
+              f"{nproc - cfg.rollout_chunks} of the processes sample nothing in a step (a process samples whole "
+              f"chunks); --rollout-chunks {nproc} spreads the sampling over all of them", file=sys.stderr, flush=True)
 
 
 def grpo_cli(argv: list[str] | None = None) -> int:
