@@ -16,6 +16,7 @@ import importlib
 import io
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -108,7 +109,7 @@ def with_flag(message: str, argv: list[str], help_text: Callable[[], str] = str)
 def resume_options(diff: dict[str, tuple], help_text: str) -> str:
     """For a resume refused over changed settings (field -> (saved, now)): the command's options that
     give the saved values back, where a plain value does (`; as before: --lr 0.003 --beta 0.04`)."""
-    given = [f"{flag} {old}" for field, (old, _) in diff.items()
+    given = [f"{flag} {shlex.quote(str(old))}" for field, (old, _) in diff.items()
              if isinstance(old, (int, float, str)) and not isinstance(old, bool) and old != ""
              and re.search(rf"(^|\s){re.escape(flag := flag_name(field.rsplit('.', 1)[-1]))}\b", help_text)]
     return f"; as before: {' '.join(given)}" if given else ""
