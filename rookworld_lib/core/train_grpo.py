@@ -230,6 +230,43 @@ def _shown(value) -> str:
     return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
+def reward_setup(reward_funcs, reward_weights, tasks) -> tuple[list[RewardFunc], list[float], list[str]]:
+    """The trainer's reward functions (each checked: check_reward_function), their weights (one finite
+    number each, 1.0 by default) and their names in metrics: TRL's, a second "<lambda>" "<lambda>_2",
+    none a task's name (rewards/<task>/mean is the task's weighted total). ValueError in one line."""
+    if reward_funcs is None or isinstance(reward_funcs, (str, bytes)):
+        raise ValueError(f"reward_funcs must be a function f(prompts, completions, **columns) or a list of them, "
+                         f"got {_shown(reward_funcs)}")
+    funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
+    if (bad := next((f for f in funcs if not callable(f)), None)) is not None:
+        raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
+                         "**columns) or a list of them")
+    for f in funcs:
+        check_reward_function(f)
+    if reward_weights is not None and not hasattr(reward_weights, "__len__"):
+        raise ValueError(f"reward_weights must be a list of one number per reward function, got {_shown(reward_weights)}")
+    given = [1.0] * len(funcs) if reward_weights is None else [  # 0-d tensors and numpy values as their numbers
+        w.item() if (isinstance(w, torch.Tensor) and w.numel() == 1) or (isinstance(w, (np.ndarray, np.generic))
+                     and w.size == 1) else w for w in reward_weights]
+    if not all(isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in given):
+        raise ValueError(f"reward_weights must be finite numbers, got {given}")
+    weights = [float(w) for w in given]
+    if not funcs or len(weights) != len(funcs):
+        raise ValueError(f"give one or more reward functions and one weight each (got {len(funcs)} "
+                         f"functions, {len(weights)} weights)")
+    names: list[str] = []  # unique in metrics (a second "<lambda>" is "<lambda>_2"), as TRL names them
+    for name in map(reward_name, funcs):
+        unique, n = name, 1
+        while unique in names:
+            n += 1
+            unique = f"{name}_{n}"
+        names.append(unique)
+    if clash := sorted(set(names) & set(tasks)):  # renamed, it logged the task's total
+        raise ValueError(f"reward function {clash[0]!r} has the name of a task: rewards/{clash[0]}/mean would be "
+                         "both the function's mean and the task's weighted total; rename the function or the task")
+    return funcs, weights, names
+
+
 class PromptSampler:
     """Draws prompts: each task at its share of task_weights (None: one pool of every item), each
     pool reshuffled when it runs out."""
@@ -449,36 +486,8 @@ class GRPOTrainer(Trainer):
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
         self.prompts = self.data = PromptSampler(items, cfg.task_weights, cfg.seed)
-        if reward_funcs is None or isinstance(reward_funcs, (str, bytes)):
-            raise ValueError(f"reward_funcs must be a function f(prompts, completions, **columns) or a list of them, "
-                             f"got {_shown(reward_funcs)}")
-        self.reward_funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
-        if (bad := next((f for f in self.reward_funcs if not callable(f)), None)) is not None:
-            raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
-                             "**columns) or a list of them")
-        for f in self.reward_funcs:
-            check_reward_function(f)
-        if reward_weights is not None and not hasattr(reward_weights, "__len__"):
-            raise ValueError(f"reward_weights must be a list of one number per reward function, got {_shown(reward_weights)}")
-        weights = [1.0] * len(self.reward_funcs) if reward_weights is None else [
-            w.item() if (isinstance(w, torch.Tensor) and w.numel() == 1) or (isinstance(w, (np.ndarray, np.generic))
-                         and w.size == 1) else w for w in reward_weights]
-        if not all(isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w) for w in weights):
-            raise ValueError(f"reward_weights must be finite numbers, got {weights}")
-        self.reward_weights = [float(w) for w in weights]
-        if not self.reward_funcs or len(self.reward_weights) != len(self.reward_funcs):
-            raise ValueError(f"give one or more reward functions and one weight each (got {len(self.reward_funcs)} "
-                             f"functions, {len(self.reward_weights)} weights)")
-        self.reward_names: list[str] = []  # unique in metrics (a second "<lambda>" is "<lambda>_2"), as TRL names them
-        for name in map(reward_name, self.reward_funcs):
-            unique, n = name, 1
-            while unique in self.reward_names:
-                n += 1
-                unique = f"{name}_{n}"
-            self.reward_names.append(unique)
-        if clash := sorted(set(self.reward_names) & set(self.prompts.tasks)):  # renamed, it logged the task's total
-            raise ValueError(f"reward function {clash[0]!r} has the name of a task: rewards/{clash[0]}/mean would be "
-                             "both the function's mean and the task's weighted total; rename the function or the task")
+        self.reward_funcs, self.reward_weights, self.reward_names = reward_setup(reward_funcs, reward_weights,
+                                                                                 self.prompts.tasks)
         self.tokens_seen: int | None = 0  # prompt and completion tokens of every batch so far (TRL's num_tokens)
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
