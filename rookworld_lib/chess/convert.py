@@ -35,7 +35,7 @@ import numpy as np
 
 from . import tasks
 from .data import ORIGINAL_LIMIT, ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
-from ..core.paths import LOCK_FILE, atomic_file, json_line, read_jsonl, run_lock
+from ..core.paths import LOCK_FILE, atomic_file, decoded_lines, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
 from .engine import usable_cores
 from .rewards import EnvTruth
@@ -216,18 +216,13 @@ def _table_texts(path: Path) -> Iterator[str | None]:
 def _text_file_lines(path: Path) -> Iterator[tuple[int, str | ValueError]]:
     """(line number, text) of a text file (gzipped too), decoded strictly: a line that is not UTF-8 is a
     ValueError with the byte, as a JSON line's is (replacement characters made FEN errors of it)."""
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
     try:
-        with opener(path, "rb") as fh:
-            if b"\0" in fh.peek(8192)[:8192]:  # a binary file given by mistake: one line, not hundreds
+        with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as fh:
+            if b"\0" in fh.read(8192):  # a binary file given by mistake: one line, not hundreds
                 raise ValueError(f"{path}: not a text file (NUL bytes in its first 8 kB); give text lines, JSON lines, "
                                  ".parquet or .arrow")
-            for n, raw in enumerate(fh, 1):
-                try:
-                    # utf-8-sig on line 1: a byte-order mark (Windows editors write one) is not part of it
-                    yield n, raw.decode("utf-8-sig" if n == 1 else "utf-8")
-                except UnicodeDecodeError as exc:
-                    yield n, ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start})")
+        for n, text, why in decoded_lines(path):
+            yield n, text if why is None else ValueError(why)
     except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut off (lines before that were read)
         raise ValueError(f"{path}: not a whole gzip file ({exc}); decompress a good copy, or give the text file") from None
 

@@ -29,7 +29,6 @@ import math
 import random
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -42,7 +41,7 @@ from scipy.special import stdtrit
 from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
 from ..core.model import GPT, CheckpointFormatError
-from ..core.paths import atomic_write, run_lock
+from ..core.paths import atomic_write, keep_aside, run_lock
 from ..core.sampling import SamplingConfig, check_fits, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
@@ -718,9 +717,7 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
         rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show, device=args.device)  # capped by cfg.max_*
         out = run / "curve.json"
         if out.exists():  # an earlier curve (hours of evaluation, perhaps on more positions) is kept beside it
-            kept = out.with_name(f"curve-{time.strftime('%Y%m%d-%H%M%S', time.localtime(out.stat().st_mtime))}.json")
-            out.replace(kept)
-            print(f"the previous curve: {kept}", file=sys.stderr)
+            print(f"the previous curve: {keep_aside(out)}", file=sys.stderr)
         atomic_write(out, lambda f: f.write((json.dumps(rows, indent=1) + "\n").encode()))
     print(json.dumps(rows) if args.json else curve_table(rows).to_string())
     print(f"written: {out}", file=sys.stderr)

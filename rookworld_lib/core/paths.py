@@ -136,29 +136,45 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[Any]) -> int:
     return n
 
 
+def decoded_lines(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[tuple[int, str | None, str | None]]:
+    """Stream a text file's lines: ``(line number, text, None)``, or ``(line number, None, reason)`` for one
+    that is not UTF-8. A ``.gz`` file is read through gzip; a UTF-8 byte-order mark at its start is skipped.
+    torn_tail=True leaves out an unterminated last line. OSError propagates (gzip.BadGzipFile is one)."""
+    with (gzip.open if str(path).lower().endswith(".gz") else open)(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if torn_tail and not raw.endswith(b"\n"):
+                break
+            try:
+                yield lineno, raw.decode("utf-8-sig" if lineno == 1 else "utf-8"), None  # a BOM (Windows editors) is no data
+            except UnicodeDecodeError as exc:
+                yield lineno, None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
+
+
 def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[tuple[int, Any, str | None]]:
     """Stream a JSON-lines file: ``(line number, value, None)`` per non-blank line, or ``(line number,
     None, reason)`` for one that is not UTF-8 or not JSON, for the caller to stop at or skip.
 
     torn_tail=True leaves out an unterminated last line: only a kill mid-append leaves one
-    (:class:`JsonlAppender` writes lines whole), and it is not data. A ``.gz`` file is read through
-    gzip; a UTF-8 byte-order mark at its start is skipped. OSError propagates (a corrupt gzip stream
-    included: gzip.BadGzipFile is one).
+    (:class:`JsonlAppender` writes lines whole), and it is not data. As :func:`decoded_lines` reads it.
     """
-    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            if torn_tail and not raw.endswith(b"\n"):
-                break
+    for lineno, line, why in decoded_lines(path, torn_tail=torn_tail):
+        if why is not None:
+            yield lineno, None, why
+        elif line.strip():
             try:
-                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a byte-order mark (Windows editors) is no data
-            except UnicodeDecodeError as exc:
-                yield lineno, None, f"not UTF-8 ({exc.reason} at byte {exc.start})"
-                continue
-            if line.strip():
-                try:
-                    yield lineno, json.loads(line), None
-                except ValueError as exc:
-                    yield lineno, None, f"invalid JSON ({exc})"
+                yield lineno, json.loads(line), None
+            except ValueError as exc:
+                yield lineno, None, f"invalid JSON ({exc})"
+
+
+def keep_aside(path: Path) -> Path:
+    """Rename `path` to ``<stem>-<its mtime, %Y%m%d-%H%M%S>[-n]<suffix>`` beside it, a name not taken yet
+    (an earlier result that a new one would replace is kept), and return the new path."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    kept = next(k for n in range(1, 10**6)
+                if not (k := path.with_name(f"{path.stem}-{stamp}{f'-{n}' if n > 1 else ''}{path.suffix}")).exists())
+    path.replace(kept)
+    return kept
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -32,7 +32,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import checkpoint as ckpt_lib
 from . import distributed
 from .errors import PEER_STOPPED, NonFiniteError
-from .paths import RunDirBusyError, busy_message, run_lock
+from .paths import RunDirBusyError, busy_message, keep_aside, run_lock
 from .progress import tqdm
 from .train_utils import MetricsLogger, NonFiniteGuard, rng_state, set_rng_state, setup_runtime, to_jsonable
 
@@ -383,10 +383,7 @@ class Trainer:
         for name in (self.metrics_file, *self.log_files):
             path = self.out_dir / name
             if self.fresh and path.is_file() and path.stat().st_size:  # an earlier run's, with no checkpoint left
-                stamp = time.strftime('%Y%m%d-%H%M%S', time.localtime(path.stat().st_mtime))
-                kept = next(k for n in range(1, 10**6) if not (k := path.with_name(
-                    f"{path.stem}-{stamp}{f'-{n}' if n > 1 else ''}{path.suffix}")).exists())
-                path.replace(kept)  # a fresh start empties the file: its records are all that may be left of that run
+                kept = keep_aside(path)  # a fresh start empties the file: its records are all that may be left of that run
                 log.warning("%s: an earlier run's records, with no checkpoint to resume, are kept as %s; this run "
                             "starts afresh", path, kept.name)
             self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,

@@ -101,7 +101,7 @@ def with_flag(message: str, argv: list[str], help_text: Callable[[], str] = str)
         flag = flag_name(m[2])
         if any(a == flag or a.startswith(flag + "=") for a in argv):
             return f"{m[0][:-1]} ({flag}) {message[m.end():]}"
-        if re.search(rf"(^|\s){re.escape(flag)}\b", help_text()):
+        if _has_option(flag, help_text()):
             return f"{m[0][:-1]} ({flag}, not given) {message[m.end():]}"
     return message
 
@@ -111,8 +111,12 @@ def resume_options(diff: dict[str, tuple], help_text: str) -> str:
     give the saved values back, where a plain value does (`; as before: --lr 0.003 --beta 0.04`)."""
     given = [f"{flag} {shlex.quote(str(old))}" for field, (old, _) in diff.items()
              if isinstance(old, (int, float, str)) and not isinstance(old, bool) and old != ""
-             and re.search(rf"(^|\s){re.escape(flag := flag_name(field.rsplit('.', 1)[-1]))}\b", help_text)]
+             and _has_option(flag := flag_name(field.rsplit('.', 1)[-1]), help_text)]
     return f"; as before: {' '.join(given)}" if given else ""
+
+
+def _has_option(flag: str, help_text: str) -> bool:
+    return re.search(rf"(^|\s){re.escape(flag)}\b", help_text) is not None
 
 
 def _help_text(command: str) -> str:
