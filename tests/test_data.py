@@ -1,6 +1,7 @@
 """Shipped data: validity, splits, coverage, the label audit; the loader (data); resumable generation (datagen)."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -580,6 +581,13 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     other = datagen.DatagenConfig(out_dir=str(tmp_path), **{**tinier, "depth": 3})
     with pytest.raises(datagen.WorkDirMismatch, match="depth: 4 -> 3"):
         datagen.generate(other, progress=False)
+    # the data set to exclude named as written (relative, a trailing slash) or absolute is one setting: it was
+    # refused as "other settings" ('data/' -> '/abs/data')
+    excluding = datagen.DatagenConfig(out_dir=str(tmp_path / "x"), **tinier, exclude_dir=str(data.DATA_DIR))
+    with interrupted_after_labels(1):
+        datagen.generate(excluding, progress=False)
+    excluding = dataclasses.replace(excluding, exclude_dir=os.path.relpath(data.DATA_DIR) + os.sep)
+    assert datagen.generate(excluding, progress=False).labels_reused >= 1
     stale = tmp_path / "policy_val.jsonl"  # 3 games are all train: this run has no val records
     stale.write_text(json.dumps(shipped("P", "val")[0]) + "\n")
     report = datagen.generate(other, progress=False, fresh=True)

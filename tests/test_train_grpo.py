@@ -258,6 +258,11 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     assert make({**cfg, "steps": 2}).resumed_from is not None  # a longer run of the same settings resumes
     # the attention kernel is a speed choice a resume may change (and checkpoints from before the field lack it)
     assert make({**cfg, "steps": 2, "cudnn_attention": False}).resumed_from is not None
+    # settings compared as they resolve: "auto" is "full" for a model that marks no task vocabulary, and
+    # dtype "auto" is fp32 on a CPU (both were refused as other settings); fp32 against bf16 is another run
+    assert make({**cfg, "steps": 2, "vocab": "full", "dtype": "fp32"}).resumed_from is not None
+    with pytest.raises(ValueError, match=r"other settings \(dtype: 'fp32' -> 'bf16'\)"):
+        make({**cfg, "dtype": "bf16"})
     assert set(RESUME_MAY_CHANGE) <= {f.name for f in dataclasses.fields(GRPOTrainConfig)}
     for change, name in (({"lr": 1e-4}, "lr"), ({"group_size": 2}, "group_size"), ({"seed": 2}, "seed"),
                          ({"task_weights": {"P": 0.75, "A": 0.25}}, r"task_weights: \{'P': 0\.5, 'A': 0\.5\} -> \{'P'"),

@@ -316,6 +316,10 @@ def test_resume_refuses_other_settings_and_never_starts_over_silently(tmp_path):
         SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS, reader=sorted_reader)
     with pytest.raises(ValueError, match="already holds checkpoints"):
         SFTTrainer(tiny_cfg(tmp_path, resume=False), train_texts=TEXTS)
+    # dtype is compared as it resolves: "auto" (the run's) is fp32 on a CPU, as --dtype fp32 is (refused before)
+    assert SFTTrainer(tiny_cfg(tmp_path, dtype="fp32"), train_texts=TEXTS).step == 2
+    with pytest.raises(ValueError, match=r"other settings \(dtype: 'fp32' -> 'bf16'\)"):
+        SFTTrainer(tiny_cfg(tmp_path, dtype="bf16"), train_texts=TEXTS)
     more = SFTTrainer(tiny_cfg(tmp_path, max_steps=8, checkpoint_interval=4), train_texts=TEXTS)  # may change
     assert more.step == 2
 

@@ -98,11 +98,20 @@ class DatagenConfig:
     def content_key(self) -> dict:
         """The settings that decide the output (not where it goes or how many workers)."""
         skip = {"out_dir", "work_dir", "workers", "keep_work", "stockfish"}
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        key = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+        return _resolved_exclude(key)
 
     def work_path(self) -> Path:
         """Where the resumable state of this run lives."""
         return Path(self.work_dir) if self.work_dir else Path(self.out_dir) / ".datagen-work"
+
+
+def _resolved_exclude(key: dict) -> dict:
+    """The settings with exclude_dir as an absolute path: `data`, `data/` and `/abs/data` are one data set
+    (a resume named them apart; a record of an older version holds the path as written)."""
+    if key.get("exclude_dir"):
+        key = {**key, "exclude_dir": str(Path(key["exclude_dir"]).resolve())}
+    return key
 
 
 def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
@@ -803,7 +812,8 @@ def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
             raise ValueError(path)
     except ValueError:
         raise DataFormatError(f"corrupt work file: {path}; delete {work} or rerun with --fresh") from None
-    a, b = {**old.get("config", {}), "engine": old.get("engine")}, {**state["config"], "engine": state["engine"]}
+    a = {**_resolved_exclude(old.get("config", {})), "engine": old.get("engine")}
+    b = {**state["config"], "engine": state["engine"]}
     diffs = [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
     if diffs:
         raise WorkDirMismatch(f"{work} holds an interrupted run with other settings ({'; '.join(diffs)}); "

@@ -527,6 +527,10 @@ class GRPOTrainer(Trainer):
         if self.ref is not None:
             self.ref.load_state_dict(extra["ref"], strict=True)
 
+    def resolved_settings(self) -> dict:
+        """vocab "auto" resolves to "task" or "full" (the task tokens themselves: resume_differences)."""
+        return {**super().resolved_settings(), "vocab": "full" if self.vocab is None else "task"}
+
     def resume_differences(self, ckpt: dict) -> dict[str, tuple]:
         """The model a run starts from, its prompt set and its reward functions must be the checkpoint's too."""
         extra, diff = ckpt.get("extra") or {}, {}

@@ -104,6 +104,11 @@ class Trainer:
         """Further {what: (saved, now)} that forbid resuming `ckpt` (beyond the config's fields)."""
         return {}
 
+    def resolved_settings(self) -> dict:
+        """Config fields as this run resolved them, {field: value}; recorded in every checkpoint, and a
+        resume compares these rather than the fields as written (dtype "auto" is "fp32" on a CPU)."""
+        return {"dtype": "fp32" if self.runtime.amp_dtype is None else "bf16"}
+
     def after_step(self, record: dict) -> None:
         """Runs after each step, before its record is logged (SFT measures the val loss here)."""
 
@@ -164,6 +169,11 @@ class Trainer:
             raise ValueError(f"{latest} was written before task_weights replaced policy_fraction (2026-11-28): this "
                              "version cannot continue it (its data order differs); start a new run in another "
                              "out_dir, or finish this one with the version that wrote it (git checkout febfa57)")
+        # a field the checkpoint recorded as resolved is compared resolved (an older checkpoint: as written)
+        mine = self.resolved_settings()
+        for k, was in ((ckpt.get("extra") or {}).get("resolved") or {}).items():
+            if k in now and k in mine:
+                saved[k], now[k] = was, mine[k]
         diff = {}
         for k, v in now.items():
             if k in self.resume_may_change or (saved.get(k) == v and k != "task_weights"):
@@ -252,7 +262,8 @@ class Trainer:
         for log_file in self.logs.values():
             log_file.sync()
         W = self.dist.world_size
-        extra = {"guard": self.guard.state_dict(), "world_size": W, **self.checkpoint_extra()}
+        extra = {"guard": self.guard.state_dict(), "world_size": W, "resolved": self.resolved_settings(),
+                 **self.checkpoint_extra()}
         if W > 1:
             extra["rank_rng"] = distributed.all_gather_objects(rng_state())
         error, path = None, ckpt_lib.checkpoint_path(self.ckpt_dir, self.step)
