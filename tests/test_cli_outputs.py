@@ -184,3 +184,22 @@ def test_a_folder_that_is_no_gpt2_is_named_so_before_any_layout_is_read_from_it(
     out = capsys.readouterr()
     assert out.err.strip() == f"rookworld grpo: error: {tmp_path / 'llama'}/config.json: model_type is 'llama', expected 'gpt2'"
     assert not (tmp_path / "o").exists()
+
+
+def test_a_grpo_resume_under_another_layout_names_the_layout_and_the_option_that_gives_it_back(tmp_path, capsys,
+                                                                                              tiny_model):
+    """--layout rewrites every prompt: the refusal said "prompts: 'another prompt set' -> 'this data'"; the
+    layout the model records (GPT.meta) is now kept in the checkpoint and named, with the option."""
+    for name in ("policy_train", "env_train"):
+        lines = (ROOT / "data" / f"{name}.jsonl").read_text().splitlines(keepends=True)
+        (tmp_path / f"{name}.jsonl").write_text("".join(lines[:4]))
+    argv = ["grpo", "--init-from", str(tiny_model), "--data-dir", str(tmp_path), "--out", str(tmp_path / "g"),
+            "--prompts-per-step", "2", "--group-size", "2", "--minibatch-size", "4", "--max-new-tokens", "4",
+            "--no-progress", "--report-to", "none", "--device", "cpu"]
+    assert cli.main([*argv, "--steps", "1"]) == 0
+    assert cli.main([*argv, "--steps", "2"]) == 0  # the export (it records the rollout temperature) changes nothing
+    capsys.readouterr()
+    assert cli.main([*argv, "--steps", "3", "--layout", "original"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "other settings (meta.layout: 'compact' -> 'original')" in err and "prompt set" not in err, err
+    assert err.endswith("; as before: --layout compact"), err

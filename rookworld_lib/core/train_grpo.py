@@ -43,7 +43,7 @@ import torch
 from . import distributed, grpo
 from .checkpoint import weights_fingerprint
 from .config import SEED_MAX, bad_field, check_weights, config_class, option, validate
-from .model import GPT
+from .model import GPT, META_PREFIX
 from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
 from .tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
@@ -451,6 +451,9 @@ class GRPOTrainer(Trainer):
             raise ValueError("items must be a list of PromptItem, got one PromptItem: wrap it in a list")
         check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
         self.start_weights = weights_fingerprint(model)  # the model as handed in: a resume must be handed it too
+        # and what the task layer recorded in it (a layout); not the rollout temperature, which this trainer's
+        # exports record (the model handed in is updated in place: handed in again, it carries that)
+        self.start_meta = {k: v for k, v in model.meta.items() if k != ROLLOUT_TEMPERATURE_KEY}
         super().__init__(cfg, cfg.steps, on_step=on_step)
         self.export_at_end = cfg.export_hf and cfg.out_dir is not None
         self.init_from = str(Path(init_from).resolve()) if init_from is not None else None
@@ -516,7 +519,8 @@ class GRPOTrainer(Trainer):
                  "start_weights": self.start_weights, "weights": weights_fingerprint(now),
                  "rewards": [[n, w] for n, w in zip(self.reward_names, self.reward_weights)],
                  "task_vocab": None if self.vocab is None else self.vocab.ids.tolist(),
-                 "task_vocab_base": None if self.outside is None else self.init_from or "unknown"}
+                 "task_vocab_base": None if self.outside is None else self.init_from or "unknown",
+                 "meta": self.start_meta}
         if self.ref is not None:
             extra["ref"] = self.ref.state_dict()
         return extra
@@ -536,7 +540,13 @@ class GRPOTrainer(Trainer):
         extra, diff = ckpt.get("extra") or {}, {}
         if self.init_from is not None and extra.get("init_from") not in (None, self.init_from):
             diff["init_from"] = (extra["init_from"], self.init_from)
-        if extra.get("prompts") not in (None, self.prompts.fingerprint):
+        # what the task layer recorded in the model (a layout rewrites every prompt: named, not "another prompt
+        # set"); a checkpoint from before the record: not compared
+        was, now = extra.get("meta", self.start_meta), self.start_meta
+        meta = {f"meta.{k.removeprefix(META_PREFIX)}": (was.get(k), now.get(k))  # rookworld_layout: meta.layout
+                for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)}
+        diff.update(meta)
+        if not meta and extra.get("prompts") not in (None, self.prompts.fingerprint):
             diff["prompts"] = ("another prompt set", "this data")
         elif None not in (extra.get("truth"), self.prompts.truth_fingerprint) and extra["truth"] != self.prompts.truth_fingerprint:
             diff["ground truth"] = ("the checkpoint's labels of these prompts", "other labels")
