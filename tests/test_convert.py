@@ -383,6 +383,12 @@ def test_convert_reads_parquet_and_arrow(tmp_path):
         w.write_table(table)
     for name in ("rook.parquet", "rook.arrow"):
         assert list(convert.iter_lines(tmp_path / name)) == list(enumerate(lines, 1))
+    # a null row is counted as an error, named as a JSON line's null 'text' is; an empty one is a blank line
+    # (both were skipped, so the report's lines and errors left the null out)
+    pq.write_table(pa.table({"text": [lines[0], None, "", lines[1]]}), tmp_path / "holes.parquet")
+    report = convert.convert([tmp_path / "holes.parquet"], tmp_path / "out", split="train", workers=1)
+    assert (report.lines, report.errors, sum(report.written.values())) == (3, 1, 2)
+    assert report.first_errors == [f"{tmp_path / 'holes.parquet'}:2: its 'text' is null, not the line as a string"]
 
 
 def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):

@@ -181,11 +181,12 @@ def env_record(line: OriginalEnvLine, ref: tasks.EnvTransition, split: str, iden
 
 # --- Files ---
 
+_NULL_TEXT = "its 'text' is null, not the line as a string"
 _ARROW_TEXT_TYPES = ("string", "large_string", "string_view")  # by name: string_view is pyarrow >= 16
 
 
-def _table_texts(path: Path) -> Iterator[str | None]:
-    """The `text` column of a Parquet or Arrow file, batch by batch."""
+def _table_texts(path: Path) -> Iterator[str | ValueError]:
+    """The `text` column of a Parquet or Arrow file, batch by batch (a null: a ValueError)."""
     try:  # optional: only Parquet/Arrow input needs pyarrow
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -209,8 +210,8 @@ def _table_texts(path: Path) -> Iterator[str | None]:
             raise ValueError(f"{path}: no 'text' column (columns: {', '.join(schema.names) or 'none'})")
         if str(kind := schema.field("text").type) not in _ARROW_TEXT_TYPES:
             raise ValueError(f"{path}: column 'text' holds {kind}, not strings (the original lines as text)")
-        for batch in batches:
-            yield from batch.column("text").to_pylist()
+        for batch in batches:  # a null row is an error, as a JSON line's null 'text' is (it was skipped uncounted)
+            yield from (ValueError(_NULL_TEXT) if t is None else t for t in batch.column("text").to_pylist())
 
 
 def _text_file_lines(path: Path) -> Iterator[tuple[int, str | ValueError]]:
