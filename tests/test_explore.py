@@ -377,6 +377,12 @@ def test_load_model_sources(tmp_path, monkeypatch):
     export = tmp_path / "run" / "training" / "final"
     GPT(GPTConfig.preset("tiny")).save_pretrained(export)
     assert explore.load_model(None, run_dir=str(tmp_path / "run"))[1] == str(export)
+    # a run named that is no folder, or holds no model, was explored with a random-init model in its place
+    (tmp_path / "stopped" / "training").mkdir(parents=True)
+    for run, why in (("nope", "is no folder"), ("run/training/final/config.json", "is no folder"),
+                     ("stopped", "holds no exported model")):
+        with pytest.raises(FileNotFoundError, match=f"run_dir '{tmp_path / run}' {why}"):
+            explore.load_model(None, run_dir=str(tmp_path / run))
     monkeypatch.setattr(explore, "RUNS_DIR", tmp_path)
     assert explore.load_model("latest")[1] == str(export)
     monkeypatch.setattr(explore, "RUNS_DIR", tmp_path / "empty")

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -149,9 +152,9 @@ def test_a_failed_notebook_ends_rookworld_run_in_one_line_naming_it_and_its_exec
     (run_dir,) = out.iterdir()
     captured = capsys.readouterr()
     lines = [x for x in captured.err.splitlines() if x.startswith("rookworld run:")]
-    assert lines == [f"rookworld run: error: notebook pipeline failed: 01_broken.ipynb: PapermillExecutionError: "
-                     f"ValueError: planted failure (kernel log: {run_dir / 'logs' / '01_broken.kernel.log'}) "
-                     f"(executed notebooks and report in {run_dir})"], captured.err
+    assert lines == [f"rookworld run: error: notebook pipeline failed: 01_broken.ipynb: ValueError: planted failure "
+                     f"(cell [2]) (kernel log: {run_dir / 'logs' / '01_broken.kernel.log'}) (executed notebooks and "
+                     f"report in {run_dir}; after a fix, rookworld run --resume {run_dir} continues it)"], captured.err
     assert "Traceback" not in captured.err and "run written to" not in captured.out
     executed = nbformat.read(str(run_dir / "01_broken.ipynb"), as_version=4)
     assert [o["evalue"] for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"] == [
@@ -186,3 +189,76 @@ def test_a_worker_whose_peer_failed_hands_the_launcher_a_line_that_yields_to_the
     monkeypatch.delenv("RANK")
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
         main(["grpo", "--steps", "5"])
+
+
+# A notebook that works until a flag file appears beside its parameters (the test sends its signal
+# then), unless a second run finds the flag there: it ends at once.
+STOPPED_HERE = '''
+import time
+from pathlib import Path
+flag = Path(barrier, "started")
+if not flag.exists():
+    flag.touch()
+    time.sleep(120)
+'''
+
+RESUMABLE_RUN = '''
+import functools, sys
+from pathlib import Path
+from rookworld_lib.lab import cli, pipeline
+pipeline.run_pipeline = functools.partial(pipeline.run_pipeline, notebooks_dir=Path(sys.argv[1]))
+pipeline.resume_run = functools.partial(pipeline.resume_run, notebooks_dir=Path(sys.argv[1]))
+sys.exit(cli.main(["run", *sys.argv[2:]]))
+'''
+
+
+def _resumable_main(argv: list[str]) -> None:
+    sys.argv = ["-c", *argv]
+    exec(RESUMABLE_RUN, {"__name__": "__main__"})
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folder(tmp_path):
+    """SIGTERM (`timeout`, a scheduler) ended `rookworld run` at once: no report.md, no run.json, the
+    kernel's temporary folder left behind, and nothing said. It now stops as Ctrl-C does (report,
+    run.json, one line naming the signal and how to continue), and `--resume RUN_DIR` continues the
+    run in its folder with its own settings: the finished notebook is not run again."""
+    nbs, out, barrier = tmp_path / "notebooks", tmp_path / "runs", tmp_path / "barrier"
+    nbs.mkdir()
+    barrier.mkdir()
+    write_notebook(nbs / "00_done.ipynb", "barrier = None", "from pathlib import Path\n"
+                   "Path(barrier, 'ran_00').write_text(Path(barrier, 'ran_00').read_text() + 'x' "
+                   "if Path(barrier, 'ran_00').exists() else 'x')")
+    write_notebook(nbs / "01_stopped.ipynb", "barrier = None", STOPPED_HERE)
+    write_notebook(nbs / "02_after.ipynb", "barrier = None", "pass")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    before = set(Path(tempfile.gettempdir()).glob("rookworld-kernel-*"))
+    run = ForkedChild(_resumable_main, [str(nbs), "--profile", "cpu", "--out", str(out), "-p", "barrier", str(barrier)],
+                      env=env)
+    deadline = time.monotonic() + 120
+    while not (barrier / "started").exists():
+        assert time.monotonic() < deadline and run.poll() is None, "the second notebook never started"
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    (run_dir,) = out.iterdir()
+    assert run.returncode == 130, err
+    assert f"rookworld run: interrupted in 01_stopped.ipynb; what ran: {run_dir / 'report.md'}; continue it: " \
+           f"rookworld run --resume {run_dir}" in err and "Traceback" not in err, err
+    assert err.strip().endswith("rookworld run: interrupted (SIGTERM)"), err
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [(n["notebook"], n["status"]) for n in record["notebooks"]] == [("00_done.ipynb", "ok"),
+                                                                         ("01_stopped.ipynb", "interrupted")]
+    assert "**INTERRUPTED**: 01_stopped.ipynb: interrupted (SIGTERM)" in (run_dir / "report.md").read_text()
+    assert set(Path(tempfile.gettempdir()).glob("rookworld-kernel-*")) <= before  # its kernel's folder removed
+
+    resumed = ForkedChild(_resumable_main, [str(nbs), "--resume", str(run_dir)], env=env)
+    output, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, err
+    assert f"rookworld run (cpu): 2 notebook(s) into {run_dir} (resumed: 1 finished before)" in output
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [(n["notebook"], n["status"]) for n in record["notebooks"]] == [
+        ("00_done.ipynb", "ok"), ("01_stopped.ipynb", "ok"), ("02_after.ipynb", "ok")]
+    assert (barrier / "ran_00").read_text() == "x"  # the finished notebook ran once
+    assert len(record["meta"]["resumed"]) == 1 and sorted(p.name for p in out.iterdir()) == [run_dir.name]
+    report = (run_dir / "report.md").read_text()
+    assert "INTERRUPTED" not in report and "resumed at " in report and "| 02_after.ipynb | ok |" in report

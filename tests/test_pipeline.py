@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import nbformat
 import pytest
@@ -114,6 +115,59 @@ def test_unknown_parameter_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"\['no_such_parameter'\] are declared by none"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"no_such_parameter": 1},
                               notebooks_dir=NOTEBOOKS_DIR)
+
+
+def test_the_allowed_names_leave_out_what_the_run_sets_itself(tmp_path):
+    """The list named figures_dir (always refused) and run_dir (refused where notebook 05 trains)."""
+    with pytest.raises(ValueError, match=r"\['stepz'\] .*; allowed: (?!.*figures_dir)(?!.*run_dir).*sft_steps"):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", only=["05"], extra_parameters={"stepz": 1})
+    with pytest.raises(ValueError, match=r"allowed: (?!.*figures_dir).*run_dir"):  # 06 alone may explore another run
+        pipeline.run_pipeline("cpu", tmp_path / "runs", only=["06"], extra_parameters={"stepz": 1})
+
+
+def test_notebook_06_alone_explores_the_newest_run_under_out_not_the_new_empty_folder(tmp_path):
+    """`rookworld run --only 06` passed the run's own new folder as run_dir, where no model is: 06
+    explored a random-init model and said ok."""
+    nbs, out = tmp_path / "nbs", tmp_path / "runs"
+    nbs.mkdir()
+    write_notebook(nbs / "06_explore.ipynb", "run_dir = None\nfigures_dir = 'x'",
+                   "from pathlib import Path\nPath(figures_dir, 'explored.txt').write_text(str(run_dir))")
+    for stamp in ("20260101-000000", "20260102-000000"):
+        (out / stamp / "training" / "final").mkdir(parents=True)
+        (out / stamp / "training" / "final" / "config.json").write_text("{}")
+        time.sleep(0.02)  # newest by time
+    run_dir = pipeline.run_pipeline("cpu", out, notebooks_dir=nbs)
+    assert (run_dir / "figures" / "explored.txt").read_text() == str(out / "20260102-000000")
+    assert json.loads((run_dir / "run.json").read_text())["notebooks"][0]["parameters"]["run_dir"] == str(
+        out / "20260102-000000")
+
+
+def test_a_failed_notebook_is_named_by_its_exception_and_the_first_line_of_its_message(tmp_path):
+    """An assert whose message is a printed table was reported by the table's last line
+    (`Name: prompt_tokens, dtype: float64`)."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    write_notebook(nbs / "01_tokens.ipynb", "x = 1", "assert x == 2, 'median off\\ncount 5\\nName: p, dtype: float64'")
+    with pytest.raises(RuntimeError, match=r"01_tokens.ipynb: AssertionError: median off \(cell \[2\]\) \(kernel log"):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
+
+
+def test_ctrl_c_while_the_figures_render_keeps_the_report_of_the_finished_notebooks(tmp_path, monkeypatch, capsys):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    write_notebook(nbs / "00_done.ipynb", "x = 1", "pass")
+
+    def interrupted(figures_dir):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pipeline, "render_pngs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert [n["status"] for n in json.loads((run_dir / "run.json").read_text())["notebooks"]] == ["ok"]
+    assert "**INTERRUPTED**: PNG copies of the figures: interrupted (Ctrl-C)" in (run_dir / "report.md").read_text()
+    assert "what ran: " in capsys.readouterr().err
+    with pytest.raises(ValueError, match="every notebook of that run finished .*; nothing to resume"):
+        pipeline.resume_run(run_dir, notebooks_dir=nbs)
 
 
 def test_a_refused_run_leaves_no_run_directory(tmp_path):

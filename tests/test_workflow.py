@@ -139,7 +139,7 @@ def test_profiles_measure_pass_at_1_at_the_rollout_temperature():
         assert p.reward in ("gated", "graded"), name
 
 
-def test_stage_timer_reports_a_stage_that_raised_as_failed(tmp_path, monkeypatch):
+def test_stage_timer_reports_a_stage_that_raised_as_failed_and_one_interrupted_as_such(tmp_path, monkeypatch):
     from rookworld_lib.core.progress import PROGRESS_ENV
 
     log = tmp_path / "progress.log"
@@ -149,9 +149,12 @@ def test_stage_timer_reports_a_stage_that_raised_as_failed(tmp_path, monkeypatch
         pass
     with pytest.raises(RuntimeError), timer("SFT"):
         raise RuntimeError("CUDA is not available")
+    with pytest.raises(KeyboardInterrupt), timer("GRPO"):  # Ctrl-C or SIGTERM: checkpointed, not failed
+        raise KeyboardInterrupt
     lines = log.read_text().splitlines()
-    assert [line.split(" (")[0] for line in lines] == ["data started", "data done", "SFT started", "SFT failed"], lines
-    assert set(timer.seconds) == {"data", "SFT"}
+    assert [line.split(" (")[0] for line in lines] == ["data started", "data done", "SFT started", "SFT failed",
+                                                       "GRPO started", "GRPO interrupted"], lines
+    assert set(timer.seconds) == {"data", "SFT", "GRPO"}
 
 
 def test_the_report_says_when_grpo_had_no_learning_signal():

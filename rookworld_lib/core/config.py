@@ -283,9 +283,10 @@ class ParameterError(ValueError):
 
 
 def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | None = None,
-          max: float | None = None, choices: Iterable[Any] | None = None) -> None:
-    """Raise ParameterError unless value is of `kind` and within [min, max] / `choices` (returns
-    nothing, so that a notebook's check cell shows no output)."""
+          max: float | None = None, choices: Iterable[Any] | None = None, folder: bool = False) -> None:
+    """Raise ParameterError unless value is of `kind` and within [min, max] / `choices`, and, with
+    folder=True, a str value names an existing folder (returns nothing, so that a notebook's check
+    cell shows no output)."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int subclass; a True where a count is expected is almost always a mistake.
     if isinstance(value, bool):
@@ -303,3 +304,6 @@ def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | 
         raise ParameterError(f"notebook parameter {name!r} must be >= {min}, got {value!r}")
     if max is not None and value > max:
         raise ParameterError(f"notebook parameter {name!r} must be <= {max}, got {value!r}")
+    if folder and isinstance(value, str) and not os.path.isdir(value):
+        raise ParameterError(f"notebook parameter {name!r} must name an existing folder, got {value!r} ("
+                             + ("a file" if os.path.exists(value) else "no such folder") + ")")

@@ -94,12 +94,20 @@ def rollout_settings(run_dir: str | Path | None) -> dict | None:
 def load_model(model_dir: str | None = None, run_dir: str | None = None, seed: int = 0,
                device: str = "cpu") -> tuple[GPT, str]:
     """(model in eval mode on `device`, where it came from): `model_dir`; "latest": the newest export
-    under runs/; None: the newest export under `run_dir` if any, else a seeded random-init tiny GPT."""
+    under runs/; None: the newest export under `run_dir` (one it must hold), or without a run_dir a
+    seeded random-init tiny GPT."""
     if model_dir == "latest":
         if (export := newest_export(RUNS_DIR)) is None:
             raise FileNotFoundError(f"model_dir='latest': no exported model (final/config.json) under {RUNS_DIR}")
         model_dir = str(export)
-    elif model_dir is None and run_dir is not None and (export := newest_export(run_dir)) is not None:
+    elif model_dir is None and run_dir is not None:  # a run named: its model, never a random one in its place
+        if not Path(run_dir).is_dir():
+            raise FileNotFoundError(f"run_dir {str(run_dir)!r} is no folder: give a run folder (runs/<stamp>) or None "
+                                    "(the newest run)")
+        if (export := newest_export(run_dir)) is None:
+            raise FileNotFoundError(f"run_dir {str(run_dir)!r} holds no exported model (no final/config.json under "
+                                    "it: a run that was interrupted or failed before its export); give another run "
+                                    "folder, or None (the newest run with a model)")
         model_dir = str(export)
     if model_dir is not None:
         return GPT.from_pretrained(model_dir).to(device).eval(), model_dir

@@ -13,6 +13,11 @@ output (what C libraries write to its file descriptors, its log) goes to
 their PNG copies ($ROOKWORLD_PNG=0); the run renders them all at the end on one browser, instead of
 one browser start per notebook.
 
+Ctrl-C or SIGTERM stops the notebook under way (a training loop saves a checkpoint), writes the report
+and says how to continue: `rookworld run --resume <run>` runs the first unfinished notebook and the
+rest in the same folder with the run's own settings (its run.json), training resuming from its
+checkpoints.
+
 Runs may overlap: each has its own directory (`<stamp>`, else `<stamp>-2`, ...), and each kernel
 its own temporary directory for its connection file and IPC sockets, removed when it ends.
 """
@@ -23,8 +28,11 @@ import argparse
 import ast
 import datetime as dt
 import json
+import logging
 import os
 import platform
+import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -41,7 +49,7 @@ from traitlets.config import Config
 from ..core.config import ParameterError, json_or_text
 from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
 from ..core.progress import PROGRESS_ENV
-from . import workflow
+from . import explore, workflow
 from .plots import PNG_ENV, render_pngs, report_figure_lines
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.
@@ -76,11 +84,11 @@ def declared_parameters(notebook: Path) -> set[str]:
     return names
 
 
-def check_parameters(extra: dict, declared: dict[Path, set[str]]) -> None:
+def check_parameters(extra: dict, declared: dict[Path, set[str]], refused: set[str] = frozenset()) -> None:
     """Refuse -p names that no selected notebook declares (a typo would silently run the defaults),
-    naming the parameters that are allowed."""
-    allowed = sorted(set().union(*declared.values()))
-    if unknown := sorted(set(extra) - set(allowed)):
+    naming the parameters that are allowed (not those the run sets itself: `refused`)."""
+    allowed = sorted(set().union(*declared.values()) - set(refused))
+    if unknown := sorted(set(extra) - set().union(*declared.values())):
         raise ParameterError(f"parameter(s) {unknown} are declared by none of the selected notebooks "
                              f"({', '.join(nb.name for nb in declared)}); allowed: {', '.join(allowed)}")
 
@@ -184,75 +192,146 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
         thread.join()
 
 
-def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
-                 extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
-    """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
+RECORD = "run.json"  # in the run folder: the run's plan (for --resume), settings and each notebook's status
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a scheduler, docker stop) on `rookworld run`: stopped as Ctrl-C stops it."""
+
+
+def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
+             extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> dict:
+    """Check everything a run is asked (before its folder exists: a refused run leaves nothing behind)
+    and return its plan: the notebooks, what each declares, the parameters offered, the profile."""
+    extra = extra_parameters or {}
     if profile == "auto":
         profile = "gpu" if torch.cuda.is_available() else "cpu"
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILES)}")
-    # everything is checked before the run directory exists: a refused run leaves nothing behind
     everything = numbered_notebooks(notebooks_dir)
     notebooks = [p for p in everything if not only or any(p.name.startswith(o) for o in only)]
     if not notebooks:
         raise ValueError(f"no notebooks selected from {notebooks_dir} by --only {' '.join(only or [])} "
                          f"(available: {', '.join(p.name for p in everything) or 'none'})")
     declared = {nb: declared_parameters(nb) for nb in notebooks}
-    check_parameters(extra_parameters or {}, declared)
-    check_run_folders(extra_parameters or {}, notebooks)
-    given = {**PROFILES[profile], **(extra_parameters or {})}
+    trains = any(nb.name.startswith("05") for nb in notebooks)
+    check_parameters(extra, declared, refused={"figures_dir", *(("run_dir",) if trains else ())})
+    check_run_folders(extra, notebooks)
+    given = {**PROFILES[profile], **extra}
     for nb in notebooks:
         check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
     named = given["profile"] if given.get("profile") in workflow.PROFILES else profile
     device = str(given.get("device") or workflow.PROFILES[named].sft.device)
     if device.startswith("cuda") and not torch.cuda.is_available():
-        if "device" in (extra_parameters or {}):
+        if "device" in extra:
             raise ValueError(f"-p device {device!r}: torch sees no CUDA device here; pass -p device cpu, or leave it out")
-        if (extra_parameters or {}).get("profile") == named:  # the notebooks' profile, given apart from --profile
-            raise ValueError(f"-p profile {named} trains on {device}, and torch sees no CUDA device here; leave -p "
-                             "profile out (or pass -p profile cpu)")
-        raise ValueError(f"--profile {named} trains on {device}, and torch sees no CUDA device here; choose "
-                         "--profile cpu (or auto)")
-    run_dir = new_run_dir(Path(out_root).resolve())  # a notebook runs in its own folder: no relative paths
-    stamp = run_dir.name
-    figures = run_dir / "figures"
-    figures.mkdir()
-    offered = {**PROFILES[profile], "figures_dir": str(figures), "run_dir": str(run_dir), **(extra_parameters or {})}
-    profile = offered["profile"]  # `-p profile NAME` is the profile the notebooks run: the report says that one
+        if "device" in PROFILES[profile]:  # --profile gpu passes device cuda, whatever -p profile names
+            raise ValueError(f"--profile {profile} trains on {device}, and torch sees no CUDA device here; choose "
+                             "--profile cpu (or auto)")
+        raise ValueError(f"-p profile {named} trains on {device}, and torch sees no CUDA device here; leave -p "
+                         "profile out (or pass -p profile cpu)")
+    # notebook 06 without 05 before it explores the newest run with a model under --out (None: the notebook's
+    # own choice), not the new run's empty folder
+    explored = None if trains or "run_dir" in extra else explore.latest_run(Path(out_root).resolve())
+    return {"notebooks": notebooks, "declared": declared, "offered": {**PROFILES[profile], **extra}, "trains": trains,
+            "explored": None if explored is None else str(explored),
+            "args": {"profile": profile, "only": only, "parameters": extra}}
 
-    print(f"rookworld run ({profile}): {len(notebooks)} notebook(s) into {run_dir}", flush=True)
+
+def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
+                 extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
+    """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
+    plan = plan_run(profile, out_root, only, extra_parameters, notebooks_dir)
+    return _execute(plan, new_run_dir(Path(out_root).resolve()), [], [])  # a notebook runs in its own folder
+
+
+def resume_run(run_dir: Path, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
+    """Continue an interrupted or failed run in its own folder, with its own settings (its run.json):
+    the notebooks that finished stay as they are; the first that did not and those after it run
+    again, notebook 05's training resuming from its checkpoints."""
+    run_dir = Path(run_dir).resolve()
+    try:
+        record = json.loads((run_dir / RECORD).read_text())
+        args, meta = record["plan"], record["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"--resume {run_dir}: no readable {RECORD} with a run's plan there; give a run folder that "
+                         "rookworld run made (one from before 2026-11-29 cannot be resumed)") from None
+    plan = plan_run(args["profile"], run_dir.parent, args["only"], args["parameters"], notebooks_dir)
+    names = [nb.name for nb in plan["notebooks"]]
+    done = []
+    for r in record.get("notebooks", []):
+        if r.get("status") != "ok" or len(done) >= len(names) or r.get("notebook") != names[len(done)]:
+            break
+        done.append(r)
+    if len(done) == len(names):
+        raise ValueError(f"--resume {run_dir}: every notebook of that run finished ({run_dir / 'report.md'}); "
+                         "nothing to resume")
+    return _execute(plan, run_dir, done, [*meta.get("resumed", []), dt.datetime.now().strftime("%Y%m%d-%H%M%S")])
+
+
+def _execute(plan: dict, run_dir: Path, done: list[dict], resumed: list[str]) -> Path:
+    """Run the plan's notebooks after the `done` ones into run_dir; write run.json (at the start too:
+    a run killed at once can be resumed) and report.md, PNG copies of the figures; see run_pipeline."""
+    notebooks, declared = plan["notebooks"], plan["declared"]
+    figures = run_dir / "figures"
+    figures.mkdir(exist_ok=True)
+    offered = {"figures_dir": str(figures), "run_dir": str(run_dir), **plan["offered"]}
+    profile = offered["profile"]  # `-p profile NAME` is the profile the notebooks run: the report says that one
+    meta = {"profile": profile, "started": run_dir.name, "git_commit": git_commit() or "unknown",
+            "python": platform.python_version(), "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
+            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+            **({"resumed": resumed} if resumed else {})}
+    results, failure, interrupted = list(done), None, False
+    record = lambda: (run_dir / RECORD).write_text(  # noqa: E731
+        json.dumps({"meta": meta, "plan": plan["args"], "notebooks": results}, indent=2) + "\n")
+    record()
+    todo = notebooks[len(done):]
+    print(f"rookworld run ({profile}): {len(todo)} notebook(s) into {run_dir}"
+          + (f" (resumed: {len(done)} finished before)" if resumed else ""), flush=True)
     width = max(len(nb.name) for nb in notebooks)
-    results, failure, interrupted = [], None, False
-    for nb in notebooks:
+    for nb in todo:
         params = {k: v for k, v in offered.items() if k in declared[nb]}
+        if nb.name.startswith("06") and not plan["trains"] and "run_dir" not in plan["args"]["parameters"]:
+            params["run_dir"] = plan["explored"]
         start = time.perf_counter()
         try:
             execute(nb, run_dir / nb.name, params, run_dir)
         except Exception as exc:  # papermill wraps the cell's error; keep going to the report
-            failure = (f"{nb.name}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[-1]} "
-                       f"(kernel log: {run_dir / 'logs' / (nb.stem + '.kernel.log')})")
-        except KeyboardInterrupt:  # Ctrl-C: the report still says what ran, then the interrupt goes on
-            failure, interrupted = f"{nb.name}: interrupted (Ctrl-C)", True
+            failure = f"{nb.name}: {error_line(exc)} (kernel log: {run_dir / 'logs' / (nb.stem + '.kernel.log')})"
+        except KeyboardInterrupt as exc:  # Ctrl-C: the report still says what ran, then the interrupt goes on
+            failure, interrupted = f"{nb.name}: interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})", exc
         results.append({"notebook": nb.name, "status": "interrupted" if interrupted else "failed" if failure else "ok",
                         "seconds": round(time.perf_counter() - start, 1), "parameters": params})
+        record()
         print(f"{nb.name:<{width}}  {results[-1]['status']:<6}  {results[-1]['seconds']:8.1f} s", flush=True)
         if failure:
             break  # later notebooks may depend on this one's outputs
-
     start = time.perf_counter()
-    if not interrupted and (pngs := render_pngs(offered["figures_dir"])):
-        print(f"{f'PNG copies of {pngs} figures':<{width + 8}}  {time.perf_counter() - start:8.1f} s", flush=True)
-    meta = {"profile": profile, "started": stamp, "git_commit": git_commit() or "unknown", "python": platform.python_version(),
-            "torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
-            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"}
-    (run_dir / "run.json").write_text(json.dumps({"meta": meta, "notebooks": results}, indent=2) + "\n")
+    try:
+        if not interrupted and (pngs := render_pngs(offered["figures_dir"])):
+            print(f"{f'PNG copies of {pngs} figures':<{width + 8}}  {time.perf_counter() - start:8.1f} s", flush=True)
+    except KeyboardInterrupt as exc:  # the notebooks' results stand; the figures keep their HTML copies
+        failure, interrupted = f"PNG copies of the figures: interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})", exc
     write_report(run_dir, meta, results, failure)
     if interrupted:
-        print(f"rookworld run: interrupted in {failure.split(':')[0]}; what ran: {run_dir / 'report.md'}", file=sys.stderr, flush=True)
-        raise KeyboardInterrupt
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # not "Task exception was never retrieved" of the dead kernel
+        print(f"rookworld run: interrupted in {failure.split(':')[0]}; what ran: {run_dir / 'report.md'}; "
+              f"continue it: rookworld run --resume {shlex.quote(str(run_dir))}", file=sys.stderr, flush=True)
+        raise interrupted
     if failure:
-        raise RuntimeError(f"notebook pipeline failed: {failure} (executed notebooks and report in {run_dir})")
+        raise RuntimeError(f"notebook pipeline failed: {failure} (executed notebooks and report in {run_dir}; "
+                           f"after a fix, rookworld run --resume {shlex.quote(str(run_dir))} continues it)")
     return run_dir
+
+
+def error_line(exc: Exception) -> str:
+    """A failed notebook's error in one line: the cell's exception and the first line of its message
+    (an assert's message may be a printed table, whose last line says nothing)."""
+    if hasattr(exc, "ename"):  # papermill's PapermillExecutionError: the cell's own exception
+        first = next((line.strip() for line in str(exc.evalue).splitlines() if line.strip()), "")
+        return f"{exc.ename}{': ' + first if first else ''} (cell [{exc.exec_count}])"
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def new_run_dir(out_root: Path = RUNS_DIR, stamp: str | None = None) -> Path:
@@ -278,13 +357,19 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
              f"profile `{meta['profile']}` · commit `{meta['git_commit']}` · torch {meta['torch']} · "
              f"Python {meta['python']} · {meta['device']}", ""]
     if failure:
-        lines += [f"**{'INTERRUPTED' if failure.endswith('interrupted (Ctrl-C)') else 'FAILED'}**: {failure}", ""]
+        lines += [f"**{'INTERRUPTED' if failure.endswith(('(Ctrl-C)', '(SIGTERM)')) else 'FAILED'}**: {failure}", ""]
+    if meta.get("resumed"):
+        lines += [f"resumed at {', '.join(meta['resumed'])}; a notebook's wall time is that of its last run", ""]
     lines += ["| notebook | status | wall time (s) |", "| --- | --- | ---: |"]
     lines += [f"| {r['notebook']} | {r['status']} | {r['seconds']} |" for r in results]
     for fragment in sorted(run_dir.glob("report_*.md")):
         lines += ["", fragment.read_text().rstrip()]
     lines += report_figure_lines(run_dir)
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def _terminate(signum, frame):
+    raise Terminated("SIGTERM")
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -297,12 +382,22 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", metavar="PREFIX", help="run only notebooks whose names start with these prefixes")
     ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "JSON"), default=[],
                     help="extra notebook parameter, value as JSON (e.g. -p sft_steps 200)")
+    ap.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted or failed run in its "
+                    "folder with its own settings: finished notebooks stay, training resumes from its checkpoints")
     args = ap.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    if args.resume is not None and (also := [o for o in ("--profile", "--out", "--only", "-p", "--parameter")
+                                             if any(a == o or a.startswith(o + "=") for a in words)]):
+        ap.error(f"--resume takes the run's own settings (its {RECORD}); drop {', '.join(also)}")
     extra = {name: parameter_value(name, value) for name, value in args.parameter}  # -p profile cpu: a bare string
+    previous = signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops a run as Ctrl-C does: report, checkpoint
     try:
-        run_dir = run_pipeline(args.profile, args.out, args.only, extra)
+        run_dir = (resume_run(args.resume) if args.resume is not None else
+                   run_pipeline(args.profile, args.out.expanduser(), args.only, extra))
     except RuntimeError as exc:  # a notebook failed: the message names it and the run directory
         print(f"rookworld run: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"run written to {run_dir} (report: {run_dir / 'report.md'})")
     return 0

@@ -219,7 +219,7 @@ def grpo_summary(history: list[dict], last: int = 10):
 
 class StageTimer:
     """Wall time per named stage: `with timer("SFT"): ...`; `timer.seconds` keeps the record. Each
-    stage's start and end ("done", or "failed" when it raised) are also progress lines of a
+    stage's start and end ("done", "interrupted", or "failed" when it raised) are also progress lines of a
     `rookworld run` (`progress.report`)."""
 
     def __init__(self):
@@ -233,6 +233,9 @@ class StageTimer:
         try:
             yield
             outcome = "done"
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM in a training loop: it saved a checkpoint, it did not fail
+            outcome = "interrupted"
+            raise
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
             progress.report(f"{stage} {outcome} ({time.perf_counter() - t0:.1f} s)")
