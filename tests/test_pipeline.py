@@ -278,6 +278,16 @@ def test_the_command_accepts_every_profile_notebook_05_knows(capsys):
     assert set(pipeline.PROFILES) == set(workflow.PROFILES)
     assert main(["run", "--profile", "ci", "--only", "99"]) == 1  # parsed; refused only for selecting nothing
     assert "no notebooks selected" in capsys.readouterr().err
+    # --help lists each profile's sizes and the -p names of each notebook (a user found them by mistyping one)
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = capsys.readouterr().out
+    cpu = workflow.PROFILES["cpu"]
+    assert f"  cpu: data shipped set\n    SFT cpu-small on cpu, {cpu.sft.max_steps} steps" in text
+    for nb in pipeline.numbered_notebooks():
+        line = next(x for x in text.splitlines() if x.startswith(f"  {nb.stem}: "))
+        named = set(line.split(": ", 1)[1].split(", "))
+        assert named == pipeline.declared_parameters(nb) - {"figures_dir"} - ({"run_dir"} if nb.name.startswith("05") else set())
 
 
 def test_a_bar_off_a_terminal_is_lines_not_carriage_returns():

@@ -368,13 +368,26 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
 
 
+def _help_epilog() -> str:
+    """What --help adds: each profile's SFT and GRPO sizes, and the -p names each notebook declares."""
+    lines = ["profiles (notebook 05's sizes; the other notebooks size themselves for 2 cores):"]
+    for name, profile in workflow.PROFILES.items():
+        rows = profile.summary().iloc[:, 0]
+        lines += [f"  {name}: data {rows['data']}", f"    SFT {rows['SFT']}", f"    GRPO {rows['GRPO']}"]
+    lines += ["", "-p names, by notebook (each notebook's parameters cell says what they mean):"]
+    set_by_run = lambda nb: {"figures_dir", *(("run_dir",) if nb.name.startswith("05") else ())}  # noqa: E731 (check_run_folders)
+    lines += [f"  {nb.stem}: {', '.join(sorted(declared_parameters(nb) - set_by_run(nb)))}" for nb in numbered_notebooks()]
+    return "\n".join(lines)
+
+
 def _terminate(signum, frame):
     raise Terminated("SIGTERM")
 
 
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld run`; a failed notebook ends in one line naming it and the run directory."""
-    ap = argparse.ArgumentParser(prog="rookworld run", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="rookworld run", description=__doc__.splitlines()[0], epilog=_help_epilog(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="auto", choices=["auto", *sorted(PROFILES)],
                     help="parameter profile; auto (the default) = gpu when CUDA is available, else cpu")
     ap.add_argument("--out", type=Path, default=RUNS_DIR, help="parent directory of the run folder (default: "
