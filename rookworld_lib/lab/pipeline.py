@@ -192,6 +192,10 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
         thread.join()
 
 
+# nbclient logs a kernel that died mid-cell through papermill's logger; the run's own line says it (the
+# notebook's error, or "interrupted" when Ctrl-C or SIGTERM stopped the kernel, which is no death to report)
+logging.getLogger("papermill").addFilter(lambda r: "Kernel died while waiting for execute reply" not in r.getMessage())
+
 RECORD = "run.json"  # in the run folder: the run's plan (for --resume), settings and each notebook's status
 
 
