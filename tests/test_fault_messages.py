@@ -204,7 +204,7 @@ ROWS = [
     Row("run-parameter-of-wrong-type", ["run", "--out", "{tmp}/runs", "-p", "sft_steps", "abc"],
         "notebook parameter 'sft_steps' must be int or NoneType, got str 'abc'", check=no_run_directory),
     Row("run-parameter-out-of-range", ["run", "--out", "{tmp}/runs", "--only", "00", "-p", "workers", "0"],
-        "notebook parameter 'workers' must be >= 1, got 0", check=no_run_directory),
+        "00_data_and_rewards.ipynb: notebook parameter 'workers' must be >= 1, got 0", check=no_run_directory),
     Row("run-gpu-profile-without-cuda", ["run", "--out", "{tmp}/runs", "--profile", "gpu"],
         "--profile gpu trains on cuda, and torch sees no CUDA device here; choose --profile cpu",
         check=no_run_directory, marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),

@@ -222,8 +222,11 @@ def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | 
     check_parameters(extra, declared, refused={"figures_dir", *(("run_dir",) if trains else ())})
     check_run_folders(extra, notebooks)
     given = {**PROFILES[profile], **extra}
-    for nb in notebooks:
-        check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
+    for nb in notebooks:  # a name several notebooks declare may be held to each one's range: say whose
+        try:
+            check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
+        except ParameterError as exc:
+            raise ParameterError(f"{nb.name}: {exc}") from None
     named = given["profile"] if given.get("profile") in workflow.PROFILES else profile
     device = str(given.get("device") or workflow.PROFILES[named].sft.device)
     if device.startswith("cuda") and not torch.cuda.is_available():
