@@ -103,6 +103,20 @@ def check_rows(rows, G, reward_of):
         assert [r["advantage"] for r in group] == pytest.approx(adv.tolist(), abs=1e-6)
 
 
+def test_a_resume_without_tensorboard_still_hides_the_steps_it_redoes_from_the_earlier_events(tmp_path):
+    """A run killed after its step-2 checkpoint, resumed with report_to="none" (a resume may change it), then
+    again with TensorBoard: the killed run's step 3 stayed in the events beside the metrics file's redone one."""
+    cfg = tiny_cfg(tmp_path, max_steps=4, eval_interval=2, eval_steps=1, checkpoint_interval=1)
+    interrupted(SFTTrainer(cfg, train_texts=TEXTS), until=3, checkpoint_at=2)
+    quiet = tiny_cfg(tmp_path, max_steps=4, eval_interval=2, eval_steps=1, checkpoint_interval=1, report_to="none")
+    interrupted(SFTTrainer(quiet, train_texts=TEXTS), until=3, checkpoint_at=3)
+    SFTTrainer(tiny_cfg(tmp_path, max_steps=5, eval_interval=2, eval_steps=1, checkpoint_interval=1),
+               train_texts=TEXTS).train()
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 4, 5]  # 3 was logged by the quiet run alone
+
+
 def test_completion_rows_carry_the_chess_rewards_of_their_text():
     records = [r for task in ("P", "A") for r in load_jsonl(data_file(task, "train"), task=task).records[:3]]
     truth = {item.prompt: rec for item, rec in zip(prompt_items(records), records)}

@@ -400,14 +400,21 @@ class Trainer:
             self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,
                                                                 resume_step=resume_step,
                                                                 every_step=name == self.metrics_file))
-        if getattr(self.cfg, "report_to", "tensorboard") == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter  # heavy (tensorboard): only where event files are written
+        report = getattr(self.cfg, "report_to", "tensorboard") == "tensorboard"
+        if report or any(self.out_dir.glob("events.out.tfevents.*")):
+            from torch.utils.tensorboard import SummaryWriter  # heavy (tensorboard): only where event files are
 
             # purge_step hides the events of earlier writers from this step on: a resume redoes the steps
-            # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything.
+            # after its checkpoint (as the metrics file drops them) and a fresh run replaces everything. With
+            # report_to="none" (a resume may turn it off) the marker alone: the earlier writers' steps from
+            # here on were shown beside the metrics file's redone ones.
             wait_past_event_files(self.out_dir)
-            self.tensorboard = stack.enter_context(SummaryWriter(
-                str(self.out_dir), purge_step=0 if resume_step is None else resume_step + 1, flush_secs=10))
+            writer = SummaryWriter(str(self.out_dir), purge_step=0 if resume_step is None else resume_step + 1,
+                                   flush_secs=10)
+            if report:
+                self.tensorboard = stack.enter_context(writer)
+            else:
+                writer.close()
 
     def _close_logs(self) -> None:
         self.logs, self.tensorboard = {}, None
