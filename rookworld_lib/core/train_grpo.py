@@ -681,6 +681,8 @@ class GRPOTrainer(Trainer):
         updates = self._update(batch, adv)
         timings["update"] += time.perf_counter() - t0
         record = {"step": self.step + 1, "learning_rate": lr, **self._loss_record(updates)}
+        if "advantages/mean" in record:  # the step's batch, not the mean over its minibatches of each one's spread
+            record["advantages/mean"], record["advantages/std"] = adv.mean().item(), adv.std(correction=0).item()
         # info after the loss metrics: frac_reward_zero_std is measured before dynamic sampling drops groups
         record.update(info)
         record.update({f"group/{k}": v for k, v in adv_stats.as_metrics().items()})
