@@ -227,7 +227,7 @@ def test_rookworld_run_passes_grpo_steps_to_the_notebook_that_declares_it(tmp_pa
     capsys.readouterr()
     assert main(["run", "--profile", "cpu", "--out", str(tmp_path / "refused"), "-p", "grpo_steps", "0"]) == 1
     err = capsys.readouterr().err
-    assert err == "rookworld run: error: notebook parameter 'grpo_steps' must be >= 1, got 0\n"
+    assert err == "rookworld run: error: 05_full_training.ipynb: notebook parameter 'grpo_steps' must be >= 1, got 0\n"
     assert not (tmp_path / "refused").exists()
 
 
