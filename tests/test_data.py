@@ -588,6 +588,9 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
         datagen.generate(excluding, progress=False)
     excluding = dataclasses.replace(excluding, exclude_dir=os.path.relpath(data.DATA_DIR) + os.sep)
     assert datagen.generate(excluding, progress=False).labels_reused >= 1
+    made = tmp_path / "x" / datagen.MADE_FILE  # as an older version recorded it: the path as written
+    made.write_text(json.dumps({**(old := json.loads(made.read_text())), "config": {**old["config"], "exclude_dir": "data"}}))
+    datagen.generate(excluding, progress=False)  # the same command again: it was refused as another run's data set
     stale = tmp_path / "policy_val.jsonl"  # 3 games are all train: this run has no val records
     stale.write_text(json.dumps(shipped("P", "val")[0]) + "\n")
     report = datagen.generate(other, progress=False, fresh=True)

@@ -182,8 +182,70 @@ def test_ctrl_c_while_the_figures_render_keeps_the_report_of_the_finished_notebo
     assert [n["status"] for n in json.loads((run_dir / "run.json").read_text())["notebooks"]] == ["ok"]
     assert "**INTERRUPTED**: PNG copies of the figures: interrupted (Ctrl-C)" in (run_dir / "report.md").read_text()
     assert "what ran: " in capsys.readouterr().err
+    # --resume makes the PNG copies (it said "nothing to resume", after the line told the user to run it)
+    rendered = []
+    monkeypatch.setattr(pipeline, "render_pngs", lambda figures_dir: rendered.append(figures_dir) or 0)
+    assert pipeline.resume_run(run_dir, notebooks_dir=nbs) == run_dir and rendered == [str(run_dir / "figures")]
+    assert json.loads((run_dir / "run.json").read_text())["failure"] is None
+    assert "INTERRUPTED" not in (run_dir / "report.md").read_text()
     with pytest.raises(ValueError, match="every notebook of that run finished .*; nothing to resume"):
         pipeline.resume_run(run_dir, notebooks_dir=nbs)
+
+
+def test_resume_keeps_the_finished_notebooks_of_the_plan_in_order_and_one_writer_at_a_time(tmp_path, monkeypatch,
+                                                                                            capsys):
+    from rookworld_lib.core.paths import RunDirBusyError, run_lock
+    from rookworld_lib.lab.cli import main
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    for name in ("00_a", "01_b", "02_c"):
+        write_notebook(nbs / f"{name}.ipynb", "x = 1", "pass")
+    ran, stops = [], [KeyboardInterrupt]
+
+    def execute(nb, out, params, run_dir):
+        ran.append(nb.name[:4])
+        if nb.name == "02_c.ipynb" and stops:
+            raise stops.pop()
+    monkeypatch.setattr(pipeline, "execute", execute)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    write_notebook(nbs / "01_a.ipynb", "x = 1", "pass")  # a notebook added between the finished ones
+    with run_lock(run_dir), pytest.raises(RunDirBusyError):  # a resume of a run still going: refused
+        pipeline.resume_run(run_dir, notebooks_dir=nbs)
+    ran.clear()
+    pipeline.resume_run(run_dir, notebooks_dir=nbs)
+    assert ran == ["01_a", "01_b", "02_c"]  # 00_a stays; 01_b finished, but after a notebook that had not run
+    record = json.loads((run_dir / "run.json").read_text())
+    assert [n["notebook"] for n in record["notebooks"]] == ["00_a.ipynb", "01_a.ipynb", "01_b.ipynb", "02_c.ipynb"]
+    assert len(record["meta"]["resumed"]) == 1 and record["meta"]["started"] == run_dir.name
+    # --resume takes the run's settings: other options, abbreviated too, are refused (argparse, exit 2)
+    for extra in (["-p", "seed", "1"], ["--prof", "ci"], ["--only", "00"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["run", "--resume", str(run_dir), *extra])
+        assert stop.value.code == 2
+    assert "--resume takes the run's own settings" in capsys.readouterr().err
+
+
+def test_the_sigterm_handler_is_put_back_and_a_run_from_another_thread_works(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    write_notebook(nbs / "00_a.ipynb", "x = 1", "pass")
+    monkeypatch.setattr(pipeline, "execute", lambda *a: None)
+    monkeypatch.setattr(pipeline, "NOTEBOOKS_DIR", nbs)
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda *a, **k: pipeline.plan_run(*a, notebooks_dir=nbs) and
+                        pipeline._execute(pipeline.plan_run(*a, notebooks_dir=nbs), pipeline.new_run_dir(tmp_path / "r"), {}))
+    before = signal.getsignal(signal.SIGTERM)
+    assert pipeline.cli(["--profile", "cpu"]) == 0 and signal.getsignal(signal.SIGTERM) is before
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(pipeline.cli(["--profile", "cpu"])))
+    thread.start()
+    thread.join()
+    assert codes == [0]  # "signal only works in main thread" before
 
 
 def test_a_refused_run_leaves_no_run_directory(tmp_path):

@@ -737,8 +737,9 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
     """The run itself, under the lock: games, sample selection, labels, then the record files."""
     work, state = cfg.work_path(), {"config": cfg.content_key(), "engine": engine_name}
     made_here = None  # the settings of the data set datagen last published there
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # unreadable or not a record: none
         made_here = json.loads((Path(cfg.out_dir) / MADE_FILE).read_text())
+        made_here = {**made_here, "config": _resolved_exclude(made_here.get("config") or {})}  # an older record's
     if not fresh and not _resumes_into(work, cfg.out_dir) and made_here != state and (
             there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
         raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "

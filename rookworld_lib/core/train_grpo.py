@@ -842,15 +842,14 @@ def completions_markdown(rows: list[dict]) -> str:
 
 
 _RANK_SUMS = ("loss", "loss/policy", "num_tokens", "num_completions")  # each rank holds a part of the sum
-_PER_COMPLETION = ("advantages/mean", "vespo/phi_seq_mean")
+_PER_COMPLETION = ("vespo/phi_seq_mean",)  # (advantages/mean and /std: the step's whole batch, set in _step)
 
 
 def _merge_ranks(ms: list[dict], sequence: bool) -> dict:
     """One update's metrics (grpo.grpo_loss) over the whole minibatch, from each rank's over its rows:
     sums summed, means weighted by their rows' tokens (completions for per-completion ones, and for the
     ratio and clip shares at sequence-level importance sampling: ratio/mean there averages completions
-    with tokens, so it is approximate where some have none), the advantages' population std from the
-    ranks' means and stds, extremes the extremes."""
+    with tokens, so it is approximate where some have none), extremes the extremes."""
     if len(ms) == 1:
         return ms[0]
     tokens, completions = [m["num_tokens"] for m in ms], [m["num_completions"] for m in ms]
@@ -862,10 +861,6 @@ def _merge_ranks(ms: list[dict], sequence: bool) -> dict:
         elif key in ("ratio/min", "ratio/max"):
             finite = [v for v in vals if math.isfinite(v)]
             out[key] = (min if key == "ratio/min" else max)(finite) if finite else float("nan")
-        elif key == "advantages/std":
-            n, mean = sum(completions), sum(c * m["advantages/mean"] for c, m in zip(completions, ms)) / sum(completions)
-            second = sum(c * (m["advantages/std"] ** 2 + m["advantages/mean"] ** 2) for c, m in zip(completions, ms)) / n
-            out[key] = math.sqrt(max(0.0, second - mean ** 2))
         else:
             by = completions if key in _PER_COMPLETION or (sequence and key.startswith(("ratio/", "clip_ratio/"))) else tokens
             pairs = [(w, v) for w, v in zip(by, vals) if w > 0 and math.isfinite(v)]

@@ -47,7 +47,7 @@ from traitlets import Unicode
 from traitlets.config import Config
 
 from ..core.config import ParameterError, json_or_text
-from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, git_commit
+from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, atomic_write, git_commit, run_lock
 from ..core.progress import PROGRESS_ENV
 from . import explore, workflow
 from .plots import PNG_ENV, render_pngs, report_figure_lines
@@ -184,7 +184,11 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
             config = Config({"NotebookKernelManager": {"log_path": str(logs / f"{nb.stem}.kernel.log"),
                                                        "progress_path": str(progress),
                                                        "connection_file": str(Path(runtime, "kernel.json")),
-                                                       "transport": "ipc" if os.name == "posix" else "tcp"}})
+                                                       "transport": "ipc" if os.name == "posix" else "tcp",
+                                                       # Ctrl-C / SIGTERM: the kernel gets SIGINT at once, and
+                                                       # SIGTERM / SIGKILL after half / all of this (jupyter: 5 s):
+                                                       # time for a training step under way and its checkpoint
+                                                       "shutdown_wait_time": KERNEL_STOP_WAIT_S}})
             pm.execute_notebook(str(nb), str(out), parameters=params, kernel_name="python3", cwd=str(nb.parent),
                                 progress_bar=False, kernel_manager_class=NotebookKernelManager, config=config)
     finally:
@@ -196,6 +200,7 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
 # notebook's error, or "interrupted" when Ctrl-C or SIGTERM stopped the kernel, which is no death to report)
 logging.getLogger("papermill").addFilter(lambda r: "Kernel died while waiting for execute reply" not in r.getMessage())
 
+KERNEL_STOP_WAIT_S = 60.0  # how long a stopped run gives its kernel to end the step under way and save
 RECORD = "run.json"  # in the run folder: the run's plan (for --resume), settings and each notebook's status
 
 
@@ -219,7 +224,7 @@ def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | 
                          f"(available: {', '.join(p.name for p in everything) or 'none'})")
     declared = {nb: declared_parameters(nb) for nb in notebooks}
     trains = any(nb.name.startswith("05") for nb in notebooks)
-    check_parameters(extra, declared, refused={"figures_dir", *(("run_dir",) if trains else ())})
+    check_parameters(extra, declared, refused=set().union(*map(set_by_run, notebooks)))
     check_run_folders(extra, notebooks)
     given = {**PROFILES[profile], **extra}
     for nb in notebooks:  # a name several notebooks declare may be held to each one's range: say whose
@@ -230,33 +235,36 @@ def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | 
     named = given["profile"] if given.get("profile") in workflow.PROFILES else profile
     device = str(given.get("device") or workflow.PROFILES[named].sft.device)
     if device.startswith("cuda") and not torch.cuda.is_available():
-        if "device" in extra:
+        if extra.get("device"):
             raise ValueError(f"-p device {device!r}: torch sees no CUDA device here; pass -p device cpu, or leave it out")
         if "device" in PROFILES[profile]:  # --profile gpu passes device cuda, whatever -p profile names
             raise ValueError(f"--profile {profile} trains on {device}, and torch sees no CUDA device here; choose "
                              "--profile cpu (or auto)")
         raise ValueError(f"-p profile {named} trains on {device}, and torch sees no CUDA device here; leave -p "
                          "profile out (or pass -p profile cpu)")
-    # notebook 06 without 05 before it explores the newest run with a model under --out (None: the notebook's
-    # own choice), not the new run's empty folder
-    explored = None if trains or "run_dir" in extra else explore.latest_run(Path(out_root).resolve())
     return {"notebooks": notebooks, "declared": declared, "offered": {**PROFILES[profile], **extra}, "trains": trains,
-            "explored": None if explored is None else str(explored),
-            "args": {"profile": profile, "only": only, "parameters": extra}}
+            "out_root": Path(out_root).resolve(), "args": {"profile": profile, "only": only, "parameters": extra}}
+
+
+def set_by_run(nb: Path) -> set[str]:
+    """The parameters `rookworld run` sets for notebook `nb` itself, refused as -p where `nb` is selected
+    (check_run_folders): figures_dir, and notebook 05's run_dir (it trains into the run's folder)."""
+    return {"figures_dir", *(("run_dir",) if nb.name.startswith("05") else ())}
 
 
 def run_pipeline(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
                  extra_parameters: dict | None = None, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Execute the notebooks; return the run directory. Raises RuntimeError if one fails."""
     plan = plan_run(profile, out_root, only, extra_parameters, notebooks_dir)
-    return _execute(plan, new_run_dir(Path(out_root).resolve()), [], [])  # a notebook runs in its own folder
+    return _execute(plan, new_run_dir(plan["out_root"]), {})  # a notebook runs in its own folder
 
 
 def resume_run(run_dir: Path, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
     """Continue an interrupted or failed run in its own folder, with its own settings (its run.json):
-    the notebooks that finished stay as they are; the first that did not and those after it run
-    again, notebook 05's training resuming from its checkpoints."""
-    run_dir = Path(run_dir).resolve()
+    the notebooks that finished, in the order planned, stay as they are; the first that did not and
+    those after it run again, notebook 05's training resuming from its checkpoints (and a run stopped
+    while its figures' PNG copies were made makes them)."""
+    run_dir = Path(run_dir).expanduser().resolve()
     try:
         record = json.loads((run_dir / RECORD).read_text())
         args, meta = record["plan"], record["meta"]
@@ -264,50 +272,63 @@ def resume_run(run_dir: Path, notebooks_dir: Path = NOTEBOOKS_DIR) -> Path:
         raise ValueError(f"--resume {run_dir}: no readable {RECORD} with a run's plan there; give a run folder that "
                          "rookworld run made (one from before 2026-11-29 cannot be resumed)") from None
     plan = plan_run(args["profile"], run_dir.parent, args["only"], args["parameters"], notebooks_dir)
-    names = [nb.name for nb in plan["notebooks"]]
-    done = []
-    for r in record.get("notebooks", []):
-        if r.get("status") != "ok" or len(done) >= len(names) or r.get("notebook") != names[len(done)]:
+    names, done = [nb.name for nb in plan["notebooks"]], []
+    for r in record.get("notebooks", []):  # the leading run of finished notebooks, in the plan's order
+        if r.get("status") != "ok" or len(done) == len(names) or r.get("notebook") != names[len(done)]:
             break
         done.append(r)
-    if len(done) == len(names):
+    if len(done) == len(names) and not record.get("failure"):
         raise ValueError(f"--resume {run_dir}: every notebook of that run finished ({run_dir / 'report.md'}); "
                          "nothing to resume")
-    return _execute(plan, run_dir, done, [*meta.get("resumed", []), dt.datetime.now().strftime("%Y%m%d-%H%M%S")])
+    resumed = f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')} (commit {git_commit() or 'unknown'})"
+    return _execute(plan, run_dir, {**meta, "resumed": [*meta.get("resumed", []), resumed]}, done)
 
 
-def _execute(plan: dict, run_dir: Path, done: list[dict], resumed: list[str]) -> Path:
-    """Run the plan's notebooks after the `done` ones into run_dir; write run.json (at the start too:
-    a run killed at once can be resumed) and report.md, PNG copies of the figures; see run_pipeline."""
+def _stopped(exc: KeyboardInterrupt) -> str:
+    return f"interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})"
+
+
+def _execute(plan: dict, run_dir: Path, meta: dict, done: list[dict] = ()) -> Path:
+    """Run the plan's notebooks after the `done` ones into run_dir (one writer: the folder is locked);
+    write run.json (at the start too: a run killed at once can be resumed), report.md and the PNG copies
+    of the figures; see run_pipeline. meta: a resumed run's (started, commit, ...), else {}."""
+    with run_lock(run_dir):
+        return _run_notebooks(plan, run_dir, meta, list(done))
+
+
+def _run_notebooks(plan: dict, run_dir: Path, meta: dict, results: list[dict]) -> Path:
     notebooks, declared = plan["notebooks"], plan["declared"]
     figures = run_dir / "figures"
     figures.mkdir(exist_ok=True)
     offered = {"figures_dir": str(figures), "run_dir": str(run_dir), **plan["offered"]}
+    if not plan["trains"] and "run_dir" not in plan["args"]["parameters"] and any(
+            nb.name.startswith("06") for nb in notebooks):  # 06 explores the newest run under --out, not this empty one
+        offered["run_dir"] = None if (run := explore.latest_run(plan["out_root"])) is None else str(run)
     profile = offered["profile"]  # `-p profile NAME` is the profile the notebooks run: the report says that one
-    meta = {"profile": profile, "started": run_dir.name, "git_commit": git_commit() or "unknown",
-            "python": platform.python_version(), "torch": torch.__version__,
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
-            f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-            **({"resumed": resumed} if resumed else {})}
-    results, failure, interrupted = list(done), None, False
-    record = lambda: (run_dir / RECORD).write_text(  # noqa: E731
-        json.dumps({"meta": meta, "plan": plan["args"], "notebooks": results}, indent=2) + "\n")
+    meta = meta or {"profile": profile, "started": run_dir.name, "git_commit": git_commit() or "unknown",
+                    "python": platform.python_version(), "torch": torch.__version__,
+                    "device": torch.cuda.get_device_name() if torch.cuda.is_available() else
+                    f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"}
+    failure, interrupted, done = None, None, len(results)
+
+    def record():
+        text = json.dumps({"meta": meta, "plan": plan["args"], "notebooks": results, "failure": failure}, indent=2)
+        atomic_write(run_dir / RECORD, lambda f: f.write(text.encode() + b"\n"))
+
     record()
-    todo = notebooks[len(done):]
+    todo = notebooks[done:]
     print(f"rookworld run ({profile}): {len(todo)} notebook(s) into {run_dir}"
-          + (f" (resumed: {len(done)} finished before)" if resumed else ""), flush=True)
+          + (f" (resumed: {done} finished before)" if meta.get("resumed") else ""), flush=True)
     width = max(len(nb.name) for nb in notebooks)
     for nb in todo:
         params = {k: v for k, v in offered.items() if k in declared[nb]}
-        if nb.name.startswith("06") and not plan["trains"] and "run_dir" not in plan["args"]["parameters"]:
-            params["run_dir"] = plan["explored"]
         start = time.perf_counter()
         try:
             execute(nb, run_dir / nb.name, params, run_dir)
         except Exception as exc:  # papermill wraps the cell's error; keep going to the report
             failure = f"{nb.name}: {error_line(exc)} (kernel log: {run_dir / 'logs' / (nb.stem + '.kernel.log')})"
         except KeyboardInterrupt as exc:  # Ctrl-C: the report still says what ran, then the interrupt goes on
-            failure, interrupted = f"{nb.name}: interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})", exc
+            failure, interrupted = f"{nb.name}: {_stopped(exc)}", exc
         results.append({"notebook": nb.name, "status": "interrupted" if interrupted else "failed" if failure else "ok",
                         "seconds": round(time.perf_counter() - start, 1), "parameters": params})
         record()
@@ -316,10 +337,11 @@ def _execute(plan: dict, run_dir: Path, done: list[dict], resumed: list[str]) ->
             break  # later notebooks may depend on this one's outputs
     start = time.perf_counter()
     try:
-        if not interrupted and (pngs := render_pngs(offered["figures_dir"])):
+        if not failure and (pngs := render_pngs(offered["figures_dir"])):
             print(f"{f'PNG copies of {pngs} figures':<{width + 8}}  {time.perf_counter() - start:8.1f} s", flush=True)
     except KeyboardInterrupt as exc:  # the notebooks' results stand; the figures keep their HTML copies
-        failure, interrupted = f"PNG copies of the figures: interrupted ({'SIGTERM' if isinstance(exc, Terminated) else 'Ctrl-C'})", exc
+        failure, interrupted = f"PNG copies of the figures: {_stopped(exc)}", exc
+    record()
     write_report(run_dir, meta, results, failure)
     if interrupted:
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # not "Task exception was never retrieved" of the dead kernel
@@ -372,7 +394,7 @@ def write_report(run_dir: Path, meta: dict, results: list[dict], failure: str | 
     for fragment in sorted(run_dir.glob("report_*.md")):
         lines += ["", fragment.read_text().rstrip()]
     lines += report_figure_lines(run_dir)
-    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+    atomic_write(run_dir / "report.md", lambda f: f.write(("\n".join(lines) + "\n").encode()))
 
 
 def _help_epilog() -> str:
@@ -382,7 +404,6 @@ def _help_epilog() -> str:
         rows = profile.summary().iloc[:, 0]
         lines += [f"  {name}: data {rows['data']}", f"    SFT {rows['SFT']}", f"    GRPO {rows['GRPO']}"]
     lines += ["", "-p names, by notebook (each notebook's parameters cell says what they mean):"]
-    set_by_run = lambda nb: {"figures_dir", *(("run_dir",) if nb.name.startswith("05") else ())}  # noqa: E731 (check_run_folders)
     lines += [f"  {nb.stem}: {', '.join(sorted(declared_parameters(nb) - set_by_run(nb)))}" for nb in numbered_notebooks()]
     return "\n".join(lines)
 
@@ -394,7 +415,7 @@ def _terminate(signum, frame):
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld run`; a failed notebook ends in one line naming it and the run directory."""
     ap = argparse.ArgumentParser(prog="rookworld run", description=__doc__.splitlines()[0], epilog=_help_epilog(),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     ap.add_argument("--profile", default="auto", choices=["auto", *sorted(PROFILES)],
                     help="parameter profile; auto (the default) = gpu when CUDA is available, else cpu")
     ap.add_argument("--out", type=Path, default=RUNS_DIR, help="parent directory of the run folder (default: "
@@ -405,12 +426,13 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted or failed run in its "
                     "folder with its own settings: finished notebooks stay, training resumes from its checkpoints")
     args = ap.parse_args(argv)
-    words = sys.argv[1:] if argv is None else argv
-    if args.resume is not None and (also := [o for o in ("--profile", "--out", "--only", "-p", "--parameter")
-                                             if any(a == o or a.startswith(o + "=") for a in words)]):
+    if args.resume is not None and (also := [flag for flag, given in (
+            ("--profile", args.profile != "auto"), ("--out", args.out != RUNS_DIR), ("--only", args.only),
+            ("-p", args.parameter)) if given]):
         ap.error(f"--resume takes the run's own settings (its {RECORD}); drop {', '.join(also)}")
     extra = {name: parameter_value(name, value) for name, value in args.parameter}  # -p profile cpu: a bare string
-    previous = signal.signal(signal.SIGTERM, _terminate)  # SIGTERM stops a run as Ctrl-C does: report, checkpoint
+    main = threading.current_thread() is threading.main_thread()  # a handler can be set there only
+    previous = signal.signal(signal.SIGTERM, _terminate) if main else None  # SIGTERM stops a run as Ctrl-C does
     try:
         run_dir = (resume_run(args.resume) if args.resume is not None else
                    run_pipeline(args.profile, args.out.expanduser(), args.only, extra))
@@ -418,6 +440,7 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"rookworld run: error: {exc}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:  # None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
     print(f"run written to {run_dir} (report: {run_dir / 'report.md'})")
     return 0
