@@ -268,3 +268,29 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folde
     assert len(record["meta"]["resumed"]) == 1 and sorted(p.name for p in out.iterdir()) == [run_dir.name]
     report = (run_dir / "report.md").read_text()
     assert "INTERRUPTED" not in report and "resumed at " in report and "| 02_after.ipynb | ok |" in report
+
+
+def test_notebook_05_run_again_into_its_folder_resumes_and_its_curves_hold_every_step(tmp_path, monkeypatch):
+    """Notebook 05 run again on its run folder (a stopped cell run again, `rookworld run --resume`): its
+    training resumes, it says so, and the static curves hold every step of the metrics files; they held
+    the steps of the last call only, so a finished run run again saved empty curves over the good ones."""
+    import papermill as pm
+
+    from rookworld_lib.core.paths import NOTEBOOKS_DIR
+    from rookworld_lib.lab.plots import PNG_ENV
+
+    monkeypatch.setenv(PNG_ENV, "0")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    params = {"run_dir": str(tmp_path / "run"), "figures_dir": str(tmp_path / "figures"), "live_plot": False,
+              "sft_steps": 3, "grpo_steps": 2}
+    for n in (1, 2):
+        pm.execute_notebook(str(NOTEBOOKS_DIR / "05_full_training.ipynb"), str(tmp_path / f"05-{n}.ipynb"),
+                            parameters=params, kernel_name="rookworld", progress_bar=False, cwd=str(NOTEBOOKS_DIR))
+    def said(n):  # what the notebook printed
+        cells = json.loads((tmp_path / f"05-{n}.ipynb").read_text())["cells"]
+        return "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
+    assert f"this run: {tmp_path / 'run'}\n" in said(1)
+    assert f"this run: {tmp_path / 'run'} (an earlier run's folder: its training resumes from its checkpoints)" in said(2)
+    for figure, key, steps in (("05_sft_loss", "loss", [1, 2, 3]), ("05_grpo_reward", "reward", [1, 2])):
+        traces = json.loads((tmp_path / "figures" / f"{figure}.json").read_text())["data"]
+        assert next(t["x"] for t in traces if t["name"] == key) == steps, figure

@@ -59,6 +59,30 @@ def test_notebook_hygiene(path):
         f"{path.name}: language_info is not what the kernel reports"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_rebinds_a_parameter(path):
+    """A cell that writes a derived value back into a parameter (`run_dir = run_dir or new_folder()`) keeps it
+    when run again, or after the user changes what it derived from: 05 continued the old run's folder, 02
+    built the last profile's model, 06 sampled at the last run's temperature. Derived values get names of
+    their own."""
+    import ast
+
+    from rookworld_lib.lab.pipeline import declared_parameters
+
+    params, cells = declared_parameters(path), code_cells(json.loads(path.read_text()))
+    first = next(i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", []))
+    rebound = []
+    for i, cell in enumerate(cells[first + 1:], first + 1):
+        for node in ast.walk(ast.parse(source(cell))):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)) else []
+            for target in targets:  # names bound, also inside tuples; not a subscript's or attribute's base
+                names = [target] if isinstance(target, ast.Name) else \
+                    [e for e in getattr(target, "elts", []) if isinstance(e, ast.Name)]
+                rebound += [f"code cell {i}: {n.id}" for n in names if n.id in params]
+    assert not rebound, f"{path.name}: parameters rebound after the parameters cell: {rebound}"
+
+
 def test_git_status_is_clean_after_make_labs_filter_install(tmp_path):
     """`make lab` installs nbstripout's git filter; on a fresh clone that must change no tracked file and
     show no notebook as modified (nbstripout renumbers cell ids, so the committed ids are its own).
