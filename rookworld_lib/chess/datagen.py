@@ -675,7 +675,6 @@ class DatagenReport:
     seconds: dict  # stage -> wall seconds
     engine: str
     env_records: int = 0  # A: records written (their building is timed in "select")
-    kept: bool = False  # the data set in out_dir was these settings' already, whole: nothing was made again
 
     @property
     def label_positions_per_s(self) -> float:
@@ -731,12 +730,7 @@ def _remove_work(work: Path, keep_lock: bool) -> None:
             work.rmdir()
 
 
-MADE_FILE = ".datagen.json"  # in --out: the settings, engine and record counts of the data set there
-
-
-def _records_in(name: str, out_dir) -> int:
-    """The records (lines) of data file `name` in out_dir, over its shards, gzipped or not."""
-    return sum(sum(1 for _ in (gzip.open if f.name.endswith(".gz") else open)(f, "rb")) for f in data_files_of(name, out_dir))
+MADE_FILE = ".datagen.json"  # in --out: the settings and engine of the data set there (the same run again may redo it)
 
 
 def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bool, fresh: bool) -> DatagenReport:
@@ -746,16 +740,7 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # unreadable or not a record: none
         made_here = json.loads((Path(cfg.out_dir) / MADE_FILE).read_text())
         made_here = {**made_here, "config": _resolved_exclude(made_here.get("config") or {})}  # an older record's
-    made = {k: v for k, v in made_here.items() if k != "counts"} if isinstance(made_here, dict) else made_here
-    if not fresh and made == state and not _resumes_into(work, cfg.out_dir) and (counts := made_here.get("counts")) \
-            and all(_records_in(name, cfg.out_dir) == n for name, n in counts.items()):
-        # the same command again on a finished set (a resumed `rookworld run`): deterministic, so kept, not redone
-        print(f"datagen: {cfg.out_dir} holds the whole data set of these settings already ({sum(counts.values())} "
-              "records): kept; --fresh makes it again", file=sys.stderr)
-        return DatagenReport(counts=counts, games_played=0, games_reused=0, positions_labelled=0, labels_reused=0,
-                             seconds={}, engine=engine_name, kept=True,
-                             env_records=sum(n for k, n in counts.items() if k.startswith("env_")))
-    if not fresh and not _resumes_into(work, cfg.out_dir) and made != state and (
+    if not fresh and not _resumes_into(work, cfg.out_dir) and made_here != state and (
             there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
         raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "
                          "that no run of these settings made: datagen would replace it; choose an empty --out, delete "
@@ -791,7 +776,7 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
         outputs.abort()
         raise
     counts = outputs.publish(Path(cfg.out_dir))
-    atomic_write(Path(cfg.out_dir) / MADE_FILE, lambda f: f.write(json.dumps({**state, "counts": counts}, indent=1).encode()))
+    atomic_write(Path(cfg.out_dir) / MADE_FILE, lambda f: f.write(json.dumps(state, indent=1).encode()))
     seconds["write"] = clock() - t
     return DatagenReport(counts=counts, games_played=played, games_reused=len(games) - played,
                          positions_labelled=labelled, labels_reused=len(labels) - labelled, seconds=seconds,
