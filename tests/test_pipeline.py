@@ -215,11 +215,12 @@ def test_resume_keeps_the_finished_notebooks_of_the_plan_in_order_and_one_writer
     with run_lock(run_dir), pytest.raises(RunDirBusyError):  # a resume of a run still going: refused
         pipeline.resume_run(run_dir, notebooks_dir=nbs)
     ran.clear()
+    monkeypatch.setattr(pipeline, "git_commit", lambda: "later")  # the resume's commit: recorded beside, not over
     pipeline.resume_run(run_dir, notebooks_dir=nbs)
     assert ran == ["01_a", "01_b", "02_c"]  # 00_a stays; 01_b finished, but after a notebook that had not run
     record = json.loads((run_dir / "run.json").read_text())
     assert [n["notebook"] for n in record["notebooks"]] == ["00_a.ipynb", "01_a.ipynb", "01_b.ipynb", "02_c.ipynb"]
-    assert len(record["meta"]["resumed"]) == 1 and record["meta"]["started"] == run_dir.name
+    assert record["meta"]["git_commit"] != "later" and record["meta"]["resumed"][0].endswith("(commit later)")
     # --resume takes the run's settings: other options, abbreviated too, are refused (argparse, exit 2)
     for extra in (["-p", "seed", "1"], ["--prof", "ci"], ["--only", "00"]):
         with pytest.raises(SystemExit) as stop:
@@ -237,8 +238,9 @@ def test_the_sigterm_handler_is_put_back_and_a_run_from_another_thread_works(tmp
     write_notebook(nbs / "00_a.ipynb", "x = 1", "pass")
     monkeypatch.setattr(pipeline, "execute", lambda *a: None)
     monkeypatch.setattr(pipeline, "NOTEBOOKS_DIR", nbs)
-    monkeypatch.setattr(pipeline, "run_pipeline", lambda *a, **k: pipeline.plan_run(*a, notebooks_dir=nbs) and
-                        pipeline._execute(pipeline.plan_run(*a, notebooks_dir=nbs), pipeline.new_run_dir(tmp_path / "r"), {}))
+    monkeypatch.setattr(pipeline, "run_pipeline",
+                        lambda *a, **k: pipeline._execute(pipeline.plan_run(*a, notebooks_dir=nbs),
+                                                          pipeline.new_run_dir(tmp_path / "r"), {}))
     before = signal.getsignal(signal.SIGTERM)
     assert pipeline.cli(["--profile", "cpu"]) == 0 and signal.getsignal(signal.SIGTERM) is before
     codes = []

@@ -337,7 +337,7 @@ def _run_notebooks(plan: dict, run_dir: Path, meta: dict, results: list[dict]) -
             break  # later notebooks may depend on this one's outputs
     start = time.perf_counter()
     try:
-        if not failure and (pngs := render_pngs(offered["figures_dir"])):
+        if not interrupted and (pngs := render_pngs(offered["figures_dir"])):  # a failed run: the figures it made
             print(f"{f'PNG copies of {pngs} figures':<{width + 8}}  {time.perf_counter() - start:8.1f} s", flush=True)
     except KeyboardInterrupt as exc:  # the notebooks' results stand; the figures keep their HTML copies
         failure, interrupted = f"PNG copies of the figures: {_stopped(exc)}", exc
