@@ -518,3 +518,23 @@ def test_a_grpo_run_takes_every_seed_its_config_allows():
     assert tiny_trainer(seed=SEED_MAX).train()[0]["step"] == 1
     with pytest.raises(ValueError, match=r"SamplingConfig.seed must be an integer in 0..18446744073709551615"):
         SamplingConfig(seed=2**64)
+
+
+def test_a_temperature_too_small_to_sample_at_is_refused_by_name():
+    """--temperature 1e-45 was accepted: logits / T overflowed to inf, every GRPO loss was NaN, and the run
+    stopped after five steps saying "Lower lr"; sampling at it drew from NaN probabilities. Temperatures
+    below 0.01 (a greedy draw in all but name) are refused by the field's name, 0 stays greedy."""
+    import pytest
+
+    import dataclasses
+
+    from rookworld_lib.core.sampling import MIN_TEMPERATURE, SamplingConfig
+
+    cfg = tiny_trainer().cfg
+    for t in (1e-45, 0.009):
+        with pytest.raises(ValueError, match=r"GRPOTrainConfig.temperature must be a finite number in \[0.01, inf\), got"):
+            dataclasses.replace(cfg, temperature=t)
+        with pytest.raises(ValueError, match=r"SamplingConfig.temperature must be 0 \(greedy\) or >= 0.01, got"):
+            SamplingConfig(temperature=t)
+    assert dataclasses.replace(cfg, temperature=MIN_TEMPERATURE).temperature == SamplingConfig(temperature=0.01).temperature
+    assert SamplingConfig(temperature=0).temperature == 0

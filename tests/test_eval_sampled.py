@@ -232,8 +232,12 @@ def test_config_checks_the_sampling_fields():
         ev.EvalConfig(sample_temperature=0.0)
     assert ev.EvalConfig().samples == 4  # pass@1 beside greedy unless asked for greedy only (samples=0)
     assert ev.EvalConfig(decoding="greedy", temperature=0.0).temperature == 0.0  # unused by greedy decoding
-    with pytest.raises(ValueError, match=r"EvalConfig.temperature must be > 0 for sampled decoding"):
-        ev.EvalConfig(decoding="sampled", temperature=0.0)
+    for t in (0.0, 1e-45, 0.009):  # 1e-45 overflowed logits / T: NaN probabilities, not an error that says why
+        with pytest.raises(ValueError, match=r"EvalConfig.temperature must be >= 0.01 for sampled decoding"):
+            ev.EvalConfig(decoding="sampled", temperature=t)
+        with pytest.raises(ValueError, match=r"EvalConfig.sample_temperature must be a finite number in \[0.01, inf\), got"):
+            ev.EvalConfig(sample_temperature=t)
+    assert ev.EvalConfig(decoding="sampled", temperature=0.01, sample_temperature=0.01).sample_temperature == 0.01
 
 
 def test_cli_samples_and_sample_temperature(setup, tmp_path, capsys):

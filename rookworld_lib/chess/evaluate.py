@@ -42,7 +42,7 @@ from . import data, rewards, tasks
 from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
 from ..core.model import GPT, CheckpointFormatError
 from ..core.paths import atomic_write, keep_aside, run_lock
-from ..core.sampling import SamplingConfig, check_fits, generate
+from ..core.sampling import MIN_TEMPERATURE, SamplingConfig, check_fits, generate
 from ..core.task_vocab import sampling_view
 from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, ROLLOUT_TEMPERATURE_KEY, PromptItem, score_completions
@@ -182,7 +182,7 @@ class EvalConfig:
     """How an evaluation decodes and how much it covers."""
 
     decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
-    temperature: float = option(1.0, "for sampled decoding (> 0 there; greedy decoding ignores it)", min=0.0)
+    temperature: float = option(1.0, "for sampled decoding (>= 0.01 there; greedy decoding ignores it)", min=0.0)
     max_new_tokens: int | None = option(None, "completion budget in tokens; None: the model layout's (96 compact, 128 original)", min=1)
     batch_size: int = option(128, "rows decoded together: as many prompts greedy, batch_size // samples prompts "
                              "of `samples` rows each for pass@1", min=1)
@@ -199,13 +199,13 @@ class EvalConfig:
                           "(keys pass@1/<metric>; 4 or more for a steady estimate; 0 = greedy only)", min=0)
     sample_temperature: float | None = option(None, "temperature of the pass@1 samples; None: the rollout temperature "
                                               "a GRPO export records (rookworld_rollout_temperature), else 1.0",
-                                              min=0.0, min_open=True)
+                                              min=MIN_TEMPERATURE)
 
     def __post_init__(self):
         validate(self)  # types, ranges and choices of every field (the option() checks above)
-        if self.decoding == "sampled" and self.temperature == 0:
-            bad_field(type(self).__name__, "temperature", self.temperature, "must be > 0 for sampled decoding "
-                      "(temperature 0 is greedy decoding: decoding='greedy')")
+        if self.decoding == "sampled" and self.temperature < MIN_TEMPERATURE:
+            bad_field(type(self).__name__, "temperature", self.temperature, f"must be >= {MIN_TEMPERATURE} for sampled "
+                      "decoding (temperature 0 is greedy decoding: decoding='greedy')")
 
     def for_model(self, model) -> EvalConfig:
         """This config with the layout, prompt prefix and budget resolved: given values win, else the model's."""

@@ -26,7 +26,7 @@ import torch
 from .grpo import token_logprobs  # the one definition, shared with GRPO scoring
 from .model import GPT, KVCache, flops_per_token
 from .tokenizer import EOT_ID
-from .config import config_class, option, validate
+from .config import bad_field, config_class, option, validate
 
 
 # How each decode step runs. dynamic: attention over the cache prefix written so far (shapes grow
@@ -47,6 +47,9 @@ DECODE_MODES = ("auto", "dynamic", "static", "cuda_graph")
 # Bigger steps (GPT-2 124M at many rows) keep torch's threads: their matmuls dwarf the barriers.
 SINGLE_THREAD_DECODE_FLOPS = 1e9
 NO_EOS = -1  # SamplingConfig.eos_id meaning "no end-of-sequence token": every row decodes max_new_tokens
+# The lowest sampling temperature above 0. Below it a draw is the greedy answer in all but name (a logit
+# lead of 0.5 is a factor e^50), and logits / T head for float32's overflow (1e-45 gives inf, a NaN loss).
+MIN_TEMPERATURE = 0.01
 
 
 @config_class(frozen=True)
@@ -54,7 +57,7 @@ class SamplingConfig:
     """How completions are drawn."""
 
     max_new_tokens: int = option(64, "completion budget per row; rows that hit it are truncated", min=1)
-    temperature: float = option(1.0, "softmax temperature; 0 means greedy (argmax)", min=0)
+    temperature: float = option(1.0, f"softmax temperature; 0 means greedy (argmax), else >= {MIN_TEMPERATURE}", min=0)
     top_k: int = option(0, "keep only the k most likely tokens (0 = off)", min=0)
     top_p: float = option(1.0, "nucleus: the smallest set with probability >= top_p (1 = off)", min=0, min_open=True,
                           max=1)
@@ -78,6 +81,9 @@ class SamplingConfig:
                                  + f", got {v!r}")
             object.__setattr__(self, name, int(v))  # numpy and torch integers welcome
         validate(self)
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            bad_field(type(self).__name__, "temperature", self.temperature,
+                      f"must be 0 (greedy) or >= {MIN_TEMPERATURE}")
 
 
 @dataclass

@@ -44,7 +44,7 @@ from . import distributed, grpo
 from .checkpoint import weights_fingerprint
 from .config import SEED_MAX, bad_field, check_weights, config_class, option, validate
 from .model import GPT, META_PREFIX
-from .sampling import SamplingConfig, check_fits, generate, sequence_logprobs
+from .sampling import MIN_TEMPERATURE, SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
 from .tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
 from .train_utils import WarmupCosineSchedule, build_adamw, check_device_name, clip_grad_norm, to_jsonable
@@ -88,7 +88,7 @@ class GRPOTrainConfig:
     group_size: int = option(4, "completions per prompt (G)", min=2)
     task_weights: dict[str, float] | None = option(None, "each task's share of a step's prompts (PromptItem.task), e.g. {'math': 0.7, 'code': 0.3}; None: drawn from all prompts as one pool")
     max_new_tokens: int = option(96, "completion budget; longer completions are truncated", min=1)
-    temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=0.0, min_open=True)
+    temperature: float = option(1.0, "sampling temperature (also used to score log-probs)", min=MIN_TEMPERATURE)
     vocab: str = option("auto", '"auto": sample and score over the task vocabulary a model marks (a vocab="task" SFT export: the same policy to float precision, several times faster; see task_vocab), else over all of GPT-2; "full": always all 50,257 tokens; "task": the marked vocabulary, or the trainer\'s task_vocab= (an opt-in for a model that marks none)', choices=("auto", "full", "task"))
     top_k: int = option(0, "sampler top-k (0 = off; GRPO scores the full distribution)", min=0)
     top_p: float = option(1.0, "sampler nucleus (1 = off)", min=0.0, max=1.0, min_open=True)
