@@ -114,9 +114,12 @@ def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_ref
     assert GRPOTrainConfig(task_weights={"P": 1, "A": 0}).task_weights == {"P": 1.0, "A": 0.0}
 
 
-def test_a_notebook_parameter_at_its_bound_is_accepted():
-    config.check("steps", 1, int, min=1)
-    config.check("lr", 0.0, float, min=0)
+def test_a_notebook_parameter_at_its_bound_is_accepted_and_just_below_it_refused():
+    assert config.check("steps", 1, int, min=1) is None and config.check("lr", 0.0, float, min=0) is None
+    with pytest.raises(config.ParameterError, match=r"^notebook parameter 'steps' must be >= 1, got 0$"):
+        config.check("steps", 0, int, min=1)
+    with pytest.raises(config.ParameterError, match=r"^notebook parameter 'lr' must be >= 0, got -1e-09$"):
+        config.check("lr", -1e-9, float, min=0)
 
 
 def test_a_parameter_above_its_maximum_and_a_malformed_override_are_refused_naming_them(capsys):

@@ -64,7 +64,10 @@ def test_the_sampling_rate_is_every_ranks_tokens_over_the_slowest_ranks_time(two
     """With one rollout chunk rank 0 samples and rank 1 waits: the rate divided the tokens by the ranks'
     mean sampling time (half of rank 0's), so it read 2x (N x) too high. A phase's time is now its slowest
     rank's, and the rate the step's sampled tokens (no dynamic sampling: its completions' lengths) over it."""
-    for r in two_process_params[job]["history"]:
+    history = two_process_params[job]["history"]
+    assert [r["step"] for r in history] == [1, 2]  # the worker's two steps: the loop below checks each
+    for r in history:
+        assert r["time/sampling"] > 0
         tokens = r["completions/mean_length"] * r["num_completions"]
         assert r["throughput/generated_tokens_per_s"] * r["time/sampling"] == pytest.approx(tokens, rel=1e-6), r
 
@@ -112,14 +115,15 @@ def test_strip_nproc_refuses_what_is_not_a_count(argv, why):
     assert isinstance(info.value, ValueError)  # the CLI's one-line error
 
 
-def test_parse_nproc_is_an_argparse_type():
+def test_parse_nproc_is_an_argparse_type(capsys):
     import argparse
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--nproc", type=distributed.parse_nproc, default=0)
     assert ap.parse_args(["--nproc", "2"]).nproc == 2
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stop:
         ap.parse_args(["--nproc", "abc"])
+    assert stop.value.code == 2 and "whole number" in capsys.readouterr().err  # argparse's usage error, our words
 
 
 def test_torchrun_runs_the_preflight_before_any_worker(monkeypatch):

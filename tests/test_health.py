@@ -21,9 +21,25 @@ def test_params_by_module_sums_to_total():
 
 
 def test_init_stats_follow_gpt2_init():
-    for row in health.init_stats(tiny()):
-        if row["expected_std"] > 0:
-            assert abs(row["std"] - row["expected_std"]) / row["expected_std"] < 0.15, row["name"]
+    """Notebook 02's init table against GPT-2's init written out here (nanoGPT's _init_weights): N(0, 0.02)
+    for embeddings and Linear weights, 0.02 / sqrt(2 n_layer) for the residual projections, zero biases,
+    LayerNorm gains one. Biases and LayerNorms were not checked (their expected spread is 0)."""
+    m = tiny()
+    rows = health.init_stats(m)
+    assert [r["name"] for r in rows] == [n for n, _ in m.named_parameters()]
+    for r in rows:
+        kind = r["name"].split(".")[-2:]
+        if kind == ["c_proj", "weight"]:
+            want = 0.02 / math.sqrt(2 * m.config.n_layer)
+        elif kind[0] in ("wte", "wpe", "c_attn", "c_fc") and kind[1] == "weight":
+            want = 0.02
+        else:
+            want = 0.0
+        assert r["expected_std"] == want, r
+        if want:
+            assert abs(r["std"] - want) / want < 0.15 and abs(r["mean"]) < want / 4, r
+        else:  # a bias or a LayerNorm parameter: constant
+            assert r["std"] == 0 and r["mean"] == (1.0 if kind[0].startswith("ln") and kind[1] == "weight" else 0.0), r
 
 
 def test_logits_stats_counts_nonfinite():

@@ -168,7 +168,9 @@ def test_utilization_sampler_records_cpu():
             a @ a
     s = util.summary()
     assert s["n_samples"] >= 2
-    assert s["process_cpu_pct"]["max"] > 0
+    # a percentage of one core (top's), of this process: the matmul loop keeps at least one core busy
+    # most of the time, and no process uses more than all cores
+    assert 30 <= s["process_cpu_pct"]["max"] <= 100 * os.cpu_count() + 10, s
 
 
 def test_profile_phases_memory_trace_and_top_ops(tmp_path):

@@ -1,3 +1,4 @@
+import copy
 import dataclasses
 import json
 import math
@@ -80,11 +81,23 @@ def test_onpolicy_ratio_dev_isolates_the_first_minibatch():
     assert rec["rewards/P/std"] == pytest.approx(torch.tensor(rewards).std().item())
 
 
-def test_reference_model_and_kl_logged_when_beta_positive():
-    trainer = make({"loss": grpo.GRPOConfig(beta=0.04), "mu": 2, "minibatch_size": 8})
-    assert trainer.ref is not None
+def test_kl_is_taken_against_the_frozen_starting_model():
+    """The KL term's reference is the model GRPO started from, frozen: a "reference" that followed the
+    policy (KL toward the last step, a pitfall of DESIGN.md) passed every test here. At step 2 (one
+    minibatch, one pass: scored before its update, at the sampler's log-probs) the logged KL is k3's mean
+    over the mask against a copy of the starting model, computed here from the formula."""
+    trainer = make({"loss": grpo.GRPOConfig(beta=0.04, mask_truncated_completions=False), "steps": 2, "mu": 1,
+                    "minibatch_size": 16, "lr": 3e-2})
+    start = copy.deepcopy(trainer.model)
+    trainer.train_step()
     rec = trainer.train_step()
-    assert rec["kl"] >= 0.0  # k3 is non-negative per token
+    b = trainer.last_batch
+    with torch.no_grad():
+        log_r = sequence_logprobs(start, b.prompt_ids, b.tokens) - b.old_logprobs
+    k3 = log_r.exp() - log_r - 1  # Schulman's k3 estimator of KL(pi_theta || pi_ref)
+    assert rec["kl"] > 1e-4 and rec["kl"] == pytest.approx(k3[b.mask.bool()].mean().item(), rel=1e-3)
+    assert all(torch.equal(p, q) for p, q in zip(trainer.ref.parameters(), start.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(trainer.model.parameters(), start.parameters()))
 
 
 def test_nonfinite_loss_skipped_counted_and_stops_after_k(monkeypatch):

@@ -108,6 +108,28 @@ def test_a_row_too_long_for_the_model_a_crash_and_a_non_finite_loss_are_rows_tha
     assert result.row("nan")["reason"].startswith("non-finite loss [") and result.row("nan")["reason"].endswith("nan]")
 
 
+def test_a_rows_speed_and_mfu_are_its_timed_steps_median(monkeypatch):
+    """The row's speed from known step times (the clock replaced), each figure worked out here: the
+    median of the timed steps, warm-up steps untimed, tokens over it, FLOPs over it against the peak."""
+    calls = []
+
+    def timed(fn, warmup, repeats, sync):
+        calls.append((warmup, repeats))
+        for _ in range(warmup + repeats):
+            fn()
+        return perf.summarize_times([0.3, 0.1, 0.2, 0.9])  # median 0.25 (linear interpolation)
+
+    monkeypatch.setattr(tuning.perf, "benchmark", timed)
+    peak = perf.Peak("cpu", "fp32", table_tflops=None, measured_tflops=1.0)
+    row = tuning.run_config(replace(BASE, steps=5, timed_from=1), peaks={"fp32": peak}, profile_memory=False)
+    assert calls == [(1, 4)] and len(row["losses"]) == 5
+    flops = perf.flops_per_token(BASE.model_config(), 16, "train") * 2 * 16  # checked against FlopCounterMode
+    assert (row["step_time_s"], row["step_time_p10_s"]) == (pytest.approx(0.25), pytest.approx(0.13))
+    assert row["tokens_per_s"] == pytest.approx(2 * 16 / 0.25) and row["flops_per_step"] == flops
+    assert row["achieved_tflops"] == pytest.approx(flops / 0.25 / 1e12)
+    assert row["mfu_measured"] == pytest.approx(flops / 0.25 / 1e12 / 1.0) and row["mfu_table"] is None
+
+
 def test_rows_carry_speed_mfu_and_memory(matrix):
     base = matrix.row("baseline")
     assert base["speedup"] == 1.0 and base["loss_delta"] == 0.0
