@@ -71,3 +71,21 @@ def test_the_readmes_core_example_trains_a_task_of_its_own(tmp_path, monkeypatch
         rewards = [r["rewards/yes-no/mean"] for r in scope["history"]]
         assert sum(rewards[-10:]) / 10 >= 0.9, rewards
         assert all((tmp_path / scope["out"] / stage / "final" / "model.safetensors").is_file() for stage in ("sft", "grpo"))
+
+
+def test_the_references_the_suite_compares_with_are_installed():
+    """The strongest tests compare with references: transformers (GPT-2 logits, greedy generate), TRL's
+    GRPO loss, Stockfish through python-chess (labels re-analysed), the original data's readers. Each
+    skips where its reference is missing, so a suite run without them stayed green having compared with
+    none: here their absence fails, once, saying what to install (the dev extras and Stockfish: make setup)."""
+    import importlib.util
+
+    from rookworld_lib.chess.engine import StockfishNotFoundError, find_stockfish
+
+    missing = [m for m in ("transformers", "trl", "tokenizers", "datasets", "pyarrow")
+               if importlib.util.find_spec(m) is None]
+    try:
+        find_stockfish()
+    except StockfishNotFoundError as exc:
+        missing.append(f"Stockfish ({exc})")
+    assert not missing, f"the suite's references are missing: {missing}; `make setup` installs them"
