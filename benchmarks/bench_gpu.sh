@@ -3,12 +3,15 @@
 # Usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]   parts: tests bench scaling attention matrix (default: all)
 # Needs python-chess, papermill (for the matrix notebook), transformers and trl beside torch, and
 # Stockfish on the PATH or in STOCKFISH_PATH. Writes one JSON (or executed notebook) per part.
+# Python: $PYTHON, else the checkout's .venv/bin/python (`make setup`), else python3 on the PATH.
 set -uo pipefail
 out=${1:?usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]}
 shift
 parts=${*:-tests bench scaling attention matrix}
 mkdir -p "$out"
-py=${PYTHON:-python3}
+venv_py="$(dirname "$0")/../.venv/bin/python"
+[ -x "$venv_py" ] || venv_py=python3
+py=${PYTHON:-$venv_py}
 status=0
 for part in $parts; do
   echo "== $part $(date -u +%FT%TZ)"

@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--own-piece", type=float, default=0.0, help="weight of an added P/moves_own_piece reward (see above)")
     ap.add_argument("--out", type=Path, default=Path("runs/grpo_ablation/results.jsonl"))
     args = ap.parse_args()
+    if (args.out.parent / args.name).exists():  # before minutes of evaluation: GRPO would refuse its folder
+        ap.error(f"{args.out.parent / args.name} exists: a run of that --name is there already (another --name, "
+                 "or remove the folder)")
     torch.set_num_threads(args.threads)
     over = json.loads(args.set)
     loss_over, gw = over.pop("loss", {}), over.pop("gw", None)

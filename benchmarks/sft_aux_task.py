@@ -38,7 +38,7 @@ from rookworld_lib.chess.training import RecordReader
 from rookworld_lib.core.model import GPT
 from rookworld_lib.core.paths import DATA_DIR
 from rookworld_lib.core import train_sft as sft_module
-from rookworld_lib.core.tokenizer import task_of
+from rookworld_lib.core.tokenizer import encode_prompt, task_of
 from rookworld_lib.core.train_sft import train_sft
 from rookworld_lib.lab import workflow
 
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--positions", type=int, default=3962, help="auxiliary texts (distinct train positions)")
     ap.add_argument("--source", choices=("P", "PA"), default="P", help="whose positions: P: records, or P: then A:")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the cpu profile's; a few for a smoke run)")
     add_arguments(ap)
     args = ap.parse_args()
     texts = args.out / "data"
@@ -103,13 +104,15 @@ def main() -> None:
     sft_module.task_of = lambda text, tasks: "P" if text.startswith(f"{letter}:") else task_of(text, tasks)
     torch.manual_seed(args.seed)
     start = time.time()
-    result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", texts, args.seed))
+    result = train_sft(workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", texts, args.seed))
     print(f"SFT {time.time() - start:.0f} s; last record {result.history[-1]}")
     model = GPT.from_pretrained(args.out / "sft" / "final").eval()
     records = data.load_split("P", "test").records[:50]
     cfg = workflow.eval_config(workflow.resolve("cpu"), args.seed)
-    answers = evaluate.complete(model, [f"{letter}: {r['fen']} =" for r in records],
-                                dataclasses.replace(cfg, max_new_tokens=200))
+    prompts = [f"{letter}: {r['fen']} =" for r in records]
+    # up to 200 tokens, as many as the context leaves after the longest prompt (evaluate refuses more)
+    room = model.config.block_size + 1 - max(len(encode_prompt(p, model.prompt_prefix)) for p in prompts)
+    answers = evaluate.complete(model, prompts, dataclasses.replace(cfg, max_new_tokens=min(200, room)))
     exact = sum(a.strip() == aux_text(args.task, r["fen"]).split(" = ", 1)[1] for a, r in zip(answers, records))
     print(json.dumps({**measure(model, args, seed=args.seed), f"{letter}: answers exactly right (first 50 test positions)": exact,
                       f"first {letter}: answer": answers[0]}, indent=1))

@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--order", choices=("best", "shuffle", "uci"), default="shuffle")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the cpu profile's; a few for a smoke run)")
     args = ap.parse_args()
     train = DATA_DIR
     if args.order == "shuffle":
@@ -63,7 +64,7 @@ def main() -> None:
         data.validate_record = best_need_not_lead
     torch.manual_seed(args.seed)
     start = time.time()
-    result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", DATA_DIR, args.seed, train),
+    result = train_sft(workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", DATA_DIR, args.seed, train),
                        reader=RecordReader("compact", "uci" if args.order == "uci" else "layout"))
     print(f"SFT {time.time() - start:.0f} s; last record {result.history[-1]}; model in {args.out / 'sft' / 'final'}")
 

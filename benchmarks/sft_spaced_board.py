@@ -59,13 +59,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the cpu profile's; a few for a smoke run)")
     add_arguments(ap)
     args = ap.parse_args()
     texts = args.out / "data"
     write_texts(texts)
     torch.manual_seed(args.seed)
     start = time.time()
-    result = train_sft(workflow.sft_config(workflow.resolve("cpu"), args.out / "sft", texts, args.seed, texts))
+    result = train_sft(workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", texts, args.seed, texts))
     print(f"SFT {time.time() - start:.0f} s; last record {result.history[-1]}")
     model = GPT.from_pretrained(args.out / "sft" / "final").eval()
     print(json.dumps(measure(model, args, lambda r: spaced_text(evaluate.policy_prompt_of(r, "compact")), args.seed),
