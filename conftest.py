@@ -38,12 +38,12 @@ def pytest_unconfigure(config):
         shutil.rmtree(os.environ.pop(_CACHE_ENV), ignore_errors=True)
 
 
-# The files that take 10 s or more in `make test` (pytest --durations=0 on 2 idle cores, 2026-11-28),
+# The files that take 10 s or more in `make test` (pytest --durations=0 on 2 idle cores, 2026-11-28/29),
 # longest first. `make test` (pytest-xdist, a file per worker, --no-loadscope-reorder) hands them
 # out first, so that no long file is left for the end while the other worker idles; a stale list
 # costs only wall time.
-LONG_FILES = ("tests/test_faults.py", "tests/test_browser.py", "tests/test_datagen.py", "notebooks/04_mfu_tuning.ipynb",
-              "tests/test_faults_grpo.py", "tests/test_train_sft_distributed.py", "tests/test_data.py",
+LONG_FILES = ("tests/test_faults.py", "tests/test_browser.py", "tests/test_faults_run.py", "tests/test_datagen.py",
+              "notebooks/04_mfu_tuning.ipynb", "tests/test_faults_grpo.py", "tests/test_train_sft_distributed.py", "tests/test_data.py",
               "tests/test_pipeline.py", "tests/test_train_sft.py", "tests/test_distributed.py",
               "tests/test_fault_messages.py", "tests/test_figures_legible.py", "tests/test_sampling.py",
               "notebooks/02_forward_pass_health.ipynb")
