@@ -333,6 +333,11 @@ VALIDATOR_ROWS = [
     ("P-source", "P", lambda r: {"source": "engine"},
      "field 'source' must be one of ('random', 'opening', 'selfplay', 'original'), got 'engine'"),
     ("P-original_best", "P", lambda r: {"original_best": "a1a1"}, "field 'original_best' 'a1a1' is not among 'moves'"),
+    # a B: that is another listed move, its completion written to match (the reversed-labels bug as a file holds
+    # it): SFT would learn that B: while rewards and metrics grade moves[0]
+    ("P-best-not-the-first-candidate", "P",
+     lambda r: {"best": r["moves"][-1], "completion": tasks.policy_text(r["fen"], r["moves"], r["evals"], r["moves"][-1])[1]},
+     lambda r: f"field 'best' {r['moves'][-1]!r} is not moves[0] {r['moves'][0]!r}"),
     ("A-move-with-a-space", "A", lambda r: {"move": "e2 e4", "history": ["e2 e4"]},
      "field 'move' must be non-empty without '+' or whitespace"),
     ("A-move-with-a-plus", "A", lambda r: {"move": "e2+e4", "history": ["e2+e4"]},
@@ -602,6 +607,19 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     assert summary["files"]["policy_train.jsonl"]["records"] == n
     assert set(summary["shared_positions"].values()) == {0}
     assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)
+
+
+def test_the_summary_counts_the_positions_each_pair_of_splits_shares(tmp_path):
+    """The data card's leak check names every pair of splits with its count: a val position also in train
+    is 1 of train/val (the checks passed a summary that named only train/test, all its values 0)."""
+    import shutil
+
+    for split in ("train", "val", "test"):
+        shutil.copy(data.data_file("P", split), data.data_file("P", split, tmp_path))
+    val = shipped("P", "val")[0]
+    with data.data_file("P", "train", tmp_path).open("a") as f:
+        f.write(json.dumps({**val, "id": "leaked-from-val", "split": "train"}) + "\n")
+    assert data.summarize(tmp_path)["shared_positions"] == {"train/val": 1, "train/test": 0, "val/test": 0}
 
 
 def test_contents_found_valid_once_are_not_checked_again_in_another_process(tmp_path, monkeypatch):

@@ -107,6 +107,22 @@ def test_each_position_is_labelled_for_the_policy_task_once():
     assert len(keys) > 20 and len(keys) == len(set(keys))
 
 
+def test_a_position_reached_again_with_other_clocks_is_labelled_once():
+    """The knights go out and back, then Nf3 again: the start position returns at ply 4 with clocks 4 3,
+    not 0 1. It is the same position (python-chess's FEN without the clocks), and the same move from it:
+    one P: record of each position, one A: record of each (position, move)."""
+    game = {"game": 0, "kind": "selfplay", "moves": ["g1f3", "g8f6", "f3g1", "f6g8", "g1f3"]}
+    board, plies = chess.Board(), []
+    for m in game["moves"]:
+        plies.append((" ".join(board.fen().split()[:4]), m))
+        board.push_uci(m)
+    assert len({board_fen for board_fen, _ in plies}) == 4 and plies[0] == plies[4]
+    cfg = datagen.DatagenConfig(games=1, mate_games=0, env_rate=1.0, policy_rate=1.0)
+    (sel,) = datagen.select_samples([game], cfg)
+    assert sorted(tasks.position_key(s["fen"]) for s in sel.policy) == sorted({p for p, _ in plies})
+    assert sorted((tasks.position_key(s["fen"]), s["move"]) for s in sel.env) == sorted(set(plies))
+
+
 def test_a_fivefold_repetition_is_an_ordinary_transition_and_a_record_that_says_otherwise_is_refused():
     """The environment decides from the position alone (environment_step): a move that repeats a position
     a fifth time is a 0.001 transition, although the game that played it ends there (random games run on

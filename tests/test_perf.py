@@ -160,6 +160,17 @@ def test_quantiles():
     assert t.spread == pytest.approx((4.6 - 1.4) / 3.0)
 
 
+def test_a_gpus_data_sheet_peak_is_the_precisions(monkeypatch):
+    """On CUDA, MFU's data-sheet denominator is the run's precision's: NVIDIA's H100 SXM sheet gives
+    989.4 (bf16), 494.7 (tf32), 66.9 (fp32) dense TFLOP/s. Run here with the device faked (no test reached
+    get_peak's CUDA branch: a bf16 MFU over the fp32 peak would read 15x too high)."""
+    monkeypatch.setattr(perf, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(perf, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    for precision, tflops in (("bf16", 989.4), ("tf32", 494.7), ("fp32", 66.9)):
+        peak = perf.get_peak("cuda", precision, measure=False)
+        assert (peak.precision, peak.table_tflops, peak.measured_tflops) == (precision, tflops, None)
+
+
 def test_utilization_sampler_records_cpu():
     with perf.UtilizationSampler(interval_s=0.05) as util:
         a = torch.randn(256, 256)
