@@ -25,7 +25,9 @@ def two_process_params(tmp_path_factory) -> dict[str, dict]:
     one loss type well under a second. Both parametrised tests share it (`make test` runs a file on
     one xdist worker)."""
     out = tmp_path_factory.mktemp("grpo-2-processes")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the workers run a script: the library they import is this process's (a checkout's own, not whichever
+    # an editable install points at)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     logs = tmp_path_factory.mktemp("torchrun-logs")  # not torchrun's default, a torchelastic_* left in /tmp
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
            str(WORKER), str(out), *LOSS_TYPES, "grpo-one-chunk"]

@@ -86,6 +86,8 @@ def test_compact_ids_and_bad_input():
     assert compact.min() >= 0 and compact.max() < len(vocab)
     assert torch.equal(vocab.ids[compact], x)  # a bijection on the vocabulary
     assert vocab.compact(torch.tensor([-1, int(vocab.ids[0])])).tolist() == [-1, 0]  # ignored targets stay ignored
+    # also where GPT-2's token 0 ('!') is in the vocabulary: -1 is not read as it
+    assert TaskVocab([0, 5, EOT_ID]).compact(torch.tensor([-1, 5, 0, -1])).tolist() == [-1, 1, 0, -1]
     unknown = next(t for t in range(VOCAB_SIZE) if vocab.index[t] < 0)
     with pytest.raises(ValueError, match=rf"token ids \[{unknown}\] are not in the task vocabulary"):
         vocab.compact(torch.tensor([unknown]))

@@ -592,3 +592,88 @@ def test_the_logged_advantage_spread_is_the_steps_batch_not_the_mean_of_its_mini
     assert adv.std(correction=0).item() > 0  # the check needs a spread
     assert record["advantages/std"] == pytest.approx(adv.std(correction=0).item(), abs=1e-7)
     assert record["advantages/mean"] == pytest.approx(adv.mean().item(), abs=1e-7)
+
+
+def test_an_unscorable_completion_does_not_make_a_group_varied():
+    """Dynamic sampling keeps the groups with a signal. [1, unscorable] has none (group_advantages: 0, 0,
+    as TRL's, tested for parity), yet its sum (nansum: 0 for the unscorable one) reads as a spread; each
+    kept group is one with a non-zero advantage, the reference."""
+    table = torch.tensor([[1.0], [math.nan], [0.0], [1.0], [math.nan], [math.nan]])
+    items = [PromptItem("P", f"q{i // 2}") for i in range(6)]
+    batch = train_grpo.RolloutBatch(items, [[1]] * 6, torch.zeros(6, 1, dtype=torch.long), torch.zeros(6, 1),
+                                    torch.ones(6, 1, dtype=torch.bool), torch.zeros(6, dtype=torch.bool),
+                                    train_grpo.reward_sum(table, [1.0]), list("abcdef"), table, 6)
+    adv = grpo.group_advantages(table, 2, reward_weights=[1.0])[0]
+    signal = sorted({items[i].prompt for i in range(6) if adv[i] != 0})
+    assert signal == ["q1"] and sorted({i.prompt for i in train_grpo._varied_groups(batch, 2).items}) == signal
+
+
+def test_the_sampling_rate_counts_every_token_sampled_dropped_groups_too(monkeypatch):
+    """Under dynamic sampling the rate is every sampled token (dropped groups' and refills' too) over the
+    sampling time; it counted the kept completions' tokens only, reading low by the share dropped."""
+    counted = []
+    real = train_grpo.generate
+
+    def counting(*args, **kwargs):
+        rollout = real(*args, **kwargs)
+        counted.append(int(rollout.mask.sum()))
+        return rollout
+
+    def reward(item, text):
+        return 1.0 if item.task == "P" else float(len(text) % 2)  # P groups always tie: dropped
+
+    trainer = make({"dynamic_sampling": True, "max_refill_rounds": 2}, reward=reward)
+    monkeypatch.setattr(train_grpo, "generate", counting)
+    rec = trainer.train_step()
+    kept = rec["completions/mean_length"] * rec["num_completions"]
+    assert sum(counted) > kept
+    assert rec["throughput/generated_tokens_per_s"] * rec["time/sampling"] == pytest.approx(sum(counted), rel=1e-6)
+
+
+def test_ranks_metrics_merge_to_the_metrics_of_one_call_over_all_rows():
+    """Under torchrun each rank scores its rows; the merged metrics are those of one grpo_loss call over
+    every row. Token means are weighted by tokens: by completions, ranks whose completions differ in
+    length (here rank 1's are shorter) logged another kl, ratio and clip share."""
+    torch.manual_seed(0)
+    N, T = 4, 6
+    lp = torch.randn(N, T) * 0.1 - 1
+    old, ref = lp + torch.randn(N, T) * 0.2, lp + torch.randn(N, T) * 0.3
+    adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(N, T, dtype=torch.bool)
+    mask[2:, 2:] = False
+    cfg = grpo.GRPOConfig(beta=0.04, loss_type="dapo", clip_eps_low=0.1, clip_eps_high=0.1)
+    kw = dict(ref_logprobs=ref, config=cfg, num_items_in_batch=float(mask.sum()), num_completions_in_batch=N)
+    whole = grpo.grpo_loss(lp, old, adv, mask, **kw)[1]
+    halves = [{k: float(v) for k, v in grpo.grpo_loss(lp[s], old[s], adv[s], mask[s], **{**kw, "ref_logprobs": ref[s]})[1].items()}
+              for s in (slice(0, 2), slice(2, 4))]
+    merged = train_grpo._merge_ranks(halves, sequence=False)
+    assert halves[0]["kl"] != pytest.approx(halves[1]["kl"])  # the weighting matters here
+    for key, value in whole.items():
+        if key not in ("advantages/mean", "advantages/std"):  # the step's whole batch, set in _step
+            assert merged[key] == pytest.approx(float(value), rel=1e-5, abs=1e-7), key
+
+
+def test_rollout_chunks_that_do_not_divide_the_prompts_sample_every_prompt():
+    """3 prompts in 2 chunks: every prompt is sampled, each once (bounds 0, 2, 3); integer division lost the last."""
+    trainer = make({"prompts_per_step": 3, "rollout_chunks": 2, "group_size": 2, "minibatch_size": 6})
+    drawn = []
+    collect = trainer.collect
+    trainer.collect = lambda items, seed, timings: (drawn.append(list(items)), collect(items, seed, timings))[1]
+    rec = trainer.train_step()
+    assert rec["num_completions"] == 6 and trainer.last_batch.items == [i for i in drawn[0] for _ in range(2)]
+
+
+def test_a_resume_on_the_model_trained_in_place_keeps_the_frozen_reference(tmp_path):
+    """GRPO trains its model in place; a trainer built again on that same object in the same process (a
+    notebook cell run again) resumes from the checkpoint, which the resume check allows. Its KL reference
+    is the checkpoint's frozen starting model, not the trained weights it was handed."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=64))
+    start = copy.deepcopy(model.state_dict())
+    cfg = GRPOTrainConfig(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=5, lr=3e-2, minibatch_size=8,
+                          loss=grpo.GRPOConfig(beta=0.04), seed=1, progress=False, out_dir=str(tmp_path),
+                          task_weights={"P": 0.5, "A": 0.5})
+    GRPOTrainer(model, toy_items(), cfg, reward_funcs=item_reward(toy_reward)).train(until=1)
+    assert not all(torch.equal(v, start[k]) for k, v in model.state_dict().items())  # trained in place
+    again = GRPOTrainer(model, toy_items(), cfg, reward_funcs=item_reward(toy_reward))
+    assert again.step == 1
+    assert all(torch.equal(v, start[k]) for k, v in again.ref.state_dict().items())
