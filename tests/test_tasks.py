@@ -297,6 +297,13 @@ def test_env_draws():
     assert (bare.reward, bare.terminated, bare.termination) == (0.5, 1, "insufficient_material")
     seventyfive = tasks.environment_step("8/8/8/4k3/8/8/4K3/4R3 w - - 149 120", "e1d1")
     assert (seventyfive.reward, seventyfive.terminated, seventyfive.termination) == (0.5, 1, "seventyfive_moves")
+    # the fifty-move rule is a claim, not an ending (FIDE 9.3; python-chess: outcome(claim_draw=False) is None)
+    fen = "8/8/8/4k3/8/8/4K3/4R3 w - - 99 80"
+    board = chess.Board(fen)
+    board.push_uci("e1d1")
+    assert board.can_claim_fifty_moves() and board.outcome(claim_draw=False) is None
+    fifty = tasks.environment_step(fen, "e1d1")
+    assert (fifty.reward, fifty.terminated, fifty.termination) == (0.001, 0, None)
 
 
 @pytest.mark.parametrize("fen, move, kind", [
