@@ -133,3 +133,10 @@ def test_a_parameter_above_its_maximum_and_a_malformed_override_are_refused_nami
     with pytest.raises(SystemExit) as stop:
         main(["sft", "--model-overrides", "foo"])
     assert stop.value.code == 2 and "expected KEY=VALUE, got 'foo'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_notebook_parameter_that_is_not_finite_is_refused_by_name(bad):
+    with pytest.raises(config.ParameterError, match="'lr' must be a finite number"):
+        config.check("lr", bad, float, min=0.0, max=1.0)
+    assert not math.isfinite(bad)

@@ -732,3 +732,28 @@ def test_a_text_input_that_is_not_utf8_or_not_text_or_a_json_array_is_named_so(t
     with pytest.raises(ValueError, match=rf"{array}: a JSON array; give JSON lines"):
         convert.convert([array], tmp_path / "c", split="test", workers=1)
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.9, 1.0])
+def test_policy_fraction_gives_the_rest_to_the_environment_task(share):
+    w = training.task_weights(share)
+    assert w == {"P": share, "A": pytest.approx(1 - share)}  # the shares sum to 1: the rest is A:
+    assert sum(w.values()) == pytest.approx(1.0)
+
+
+def test_policy_fraction_on_the_command_line_reaches_the_sft_config(tmp_path):
+    args = training.build_sft_parser().parse_args(["--policy-fraction", "1", "--train-data", "x.jsonl"])
+    assert training.task_weights(args.policy_fraction) == {"P": 1.0, "A": 0.0}  # P: alone, as the option's help says
+
+
+def test_a_p_line_with_four_candidates_of_many_is_a_short_list_and_five_is_not(tmp_path):
+    start = chess.Board()
+    four = f"P: {start.fen():90}M: {'e2e4 d2d4 g1f3 c2c4':30}E: {'0.3 0.28 0.25 0.2':40}B: e2e4"
+    five = f"P: {start.fen():90}M: {'e2e4 d2d4 g1f3 c2c4 e2e3':30}E: {'0.3 0.28 0.25 0.2 0.1':40}B: e2e4"
+    src = tmp_path / "rook.txt"
+    src.write_text(four + "\n" + five + "\n")
+    report = convert.convert([src], tmp_path / "out", split="test", workers=1)
+    # independent count: candidates listed < min(5, legal moves)
+    expected = sum(len(line.split("M:")[1].split("E:")[0].split()) < min(5, start.legal_moves.count())
+                   for line in (four, five))
+    assert report.written["P"] == 2 and report.short_lists == expected == 1

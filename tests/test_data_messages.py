@@ -2,6 +2,7 @@
 empty and non-UTF-8 data files, a broken engine or Ctrl-C during `rookworld datagen` (whose finished
 work survives for the next run)."""
 
+import gzip
 import json
 import os
 import signal
@@ -298,3 +299,31 @@ def test_a_full_disk_during_datagen_names_the_file_it_was_writing(tmp_path, caps
     assert rc == 1
     one_line(err, "rookworld datagen", f"No space left on device: {tmp_path / 'd' / '.datagen-work'}", ".jsonl",
              "free some space")
+
+
+def test_keep_aside_never_replaces_an_earlier_kept_file(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    kept = []
+    for n in range(3):  # three earlier runs' files with the same mtime (one second): three distinct names
+        f.write_text(f"run {n}\n")
+        os.utime(f, (1_700_000_000, 1_700_000_000))
+        kept.append(paths.keep_aside(f))
+        assert not f.exists()
+    assert len(set(kept)) == 3
+    assert [k.read_text() for k in kept] == ["run 0\n", "run 1\n", "run 2\n"]  # every earlier run's records survive
+
+
+def test_a_byte_order_mark_at_the_start_of_a_jsonl_file_is_no_data(tmp_path):
+    f = tmp_path / "win.jsonl"
+    f.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"b": 2}\n')
+    assert list(paths.read_jsonl(f)) == [(1, {"a": 1}, None), (2, {"b": 2}, None)]
+    assert [v for _, v in paths.json_lines(f)] == [{"a": 1}, {"b": 2}]
+    assert next(paths.decoded_lines(f))[1] == '{"a": 1}\n'
+
+
+def test_a_cut_off_gzip_jsonl_is_one_data_format_error_naming_the_file(tmp_path):
+    whole = gzip.compress(b"".join(b'{"text": "line %d"}\n' % i for i in range(2000)))
+    cut = tmp_path / "train.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])  # a download cut off half way
+    with pytest.raises(paths.DataFormatError, match="train.jsonl.gz: cannot read"):
+        list(paths.json_lines(cut))

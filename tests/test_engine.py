@@ -354,3 +354,34 @@ def test_bad_engine_arguments_name_the_argument(call, match, boundary):
         call()
     if boundary is not None:
         boundary()  # the nearest good value passes the same check
+
+
+@needs_stockfish
+def test_max_retries_zero_means_one_attempt_not_none():
+    # max_retries is the number of *re*-tries: 0 still starts one engine and runs one search
+    with EnginePool(EngineSettings(depth=4, max_retries=0), size=1, cache=False) as pool:
+        a = pool.analyse(chess.STARTING_FEN, multipv=1)
+    assert len(a.moves) == 1 and chess.Move.from_uci(a.moves[0]) in chess.Board().legal_moves
+
+
+@needs_stockfish
+def test_a_cached_full_analysis_never_answers_a_root_moves_request():
+    cache = engine.AnalysisCache()
+    with EnginePool(EngineSettings(depth=4), size=1, cache=cache) as pool:
+        full = pool.analyse(chess.STARTING_FEN, multipv=1)
+        restricted = pool.analyse(chess.STARTING_FEN, multipv=1, root_moves=["g1h3"])
+    with EnginePool(EngineSettings(depth=4), size=1, cache=False) as fresh:  # independent reference: no cache
+        ref = fresh.analyse(chess.STARTING_FEN, multipv=1, root_moves=["g1h3"])
+    assert full.moves != ("g1h3",)
+    assert restricted == ref and restricted.moves == ("g1h3",)
+
+
+@needs_stockfish
+def test_an_engine_killed_while_a_session_held_it_is_not_handed_out_again():
+    # interrupt() kills every engine, the one a session holds too; when that session ends its dead
+    # engine must not go back to the idle queue (the next request would fail on it, or burn a retry)
+    with EnginePool(EngineSettings(depth=4, max_retries=0), size=1, cache=False) as pool:
+        with pool.session():
+            pool.interrupt()
+        a = pool.analyse(chess.STARTING_FEN, multipv=1)
+        assert len(a.moves) == 1 and pool.restarts == 0
