@@ -176,6 +176,8 @@ def test_cli_refuses_an_out_it_cannot_write_before_the_bench_and_prints_before_w
     monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("the bench ran before --out was checked"))
     with pytest.raises(ValueError, match=r"^--out /proc/rw_bench\.json: cannot write there \(.+\); choose a directory"):
         bench.cli(["--quick", "--device", "cpu", "--out", "/proc/rw_bench.json"])
+    with pytest.raises(ValueError, match=rf"^--out {tmp_path} is a directory; give the path of a JSON file$"):
+        bench.cli(["--quick", "--device", "cpu", "--out", str(tmp_path)])
     canned, seen = _canned_result({"status": "skipped", "reason": "TRL comparison disabled (--no-trl)"}), {}
     monkeypatch.setattr(bench, "run_bench", lambda cfg, progress=print, sweep=False: seen.update(cfg=cfg) or canned)
 

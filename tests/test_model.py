@@ -359,6 +359,10 @@ def test_a_run_whose_export_would_overwrite_the_model_it_starts_from_is_refused(
                     reward_funcs=lambda completions, **_: [0.0] * len(completions), init_from=str(tmp_path / "w" / "final"))
     assert (tmp_path / "w" / "final" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["final"]
+    inside = tmp_path / "w" / "final" / "base"  # a model kept inside the folder the export replaces
+    GPT(GPTConfig.preset("tiny", block_size=64)).save_pretrained(inside)
+    with pytest.raises(ValueError, match=message.replace("starts from", r"starts from \(" + str(inside))):
+        SFTConfig(init_from=str(inside), block_size=32, out_dir=str(tmp_path / "w"))
 
 
 def test_a_directory_we_cannot_read_says_what_it_holds(tmp_path):
