@@ -9,11 +9,11 @@ runs' kernels took each other's sockets ("Invalid Signature", "Kernel didn't res
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -222,6 +222,27 @@ def _resumable_main(argv: list[str]) -> None:
     exec(RESUMABLE_RUN, {"__name__": "__main__"})
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:  # gone meanwhile
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of a process (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        out += (found := children.get(todo.pop(), []))
+        todo += found
+    return out
+
+
 def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folder(tmp_path):
     """SIGTERM (`timeout`, a scheduler) ended `rookworld run` at once: no report.md, no run.json, the
     kernel's temporary folder left behind, and nothing said. It now stops as Ctrl-C does (report,
@@ -236,13 +257,16 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folde
     write_notebook(nbs / "01_stopped.ipynb", "barrier = None", STOPPED_HERE)
     write_notebook(nbs / "02_after.ipynb", "barrier = None", "pass")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    before = set(Path(tempfile.gettempdir()).glob("rookworld-kernel-*"))
     run = ForkedChild(_resumable_main, [str(nbs), "--profile", "cpu", "--out", str(out), "-p", "barrier", str(barrier)],
                       env=env)
     deadline = time.monotonic() + 120
     while not (barrier / "started").exists():
         assert time.monotonic() < deadline and run.poll() is None, "the second notebook never started"
         time.sleep(0.1)
+    # this run's kernel folder, from its kernel's command line (another worker's runs make folders of their own)
+    kernel_dirs = {Path(arg).parent for pid in _descendants(run.pid) for arg in _cmdline(pid)
+                   if Path(arg).parent.name.startswith("rookworld-kernel-")}
+    assert kernel_dirs
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=60)
     (run_dir,) = out.iterdir()
@@ -255,7 +279,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folde
     assert [(n["notebook"], n["status"]) for n in record["notebooks"]] == [("00_done.ipynb", "ok"),
                                                                          ("01_stopped.ipynb", "interrupted")]
     assert "**INTERRUPTED**: 01_stopped.ipynb: interrupted (SIGTERM)" in (run_dir / "report.md").read_text()
-    assert set(Path(tempfile.gettempdir()).glob("rookworld-kernel-*")) <= before  # its kernel's folder removed
+    assert not any(d.exists() for d in kernel_dirs), kernel_dirs  # its kernel's folder removed
 
     resumed = ForkedChild(_resumable_main, [str(nbs), "--resume", str(run_dir)], env=env)
     output, err = resumed.communicate(timeout=120)

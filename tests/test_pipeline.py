@@ -421,3 +421,15 @@ def test_the_report_folds_in_every_notebooks_fragment(tmp_path):
     pipeline.write_report(tmp_path, meta, [{"notebook": "01_a.ipynb", "status": "ok", "seconds": 1.0}], None)
     text = (tmp_path / "report.md").read_text()
     assert "## from notebook A" in text and "## from notebook B" in text
+
+
+def test_p_run_dir_is_refused_where_notebook_05_trains_and_allowed_for_06_alone():
+    from pathlib import Path
+
+    from rookworld_lib.core.config import ParameterError
+
+    pipeline.check_run_folders({"run_dir": "elsewhere"}, [Path("06_lab.ipynb")])  # 06 alone explores another run
+    for notebooks in ([Path("05_full_training.ipynb")], [Path("04_mfu_tuning.ipynb"), Path("05_full_training.ipynb")]):
+        with pytest.raises(ParameterError, match=r"-p run_dir: notebook 05 trains into the run folder"):
+            pipeline.check_run_folders({"run_dir": "elsewhere"}, notebooks)
+    pipeline.check_run_folders({}, [Path("05_full_training.ipynb")])

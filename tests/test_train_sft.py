@@ -755,3 +755,13 @@ def test_train_texts_given_as_one_string_or_an_empty_val_list_are_named(tmp_path
             train_sft(cfg, **{"train_texts": TEXTS, name: "P: a b c d"})
     with pytest.raises(ValueError, match="there is no val data to measure on"):
         train_sft(tiny_cfg(tmp_path / "v", max_steps=1, warmup_steps=0, eval_interval=1, val_fraction=0.0), train_texts=TEXTS, val_texts=[])
+
+
+def test_resume_refuses_the_same_task_weights_in_another_order(tmp_path):
+    """The order of the tasks orders the pools: the same shares in another order are another data stream,
+    refused as task_weights (a comparison of the dicts alone blamed the train data instead)."""
+    SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS).train(until=2)  # task_weights {"P": 0.5, "A": 0.5}
+    with pytest.raises(ValueError, match=r"other settings \(task_weights: \{'P': 0\.5, 'A': 0\.5\} -> "
+                                         r"\{'A': 0\.5, 'P': 0\.5\}\)"):
+        SFTTrainer(tiny_cfg(tmp_path, task_weights={"A": 0.5, "P": 0.5}), train_texts=TEXTS)
+    assert SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS).step == 2  # the same order resumes
