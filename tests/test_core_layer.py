@@ -524,9 +524,9 @@ def test_a_temperature_too_small_to_sample_at_is_refused_by_name():
     """--temperature 1e-45 was accepted: logits / T overflowed to inf, every GRPO loss was NaN, and the run
     stopped after five steps saying "Lower lr"; sampling at it drew from NaN probabilities. Temperatures
     below 0.01 (a greedy draw in all but name) are refused by the field's name, 0 stays greedy."""
-    import pytest
-
     import dataclasses
+
+    import pytest
 
     from rookworld_lib.core.sampling import MIN_TEMPERATURE, SamplingConfig
 

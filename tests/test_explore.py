@@ -277,7 +277,9 @@ def test_group_inspector_takes_settings_past_its_sliders_or_refuses_them(model, 
                                 top_p=0.01, sample=False)
     assert (gi.temperature.value, gi.top_k.value, gi.top_p.value) == (3.0, 500, 0.01)
     for bad, match in (({"group_size": 1}, "group_size >= 2"), ({"index": len(policy_records)}, "is not among the"),
-                       ({"top_p": 0.0}, r"top_p in \(0, 1\]"), ({"temperature": 1e-45}, r"temperature 0 \(greedy\) or >= 0.01")):
+                       ({"top_p": 0.0}, r"SamplingConfig.top_p must be a finite number in \(0, 1\]"),
+                       ({"temperature": 1e-45}, r"SamplingConfig.temperature must be 0 \(greedy\) or >= 0.01"),
+                       ({"top_k": -1}, r"SamplingConfig.top_k must be an integer >= 0")):
         with pytest.raises(ValueError, match=match):
             explore.GroupInspector(model, policy_records, **{"index": 0, "sample": False, **bad})
     with pytest.raises(ValueError, match="needs at least one record"):

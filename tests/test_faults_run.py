@@ -9,7 +9,6 @@ runs' kernels took each other's sockets ("Invalid Signature", "Kernel didn't res
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,6 +21,7 @@ import pytest
 from forked_child import ForkedChild
 
 from rookworld_lib.lab import pipeline
+from test_faults import descendants
 from test_pipeline import write_notebook
 
 pytestmark = pytest.mark.fault
@@ -229,20 +229,6 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of a process (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        out += (found := children.get(todo.pop(), []))
-        todo += found
-    return out
-
-
 def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folder(tmp_path):
     """SIGTERM (`timeout`, a scheduler) ended `rookworld run` at once: no report.md, no run.json, the
     kernel's temporary folder left behind, and nothing said. It now stops as Ctrl-C does (report,
@@ -264,7 +250,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does_and_resume_continues_it_in_its_folde
         assert time.monotonic() < deadline and run.poll() is None, "the second notebook never started"
         time.sleep(0.1)
     # this run's kernel folder, from its kernel's command line (another worker's runs make folders of their own)
-    kernel_dirs = {Path(arg).parent for pid in _descendants(run.pid) for arg in _cmdline(pid)
+    kernel_dirs = {Path(arg).parent for pid in descendants(run.pid) for arg in _cmdline(pid)
                    if Path(arg).parent.name.startswith("rookworld-kernel-")}
     assert kernel_dirs
     run.send_signal(signal.SIGTERM)

@@ -37,7 +37,7 @@ from ..core.model import GPT, GPTConfig
 from ..core.paths import RUNS_DIR, read_jsonl
 from ..core.progress import widget_frontend
 from .plots import series_colour
-from ..core.sampling import MIN_TEMPERATURE, SamplingConfig, generate, sequence_logprobs
+from ..core.sampling import SamplingConfig, generate, sequence_logprobs
 from ..core.tokenizer import EOT_ID, encode, encode_prompt, get_tokenizer
 from ..chess.training import (ORDER_KEY, REWARD_VARIANTS, candidates_in_order, policy_weights, prompt_items,
                               reward_functions)
@@ -395,10 +395,9 @@ class GroupInspector(_Explorer):
             raise ValueError("GroupInspector needs at least one record")
         if not 0 <= index < len(records):
             raise ValueError(f"index {index} is not among the {len(records)} records (0..{len(records) - 1})")
-        if group_size < 2 or top_k < 0 or not (temperature == 0 or temperature >= MIN_TEMPERATURE) or not 0 < top_p <= 1:
-            raise ValueError(f"GroupInspector needs group_size >= 2, top_k >= 0, temperature 0 (greedy) or >= "
-                             f"{MIN_TEMPERATURE} and top_p in (0, 1]; "
-                             f"got {group_size}, {top_k}, {temperature}, {top_p}")
+        if group_size < 2:
+            raise ValueError(f"GroupInspector needs group_size >= 2, got {group_size}")
+        SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)  # refuses what the sampler would, by name
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
         self.reward = reward  # the trainer's reward variant (training.reward_functions)
         self.scale, self.aggregation = scale, aggregation  # the trainer's scale_rewards, multi_objective_aggregation
