@@ -609,6 +609,46 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)
 
 
+@needs_stockfish
+def test_the_same_settings_again_keep_their_data_set_unless_a_file_changed(reference_run, tmp_path, monkeypatch, capsys):
+    """A finished data set asked for again with its settings (a resumed `rookworld run`, notebook 05's cell run
+    again: cpu-long's 8 minutes of datagen were redone) is kept without a game played or a position labelled;
+    a data file changed since, or --fresh, makes it again (byte-identical: games are seeded per index)."""
+    import shutil
+
+    ref_dir, ref = reference_run
+    shutil.copytree(ref_dir, tmp_path, dirs_exist_ok=True)
+    args = ["--out", str(tmp_path), "--no-progress", *[f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]]
+    with monkeypatch.context() as mp:
+        mp.setattr(datagen, "_play_games", lambda *a: pytest.fail("a game played for a data set these settings made"))
+        assert datagen.cli(args) == 0
+    out, err = capsys.readouterr()
+    kept = json.loads(out)
+    assert kept["reused"] and "its files unchanged: kept (--fresh makes it again)" in err
+    assert kept["counts"] == ref.counts and kept["env_records"] == ref.env_records
+    assert (kept["games_played"], kept["positions_labelled"]) == (0, 0)
+    assert kept["games_reused"] == ref.games_played + ref.games_reused
+    assert kept["labels_reused"] == ref.positions_labelled + ref.labels_reused
+    assert _files(tmp_path) == _files(ref_dir)
+    cfg = datagen.DatagenConfig(out_dir=str(tmp_path), **TINY)
+    made = json.loads((tmp_path / datagen.MADE_FILE).read_text())
+    state = {"config": cfg.content_key(), "engine": ref.engine}
+    assert datagen._kept(made, state, tmp_path) is not None
+    (tmp_path / "env_train.jsonl").rename(moved := tmp_path / "elsewhere")
+    assert datagen._kept(made, state, tmp_path) is None  # a file gone
+    moved.rename(tmp_path / "env_train.jsonl")
+    assert datagen._kept({**made, "engine": "Stockfish 0"}, state, tmp_path) is None  # another engine
+    assert datagen._kept({**made, "report": {}}, state, tmp_path) is None  # a record edited by hand
+    first = (train := tmp_path / "policy_train.jsonl").read_bytes().splitlines(keepends=True)
+    train.write_bytes(b"".join(first[1:]))  # a record deleted by hand
+    again = datagen.generate(cfg, progress=False)
+    assert not again.reused and again.games_played == ref.games_played + ref.games_reused
+    assert _files(tmp_path) == _files(ref_dir)
+    again = datagen.generate(cfg, progress=False, fresh=True)
+    assert not again.reused and again.positions_labelled == ref.positions_labelled + ref.labels_reused
+    assert _files(tmp_path) == _files(ref_dir)
+
+
 def test_the_summary_counts_the_positions_each_pair_of_splits_shares(tmp_path):
     """The data card's leak check names every pair of splits with its count: a val position also in train
     is 1 of train/val (the checks passed a summary that named only train/test, all its values 0)."""

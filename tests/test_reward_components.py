@@ -340,6 +340,26 @@ def test_grpo_reward_variants_name_their_functions_and_weigh_a_valid_next_fen():
     assert {p.reward for p in PROFILES.values()} == {"graded"}
 
 
+def test_the_graded_variants_environment_reward_weighs_a_valid_next_fen_as_written():
+    """The A: reward GRPO trains under "graded" is GRADED_ENV_WEIGHTS' (a valid next FEN 0.25): a mutant
+    that passed the default weights (valid FEN 0) kept every other test green. A valid but wrong next FEN,
+    the position before the move, with the reward and flags right, scored by hand: placement 62 of 64
+    squares (b8 and c6 differ), castling and en passant right, side and both clocks wrong."""
+    from rookworld_lib.chess.training import reward_functions
+
+    before, after = ("rnbqkbnr/p1pppppp/1p6/8/1P6/2P5/P2PPPPP/RNBQKBNR b KQkq - 0 2",
+                     "r1bqkbnr/p1pppppp/1pn5/8/1P6/2P5/P2PPPPP/RNBQKBNR w KQkq - 1 3")
+    prompt = f"A: {before}+b8c6+b2b4 b7b6 c2c3 b8c6+"
+    truth = {"fen": before, "move": "b8c6", "new_fen": after, "reward": 0.001, "terminated": 0, "truncated": 0}
+    fields = 0.5 * 62 / 64 + 0.1 + 0.1
+    env = next(f for f in reward_functions("graded")[0] if f.__name__ == "A/reward")
+    # format, valid FEN, exact FEN, FEN fields, reward, terminated, truncated
+    graded = 0.1 + 0.25 + 0.25 * 0 + 0.2 * fields + 0.1 + 0.05 + 0.05
+    default = 0.1 + 0.0 + 0.3 * 0 + 0.3 * fields + 0.1 + 0.1 + 0.1
+    got = env([prompt, prompt], [f"{before}+0.001+0+0", f"{after}+0.001+0+0"], task=["A", "A"], truth=[truth, truth])
+    assert got == pytest.approx([graded, 1.0], abs=1e-9) and abs(graded - default) > 0.05
+
+
 def test_the_graded_valid_component_is_the_strict_metric_not_the_parse():
     prompt = tasks.policy_prompt(chess.STARTING_FEN)
     truth = {"fen": chess.STARTING_FEN, "moves": ["e2e4", "d2d4"], "evals": ["0.3", "0.3"]}

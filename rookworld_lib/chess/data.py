@@ -282,12 +282,12 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     fix = f"restore it with `git checkout -- data/{path.name}`" if shipped else "regenerate it with `rookworld datagen`"
     records, skipped, ids = [], [], set()
     try:
-        digest = _digest(path)
+        digest = file_digest(path)
         if (tasks_in := _validated(digest)) is not None and (task is None or tasks_in == {task}):
             records = [rec for _, rec, _ in read_jsonl(path)]
             if _unchanged(path, digest):  # the bytes parsed are the bytes found valid (not replaced meanwhile)
                 return LoadedData(str(path), records, [])
-            digest, records = _digest(path), []
+            digest, records = file_digest(path), []
         for lineno, rec, reason in read_jsonl(path):
             reason = reason or validate_record(rec, task)
             if reason is None and rec["id"] in ids:
@@ -324,13 +324,14 @@ _VALIDATOR = hashlib.blake2b(b"".join(Path(m.__file__).read_bytes() for m in (sy
                              + chess.__version__.encode(), digest_size=8).hexdigest()
 
 
-def _digest(path: Path) -> bytes:
+def file_digest(path: Path) -> bytes:
+    """The blake2b-128 digest of a file's bytes."""
     return hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
 
 
 def _unchanged(path: Path, digest: bytes) -> bool:
     try:
-        return _digest(path) == digest
+        return file_digest(path) == digest
     except OSError:
         return False
 

@@ -8,7 +8,8 @@ when `exclude_dir` names a data set that holds it in val or test.
 :func:`select_samples` picks positions (``P:``), moves (``A:``, with :func:`wrong_move` siblings) and
 mate-in-one positions; Stockfish (on datagen's own UCI client, :class:`LeanPool`) labels ``P:`` at a
 reproducible limit (one thread, cleared hash) and python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
-interrupted run resumes with the same settings; record files are written atomically at the end,
+interrupted run resumes with the same settings (and a finished one, its files unchanged, is kept
+as it is); record files are written atomically at the end,
 and one that would be empty is not written (an older one of that name is removed). A run holds
 ``<out>/.lock`` while it writes (:func:`.core.paths.run_lock`, as training does): a second run
 into the same directory stops before it touches anything.
@@ -40,7 +41,7 @@ import chess
 import chess.engine
 
 from . import engine, tasks
-from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, load_jsonl,
+from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, file_digest, load_jsonl,
                    mating_moves, move_tags, position_tags, render_card_tables, summarize)
 from .engine import (INSTALL_HINT, LIMIT_RANGES, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
@@ -675,6 +676,7 @@ class DatagenReport:
     seconds: dict  # stage -> wall seconds
     engine: str
     env_records: int = 0  # A: records written (their building is timed in "select")
+    reused: bool = False  # the data set in out_dir was this run's settings' own, its files unchanged: kept as it was
 
     @property
     def label_positions_per_s(self) -> float:
@@ -686,7 +688,9 @@ class DatagenReport:
 def generate(cfg: DatagenConfig, *, progress: bool = True, fresh: bool = False) -> DatagenReport:
     """Run (or resume) data generation into cfg.out_dir, holding its lock (one writer per directory:
     a second run raises RunDirBusyError before it writes anything). Engine failures and Ctrl-C
-    propagate; what was finished stays in the work directory for the next run."""
+    propagate; what was finished stays in the work directory for the next run. A data set that these
+    settings and engine made there, its files unchanged since (`<out>/.datagen.json` records their
+    digests), is kept and reported (`reused`) without a game played; `fresh` makes it again."""
     if cfg.exclude_dir:  # a bad --exclude-dir stops here, before anything is started or written
         heldout_positions(cfg.exclude_dir)
     _check_work_dir(cfg.work_path(), cfg.out_dir)
@@ -730,7 +734,31 @@ def _remove_work(work: Path, keep_lock: bool) -> None:
             work.rmdir()
 
 
-MADE_FILE = ".datagen.json"  # in --out: the settings and engine of the data set there (the same run again may redo it)
+MADE_FILE = ".datagen.json"  # in --out: the settings, engine, counts and file digests of the data set made there
+
+
+def _data_set_files(out_dir) -> dict[str, str]:
+    """Every data file in `out_dir` (all names and layouts datagen writes) -> its digest."""
+    return {f.name: file_digest(f).hex() for name in DATA_FILES for f in data_files_of(name, out_dir)}
+
+
+def _kept(made: dict, state: dict, out_dir) -> DatagenReport | None:
+    """The report of the data set that `made` (its MADE_FILE) describes, when these settings and engine
+    made it and its files are there unchanged; else None (it is made again)."""
+    t, files, r = time.perf_counter(), made.get("files"), made.get("report")
+    if _settings_of(made) != state or not files or not isinstance(r, dict) or _data_set_files(out_dir) != files:
+        return None
+    try:
+        return DatagenReport(counts=dict(r["counts"]), games_played=0, games_reused=int(r["games"]), positions_labelled=0,
+                             labels_reused=int(r["labels"]), seconds={"check": time.perf_counter() - t},
+                             engine=state["engine"], env_records=int(r["env_records"]), reused=True)
+    except (KeyError, TypeError, ValueError):  # a record edited by hand: the data set is made again
+        return None
+
+
+def _settings_of(made) -> dict | None:
+    """The settings and engine a MADE_FILE record holds (None: not a record)."""
+    return {k: made.get(k) for k in ("config", "engine")} if isinstance(made, dict) else None
 
 
 def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bool, fresh: bool) -> DatagenReport:
@@ -740,7 +768,9 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):  # unreadable or not a record: none
         made_here = json.loads((Path(cfg.out_dir) / MADE_FILE).read_text())
         made_here = {**made_here, "config": _resolved_exclude(made_here.get("config") or {})}  # an older record's
-    if not fresh and not _resumes_into(work, cfg.out_dir) and made_here != state and (
+    if not fresh and isinstance(made_here, dict) and (kept := _kept(made_here, state, cfg.out_dir)):
+        return kept
+    if not fresh and not _resumes_into(work, cfg.out_dir) and _settings_of(made_here) != state and (
             there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
         raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "
                          "that no run of these settings made: datagen would replace it; choose an empty --out, delete "
@@ -776,11 +806,14 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
         outputs.abort()
         raise
     counts = outputs.publish(Path(cfg.out_dir))
-    atomic_write(Path(cfg.out_dir) / MADE_FILE, lambda f: f.write(json.dumps(state, indent=1).encode()))
+    env_records = sum(n for k, n in counts.items() if k.startswith("env_"))
+    made = {**state, "files": _data_set_files(cfg.out_dir),
+            "report": {"counts": counts, "games": len(games), "labels": len(labels), "env_records": env_records}}
+    atomic_write(Path(cfg.out_dir) / MADE_FILE, lambda f: f.write(json.dumps(made, indent=1).encode()))
     seconds["write"] = clock() - t
     return DatagenReport(counts=counts, games_played=played, games_reused=len(games) - played,
                          positions_labelled=labelled, labels_reused=len(labels) - labelled, seconds=seconds,
-                         engine=engine_name, env_records=sum(n for k, n in counts.items() if k.startswith("env_")))
+                         engine=engine_name, env_records=env_records)
 
 
 def _inside(path: Path, folder) -> bool:
@@ -880,7 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
     depth_or_nodes.add_argument("--depth", type=int, help=f"{docs['depth']} (default: {DatagenConfig.depth})")
     depth_or_nodes.add_argument("--nodes", type=int, help=docs["nodes"])
     p.add_argument("--workers", type=int, help=f"{docs['workers']} (default: the usable cores)")
-    p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it, and replace a data set already in --out")
+    p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it, and replace a data set already in --out (one these settings made too)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--validate", nargs="*", metavar="FILE", default=None,
                    help="validate data files (default: every data file in --out) and exit")
@@ -960,6 +993,9 @@ def cli(argv: list[str] | None = None) -> int:
         return _fail(f"error: Stockfish failed ({type(exc).__name__}: {exc}); {resume()}", 1)
     except KeyboardInterrupt:
         return _fail(f"interrupted; {resume()}", 130, lead="\n")
+    if report.reused:
+        print(f"{cfg.out_dir}: the data set these settings made is there, its files unchanged: kept "
+              "(--fresh makes it again)", file=sys.stderr)
     rate = report.label_positions_per_s
     print(json.dumps({**dataclasses.asdict(report), "seconds": {k: round(v, 2) for k, v in report.seconds.items()},
                       "label_positions_per_s": round(rate, 2) if math.isfinite(rate) else None,  # strict JSON
