@@ -100,6 +100,23 @@ def test_notebook_parameter_check_names_the_parameter():
         assert str(info.value) == "notebook parameter " + message
 
 
+def test_a_device_parameter_is_one_torch_names_and_that_is_here():
+    """check(..., device=True): `-p device tpu` stopped notebook 05 ten seconds in; it is refused by the
+    check cell, which `rookworld run` runs before any notebook."""
+    import torch
+
+    assert config.check("device", "cpu", str, device=True) is None and config.check("device", "auto", str, device=True) is None
+    assert config.check("device", None, (str, type(None)), device=True) is None  # None: the profile's device
+    for bad in ("tpu", "meta", "cpu:x"):
+        with pytest.raises(config.ParameterError) as info:
+            config.check("device", bad, str, device=True)
+        assert str(info.value) == (f"device {bad!r} (notebook parameter 'device'): must be 'auto' or a torch device such "
+                                   "as 'cpu', 'cuda', 'cuda:1', 'mps'")
+    if not torch.cuda.is_available():
+        with pytest.raises(config.ParameterError, match="requested but CUDA is not available"):
+            config.check("device", "cuda:0", str, device=True)
+
+
 def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_refused():
     import numpy as np
 

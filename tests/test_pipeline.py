@@ -5,6 +5,7 @@ import time
 
 import nbformat
 import pytest
+import torch
 
 from rookworld_lib.lab import pipeline
 from rookworld_lib.core.paths import NOTEBOOKS_DIR
@@ -403,7 +404,10 @@ def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(noteboo
 
     declared = pipeline.declared_parameters(notebook)
     for offered in pipeline.PROFILES.values():
-        pipeline.check_parameter_values(notebook, {k: v for k, v in offered.items() if k in declared})
+        values = {k: v for k, v in offered.items() if k in declared}
+        if str(values.get("device")).startswith("cuda") and not torch.cuda.is_available():
+            del values["device"]  # refused on this machine (below; plan_run says so first, naming --profile gpu)
+        pipeline.check_parameter_values(notebook, values)
     for name in sorted(declared):
         with pytest.raises(ParameterError, match=f"notebook parameter '{name}' must be"):
             pipeline.check_parameter_values(notebook, {name: object()})
@@ -412,6 +416,15 @@ def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(noteboo
     for name in sorted(k for k in declared if isinstance(defaults[k], float)):  # NaN passes every range test
         with pytest.raises(ParameterError, match=f"notebook parameter '{name}' must be a finite number, got nan"):
             pipeline.check_parameter_values(notebook, {name: float("nan")})
+    if "device" in declared:  # a device torch does not know, or that is not here: refused now, not 10 s into a notebook
+        with pytest.raises(ParameterError) as info:
+            pipeline.check_parameter_values(notebook, {"device": "tpu"})
+        assert str(info.value) in ("notebook parameter 'device' must be one of ['cpu', 'cuda'], got 'tpu'",
+                                   "device 'tpu' (notebook parameter 'device'): must be 'auto' or a torch device such as "
+                                   "'cpu', 'cuda', 'cuda:1', 'mps'")
+        if not torch.cuda.is_available():
+            with pytest.raises(ParameterError, match=r"\(notebook parameter 'device'\) requested but CUDA is not available"):
+                pipeline.check_parameter_values(notebook, {"device": "cuda"})
 
 
 def test_the_report_folds_in_every_notebooks_fragment(tmp_path):

@@ -283,10 +283,12 @@ class ParameterError(ValueError):
 
 
 def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | None = None,
-          max: float | None = None, choices: Iterable[Any] | None = None, folder: bool = False) -> None:
+          max: float | None = None, choices: Iterable[Any] | None = None, folder: bool = False,
+          device: bool = False) -> None:
     """Raise ParameterError unless value is of `kind` and within [min, max] / `choices`, and, with
-    folder=True, a str value names an existing folder (returns nothing, so that a notebook's check
-    cell shows no output)."""
+    folder=True, a str value names an existing folder, with device=True one that
+    train_utils.resolve_device takes ("auto", or a cpu/cuda/mps device that is here) (returns nothing,
+    so that a notebook's check cell shows no output)."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int subclass; a True where a count is expected is almost always a mistake.
     if isinstance(value, bool):
@@ -307,3 +309,9 @@ def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | 
     if folder and isinstance(value, str) and not os.path.isdir(value):
         raise ParameterError(f"notebook parameter {name!r} must name an existing folder, got {value!r} ("
                              + ("a file" if os.path.exists(value) else "no such folder") + ")")
+    if device and isinstance(value, str):
+        from .train_utils import resolve_device  # torch, for this check alone: this module stays free of it
+        try:
+            resolve_device(value, source=f"notebook parameter {name!r}")
+        except ValueError as exc:
+            raise ParameterError(str(exc)) from None

@@ -139,8 +139,9 @@ def check_device_name(cfg) -> None:
                       "'cuda', 'cuda:1', 'mps'")
 
 
-def resolve_device(device: str = "auto") -> torch.device:
-    """"auto" -> cuda when available, else cpu; anything else is checked to exist."""
+def resolve_device(device: str = "auto", source: str = "--device") -> torch.device:
+    """"auto" -> cuda when available, else cpu; anything else is checked to exist (ValueError naming
+    `source`, where the value came from)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -148,12 +149,12 @@ def resolve_device(device: str = "auto") -> torch.device:
     except (RuntimeError, ValueError, TypeError):
         dev = None
     if dev is None or dev.type not in DEVICE_TYPES:
-        raise ValueError(f"device {device!r} (--device): must be 'auto' or a torch device such as 'cpu', 'cuda', "
+        raise ValueError(f"device {device!r} ({source}): must be 'auto' or a torch device such as 'cpu', 'cuda', "
                          "'cuda:1', 'mps'")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available (use 'cpu' or 'auto')")
+        raise ValueError(f"device {device!r} ({source}) requested but CUDA is not available (use 'cpu' or 'auto')")
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} requested but MPS is not available")
+        raise ValueError(f"device {device!r} ({source}) requested but MPS is not available")
     return dev
 
 

@@ -227,11 +227,7 @@ def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | 
     check_parameters(extra, declared, refused=set().union(*map(set_by_run, notebooks)))
     check_run_folders(extra, notebooks)
     given = {**PROFILES[profile], **extra}
-    for nb in notebooks:  # a name several notebooks declare may be held to each one's range: say whose
-        try:
-            check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
-        except ParameterError as exc:
-            raise ParameterError(f"{nb.name}: {exc}") from None
+    # CUDA that is not here, before the notebooks' own checks (which refuse it too): say which setting asked for it
     named = given["profile"] if given.get("profile") in workflow.PROFILES else profile
     device = str(given.get("device") or workflow.PROFILES[named].sft.device)
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -242,6 +238,11 @@ def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | 
                              "--profile cpu (or auto)")
         raise ValueError(f"-p profile {named} trains on {device}, and torch sees no CUDA device here; leave -p "
                          "profile out (or pass -p profile cpu)")
+    for nb in notebooks:  # a name several notebooks declare may be held to each one's range: say whose
+        try:
+            check_parameter_values(nb, {k: v for k, v in given.items() if k in declared[nb]})
+        except ParameterError as exc:
+            raise ParameterError(f"{nb.name}: {exc}") from None
     return {"notebooks": notebooks, "declared": declared, "offered": {**PROFILES[profile], **extra}, "trains": trains,
             "out_root": Path(out_root).resolve(), "args": {"profile": profile, "only": only, "parameters": extra}}
 
