@@ -533,3 +533,31 @@ def test_group_inspector_built_without_a_draw_asks_for_one(model, policy_records
     rows = gi.sample()
     check_group(rows, 3)
     assert "press Sample" not in gi.table.value and gi.table.value.count('<tr class="rw-completion">') == 3
+
+
+def test_the_rollout_browser_says_which_way_the_loss_pushes_each_completion():
+    page = explore.RolloutBrowser([dict(_row(1, 1.0), advantage=0.7), dict(_row(1, 0.0), advantage=-0.7),
+                                   dict(_row(1, 0.5), advantage=0.0)]).html()
+    pushes = [cells.split("</td>")[0] for cells in page.split("<td>")[1:]][6::9]  # the 7th of 9 columns
+    assert pushes == ["up", "down", "none (A = 0)"]
+
+
+def test_the_random_init_model_is_the_seeded_tiny_gpt():
+    """load_model(None, seed=s): the same weights as GPT(tiny) built after torch.manual_seed(s), whatever
+    the global RNG did before (notebook 06's groups are then reproducible)."""
+    torch.manual_seed(3)
+    want = GPT(GPTConfig.preset("tiny")).state_dict()
+    torch.manual_seed(12345)  # anything before: the seed given decides
+    got = explore.load_model(None, seed=3)[0].state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    other = explore.load_model(None, seed=4)[0].state_dict()
+    assert not all(torch.equal(other[k], want[k]) for k in want)
+
+
+def test_a_position_index_past_the_records_is_refused_and_the_explorer_keeps_its_position(model, policy_records):
+    pe = explore.PositionExplorer(model, policy_records[:3], 1, max_new_tokens=4)
+    fen = pe.fen
+    for bad in (3, -1):
+        with pytest.raises(IndexError, match=r"position index .* is outside 0\.\.2"):
+            pe.select(bad)
+        assert pe.index == 1 and pe.fen == fen and pe.slider.value == 1

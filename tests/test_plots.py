@@ -229,3 +229,49 @@ def test_live_curves_plot_the_records_own_steps():
     for step, reward in ((10, 0.1), (20, 0.2), (30, 0.3)):
         curves({"step": step, "reward": reward})
     assert list(curves.figure().data[0].x) == [10, 20, 30]
+
+
+def test_curves_figure_smoothed_lines_are_trailing_means_and_the_trend_fits_the_raw_points():
+    """smooth=k: point j is the mean of points j-k+1..j (fewer at the start), drawn as a line without
+    markers; smooth=1 draws the raw points with markers; the trend is fitted to the raw points."""
+    history = [{"step": s, "r": v} for s, v in zip(range(1, 6), [1.0, 3.0, 2.0, 6.0, 4.0])]
+    raw = plots.curves_figure(history, ["r"], "t").data[0]
+    assert list(raw.y) == [1.0, 3.0, 2.0, 6.0, 4.0] and raw.mode == "lines+markers"
+    line, trend = plots.curves_figure(history, ["r"], "t", smooth=2, trend=True).data
+    assert list(line.x) == [1, 2, 3, 4, 5] and line.mode == "lines"
+    assert list(line.y) == pytest.approx([1.0, 2.0, 2.5, 4.0, 5.0])
+    assert list(plots.curves_figure(history, ["r"], "t", smooth=3).data[0].y) == pytest.approx(
+        [1.0, 2.0, 2.0, 11 / 3, 4.0])
+    # least squares of the raw points (x 1..5, y 1,3,2,6,4): slope 0.9, intercept 0.5
+    assert list(trend.y) == pytest.approx([0.5 + 0.9 * 1, 0.5 + 0.9 * 5])
+
+
+def test_a_trend_over_one_x_is_flat_at_the_mean():
+    """statistics.linear_regression refuses a constant x: the trend there is the mean of the points."""
+    history = [{"step": 3, "r": 1.0}, {"step": 3, "r": 2.0}, {"step": 3, "r": 6.0}]
+    _, trend = plots.curves_figure(history, ["r"], "t", trend=True).data
+    assert list(trend.x) == [3, 3] and list(trend.y) == pytest.approx([3.0, 3.0])
+
+
+def test_live_curves_keep_markers_up_to_markers_up_to_points():
+    for n, mode in ((plots.MARKERS_UP_TO, "lines+markers"), (plots.MARKERS_UP_TO + 1, "lines")):
+        live = plots.LiveCurves(["loss"], "t", live=False)
+        for s in range(1, n + 1):
+            live({"step": s, "loss": 1.0})
+        assert live.figure().data[0].mode == mode, n
+
+
+def test_the_live_widget_numbers_records_without_a_step_as_the_static_figure_does():
+    live = plots.LiveCurves(["reward"], "t", live=False)
+    live.widget = plots.go.FigureWidget(live._figure([]))
+    live({"reward": 0.1})
+    live({"reward": 0.2})
+    assert list(live.widget.data[0].x) == list(live.figure().data[0].x) == [1, 2]
+
+
+def test_legible_rounds_floats_to_the_digits_asked_for():
+    import pandas as pd
+
+    table = plots.legible(pd.DataFrame({"v": [12.34567]}), digits=1).to_html()
+    assert ">12.3<" in table and "12.346" not in table
+    assert ">12.346<" in plots.legible(pd.DataFrame({"v": [12.34567]})).to_html()
