@@ -54,7 +54,7 @@ def test_live_curves_panels_and_the_widget_extend_by_name():
     # outside a kernel there is no widget; a FigureWidget built as in JupyterLab shows what the browser gets
     live = plots.LiveCurves({"reward": ["reward", "rewards/P/mean"], "KL": ["kl"]}, "GRPO")
     assert live.widget is None
-    live.widget = plots.go.FigureWidget(live._figure([]))
+    live.widget = go.FigureWidget(live._figure([]))
     live({"step": 1, "reward": -1.0, "rewards/P/mean": -0.5, "kl": None})  # None: SFT's steps without a val loss
     live({"step": 2, "reward": -0.5, "kl": 0.01})
     assert [(t.name, t.x, t.y, t.yaxis) for t in live.widget.data] == [
@@ -263,7 +263,7 @@ def test_live_curves_keep_markers_up_to_markers_up_to_points():
 
 def test_the_live_widget_numbers_records_without_a_step_as_the_static_figure_does():
     live = plots.LiveCurves(["reward"], "t", live=False)
-    live.widget = plots.go.FigureWidget(live._figure([]))
+    live.widget = go.FigureWidget(live._figure([]))
     live({"reward": 0.1})
     live({"reward": 0.2})
     assert list(live.widget.data[0].x) == list(live.figure().data[0].x) == [1, 2]
