@@ -244,13 +244,19 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
         with pytest.raises(KeyboardInterrupt):
             last.train()
         assert [s for s, _ in ck.list_checkpoints(tmp_path / "last" / "checkpoints")] == [3]
-        # a shutdown's SIGINT then SIGTERM (jupyter's, a scheduler's): the SIGTERM only adds to the request
+        # a shutdown's SIGINT then SIGTERM (jupyter's, a scheduler's): the SIGTERM only adds to the request.
+        # The process's own SIGTERM handler records what reaches it: a trainer that gave SIGTERM back on the
+        # first signal fails here, instead of ending this process with SIG_DFL.
+        reached_the_process = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: reached_the_process.append(signum))
         both = tiny_trainer(tmp_path / "both", steps=50)
         both.on_step = lambda record: record["step"] == 2 and (os.kill(os.getpid(), signal.SIGINT),
                                                                 os.kill(os.getpid(), signal.SIGTERM))
         with pytest.raises(KeyboardInterrupt):
             both.train()
         assert [s for s, _ in ck.list_checkpoints(tmp_path / "both" / "checkpoints")] == [2]
+        assert reached_the_process == [], "the SIGTERM after a Ctrl-C left the trainer's handler"
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
         def twice(record):
             if record["step"] == 2:
@@ -263,7 +269,7 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
         assert ck.list_checkpoints(tmp_path / "twice" / "checkpoints") == []  # stopped at once: nothing saved
     finally:
         signal.signal(signal.SIGINT, previous)
-
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_an_ignored_sigint_stays_ignored_and_training_off_the_main_thread_leaves_handlers_alone():
