@@ -27,6 +27,7 @@ def test_validate_checks_each_field_by_its_annotation_and_option_checks():
     assert Demo(rate=None).rate is None  # `float | None` accepts None
     for bad, message in (({"steps": 0}, "Demo.steps must be an integer >= 1, got 0"),
                          ({"steps": True}, "Demo.steps must be an integer >= 1, got True"),
+                         ({"steps": None}, "Demo.steps must be an integer >= 1, got None"),  # None only where `| None`
                          ({"rate": 1.0}, "Demo.rate must be a finite number in [0.0, 1.0), got 1.0"),
                          ({"rate": float("nan")}, "Demo.rate must be a finite number in [0.0, 1.0), got nan"),
                          ({"flag": 1}, "Demo.flag must be True or False, got 1"),
@@ -74,6 +75,10 @@ def test_config_arguments_round_trip():
     args = ap.parse_args(["--extra", "n_layer=6", "n_embd=192", "--extra", "n_head=6", "--steps", "2"])
     assert config.config_kwargs_from_args(Demo, args)["extra"] == {"n_layer": 6, "n_embd": 192, "n_head": 6}
     assert "how many steps" in ap.format_help() and "{a,b}" in ap.format_help()  # choices shown
+    assert ap.parse_args(["--rate", "null"]).rate is None  # JSON's spelling of None, as `--rate none`
+    with pytest.raises(SystemExit) as stop:  # a pair takes exactly two values: argparse says so, with the usage
+        ap.parse_args(["--pair", "0.8"])
+    assert stop.value.code == 2
 
 
 def test_check_helpers_name_the_field():
@@ -86,6 +91,10 @@ def test_check_helpers_name_the_field():
         config.check_int(C(), "n", min=1)
     with pytest.raises(ValueError, match=r"C\.x must be a finite number in \(0"):
         config.check_number(C(x=math.nan), "x", min=0.0, min_open=True)
+    config.check_number(C(x=0.0), "x", min=0.0)  # a closed bound takes its own value, an open one does not
+    with pytest.raises(ValueError) as info:
+        config.check_number(C(x=0.0), "x", min=0.0, min_open=True)  # e.g. lr: 0 would train nothing
+    assert str(info.value) == "C.x must be a finite number in (0.0, inf), got 0.0"
 
 
 def test_notebook_parameter_check_names_the_parameter():
@@ -118,6 +127,8 @@ def test_a_device_parameter_is_one_torch_names_and_that_is_here():
 
 
 def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_refused():
+    import json
+
     import numpy as np
 
     from rookworld_lib.core.train_grpo import GRPOTrainConfig
@@ -129,6 +140,19 @@ def test_seeds_end_at_numpys_bound_and_a_task_of_weight_zero_is_left_out_not_ref
     with pytest.raises(ValueError, match=r"seed"):
         GRPOTrainConfig(seed=2**32)
     assert GRPOTrainConfig(task_weights={"P": 1, "A": 0}).task_weights == {"P": 1.0, "A": 0.0}
+    # kept as Python floats: 1 and 1.0 are one setting in the run's JSON, and numpy's numbers can be written
+    assert json.dumps(GRPOTrainConfig(task_weights={"P": np.int64(1), "A": 0}).task_weights) == '{"P": 1.0, "A": 0.0}'
+
+
+def test_a_folder_parameter_names_a_folder_that_exists(tmp_path):
+    """`init_from` / `run_dir` (folder=True): a file where a folder is wanted is refused in the check cell,
+    saying it is a file, not later by the code that reads the folder."""
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert config.check("init_from", str(tmp_path), str, folder=True) is None
+    for given, what in ((tmp_path / "model.safetensors", "a file"), (tmp_path / "nope", "no such folder")):
+        with pytest.raises(config.ParameterError) as info:
+            config.check("init_from", str(given), str, folder=True)
+        assert str(info.value) == f"notebook parameter 'init_from' must name an existing folder, got {str(given)!r} ({what})"
 
 
 def test_a_notebook_parameter_at_its_bound_is_accepted_and_just_below_it_refused():
