@@ -10,12 +10,15 @@ import shutil
 import chess
 import chess.engine
 import pytest
+import torch
 from helpers_chess import needs_stockfish, shipped
 
 from rookworld_lib.chess import data, reward_examples, training
 from rookworld_lib.chess.engine import EnginePool, EngineSettings, limit_key
 from rookworld_lib.core.model import GPT, GPTConfig
 from rookworld_lib.core.paths import DATA_DIR, DataFormatError
+from rookworld_lib.core.task_vocab import TaskVocab
+from rookworld_lib.core.tokenizer import EOT_ID, get_tokenizer
 
 
 def test_a_plain_sft_trains_on_the_train_split_and_measures_on_the_val_split_never_test():
@@ -140,3 +143,86 @@ def test_the_pool_sends_its_hash_size_and_searches_at_the_limit_asked():
         (a,) = pool.analyse_many([fen], limit=chess.engine.Limit(depth=2), multipv=3)
         assert pool._engines[0].protocol.config["Hash"] == 32  # python-chess's record of the option it sent
     assert (a.limit, a.depth) == ("depth=2", 2)
+
+
+# Behaviours of chess/training that no test pinned (mutation round 5: each test below is red with its mutant)
+
+def _records(name, n):
+    return [json.loads(line) for line in (DATA_DIR / name).read_text().splitlines()[:n]]
+
+
+def test_a_fresh_model_reads_and_writes_the_layout_set_on_it():
+    """layout_of: "its recorded one"; a fresh model without a record is compact. A fresh model given the
+    original layout (set_layout, as `rookworld grpo --layout original` does before training) reads and
+    writes the original layout, not the fresh model's default."""
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    assert model.source is None and training.layout_of(model) == "compact"
+    assert training.layout_of(training.set_layout(model, "original")) == "original"
+    assert training.layout_of(training.set_layout(model, "compact")) == "compact"
+
+
+def test_the_uci_order_sorts_the_original_layouts_candidates_too(tmp_path):
+    """RecordReader("original", "uci"): each P: answer lists its (move, eval) pairs sorted by move text
+    (the layout's own order shuffles them), each eval still beside its move, B: the record's best. Records
+    without a mate score: the original layout spells those in pawns (M5 as 999.95)."""
+    recs = [r for r in _records("policy_train.jsonl", 40) if not any("M" in e for e in r["evals"])][:12]
+    assert len(recs) == 12
+    path = tmp_path / "policy_train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    texts = training.RecordReader("original", "uci").load_texts([path])
+    assert len(texts) == len(recs)
+    for rec, text in zip(recs, texts):
+        moves = text.split(" M: ")[1].split(" E: ")[0].split()
+        evals = text.split(" E: ")[1].split(" B: ")[0].split()
+        assert moves == sorted(rec["moves"]), (moves, rec["moves"])
+        assert dict(zip(moves, evals)) == dict(zip(rec["moves"], rec["evals"]))
+        assert text.rstrip().endswith(" B: " + rec["best"])
+
+
+def test_text_lines_that_also_carry_a_task_field_are_read_as_text_lines(tmp_path):
+    """A file of {"text": ...} lines is text whatever other fields its lines carry (_holds_records: records
+    are lines with a task and no text); their texts are read as written."""
+    texts = [r["prompt"] + r["completion"] for r in _records("policy_train.jsonl", 3)]
+    path = tmp_path / "tagged.jsonl"
+    path.write_text("".join(json.dumps({"text": t, "task": "P"}) + "\n" for t in texts))
+    assert training.RecordReader().load_texts([path]) == texts
+
+
+def test_prompt_items_take_the_p_and_a_records_and_leave_the_others_out():
+    """prompt_items of a mixed list (P:, A: and mate-in-one records, as evaluation sets hold): one item per
+    P:/A: record, its prompt the record's and the record as truth; the M1 records are not GRPO prompts."""
+    p, a = _records("policy_train.jsonl", 2), _records("env_train.jsonl", 2)
+    m1 = _records("mate_in_one.jsonl", 2)
+    assert {r["task"] for r in m1} == {"M1"}
+    items = training.prompt_items([p[0], m1[0], a[0], m1[1], p[1], a[1]])
+    assert [(i.task, i.prompt) for i in items] == [(r["task"], r["prompt"]) for r in (p[0], a[0], p[1], a[1])]
+    assert [i.truth["id"] for i in items] == [r["id"] for r in (p[0], a[0], p[1], a[1])]
+
+
+def test_vocab_distance_spreads_its_records_and_reports_the_mass_outside_as_a_probability():
+    """vocab_distance(n=2) of 4 records measures records 0 and 2 (every len // n-th); its KL at a position is
+    -log of the probability the model gives the vocabulary there, and mass_outside_max is the largest
+    probability outside it (1 - p_inside), both recomputed here from the model's softmax."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=128)).eval()
+    tok = get_tokenizer()
+    encoded = lambda r: [EOT_ID, *tok.encode(r["prompt"]), *tok.encode(r["completion"])]  # noqa: E731
+    recs, lengths = [], set()
+    for r in _records("policy_train.jsonl", 40):  # four records of four lengths: each measured one is told apart
+        if len(encoded(r)) not in lengths and len(recs) < 4:
+            recs.append(r)
+            lengths.add(len(encoded(r)))
+    seqs = [encoded(r) for r in recs]
+    assert len(set(map(len, seqs))) == 4
+    vocab = TaskVocab({t for s in seqs for t in s})
+    d = training.vocab_distance(model, vocab, recs, "compact", n=2)
+    assert d["records"] == 2 and d["positions"] == len(seqs[0]) + len(seqs[2])
+    inside = []
+    with torch.no_grad():
+        for s in (seqs[0], seqs[2]):
+            p = torch.softmax(model(torch.tensor([s]))[0].double(), -1)
+            inside.append(p[:, vocab.ids].sum(-1))
+    inside = torch.cat(inside)
+    assert abs(d["kl_max"] - float((-inside.log()).max())) < 1e-3
+    assert abs(d["mass_outside_max"] - float((1 - inside).max())) < 1e-5
+    assert 0 < d["mass_outside_max"] < 1

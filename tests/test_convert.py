@@ -757,3 +757,93 @@ def test_a_p_line_with_four_candidates_of_many_is_a_short_list_and_five_is_not(t
     expected = sum(len(line.split("M:")[1].split("E:")[0].split()) < min(5, start.legal_moves.count())
                    for line in (four, five))
     assert report.written["P"] == 2 and report.short_lists == expected == 1
+
+
+# Behaviours of chess/convert that no test pinned (mutation round 5: each test below is red with its mutant)
+
+def test_an_a_line_with_an_eighth_field_is_refused_for_its_field_count():
+    """An arbiter row has exactly 7 '+'-separated fields (FEN, move, history, next FEN, reward,
+    terminated, truncated); one more is refused as such, not read as some other fault."""
+    line = original_env_line(chess.Board(), "g1f3", ["g1f3"], True)
+    assert isinstance(convert.convert_line(line, ident="t"), dict)
+    assert convert.convert_line(line + "+0", ident="t") == "expected 7 '+'-separated fields, found 8"
+
+
+def test_a_row_that_claims_a_win_python_chess_does_not_see_is_a_disagreement_not_a_repetition():
+    """Only a draw (0.5) that python-chess cannot see from the position and ten moves can be a repetition
+    ending; a row claiming the game ended in a win after 1. Nf3 disagrees with python-chess."""
+    line = original_env_line(chess.Board(), "g1f3", ["g1f3"], True)
+    assert line.endswith("+0.001+0+0")
+    won = line[: -len("+0.001+0+0")] + "+1.0+1+0"
+    reason = convert.convert_line(won, ident="t")
+    assert isinstance(reason, str) and reason.startswith("transition disagrees with python-chess"), reason
+
+
+def test_lines_of_only_spaces_are_blank_and_skipped_with_the_numbers_kept(tmp_path):
+    """iter_lines yields each non-blank line: a line of spaces or tabs (padding the generators wrote) is
+    blank, not a line to report; the others keep their physical line numbers."""
+    lines = policy_fixtures()[:2]
+    path = tmp_path / "rook.txt"
+    path.write_text(lines[0] + "\n   \n\t\n" + lines[1] + "\n")
+    assert [(n, t.strip()) for n, t in convert.iter_lines(path)] == [(1, lines[0]), (4, lines[1])]
+    report = convert.convert([path], tmp_path / "out", split="test", workers=1)
+    assert (report.lines, report.errors, report.written["P"]) == (2, 0, 2)
+
+
+def test_a_json_array_led_by_a_byte_order_mark_is_named_as_an_array(tmp_path):
+    """A Windows tool's JSON array (UTF-8 with a byte-order mark) is a JSON array all the same."""
+    array = tmp_path / "lines.json"
+    array.write_bytes(json.dumps([{"text": t} for t in policy_fixtures()[:2]], indent=1).encode("utf-8-sig"))
+    with pytest.raises(ValueError, match=rf"{array}: a JSON array; give JSON lines"):
+        list(convert.iter_lines(array))
+
+
+def test_parallel_conversion_writes_the_records_in_input_order(tmp_path):
+    """With workers and many small chunks in flight, the outputs keep the input's line order (a record's
+    `game` is its line number), as one worker writes them."""
+    lines = policy_fixtures()
+    path = tmp_path / "rook.txt"
+    path.write_text("\n".join(lines) + "\n")
+    report = convert.convert([path], tmp_path / "par", split="test", workers=2, chunk_lines=1)
+    games = [json.loads(line)["game"] for line in (tmp_path / "par" / "policy_test.jsonl").read_text().splitlines()]
+    assert report.written["P"] == len(lines) and games == list(range(1, len(lines) + 1))
+
+
+def test_records_of_two_input_files_get_distinct_ids(tmp_path):
+    """Every record's id is its own across the inputs of one conversion (line 1 of each file is not the
+    same record)."""
+    lines = policy_fixtures()
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("\n".join(lines[:3]) + "\n")
+    b.write_text("\n".join(lines[3:6]) + "\n")
+    convert.convert([a, b], tmp_path / "out", split="test", workers=1)
+    ids = [json.loads(line)["id"] for line in (tmp_path / "out" / "policy_test.jsonl").read_text().splitlines()]
+    assert len(ids) == 6 and len(set(ids)) == 6, ids
+
+
+def test_a_repeat_is_a_record_equal_in_prompt_and_completion_not_the_same_position_again(tmp_path):
+    """ConvertReport.duplicates counts records equal to an earlier one in prompt and completion: the same
+    line twice is one repeat; the same position with other candidates (another completion) is none."""
+    one, other = (original_policy_line(chess.Board(), random.Random(s)) for s in (1, 2))
+    assert one.split("M: ")[0] == other.split("M: ")[0] and one != other  # same prompt, other answer
+    path = tmp_path / "rook.txt"
+    path.write_text(f"{one}\n{other}\n")
+    assert convert.convert([path], tmp_path / "a", split="test", workers=1).duplicates == 0
+    path.write_text(f"{one}\n{other}\n{one}\n")
+    assert convert.convert([path], tmp_path / "b", split="test", workers=1).duplicates == 1
+
+
+def test_the_cli_says_more_errors_only_when_it_did_not_list_them_all(tmp_path, capsys):
+    """`rookworld convert` lists the first MAX_ERRORS_SHOWN errors; the "... all N in <file>" line is for
+    more errors than it listed, never for a run whose errors (none, or three) are all on screen."""
+    lines = policy_fixtures()[:4]
+    good = tmp_path / "good.txt"
+    good.write_text("\n".join(lines) + "\n")
+    assert convert.cli([str(good), "--out", str(tmp_path / "a"), "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "4 P: and 0 A: records, 0 not converted" in out and "..." not in out, out
+    some = tmp_path / "some.txt"
+    some.write_text("\n".join(lines + ["x", "y", "z"]) + "\n")
+    assert convert.cli([str(some), "--out", str(tmp_path / "b"), "--workers", "1", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "3 not converted" in out and out.count(f"{some}:") == 3 and "..." not in out, out

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from rookworld_lib.core.model import GPT, GPTConfig
-from rookworld_lib.core.task_vocab import OFF_LOGIT, PINNED, PINNED_BIAS, TaskVocab, pin_bias_coordinate
+from rookworld_lib.core import task_vocab
+from rookworld_lib.core.task_vocab import OFF_LOGIT, PINNED, PINNED_BIAS, TaskVocab, outside_logmass, pin_bias_coordinate
 from rookworld_lib.core.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 from rookworld_lib.core.train_utils import build_adamw
 
@@ -134,7 +135,6 @@ def test_sft_with_the_task_vocabulary_trains_resumes_and_exports_full_gpt2(tmp_p
 
 
 def test_the_mass_outside_a_vocabulary_is_measured_at_the_temperature_asked():
-    from rookworld_lib.core.task_vocab import outside_logmass
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=16)).eval()
@@ -145,3 +145,70 @@ def test_the_mass_outside_a_vocabulary_is_measured_at_the_temperature_asked():
     for t in (0.5, 1.0, 2.0):  # by definition: logsumexp over all tokens minus over the vocabulary's, of logits / T
         want = (logits / t).logsumexp(-1) - (logits[:, sorted(vocab.ids.tolist())] / t).logsumexp(-1)
         assert outside_logmass(model, vocab, [seq], temperature=t).tolist() == pytest.approx(want.tolist(), rel=1e-4)
+
+
+# Behaviours of core/task_vocab that no test pinned (mutation round 5: each test below is red with its mutant)
+
+def test_a_negative_token_id_is_refused_not_wrapped_onto_eot():
+    """TaskVocab needs GPT-2 ids in [0, VOCAB_SIZE): -1 (an ignored target's id) is no token. Taken in, it
+    would index the lookup table from the end and give EOT (id 50256) a compact id it does not have."""
+    with pytest.raises(ValueError, match="GPT-2 token ids"):
+        TaskVocab([-1, 5, 7])
+    vocab = TaskVocab([5, 7])
+    assert vocab.index[EOT_ID].item() == -1 and vocab.index[VOCAB_SIZE - 1].item() == -1
+
+
+def test_a_pinned_model_without_an_off_row_marks_no_vocabulary():
+    """of_model: None for a model "that is not pinned or holds no off row (a model trained over all of
+    GPT-2)": pinning a full-vocabulary model's LayerNorm does not make every token a task token."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    assert model.config.vocab_size == VOCAB_SIZE
+    pin_bias_coordinate(model)
+    assert TaskVocab.of_model(model) is None
+
+
+def test_measuring_the_mass_outside_leaves_the_model_in_the_mode_it_was_in():
+    """outside_logmass scores in eval mode (no dropout) and gives the model back as it found it: a model in
+    training stays in training (its dropout on), one in eval stays in eval."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    tok = get_tokenizer()
+    seq = [EOT_ID, *tok.encode("P: 8/8/8 M: e2e4")]
+    vocab = TaskVocab(seq)
+    model.train()
+    outside_logmass(model, vocab, [seq])
+    assert model.training
+    model.eval()
+    outside_logmass(model, vocab, [seq])
+    assert not model.training
+
+
+def test_a_model_is_pinned_only_with_gain_zero_and_bias_pinned_bias_there():
+    """pinned(): "gain 0, bias PINNED_BIAS" at coordinate PINNED. A LayerNorm whose bias there happens to be
+    PINNED_BIAS but whose gain is not 0 does not carry the constant: no task vocabulary is read from it."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", block_size=32))
+    with torch.no_grad():
+        model.transformer.ln_f.bias[PINNED] = PINNED_BIAS
+        model.transformer.ln_f.weight[PINNED] = 1.0
+    assert not task_vocab.pinned(model)
+    with torch.no_grad():
+        model.transformer.ln_f.weight[PINNED] = 0.0
+    assert task_vocab.pinned(model)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_restrict_and_expand_keep_the_models_mode_prompt_prefix_meta_and_source(training):
+    """_resized's contract: the new model holds the old one's meta, prompt prefix, source and train/eval
+    mode. A model loaded from an original RookWorld folder has no prompt prefix ("") and is scored in
+    eval mode; its restriction (the sampler's view) must read prompts the same way, without dropout."""
+    torch.manual_seed(0)
+    tok = get_tokenizer()
+    vocab = TaskVocab([EOT_ID, *tok.encode("P: 8/8/8 M: e2e4 B: e2e4")])
+    full = GPT(GPTConfig.preset("tiny", block_size=32)).train(training)
+    pin_bias_coordinate(full)
+    full.prompt_prefix, full.source, full.meta = "", "/models/x", {"rookworld_layout": "original"}
+    for made in (vocab.restrict(full), vocab.expand(vocab.restrict(full))):
+        assert made.training is training
+        assert (made.prompt_prefix, made.source, made.meta) == ("", "/models/x", {"rookworld_layout": "original"})

@@ -229,7 +229,14 @@ def test_a_tokenizer_json_with_two_single_character_tokens_swapped_is_refused(tm
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(ValueError, match=r"tokenizer.json: not GPT-2's tokenizer \(it encodes '\w\\n\w' as \[\d+"):
         tok.check_model_tokenizer(tmp_path)
-    (tmp_path / "tokenizer.json").write_text(tok.hf_tokenizer_json())  # GPT-2's own passes
+    # the same swap in our export's own text: the file is as long as GPT-2's (which passes without a parse)
+    ours = tok.hf_tokenizer_json()
+    swapped = ours.replace('"M":44,', '"M":@@,', 1).replace('"P":47,', '"P":44,', 1).replace('"M":@@,', '"M":47,', 1)
+    assert swapped != ours and len(swapped) == len(ours)
+    (tmp_path / "tokenizer.json").write_text(swapped)
+    with pytest.raises(ValueError, match=r"tokenizer.json: not GPT-2's tokenizer"):
+        tok.check_model_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").write_text(ours)  # GPT-2's own passes
     assert tok.check_model_tokenizer(tmp_path) is None
 
 

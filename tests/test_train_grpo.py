@@ -339,6 +339,9 @@ def test_under_torchrun_every_rank_says_rank_0s_busy_error_and_none_reads_the_ch
     first job was still writing, and said "another run saved step_N" or "out_dir must be on a filesystem that
     every node shares" (false, one machine), beside or instead of the busy line. Every rank now raises rank
     0's RunDirBusyError, before reading a checkpoint (construction) and before training (train)."""
+    import os
+    import re
+
     from rookworld_lib.core import distributed
     from rookworld_lib.core.distributed import DistInfo
     from rookworld_lib.core.paths import RunDirBusyError, busy_message, run_lock
@@ -351,6 +354,8 @@ def test_under_torchrun_every_rank_says_rank_0s_busy_error_and_none_reads_the_ch
     with run_lock(tmp_path):
         rank_0_says.append(busy_message(tmp_path))
         assert "being written by another run" in rank_0_says[-1]
+        # the holder named once, as the lock file says it now (not also the run that held it before)
+        assert re.search(rf"\(pid {os.getpid()} since [-0-9: ]+\)", rank_0_says[-1]) and rank_0_says[-1].count("pid") == 1
         again.dist = DistInfo(rank=1, world_size=2)
         monkeypatch.setattr(again, "_check_checkpoint_is_ours", lambda: pytest.fail("rank 1 went on to the checkpoints"))
         with pytest.raises(RunDirBusyError, match="being written by another run"):
@@ -358,6 +363,7 @@ def test_under_torchrun_every_rank_says_rank_0s_busy_error_and_none_reads_the_ch
         with pytest.raises(RunDirBusyError, match="being written by another run"):
             again.find_checkpoint()
     assert busy_message(tmp_path) is None and busy_message(tmp_path / "nowhere") is None  # the holder is gone
+    assert not (tmp_path / "nowhere").exists()  # asking made no folder (a rank that only checks writes nothing)
 
 
 def test_a_run_refused_as_busy_does_not_say_it_resumed(tmp_path, caplog):

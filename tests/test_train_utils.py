@@ -134,6 +134,69 @@ def test_metrics_logger_resume_drops_later_records_and_a_torn_line(tmp_path):
 
 
 
+def test_an_appender_on_a_file_of_whole_lines_cuts_nothing_and_warns_of_nothing(tmp_path, caplog):
+    """Only an unterminated last line (a kill mid-append) is cut, with a warning; a resumed run's metrics
+    file that ends in a newline is appended to as it is, without the false alarm."""
+    from rookworld_lib.core.paths import JsonlAppender
+
+    whole, torn = tmp_path / "whole.jsonl", tmp_path / "torn.jsonl"
+    whole.write_bytes(b'{"step":1}\n{"step":2}\n')
+    torn.write_bytes(b'{"step":1}\n{"st')
+    for path in (whole, torn):
+        with JsonlAppender(path) as log:
+            log.write({"step": 3})
+    assert whole.read_bytes() == b'{"step":1}\n{"step":2}\n{"step":3}\n'
+    assert torn.read_bytes() == b'{"step":1}\n{"step":3}\n'
+    assert [r.getMessage() for r in caplog.records if "torn" in r.getMessage()] == [
+        f"{torn}: dropping a torn last line left by an interrupted run"]
+
+
+def test_an_appender_fsyncs_every_sync_every_lines_and_at_close(tmp_path, monkeypatch):
+    """What a power cut can lose is bounded: the lines are put on disk every `sync_every` lines (and by
+    sync() and close()), not only when the file is closed. Closed, it holds no file descriptor (a
+    notebook that trains again and again would run out of them)."""
+    import os
+
+    from rookworld_lib.core import paths
+
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    path, synced = tmp_path / "m.jsonl", []  # the lines in the file at each fsync
+    with paths.JsonlAppender(path, sync_every=2) as log:
+        real = os.fsync
+        monkeypatch.setattr(paths.os, "fsync", lambda fd: (synced.append(path.read_bytes().count(b"\n")), real(fd))[1])
+        for step in range(1, 6):
+            log.write({"step": step})
+        assert synced == [2, 4]
+        log.sync()
+        assert synced == [2, 4, 5]
+    assert synced == [2, 4, 5, 5]
+    assert fds is None or len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_an_atomic_rewrite_keeps_the_files_mode_and_names_only_the_errors_a_write_causes(tmp_path):
+    """A file replaced atomically keeps the mode its owner gave it (a shared report chmod 0640 stays
+    0640); `naming(path, errnos)` puts the path into a write's error (ENOSPC: which file?) and leaves
+    any other error as it was raised (an EIO while reading the source is not the target's)."""
+    import errno
+    import os
+
+    from rookworld_lib.core.paths import atomic_write, naming
+
+    path = tmp_path / "report.md"
+    path.write_text("old\n")
+    os.chmod(path, 0o640)
+    atomic_write(path, lambda f: f.write(b"new\n"))
+    assert path.read_text() == "new\n" and path.stat().st_mode & 0o777 == 0o640
+    with pytest.raises(OSError) as full:
+        with naming(path, {errno.ENOSPC}):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert (full.value.errno, full.value.filename) == (errno.ENOSPC, str(path))
+    with pytest.raises(OSError) as other:
+        with naming(path, {errno.ENOSPC}):
+            raise OSError(errno.EIO, "Input/output error")
+    assert (other.value.errno, other.value.filename) == (errno.EIO, None)
+
+
 def test_resume_names_the_missing_records_as_ranges_and_a_torn_line_whose_step_is_unreadable(tmp_path, caplog):
     """A metrics file that lost records 2-4 and 7 (a line deleted by hand, a tail cut) before the checkpoint
     at step 8 says so once, as ranges; a torn line whose step cannot be read says after which record it came."""

@@ -1,9 +1,11 @@
+import dataclasses
 import math
 
+import pandas as pd
 import pytest
 
 from rookworld_lib.lab import workflow
-from rookworld_lib.chess import evaluate as ev
+from rookworld_lib.chess import evaluate as ev, training
 from rookworld_lib.chess.evaluate import Estimate
 from rookworld_lib.core.paths import DATA_DIR
 
@@ -250,3 +252,45 @@ def test_notebook_05s_training_cell_stopped_and_run_again_resumes_at_its_checkpo
     again = train_sft(cfg, **texts)
     assert again.step == prof.sft.max_steps and [r["step"] for r in again.history][0] == 4
     assert [r["step"] for r in read_metrics(tmp_path / "training" / "sft" / METRICS_FILE)] == list(range(prof.sft.max_steps + 1))
+
+
+# Behaviours of lab/workflow that no test pinned (mutation round 5: each test below is red with its mutant)
+
+def test_the_cpu_profiles_sft_config_is_the_command_docs_grpo_md_gives_for_it(tmp_path):
+    """docs/grpo.md (section on the anatomy runs) gives the `rookworld sft` command line whose SFTConfig is
+    "the same SFTConfig as workflow.sft_config gives the cpu profile with that training directory, field
+    for field but resume": its min_lr 2e-4 (a tenth of the lr; docs/learning_curve.md: "cosine decay to
+    2e-4"), eval every 300 steps (3,000 / 10), the val files of data/, the train files of DIR."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for name in ("policy_train.jsonl", "env_train.jsonl"):
+        lines = (DATA_DIR / name).read_text().splitlines(keepends=True)[:20]
+        (data_dir / name).write_text("".join(lines))
+    out = tmp_path / "out"
+    argv = ["--model", "cpu-small", "--model-overrides", "pad_vocab_to_multiple=1", "--train-data",
+            str(data_dir / "policy_train.jsonl"), str(data_dir / "env_train.jsonl"), "--val-data",
+            str(DATA_DIR / "policy_val.jsonl"), str(DATA_DIR / "env_val.jsonl"), "--block-size", "256",
+            "--batch-size", "8", "--lr", "2e-3", "--min-lr", "2e-4", "--warmup-steps", "100", "--max-steps", "3000",
+            "--vocab", "task", "--seed", "0", "--eval-interval", "300", "--eval-steps", "4",
+            "--checkpoint-interval", "0", "--device", "cpu", "--dtype", "fp32", "--out", str(out)]
+    documented, _ = training._sft_config_from_args(training.build_sft_parser().parse_args(argv))
+    ours = workflow.sft_config(workflow.resolve("cpu"), out, DATA_DIR, seed=0, train_dir=data_dir)
+    fields = [f.name for f in dataclasses.fields(ours) if f.name != "resume"]
+    assert {f: getattr(ours, f) for f in fields} == {f: getattr(documented, f) for f in fields}
+
+
+def test_an_interval_that_reaches_zero_is_no_improvement():
+    """improvement_verdict: "resolved at 95%" means the interval excludes zero; a lower bound of exactly 0
+    includes it (and an upper bound of exactly 0 is no resolved drop)."""
+    assert "includes zero" in workflow.improvement_verdict(Estimate(0.05, 0.0, 0.1, 100))
+    assert "includes zero" in workflow.improvement_verdict(Estimate(-0.05, -0.1, 0.0, 100))
+
+
+def test_markdown_table_has_one_separator_cell_per_column():
+    """A GitHub Markdown table needs as many cells in its delimiter row as in its header (else it is no
+    table); the index is the first column. Written out by hand."""
+    df = pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}, index=pd.Index(["r1", "r2"], name="metric"))
+    assert workflow.markdown_table(df) == ("| metric | a | b |\n"
+                                           "|---|---|---|\n"
+                                           "| r1 | 1 | x |\n"
+                                           "| r2 | 2 | y |")
