@@ -23,6 +23,8 @@ def test_start_position_policy_prompt_tokens():
                 10246, 10246, 10246, 10246, 14, 49, 32819, 48, 42, 15766, 49, 266, 509, 48, 74, 80, 532, 657, 352]
     assert tok.encode(prompt) == expected
     assert tok.token_boundaries("P: rnbqkbnr")[:4] == ["P", ":", " r", "nb"]
+    # a character the BPE cuts into byte tokens (U+00C4 is C3 84 in UTF-8): each piece is shown, as U+FFFD
+    assert tok.encode("Ä") == [127, 226] and tok.token_boundaries("Ä") == ["\ufffd", "\ufffd"]
 
 
 def test_matches_transformers_gpt2_byte_level_bpe_on_known_strings():
