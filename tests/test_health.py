@@ -3,7 +3,7 @@ import math
 import torch
 
 from rookworld_lib.lab import health
-from rookworld_lib.core.model import GPT, GPTConfig
+from rookworld_lib.core.model import GPT, GPTConfig, lm_loss
 
 
 def tiny():
@@ -71,6 +71,18 @@ def test_grad_norms_cover_every_block():
     g = health.grad_norms_by_layer(m, torch.randint(0, 50257, (2, 16)))
     assert set(g) == {"wte", "wpe", "h.0", "h.1", "ln_f"}
     assert all(v > 0 and math.isfinite(v) for v in g.values())
+    # each group's L2 norm, as torch computes it over that group's gradients (the same batch, seeded)
+    m.eval()  # no dropout: both backward passes see the same network
+    idx = torch.randint(0, 50257, (2, 16))
+    g = health.grad_norms_by_layer(m, idx)
+    lm_loss(m(idx[:, :-1]), idx[:, 1:]).backward()
+    grads = {k: [] for k in g}
+    for name, p in m.named_parameters():
+        parts = name.split(".")
+        group = ".".join(parts[1:3]) if parts[1] == "h" else parts[1] if parts[0] == "transformer" else parts[0]
+        grads[group].append(p.grad.flatten())
+    for k, v in g.items():
+        assert math.isclose(v, torch.linalg.vector_norm(torch.cat(grads[k]).double()).item(), rel_tol=1e-6), k
 
 
 def test_memory_by_phase_accounting():

@@ -314,9 +314,11 @@ class UtilizationSampler:
 
     def _run(self):
         gpu = _gpu_sampler(0) if torch.cuda.is_available() else dict
-        last_t, last_cpu, last_host = time.perf_counter(), sum(os.times()[:2]), _host_cpu_times()
+        # time.process_time: this process's CPU time in nanoseconds (CLOCK_PROCESS_CPUTIME_ID); os.times() counts
+        # 10 ms ticks, which over a short interval read two busy cores as up to 220%
+        last_t, last_cpu, last_host = time.perf_counter(), time.process_time(), _host_cpu_times()
         while not self._stop.wait(self.interval_s):
-            now, cpu, host = time.perf_counter(), sum(os.times()[:2]), _host_cpu_times()
+            now, cpu, host = time.perf_counter(), time.process_time(), _host_cpu_times()
             s = {"t": now, "process_cpu_pct": 100.0 * (cpu - last_cpu) / max(now - last_t, 1e-9)}
             if host and last_host and host[1] > last_host[1]:
                 s["host_cpu_pct"] = 100.0 * (host[0] - last_host[0]) / (host[1] - last_host[1])
