@@ -1,4 +1,5 @@
 import math
+import statistics
 
 import torch
 
@@ -40,6 +41,11 @@ def test_init_stats_follow_gpt2_init():
             assert abs(r["std"] - want) / want < 0.15 and abs(r["mean"]) < want / 4, r
         else:  # a bias or a LayerNorm parameter: constant
             assert r["std"] == 0 and r["mean"] == (1.0 if kind[0].startswith("ln") and kind[1] == "weight" else 0.0), r
+    # the spread is the sample standard deviation (n - 1), as statistics.stdev gives it
+    with torch.no_grad():
+        m.transformer.ln_f.weight.copy_(torch.arange(m.config.n_embd, dtype=torch.float32))
+    row = next(r for r in health.init_stats(m) if r["name"] == "transformer.ln_f.weight")
+    assert math.isclose(row["std"], statistics.stdev(range(m.config.n_embd)), rel_tol=1e-6)
 
 
 def test_logits_stats_counts_nonfinite():
@@ -56,6 +62,10 @@ def test_init_loss_and_causality():
     idx = torch.randint(0, 50257, (2, 32))
     s = health.init_loss(m, idx)
     assert s["uniform"] == math.log(50257) and abs(s["loss"] - s["uniform"]) < 0.2
+    # a model over a smaller vocabulary (a compact one) is near-uniform over its own tokens
+    torch.manual_seed(0)
+    small = GPT(GPTConfig.preset("tiny", block_size=64, vocab_size=500)).eval()
+    assert health.init_loss(small, torch.randint(0, 500, (2, 32)))["uniform"] == math.log(500)
     c = health.causality_violation(m, idx, 10)
     assert c["max_change_before"] == 0.0 and c["max_change_after"] > 0
     # the changed token's own position moves first: "after" counts it (at the last position it is all there is)
