@@ -147,10 +147,6 @@ def test_the_pool_sends_its_hash_size_and_searches_at_the_limit_asked():
 
 # Behaviours of chess/training that no test pinned (mutation round 5: each test below is red with its mutant)
 
-def _records(name, n):
-    return [json.loads(line) for line in (DATA_DIR / name).read_text().splitlines()[:n]]
-
-
 def test_a_fresh_model_reads_and_writes_the_layout_set_on_it():
     """layout_of: "its recorded one"; a fresh model without a record is compact. A fresh model given the
     original layout (set_layout, as `rookworld grpo --layout original` does before training) reads and
@@ -165,7 +161,7 @@ def test_the_uci_order_sorts_the_original_layouts_candidates_too(tmp_path):
     """RecordReader("original", "uci"): each P: answer lists its (move, eval) pairs sorted by move text
     (the layout's own order shuffles them), each eval still beside its move, B: the record's best. Records
     without a mate score: the original layout spells those in pawns (M5 as 999.95)."""
-    recs = [r for r in _records("policy_train.jsonl", 40) if not any("M" in e for e in r["evals"])][:12]
+    recs = [r for r in shipped("P", "train")[:40] if not any("M" in e for e in r["evals"])][:12]
     assert len(recs) == 12
     path = tmp_path / "policy_train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -182,7 +178,7 @@ def test_the_uci_order_sorts_the_original_layouts_candidates_too(tmp_path):
 def test_text_lines_that_also_carry_a_task_field_are_read_as_text_lines(tmp_path):
     """A file of {"text": ...} lines is text whatever other fields its lines carry (_holds_records: records
     are lines with a task and no text); their texts are read as written."""
-    texts = [r["prompt"] + r["completion"] for r in _records("policy_train.jsonl", 3)]
+    texts = [r["prompt"] + r["completion"] for r in shipped("P", "train")[:3]]
     path = tmp_path / "tagged.jsonl"
     path.write_text("".join(json.dumps({"text": t, "task": "P"}) + "\n" for t in texts))
     assert training.RecordReader().load_texts([path]) == texts
@@ -191,8 +187,8 @@ def test_text_lines_that_also_carry_a_task_field_are_read_as_text_lines(tmp_path
 def test_prompt_items_take_the_p_and_a_records_and_leave_the_others_out():
     """prompt_items of a mixed list (P:, A: and mate-in-one records, as evaluation sets hold): one item per
     P:/A: record, its prompt the record's and the record as truth; the M1 records are not GRPO prompts."""
-    p, a = _records("policy_train.jsonl", 2), _records("env_train.jsonl", 2)
-    m1 = _records("mate_in_one.jsonl", 2)
+    p, a = shipped("P", "train")[:2], shipped("A", "train")[:2]
+    m1 = shipped("M1", None)[:2]
     assert {r["task"] for r in m1} == {"M1"}
     items = training.prompt_items([p[0], m1[0], a[0], m1[1], p[1], a[1]])
     assert [(i.task, i.prompt) for i in items] == [(r["task"], r["prompt"]) for r in (p[0], a[0], p[1], a[1])]
@@ -208,7 +204,7 @@ def test_vocab_distance_spreads_its_records_and_reports_the_mass_outside_as_a_pr
     tok = get_tokenizer()
     encoded = lambda r: [EOT_ID, *tok.encode(r["prompt"]), *tok.encode(r["completion"])]  # noqa: E731
     recs, lengths = [], set()
-    for r in _records("policy_train.jsonl", 40):  # four records of four lengths: each measured one is told apart
+    for r in shipped("P", "train")[:40]:  # four records of four lengths: each measured one is told apart
         if len(encoded(r)) not in lengths and len(recs) < 4:
             recs.append(r)
             lengths.add(len(encoded(r)))

@@ -256,7 +256,6 @@ def test_ctrl_c_or_sigterm_ends_the_step_saves_and_the_same_run_resumes_there(tm
             both.train()
         assert [s for s, _ in ck.list_checkpoints(tmp_path / "both" / "checkpoints")] == [2]
         assert reached_the_process == [], "the SIGTERM after a Ctrl-C left the trainer's handler"
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
         def twice(record):
             if record["step"] == 2:

@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from rookworld_lib.core.model import GPT, GPTConfig
-from rookworld_lib.core import task_vocab
-from rookworld_lib.core.task_vocab import OFF_LOGIT, PINNED, PINNED_BIAS, TaskVocab, outside_logmass, pin_bias_coordinate
+from rookworld_lib.core.task_vocab import OFF_LOGIT, PINNED, PINNED_BIAS, TaskVocab, outside_logmass, pin_bias_coordinate, pinned
 from rookworld_lib.core.tokenizer import EOT_ID, VOCAB_SIZE, get_tokenizer
 from rookworld_lib.core.train_utils import build_adamw
 
@@ -135,7 +134,6 @@ def test_sft_with_the_task_vocabulary_trains_resumes_and_exports_full_gpt2(tmp_p
 
 
 def test_the_mass_outside_a_vocabulary_is_measured_at_the_temperature_asked():
-
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=16)).eval()
     vocab = TaskVocab(set(range(100)) | {EOT_ID})
@@ -192,10 +190,10 @@ def test_a_model_is_pinned_only_with_gain_zero_and_bias_pinned_bias_there():
     with torch.no_grad():
         model.transformer.ln_f.bias[PINNED] = PINNED_BIAS
         model.transformer.ln_f.weight[PINNED] = 1.0
-    assert not task_vocab.pinned(model)
+    assert not pinned(model)
     with torch.no_grad():
         model.transformer.ln_f.weight[PINNED] = 0.0
-    assert task_vocab.pinned(model)
+    assert pinned(model)
 
 
 @pytest.mark.parametrize("training", [False, True])
