@@ -91,6 +91,9 @@ def test_compact_ids_and_bad_input():
     unknown = next(t for t in range(VOCAB_SIZE) if vocab.index[t] < 0)
     with pytest.raises(ValueError, match=rf"token ids \[{unknown}\] are not in the task vocabulary"):
         vocab.compact(torch.tensor([unknown]))
+    # an id past GPT-2's vocabulary (a padded head's extra row) is named, not an IndexError from the lookup table
+    with pytest.raises(ValueError, match=rf"token ids \[{VOCAB_SIZE}, 60000\] are not GPT-2 token ids \(0..50256\)"):
+        vocab.compact(torch.tensor([int(vocab.ids[0]), 60000, VOCAB_SIZE]))
     with pytest.raises(ValueError, match="GPT-2 token ids"):
         TaskVocab([VOCAB_SIZE])
     with pytest.raises(ValueError, match="GPT-2 token ids"):
