@@ -102,3 +102,7 @@ def test_memory_by_phase_accounting():
     assert mem["grads"] == mem["params"]  # one fp32 gradient per fp32 parameter
     assert mem["optimizer_state"] == 2 * mem["params"]  # AdamW's two moments
     assert mem["activations"] > 0 and mem["batch"] == 2 * 2 * 16 * 8
+    # activations are what autograd saved besides the parameters (a linear layer saves its weight too):
+    # they grow with the batch, so twice the rows hold twice the bytes (up to the batch-free position ids)
+    twice = health.memory_by_phase(m, torch.randint(0, 50257, (4, 16)), opt)["activations"]
+    assert abs(twice - 2 * mem["activations"]) <= 1e-3 * mem["activations"], (twice, mem["activations"])
