@@ -31,6 +31,23 @@ def test_cached_logprobs_equal_full_forward_left_padded():
     assert torch.equal(ro.logprobs, ro.sampling_logprobs)  # no top-k/top-p: same distribution
 
 
+def test_scoring_attends_to_every_completion_token_the_padding_token_too():
+    """sequence_logprobs scores the completion as the model reads the whole text, one causal pass: a
+    completion token equal to pad_id (GPT-2's EOT, sampled mid-answer when eos_id is None) is text to
+    attend to, as the sampler attended to it, not padding to mask."""
+    import torch.nn.functional as F
+
+    from rookworld_lib.core.tokenizer import EOT_ID
+
+    model = sharp_model()
+    prompt, completion = [11, 12, 13], [5, EOT_ID, 7, 9, EOT_ID, 4]
+    with torch.no_grad():
+        ours = sequence_logprobs(model, [prompt], torch.tensor([completion]))
+        logits = model(torch.tensor([prompt + completion[:-1]]))  # the plain causal forward, no mask
+        want = F.log_softmax(logits[0, len(prompt) - 1:], dim=-1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+    assert torch.allclose(ours[0], want, atol=1e-5), (ours[0], want)
+
+
 def test_padded_row_equals_unpadded_alone():
     model = sharp_model()
     prompts = mixed_prompts()
@@ -455,7 +472,14 @@ def test_small_cpu_decode_runs_on_the_faster_thread_count(monkeypatch, slow_thre
     calls.clear()
     generate(model, [[4, 5, 6]] * 4, cfg)
     assert calls == [fast] * 5  # the same shape: the choice is kept, nothing is timed again
-    monkeypatch.setattr(sampling, "SINGLE_THREAD_DECODE_FLOPS", 0)  # every step "big": no probe
+    calls.clear()
+    generate(model, [[1, 2, 3]] * 2, cfg)
+    assert calls == [2, 1, 2, 1] + [fast] * 5  # another batch shape is timed for itself
+    calls.clear()  # under deterministic algorithms: one thread, never timed (another process may choose otherwise)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    generate(model, [[1, 2, 3]] * 3, cfg)
+    assert calls == [1] * 5 and state["threads"] == 2
+    monkeypatch.setattr(sampling, "SINGLE_THREAD_DECODE_FLOPS", 0)  # every step "big": torch's threads, no probe
     calls.clear()
     generate(model, [[1, 2, 3]] * 5, cfg)
     assert calls == [2] * 5
@@ -502,6 +526,23 @@ def test_a_zero_probability_token_is_never_drawn_even_at_u_zero(monkeypatch):
     # inverse CDF: the first index whose cumulative probability exceeds u, so u = 0 gives index 1 of [0, 1, 0]
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(a[0], dtype=k.get("dtype")))
     assert sample_categorical(torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])).tolist() == [1, 2]
+
+
+def test_a_zero_probability_token_is_never_drawn_even_at_the_top_of_u(monkeypatch):
+    """The other end: u just below the row's total. A block's mass is a float32 sum and the search inside
+    it a float64 cumulative sum, which can end below that mass; u past its end then runs the search off
+    the block's last token with mass, onto the zeros after it."""
+    from rookworld_lib.core.sampling import sample_categorical
+
+    g = torch.Generator().manual_seed(0)
+    while True:  # a one-block row whose float32 sum exceeds its float64 sum, zero from column 200 on
+        row = torch.rand(1, 256, generator=g)
+        row[0, 200:] = 0.0
+        if row.sum(dtype=torch.float32).double() > row.double().sum():
+            break
+    top = 1 - 2**-53  # the largest float64 below 1, what torch.rand may return
+    monkeypatch.setattr(torch, "rand", lambda size, **k: torch.full(size, top, dtype=k.get("dtype")))
+    assert sample_categorical(row).tolist() == [199]  # the last token with mass, never one of the zeros
 
 
 def test_filtered_samples_carry_log_probs_at_the_sampling_temperature():
