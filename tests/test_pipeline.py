@@ -42,6 +42,21 @@ def test_papermill_reads_every_declared_parameter():
         assert pipeline.declared_parameters(path) <= seen, (path.name, pipeline.declared_parameters(path) - seen)
 
 
+def test_declared_parameters_are_the_names_papermill_reads_and_only_nn_notebooks_run(tmp_path):
+    """A parameters cell's names, read with Python's parser, are the ones papermill's own inspector reads
+    (a leading underscore, an annotation, a comment with quotes); the run takes NN_name.ipynb files only."""
+    from papermill.translators import PythonTranslator
+
+    cell = 'steps = 3  # "quoted" (and parenthesised)\n_seed = 0\nlr: float = 1e-3\nprofile = "ci"\n'
+    write_notebook(tmp_path / "00_first.ipynb", cell)
+    nb = nbformat.read(str(tmp_path / "00_first.ipynb"), as_version=4)
+    seen = {p.name for p in PythonTranslator.inspect(nb.cells[0])}
+    assert pipeline.declared_parameters(tmp_path / "00_first.ipynb") == seen == {"steps", "_seed", "lr", "profile"}
+    for name in ("05_x.ipynb", "1_short.ipynb", "2024-notes.ipynb", "Untitled.ipynb", "10_later.ipynb"):
+        (tmp_path / name).write_text("{}")
+    assert [p.name for p in pipeline.numbered_notebooks(tmp_path)] == ["00_first.ipynb", "05_x.ipynb", "10_later.ipynb"]
+
+
 def test_run_passes_declared_parameters_and_collects_the_report(tmp_path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
