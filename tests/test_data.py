@@ -19,7 +19,7 @@ from helpers_chess import default_sigint, needs_stockfish, random_positions, shi
 
 from rookworld_lib.chess import data, datagen, tasks
 from rookworld_lib.chess.engine import EnginePool, EngineSettings, parse_limit_key
-from rookworld_lib.core.paths import DATA_DIR, JsonlAppender, read_jsonl, write_jsonl
+from rookworld_lib.core.paths import DATA_DIR, DataFormatError, JsonlAppender, read_jsonl, write_jsonl
 
 
 SHIPPED = datagen.DatagenConfig(test_games=16)  # the data card's command: its games and their splits
@@ -752,3 +752,109 @@ def test_loading_a_split_from_a_directory_without_it_names_the_directory_and_the
         data.load_split("P", "train", tmp_path)
     assert str(err.value) == (f"{tmp_path}: no policy_train.jsonl[.gz] or policy_train-NNNNN.jsonl[.gz] "
                               "(`rookworld datagen --out DIR` or `rookworld convert ... --out DIR` writes them)")
+
+
+# Behaviours of chess/data that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def _rec(task):
+    if task == "M1":
+        return json.loads((DATA_DIR / data.MATE_FILE).read_text().splitlines()[0])
+    rec = next(r for r in shipped(task, "val") if task == "P" or r["kind"] == "legal")
+    assert data.validate_record(rec) is None
+    return rec
+
+
+def test_a_negative_game_index_is_refused():
+    """D01: data/README: `game` is the source game's index (and ply half-moves played): neither is negative."""
+    for task in ("P", "A", "M1"):
+        rec = _rec(task)
+        assert data.validate_record({**rec, "game": -1}) is not None, task
+
+
+def test_a_mate_in_one_record_of_the_train_split_is_refused():
+    """D02: data/README and SCHEMA: mate_in_one split is val / test (held-out games only)."""
+    rec = _rec("M1")
+    assert data.validate_record(rec) is None
+    err = data.validate_record({**rec, "split": "train"})
+    assert err is not None and "split" in err, err
+
+
+def test_an_env_history_is_refused_by_its_own_rule_not_by_the_crash_net():
+    """D04, D05: data/README: history is the last <= 10 moves, current move last. A record whose history ends
+    with another move, or holds 11 moves (prompts written by hand from 'A: <FEN>+<move>+<history>+'), is
+    refused naming the field's rule, not by validate_record's crash net ('invalid record (ValueError: ...)',
+    which env_prompt's own check reaches when the rule is skipped)."""
+    rec = next(r for r in shipped("A", "val") if r["kind"] == "legal" and len(r["history"]) == 10)
+    assert data.validate_record(rec) is None
+    other = "a2a3" if rec["move"] != "a2a3" else "h2h3"
+    for hist in (rec["history"][:-1] + [other], [other] + rec["history"]):
+        prompt = f"A: {rec['fen']}+{rec['move']}+{' '.join(hist)}+"
+        err = data.validate_record({**rec, "history": hist, "prompt": prompt})
+        assert err is not None and err.startswith("field 'history'"), err
+
+
+def _write_lines(path, lines):
+    path.write_text("".join(ln + "\n" for ln in lines))
+
+
+def test_a_lost_first_shard_is_named(tmp_path):
+    """D12: shards are numbered from 00000 without gaps (missing_shards' docstring): shards 1 and 2 without
+    0 lose shard 0's records, and load_split refuses, naming policy_test-00000.jsonl."""
+    lines = (DATA_DIR / "policy_test.jsonl").read_text().splitlines()[:4]
+    _write_lines(tmp_path / "policy_test-00001.jsonl", lines[:2])
+    _write_lines(tmp_path / "policy_test-00002.jsonl", lines[2:])
+    with pytest.raises(DataFormatError, match=r"policy_test-00000\.jsonl: missing shard"):
+        data.load_split("P", "test", tmp_path)
+
+
+def test_a_file_that_only_starts_like_a_shard_is_not_read(tmp_path):
+    """D13: a shard is `<stem>-NNNNN.jsonl[.gz]` (data_files_of's docstring): a leftover
+    `policy_test-00000.jsonl.tmp` beside the shard is not read (its records would be read twice)."""
+    lines = (DATA_DIR / "policy_test.jsonl").read_text().splitlines()[:3]
+    _write_lines(tmp_path / "policy_test-00000.jsonl", lines)
+    _write_lines(tmp_path / "policy_test-00000.jsonl.tmp", lines)
+    assert [p.name for p in data.data_files_of("policy_test.jsonl", tmp_path)] == ["policy_test-00000.jsonl"]
+    assert len(data.load_split("P", "test", tmp_path)) == 3
+
+
+def test_iter_records_checks_the_task_asked_for(tmp_path):
+    """D16: iter_records(task='A') over a policy file raises at its first line, as load_jsonl does."""
+    path = tmp_path / "policy_val.jsonl"
+    _write_lines(path, (DATA_DIR / "policy_val.jsonl").read_text().splitlines()[:2])
+    assert len(list(data.iter_records([path], task="P"))) == 2
+    with pytest.raises(DataFormatError, match=r":1: expected a 'A' record"):
+        list(data.iter_records([path], task="A"))
+
+
+def test_original_layout_spells_env_fens_as_python_chess_does():
+    """D18: data/README: the original layout writes A: FENs as python-chess's board.fen() (the en-passant
+    square only when a legal capture exists). A shipped record whose FEN carries an uncapturable en-passant
+    square is rendered with python-chess's spelling in its prompt and in its completion."""
+    rec = next(r for r in shipped("A", "val") if r["fen"].split(" ")[3] != "-"
+               and chess.Board(r["fen"]).fen() != r["fen"])
+    prompt, completion = data.record_text(rec, "original")
+    assert prompt == f"A: {chess.Board(rec['fen']).fen()}+{rec['move']}+{' '.join(rec['history'])}+"
+    assert completion.split("+")[0] == chess.Board(rec["new_fen"]).fen()
+
+
+def test_the_summary_counts_a_leaked_starting_position(tmp_path):
+    """D19: shared_positions counts every position two splits share, the starting position too: the train
+    split holds it (python-chess's starting FEN); a copy of that record in val is 1 shared train/val position."""
+    import shutil
+
+    for split in ("train", "val", "test"):
+        shutil.copy(data.data_file("P", split), data.data_file("P", split, tmp_path))
+    start = next(r for r in shipped("P", "train") if r["fen"].split(" ")[:4] == chess.STARTING_FEN.split(" ")[:4])
+    with data.data_file("P", "val", tmp_path).open("a") as f:
+        f.write(json.dumps({**start, "id": "leaked-start", "split": "val"}) + "\n")
+    assert data.summarize(tmp_path)["shared_positions"] == {"train/val": 1, "train/test": 0, "val/test": 0}
+
+
+def test_position_tags_en_passant_only_for_a_legal_capture():
+    """D21: data/README's feature tag en_passant is a legal en-passant capture. After 1. e4 the FEN names
+    e3, but no black pawn stands on d4 or f4 to take there: no tag. With a black pawn on d4 (a position set
+    by hand: 1. e4 after ...d5-d4) d4xe3 is a legal capture: the tag."""
+    after_e4 = chess.Board("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1")
+    assert "en_passant" not in data.position_tags(after_e4)
+    capturable = chess.Board("rnbqkbnr/ppp1pppp/8/8/3pP3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 3")
+    assert "en_passant" in data.position_tags(capturable)

@@ -1,5 +1,6 @@
 import dataclasses
 import math
+import statistics
 
 import chess
 import pytest
@@ -492,3 +493,59 @@ def test_a_short_context_model_gets_its_whole_budget_or_a_refusal_never_a_cut_th
     fits = dict(max_new_tokens=129 - longest, layout="compact", prompt_prefix="")
     one = ev.complete(model, prompts, ev.EvalConfig(batch_size=1, **fits))
     assert one == ev.complete(model, prompts, ev.EvalConfig(batch_size=6, **fits))
+
+
+# Behaviours of chess/evaluate that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def _wilson(k, n, z=None):
+    """Wilson's score interval written out from the textbook formula (z: scipy's 97.5% normal quantile)."""
+    from scipy.stats import norm
+
+    z = norm.ppf(0.975) if z is None else z
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
+def test_pass_at_1_effective_draws_use_the_unbiased_variance_of_the_mean():
+    """Design effect by hand: shares 3/4, 1/4, 2/4, 0/4; p = 0.375; the variance of the mean is the sample
+    variance (n - 1 denominator, statistics.variance) over n = 0.3125 / 3 / 4; n_eff = p(1 - p) / that = 9,
+    inside [n, n x k] = [4, 16]; the interval is Wilson's at 3.375 of 9."""
+    per_record = [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]]
+    shares = [sum(s) / len(s) for s in per_record]
+    p = statistics.mean(shares)
+    n_eff = p * (1 - p) / (statistics.variance(shares) / len(shares))
+    assert math.isclose(n_eff, 9.0)
+    low, high = _wilson(p * n_eff, n_eff)
+    e = ev.pass_at_1(per_record)
+    assert e.value == p and e.n == 4
+    assert math.isclose(e.low, low, abs_tol=1e-6) and math.isclose(e.high, high, abs_tol=1e-6)
+
+
+def test_a_constant_share_other_than_0_or_1_has_the_point_t_interval():
+    """mean_interval(share=True) takes the Wilson interval only where every value is 0 (or every one 1); five
+    records all at 0.4 have no spread: the Student t interval is the point 0.4 (sd 0)."""
+    e = ev.mean_interval([0.4] * 5, share=True)
+    assert (e.value, e.low, e.high, e.n, e.kind) == (0.4, 0.4, 0.4, 5, "share")
+
+
+def test_pass_at_1_rows_refuse_to_pair_other_records(monkeypatch):
+    """paired_change matches records by what they are about, for pass@1 rows as for greedy ones (module
+    docstring: 'compares them record by record as it does greedy ones'): the same two A: records evaluated in
+    the other order are refused, not paired position 1 with position 2."""
+    steps = [tasks.environment_step(chess.STARTING_FEN, m) for m in ("e2e4", "d2d4")]
+    records = [{"task": "A", "fen": t.fen, "move": t.move, "history": list(t.history), "prompt": t.prompt,
+                "new_fen": t.new_fen, "reward": t.reward, "terminated": t.terminated, "truncated": t.truncated}
+               for t in steps]
+    right = {t.prompt: t.completion for t in steps}
+    monkeypatch.setattr(ev, "complete", lambda model, prompts, cfg, samples=0:
+                        [right[p] for p in prompts for _ in range(max(1, samples))])
+    cfg = ev.EvalConfig(samples=2, sample_temperature=1.0, layout="compact", prompt_prefix="", selfplay_games=0)
+    model = object()  # never decoded: complete is replaced
+    before = ev.evaluate_environment(model, records, cfg)
+    after = ev.evaluate_environment(model, records[::-1], cfg)
+    assert before["pass@1/env/valid"].value == 1.0 and before["pass@1/env/valid"].n == 2
+    with pytest.raises(ValueError, match="not of the same records"):
+        ev.paired_change(before, after, ["pass@1/env/valid"])
+    assert ev.paired_change(before, before, ["pass@1/env/valid"]).shape[0] == 1

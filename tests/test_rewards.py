@@ -1,5 +1,6 @@
 """Verifiable rewards: ranking on held-out positions, components, truth sources, cache, fuzzing."""
 
+import json
 import math
 import random
 
@@ -9,8 +10,9 @@ from helpers_chess import corrupt_one_char, mutate, needs_stockfish, policy_comp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rookworld_lib.chess import engine, rewards, tasks
+from rookworld_lib.chess import data, engine, rewards, tasks
 from rookworld_lib.chess.reward_examples import edit_chars
+from rookworld_lib.core.paths import DATA_DIR
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
@@ -578,3 +580,51 @@ def test_an_engine_that_answers_no_line_scores_a_legal_move_without_quality():
     assert pool.calls == [(None, None, None), (1, chess.engine.Limit(depth=8), ["e1f1"])], pool.calls  # position, move
     assert d.truth_source == "engine" and d.errors == ()
     assert (d.best_legal, d.best_quality, d.cp_loss, d.best_rank, d.estimated) == (1.0, 0.0, None, None, True)
+
+
+# Behaviours of chess/rewards that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def test_format_is_the_fraction_of_its_five_checks_hand_counted():
+    """R02, R03: the module docstring's five format checks (fields in order; 1-5 distinct UCI moves; as many
+    evals; B: among the moves; no other text), each worth 1/5. g1f3 is legal at the start (python-chess) but
+    not among the M: moves: 4/5. Text after the end-of-text token is 'other text': 4/5. Both in the graded
+    reward's `format` component and in the default reward's."""
+    truth = {"fen": chess.STARTING_FEN, "moves": ["e2e4", "d2d4"], "evals": ["0.3", "0.3"]}
+    prompt = "P: " + chess.STARTING_FEN
+    assert chess.Board().is_legal(chess.Move.from_uci("g1f3"))
+    cases = {" M: e2e4 d2d4 E: 0.3 0.3 B: e2e4": 1.0,
+             " M: e2e4 d2d4 E: 0.3 0.3 B: g1f3": 0.8,
+             " M: e2e4 d2d4 E: 0.3 0.3 B: e2e4<|endoftext|>junk": 0.8}
+    for completion, want in cases.items():
+        for w in (rewards.GradedWeights(), rewards.PolicyWeights()):
+            d = rewards.score_policy_detailed(prompt, completion, truth=truth, engine=None, weights=w, cache=False)
+            assert d.format == pytest.approx(want, abs=1e-12), (completion, type(w).__name__)
+
+
+def test_score_batch_refuses_truths_of_another_length():
+    """R26: score_batch's docstring/message: prompts, completions and truths have the same length."""
+    p = shipped("P", "val")[:2]
+    with pytest.raises(ValueError, match="same length"):
+        rewards.score_batch([p[0]["prompt"]], [p[0]["completion"]], [p[0], p[1]], engine=None)
+
+
+def test_weights_that_sum_to_slightly_more_than_one_are_refused():
+    """R28: 'weights must sum to 1 (so legal answers score in [0, 1])': 1.05 is not 1."""
+    with pytest.raises(ValueError, match="sum to 1"):
+        rewards.PolicyWeights(best_quality=0.55)
+    with pytest.raises(ValueError, match="sum to 1"):
+        rewards.GradedWeights(best_legal=0.25)
+    with pytest.raises(ValueError, match="sum to 1"):
+        rewards.EnvWeights(format=0.05)
+
+
+def test_register_truth_counts_only_the_truths_it_registers():
+    """R29: register_truth 'returns how many' truths it remembers: a mate-in-one record holds none."""
+    p = shipped("P", "val")[0]
+    m1 = json.loads((DATA_DIR / data.MATE_FILE).read_text().splitlines()[0])
+    assert m1["task"] == "M1"
+    rewards.clear_truth()
+    try:
+        assert rewards.register_truth([p, m1]) == 1
+    finally:
+        rewards.clear_truth()

@@ -1,5 +1,6 @@
 """Task formats: builders, parsers (never raise), eval text, layouts, the environment step."""
 
+import math
 import random
 
 import chess
@@ -503,3 +504,65 @@ def test_builders_name_the_bad_argument(call, match, boundary):
     with pytest.raises(ValueError, match=match):
         call()
     boundary()  # the nearest good value passes the same check
+
+
+# Behaviours of chess/tasks that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def test_an_infinite_reward_is_not_a_reward():
+    """'1e999' has the shape of a number but float() makes it inf: no reward of the format (0.001, 1.0, 0.5,
+    -1.0) or any finite number; the completion is not well-formed."""
+    board = chess.Board()
+    board.push_uci("e2e4")
+    assert math.isinf(float("1e999"))
+    p = tasks.parse_env_completion(f"{board.fen()}+1e999+0+0")
+    assert not p.ok and p.reward is None
+    assert tasks.parse_env_completion(f"{board.fen()}+0.001+0+0").ok
+
+
+def test_with_fewer_than_five_legal_moves_an_answer_lists_every_legal_move():
+    """A lone white king in the corner has three legal moves (python-chess): with no label, a valid answer lists
+    those three, not five."""
+    board = chess.Board("7k/8/8/8/8/8/8/K7 w - - 0 1")
+    legal = sorted(m.uci() for m in board.legal_moves)
+    assert len(legal) == 3
+    assert tasks.candidates_wanted(board) == 3
+    three = tasks.parse_policy_completion(f" M: {' '.join(legal)} E: 0.0 0.0 0.0 B: {legal[0]}")
+    assert tasks.valid_policy_answer(board, three)
+    two = tasks.parse_policy_completion(f" M: {' '.join(legal[:2])} E: 0.0 0.0 B: {legal[0]}")
+    assert two.ok and not tasks.valid_policy_answer(board, two)
+
+
+def test_eval_map_is_empty_when_the_counts_differ():
+    """PolicyParse.eval_map's docstring: empty when the M: and E: counts differ (no guessing which eval is whose)."""
+    p = tasks.parse_policy_completion(" M: e2e4 d2d4 E: 0.3 B: e2e4")
+    assert p.moves == ("e2e4", "d2d4") and len(p.evals) == 1 and p.eval_map == {}
+    assert tasks.PolicyParse(moves=("e2e4", "d2d4"), evals=(Eval(cp=30),)).eval_map == {}
+
+
+def test_a_fen_as_wide_as_the_original_field_keeps_every_character():
+    """The original prompt pads the FEN to fen_width with at least one space after it, and drops that last space
+    (it belongs to ' M:'): a FEN exactly fen_width long is written whole, and parses back."""
+    fen = chess.STARTING_FEN
+    prompt = tasks.policy_prompt(fen, "original", fen_width=len(fen))
+    assert prompt == "P: " + fen
+    assert tasks.parse_policy_prompt(prompt).fen == fen
+
+
+def test_an_unpadded_completion_is_not_the_original_layout():
+    """The original layout pads M: to 30 and E: to 40 characters (docs: 'P: <FEN padded to 90>M: <moves padded
+    to 30>E: <evals padded to 40>B:'); double spaces without those widths are neither layout."""
+    text = " M: e2e4  E: 0.3  B: e2e4"
+    p = tasks.parse_policy_completion(text)
+    assert p.layout == "unknown"
+    padded = " M: " + "e2e4".ljust(30) + "E: " + "0.3".ljust(40) + "B: e2e4"
+    assert tasks.parse_policy_completion(padded).layout == "original"
+
+
+def test_the_original_mate_spelling_has_the_range_of_the_compact_one():
+    """A mate is M1..M999 in the compact spelling (three digits); the original spells mate n as
+    (100000 - n) / 100 pawns: 990.01 is mate in 999 (100000 - 99001), 989.99 would be mate in 1001 and 900.01
+    mate in 9999, no mate either spelling holds."""
+    assert tasks.parse_eval("M999") == Eval(mate=999) and tasks.parse_eval("M1000") is None
+    assert tasks.parse_eval("990.01") == Eval(mate=999) and tasks.parse_eval("-990.01") == Eval(mate=-999)
+    for text in ("989.99", "-989.99", "900.01", "950.0"):
+        assert tasks.parse_eval(text) is None, text

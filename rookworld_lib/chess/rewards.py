@@ -38,7 +38,7 @@ Graded policy reward (:class:`GradedWeights` as the weights; issue 26): seven co
 each computed on its own in every answer whose prompt parses, malformed or not (no gate), from the
 fields read leniently (:func:`tasks.read_policy_fields`): ``best_legal`` (B: a legal move),
 ``best_quality`` (as above; 0 unless B: is legal), ``moves_legal`` (fraction of the M: entries that are
-legal), ``moves_distinct`` (distinct legal M: moves / min(5, legal moves), capped at 1: the greedy loop
+legal), ``moves_distinct`` (distinct legal M: moves / the candidates the data give, capped at 1: the greedy loop
 ``M: d2d4 d2d4 ...`` earns 1/5), ``evals_accuracy`` (as above, the (move, eval) pairs read by position)
 ``format`` (as above) and ``valid`` (1 when the answer is format-valid as the strict ``policy/valid``
 metric counts it; weight 0 by default). The total is their weighted sum in [0, 1]; garbage (no M:/E:/B: marker, or a
@@ -137,7 +137,7 @@ class GradedWeights(_Weights):
     best_legal: float = weight(0.2, "B: is a legal move")
     best_quality: float = weight(0.2, "quality of B: by centipawn loss against the engine's best (0 unless legal)")
     moves_legal: float = weight(0.1, "fraction of the M: entries that are legal moves")
-    moves_distinct: float = weight(0.25, "distinct legal M: moves / min(5, legal moves in the position), at most 1")
+    moves_distinct: float = weight(0.25, "distinct legal M: moves / the candidates the data give (tasks.candidates_wanted), at most 1")
     evals_accuracy: float = weight(0.1, "accuracy of the E: evals of the legal M: moves the engine also lists")
     format: float = weight(0.15, "structure of the completion (the five checks of the strict parser)")
     valid: float = weight(0.0, "the answer is format-valid as the strict policy/valid metric counts it "
