@@ -73,6 +73,21 @@ def test_bf16_autocast_close_to_fp32():
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
 
 
+def test_under_autocast_the_fused_head_multiplies_in_the_autocast_dtype():
+    """Under autocast the fused head's matmul runs in bf16 as the unfused head's `hidden @ weight.T` does
+    there, so its loss is that of the bf16 logits (to float32 summation order), not of float32 ones."""
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(64, 32, generator=g), torch.randn(500, 32, generator=g)
+    t = torch.randint(0, 500, (64,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(h, w, t, chunk_rows=16).item()
+        logits = h @ w.t()
+    assert logits.dtype == torch.bfloat16
+    want, fp32 = F.cross_entropy(logits.float(), t).item(), F.cross_entropy(h @ w.t(), t).item()
+    assert abs(want - fp32) > 1e-4  # the two precisions are told apart at this size
+    assert abs(fused - want) < 3e-5, (fused, want, fp32)
+
+
 def test_bf16_inputs_without_autocast():
     g = torch.Generator().manual_seed(1)
     h = torch.randn(6, 8, generator=g).bfloat16().requires_grad_()
