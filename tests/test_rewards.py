@@ -570,6 +570,21 @@ def test_an_unlisted_move_of_a_truth_with_an_unknown_limit_is_searched_at_the_en
         assert d.estimated is False and d.best_rank is None and d.cp_loss == 80.0
 
 
+def test_trl_columns_carry_the_records_limit_to_the_unlisted_move_search():
+    """R23: TRL's `limit` column is part of the truth. A record labelled 'unknown' (converted original data)
+    has an unlisted B: searched at the engine's own limit (limit=None), a 'depth=3' one at depth 3; the
+    module docstring and test_rewards say so for truth= given directly."""
+    moves, evals = ["e2e4", "d2d4", "g1f3", "c2c4", "b1c3"], ["0.3", "0.2", "0.1", "0.0", "-0.1"]
+    prompt = "P: " + chess.STARTING_FEN
+    completion = f" M: {' '.join(moves)} E: {' '.join(evals)} B: a2a3"
+    for label, want in (("unknown", None), ("depth=3", chess.engine.Limit(depth=3))):
+        pool = _SpyPool([tasks.Eval(cp=-50)])
+        f = rewards.trl_reward_function("P", engine=pool)
+        rewards.clear_cache()
+        f([prompt], [completion], fen=[chess.STARTING_FEN], moves=[moves], evals=[evals], limit=[label])
+        assert pool.calls == [(1, want, ["a2a3"])], (label, pool.calls)
+
+
 def test_an_engine_that_answers_no_line_scores_a_legal_move_without_quality():
     """Where the engine's search returns no principal variation (no candidates, no evals: a search cut off
     before its first line), a legal B: move is scored with no quality and no centipawn loss, marked

@@ -7,12 +7,10 @@ import json
 import logging
 import math
 
-import chess
-import chess.engine
 import pytest
 from helpers_chess import shipped
 
-from rookworld_lib.chess import engine, rewards, tasks
+from rookworld_lib.chess import rewards
 from rookworld_lib.core.paths import DATA_DIR
 
 COLUMNS = ("task", "fen", "moves", "evals", "limit", "new_fen", "reward", "terminated", "truncated")
@@ -181,33 +179,6 @@ def test_trl_grpo_trainer_trains_two_steps_on_our_rewards(tmp_path):
 
 
 # Behaviours of the TRL reward functions that no test pinned (mutation round 6, stop 68: each red with its mutant)
-
-class _SpyPool:
-    """An EnginePool stand-in answering every search with `evals` and recording (multipv, limit, root moves)."""
-
-    def __init__(self, evals):
-        self.evals, self.calls = tuple(evals), []
-
-    def analyse(self, board, multipv=None, limit=None, root_moves=None):
-        self.calls.append((multipv, limit, root_moves))
-        moves = tuple(root_moves or ())[:len(self.evals)]
-        return engine.Analysis(board.fen(en_passant="fen"), moves, self.evals[:len(moves)], "depth=8")
-
-
-def test_trl_columns_carry_the_records_limit_to_the_unlisted_move_search():
-    """R23: TRL's `limit` column is part of the truth. A record labelled 'unknown' (converted original data)
-    has an unlisted B: searched at the engine's own limit (limit=None), a 'depth=3' one at depth 3; the
-    module docstring and test_rewards say so for truth= given directly."""
-    moves, evals = ["e2e4", "d2d4", "g1f3", "c2c4", "b1c3"], ["0.3", "0.2", "0.1", "0.0", "-0.1"]
-    prompt = "P: " + chess.STARTING_FEN
-    completion = f" M: {' '.join(moves)} E: {' '.join(evals)} B: a2a3"
-    for label, want in (("unknown", None), ("depth=3", chess.engine.Limit(depth=3))):
-        pool = _SpyPool([tasks.Eval(cp=-50)])
-        f = rewards.trl_reward_function("P", engine=pool)
-        rewards.clear_cache()
-        f([prompt], [completion], fen=[chess.STARTING_FEN], moves=[moves], evals=[evals], limit=[label])
-        assert pool.calls == [(1, want, ["a2a3"])], (label, pool.calls)
-
 
 def test_trl_a_row_whose_truth_cells_are_none_has_no_truth():
     """R24: the TRL functions' contract (module comment): a row without truth, 'its columns absent or None
