@@ -288,13 +288,16 @@ def test_the_terminal_shows_a_line_per_notebook_and_the_progress_lines_nothing_e
                    "import os\nos.write(2, b'USDT:2026-11-25 10:13:27 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\\n')",
                    "from rookworld_lib.core import progress\nprogress.report('stage: SFT')\n"
                    "with progress.tqdm(total=steps, desc='SFT') as bar:\n    for _ in range(steps):\n        bar.update(1)")
+    write_notebook(nbs / "01_next.ipynb", "steps = 1", "from rookworld_lib.core import progress\nprogress.report('stage: GRPO')")
     run_dir = pipeline.run_pipeline("cpu", tmp_path / "runs", notebooks_dir=nbs)
     out, err = capfd.readouterr()
     lines = out.splitlines()
-    assert lines[0] == f"rookworld run (cpu): 1 notebook(s) into {run_dir}"
+    assert lines[0] == f"rookworld run (cpu): 2 notebook(s) into {run_dir}"
     assert lines[1] == "  00_loop | stage: SFT"
     assert lines[2].startswith("  00_loop | SFT: 100%") and "8/8" in lines[2]  # a quick loop: its closing line only
-    assert lines[3].split()[:2] == ["00_loop.ipynb", "ok"] and lines[3].endswith(" s") and len(lines) == 4
+    assert lines[3].split()[:2] == ["00_loop.ipynb", "ok"] and lines[3].endswith(" s")
+    # the next notebook's own progress lines only (the progress file holds the earlier notebook's too)
+    assert lines[4] == "  01_next | stage: GRPO" and lines[5].split()[:2] == ["01_next.ipynb", "ok"] and len(lines) == 6
     assert err == ""  # no kernel log lines (the TCP warning), no profiler lines: they are in the kernel log
     assert "profiler_start" in (run_dir / "logs" / "00_loop.kernel.log").read_text()
     # the executed notebook keeps one line for the loop, not one output per refresh, and no widget
