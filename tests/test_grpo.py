@@ -953,3 +953,25 @@ def test_bad_arguments_name_the_argument_and_the_value(call, match, boundary):
         call()
     if boundary is not None:  # the nearest good value passes the same check
         boundary()
+
+
+def test_a_group_tied_at_a_value_whose_float_mean_is_inexact_counts_as_tied():
+    """Rewards of 0.1 (float64): three of them sum to 0.30000000000000004, so their float mean is an ulp off
+    0.1 and their float std is ulps, not 0. The group is still tied: frac_reward_zero_std counts it (TRL:
+    std isclose to 0; Python's exact statistics.stdev says 0), and under normalize_then_sum (GDPO) a
+    component tied in its group adds exactly nothing (ulps divided by eps alone would be 1e-13): the
+    advantages equal those of the other component alone."""
+    import statistics
+
+    tied = [0.1] * 3
+    assert sum(tied) / 3 != 0.1 and statistics.stdev(tied) == 0.0
+    _, stats = group_advantages(torch.tensor(tied + [0.2, 0.5, 0.9], dtype=torch.float64), 3)
+    assert stats.frac_reward_zero_std == 0.5
+    other = torch.tensor([0.3, 0.9, 0.2, 0.5, 0.1, 0.8], dtype=torch.float64)
+    # tied in each group, at 0.1 in the first and 0.7 in the second: their ulp residues differ, so the batch
+    # normalisation would not cancel them as one constant
+    both = torch.stack([other, torch.tensor([0.1] * 3 + [0.7] * 3, dtype=torch.float64)], dim=1)
+    kw = dict(multi_objective_aggregation="normalize_then_sum")
+    alone, _ = group_advantages(other[:, None], 3, reward_weights=[1.0], **kw)
+    with_tied, _ = group_advantages(both, 3, reward_weights=[1.0, 1.0], **kw)
+    assert torch.equal(with_tied, alone)
