@@ -406,6 +406,8 @@ def test_dapo_without_global_count_is_local_and_bad_count_is_rejected():
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="num_items_in_batch"):
         grpo_loss(lp, old, adv, mask, config=cfg, num_items_in_batch=1)
+    with pytest.raises(ValueError, match="num_items_in_batch"):  # one token short of this call's own is too few
+        grpo_loss(lp, old, adv, mask, config=cfg, num_items_in_batch=int(mask.sum()) - 1)
 
 
 def test_on_policy_ratio_one_loss_minus_mean_advantage_nonzero_gradient():
