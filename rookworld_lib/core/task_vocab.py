@@ -49,12 +49,12 @@ class TaskVocab:
 
     def compact(self, tokens: torch.Tensor) -> torch.Tensor:
         """GPT-2 ids -> compact ids; a negative id (an ignored target) stays -1."""
-        out = self.index[tokens.clamp(0, VOCAB_SIZE - 1)].masked_fill((tokens < 0) | (tokens >= VOCAB_SIZE), -1)
+        if bool((past := tokens >= VOCAB_SIZE).any()):  # the lookup table would raise a bare IndexError
+            raise ValueError(f"token ids {sorted(set(tokens[past].tolist()))[:10]} are not GPT-2 token ids "
+                             f"(0..{VOCAB_SIZE - 1}): a padded vocabulary's extra rows are no text")
+        out = self.index[tokens.clamp(min=0)].masked_fill(tokens < 0, -1)
         if bool(((out < 0) & (tokens >= 0)).any()):
             missing = sorted(set(tokens[(out < 0) & (tokens >= 0)].tolist()))[:10]
-            if missing[-1] >= VOCAB_SIZE:
-                raise ValueError(f"token ids {[t for t in missing if t >= VOCAB_SIZE]} are not GPT-2 token ids "
-                                 f"(0..{VOCAB_SIZE - 1}): a padded vocabulary's extra rows are no text")
             raise ValueError(f"token ids {missing} are not in the task vocabulary ({len(self)} tokens, built from "
                              "the training and val text): build it from every text the model reads")
         return out
