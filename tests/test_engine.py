@@ -164,6 +164,8 @@ def test_root_moves_evaluates_a_single_move(pool):
     assert a.moves == ("g1h3",)
     with pytest.raises(ValueError, match="not all legal"):
         pool.analyse(chess.STARTING_FEN, root_moves=["e2e5"])
+    with pytest.raises(ValueError, match="not all legal"):  # one illegal move among legal ones (python-chess: e2e5)
+        pool.analyse(chess.STARTING_FEN, root_moves=["e2e4", "e2e5"])
 
 
 # ------------------------------------------------------------------------------------------
@@ -385,3 +387,35 @@ def test_an_engine_killed_while_a_session_held_it_is_not_handed_out_again():
             pool.interrupt()
         a = pool.analyse(chess.STARTING_FEN, multipv=1)
         assert len(a.moves) == 1 and pool.restarts == 0
+
+
+# Behaviours of chess/engine that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+@needs_stockfish
+def test_a_multipv_search_gets_the_watchdog_its_multipv_budget_calls_for(monkeypatch):
+    # search_timeout's docstring: floor + 5 x (multipv * 20 * 2**depth nodes at 100k nodes/s).
+    # depth 8, multipv 5: 10 + 5 * (5 * 20 * 256 / 100_000) = 11.28 s (multipv 1 would be 10.256 s)
+    intervals = []
+
+    class RecordingTimer(threading.Timer):
+        def __init__(self, interval, function, *args, **kwargs):
+            intervals.append(interval)
+            super().__init__(interval, function, *args, **kwargs)
+
+    with EnginePool(EngineSettings(depth=8), size=1, cache=False) as pool:
+        pool.analyse(chess.STARTING_FEN, multipv=1)  # starts the engine (no Timer from engine start)
+        monkeypatch.setattr(threading, "Timer", RecordingTimer)
+        pool.analyse(chess.STARTING_FEN, multipv=5)
+    assert intervals == [pytest.approx(10 + 5 * (5 * 20 * 2 ** 8 / 100_000))]
+
+
+def test_analysis_depth_is_the_deepest_line():
+    # Analysis.depth: "depth Stockfish reached (deepest line)"; hand-built python-chess infos
+    board = chess.Board()
+    infos = [
+        {"pv": [chess.Move.from_uci("e2e4")], "score": chess.engine.PovScore(chess.engine.Cp(30), chess.WHITE), "depth": 9},
+        {"pv": [chess.Move.from_uci("d2d4")], "score": chess.engine.PovScore(chess.engine.Cp(20), chess.WHITE), "depth": 12},
+        {"pv": [chess.Move.from_uci("g1f3")], "score": chess.engine.PovScore(chess.engine.Cp(10), chess.WHITE), "depth": 7},
+    ]
+    a = engine._to_analysis(board.fen(), board.turn, infos, "depth=12")
+    assert a.depth == 12 and a.moves == ("e2e4", "d2d4", "g1f3")

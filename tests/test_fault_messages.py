@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 from forked_child import ForkedChild, cli_main
+
+from rookworld_lib.chess import engine
 
 pytestmark = pytest.mark.fault
 ROOT = Path(__file__).resolve().parent.parent
@@ -578,3 +581,93 @@ def test_an_interrupted_training_command_says_it_resumes_and_others_do_not(monke
     assert errors.report_interrupted("sft") == errors.report_interrupted("datagen") == 128 + 2  # the shell's SIGINT status
     sft_line, datagen_line = capsys.readouterr().err.splitlines()
     assert "resumes from the latest checkpoint" in sft_line and "resumes" not in datagen_line
+
+
+# Behaviours of lab/cli that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def _fake_command(monkeypatch, cli, run):
+    monkeypatch.setitem(cli.SUBCOMMANDS, "fake", ("fake_module", "a test command"))
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: types.SimpleNamespace(cli=run))
+
+
+def _raiser(exc):
+    def run(argv):
+        raise exc
+    return run
+
+
+def test_ctrl_c_keeps_its_traceback_under_rookworld_traceback(monkeypatch):
+    # module doc / README: ROOKWORLD_TRACEBACK=1 shows every traceback
+    from rookworld_lib.lab import cli
+
+    _fake_command(monkeypatch, cli, _raiser(KeyboardInterrupt()))
+    monkeypatch.setenv(cli.TRACEBACK_ENV, "1")
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["fake"])
+
+
+def test_an_os_error_without_errno_is_a_bug_and_keeps_its_traceback(monkeypatch, capsys):
+    # an OSError with no errno names no file problem a user could fix; as a one-line message it would read
+    # "error: Success" (os.strerror(0)): it must keep its traceback like any other bug
+    from rookworld_lib.lab import cli
+
+    assert cli.user_error_message(OSError("something low-level")) is None
+    _fake_command(monkeypatch, cli, _raiser(OSError("something low-level")))
+    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    with pytest.raises(OSError):
+        cli.main(["fake"])
+    assert "Success" not in capsys.readouterr().err
+
+
+def test_disk_full_says_what_to_do():
+    # README's fault table: "No space left on device: <out>/grpo_metrics.jsonl; free some space (or choose
+    # another --out) and run the same command again"
+    from rookworld_lib.lab import cli
+
+    msg = cli.user_error_message(OSError(errno.ENOSPC, "No space left on device", "/r/grpo_metrics.jsonl"), "grpo")
+    assert msg == ("No space left on device: /r/grpo_metrics.jsonl; free some space (or choose another --out) "
+                   "and run the same command again")
+
+
+def test_resume_options_never_offer_a_value_for_an_on_off_flag():
+    # a bool option is --x/--no-x (config.py: "bool -> --x/--no-x"): `--x True` is no command line
+    from rookworld_lib.lab import cli
+
+    diff = {"GRPOTrainConfig.lr": (0.003, 0.001), "GRPOTrainConfig.use_kl": (True, False)}
+    assert cli.resume_options(diff, "  --lr LR\n  --use-kl, --no-use-kl\n") == "; as before: --lr 0.003"
+
+
+def test_memory_error_reads_as_out_of_memory():
+    # Python's MemoryError is a failed allocation: the one-line out-of-memory advice, not a traceback
+    from rookworld_lib.lab import cli
+
+    msg = cli.user_error_message(MemoryError(), "sft")
+    assert msg is not None and msg.startswith("out of memory") and "lower --batch-size" in msg
+
+
+def test_a_file_where_a_directory_is_wanted_is_named(tmp_path):
+    # a real ENOTDIR from the OS: opening a path below a regular file
+    from rookworld_lib.lab import cli
+
+    (tmp_path / "out").write_text("x")
+    with pytest.raises(NotADirectoryError) as info:
+        open(tmp_path / "out" / "metrics.jsonl", "w")
+    assert info.value.errno == errno.ENOTDIR
+    assert cli.user_error_message(info.value) == f"{tmp_path / 'out'} is a file, not a directory"
+
+
+@pytest.mark.parametrize("make_error", [
+    pytest.param(lambda tmp: engine.find_stockfish(str(tmp / "no-such-stockfish")), id="stockfish-missing"),
+    pytest.param(lambda tmp: (_ for _ in ()).throw(engine.EngineFailedError(
+        "Stockfish failed on every attempt during analyse: TimeoutError: no answer within 11.3 s")), id="engine-failed"),
+])
+def test_a_missing_or_failing_stockfish_ends_the_command_in_one_line(monkeypatch, capsys, tmp_path, make_error):
+    # README fault table: Stockfish missing -> "`rookworld datagen` prints it in one line"; a broken
+    # Stockfish -> EngineFailedError, "`rookworld datagen` prints one line and exits 1"
+    from rookworld_lib.lab import cli
+
+    monkeypatch.delenv(cli.TRACEBACK_ENV, raising=False)
+    _fake_command(monkeypatch, cli, lambda argv: make_error(tmp_path))
+    assert cli.main(["fake"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rookworld fake: error: Stockfish"), err

@@ -482,9 +482,11 @@ def test_a_broken_engine_raises_engine_failed_in_the_reward_never_a_score(tmp_pa
     pool = engine.get_pool()  # what engine="auto" uses: the default settings, 3 retries
     try:
         t0 = time.monotonic()
-        with pytest.raises(engine.EngineFailedError, match="Stockfish failed"):
+        with pytest.raises(engine.EngineFailedError, match="Stockfish failed") as failed:
             rewards.score_policy(rec["prompt"], answer, truth=rec)
         assert time.monotonic() - t0 < 30
+        if kind == "never answers go":  # killed by the search's watchdog, and said so: not "the engine died"
+            assert "TimeoutError: no answer within" in str(failed.value), failed.value
         if kind == "never answers go":
             assert pool.restarts >= 1  # retried on fresh engines first
             with pytest.raises(engine.EngineFailedError):  # the batch path too (engines in parallel)
