@@ -599,3 +599,36 @@ def test_a_grpo_checkpoint_over_an_opted_in_task_vocabulary_exports_with_its_bas
                "exporting it needs that model's other embedding rows, and it is not there")
     with pytest.raises(ck.CheckpointLoadError, match=re.escape(message)):
         ck.model_from_checkpoint(ckpt_dir)
+
+
+# Behaviours of core/checkpoint that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def test_restore_is_strict_about_the_models_keys():
+    """restore_training_state's docstring: "(strictly)". A 2-layer checkpoint restored into a 1-layer model
+    must fail (torch's strict load_state_dict: unexpected keys), not load layer 0 and drop layer 1."""
+    state = ck.training_state(step=1, model=GPT(GPTConfig.preset("tiny", n_layer=2, n_embd=16, n_head=2, block_size=16)))
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        ck.restore_training_state(state, model=small_model())
+
+
+def test_training_state_of_a_compiled_model_has_the_original_modules_keys():
+    """training_state's docstring: a torch.compile'd model's original module is saved: its keys are the
+    plain module's state_dict keys, none prefixed "_orig_mod."."""
+    model = small_model()
+    state = ck.training_state(step=1, model=torch.compile(model))
+    assert list(state["model"]) == list(model.state_dict())
+
+
+def test_a_checkpoint_grown_since_it_was_saved_is_refused_by_the_pointers_byte_count(tmp_path):
+    """load_checkpoint(dir) compares the file's size with the `bytes` the pointer recorded. With no digest
+    recorded (an older checkpoint: no .sha256, no sha256 in `latest`) the size is the only check: a file
+    with bytes appended (overwritten by another writer) must be refused, naming both sizes."""
+    path = ck.save_checkpoint(tmp_path, ck.training_state(step=1, model=small_model()))
+    saved = path.stat().st_size
+    ck._digest_path(path).unlink()
+    pointer = json.loads((tmp_path / "latest").read_text())
+    (tmp_path / "latest").write_text(json.dumps({k: v for k, v in pointer.items() if k != "sha256"}))
+    with open(path, "ab") as f:
+        f.write(b"\0" * 64)
+    with pytest.raises(ck.CheckpointLoadError, match=rf"{saved + 64} bytes on disk, {saved} when it was saved"):
+        ck.load_checkpoint(tmp_path)

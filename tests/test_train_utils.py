@@ -54,11 +54,12 @@ def test_schedule_rejects_bad_settings(kw, word):
 
 def test_build_adamw_decays_only_matrices_and_picks_an_implementation():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    opt = tu.build_adamw(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu")
+    opt = tu.build_adamw(model, lr=1e-3, weight_decay=0.1, betas=(0.8, 0.99), eps=1e-6, device_type="cpu")
     decay, no_decay = opt.param_groups
     assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])
     assert no_decay["weight_decay"] == 0.0 and all(p.dim() == 1 for p in no_decay["params"])
-    assert opt.defaults["betas"] == (0.9, 0.95)
+    # the betas and eps given, not the defaults (0.9, 0.95) and 1e-8, in every group
+    assert all(tuple(g["betas"]) == (0.8, 0.99) and g["eps"] == 1e-6 for g in opt.param_groups)
     assert bool(opt.defaults.get("fused")) == tu._fused_supported("cpu")
     opt = tu.build_adamw(model, lr=1e-3, weight_decay=0.1, device_type="cpu", fused=False)
     assert opt.defaults["foreach"] and not opt.defaults.get("fused")
@@ -320,3 +321,73 @@ def test_backend_flags_are_restored_after_the_run():
     assert torch.are_deterministic_algorithms_enabled() == before
 
 
+# Behaviours of core/train_utils that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
+
+def test_seed_everything_reseeds_numpy_as_numpy_seed_does():
+    """seed_everything's docstring: "Seed Python, NumPy and torch". NumPy's legacy global stream after it
+    must be exactly the one np.random.seed(seed) gives, however much was drawn before."""
+    np.random.seed(0)
+    reference = np.random.rand(3).tolist()  # NumPy's own stream for seed 0
+    for seed in (0, 2**32):  # seed % 2**32: 2**32 seeds NumPy as 0 does
+        np.random.rand(17)  # draws before the call must not matter
+        tu.seed_everything(seed)
+        assert np.random.rand(3).tolist() == reference
+
+
+def _write(path, steps):
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in steps))
+
+
+def test_resume_reports_the_lost_record_of_the_checkpoint_step_itself(tmp_path, caplog):
+    """every_step=True: records missing before (and at) the resume step are reported as lost. A file
+    with steps 1..7 resumed from the checkpoint at step 8 has lost exactly the record of step 8."""
+    path = tmp_path / "metrics.jsonl"
+    _write(path, range(1, 8))
+    with caplog.at_level("WARNING", logger=tu.log.name), tu.MetricsLogger(path, resume_step=8, every_step=True):
+        pass
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{path}: the record of step 8 is missing: lost, though the checkpoint at step 8 covers it"], said
+    assert [r["step"] for r in tu.read_metrics(path)] == list(range(1, 8))
+
+
+def test_resume_of_a_one_record_per_step_file_drops_a_repeated_step(tmp_path, caplog):
+    """every_step=True is one record per step, so a step written twice in a row (1 2 2 3) is a repeat:
+    the second copy is dropped with file:line, as out-of-order steps are; the file ends up 1 2 3."""
+    path = tmp_path / "metrics.jsonl"
+    _write(path, (1, 2, 2, 3))
+    with caplog.at_level("WARNING", logger=tu.log.name), tu.MetricsLogger(path, resume_step=3, every_step=True):
+        pass
+    assert [r["step"] for r in tu.read_metrics(path)] == [1, 2, 3]
+    assert any(r.getMessage().startswith(f"{path}:3: dropped: step 2 after the record of step 2") for r in caplog.records)
+
+
+def test_a_torn_record_of_the_checkpoint_step_is_said_lost_once_and_not_again_as_missing(tmp_path, caplog):
+    """every_step=True, records 1..3 whole and the record of step 4 torn by a kill, resumed from the
+    checkpoint at step 4: the torn line is the one report (its record lost); step 4 is not also listed missing."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "lo')
+    with caplog.at_level("WARNING", logger=tu.log.name), tu.MetricsLogger(path, resume_step=4, every_step=True):
+        pass
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{path}:4: a torn line (cut off by a kill or a power cut) dropped; the record of step 4 is lost "
+                    "(the checkpoint at step 4 covers it; the run resumes after it)"], said
+
+
+def test_backend_flags_warn_only_inside_and_restore_every_cudnn_flag_after():
+    """backend_flags' docstring: deterministic mode "only warns about an op without a deterministic kernel",
+    turns cuDNN benchmark off, and every previous setting comes back after the run."""
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+             torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = True, False
+        torch.use_deterministic_algorithms(False)
+        rt = tu.Runtime(torch.device("cpu"), None, tf32=False, deterministic=True)
+        with rt.backend_flags():
+            assert torch.are_deterministic_algorithms_enabled()
+            assert torch.is_deterministic_algorithms_warn_only_enabled()  # a long run goes on past such an op
+            assert torch.backends.cudnn.benchmark is False and torch.backends.cudnn.deterministic is True
+        assert torch.backends.cudnn.benchmark is True and torch.backends.cudnn.deterministic is False
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[0], saved[1]
+        torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])
