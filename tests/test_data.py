@@ -765,14 +765,14 @@ def _rec(task):
 
 
 def test_a_negative_game_index_is_refused():
-    """D01: data/README: `game` is the source game's index (and ply half-moves played): neither is negative."""
+    """data/README: `game` is the source game's index (and ply half-moves played): neither is negative."""
     for task in ("P", "A", "M1"):
         rec = _rec(task)
         assert data.validate_record({**rec, "game": -1}) is not None, task
 
 
 def test_a_mate_in_one_record_of_the_train_split_is_refused():
-    """D02: data/README and SCHEMA: mate_in_one split is val / test (held-out games only)."""
+    """data/README and SCHEMA: mate_in_one split is val / test (held-out games only)."""
     rec = _rec("M1")
     assert data.validate_record(rec) is None
     err = data.validate_record({**rec, "split": "train"})
@@ -780,7 +780,7 @@ def test_a_mate_in_one_record_of_the_train_split_is_refused():
 
 
 def test_an_env_history_is_refused_by_its_own_rule_not_by_the_crash_net():
-    """D04, D05: data/README: history is the last <= 10 moves, current move last. A record whose history ends
+    """data/README: history is the last <= 10 moves, current move last. A record whose history ends
     with another move, or holds 11 moves (prompts written by hand from 'A: <FEN>+<move>+<history>+'), is
     refused naming the field's rule, not by validate_record's crash net ('invalid record (ValueError: ...)',
     which env_prompt's own check reaches when the rule is skipped)."""
@@ -798,7 +798,7 @@ def _write_lines(path, lines):
 
 
 def test_a_lost_first_shard_is_named(tmp_path):
-    """D12: shards are numbered from 00000 without gaps (missing_shards' docstring): shards 1 and 2 without
+    """Shards are numbered from 00000 without gaps (missing_shards' docstring): shards 1 and 2 without
     0 lose shard 0's records, and load_split refuses, naming policy_test-00000.jsonl."""
     lines = (DATA_DIR / "policy_test.jsonl").read_text().splitlines()[:4]
     _write_lines(tmp_path / "policy_test-00001.jsonl", lines[:2])
@@ -808,7 +808,7 @@ def test_a_lost_first_shard_is_named(tmp_path):
 
 
 def test_a_file_that_only_starts_like_a_shard_is_not_read(tmp_path):
-    """D13: a shard is `<stem>-NNNNN.jsonl[.gz]` (data_files_of's docstring): a leftover
+    """A shard is `<stem>-NNNNN.jsonl[.gz]` (data_files_of's docstring): a leftover
     `policy_test-00000.jsonl.tmp` beside the shard is not read (its records would be read twice)."""
     lines = (DATA_DIR / "policy_test.jsonl").read_text().splitlines()[:3]
     _write_lines(tmp_path / "policy_test-00000.jsonl", lines)
@@ -818,7 +818,7 @@ def test_a_file_that_only_starts_like_a_shard_is_not_read(tmp_path):
 
 
 def test_iter_records_checks_the_task_asked_for(tmp_path):
-    """D16: iter_records(task='A') over a policy file raises at its first line, as load_jsonl does."""
+    """iter_records(task='A') over a policy file raises at its first line, as load_jsonl does."""
     path = tmp_path / "policy_val.jsonl"
     _write_lines(path, (DATA_DIR / "policy_val.jsonl").read_text().splitlines()[:2])
     assert len(list(data.iter_records([path], task="P"))) == 2
@@ -827,7 +827,7 @@ def test_iter_records_checks_the_task_asked_for(tmp_path):
 
 
 def test_original_layout_spells_env_fens_as_python_chess_does():
-    """D18: data/README: the original layout writes A: FENs as python-chess's board.fen() (the en-passant
+    """data/README: the original layout writes A: FENs as python-chess's board.fen() (the en-passant
     square only when a legal capture exists). A shipped record whose FEN carries an uncapturable en-passant
     square is rendered with python-chess's spelling in its prompt and in its completion."""
     rec = next(r for r in shipped("A", "val") if r["fen"].split(" ")[3] != "-"
@@ -838,7 +838,7 @@ def test_original_layout_spells_env_fens_as_python_chess_does():
 
 
 def test_the_summary_counts_a_leaked_starting_position(tmp_path):
-    """D19: shared_positions counts every position two splits share, the starting position too: the train
+    """shared_positions counts every position two splits share, the starting position too: the train
     split holds it (python-chess's starting FEN); a copy of that record in val is 1 shared train/val position."""
     import shutil
 
@@ -851,7 +851,7 @@ def test_the_summary_counts_a_leaked_starting_position(tmp_path):
 
 
 def test_position_tags_en_passant_only_for_a_legal_capture():
-    """D21: data/README's feature tag en_passant is a legal en-passant capture. After 1. e4 the FEN names
+    """data/README's feature tag en_passant is a legal en-passant capture. After 1. e4 the FEN names
     e3, but no black pawn stands on d4 or f4 to take there: no tag. With a black pawn on d4 (a position set
     by hand: 1. e4 after ...d5-d4) d4xe3 is a legal capture: the tag."""
     after_e4 = chess.Board("rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1")

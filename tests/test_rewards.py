@@ -571,7 +571,7 @@ def test_an_unlisted_move_of_a_truth_with_an_unknown_limit_is_searched_at_the_en
 
 
 def test_trl_columns_carry_the_records_limit_to_the_unlisted_move_search():
-    """R23: TRL's `limit` column is part of the truth. A record labelled 'unknown' (converted original data)
+    """TRL's `limit` column is part of the truth. A record labelled 'unknown' (converted original data)
     has an unlisted B: searched at the engine's own limit (limit=None), a 'depth=3' one at depth 3; the
     module docstring and test_rewards say so for truth= given directly."""
     moves, evals = ["e2e4", "d2d4", "g1f3", "c2c4", "b1c3"], ["0.3", "0.2", "0.1", "0.0", "-0.1"]
@@ -600,7 +600,7 @@ def test_an_engine_that_answers_no_line_scores_a_legal_move_without_quality():
 # Behaviours of chess/rewards that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
 
 def test_format_is_the_fraction_of_its_five_checks_hand_counted():
-    """R02, R03: the module docstring's five format checks (fields in order; 1-5 distinct UCI moves; as many
+    """The module docstring's five format checks (fields in order; 1-5 distinct UCI moves; as many
     evals; B: among the moves; no other text), each worth 1/5. g1f3 is legal at the start (python-chess) but
     not among the M: moves: 4/5. Text after the end-of-text token is 'other text': 4/5. Both in the graded
     reward's `format` component and in the default reward's."""
@@ -617,14 +617,14 @@ def test_format_is_the_fraction_of_its_five_checks_hand_counted():
 
 
 def test_score_batch_refuses_truths_of_another_length():
-    """R26: score_batch's docstring/message: prompts, completions and truths have the same length."""
+    """score_batch's docstring/message: prompts, completions and truths have the same length."""
     p = shipped("P", "val")[:2]
     with pytest.raises(ValueError, match="same length"):
         rewards.score_batch([p[0]["prompt"]], [p[0]["completion"]], [p[0], p[1]], engine=None)
 
 
 def test_weights_that_sum_to_slightly_more_than_one_are_refused():
-    """R28: 'weights must sum to 1 (so legal answers score in [0, 1])': 1.05 is not 1."""
+    """'weights must sum to 1 (so legal answers score in [0, 1])': 1.05 is not 1."""
     with pytest.raises(ValueError, match="sum to 1"):
         rewards.PolicyWeights(best_quality=0.55)
     with pytest.raises(ValueError, match="sum to 1"):
@@ -634,7 +634,7 @@ def test_weights_that_sum_to_slightly_more_than_one_are_refused():
 
 
 def test_register_truth_counts_only_the_truths_it_registers():
-    """R29: register_truth 'returns how many' truths it remembers: a mate-in-one record holds none."""
+    """register_truth 'returns how many' truths it remembers: a mate-in-one record holds none."""
     p = shipped("P", "val")[0]
     m1 = json.loads((DATA_DIR / data.MATE_FILE).read_text().splitlines()[0])
     assert m1["task"] == "M1"

@@ -181,7 +181,7 @@ def test_trl_grpo_trainer_trains_two_steps_on_our_rewards(tmp_path):
 # Behaviours of the TRL reward functions that no test pinned (mutation round 6, stop 68: each red with its mutant)
 
 def test_trl_a_row_whose_truth_cells_are_none_has_no_truth():
-    """R24: the TRL functions' contract (module comment): a row without truth, 'its columns absent or None
+    """The TRL functions' contract (module comment): a row without truth, 'its columns absent or None
     there', is not a truth. An A: row with None in every truth column is replayed from the prompt (the exact
     answer scores 1.0); with no engine, a P: row of None cells is scored None (TRL's unscorable), not a TruthError."""
     a = next(r for r in shipped("A", "val") if r["kind"] == "legal")
