@@ -329,6 +329,7 @@ def _labelled_legal(r):  # an illegal move labelled as a legal one that leaves t
 
 # (id, record kind: P, A (a legal move), Ax (an illegal one) or M1, the broken fields, the validator's
 # whole message[, marks]): every rule of the validator that the tables above do not reach
+HISTORY_RULE = "field 'history' must be 1..10 moves (each non-empty, without '+' or whitespace) ending with the current move"
 VALIDATOR_ROWS = [
     ("P-source", "P", lambda r: {"source": "engine"},
      "field 'source' must be one of ('random', 'opening', 'selfplay', 'original'), got 'engine'"),
@@ -351,8 +352,7 @@ VALIDATOR_ROWS = [
     ("Ax-illegal-move-kind-legal", "Ax", _labelled_legal, "field 'kind' is 'legal' but the move is illegal"),
     ("A-prompt", "A", lambda r: {"prompt": r["prompt"] + " "}, "field 'prompt' does not match fen/move/history"),
     # an entry the prompt cannot hold: named as the field's rule (it was the validator's crash net, naming env_prompt)
-    ("A-history-entry-with-a-space", "A", lambda r: {"history": ["d2 d4", *r["history"][-9:]]},
-     "field 'history' must be 1..10 moves (each non-empty, without '+' or whitespace) ending with the current move"),
+    ("A-history-entry-with-a-space", "A", lambda r: {"history": ["d2 d4", *r["history"][-9:]]}, HISTORY_RULE),
     ("A-completion", "A", lambda r: {"completion": r["completion"] + "+"},
      "field 'completion' does not match new_fen/reward/terminated/truncated"),
     ("Ax-illegal-move-kind-unparseable", "Ax", lambda r: {"kind": "unparseable" if r["kind"] == "illegal" else "illegal"},
@@ -367,6 +367,13 @@ VALIDATOR_ROWS = [
     ("M1-a-mating-move-twice", "M1", lambda r: {"mating_moves": r["mating_moves"] * 2},
      lambda r: f"field 'mating_moves' must list every mating move once: {r['mating_moves']}, got "
                f"{r['mating_moves'] * 2}"),
+    # data/README: `game` is the source game's index; mate-in-one records are held out (val / test only); the
+    # history is the last <= 10 moves, the current one last (refused by its own rule, not the crash net)
+    *[(f"{k}-negative-game", k, lambda r: {"game": -1}, "fields 'game' and 'ply' must be >= 0") for k in ("P", "A", "M1")],
+    ("M1-train-split", "M1", lambda r: {"split": "train"}, "field 'split' must be one of ('val', 'test'), got 'train'"),
+    ("A-history-ending-with-another-move", "A",
+     lambda r: {"history": [*r["history"][:-1], "a2a3" if r["move"] != "a2a3" else "h2h3"]}, HISTORY_RULE),
+    ("A-history-of-eleven-moves", "A", lambda r: {"history": ["a2a3"] * 10 + [r["move"]]}, HISTORY_RULE),
 ]
 
 
@@ -755,43 +762,6 @@ def test_loading_a_split_from_a_directory_without_it_names_the_directory_and_the
 
 
 # Behaviours of chess/data that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
-
-def _rec(task):
-    if task == "M1":
-        return json.loads((DATA_DIR / data.MATE_FILE).read_text().splitlines()[0])
-    rec = next(r for r in shipped(task, "val") if task == "P" or r["kind"] == "legal")
-    assert data.validate_record(rec) is None
-    return rec
-
-
-def test_a_negative_game_index_is_refused():
-    """data/README: `game` is the source game's index (and ply half-moves played): neither is negative."""
-    for task in ("P", "A", "M1"):
-        rec = _rec(task)
-        assert data.validate_record({**rec, "game": -1}) is not None, task
-
-
-def test_a_mate_in_one_record_of_the_train_split_is_refused():
-    """data/README and SCHEMA: mate_in_one split is val / test (held-out games only)."""
-    rec = _rec("M1")
-    assert data.validate_record(rec) is None
-    err = data.validate_record({**rec, "split": "train"})
-    assert err is not None and "split" in err, err
-
-
-def test_an_env_history_is_refused_by_its_own_rule_not_by_the_crash_net():
-    """data/README: history is the last <= 10 moves, current move last. A record whose history ends
-    with another move, or holds 11 moves (prompts written by hand from 'A: <FEN>+<move>+<history>+'), is
-    refused naming the field's rule, not by validate_record's crash net ('invalid record (ValueError: ...)',
-    which env_prompt's own check reaches when the rule is skipped)."""
-    rec = next(r for r in shipped("A", "val") if r["kind"] == "legal" and len(r["history"]) == 10)
-    assert data.validate_record(rec) is None
-    other = "a2a3" if rec["move"] != "a2a3" else "h2h3"
-    for hist in (rec["history"][:-1] + [other], [other] + rec["history"]):
-        prompt = f"A: {rec['fen']}+{rec['move']}+{' '.join(hist)}+"
-        err = data.validate_record({**rec, "history": hist, "prompt": prompt})
-        assert err is not None and err.startswith("field 'history'"), err
-
 
 def _write_lines(path, lines):
     path.write_text("".join(ln + "\n" for ln in lines))
