@@ -200,6 +200,17 @@ def test_paired_rates_take_newcombes_interval():
     assert same.value == 0 and same.low < 0 < same.high
 
 
+def _wilson(k, n, z=None):
+    """Wilson's score interval written out from the textbook formula (z: scipy's 97.5% normal quantile)."""
+    from scipy.stats import norm
+
+    z = norm.ppf(0.975) if z is None else z
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return centre - half, centre + half
+
+
 def test_newcombe_takes_no_correlation_when_the_cross_product_is_small():
     """Method 10's phi is continuity-corrected: (AD - BC - n/2) / sqrt(margins) where AD - BC > n/2, AD - BC
     below 0, and 0 between. 10 right both times, 11 right only after, 10 only before, 12 neither: AD - BC
@@ -208,9 +219,7 @@ def test_newcombe_takes_no_correlation_when_the_cross_product_is_small():
     z, n = 1.959964, 43
 
     def wilson(k):
-        p = k / n
-        centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-        return p, centre - half, centre + half
+        return (k / n, *_wilson(k, n, z))
 
     (p1, l1, u1), (p2, l2, u2) = wilson(10 + 11), wilson(10 + 10)  # after, before
     d = ev.paired_difference(*paired(10, 11, 10, 12))
@@ -496,17 +505,6 @@ def test_a_short_context_model_gets_its_whole_budget_or_a_refusal_never_a_cut_th
 
 
 # Behaviours of chess/evaluate that no test pinned (mutation round 6, stop 68: each test below is red with its mutant)
-
-def _wilson(k, n, z=None):
-    """Wilson's score interval written out from the textbook formula (z: scipy's 97.5% normal quantile)."""
-    from scipy.stats import norm
-
-    z = norm.ppf(0.975) if z is None else z
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return centre - half, centre + half
-
 
 def test_pass_at_1_effective_draws_use_the_unbiased_variance_of_the_mean():
     """Design effect by hand: shares 3/4, 1/4, 2/4, 0/4; p = 0.375; the variance of the mean is the sample
