@@ -1,6 +1,5 @@
 """Verifiable rewards: ranking on held-out positions, components, truth sources, cache, fuzzing."""
 
-import json
 import math
 import random
 
@@ -10,9 +9,8 @@ from helpers_chess import corrupt_one_char, mutate, needs_stockfish, policy_comp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rookworld_lib.chess import data, engine, rewards, tasks
+from rookworld_lib.chess import engine, rewards, tasks
 from rookworld_lib.chess.reward_examples import edit_chars
-from rookworld_lib.core.paths import DATA_DIR
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                          HealthCheck.function_scoped_fixture])
@@ -636,7 +634,7 @@ def test_weights_that_sum_to_slightly_more_than_one_are_refused():
 def test_register_truth_counts_only_the_truths_it_registers():
     """register_truth 'returns how many' truths it remembers: a mate-in-one record holds none."""
     p = shipped("P", "val")[0]
-    m1 = json.loads((DATA_DIR / data.MATE_FILE).read_text().splitlines()[0])
+    m1 = shipped("M1", None)[0]
     assert m1["task"] == "M1"
     rewards.clear_truth()
     try:
