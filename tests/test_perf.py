@@ -330,6 +330,10 @@ def test_host_cpu_times_read_proc_stat_and_give_none_where_it_is_missing_or_unre
     that is not numbers gives None, so the sampler leaves host_cpu_pct out instead of failing."""
     _fake_proc(monkeypatch, tmp_path, {"stat": "cpu  100 0 50 800 50\ncpu0 50 0 25 400 25\n"})
     assert perf._host_cpu_times() == (150.0, 1000.0)
+    # a host running VMs: guest (9th) and guest_nice (10th) are counted again inside user and nice (proc(5)),
+    # so they add nothing: user 100 nice 0 system 50 idle 800 iowait 50 irq 5 softirq 5 steal 10 = 1020, 170 busy
+    (tmp_path / "stat").write_text("cpu  100 0 50 800 50 5 5 10 60 0\n")
+    assert perf._host_cpu_times() == (170.0, 1020.0)
     (tmp_path / "stat").write_text("cpu  100 zero 50\n")
     assert perf._host_cpu_times() is None
     (tmp_path / "stat").unlink()

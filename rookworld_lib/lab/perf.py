@@ -291,9 +291,10 @@ def _gpu_sampler(index: int) -> Callable[[], dict]:
 
 
 def _host_cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies from /proc/stat (idle = idle + iowait), for machine-wide utilisation."""
+    """(busy, total) jiffies from /proc/stat (idle = idle + iowait), for machine-wide utilisation. Fields 1-8
+    (user .. steal) only: guest and guest_nice are already inside user and nice (proc(5)), as psutil counts."""
     try:
-        vals = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        vals = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
         return sum(vals) - sum(vals[3:5]), sum(vals)
     except (OSError, ValueError):
         return None
