@@ -468,6 +468,28 @@ def test_game_plans_and_splits_are_seeded():
     assert datagen.split_of_game(41, cfg) == "test"
 
 
+def test_game_plans_follow_the_data_cards_recipe():
+    """data/README.md: opening games play 2-16 random half-moves, then self-play at 32-2048 nodes with 3% random
+    moves; self-play colours draw from (1..2048 nodes) x (0, 5, 15, 30% noise); a mate game pits a strong side
+    (128-2048 nodes, no noise) against a weak, noisy one (1 or 8 nodes, 15 or 30% noise), either colour."""
+    cfg = datagen.DatagenConfig(games=3000, mate_games=300)
+    plans = [datagen.game_plan(i, cfg) for i in range(3300)]
+    opening = [p for p in plans[:3000] if p["kind"] == "opening"]
+    assert {p["random_plies"] for p in opening} == set(range(2, 17))
+    assert {n for p in opening for n in p["nodes"]} == {32, 128, 512, 2048}
+    assert all(p["nodes"][0] == p["nodes"][1] and p["noise"] == [0.03, 0.03] for p in opening)
+    selfplay = [p for p in plans[:3000] if p["kind"] == "selfplay"]
+    assert {n for p in selfplay for n in p["nodes"]} == {1, 8, 32, 128, 512, 2048}
+    assert {x for p in selfplay for x in p["noise"]} == {0.0, 0.05, 0.15, 0.3}
+    assert all(p["random_plies"] == 0 for p in selfplay)
+    for p in plans[3000:]:
+        strong = p["noise"].index(0.0)
+        weak = 1 - strong
+        assert p["mate_only"] and p["kind"] == "selfplay" and p["random_plies"] == 0
+        assert p["nodes"][strong] in (128, 512, 2048) and p["nodes"][weak] in (1, 8) and p["noise"][weak] in (0.15, 0.3)
+    assert {p["noise"].index(0.0) for p in plans[3000:]} == {0, 1}  # either colour is the strong one
+
+
 def test_json_lines_survive_a_torn_tail_and_name_bad_lines(tmp_path):
     path = tmp_path / "work.jsonl"
     with JsonlAppender(path) as app:
@@ -538,6 +560,30 @@ def test_interrupted_generation_resumes_without_redoing_or_losing(reference_run,
     assert _files(tmp_path) == _files(ref_dir)  # byte-identical to the uninterrupted run
     for f in tmp_path.glob("*.jsonl"):
         data.load_jsonl(f)
+
+
+def test_a_resumed_run_plays_only_the_games_its_work_file_lacks(tmp_path):
+    """A run interrupted while it plays its games: the games already in the work file are reused, not played
+    again (nor written twice). Random games (no engine): 4 in the work file, then games=7 plays 4, 5 and 6 only,
+    and the work file holds 7 lines."""
+    small = datagen.DatagenConfig(games=4, mate_games=0, random_share=1.0, opening_share=0.0, max_plies=12, workers=1)
+    path = tmp_path / "games.jsonl"
+    first, played = datagen._play_games(small, None, path, False)
+    assert played == 4 and [g["game"] for g in first] == [0, 1, 2, 3]
+    calls = []
+    real = datagen.play_game
+
+    def counting(i, cfg, pool):
+        calls.append(i)
+        return real(i, cfg, pool)
+
+    full = datagen.DatagenConfig(**{**vars(small), "games": 7})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(datagen, "play_game", counting)
+        games, played = datagen._play_games(full, None, path, False)
+    assert sorted(calls) == [4, 5, 6] and played == 3
+    assert [g["game"] for g in games] == list(range(7)) and games[:4] == first
+    assert len(path.read_text().splitlines()) == 7
 
 
 def start_until_labelled(args: list[str], labels: Path, n: int, **popen) -> subprocess.Popen:
@@ -614,6 +660,17 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     assert summary["files"]["policy_train.jsonl"]["records"] == n
     assert set(summary["shared_positions"].values()) == {0}
     assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)
+
+
+def test_where_the_output_goes_and_how_many_workers_leave_the_settings_key_alone():
+    """content_key (its docstring) holds what decides the output: a resume with another --workers, --out,
+    --work-dir, --keep-work or Stockfish path is the same run (`rookworld datagen` defaults --workers to the
+    usable cores); another depth is not."""
+    base = datagen.DatagenConfig()
+    for change in (dict(workers=7), dict(out_dir="/elsewhere"), dict(work_dir="/w"), dict(keep_work=True),
+                   dict(stockfish="/usr/games/stockfish")):
+        assert datagen.DatagenConfig(**change).content_key() == base.content_key(), change
+    assert datagen.DatagenConfig(depth=3).content_key() != base.content_key()
 
 
 @needs_stockfish

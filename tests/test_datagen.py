@@ -1,7 +1,9 @@
-"""Data at scale (datagen): A: from every move, sharded and compressed output that resumes, node
-budgets, and the extra test games that leave train/val alone; datagen's lean UCI client (labels and
-games equal to python-chess's, faults). The shipped set is tests/test_data.py's."""
+"""Data at scale (datagen): A: from every move, the data card's sampling rates, sharded and compressed
+output that resumes, node budgets, and the extra test games that leave train/val alone; how a game is
+played (random plies, each colour's nodes and noise, a replay on a fresh engine); datagen's lean UCI
+client (labels and games equal to python-chess's, faults). The shipped set is tests/test_data.py's."""
 
+import contextlib
 import gzip
 import json
 import os
@@ -91,6 +93,62 @@ def test_the_last_move_of_every_game_is_an_A_record_whatever_the_rate():
         assert all({"en_passant", "promotion"} & set(s["tags"]) for s in sel.env[:-1]), g["game"]
 
 
+def _train_games(moves: list[list[str]], kind: str) -> list[dict]:
+    """Games of the given moves, all in the train split (indices never 8 or 9 mod 10)."""
+    return [{"game": 10 * (i // 8) + i % 8, "kind": kind, "moves": m} for i, m in enumerate(moves)]
+
+
+def test_positions_with_a_check_or_castling_are_sampled_at_three_times_the_policy_rate():
+    """data/README.md ("Sampling"): 12% of positions become P: samples, 36% of those with a check or a legal
+    castling, a quarter of that in random games. At policy_rate 1/3 every such position of an engine game is a
+    sample, a third of the plain ones; in random games 1/4 and 1/12 (tags from python-chess's boards)."""
+    cfg = datagen.DatagenConfig(games=100, mate_games=0, policy_rate=1 / 3, env_rate=0.0, illegal_rate=0.0, max_plies=40)
+    moves = [g["moves"] for g in _random_games(cfg, 16)]
+    tagged, plain, rare = set(), set(), set()  # rare: a legal en-passant capture or promotion (all sampled)
+    for m in moves:
+        board = chess.Board()
+        for uci in m:
+            tags = set(data.position_tags(board))
+            key = tasks.position_key(tasks.canonical_fen(board))
+            (rare if tags & {"en_passant", "promotion"} else tagged if tags else plain).add(key)
+            board.push_uci(uci)
+    tagged -= rare
+    plain -= tagged | rare
+    assert len(tagged) > 100 and len(plain) > 1500
+    for kind, share_tagged, share_plain in (("selfplay", 1.0, 1 / 3), ("random", 0.25, 1 / 12)):
+        keys = {tasks.position_key(s["fen"]) for sel in datagen.select_samples(_train_games(moves, kind), cfg)
+                for s in sel.policy}
+        got_tagged, got_plain = len(keys & tagged) / len(tagged), len(keys & plain) / len(plain)
+        assert abs(got_tagged - share_tagged) < 0.12, (kind, got_tagged)
+        assert abs(got_plain - share_plain) < 0.05, (kind, got_plain)
+
+
+def test_castling_moves_are_sampled_at_three_times_the_env_rate():
+    """data/README.md ("Sampling"): 12% of moves become A: samples, 36% of castlings. At env_rate 1/3 every
+    castling move of an engine game is an A: sample, and about a third of the other moves (python-chess's
+    is_castling says which)."""
+    rng, moves = random.Random(0), []
+    for _ in range(40):  # short random games that castle whenever they can
+        board = chess.Board()
+        while board.ply() < 30 and not board.is_game_over():
+            legal = list(board.legal_moves)
+            board.push(next((m for m in legal if board.is_castling(m)), None) or rng.choice(legal))
+        moves.append([m.uci() for m in board.move_stack])
+    castlings, others = set(), set()
+    for m in moves:
+        board = chess.Board()
+        for uci in m:
+            key = (tasks.position_key(tasks.canonical_fen(board)), uci)
+            (castlings if board.is_castling(chess.Move.from_uci(uci)) else others).add(key)
+            board.push_uci(uci)
+    assert len(castlings) >= 10
+    cfg = datagen.DatagenConfig(games=100, mate_games=0, policy_rate=0.0, env_rate=1 / 3, illegal_rate=0.0)
+    taken = {(tasks.position_key(s["fen"]), s["move"])
+             for sel in datagen.select_samples(_train_games(moves, "selfplay"), cfg) for s in sel.env}
+    assert castlings <= taken
+    assert 0.25 < len(others & taken) / len(others) < 0.45  # a third, plus each game's last move
+
+
 def test_the_mate_tag_follows_the_best_candidates_eval():
     s = {"split": "train", "game": 0, "ply": 0, "source": "engine", "fen": chess.STARTING_FEN, "tags": [], "n_legal": 20}
     label = {"moves": ["e2e4", "d2d4"], "limit": "depth=8"}
@@ -121,6 +179,18 @@ def test_a_position_reached_again_with_other_clocks_is_labelled_once():
     (sel,) = datagen.select_samples([game], cfg)
     assert sorted(tasks.position_key(s["fen"]) for s in sel.policy) == sorted({p for p, _ in plies})
     assert sorted((tasks.position_key(s["fen"]), s["move"]) for s in sel.env) == sorted(set(plies))
+
+
+def test_a_wrong_move_sibling_is_one_a_record_per_position_and_text():
+    """Each (position, move text) is one A: record, wrong-move siblings included: 60 games that leave the start
+    position by its 20 legal moves (python-chess's), each with a wrong sibling there, give no pair twice."""
+    cfg = datagen.DatagenConfig(games=100, mate_games=0, policy_rate=0.0, env_rate=1.0, illegal_rate=1.0)
+    firsts = sorted(m.uci() for m in chess.Board().legal_moves)
+    games = _train_games([[m] for m in firsts] * 3, "selfplay")
+    pairs = [(tasks.position_key(s["fen"]), s["move"]) for sel in datagen.select_samples(games, cfg) for s in sel.env]
+    wrong_at_start = [p for p in pairs if p[1] not in firsts]
+    assert len(wrong_at_start) >= 5  # the first game's wrong sibling at least, and more than one text
+    assert len(pairs) == len(set(pairs))
 
 
 def test_a_fivefold_repetition_is_an_ordinary_transition_and_a_record_that_says_otherwise_is_refused():
@@ -384,6 +454,74 @@ def test_lean_session_lost_when_its_engine_dies():
             pass
 
 
+class _FirstMoveSession:
+    """A stand-in engine session: plays the first legal move in UCI order and records (ply, nodes) of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def play(self, board, limit):
+        self.calls.append((board.ply(), limit.nodes))
+        return min(board.legal_moves, key=lambda m: m.uci())
+
+
+def test_an_opening_game_plays_its_random_plies_then_each_colour_at_its_own_node_budget():
+    """data/README.md: an opening game's first `random_plies` half-moves are random, and from then on (no noise)
+    every move is the engine's, at the node budget of the side to move: engine calls from ply 3, 32 nodes for
+    white and 512 for black."""
+    cfg = datagen.DatagenConfig(games=1, mate_games=0, max_plies=20)
+    session = _FirstMoveSession()
+    plan = {"kind": "opening", "random_plies": 3, "nodes": [32, 512], "noise": [0.0, 0.0]}
+    game = datagen._play(0, cfg, plan, session)
+    assert len(game["moves"]) == 20
+    assert session.calls == [(ply, 32 if ply % 2 == 0 else 512) for ply in range(3, 20)]
+
+
+def test_the_noise_of_a_colour_makes_only_that_colours_moves_random():
+    """Noise is per colour (data/README.md: each colour its own nodes and noise): with white's at 1 and black's
+    at 0, the engine plays every black move, at black's 128 nodes, and no white one."""
+    cfg = datagen.DatagenConfig(games=1, mate_games=0, max_plies=16)
+    session = _FirstMoveSession()
+    plan = {"kind": "selfplay", "random_plies": 0, "nodes": [8, 128], "noise": [1.0, 0.0]}
+    game = datagen._play(0, cfg, plan, session)
+    assert len(game["moves"]) == 16
+    assert session.calls == [(ply, 128) for ply in range(1, 16, 2)]
+
+
+def test_a_game_whose_engine_dies_is_replayed_on_a_fresh_one():
+    """play_game replays a game from the start when its engine is lost mid-game (EngineSessionLost): a pool
+    whose first session is lost finishes the game on its second; one always lost ends in "kept dying" after
+    more than two tries."""
+    cfg = datagen.DatagenConfig(games=10, mate_games=0, max_plies=6)
+    index = next(i for i in range(10) if datagen.game_plan(i, cfg)["kind"] != "random")
+
+    class Pool:
+        sessions = 0
+
+        @contextlib.contextmanager
+        def session(self):
+            Pool.sessions += 1
+            if Pool.sessions == 1:
+                raise EngineSessionLost("killed")
+            yield _FirstMoveSession()
+
+    game = datagen.play_game(index, cfg, Pool())
+    assert Pool.sessions == 2 and len(game["moves"]) == 6
+
+    class Dead:
+        sessions = 0
+
+        @contextlib.contextmanager
+        def session(self):
+            Dead.sessions += 1
+            raise EngineSessionLost("killed")
+            yield
+
+    with pytest.raises(EngineFailedError, match="kept dying"):
+        datagen.play_game(index, cfg, Dead())
+    assert Dead.sessions > 2
+
+
 @needs_stockfish
 def test_a_game_whose_engine_the_interrupt_killed_is_neither_said_to_fail_nor_replayed(monkeypatch, caplog):
     """Ctrl-C closes the pool, which kills the game's engine: the game logged "Stockfish failed during a
@@ -477,3 +615,19 @@ def test_every_en_passant_position_is_a_p_sample_and_mate_games_are_held_out():
     # the mate games (indices games .. games + mate_games - 1) are val/test only, from the first one on
     cfg = dg.DatagenConfig(games=320)
     assert [dg.split_of_game(i, cfg) for i in (318, 319, 320, 321)] == ["val", "test", "test", "test"]
+
+
+def test_mate_in_one_positions_come_only_from_val_and_test_games():
+    """data/README.md: every position of a val/test game with a mate in one is a mate-in-one sample; a train
+    game's are not (the set is held out). Scholar's mate, its mate in one checked with mating_moves: none from
+    game 0 (train), the position before Qxf7# from games 8 (val) and 9 (test)."""
+    scholar = ["e2e4", "e7e5", "f1c4", "b8c6", "d1h5", "g8f6", "h5f7"]
+    board = chess.Board()
+    for m in scholar[:-1]:
+        board.push_uci(m)
+    assert "h5f7" in datagen.mating_moves(board)
+    cfg = datagen.DatagenConfig(games=10, mate_games=0, policy_rate=0.0, env_rate=0.0, illegal_rate=0.0)
+    for index, split in ((0, "train"), (8, "val"), (9, "test")):
+        (sel,) = datagen.select_samples([{"game": index, "kind": "selfplay", "moves": scholar}], cfg)
+        mates = [(s["split"], s["ply"], s["mating_moves"]) for s in sel.mate]
+        assert mates == ([] if split == "train" else [(split, 6, ["h5f7"])]), split

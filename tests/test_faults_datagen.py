@@ -4,7 +4,8 @@
   naming the directory and the other run's pid; `--validate` reports a shard numbering with a gap
   (the file whose records are lost);
 - an engine behind a wrapper script whose descendant holds the engine's pipe: datagen still ends in
-  one line, and no process of the wrapper's outlives the run (python-chess's pool included);
+  one line, and no process of the wrapper's outlives the run (python-chess's pool included); an engine
+  that answers an illegal bestmove loses its session;
 - `--games 200000`: nothing is allocated per game before the first game is played;
 - messages: bad settings end in one line and exit 1 (a command line argparse cannot parse: usage and
   exit 2, as in every `rookworld` command); an unwritable `--out` is named, without a promise to
@@ -23,11 +24,12 @@ from pathlib import Path
 import chess
 import pytest
 from forked_child import ForkedChild, cli_main
-from helpers_chess import wait_gone
+from helpers_chess import needs_stockfish, wait_gone
 from test_data_messages import one_line
 from test_faults import DATAGEN_ARGS, assert_one_clear_message, child_env, fake_engine, run_driver
 
 from rookworld_lib.chess import datagen, engine
+from rookworld_lib.chess.engine import EngineSessionLost, EngineSettings
 from rookworld_lib.lab.cli import main
 
 pytestmark = pytest.mark.fault
@@ -232,6 +234,19 @@ def test_fresh_keeps_the_lock_of_the_work_directory_it_empties(tmp_path):
                 pass
 
 
+def test_an_illegal_bestmove_loses_the_session_instead_of_entering_the_game(tmp_path):
+    """A well-formed but illegal bestmove (e2e4 with black to move, from test_faults' engine that plays illegal
+    moves) is refused: the session is lost (the game is replayed on a fresh engine), and the move never reaches
+    the board (python-chess's push does not check it)."""
+    settings = EngineSettings(path=fake_engine(tmp_path, "plays illegal moves"))
+    board = chess.Board()
+    board.push_uci("e2e4")
+    with datagen.LeanPool(settings, size=1) as pool:
+        with pytest.raises(EngineSessionLost, match="illegal bestmove"):
+            with pool.session() as s:
+                s.play(board, chess.engine.Limit(nodes=1))
+
+
 def test_labels_from_an_engine_that_answers_in_form_only_end_in_one_line_and_publish_nothing(tmp_path):
     """Random games (no engine moves), so only the P: labels meet the engine: an illegal PV move, a search
     without lines (bestmove 0000) or an info line without a score is an engine failure, retried and then
@@ -276,6 +291,19 @@ def test_a_work_dir_that_would_take_what_must_stay_is_refused_before_anything_ru
     (work / "stray").write_text("not ours\n")  # appeared during a run: kept, with its folder
     datagen._remove_work(work, keep_lock=False)
     assert sorted(p.name for p in work.iterdir()) == ["stray"]
+
+
+@needs_stockfish
+def test_a_finished_run_deletes_a_work_dir_outside_out_lock_and_all(tmp_path):
+    """--work-dir outside --out is locked while the run writes, and deleted, its lock file too, when the run
+    finishes without keep_work (core.paths.run_lock never deletes its file); the data files are in --out.
+    A tiny run: random games, no P: samples, so no search."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    cfg = datagen.DatagenConfig(out_dir=str(out), work_dir=str(work), games=2, mate_games=0, random_share=1.0,
+                                opening_share=0.0, policy_rate=0.0, env_rate=1.0, max_plies=10, workers=1)
+    report = datagen.generate(cfg, progress=False)
+    assert report.counts.get("env_train.jsonl") and (out / "env_train.jsonl").exists()
+    assert not work.exists()
 
 
 # --- a resumed run's work directory, a STOCKFISH_PATH that is no program ------------------------
