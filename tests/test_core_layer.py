@@ -127,8 +127,11 @@ def test_a_bad_reward_function_or_prompt_is_refused_in_one_line_naming_it():
     assert record["reward"] == 1.0 and [r["reward"] for r in trainer.last_rollout] == [1.0, None, 1.0, None]
     with pytest.raises(ValueError, match="reward_funcs must be a function .* got str 'abc'"):
         tiny_trainer(reward_funcs="abc")
-    with pytest.raises(ValueError, match=r"reward_weights must be finite numbers, got \['x'\]"):
-        GRPOTrainer(tiny_trainer().model, [PromptItem("P", "Q:")] * 2, tiny_trainer().cfg, says_yes, reward_weights=["x"])
+    base = tiny_trainer()
+    for weights, shown in ((["x"], r"\['x'\]"), ([True], r"\[True\]")):  # a flag is no weight of 1
+        with pytest.raises(ValueError, match=rf"^reward_weights must be finite numbers, got {shown}"):
+            GRPOTrainer(base.model, [PromptItem("P", "Q:")] * 2, base.cfg, says_yes, reward_weights=weights)
+    assert GRPOTrainer(base.model, [PromptItem("P", "Q:")] * 2, base.cfg, says_yes, reward_weights=[1]).reward_weights == [1.0]
     with pytest.raises(ValueError, match=r"prompt 1: task 'math', which task_weights \{'P': 1.0\} does not name; give "
                                          r"it a weight \(0 leaves it out\) or set task_weights=None"):
         tiny_trainer(items=[PromptItem("P", "Q: 1 A:"), PromptItem("math", "1+1=")], task_weights={"P": 1.0})
@@ -486,7 +489,8 @@ def test_ranks_that_see_different_latest_checkpoints_are_refused_naming_both(tmp
 def test_the_trainers_loss_takes_the_samplers_budget_and_temperature():
     """The loss's copies of the sampler's settings are the sampler's (TRL has one field for each): dr_grpo's
     constant is max_new_tokens, whatever loss.max_completion_length says (512, TRL's default, made a step
-    128 times smaller at a budget of 4, silently), as the temperature already was."""
+    128 times smaller at a budget of 4, silently), as the temperature already was; the budget is taken also
+    where the temperatures already agree."""
     grads = []
     for length in (4, 512):
         trainer = tiny_trainer(max_new_tokens=4, temperature=0.7,
@@ -495,6 +499,9 @@ def test_the_trainers_loss_takes_the_samplers_budget_and_temperature():
         assert (trainer.cfg.loss.max_completion_length, trainer.cfg.loss.temperature) == (4, 0.7)
         grads.append(trainer.train()[0]["grad_norm"])
     assert grads[0] == grads[1]
+    agreed = tiny_trainer(max_new_tokens=4, temperature=1.0,
+                          loss=grpo.GRPOConfig(loss_type="dr_grpo", max_completion_length=512, temperature=1.0, beta=0.0))
+    assert (agreed.cfg.loss.max_completion_length, agreed.cfg.loss.temperature) == (4, 1.0)
 
 
 def test_a_grpo_config_is_frozen_as_the_other_configs():

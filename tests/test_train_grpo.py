@@ -25,13 +25,32 @@ def toy_reward(item, text):
     return float(len(text) % 2)
 
 
-def make(cfg_kw=None, reward=toy_reward):
+def make(cfg_kw=None, reward=toy_reward, **trainer_kw):
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=64))
     kw = dict(steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=3e-3, minibatch_size=16,
               loss=grpo.GRPOConfig(beta=0.0), seed=1, progress=False, task_weights={"P": 0.5, "A": 0.5})
     kw.update(cfg_kw or {})
-    return GRPOTrainer(model, toy_items(), GRPOTrainConfig(**kw), reward_funcs=item_reward(reward))
+    return GRPOTrainer(model, toy_items(), GRPOTrainConfig(**kw), reward_funcs=item_reward(reward), **trainer_kw)
+
+
+def record_rows(trainer):
+    """The (step, rows) of each minibatch the trainer takes, in order, read where it picks its rows (my_rows)."""
+    calls, real = [], trainer.my_rows
+    trainer.my_rows = lambda rows: (calls.append((trainer.step, rows.tolist())), real(rows))[1]
+    return calls
+
+
+def rollout_batch(table, group_size, weights=(1.0,), width=1, mask_len=None):
+    """A rollout of hand-set rewards (`table`: a row per completion, a column per reward function), prompt
+    q<g> for group g: every token 7 at old log-prob -0.5, row i's mask its first mask_len[i] tokens (all)."""
+    n = table.size(0)
+    mask = torch.ones(n, width, dtype=torch.bool) if mask_len is None else \
+        torch.arange(width)[None, :] < torch.tensor(mask_len)[:, None]
+    return train_grpo.RolloutBatch([PromptItem("P", f"q{i // group_size}") for i in range(n)], [[1]] * n,
+                                   torch.full((n, width), 7), torch.full((n, width), -0.5), mask,
+                                   torch.zeros(n, dtype=torch.bool), train_grpo.reward_sum(table, list(weights)),
+                                   [f"c{i}" for i in range(n)], table, n * width)
 
 
 def per_row_logprob(trainer):
@@ -69,12 +88,18 @@ def test_on_policy_first_pass_has_ratio_one():
 
 
 def test_onpolicy_ratio_dev_isolates_the_first_minibatch():
-    # Four minibatches: the later three are scored after updates, so the step's mean ratio moves
-    # away from 1, while the first minibatch (same weights as the sampler) stays at ratio 1.
-    trainer = make({"minibatch_size": 4, "lr": 3e-2})
+    # Four minibatches, two passes (mu = 2): the later updates are scored after updates, so the step's mean
+    # ratio moves away from 1, while the first minibatch (same weights as the sampler) stays at ratio 1.
+    # A completion's ratio and clip share in the rollout rows are those of its first update (COMPLETION_KEYS):
+    # for the first minibatch, ratio 1 and nothing clipped, though the second pass sees it after updates.
+    trainer = make({"minibatch_size": 4, "lr": 3e-2, "mu": 2})
+    calls = record_rows(trainer)
     rec = trainer.train_step()
     assert rec["ratio/onpolicy_dev"] < 1e-4
     assert max(rec["ratio/max"] - 1.0, 1.0 - rec["ratio/min"]) > 1e-2
+    first = calls[0][1]
+    assert len(calls) == 8 and all(abs(trainer.last_rollout[i]["ratio"] - 1.0) < 1e-5 for i in first)
+    assert all(trainer.last_rollout[i]["clip_fraction"] == 0.0 for i in first)
     assert rec["num_completions"] == 4 * 4  # the step's completions (prompts x group), not a minibatch's 4
     # the per-task reward spread is the sample std (Bessel), as TRL's per-function one
     rewards = [r for r, i in zip(trainer.last_batch.rewards.tolist(), trainer.last_batch.items) if i.task == "P"]
@@ -122,10 +147,7 @@ def test_dynamic_sampling_under_gdpo_ties_a_group_on_every_reward_function_not_t
     a group tied in every function has none. The sum decides under sum_then_normalize, as before."""
     table = torch.tensor([[1.0, 0.0], [0.0, 0.5], [1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [2.0, 0.5]])
     weights = [1.0, 2.0]
-    items = [PromptItem("P", f"q{i // 2}") for i in range(6)]
-    batch = train_grpo.RolloutBatch(items, [[1]] * 6, torch.zeros(6, 1, dtype=torch.long), torch.zeros(6, 1),
-                                    torch.ones(6, 1, dtype=torch.bool), torch.zeros(6, dtype=torch.bool),
-                                    train_grpo.reward_sum(table, weights), list("abcdef"), table, 6)
+    batch = rollout_batch(table, 2, weights)
     adv = grpo.group_advantages(table, 2, reward_weights=weights, multi_objective_aggregation="normalize_then_sum")[0]
     assert adv[0].abs() > 0.3 and adv[2] == adv[3] == 0  # q0 has a signal under GDPO, q1 none
     kept = lambda per_function: sorted({i.prompt for i in train_grpo._varied_groups(batch, 2, per_function).items})  # noqa: E731
@@ -269,6 +291,10 @@ def test_resume_refuses_another_run_naming_what_differs(tmp_path):
     cfg = {"steps": 1, "prompts_per_step": 2, "max_new_tokens": 4, "minibatch_size": 8, "out_dir": out}
     make(cfg).train()
     assert make({**cfg, "steps": 2}).resumed_from is not None  # a longer run of the same settings resumes
+    assert make({**cfg, "steps": 2}, reward_weights=[1.0]).resumed_from is not None
+    # the reward is the functions' weighted sum: another weight is another objective
+    with pytest.raises(ValueError, match=r"other settings \(reward_funcs: 'toy_reward x1' -> 'toy_reward x0\.5'\)"):
+        make({**cfg, "steps": 2}, reward_weights=[0.5])
     # the attention kernel is a speed choice a resume may change (and checkpoints from before the field lack it)
     assert make({**cfg, "steps": 2, "cudnn_attention": False}).resumed_from is not None
     # settings compared as they resolve: "auto" is "full" for a model that marks no task vocabulary, and
@@ -396,6 +422,11 @@ def test_a_completions_ratio_and_clip_fraction_count_its_own_tokens_only():
     seq = train_grpo._row_ratio_stats(lp, old, m, grpo.GRPOConfig(importance_sampling_level="sequence"))
     assert seq.T.tolist() == [pytest.approx([1.5 ** (1 / 3), 0.0]), pytest.approx([1.5 ** 0.5, 1.0]),
                               pytest.approx([0.5 ** 0.5, 1.0])]
+    # clip-higher, range [0.8, 1.28]: ratio 1.25 is inside, 0.78 outside (row stats [1.125, 0], [0.89, 0.5])
+    lp = torch.tensor([[math.log(1.25), 0.0], [math.log(0.78), 0.0]])
+    stats = train_grpo._row_ratio_stats(lp, torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool),
+                                        grpo.GRPOConfig(clip_eps_low=0.2, clip_eps_high=0.28))
+    assert stats.T.tolist() == [pytest.approx([1.125, 0.0]), pytest.approx([0.89, 0.5])]
 
 
 def test_dapo_with_truncated_rows_masked_divides_by_the_kept_tokens_only():
@@ -432,6 +463,24 @@ def test_each_dynamic_sampling_round_draws_with_its_own_seed():
     assert len(seeds) == 4 and len(set(seeds)) == 4, seeds
 
 
+def test_the_learning_rate_follows_the_cosine_from_lr_at_the_first_step_to_the_floor_at_the_last():
+    """Without warm-up, step 1 trains at lr, the middle step of three halfway down the cosine, and the last at
+    lr * min_lr_ratio (the option's help: the floor is reached at the last step): 1e-3, 5.5e-4, 1e-4 by hand."""
+    records = make({"steps": 3, "lr": 1e-3, "min_lr_ratio": 0.1, "prompts_per_step": 2, "group_size": 2,
+                    "max_new_tokens": 2, "minibatch_size": 4}).train()
+    assert [r["learning_rate"] for r in records] == [pytest.approx(v, rel=1e-9) for v in (1e-3, 5.5e-4, 1e-4)]
+
+
+def test_each_step_takes_its_minibatches_in_its_own_order():
+    """The minibatch order is seeded from (seed, step) (the module's docstring): each step's passes cover
+    every row once, and two steps do not visit the rows in the same order."""
+    trainer = make({"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 2, "minibatch_size": 2})
+    calls = record_rows(trainer)
+    trainer.train()
+    orders = [[r for s, rows in calls if s == step for r in rows] for step in (0, 1)]
+    assert all(sorted(o) == list(range(4)) for o in orders) and orders[0] != orders[1]
+
+
 def test_rollout_chunks_must_be_between_one_and_the_prompts_of_a_step():
     """A step's prompts are sampled in rollout_chunks chunks: 0 chunks, or more chunks than prompts (an
     empty chunk), is refused naming the field and the value; 1 and prompts_per_step are the bounds."""
@@ -440,6 +489,27 @@ def test_rollout_chunks_must_be_between_one_and_the_prompts_of_a_step():
             GRPOTrainConfig(prompts_per_step=4, rollout_chunks=chunks)
         assert str(info.value) == f"GRPOTrainConfig.rollout_chunks must be in 1..prompts_per_step, got {chunks}"
     assert [GRPOTrainConfig(prompts_per_step=4, rollout_chunks=c).rollout_chunks for c in (1, 4)] == [1, 4]
+
+
+def test_a_warm_up_as_long_as_the_run_is_allowed_and_a_longer_one_refused():
+    """warmup_steps may equal steps (the run ends at the peak, as cosine_lr documents) but not exceed it."""
+    assert GRPOTrainConfig(steps=3, warmup_steps=3).warmup_steps == 3
+    with pytest.raises(ValueError, match=r"warmup_steps.*must be <= steps \(3\)"):
+        GRPOTrainConfig(steps=3, warmup_steps=4)
+
+
+def test_settings_that_cannot_be_split_over_the_processes_are_refused_naming_the_field():
+    """Under torchrun a minibatch and a step's completions are split evenly over the ranks, and dynamic
+    sampling's batches would differ in size: each is refused up front; one process takes any of them."""
+    for kw, message in ((dict(minibatch_size=3), r"minibatch_size must be a multiple of the number of processes \(2\), got 3"),
+                        (dict(prompts_per_step=3, group_size=3, minibatch_size=2, rollout_chunks=1),
+                         r"prompts_per_step times group_size must be a multiple .* got 3 x 3 = 9"),
+                        (dict(dynamic_sampling=True), r"dynamic_sampling is not supported with more than one process")):
+        cfg = GRPOTrainConfig(**kw)
+        with pytest.raises(ValueError, match=rf"^GRPOTrainConfig\.{message}"):
+            train_grpo.check_world_size(cfg, 2)
+        train_grpo.check_world_size(cfg, 1)
+    train_grpo.check_world_size(GRPOTrainConfig(minibatch_size=4, prompts_per_step=2, group_size=2), 2)
 
 
 def _alternate(prompts, completions, **_):
@@ -501,7 +571,7 @@ def test_a_trl_users_inputs_are_refused_in_one_line_each_and_tensors_weigh_as_nu
     """What a TRL script hands its trainer (a transformers model, a hub id, reward_funcs=None, a scalar weight,
     one PromptItem) gave tracebacks from deep inside; a reward function named like a task was renamed, and
     rewards/<task>/mean then logged the task's total under the function's TRL name; an inf or a value past
-    float32 was refused without naming the function; 0-d tensor weights were "not finite numbers"."""
+    float32 (of either sign: None or NaN is the only unscorable) was refused without naming the function; 0-d tensor weights were "not finite numbers"."""
     transformers = pytest.importorskip("transformers")
     kw = dict(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, minibatch_size=4, progress=False,
               loss=grpo.GRPOConfig(beta=0.0), task_weights=None)
@@ -525,11 +595,11 @@ def test_a_trl_users_inputs_are_refused_in_one_line_each_and_tensors_weigh_as_nu
         GRPOTrainer(model, [PromptItem("accuracy", f"Q {i}") for i in range(4)], cfg, reward_funcs=[accuracy, f])
     weighted = GRPOTrainer(model, toy_items(), cfg, reward_funcs=[f, f], reward_weights=torch.tensor([1.0, 0.5]))
     assert weighted.reward_weights == [1.0, 0.5]
-    for value, shown in ((float("inf"), "inf"), (1e39, r"1e\+39")):
+    for value, shown in ((float("inf"), "inf"), (1e39, r"1e\+39"), (float("-inf"), "-inf"), (-1e39, r"-1e\+39")):
         def huge(prompts, completions, value=value, **_):
             return [value] + [0.0] * (len(completions) - 1)
 
-        with pytest.raises(ValueError, match=rf"reward function 'huge' gave {shown} for completion 0: each value must be finite in float32"):
+        with pytest.raises(ValueError, match=rf"^reward function 'huge' gave {shown} for completion 0: each value must be finite in float32"):
             GRPOTrainer(model, toy_items(), cfg, reward_funcs=huge).train()
 
 
@@ -603,15 +673,31 @@ def test_the_logged_advantage_spread_is_the_steps_batch_not_the_mean_of_its_mini
 def test_an_unscorable_completion_does_not_make_a_group_varied():
     """Dynamic sampling keeps the groups with a signal. [1, unscorable] has none (group_advantages: 0, 0,
     as TRL's, tested for parity), yet its sum (nansum: 0 for the unscorable one) reads as a spread; each
-    kept group is one with a non-zero advantage, the reference."""
+    kept group is one with a non-zero advantage, the reference. In groups of 3, [1, 0, unscorable] has one
+    (+-0.71 for the two scored, by hand) beside it and is kept; [1, 1, unscorable] ties and is dropped."""
     table = torch.tensor([[1.0], [math.nan], [0.0], [1.0], [math.nan], [math.nan]])
-    items = [PromptItem("P", f"q{i // 2}") for i in range(6)]
-    batch = train_grpo.RolloutBatch(items, [[1]] * 6, torch.zeros(6, 1, dtype=torch.long), torch.zeros(6, 1),
-                                    torch.ones(6, 1, dtype=torch.bool), torch.zeros(6, dtype=torch.bool),
-                                    train_grpo.reward_sum(table, [1.0]), list("abcdef"), table, 6)
+    batch = rollout_batch(table, 2)
     adv = grpo.group_advantages(table, 2, reward_weights=[1.0])[0]
-    signal = sorted({items[i].prompt for i in range(6) if adv[i] != 0})
+    signal = sorted({batch.items[i].prompt for i in range(6) if adv[i] != 0})
     assert signal == ["q1"] and sorted({i.prompt for i in train_grpo._varied_groups(batch, 2).items}) == signal
+    table = torch.tensor([[1.0], [0.0], [math.nan], [1.0], [1.0], [math.nan]])
+    adv = grpo.group_advantages(table, 3, reward_weights=[1.0])[0]
+    assert adv[:2].abs().min() > 0.5 and adv[3:].abs().max() == 0
+    assert [i.prompt for i in train_grpo._varied_groups(rollout_batch(table, 3), 3).items] == ["q0"] * 3
+
+
+def test_batches_of_unequal_width_are_joined_with_padding_outside_the_completion():
+    """Joining rollout chunks (or refill rounds) whose completions differ in length pads the shorter ones
+    with the end token, log-prob 0 and mask False: padding never enters a completion's tokens."""
+    eot = 0
+    short = rollout_batch(torch.tensor([[1.0], [0.0]]), 2, width=1)
+    long = rollout_batch(torch.tensor([[0.0], [1.0]]), 2, width=3, mask_len=[3, 2])
+    joined = train_grpo._concat([short, long], eot)
+    assert joined.mask.tolist() == [[True, False, False], [True, False, False],
+                                    [True, True, True], [True, True, False]]
+    assert joined.tokens.tolist() == [[7, eot, eot], [7, eot, eot], [7, 7, 7], [7, 7, 7]]
+    assert joined.old_logprobs.tolist() == [[-0.5, 0.0, 0.0], [-0.5, 0.0, 0.0], [-0.5] * 3, [-0.5] * 3]
+    assert joined.rewards.tolist() == [1.0, 0.0, 0.0, 1.0] and joined.generated_tokens == 2 + 6
 
 
 def test_the_sampling_rate_counts_every_token_sampled_dropped_groups_too(monkeypatch):
@@ -636,23 +722,27 @@ def test_the_sampling_rate_counts_every_token_sampled_dropped_groups_too(monkeyp
     assert rec["throughput/generated_tokens_per_s"] * rec["time/sampling"] == pytest.approx(sum(counted), rel=1e-6)
 
 
-def test_ranks_metrics_merge_to_the_metrics_of_one_call_over_all_rows():
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_ranks_metrics_merge_to_the_metrics_of_one_call_over_all_rows(level):
     """Under torchrun each rank scores its rows; the merged metrics are those of one grpo_loss call over
     every row. Token means are weighted by tokens: by completions, ranks whose completions differ in
-    length (here rank 1's are shorter) logged another kl, ratio and clip share."""
+    length (here rank 1's are shorter) logged another kl, ratio and clip share. At sequence level (GSPO)
+    the ratio and clip shares are per completion, weighted by completions."""
     torch.manual_seed(0)
     N, T = 4, 6
     lp = torch.randn(N, T) * 0.1 - 1
     old, ref = lp + torch.randn(N, T) * 0.2, lp + torch.randn(N, T) * 0.3
     adv, mask = torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.ones(N, T, dtype=torch.bool)
     mask[2:, 2:] = False
-    cfg = grpo.GRPOConfig(beta=0.04, loss_type="dapo", clip_eps_low=0.1, clip_eps_high=0.1)
+    cfg = grpo.GRPOConfig(beta=0.04, loss_type="dapo", clip_eps_low=0.1, clip_eps_high=0.1,
+                          importance_sampling_level=level)
     kw = dict(ref_logprobs=ref, config=cfg, num_items_in_batch=float(mask.sum()), num_completions_in_batch=N)
     whole = grpo.grpo_loss(lp, old, adv, mask, **kw)[1]
     halves = [{k: float(v) for k, v in grpo.grpo_loss(lp[s], old[s], adv[s], mask[s], **{**kw, "ref_logprobs": ref[s]})[1].items()}
               for s in (slice(0, 2), slice(2, 4))]
-    merged = train_grpo._merge_ranks(halves, sequence=False)
+    merged = train_grpo._merge_ranks(halves, sequence=level == "sequence")
     assert halves[0]["kl"] != pytest.approx(halves[1]["kl"])  # the weighting matters here
+    assert halves[0]["ratio/mean"] != pytest.approx(halves[1]["ratio/mean"])
     for key, value in whole.items():
         if key not in ("advantages/mean", "advantages/std"):  # the step's whole batch, set in _step
             assert merged[key] == pytest.approx(float(value), rel=1e-5, abs=1e-7), key
