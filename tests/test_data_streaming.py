@@ -94,6 +94,9 @@ def test_stream_resumes_at_its_position(shards):
         assert torch.equal(x, bx) and torch.equal(y, by)
     with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
         sft.StreamingPackedStream(shards, reader=READER, seed=6, task_weights=HALF, buffer=32).load_state_dict(state)
+    # the shuffle buffer's size orders a pool's samples: the same files under another buffer are other data
+    with pytest.raises(ValueError, match="differ from the data of the checkpoint"):
+        sft.StreamingPackedStream(shards, reader=READER, seed=5, task_weights=HALF, buffer=16).load_state_dict(state)
 
 
 def test_a_stream_resumes_on_the_same_content_only_whatever_its_size_or_folder(shards, tmp_path):
@@ -189,9 +192,9 @@ def test_a_truncated_gz_shard_raises_naming_the_file_after_its_whole_lines(tmp_p
 TEXT_SAMPLES = TEXTS[:8]  # P: and A: samples of a seeded game, ~400 tokens
 
 
-def _text_file(tmp_path) -> str:
-    path = tmp_path / "texts.jsonl"
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT_SAMPLES))
+def _text_file(tmp_path, texts=TEXT_SAMPLES, name="texts.jsonl") -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return str(path)
 
 
@@ -235,3 +238,17 @@ def test_the_default_reader_of_text_files_gives_the_batches_of_the_same_texts_in
             trainer.close()
     for (x, y), (tx, ty) in zip(*batches):
         assert torch.equal(x, tx) and torch.equal(y, ty)
+
+
+def test_a_streamed_val_file_without_one_of_the_tasks_is_measured_as_it_is(tmp_path):
+    """stream=True: a val file that lacks a task of the training mix is read as one pool (no task_weights)
+    instead of refusing the run."""
+    p_only = [t for t in TEXTS if t.startswith("P:")]
+    cfg = tiny_cfg(tmp_path / "run", train_data=(_text_file(tmp_path, TEXTS, "train.jsonl"),),
+                   val_data=(_text_file(tmp_path, p_only, "val.jsonl"),), stream=True, eval_interval=2, eval_steps=1)
+    trainer = sft.SFTTrainer(cfg)
+    try:
+        assert trainer.val_stream.task_weights is None
+        assert trainer.evaluate() > 0
+    finally:
+        trainer.close()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +80,8 @@ def test_strip_nproc():
     assert distributed.strip_nproc(["--nproc=4"]) == (4, [])
     assert distributed.strip_nproc(["--steps", "3"]) == (0, ["--steps", "3"])
     assert distributed.strip_nproc(["--nproc", "0", "--steps", "3"]) == (0, ["--steps", "3"])  # 0: this process
+    # `--` ends the options (argparse's convention): a --nproc after it belongs to the rest and is not taken
+    assert distributed.strip_nproc(["--nproc", "2", "--", "--nproc", "3"]) == (2, ["--", "--nproc", "3"])
 
 
 def test_single_process_is_not_distributed(monkeypatch):
@@ -87,6 +90,20 @@ def test_single_process_is_not_distributed(monkeypatch):
     assert info.world_size == 1 and info.is_main
     assert distributed.all_gather_objects({"a": 1}) == [{"a": 1}]
     assert distributed.all_reduce_sum(2.5) == 2.5
+
+
+def test_init_from_env_reads_rank_and_local_rank_apart(monkeypatch):
+    """On a second machine torchrun's RANK (global) and LOCAL_RANK (this machine's) differ: rank 3 with
+    local rank 1 is not the main process; rank 0 is."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)  # no process group is joined
+    info = distributed.init_from_env("cpu")
+    assert (info.rank, info.world_size, info.local_rank, info.is_main) == (3, 4, 1, False)
+    assert distributed.main_process() is False
+    monkeypatch.setenv("RANK", "0")
+    assert distributed.main_process() is True
 
 
 def test_more_processes_than_gpus_is_refused_in_one_line_before_cuda_is_touched(monkeypatch):
@@ -110,7 +127,9 @@ def test_more_processes_than_gpus_is_refused_in_one_line_before_cuda_is_touched(
 
 
 @pytest.mark.parametrize("argv, why", [(["--nproc", "abc"], "whole number"), (["--nproc=-2"], ">= 0"),
-                                       (["--nproc", "-2"], ">= 0"), (["--nproc"], "needs a value")])
+                                       (["--nproc", "-2"], ">= 0"), (["--nproc"], "needs a value"),
+                                       # the value is everything after the first '='
+                                       (["--nproc=2=3"], r"whole number of processes .* got '2=3'")])
 def test_strip_nproc_refuses_what_is_not_a_count(argv, why):
     with pytest.raises(distributed.NprocError, match=why) as info:
         distributed.strip_nproc(argv)
@@ -128,6 +147,18 @@ def test_parse_nproc_is_an_argparse_type(capsys):
     assert stop.value.code == 2 and "whole number" in capsys.readouterr().err  # argparse's usage error, our words
 
 
+def test_nproc_0_and_1_run_in_this_process(monkeypatch):
+    """parse_nproc's "0 and 1 run in this process": --nproc 0 and 1 run the command here (torchrun is for
+    2 or more)."""
+    monkeypatch.setattr(distributed, "torchrun", lambda *a, **k: pytest.fail("torchrun started"))
+    monkeypatch.delenv(errors.ERRORS_DIR_ENV, raising=False)
+    for n in ("0", "1"):
+        ran = []
+        code = distributed.run_command("sft", ["--nproc", n], lambda: distributed.command_parser("sft", "d", "e"),
+                                       lambda args: ran.append(args) or 7, preflight=lambda argv, n: None)
+        assert code == 7 and len(ran) == 1
+
+
 def test_torchrun_runs_the_preflight_before_any_worker(monkeypatch):
     def refuse(argv, nproc):
         raise ValueError(f"batch 8 does not split into {nproc}")
@@ -135,6 +166,51 @@ def test_torchrun_runs_the_preflight_before_any_worker(monkeypatch):
     monkeypatch.setattr(distributed.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun started"))
     with pytest.raises(ValueError, match="split into 3"):
         distributed.torchrun("sft", ["--batch-size", "8"], 3, preflight=refuse)
+
+
+class _Done:
+    """A stand-in for torchrun's Popen that exits 0 and records its environment."""
+    envs = []
+
+    def __init__(self, cmd, env, **kwargs):
+        self.envs.append(env)
+
+    def wait(self):
+        return 0
+
+    def send_signal(self, signum):
+        pass
+
+
+def test_torchrun_shares_the_cores_among_the_workers_unless_threads_are_set(monkeypatch):
+    """Each of N workers gets cpu_count // N OpenMP threads (8 cores, 2 workers: 4); an OMP_NUM_THREADS the
+    user set wins."""
+    monkeypatch.setattr(distributed.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(distributed.subprocess, "Popen", _Done)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    _Done.envs.clear()
+    assert distributed.torchrun("sft", [], 2) == 0
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert distributed.torchrun("sft", [], 2) == 0
+    assert [e["OMP_NUM_THREADS"] for e in _Done.envs] == ["4", "1"]
+
+
+def test_torchrun_returns_the_highest_worker_status(monkeypatch, capsys):
+    """Workers that failed with different statuses (1 and 3): the launcher exits with the highest one and
+    says each worker's line once."""
+    class Failed(_Done):
+        def __init__(self, cmd, env, **kwargs):
+            self.dir = env[errors.ERRORS_DIR_ENV]
+
+        def wait(self):
+            for rank, code in ((0, 1), (1, 3)):
+                with open(f"{self.dir}/rank{rank:05d}.json", "w") as f:
+                    json.dump({"line": f"rookworld sft: error: rank {rank}", "code": code}, f)
+            return 1
+
+    monkeypatch.setattr(distributed.subprocess, "Popen", Failed)
+    assert distributed.torchrun("sft", [], 2) == 3
+    assert capsys.readouterr().err.splitlines() == ["rookworld sft: error: rank 0", "rookworld sft: error: rank 1"]
 
 
 def test_worker_errors_are_said_once(tmp_path):
@@ -202,3 +278,24 @@ def test_a_torchrun_killed_by_a_signal_exits_1_saying_so(monkeypatch, capsys):
     monkeypatch.setattr(distributed.subprocess, "Popen", Killed)
     assert distributed.torchrun("sft", ["--max-steps", "1"], 2) == 1
     assert "torchrun was killed by SIGKILL; its workers stop with it" in capsys.readouterr().err
+
+
+def test_a_worker_killed_by_sigkill_exits_137_and_says_out_of_memory(monkeypatch, tmp_path):
+    """A worker ended by SIGKILL: the launcher returns 128 + 9 = 137 (the shell's status for a signal) and
+    writes one line naming the rank, the signal and the OOM killer; SIGTERM gives 143 and no OOM hint."""
+    from torch.distributed import run as torch_run
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    monkeypatch.setenv(errors.ERRORS_DIR_ENV, str(tmp_path))
+    argv = ["--standalone", "--nproc_per_node=2", "-m", "rookworld_lib.lab.cli", "sft", "--max-steps", "1"]
+    for sig, want, oom in ((signal.SIGKILL, 137, True), (signal.SIGTERM, 143, False)):
+        failure = ProcessFailure(local_rank=1, pid=1, exitcode=-int(sig), error_file=str(tmp_path / "none"))
+
+        def fail(args, failure=failure):
+            raise ChildFailedError("rookworld_lib.lab.cli", {1: failure})
+
+        monkeypatch.setattr(torch_run, "run", fail)
+        assert distributed._launch(argv) == want
+        line = json.loads((tmp_path / "rank_launcher.json").read_text())["line"]
+        assert line.startswith(f"rookworld sft: error: worker rank 1 was killed by {sig.name}")
+        assert ("out of memory?" in line) == oom

@@ -45,6 +45,8 @@ HALF = training.task_weights()  # P: and A: samples with even odds, as every pro
     (dict(lr=1e-3, min_lr=1e-2), r"SFTConfig\.min_lr"),
     (dict(warmup_steps=50, max_steps=10), r"SFTConfig\.warmup_steps must be <= max_steps \(10\)"),
     (dict(weight_decay=-0.1), r"SFTConfig\.weight_decay"),
+    # lr * weight_decay = 0.5 * 2.0 = 1 exactly: AdamW would scale each decayed weight by 1 - 1 = 0 every step
+    (dict(lr=0.5, min_lr=0.0, weight_decay=2.0), r"^SFTConfig\.weight_decay must be < 1/lr \(2\): AdamW scales each weight"),
     (dict(betas=(0.9,)), r"SFTConfig\.betas must be two numbers"),
     (dict(betas=(0.9, 1.0)), r"SFTConfig\.betas"),
     (dict(grad_clip=-1.0), r"SFTConfig\.grad_clip"),
@@ -60,6 +62,16 @@ HALF = training.task_weights()  # P: and A: samples with even odds, as every pro
 def test_config_rejects_bad_values_naming_the_field(kw, message):
     with pytest.raises(ValueError, match=message):
         SFTConfig(**kw)
+
+
+def test_config_accepts_the_edge_of_each_range():
+    """The bounds the help texts state admit their edge: lr * weight_decay just under 1 (0.5 x 1.99),
+    warmup_steps "<= max_steps" equal to it (a run that is all warm-up), and betas "in [0, 1)" of 0, which
+    torch.optim.AdamW itself accepts."""
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)], betas=(0.0, 0.0))  # torch's own bound
+    assert SFTConfig(lr=0.5, min_lr=0.0, weight_decay=1.99).weight_decay == 1.99
+    assert SFTConfig(warmup_steps=10, max_steps=10).warmup_steps == 10
+    assert SFTConfig(betas=(0.0, 0.0)).betas == (0.0, 0.0)
 
 
 def test_record_reader_rejects_an_unknown_layout():
@@ -127,6 +139,10 @@ def test_packing_position_saves_and_restores_exactly():
         PackedStream(TEXTS[:-1], seed=0, task_weights=HALF).load_state_dict(state)
     with pytest.raises(ValueError, match="differ"):
         PackedStream(TEXTS, seed=1, task_weights=HALF).load_state_dict(state)
+    # the task mix decides which sample comes next: the same texts and seed under another mix are other data
+    with pytest.raises(ValueError, match=r"^the train data differ from the data of the checkpoint \(seed, task_weights"):
+        PackedStream(TEXTS, seed=0, task_weights={"P": 0.25, "A": 0.75}).load_state_dict(state)
+    PackedStream(TEXTS, seed=0, task_weights=dict(HALF)).load_state_dict(state)  # an equal mix resumes
 
 
 def test_packing_input_errors():
@@ -272,6 +288,13 @@ def test_a_short_run_writes_metrics_checkpoints_and_the_hf_export(tmp_path):
     assert saved["config"]["lr"] == cfg.lr and saved["data"]["sample"] > 0 and saved["extra"]["guard"]["total"] == 0
 
 
+def test_train_sft_stopped_by_until_before_the_end_returns_no_export(tmp_path):
+    """SFTResult.final_dir is the Hugging Face export "if written": a call that `until` stops before
+    max_steps writes none and returns None."""
+    result = train_sft(tiny_cfg(tmp_path, max_steps=4, export_hf=True), train_texts=TEXTS, until=2)
+    assert result.step == 2 and result.final_dir is None and not (tmp_path / "final").exists()
+
+
 def test_init_from_a_hugging_face_directory(tmp_path):
     from rookworld_lib.core.model import GPT, GPTConfig
 
@@ -285,6 +308,29 @@ def test_init_from_a_hugging_face_directory(tmp_path):
     with pytest.raises(ValueError, match=r"SFTConfig\.block_size must be <= the block_size 64 of the model in .*hf "
                                          r"\(--block-size 64\), got 128"):
         tiny_cfg(tmp_path / "run", init_from=str(tmp_path / "hf"), block_size=128, model_overrides={})
+
+
+def _trainer_from_transformers_gpt2(root: Path, **config) -> SFTTrainer:
+    """An SFTTrainer started from a 1-layer GPT-2 that transformers itself saved (GPT2Config fields in config)."""
+    import transformers
+
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, **config))
+    hf.save_pretrained(root / "hf")
+    return SFTTrainer(tiny_cfg(root / "run", init_from=str(root / "hf"), model="gpt2", model_overrides={}),
+                      train_texts=TEXTS)
+
+
+def test_a_start_from_a_transformers_gpt2_trains_with_the_eot_prompt_prefix(tmp_path):
+    """A GPT-2 saved by transformers carries no prompt prefix (it loads with ""), but the packed stream puts an
+    EOT before every sample: the model SFT trains (and exports) says its prompts start with EOT."""
+    assert _trainer_from_transformers_gpt2(tmp_path).model.prompt_prefix == EOT_TOKEN
+
+
+def test_a_start_from_a_model_over_another_vocabulary_is_refused(tmp_path):
+    """A GPT-2 folder with llm.c's padded 50,304-row vocabulary loads, but SFT refuses it before training,
+    naming its config.json: the texts are GPT-2's 50,257 tokens and the export would hold the extra rows."""
+    with pytest.raises(ValueError, match=r"hf/config\.json: vocab_size 50304: the texts here are GPT-2's 50,257 tokens"):
+        _trainer_from_transformers_gpt2(tmp_path, vocab_size=50304)
 
 
 def test_resume_in_process_is_bit_identical(tmp_path):
@@ -519,11 +565,15 @@ def test_sft_takes_prompt_completion_records_as_trl_writes_them(tmp_path):
 
 # ---- data and val-loss rules, each checked against an independent count or torch's own loss ------
 
-def test_the_val_split_is_disjoint_from_training_and_the_fraction_rounded():
+def test_the_val_split_is_disjoint_from_training_follows_the_seed_and_rounds_the_fraction():
+    """The held-out count is round(n x fraction) (by hand), and the seed, which "seeds the init, dropout, the
+    val split and the data order", picks them: the same seed holds out the same samples, other seeds not all."""
     texts = [f"P: sample {i}" for i in range(40)]
     train, val = sft.split_val(texts, 0.05, seed=3)
     assert len(val) == round(40 * 0.05) == 2 and len(train) == 38  # by hand: 5% of 40
     assert not set(train) & set(val) and sorted(train + val) == sorted(texts)
+    assert sft.split_val(texts, 0.25, seed=3) == sft.split_val(texts, 0.25, seed=3)
+    assert len({tuple(sft.split_val(texts, 0.25, seed=s)[1]) for s in range(4)}) > 1
 
 
 def test_the_val_loss_is_the_mean_over_eval_steps_batches_as_torch_computes_it(tmp_path):
@@ -595,12 +645,15 @@ def test_accumulated_micro_batches_give_the_whole_batchs_mean_loss_and_gradient(
     torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.grad, want, rtol=1e-4, atol=1e-7)
 
 
-def _hf_dir(root: Path, n_positions) -> str:
-    """A folder with only the config.json of a Hugging Face GPT-2 (SFTConfig reads no weights)."""
+def _hf_dir(root: Path, n_positions="absent") -> str:
+    """A folder with only the config.json of a Hugging Face GPT-2 (SFTConfig reads no weights); "absent"
+    leaves n_positions out of it."""
     d = root / f"hf_{n_positions}"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32,
-                                               "n_positions": n_positions}))
+    config = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": n_positions}
+    if n_positions == "absent":
+        del config["n_positions"]
+    (d / "config.json").write_text(json.dumps(config))
     return str(d)
 
 
@@ -635,6 +688,18 @@ def test_config_names_a_bad_model_source_data_list_or_out_dir(tmp_path, bad, mat
         SFTConfig(**bad(tmp_path))
     cfg = SFTConfig(**good(tmp_path))  # the nearest good value passes the same check
     assert isinstance(cfg.train_data, tuple) and isinstance(cfg.val_data, tuple)
+
+
+def test_a_hugging_face_config_without_n_positions_has_gpt2s_1024_positions(tmp_path):
+    """A config.json that omits n_positions has transformers' GPT-2 default of 1024: block_size 1024 is
+    accepted for it and 1025 refused naming 1024."""
+    import transformers
+
+    d = _hf_dir(tmp_path)
+    assert transformers.GPT2Config.from_pretrained(d).n_positions == 1024  # the outside reference
+    assert SFTConfig(init_from=d, block_size=1024, export_hf=False).block_size == 1024
+    with pytest.raises(ValueError, match=r"block_size must be <= the block_size 1024 of the model in"):
+        SFTConfig(init_from=d, block_size=1025, export_hf=False)
 
 
 # ---- refusals and no-ops no other test reaches (a coverage audit), each against a hand-worked value ----
@@ -674,6 +739,18 @@ def test_a_val_split_that_would_leave_no_training_sample_is_refused():
         sft.split_val(["P: a", "P: b"], 0.75, seed=0)
     train, val = sft.split_val(["P: a", "P: b"], 0.5, seed=0)
     assert len(train) == len(val) == 1 and sorted(train + val) == ["P: a", "P: b"]
+
+
+def test_a_micro_batch_of_exactly_the_datas_tokens_is_allowed(tmp_path):
+    """The refusal is for a micro-batch "more than the tokens of the training data": one of exactly as many
+    tokens (each sample's GPT-2 tokens plus its EOT, counted here) trains; one token more is refused."""
+    texts = ["P: a b c", "P: d e"]
+    n = sum(len(get_tokenizer().encode_ordinary(t)) + 1 for t in texts)
+    kw = dict(batch_size=1, task_weights=None, val_fraction=0.0, eval_interval=0)
+    trainer = SFTTrainer(tiny_cfg(tmp_path / "ok", block_size=n, **kw), train_texts=texts)
+    assert trainer.train_stream.n_tokens == n
+    with pytest.raises(ValueError, match=rf"= {n + 1} tokens per micro-batch is more than the {n} tokens"):
+        SFTTrainer(tiny_cfg(tmp_path / "no", block_size=n + 1, **kw), train_texts=texts)
 
 
 def test_a_trainer_without_any_training_data_says_how_to_give_it(tmp_path):
@@ -755,6 +832,23 @@ def test_train_texts_given_as_one_string_or_an_empty_val_list_are_named(tmp_path
             train_sft(cfg, **{"train_texts": TEXTS, name: "P: a b c d"})
     with pytest.raises(ValueError, match="there is no val data to measure on"):
         train_sft(tiny_cfg(tmp_path / "v", max_steps=1, warmup_steps=0, eval_interval=1, val_fraction=0.0), train_texts=TEXTS, val_texts=[])
+
+
+def test_val_texts_lacking_only_a_zero_weight_task_keep_the_training_mix(tmp_path):
+    """A task of weight 0 is left out of training, so val texts that lack only it are still measured in the
+    training mix (P: and A: at even odds), not in the val texts' own proportions."""
+    weights = {"P": 0.5, "A": 0.5, "M": 0.0}
+    trainer = SFTTrainer(tiny_cfg(tmp_path, task_weights=weights, eval_interval=2, eval_steps=1),
+                         train_texts=TEXTS, val_texts=TEXTS[:6])
+    assert trainer.val_stream.task_weights == weights and trainer.val_stream.pool_names == ["P", "A", "M"]
+
+
+def test_an_untagged_val_text_is_refused_even_where_val_lacks_a_task(tmp_path):
+    """With task_weights set every val text must start with a task's tag, checked on the texts as given:
+    an untagged one is refused naming its index, even where the val texts lack a task of the mix."""
+    p_sample = next(t for t in TEXTS if t.startswith("P:"))
+    with pytest.raises(ValueError, match=r"^val sample 1 starts with 'hello world': with task_weights set"):
+        SFTTrainer(tiny_cfg(tmp_path, eval_interval=2), train_texts=TEXTS, val_texts=[p_sample, "hello world"])
 
 
 def test_resume_refuses_the_same_task_weights_in_another_order(tmp_path):
