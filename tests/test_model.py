@@ -82,6 +82,24 @@ def test_save_then_transformers_loads_same_logits(hf_dir, tmp_path):
         assert (back(idx).logits - ours(idx)).abs().max().item() < 1e-4
 
 
+def test_layer_norm_epsilon_is_read_and_written_as_transformers_uses_it(tmp_path):
+    """A config.json's layer_norm_epsilon is the model's (here 0.1, far from GPT-2's 1e-5, so it shows in the
+    logits): a transformers folder loads with transformers' logits, and the export writes it back so that
+    transformers, reading the export, gives ours."""
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(small_hf_config(layer_norm_epsilon=0.1)).save_pretrained(tmp_path / "hf")
+    idx = torch.randint(0, 50257, (2, 10))
+    with torch.no_grad():
+        ours = GPT.from_pretrained(tmp_path / "hf")
+        assert ours.config.layer_norm_epsilon == 0.1
+        theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+        assert (ours(idx) - theirs(idx).logits).abs().max().item() < 1e-4
+        ours.save_pretrained(tmp_path / "ours")
+        assert json.loads((tmp_path / "ours" / "config.json").read_text())["layer_norm_epsilon"] == 0.1
+        back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "ours").eval()
+        assert (back(idx).logits - ours(idx)).abs().max().item() < 1e-4
+
+
 def test_vocab_padding_keeps_outputs(hf_dir):
     d, _ = hf_dir
     plain = GPT.from_pretrained(d).eval()
@@ -147,6 +165,9 @@ def test_a_boolean_mask_converted_once_gives_what_each_layer_converting_it_gives
 
 
 def test_strict_keys_missing_and_unexpected(hf_dir, tmp_path):
+    """A missing or an unknown tensor is refused by name; the causal-mask buffers older transformers versions
+    saved with the weights (attn.bias, attn.masked_bias) are not weights: they are dropped, and the model holds
+    the file's weights exactly."""
     d, _ = hf_dir
     state = load_file(str(d / "model.safetensors"))
     (tmp_path / "config.json").write_text((d / "config.json").read_text())
@@ -160,6 +181,12 @@ def test_strict_keys_missing_and_unexpected(hf_dir, tmp_path):
     save_file(extra, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointFormatError, match="unexpected keys: transformer.h.0.attn.q_norm.weight"):
         GPT.from_pretrained(tmp_path)
+    T = 64  # small_hf_config's n_positions
+    buffers = {"transformer.h.0.attn.bias": torch.tril(torch.ones(T, T, dtype=torch.uint8)).view(1, 1, T, T),
+               "transformer.h.0.attn.masked_bias": torch.tensor(-1e4)}
+    save_file({**state, **buffers}, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    torch.testing.assert_close(GPT.from_pretrained(tmp_path).state_dict(), GPT.from_pretrained(d).state_dict(),
+                               rtol=0, atol=0)
 
 
 def test_weights_that_are_integers_or_not_finite_are_refused_naming_the_tensor(hf_dir, tmp_path):
@@ -247,16 +274,32 @@ def test_dropout_off_in_eval_and_on_in_train():
         assert not torch.equal(m(idx), m(idx))
 
 
-def test_gradient_checkpointing_same_gradients():
+def test_gradient_checkpointing_gives_the_same_gradients_from_fewer_saved_tensors():
+    """gradient_checkpointing gives the gradients of the plain model, and in train mode it saves far fewer
+    tensors for backward (each block's input; the rest is recomputed: the memory it is for), counted with
+    torch.autograd.graph.saved_tensors_hooks. Off, or in eval mode, every op saves its own."""
     torch.manual_seed(0)
     a = GPT(GPTConfig.preset("tiny"))
     b = GPT(GPTConfig.preset("tiny", gradient_checkpointing=True))
     b.load_state_dict(a.state_dict())
     idx = torch.randint(0, 50257, (2, 16))
-    for m in (a, b):
-        lm_loss(m(idx[:, :-1]), idx[:, 1:]).backward()
+    saved = {}
+    for name, m in (("plain", a), ("checkpointed", b), ("checkpointed, eval", b)):
+        m.train(name != "checkpointed, eval")
+        count = [0]
+
+        def pack(t):
+            count[0] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = lm_loss(m(idx[:, :-1]), idx[:, 1:])
+        if name != "checkpointed, eval":
+            loss.backward()
+        saved[name] = count[0]
     for (na, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.allclose(pa.grad, pb.grad, atol=1e-6), na
+    assert saved["checkpointed"] * 3 < saved["plain"] == saved["checkpointed, eval"], saved
 
 
 def test_loss_at_init_near_uniform():
@@ -435,11 +478,15 @@ def test_from_pretrained_returns_eval_mode_as_transformers_does(tmp_path):
         assert (ours(idx) - theirs(idx).logits).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "math"])
-def test_a_cached_decode_without_mask_or_positions_equals_the_full_forward(impl):
-    # a core user's loop: prefill, then one or two tokens at a time from the cache, nothing else passed
+@pytest.mark.parametrize("impl, checkpointing", [("sdpa", False), ("math", False), ("sdpa", True)],
+                         ids=["sdpa", "math", "sdpa-checkpointing-train-mode"])
+def test_a_cached_decode_without_mask_or_positions_equals_the_full_forward(impl, checkpointing):
+    """A core user's loop: prefill, then one or two tokens at a time from the cache, nothing else passed,
+    gives the full forward's logits. Also in train mode (dropout 0) with gradient_checkpointing, which
+    must not bypass the cache."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", block_size=32, attn_impl=impl)).eval()
+    model = GPT(GPTConfig.preset("tiny", block_size=32, attn_impl=impl, gradient_checkpointing=checkpointing))
+    model.train(checkpointing)
     idx = torch.randint(0, 50257, (2, 9))
     with torch.no_grad():
         full = model(idx)
@@ -469,6 +516,8 @@ NOT_GPT2_AS_WE_READ_IT = {
     # transformers' GPT2LMHeadModel loads it as GPT-2 (no error); AutoModelForCausalLM picks Llama's class by it
     "model_type": (lambda c: c.update(model_type="llama"), None, "config.json",
                    "model_type is 'llama', expected 'gpt2'"),
+    # transformers' GPT2Config.from_dict takes a null model_type as GPT-2's; ours does not guess
+    "model_type null": (lambda c: c.update(model_type=None), None, "config.json", "model_type is None, expected 'gpt2'"),
     # transformers falls back to GPT2Config's n_layer=12 and starts layers 2..11 at random (logits differ by 0.5)
     "no n_layer": (lambda c: c.pop("n_layer"), None, "config.json", "config.json lacks the field 'n_layer'"),
     # transformers falls back to GPT2Config's n_embd=768, n_head=12 and refuses the 64-wide weights (size mismatch)
@@ -517,13 +566,15 @@ def test_a_folder_that_is_not_gpt2_as_we_read_it_is_refused_naming_the_field_and
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointFormatError) as info:
         GPT.from_pretrained(tmp_path)
-    assert str(info.value).startswith(f"{tmp_path / culprit}: {message}"), str(info.value)
+    assert str(info.value) == f"{tmp_path / culprit}: {message}"
 
 
 def test_gpt2s_own_variants_of_those_settings_still_load(hf_dir, tmp_path):
     """The refusals above are not blanket ones: n_inner written out as 4 * n_embd and an lm_head.weight
     saved equal to the embedding (both GPT-2, and what transformers loads to the same logits) load, and
-    give the hf_dir model's logits."""
+    give the hf_dir model's logits. So do a config.json without tie_word_embeddings (GPT-2's own on the Hub
+    has none; transformers' GPT2Config defaults it to True: the head is tied, as transformers reads that
+    folder) and transformers' GPT2Model folder (no head, keys without "transformer.")."""
     d, hf = hf_dir
     config = json.loads((d / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "n_inner": 4 * 64}))
@@ -533,6 +584,16 @@ def test_gpt2s_own_variants_of_those_settings_still_load(hf_dir, tmp_path):
     idx = torch.randint(0, 50257, (1, 12))
     with torch.no_grad():
         assert (GPT.from_pretrained(tmp_path)(idx) - hf(idx).logits).abs().max().item() < 1e-4
+    untold = tmp_path / "no tie_word_embeddings"
+    untold.mkdir()
+    del config["tie_word_embeddings"]
+    (untold / "config.json").write_text(json.dumps(config))
+    save_file(state, str(untold / "model.safetensors"), metadata={"format": "pt"})
+    hf.transformer.save_pretrained(tmp_path / "GPT2Model")
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(untold).eval()
+    with torch.no_grad():
+        assert (GPT.from_pretrained(untold)(idx) - theirs(idx).logits).abs().max().item() < 1e-4
+        assert (GPT.from_pretrained(tmp_path / "GPT2Model")(idx) - hf(idx).logits).abs().max().item() < 1e-4
 
 
 def test_missing_or_unreadable_config_and_weights_are_named(hf_dir, tmp_path):
@@ -573,6 +634,9 @@ def test_missing_or_unreadable_config_and_weights_are_named(hf_dir, tmp_path):
         GPT.from_pretrained(tmp_path)
 
 
+STATIC_DECODE_NEEDS_BOTH = r"^a tensor `start` \(static-shape decode\) needs explicit position_ids and attn_mask$"
+
+
 @pytest.mark.parametrize("call, match", [
     pytest.param(lambda m: GPTConfig.preset("gpt5"), r"^unknown model preset 'gpt5'; choose one of \['cpu-medium', ",
                  id="preset"),
@@ -583,14 +647,21 @@ def test_missing_or_unreadable_config_and_weights_are_named(hf_dir, tmp_path):
     pytest.param(lambda m: m(torch.zeros(1, 3, dtype=torch.long), start=30), r"^sequence of length 33 exceeds block_size 32$",
                  id="continuation-too-long"),
     pytest.param(lambda m: m(torch.zeros(1, 1, dtype=torch.long), start=torch.tensor(3)),
-                 r"^a tensor `start` \(static-shape decode\) needs explicit position_ids and attn_mask$", id="tensor-start"),
+                 STATIC_DECODE_NEEDS_BOTH, id="tensor-start"),
+    pytest.param(lambda m: m(torch.zeros(1, 1, dtype=torch.long), position_ids=torch.tensor([[3]]),
+                             cache=KVCache(m.config, 1, 8, "cpu", torch.float32), start=torch.tensor([3])),
+                 STATIC_DECODE_NEEDS_BOTH, id="tensor-start-without-mask"),
+    pytest.param(lambda m: m(torch.zeros(1, 1, dtype=torch.long), attn_mask=torch.ones(1, 1, 1, 8, dtype=torch.bool),
+                             cache=KVCache(m.config, 1, 8, "cpu", torch.float32), start=torch.tensor([3])),
+                 STATIC_DECODE_NEEDS_BOTH, id="tensor-start-without-positions"),
     pytest.param(lambda m: config_from_dict({"n_layer": 2, "n_layers": 2}), r"^unknown GPTConfig field\(s\): n_layers$",
                  id="config-field"),
 ])
 def test_bad_model_arguments_name_what_is_wrong(call, match):
     """What a notebook user can get wrong calling the model directly: a preset name, a cache or a sequence
     longer than the context (the last position a model has a learned embedding for), a static-decode start
-    without its positions and mask, a misspelt config field. The longest sequence that fits runs."""
+    without its positions or without its mask (it attends over the whole cache: unwritten slots need the mask), a
+    misspelt config field. The longest sequence that fits runs."""
     torch.manual_seed(0)
     m = GPT(GPTConfig.preset("tiny", n_layer=1, n_embd=16, n_head=2, block_size=32)).eval()
     with pytest.raises(ValueError, match=match):

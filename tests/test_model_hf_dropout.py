@@ -60,9 +60,12 @@ def test_dropout_override_sets_every_rate_unless_they_are_given(tmp_path):
     assert _applied(GPT.from_pretrained(tmp_path, dropout=0.0, attn_dropout=0.2))["attn"] == 0.2
 
 
-def test_attention_dropout_acts_in_training_only(tmp_path):
+@pytest.mark.parametrize("impl", ["sdpa", "math"])
+def test_attention_dropout_acts_in_training_only(tmp_path, impl):
+    """attn_pdrop drops attention weights in train mode and never in eval mode, on both attention paths
+    (residual dropout off, so only the attention weights can differ), as transformers' attn_dropout does."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", **TINY, dropout=0.0, attn_dropout=0.5))
+    model = GPT(GPTConfig.preset("tiny", **TINY, dropout=0.0, attn_dropout=0.5, attn_impl=impl))
     idx = torch.randint(0, 50257, (2, 16))
     model.eval()
     assert torch.equal(model(idx), model(idx))
@@ -71,8 +74,12 @@ def test_attention_dropout_acts_in_training_only(tmp_path):
 
 
 def test_bad_rate_names_the_field(tmp_path):
-    _with_rates(tmp_path, attn_pdrop="0.1")
-    with pytest.raises(CheckpointFormatError, match="attn_pdrop='0.1' is not a dropout rate"):
-        GPT.from_pretrained(tmp_path)
+    """A rate in config.json that is text, a boolean or 1 (a dropout rate lies in [0, 1)) is refused under the key
+    the file spells, not loaded (False as 0.0) nor reported under our GPTConfig field's name."""
+    for key, value in (("attn_pdrop", "0.1"), ("attn_pdrop", 1.0), ("resid_pdrop", False)):
+        folder = _with_rates(tmp_path / f"{key}-{value}", **{key: value})
+        with pytest.raises(CheckpointFormatError) as info:
+            GPT.from_pretrained(folder)
+        assert str(info.value) == f"{folder / 'config.json'}: {key}={value!r} is not a dropout rate in [0, 1)"
     with pytest.raises(ValueError, match="GPTConfig.embd_dropout"):
         GPTConfig(embd_dropout=1.5)

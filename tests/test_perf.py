@@ -67,10 +67,14 @@ def test_train_is_three_forwards_and_breakdown_sums():
 
 
 def test_flops_bad_arguments():
+    """An unknown kind, and a seq_len that is not a positive integer: 0, or True (an int subclass, refused on
+    purpose rather than counted as a context of 1)."""
     with pytest.raises(ValueError, match="kind"):
         perf.flops_per_token(GPTConfig(), 16, "backward")
     with pytest.raises(ValueError, match="seq_len"):
         perf.flops_per_token(GPTConfig(), 0, "train")
+    with pytest.raises(ValueError, match="seq_len must be a positive integer, got True"):
+        perf.flops_per_token(GPTConfig(), True, "train")
 
 
 @pytest.mark.parametrize("name,key,bf16", [

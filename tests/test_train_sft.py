@@ -1,3 +1,4 @@
+import copy
 import dataclasses
 import json
 import math
@@ -643,6 +644,35 @@ def test_accumulated_micro_batches_give_the_whole_batchs_mean_loss_and_gradient(
     total = sum(step.accumulate(xm, ym) for xm, ym in zip(x.chunk(2), y.chunk(2)))
     assert total.item() == pytest.approx(ref.item(), rel=1e-5)
     torch.testing.assert_close(model.transformer.h[0].mlp.c_fc.weight.grad, want, rtol=1e-4, atol=1e-7)
+
+
+def test_a_train_step_call_is_torchs_clip_then_step_then_zero_grad_on_the_whole_batch():
+    """TrainStep(x, y) with grad_accum=2 returns the whole batch's mean loss, clips the gradient of that loss
+    to grad_clip (torch's clip_grad_norm_), takes one optimizer step and leaves every .grad None; a second
+    call starts from fresh gradients. Reference: the same model stepped by hand with plain SGD."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+    from rookworld_lib.core.train_utils import setup_runtime
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", **TINY_MODEL))
+    ref = copy.deepcopy(model)
+    step = train_step.TrainStep(model, torch.optim.SGD(model.parameters(), lr=0.5), setup_runtime("cpu", "fp32"),
+                                grad_accum=2, grad_clip=0.05, loss_impl="plain")
+    for seed in (1, 2):
+        g = torch.Generator().manual_seed(seed)
+        x, y = torch.randint(0, 50257, (4, 8), generator=g), torch.randint(0, 50257, (4, 8), generator=g)
+        loss = step(x, y)
+        want = torch.nn.functional.cross_entropy(ref(x).flatten(0, 1), y.flatten())
+        want.backward()
+        norm = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.05)
+        assert norm > 0.05  # the clip acts
+        with torch.no_grad():
+            for p in ref.parameters():
+                p -= 0.5 * p.grad
+                p.grad = None
+        assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+        assert all(p.grad is None for p in model.parameters())
+        torch.testing.assert_close(dict(model.named_parameters()), dict(ref.named_parameters()), rtol=1e-4, atol=1e-6)
 
 
 def _hf_dir(root: Path, n_positions="absent") -> str:
