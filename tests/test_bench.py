@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from rookworld_lib.core.model import GPTConfig  # noqa: E402
+from rookworld_lib.core.train_utils import setup_runtime  # noqa: E402
 from rookworld_lib.lab import bench, perf  # noqa: E402
 
 
@@ -83,12 +84,18 @@ def test_bench_config_validation():
         bench.BenchConfig(repeats=0)
     with pytest.raises(ValueError, match="block_size"):
         bench.BenchConfig(model="tiny", train_seq_len=1000)
+    # a sampled row is prompt and completion: 200 + 100 tokens exceed tiny's 256, 200 + 56 fit
+    with pytest.raises(ValueError, match="block_size 256"):
+        bench.BenchConfig(model="tiny", prompt_len=200, new_tokens=100)
+    bench.BenchConfig(model="tiny", prompt_len=200, new_tokens=56)
 
 
-def test_cli_rejects_unknown_model():
+def test_cli_rejects_unknown_model_and_negative_threads():
     with pytest.raises(SystemExit) as exc:
         bench.cli(["--model", "gpt5"])
     assert exc.value.code == 2
+    with pytest.raises(ValueError, match=r"^--threads must be >= 0"):
+        bench.cli(["--threads", "-1"])
 
 
 def test_grpo_step_against_trl(tmp_path):
@@ -159,7 +166,6 @@ def test_the_training_race_refuses_two_models_that_differ():
     MLP weight of transformers' copy scaled by 5 it reported a speed-up between two different models."""
     import tempfile
 
-    from rookworld_lib.core.train_utils import setup_runtime
     cfg = replace(bench.QUICK, model="tiny", repeats=1, warmup=0)
     with tempfile.TemporaryDirectory() as d:
         ours, theirs = bench.make_models(cfg, Path(d), torch.device("cpu"))
@@ -167,6 +173,31 @@ def test_the_training_race_refuses_two_models_that_differ():
         theirs.transformer.h[0].mlp.c_fc.weight.mul_(5)
     with pytest.raises(ValueError, match=r"^bench: the two contenders' logits differ by up to .+ \(> 0\.001 in fp32\)"):
         bench.bench_train_step(cfg, ours, theirs, setup_runtime("cpu", "fp32"))
+    with torch.no_grad():  # NaN logits are no closer: a NaN difference is not <= the tolerance
+        theirs.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"^bench: the two contenders' logits differ by up to nan "):
+        bench.bench_train_step(cfg, ours, theirs, setup_runtime("cpu", "fp32"))
+
+
+def test_the_sampling_race_refuses_unequal_work(monkeypatch):
+    """Both samplers must generate rows x new tokens (1 prompt x 2 samples x 3 = 6): our sampler stopping one
+    token short is refused, naming both counts. The models and our generate are stand-ins."""
+    cfg = bench.BenchConfig(model="tiny", sample_prompts=1, group_size=2, prompt_len=4, new_tokens=3, repeats=1,
+                            warmup=0, device="cpu")
+    ours = types.SimpleNamespace(eval=lambda: None, config=None)
+    theirs = types.SimpleNamespace(eval=lambda: None,
+                             generate=lambda input_ids, **kw: torch.zeros(input_ids.size(0), input_ids.size(1) + 3))
+    monkeypatch.setattr(bench, "generate", lambda model, prompts, scfg: types.SimpleNamespace(stats={"generated_tokens": 5}))
+    with pytest.raises(RuntimeError, match=r"generated unequal work: \{'ours': 5, 'transformers': 6\}, expected 6"):
+        bench.bench_sampling(cfg, ours, theirs, setup_runtime("cpu", "fp32"))
+
+
+def test_rollout_prompts_span_half_to_full_length_the_first_longest():
+    """rollout_prompts' docstring: lengths in [prompt_len // 2, prompt_len] (40: 20 to 40), the first the
+    longest; 64 prompts reach below 30, so the whole range is drawn from."""
+    lengths = [len(p) for p in bench.rollout_prompts(bench.BenchConfig(model="tiny", sample_prompts=64, prompt_len=40))]
+    assert len(lengths) == 64 and lengths[0] == 40 and all(20 <= n <= 40 for n in lengths)
+    assert min(lengths) < 30
 
 
 def test_cli_refuses_an_out_it_cannot_write_before_the_bench_and_prints_before_writing(monkeypatch, tmp_path, capsys):
@@ -211,6 +242,9 @@ def test_cli_threads_zero_leaves_torch_alone_and_json_goes_last(monkeypatch, cap
     cap = capsys.readouterr()
     assert cap.err == "[bench] a progress line\n"
     assert json.loads(cap.out.splitlines()[-1]) == canned and len(cap.out.splitlines()) == 1
+    # without --quick, on a CPU: FULL's shapes (cpu-small, a training batch of 8 x 128 tokens)
+    assert bench.cli(["--device", "cpu", "--json", "--no-trl"]) == 0
+    assert (seen["cfg"].model, seen["cfg"].train_batch, seen["cfg"].train_seq_len) == ("cpu-small", 8, 128)
 
 
 def test_run_bench_with_rollout_sweep_assembles_the_result(monkeypatch):
@@ -271,13 +305,18 @@ def test_grpo_comparison_without_trl_is_skipped_with_the_install_advice(monkeypa
     assert "speedup" not in res
 
 
+def _fake_trl(monkeypatch):
+    """A stand-in `trl` module (version 0.0-test), so that `import trl` in bench_grpo succeeds."""
+    fake_trl = types.ModuleType("trl")
+    fake_trl.__version__ = "0.0-test"
+    monkeypatch.setitem(sys.modules, "trl", fake_trl)
+
+
 def test_grpo_comparison_reports_a_failing_trl_run_and_keeps_ours(monkeypatch, tmp_path):
     """A TRL GRPOTrainer that raises (its API moves between versions) makes the comparison "failed", with
     the exception's type and message and trl's version, and our side's timing kept: 1 warm-up + 1 timed
     step of a tiny model (1 prompt x 2 completions x at most 3 tokens). trl is a stand-in module here."""
-    fake_trl = types.ModuleType("trl")
-    fake_trl.__version__ = "0.0-test"
-    monkeypatch.setitem(sys.modules, "trl", fake_trl)
+    _fake_trl(monkeypatch)
 
     def trl_times(cfg, workdir, device):
         raise RuntimeError("GRPOConfig got an unexpected keyword")
@@ -293,3 +332,18 @@ def test_grpo_comparison_reports_a_failing_trl_run_and_keeps_ours(monkeypatch, t
     assert len(res["ours"]["times_s"]) == 1 and _positive_finite(res["ours"]["median_s"])
     assert 1 <= res["ours_completion_len_mean"] <= 3
     assert "speedup" not in res and "trl" not in res
+
+
+def test_grpo_comparison_leaves_trls_first_step_untimed(monkeypatch, tmp_path):
+    """TRL's first optimizer step carries its setup and is not timed: step times [9, 1, 3] s give a median of
+    2 s, 2 prompts x 2 completions over it 2 completions/s, and a speed-up of TRL's median over ours. Both
+    trainers are stand-ins (ours: a no-op step)."""
+    _fake_trl(monkeypatch)
+    ours = types.SimpleNamespace(train_step=lambda: {"completions/mean_length": 2.0})
+    monkeypatch.setattr(bench, "our_grpo_trainer", lambda cfg, workdir, device: ours)
+    monkeypatch.setattr(bench, "_trl_grpo_times", lambda cfg, workdir, device: [9.0, 1.0, 3.0])
+    cfg = bench.BenchConfig(model="tiny", grpo_prompts=2, group_size=2, grpo_new_tokens=3, grpo_steps=2, device="cpu")
+    res = bench.bench_grpo(cfg, tmp_path, torch.device("cpu"))
+    assert res["status"] == "ok" and res["trl"]["times_s"] == [1.0, 3.0] and res["trl"]["median_s"] == 2.0
+    assert res["trl"]["completions_per_s"] == 2.0 and res["speedup"] == pytest.approx(2.0 / res["ours"]["median_s"])
+    assert res["ours_completion_len_mean"] == 2.0

@@ -104,6 +104,7 @@ def test_a_row_too_long_for_the_model_a_crash_and_a_non_finite_loss_are_rows_tha
     assert [r["status"] for r in result.rows] == ["ok", "skipped", "failed", "failed", "failed", "ok"]
     assert result.row("mfu")["reason"].startswith("MFUError: MFU ") and "of the measured peak" in result.row("mfu")["reason"]
     assert result.row("too long")["reason"] == f"seq_len {block + 1} exceeds the tiny model's block_size {block}"
+    assert tuning.unsupported_reason(replace(base, seq_len=block), torch.device("cpu")) is None  # exactly the context fits
     assert result.row("crash")["reason"] == "RuntimeError: boom"
     assert result.row("nan")["reason"].startswith("non-finite loss [") and result.row("nan")["reason"].endswith("nan]")
 
@@ -177,10 +178,17 @@ def test_scaling_and_figures(matrix):
 
 
 def test_run_config_profiles_memory_by_phase(tmp_path):
+    """The state a row holds, in MiB: fp32 parameters (4 bytes each, the tied head once, counted by torch),
+    AdamW's two moments twice that; a CPU's peak is that state plus the profiled step's highest phase."""
     row = tuning.run_config(replace(BASE, steps=2, timed_from=1), trace_path=tmp_path / "t.json")
     assert row["status"] == "ok"
     assert [m["phase"] for m in row["memory_by_phase"]] == ["forward", "backward", "optimizer"]
     assert row["peak_mem_mb"] > row["state_mb"]["params_mb"]
+    n = sum(p.numel() for p in GPT(GPTConfig.preset("tiny")).parameters())
+    assert row["state_mb"]["params_mb"] == pytest.approx(4 * n / 2**20)
+    assert row["state_mb"]["optimizer_mb"] == pytest.approx(2 * 4 * n / 2**20)
+    step_peak = max(m["peak_mb"] for m in row["memory_by_phase"])
+    assert row["peak_mem_mb"] == pytest.approx(3 * 4 * n / 2**20 + step_peak)
     assert row["top_ops"] and (tmp_path / "t.json").exists()
 
 
@@ -192,6 +200,11 @@ def test_default_variants_cover_the_issue_list():
     compile_rows = [v for v in variants if v.variable == "compile"]
     assert {v.overrides["compile"] for v in compile_rows} == {"default", "max-autotune"}
     assert all(v.skip_reason for v in compile_rows)
+    # batch size and sequence length halved and doubled (4 -> 2, 8; 64 -> 32, 128): other data, so not
+    # parity-checked; every other row is
+    shape = {(v.variable, v.overrides[v.variable]) for v in variants if v.variable in ("batch_size", "seq_len")}
+    assert shape == {("batch_size", 2), ("batch_size", 8), ("seq_len", 32), ("seq_len", 128)}
+    assert all(v.expect_parity is (v.variable not in ("batch_size", "seq_len")) for v in variants)
 
 
 def test_cpu_offload_adamw_matches_adamw():
@@ -242,12 +255,44 @@ def test_random_batches_are_seeded_and_shifted():
     assert torch.equal(tuning.random_batches(2, 3, 10, seed=1)[0][0], batches[0][0])
 
 
+def test_each_step_trains_on_the_next_of_the_cycled_batches(monkeypatch):
+    """The n_batches seeded batches are cycled step by step: with 2 batches and 3 steps the steps see
+    batch 0, 1, 0 (random_batches' order)."""
+    seen, real = [], TrainStep.__call__
+
+    def record(self, x, y):
+        seen.append(x.clone())
+        return real(self, x, y)
+
+    monkeypatch.setattr(TrainStep, "__call__", record)
+    cfg = replace(BASE, steps=3, timed_from=1, n_batches=2)
+    row = tuning.run_config(cfg, peaks={"fp32": perf.Peak("cpu", "fp32", None, 1e3)}, profile_memory=False)
+    assert row["status"] == "ok"
+    batches = tuning.random_batches(2, 2, 16, seed=0)
+    assert len(seen) == 3 and all(torch.equal(s, batches[i][0]) for s, i in zip(seen, (0, 1, 0)))
+
+
 def test_mfu_recheck_remeasures_a_low_peak():
     peaks = {"fp32": perf.Peak(device="cpu", precision="fp32", table_tflops=None, measured_tflops=1e-9)}
     real = perf.measure_peak_tflops("cpu", "fp32", n=256)
     util = tuning.checked_mfu(real * 1e12 * 0.01, 1.0, peaks, torch.device("cpu"), "fp32")
     assert 0 < util.vs_measured <= 1
     assert peaks["fp32"].measured_tflops > 1e-9
+
+
+def test_mfu_recheck_keeps_the_higher_peak(monkeypatch):
+    """An impossible MFU re-measures the peak and keeps the larger of the two: a re-measurement lower than
+    the first (0.5 < 1.0 TFLOP/s) leaves the peak at 1.0 for later rows; a higher one (4.0) replaces it, and
+    2 TFLOP/s is then 50% of it."""
+    cpu = torch.device("cpu")
+    peaks = {"fp32": perf.Peak("cpu", "fp32", table_tflops=None, measured_tflops=1.0)}
+    monkeypatch.setattr(tuning.perf, "measure_peak_tflops", lambda *a, **k: 0.5)
+    with pytest.raises(perf.MFUError):
+        tuning.checked_mfu(2e12, 1.0, peaks, cpu, "fp32")
+    assert peaks["fp32"].measured_tflops == 1.0
+    monkeypatch.setattr(tuning.perf, "measure_peak_tflops", lambda *a, **k: 4.0)
+    assert tuning.checked_mfu(2e12, 1.0, peaks, cpu, "fp32").vs_measured == 0.5
+    assert peaks["fp32"].measured_tflops == 4.0
 
 
 def test_train_step_accepts_a_compiled_model_without_calling_it():
@@ -260,14 +305,16 @@ def test_train_step_accepts_a_compiled_model_without_calling_it():
     assert step.forward_model is compiled
 
 
-def test_a_speed_difference_inside_the_baselines_spread_or_its_repeats_is_noise():
-    def row(tps_low, tps_high):  # tokens/s interval from the p90 and p10 step times of 100 tokens
-        return {"tokens_per_step": 100, "step_time_p90_s": 100 / tps_low, "step_time_p10_s": 100 / tps_high}
+def _timed(tps_low, tps_high):
+    """A row's timing: the tokens/s interval [tps_low, tps_high] from the p90 and p10 step times of 100 tokens."""
+    return {"tokens_per_step": 100, "step_time_p90_s": 100 / tps_low, "step_time_p10_s": 100 / tps_high}
 
-    base, repeat = row(90, 110), row(150, 170)  # a repeat 1.6x faster: this machine's run-to-run noise
-    assert tuning._tokens_per_s_overlap(row(120, 130), [base, repeat])  # between them: noise
-    assert not tuning._tokens_per_s_overlap(row(120, 130), [base])  # without the repeat it would not be
-    assert not tuning._tokens_per_s_overlap(row(200, 220), [base, repeat])  # faster than both: real
+
+def test_a_speed_difference_inside_the_baselines_spread_or_its_repeats_is_noise():
+    base, repeat = _timed(90, 110), _timed(150, 170)  # a repeat 1.6x faster: this machine's run-to-run noise
+    assert tuning._tokens_per_s_overlap(_timed(120, 130), [base, repeat])  # between them: noise
+    assert not tuning._tokens_per_s_overlap(_timed(120, 130), [base])  # without the repeat it would not be
+    assert not tuning._tokens_per_s_overlap(_timed(200, 220), [base, repeat])  # faster than both: real
     # a baseline and a repeat that disagree say that the host drifted, in the notebook and on the figure
     named = [{**base, "name": "baseline", "status": "ok", "tokens_per_s": 100.0},
              {**repeat, "name": "baseline (repeat)", "status": "ok", "tokens_per_s": 160.0, "speedup": 1.6}]
@@ -275,8 +322,35 @@ def test_a_speed_difference_inside_the_baselines_spread_or_its_repeats_is_noise(
     assert result.drift() == ("host speed drifted: the baseline's repeat ran at 1.60x the baseline, outside both "
                               "p10-p90 intervals (host CPU 98% busy on average); speed-ups in this run are no surer "
                               "than that")
-    named[1].update(row(105, 115), tokens_per_s=110.0, speedup=1.1)
+    named[1].update(_timed(105, 115), tokens_per_s=110.0, speedup=1.1)
     assert result.drift() is None  # within the baseline's own spread
+
+
+def test_run_matrix_verdicts_from_rows_of_known_numbers(monkeypatch):
+    """run_matrix's verdicts, each worked out by hand from canned rows (run_config replaced): the baseline is
+    put first when the list lacks it; the speed-up is tokens/s over the baseline's; loss_delta is the row's
+    loss minus the baseline's, and a loss lower by more than the tolerance changes the result too; the noise
+    spans the baseline and its repeat; a row on other data that changes the loss is not flagged."""
+    def row(name, variable, tps_low, tps_high, tps, loss, parity=True):
+        return {"name": name, "variable": variable, "status": "ok", "expect_parity": parity,
+                "tokens_per_s": tps, "final_loss": loss, **_timed(tps_low, tps_high)}
+
+    canned = {"warm-up": row("warm-up", "baseline", 1, 2, 1.5, 0.0),
+              "baseline": row("baseline", "baseline", 90, 110, 100.0, 2.0),
+              "lower": row("lower", "lr", 300, 320, 310.0, 1.9),
+              "mid": row("mid", "attn_impl", 120, 130, 125.0, 2.0),
+              "other data": row("other data", "batch_size", 400, 420, 410.0, 2.5, parity=False),
+              "baseline (repeat)": row("baseline (repeat)", "baseline-repeat", 150, 170, 160.0, 2.0)}
+    monkeypatch.setattr(tuning, "run_config", lambda cfg, v, **kw: dict(canned[v.name]))
+    variants = [tuning.Variant("lower", "lr", {"lr": 0.03}), tuning.Variant("mid", "attn_impl", {"attn_impl": "math"}),
+                tuning.Variant("other data", "batch_size", {"batch_size": 4}, expect_parity=False)]
+    result = tuning.run_matrix(BASE, variants, progress=False, repeat_baseline=True)
+    assert [r["name"] for r in result.rows] == ["baseline", "lower", "mid", "other data", "baseline (repeat)"]
+    lower, mid = result.row("lower"), result.row("mid")
+    assert lower["speedup"] == pytest.approx(3.1) and mid["speedup"] == pytest.approx(1.25)
+    assert lower["loss_delta"] == pytest.approx(-0.1) and lower["changes_result"] is True
+    assert mid["within_noise"] is True and lower["within_noise"] is False  # between the baseline and its repeat
+    assert result.row("other data")["changes_result"] is True and result.flagged() == ["lower"]
 
 
 @pytest.mark.parametrize("flags, capability, native", [
