@@ -132,6 +132,39 @@ def test_reward_examples_are_what_their_names_say():
     assert wrong == "+".join([fen, reward, str(1 - int(terminated)), truncated])
 
 
+def test_reward_examples_keep_the_candidates_shape_and_change_what_they_say():
+    """'random legal' and 'illegal' keep the record's candidates, the last replaced by the move; 'illegal'
+    names two squares and python-chess finds it illegal; 'best repeated' repeats the best move and its
+    eval in every slot (none for one candidate); 'one FEN char off' changes exactly one character."""
+    for r in data.load_split("P", "test").records[:300]:
+        ex, n = reward_examples.policy_examples(r), len(r["moves"])
+        for cat in ("random legal", "illegal"):
+            if cat in ex:
+                head, move = ex[cat].rsplit(" B: ", 1)
+                assert head == f" M: {' '.join([*r['moves'][:-1], move])} E: {' '.join(r['evals'])}"
+        move = chess.Move.from_uci(ex["illegal"].rsplit("B: ", 1)[1])
+        assert move.from_square != move.to_square and not chess.Board(r["fen"]).is_legal(move), r["id"]
+        if n > 1:
+            best, ev = r["moves"][0], r["evals"][0]
+            assert ex["best repeated"] == f" M: {' '.join([best] * n)} E: {' '.join([ev] * n)} B: {best}"
+    one = dict(r, moves=r["moves"][:1], evals=r["evals"][:1])
+    assert "best repeated" not in reward_examples.policy_examples(one)
+    for r in data.load_split("A", "test").records[:300]:
+        ex = reward_examples.env_examples(r)
+        exact, off = ex["exact"], ex["one FEN char off"]
+        assert len(off) == len(exact) and sum(a != b for a, b in zip(off, exact)) == 1, r["id"]
+
+
+@pytest.mark.parametrize("op, i, want", [("r", 1, "aXc"), ("r", 3, "abX"), ("i", 1, "aXbc"), ("i", 3, "abcX"),
+                                         ("d", 1, "ac"), ("d", 3, "ab"), ("s", 0, "bac"), ("s", 2, "acb")])
+def test_edit_chars_edits_at_the_index_given(op, i, want):
+    """edit_chars on "abc", worked by hand: replace, insert, delete, swap at i; an index past the end
+    replaces or deletes the last character and swaps the last two."""
+    chars = list("abc")
+    reward_examples.edit_chars(chars, op, i, "X")
+    assert "".join(chars) == want
+
+
 def test_limit_keys_are_spelled_in_one_order():
     assert limit_key(chess.engine.Limit(depth=8, nodes=1000)) == "depth=8,nodes=1000"
 

@@ -26,8 +26,11 @@ def test_save_figure_writes_offline_html_and_json(tmp_path):
 
 
 def test_save_figure_rejects_bad_names(tmp_path):
-    with pytest.raises(ValueError, match="figure name"):
-        plots.save_figure(go.Figure(), "../escape", tmp_path)
+    """A figure name is letters, digits, '_', '-', '.', and starts with a letter or digit: no path, no
+    hidden file, no empty name."""
+    for name in ("../escape", "", ".hidden", "_x", "-x", "a b"):
+        with pytest.raises(ValueError, match="figure name"):
+            plots.save_figure(go.Figure(), name, tmp_path)
 
 
 def test_live_curves_records_without_widgets():
@@ -81,6 +84,20 @@ def test_save_figure_writes_a_png_of_the_layout_size(tmp_path):
     head = (tmp_path / "demo.png").read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR"
     assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (640, 360)
+
+
+def test_a_figure_without_a_size_is_rendered_png_width_by_500(tmp_path, monkeypatch):
+    """A figure that sets no width or height is rendered PNG_WIDTH (1000) px wide and 500 high, a sized
+    one at its own size (what kaleido is asked for)."""
+    import kaleido
+
+    sizes = []
+    monkeypatch.setattr(plots, "_png_off", None)
+    monkeypatch.setattr(kaleido, "start_sync_server", lambda **kw: None)
+    monkeypatch.setattr(kaleido, "calc_fig_sync", lambda fig, opts: sizes.append(opts) or b"png")
+    plots.save_figure(go.Figure(), "free", tmp_path)
+    plots.save_figure(go.Figure(layout=dict(width=300, height=200)), "sized", tmp_path)
+    assert sizes == [{"width": 1000, "height": 500}, {"width": 300, "height": 200}]
 
 
 def test_deferred_pngs_start_no_browser_and_render_pngs_writes_each_once(tmp_path, monkeypatch):
@@ -142,6 +159,7 @@ def test_curves_figure_trend_lines_are_least_squares_fits():
     data, trend = fig.data  # one series and its trend line; a key nobody logged draws nothing
     slope, icept = np.polyfit(list(data.x), list(data.y), 1)
     assert list(trend.x) == [1, 10] and trend.line.dash == "dash" and trend.line.color == data.line.color
+    assert trend.showlegend is False and data.showlegend is not False  # the series' legend entry stands for both
     assert np.allclose(trend.y, [icept + slope * 1, icept + slope * 10])
     # a NaN is a gap as null is (it made the whole trend line NaN); records without a step are numbered
     history[4]["r"] = float("nan")
@@ -253,6 +271,65 @@ def test_a_trend_over_one_x_is_flat_at_the_mean():
     assert list(trend.x) == [3, 3] and list(trend.y) == pytest.approx([3.0, 3.0])
 
 
+def test_a_trend_over_two_points_passes_through_both():
+    """Two points fit a line exactly (hand-worked): the trend runs from the first to the second."""
+    _, trend = plots.curves_figure([{"step": 1, "r": 1.0}, {"step": 3, "r": 2.0}], ["r"], "t", trend=True).data
+    assert list(trend.x) == [1, 3] and list(trend.y) == pytest.approx([1.0, 2.0])
+
+
+def test_series_colours_follow_plotlys_palette_and_wrap_after_it():
+    """The i-th series takes plotly's default palette's i-th colour (ten of them), the 11th the first again."""
+    from plotly.colors import qualitative
+
+    assert [plots.series_colour(i) for i in range(11)] == [*qualitative.Plotly, qualitative.Plotly[0]]
+    assert plots.series_colour(9) == "#FECB52"
+
+
+def _curve_rows(level):
+    """checkpoint_curve rows at two token counts: val loss 2, every strict rate `level` with interval [level - 0.02, level + 0.05]."""
+    from rookworld_lib.chess.evaluate import STRICT_METRICS
+
+    return [{"tokens": t, "val_loss": 2.0, **{m: {"value": level, "low": level - 0.02, "high": level + 0.05, "n": 100}
+                                             for m in STRICT_METRICS}} for t in (1e5, 1e7)]
+
+
+def test_learning_curve_error_bars_span_the_interval_in_percent():
+    """Each strict rate's error bar runs from its 95% interval's low to its high, in percent: value 0.3,
+    low 0.28, high 0.35 give 2 below and 5 above."""
+    from rookworld_lib.chess.evaluate import STRICT_METRICS
+
+    bars = [t.error_y for t in plots.learning_curve_figure({"run": _curve_rows(0.3)}).data if t.error_y.array is not None]
+    assert len(bars) == len(STRICT_METRICS)
+    for e in bars:
+        assert list(e.array) == pytest.approx([5.0, 5.0]) and list(e.arrayminus) == pytest.approx([2.0, 2.0])
+
+
+def test_learning_curve_shows_each_run_once_in_the_legend_and_draws_the_highlight_last():
+    """One legend entry per run; the highlighted run is drawn after the others, in black stars; a highlight
+    that is not one of the runs, or an unknown x, is refused."""
+    from rookworld_lib.chess.evaluate import STRICT_METRICS
+
+    fig = plots.learning_curve_figure({"a": _curve_rows(0.1), "me": _curve_rows(0.2), "b": _curve_rows(0.3)}, highlight="me")
+    assert [t.name for t in fig.data if t.showlegend] == ["a", "b", "me"]
+    last = fig.data[-(1 + len(STRICT_METRICS)):]
+    assert all(t.name == "me" and t.line.color == "black" and t.marker.symbol == "star" for t in last)
+    with pytest.raises(ValueError, match="highlight="):
+        plots.learning_curve_figure({"a": _curve_rows(0.1)}, highlight="nobody")
+    with pytest.raises(ValueError, match="x="):
+        plots.learning_curve_figure({"a": _curve_rows(0.1)}, x="steps")
+
+
+def test_live_curves_start_at_zero_only_for_a_panel_that_never_went_below_it():
+    """A panel whose values stayed >= 0 (a clip share stuck at 0) starts at 0; one with a negative value
+    does not; the stacked panels share one step axis."""
+    live = plots.LiveCurves({"clip": ["clip"], "reward": ["reward"]}, "t", live=False)
+    live({"step": 1, "clip": 0.0, "reward": -0.5})
+    live({"step": 2, "clip": 0.0, "reward": 0.5})
+    fig = live.figure()
+    assert fig.layout.yaxis.rangemode == "nonnegative" and fig.layout.yaxis2.rangemode is None
+    assert fig.layout.xaxis.matches == "x2"
+
+
 def test_live_curves_keep_markers_up_to_markers_up_to_points():
     for n, mode in ((plots.MARKERS_UP_TO, "lines+markers"), (plots.MARKERS_UP_TO + 1, "lines")):
         live = plots.LiveCurves(["loss"], "t", live=False)
@@ -275,3 +352,6 @@ def test_legible_rounds_floats_to_the_digits_asked_for():
     table = plots.legible(pd.DataFrame({"v": [12.34567]}), digits=1).to_html()
     assert ">12.3<" in table and "12.346" not in table
     assert ">12.346<" in plots.legible(pd.DataFrame({"v": [12.34567]})).to_html()
+    # the docstring's thousands separated and missing values blank
+    html = plots.legible(pd.DataFrame({"v": [1234567.891, float("nan")]})).to_html()
+    assert ">1,234,567.891<" in html and "nan" not in html.lower()

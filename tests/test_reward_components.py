@@ -317,6 +317,13 @@ def test_reward_distribution_takes_the_graded_weights(recs):
     assert rows["best"] == 1.0 > rows["best repeated"] > rows["illegal"] > rows["garbage"] == 0.0
     old = {row["category"]: row["reward"] for row in reward_distribution([recs["r5"]])}
     assert old["best repeated"] < old["illegal"]  # the default's ranking, unchanged
+    # env rows (task A): right but for the terminated flag earns 1 - that flag's weight, 0.05 in
+    # GRADED_ENV_WEIGHTS, 0.1 by default
+    env = shipped("A", "test")[0]
+    graded_env = reward_distribution((), [env], env_weights=rewards.GRADED_ENV_WEIGHTS)
+    assert {row["task"] for row in graded_env} == {"A"}
+    assert {r["category"]: r["reward"] for r in graded_env}["wrong terminated flag"] == pytest.approx(0.95)
+    assert {r["category"]: r["reward"] for r in reward_distribution((), [env])}["wrong terminated flag"] == pytest.approx(0.9)
 
 
 def test_grpo_reward_variants_name_their_functions_and_weigh_a_valid_next_fen():
