@@ -169,7 +169,8 @@ def test_torchrun_runs_the_preflight_before_any_worker(monkeypatch):
 
 
 class _Done:
-    """A stand-in for torchrun's Popen that exits 0 and records its environment."""
+    """A stand-in for torchrun's Popen that exits 0 and records its environment (the other stand-ins below
+    change what wait() returns)."""
     envs = []
 
     def __init__(self, cmd, env, **kwargs):
@@ -244,7 +245,7 @@ def test_one_interrupt_line_names_the_signal_that_was_sent(tmp_path, monkeypatch
     assert errors.worker_errors(tmp_path)[0] == [
         "rookworld grpo: interrupted (with another process); the same command resumes from the latest checkpoint"]
 
-    class CtrlC:  # torchrun under a Ctrl-C: the launcher gets SIGINT, the workers write SIGTERM lines
+    class CtrlC(_Done):  # torchrun under a Ctrl-C: the launcher gets SIGINT, the workers write SIGTERM lines
         def __init__(self, cmd, env, **kwargs):
             self.dir = Path(env[errors.ERRORS_DIR_ENV])
 
@@ -252,9 +253,6 @@ def test_one_interrupt_line_names_the_signal_that_was_sent(tmp_path, monkeypatch
             distributed.signal.raise_signal(distributed.signal.SIGINT)  # the launcher's handler passes it on
             (self.dir / "rank00000.json").write_text(json.dumps({"line": term, "code": 130}))
             return 130
-
-        def send_signal(self, signum):
-            pass
 
     monkeypatch.delenv(errors.ERRORS_DIR_ENV)
     monkeypatch.delenv("RANK")
@@ -265,15 +263,9 @@ def test_one_interrupt_line_names_the_signal_that_was_sent(tmp_path, monkeypatch
 
 
 def test_a_torchrun_killed_by_a_signal_exits_1_saying_so(monkeypatch, capsys):
-    class Killed:  # what Popen.wait() returns for a child that SIGKILL ended: -9, no status a shell can use
-        def __init__(self, *args, **kwargs):
-            pass
-
+    class Killed(_Done):  # what Popen.wait() returns for a child that SIGKILL ended: -9, no status a shell can use
         def wait(self):
             return -9
-
-        def send_signal(self, signum):
-            pass
 
     monkeypatch.setattr(distributed.subprocess, "Popen", Killed)
     assert distributed.torchrun("sft", ["--max-steps", "1"], 2) == 1
