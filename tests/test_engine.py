@@ -206,6 +206,24 @@ def test_close_is_idempotent_and_refuses_new_work():
         pool.analyse(chess.STARTING_FEN)
 
 
+def test_an_engine_group_is_killed_while_its_leader_is_unreaped(monkeypatch):
+    """Closing a pool kills each engine's process group while the engine's pid is still held (alive or
+    a zombie): after the reaping, the freed id could be a new group's, which the kill would hit."""
+    pool = EnginePool(EngineSettings(depth=1), size=1, cache=False)
+    pool.analyse(chess.STARTING_FEN)
+    held, killpg = [], os.killpg
+
+    def recording_killpg(pgid, sig):
+        held.append(Path(f"/proc/{pgid}").exists())
+        killpg(pgid, sig)
+
+    monkeypatch.setattr(os, "killpg", recording_killpg)
+    pids = engine_pids(pool)
+    pool.close()
+    assert held == [True]
+    assert wait_gone(pids) == []
+
+
 def test_concurrent_callers_share_the_pool_safely():
     fens = [b.fen() for b in random_positions(12, seed=31)]
     with EnginePool(EngineSettings(depth=5), size=2, cache=False) as pool:

@@ -273,15 +273,16 @@ def threaded(fn: Callable, items: Iterable, workers: int, progress: bool = False
 
 
 def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
-    """Close the transport (which kills the process), wait until it has been reaped, then kill what is
-    left of its process group (see EnginePool._spawn): the children of an engine behind a wrapper
-    script, which would otherwise live on. The group's id stays taken while any of them lives."""
+    """Kill the engine's process group (see EnginePool._spawn): the engine and, behind a wrapper
+    script, its children, which would otherwise live on. Then close the transport and wait until the
+    engine has been reaped. The group is killed first: while its leader is unreaped, its id cannot be
+    another process's (killed after the reaping, a new group that took the freed id would be hit)."""
+    with contextlib.suppress(OSError):
+        os.killpg(eng.transport.get_pid(), signal.SIGKILL)
     with contextlib.suppress(Exception):
         eng.close()
     with contextlib.suppress(Exception):
         eng.returncode.result(timeout=wait)
-    with contextlib.suppress(OSError):
-        os.killpg(eng.transport.get_pid(), signal.SIGKILL)
 
 
 def _kill_all(engines: list, lock: threading.Lock, idle: queue.Queue) -> None:

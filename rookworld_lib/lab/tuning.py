@@ -47,18 +47,19 @@ class CPUOffloadAdamW:
         for g in param_groups:
             masters = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()).requires_grad_()
                        for p in g["params"]]
-            for m in masters:
-                m.grad = torch.zeros(m.shape, dtype=torch.float32, pin_memory=pin)
             cpu_groups.append({**g, "params": masters})
         self.masters = [m for g in cpu_groups for m in g["params"]]
+        self.grads = [torch.zeros(m.shape, dtype=torch.float32, pin_memory=pin) for m in self.masters]
         self.inner = build_adamw(cpu_groups, lr=lr, weight_decay=0.0, device_type="cpu", fused=False)
         self.param_groups = self.inner.param_groups
 
     @torch.no_grad()
     def step(self):
-        """Copy the gradients out, update the CPU masters, copy the weights back."""
-        for p, m in zip(self.device_params, self.masters):
-            m.grad.zero_() if p.grad is None else m.grad.copy_(p.grad, non_blocking=True)
+        """Copy the gradients out, update the CPU masters, copy the weights back. A parameter without a
+        gradient this step is not stepped, as torch's AdamW skips it (a zero gradient would not do: the
+        moments would still move it)."""
+        for p, m, g in zip(self.device_params, self.masters, self.grads):
+            m.grad = None if p.grad is None else g.copy_(p.grad, non_blocking=True)
         if self.device_params:  # the non-blocking copies must land before the CPU reads them
             perf.synchronize(self.device_params[0].device)
         self.inner.step()
