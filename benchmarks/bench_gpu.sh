@@ -9,6 +9,7 @@ out=${1:?usage: benchmarks/bench_gpu.sh OUT_DIR [part ...]}
 shift
 parts=${*:-tests bench scaling attention matrix}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the matrix part runs its notebook from notebooks/ (papermill --cwd)
 venv_py="$(dirname "$0")/../.venv/bin/python"
 [ -x "$venv_py" ] || venv_py=python3
 py=${PYTHON:-$venv_py}
