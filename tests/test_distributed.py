@@ -291,3 +291,12 @@ def test_a_worker_killed_by_sigkill_exits_137_and_says_out_of_memory(monkeypatch
         line = json.loads((tmp_path / "rank_launcher.json").read_text())["line"]
         assert line.startswith(f"rookworld sft: error: worker rank 1 was killed by {sig.name}")
         assert ("out of memory?" in line) == oom
+
+
+def test_a_worker_record_without_a_line_or_code_is_skipped(tmp_path):
+    """worker_errors reads what it can: a record missing its code or line, or not an object, is skipped
+    like a torn file, and the others still count."""
+    (tmp_path / "rank00000.json").write_text(json.dumps({"line": "rookworld sft: error: no code"}))
+    (tmp_path / "rank00001.json").write_text(json.dumps(["not", "a", "record"]))
+    (tmp_path / "rank00002.json").write_text(json.dumps({"line": "rookworld sft: error: disk full", "code": 1}))
+    assert errors.worker_errors(tmp_path) == (["rookworld sft: error: disk full"], [1])

@@ -671,3 +671,18 @@ def test_a_missing_or_failing_stockfish_ends_the_command_in_one_line(monkeypatch
     assert cli.main(["fake"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rookworld fake: error: Stockfish"), err
+
+
+def test_the_error_line_a_sigint_and_a_process_outside_our_launcher_get(monkeypatch, capsys):
+    """report() writes `rookworld <command>: error: <message>` on stderr; SIGINT reads as "Ctrl-C" (its
+    usual sender), other signals by name; a process with a RANK but no $ROOKWORLD_ERRORS_DIR (another
+    launcher's worker) prints its line itself."""
+    from rookworld_lib.core import errors
+
+    monkeypatch.delenv(errors.ERRORS_DIR_ENV, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    assert errors.report("sft", "disk   full\n now", 1) == 1
+    assert errors.report_interrupted("datagen", "SIGINT") == errors.report_interrupted("datagen", "SIGTERM") == 130
+    assert capsys.readouterr().err.splitlines() == ["rookworld sft: error: disk full now",
+                                                    "rookworld datagen: interrupted (Ctrl-C)",
+                                                    "rookworld datagen: interrupted (SIGTERM)"]

@@ -294,3 +294,104 @@ def test_markdown_table_has_one_separator_cell_per_column():
                                            "|---|---|---|\n"
                                            "| r1 | 1 | x |\n"
                                            "| r2 | 2 | y |")
+
+
+# --- core.progress: the bars and the progress file (behaviours a mutation audit found unpinned) ---
+
+def test_report_appends_one_line_per_call_and_nothing_outside_a_run(tmp_path, monkeypatch):
+    """report() appends each line once with one newline (a trailing one is not doubled); without
+    $ROOKWORLD_PROGRESS it writes nothing."""
+    from rookworld_lib.core import progress
+
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(log))
+    progress.report("a\n")
+    progress.report("b")
+    assert log.read_text() == "a\nb\n"
+    monkeypatch.delenv(progress.PROGRESS_ENV)
+    progress.report("c")
+    assert log.read_text() == "a\nb\n"
+
+
+def test_a_headless_bar_reports_every_30_s_and_once_at_close(tmp_path, monkeypatch, capsys):
+    """With a fake clock: HeadlessTqdm reports when REPORT_EVERY_S (30 s) have passed since its last report
+    (not at 29.5 s; again 30 s after a report), and at close reports and prints its one closing line;
+    its bar itself writes nowhere, even given a file. LineTqdm also prints the 30 s lines on stderr, and a
+    disabled bar says nothing."""
+    import io
+    import types
+
+    from rookworld_lib.core import progress
+
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(log))
+    clock = [1000.0]
+    monkeypatch.setattr(progress, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    given = io.StringIO()
+    bar = progress.HeadlessTqdm(total=10, desc="steps", file=given)
+    for step in (0.0, 29.5, 0.5, 29.5, 0.5):  # reports after the 3rd update (30 s) and the 5th (30 s later)
+        clock[0] += step
+        bar.update(1)
+    bar.close()
+    lines = log.read_text().splitlines()
+    assert [line.split("|")[0].split()[-1] for line in lines] == ["30%", "50%", "50%"], lines
+    assert capsys.readouterr().err.splitlines() == [lines[-1]] and given.getvalue() == ""
+    log.unlink()
+    line_bar = progress.LineTqdm(total=4, desc="piped")
+    clock[0] += 30.0
+    line_bar.update(2)
+    # the same line (its rate, computed at each print, aside)
+    assert [line.split(" [")[0] for line in capsys.readouterr().err.splitlines()] == ["piped:  50%|█████     | 2/4"]
+    assert [line.split(" [")[0] for line in log.read_text().splitlines()] == ["piped:  50%|█████     | 2/4"]
+    line_bar.close()
+    log.unlink()
+    capsys.readouterr()
+    progress.HeadlessTqdm(total=3, disable=True).close()
+    assert not log.exists() and capsys.readouterr().err == ""
+
+
+def test_which_bar_a_kernel_a_frontend_and_a_pipe_get(monkeypatch):
+    """A Jupyter kernel (ZMQInteractiveShell) with JPY_SESSION_NAME or VSCODE_PID set is watched by a widget
+    frontend, one with neither is headless; a terminal IPython is no kernel. Outside a kernel, stderr that is
+    not a terminal gets a LineTqdm and a terminal tqdm's own bar."""
+    import sys
+    import types
+
+    from rookworld_lib.core import progress
+
+    class ZMQInteractiveShell:
+        pass
+
+    class TerminalInteractiveShell:
+        pass
+
+    class FakeStderr:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+        def write(self, s):
+            return len(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", FakeStderr(False))
+    assert type(progress.tqdm(total=1, disable=True)) is progress.LineTqdm
+    monkeypatch.setattr(sys, "stderr", FakeStderr(True))
+    assert not isinstance(progress.tqdm(total=1, disable=True), progress.HeadlessTqdm)
+    monkeypatch.undo()
+    for k in progress.FRONTEND_ENV:
+        monkeypatch.delenv(k, raising=False)
+    shell = [ZMQInteractiveShell()]
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell[0]))
+    assert progress.headless_kernel() and not progress.widget_frontend()
+    monkeypatch.setenv("JPY_SESSION_NAME", "05.ipynb")
+    assert progress.widget_frontend() and not progress.headless_kernel()
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    monkeypatch.setenv("VSCODE_PID", "1")
+    assert progress.widget_frontend()
+    shell[0] = TerminalInteractiveShell()
+    assert not progress.widget_frontend() and not progress.headless_kernel()
