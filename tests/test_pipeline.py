@@ -333,22 +333,113 @@ def test_the_run_renders_its_figures_pngs_once_on_one_browser_after_the_notebook
 
 
 def test_headless_bar_reports_every_30_s_and_one_closing_line(tmp_path, monkeypatch, capsys):
+    """A headless bar reports when 30 s have passed since its last report (not at 29.5 s) and once at close;
+    the bar itself writes nowhere, even given a file, and stderr gets the closing line only. LineTqdm also
+    prints its lines on stderr; a disabled bar says nothing."""
+    import io
+
     from rookworld_lib.core import progress
 
     clock = [0.0]  # each step "takes" 10 s: a report after the 3rd, 6th and 9th, then the closing line
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
-    monkeypatch.setenv(progress.PROGRESS_ENV, str(tmp_path / "progress.log"))
-    with progress.HeadlessTqdm(total=10, desc="GRPO") as bar:
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(log))
+    given = io.StringIO()
+    with progress.HeadlessTqdm(total=10, desc="GRPO", file=given) as bar:
         for _ in range(10):
             clock[0] += 10.0
             bar.update(1)
-    reported = (tmp_path / "progress.log").read_text().splitlines()
+    reported = log.read_text().splitlines()
     assert [line.split("|")[-1].split()[0] for line in reported] == ["3/10", "6/10", "9/10", "10/10"]
     assert capsys.readouterr().err == reported[-1] + "\n"  # stderr (the saved notebook): the closing line only
+    assert given.getvalue() == ""
     with progress.HeadlessTqdm(total=10, desc="quick") as bar:
         bar.update(10)
-    assert [line.split("|")[-1].split()[0] for line in (tmp_path / "progress.log").read_text().splitlines()[4:]] == ["10/10"]
+    assert [line.split("|")[-1].split()[0] for line in log.read_text().splitlines()[4:]] == ["10/10"]
     assert not progress.widget_frontend() and not progress.headless_kernel()  # plain Python: no kernel
+    log.unlink()
+    capsys.readouterr()
+    with progress.HeadlessTqdm(total=10, desc="steps") as bar:
+        for step in (0.0, 29.5, 0.5, 29.5, 0.5):  # reports after the 3rd update (30 s) and the 5th (30 s later)
+            clock[0] += step
+            bar.update(1)
+    lines = log.read_text().splitlines()
+    assert [line.split("|")[0].split()[-1] for line in lines] == ["30%", "50%", "50%"], lines
+    assert capsys.readouterr().err.splitlines() == [lines[-1]]
+    log.unlink()
+    line_bar = progress.LineTqdm(total=4, desc="piped")
+    clock[0] += 30.0
+    line_bar.update(2)
+    # the same line (its rate, computed at each print, aside)
+    assert [line.split(" [")[0] for line in capsys.readouterr().err.splitlines()] == ["piped:  50%|█████     | 2/4"]
+    assert [line.split(" [")[0] for line in log.read_text().splitlines()] == ["piped:  50%|█████     | 2/4"]
+    line_bar.close()
+    log.unlink()
+    capsys.readouterr()
+    progress.HeadlessTqdm(total=3, disable=True).close()
+    assert not log.exists() and capsys.readouterr().err == ""
+
+
+def test_report_appends_one_line_per_call_and_nothing_outside_a_run(tmp_path, monkeypatch):
+    """report() appends each line once with one newline (a trailing one is not doubled); without
+    $ROOKWORLD_PROGRESS it writes nothing."""
+    from rookworld_lib.core import progress
+
+    log = tmp_path / "progress.log"
+    monkeypatch.setenv(progress.PROGRESS_ENV, str(log))
+    progress.report("a\n")
+    progress.report("b")
+    assert log.read_text() == "a\nb\n"
+    monkeypatch.delenv(progress.PROGRESS_ENV)
+    progress.report("c")
+    assert log.read_text() == "a\nb\n"
+
+
+def test_which_bar_a_kernel_a_frontend_and_a_pipe_get(monkeypatch):
+    """A Jupyter kernel (ZMQInteractiveShell) with JPY_SESSION_NAME or VSCODE_PID set is watched by a widget
+    frontend, one with neither is headless; a terminal IPython is no kernel. Outside a kernel, stderr that is
+    not a terminal gets a LineTqdm and a terminal tqdm's own bar."""
+    import sys
+    import types
+
+    from rookworld_lib.core import progress
+
+    class ZMQInteractiveShell:
+        pass
+
+    class TerminalInteractiveShell:
+        pass
+
+    class FakeStderr:
+        def __init__(self, tty):
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+        def write(self, s):
+            return len(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", FakeStderr(False))
+    assert type(progress.tqdm(total=1, disable=True)) is progress.LineTqdm
+    monkeypatch.setattr(sys, "stderr", FakeStderr(True))
+    assert not isinstance(progress.tqdm(total=1, disable=True), progress.HeadlessTqdm)
+    monkeypatch.undo()
+    for k in progress.FRONTEND_ENV:
+        monkeypatch.delenv(k, raising=False)
+    shell = [ZMQInteractiveShell()]
+    monkeypatch.setitem(sys.modules, "IPython", types.SimpleNamespace(get_ipython=lambda: shell[0]))
+    assert progress.headless_kernel() and not progress.widget_frontend()
+    monkeypatch.setenv("JPY_SESSION_NAME", "05.ipynb")
+    assert progress.widget_frontend() and not progress.headless_kernel()
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    monkeypatch.setenv("VSCODE_PID", "1")
+    assert progress.widget_frontend()
+    shell[0] = TerminalInteractiveShell()
+    assert not progress.widget_frontend() and not progress.headless_kernel()
 
 
 def test_the_progress_module_imports_no_widgets_and_nothing_of_the_lab():
