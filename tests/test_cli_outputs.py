@@ -3,6 +3,7 @@ worker starts: in-process `cli.main` calls on a tiny model and a few test record
 
 import json
 import math
+from decimal import Decimal
 import subprocess
 from pathlib import Path
 
@@ -40,12 +41,15 @@ def test_data(tmp_path_factory):
 
 def _shown(e: dict) -> str:
     """An estimate from `rookworld eval --json` as the table shows it: rates and shares in percent to one
-    decimal, means to 3 significant digits, "n/a (n=0)" where nothing was scored."""
+    decimal, means to 3 significant digits with their bounds to the same decimals, "n/a (n=0)" where
+    nothing was scored."""
     if e["n"] == 0:
         return "n/a (n=0)"
     if e["kind"] in ("rate", "share"):
         return f"{100 * e['value']:.1f}% [{100 * e['low']:.1f}, {100 * e['high']:.1f}] (n={e['n']})"
-    return f"{e['value']:.3g} [{e['low']:.3g}, {e['high']:.3g}] (n={e['n']})"
+    scale = e["value"] or max(abs(e["low"]), abs(e["high"]))  # a zero value: its bounds' scale
+    places = max(0, 2 - Decimal(f"{scale:.2e}").adjusted()) if scale else 3  # the 3rd significant digit's place
+    return f"{e['value']:.{places}f} [{e['low']:.{places}f}, {e['high']:.{places}f}] (n={e['n']})"
 
 
 def _eval_both_ways(capsys, argv: list[str]) -> tuple[dict, list[str]]:

@@ -32,6 +32,12 @@ def test_mean_interval_is_student_t():
     one = ev.mean_interval([0.2])  # one value: no interval at all, never a point
     assert (one.value, one.low, one.high, one.n) == (0.2, -math.inf, math.inf, 1) and str(one) == "0.2 (n=1, no interval)"
     assert (ev.mean_interval([0.2], share=True).low, ev.mean_interval([0.2], share=True).high) == (0.0, 1.0)
+    # printed: the value to 3 significant digits, its bounds to the same decimals
+    shown = {(0.75, 0.00895, 1.49): "0.750 [0.009, 1.490] (n=8)", (254.3, 194.2, 313.6): "254 [194, 314] (n=8)",
+             (-0.0384, -0.0727, -0.0041): "-0.0384 [-0.0727, -0.0041] (n=8)", (36.3, 30.14, 42.46): "36.3 [30.1, 42.5] (n=8)",
+             (0.0, -120.0, 120.0): "0 [-120, 120] (n=8)", (0.0, 0.0, 0.0): "0.000 [0.000, 0.000] (n=8)",
+             (0.9996, 0.99, 1.0): "1.00 [0.99, 1.00] (n=8)"}
+    assert {k: str(ev.Estimate(*k, n=8, kind="mean")) for k in shown} == shown
     # kept inside the values' range: a similarity in [0, 1] near 0 (the t interval reaches below it)
     near_zero = ev.mean_interval([0.0, 0.0, 0.0, 0.03], bounds=(0.0, 1.0))
     assert near_zero.low == 0.0 and near_zero.high == pytest.approx(0.0075 + 3.182446 * 0.015 / 2, abs=1e-6)

@@ -370,9 +370,15 @@ def test_headless_bar_reports_every_30_s_and_one_closing_line(tmp_path, monkeypa
     line_bar = progress.LineTqdm(total=4, desc="piped")
     clock[0] += 30.0
     line_bar.update(2)
-    # the same line (its rate, computed at each print, aside)
-    assert [line.split(" [")[0] for line in capsys.readouterr().err.splitlines()] == ["piped:  50%|█████     | 2/4"]
-    assert [line.split(" [")[0] for line in log.read_text().splitlines()] == ["piped:  50%|█████     | 2/4"]
+    # one line, formatted once: the same rate and ETA in the file and on stderr
+    formatted, format_meter = [], progress.LineTqdm.format_meter
+    monkeypatch.setattr(progress.LineTqdm, "format_meter",
+                        staticmethod(lambda *a, **k: formatted.append(1) or format_meter(*a, **k)))
+    clock[0] += 30.0
+    line_bar.update(1)
+    piped = capsys.readouterr().err.splitlines()
+    assert [line.split(" [")[0] for line in piped] == ["piped:  50%|█████     | 2/4", "piped:  75%|███████▌  | 3/4"]
+    assert log.read_text().splitlines() == piped and len(formatted) == 1
     line_bar.close()
     log.unlink()
     capsys.readouterr()

@@ -91,7 +91,11 @@ class Estimate:
             return f"{100 * self.value:.1f}% [{100 * self.low:.1f}, {100 * self.high:.1f}] (n={self.n})"
         if not (math.isfinite(self.low) and math.isfinite(self.high)):  # one value: no interval to print
             return f"{self.value:.3g} (n={self.n}, no interval)"
-        return f"{self.value:.3g} [{self.low:.3g}, {self.high:.3g}] (n={self.n})"
+        # the value to 3 significant digits (a zero value: its bounds' scale) and its bounds to the same
+        # decimals: 0.750 [0.009, 1.490], not 0.75 [0.00895, 1.49]
+        scale = abs(self.value) or max(abs(self.low), abs(self.high))
+        digits = max(0, 2 - int(f"{scale:.2e}".partition("e")[2])) if scale else 3  # 0.9996: 1.00
+        return f"{self.value:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}] (n={self.n})"
 
 
 def wilson(k: float, n: int, z: float = 1.959964) -> Estimate:

@@ -62,9 +62,9 @@ class HeadlessTqdm(std.tqdm):
         displayed = super().update(n)
         if not self.disable and time.monotonic() - self._reported >= REPORT_EVERY_S:
             self._reported = time.monotonic()
-            report(str(self))
+            report(line := str(self))  # formatted once: the file and stderr get the same rate and ETA
             if self.echo:
-                print(str(self), file=sys.stderr, flush=True)
+                print(line, file=sys.stderr, flush=True)
         return displayed
 
     def close(self):
