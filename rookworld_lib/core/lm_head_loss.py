@@ -20,7 +20,8 @@ import threading
 import torch
 
 # Rows per chunk on a CPU. The chunk's logits go to one reused buffer (_logits_buffer), so its size
-# no longer costs page faults per chunk; 256 rows ran 4-7% faster than 128 (docs/perf.md).
+# no longer costs page faults per chunk; with the buffer, chunks grew from 128 to 256 rows (docs/perf.md,
+# "Re-run on 2026-11-25": the step 7% faster, buffer and rows together).
 CPU_CHUNK_ROWS = 256
 # On an accelerator there are no page faults (caching allocator) and bigger matmuls are better;
 # 2048 rows of float32 GPT-2 logits are 412 MB.
