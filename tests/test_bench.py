@@ -94,8 +94,9 @@ def test_cli_rejects_unknown_model_and_negative_threads():
     with pytest.raises(SystemExit) as exc:
         bench.cli(["--model", "gpt5"])
     assert exc.value.code == 2
-    with pytest.raises(ValueError, match=r"^--threads must be >= 0"):
-        bench.cli(["--threads", "-1"])
+    for threads in ("-1", "257", str(10**20)):  # 10**20 overflowed torch's int64 with no option named
+        with pytest.raises(ValueError, match=rf"^--threads must be from 0 to 256 \(torch CPU threads; 0 leaves them to torch\), got {threads}$"):
+            bench.cli(["--threads", threads])
 
 
 def test_grpo_step_against_trl(tmp_path):

@@ -15,7 +15,8 @@ class Demo:
     rate: float | None = config.option(0.5, "a rate, or none", min=0.0, max=1.0, max_open=True)
     flag: bool = config.option(False, "a switch")
     pair: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "two numbers"})  # TRL's spelling
-    files: tuple[str, ...] = config.option((), "some files")
+    files: tuple[str, ...] = config.option((), "some files", path=True)
+    out: str | None = config.option(None, "a folder", path=True)
     extra: dict = config.option(factory=dict, help="KEY=VALUE settings")
     mode: str = config.option("a", "a choice", choices=("a", "b"))
 
@@ -59,17 +60,17 @@ def test_numpy_numbers_are_taken_as_pythons_and_checked_as_they():
 
 def test_config_arguments_round_trip():
     assert config.field_docs(Demo) == {"steps": "how many steps", "rate": "a rate, or none", "flag": "a switch",
-                                   "pair": "two numbers", "files": "some files", "extra": "KEY=VALUE settings",
-                                   "mode": "a choice"}
+                                   "pair": "two numbers", "files": "some files", "out": "a folder",
+                                   "extra": "KEY=VALUE settings", "mode": "a choice"}
     ap = argparse.ArgumentParser()
     config.add_config_arguments(ap, Demo)
     assert config.config_kwargs_from_args(Demo, ap.parse_args([])) == {
-        "steps": 3, "rate": 0.5, "flag": False, "pair": (0.9, 0.95), "files": (), "extra": {}, "mode": "a"}
+        "steps": 3, "rate": 0.5, "flag": False, "pair": (0.9, 0.95), "files": (), "out": None, "extra": {}, "mode": "a"}
     args = ap.parse_args(["--steps", "7", "--rate", "none", "--flag", "--pair", "0.8", "0.99",
                           "--files", "a.jsonl", "b.jsonl", "--extra", "dropout=0.1", "--extra", "attn_impl=math",
                           "--mode", "b"])
     assert config.config_kwargs_from_args(Demo, args) == {
-        "steps": 7, "rate": None, "flag": True, "pair": (0.8, 0.99), "files": ("a.jsonl", "b.jsonl"),
+        "steps": 7, "rate": None, "flag": True, "pair": (0.8, 0.99), "files": ("a.jsonl", "b.jsonl"), "out": None,
         "extra": {"dropout": 0.1, "attn_impl": "math"}, "mode": "b"}
     # several KEY=VALUE after one flag, as one writes `--model-overrides n_layer=6 n_embd=192`, and repeated
     args = ap.parse_args(["--extra", "n_layer=6", "n_embd=192", "--extra", "n_head=6", "--steps", "2"])
@@ -79,6 +80,27 @@ def test_config_arguments_round_trip():
     with pytest.raises(SystemExit) as stop:  # a pair takes exactly two values: argparse says so, with the usage
         ap.parse_args(["--pair", "0.8"])
     assert stop.value.code == 2
+    # a list option given twice adds up (the later one replaced the earlier files without a word); none is a
+    # usage error (it trained on the default data); "none" is a folder's name for an optional path
+    assert ap.parse_args(["--files", "a", "--files", "b", "c"]).files == ["a", "b", "c"]
+    assert ap.parse_args(["--out", "none"]).out is None and ap.parse_args(["--out", "runs/x"]).out == "runs/x"
+
+
+@pytest.mark.parametrize("argv", [["--files"], ["--files", ""], ["--files", "a", " "], ["--out", ""]])
+def test_an_empty_path_or_list_is_refused_on_the_command_line_and_in_the_config(argv, capsys):
+    """An empty path is the current folder to Path(""): a command read and wrote there, or fell back to its
+    default data, without a word."""
+    ap = argparse.ArgumentParser(prog="demo")
+    config.add_config_arguments(ap, Demo)
+    with pytest.raises(SystemExit) as stop:
+        ap.parse_args(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err == (f"demo: error: argument {argv[0]}: " + ("expected at least one argument" if len(argv) == 1
+                                                           else "an empty path names no file or folder"))
+    if len(argv) > 1:  # the config refuses the empty path too (an empty tuple is "none given")
+        with pytest.raises(ValueError, match=r"^Demo\.(files|out) must name a file or folder, not an empty path, got "):
+            Demo(**{argv[0][2:]: "" if argv[0] == "--out" else tuple(argv[1:])})
 
 
 def test_check_helpers_name_the_field():

@@ -4,6 +4,7 @@ make_dataset.py, rookworld.py), with an independent parser in the style of its e
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import subprocess
@@ -389,6 +390,18 @@ def test_convert_reads_parquet_and_arrow(tmp_path):
     report = convert.convert([tmp_path / "holes.parquet"], tmp_path / "out", split="train", workers=1)
     assert (report.lines, report.errors, sum(report.written.values())) == (3, 1, 2)
     assert report.first_errors == [f"{tmp_path / 'holes.parquet'}:2: its 'text' is null, not the line as a string"]
+    # a file that is no Parquet or Arrow is named with pyarrow's reason (pyarrow's words alone named no file);
+    # a gzipped one, which pyarrow cannot read, says so (it went to the Arrow reader)
+    (tmp_path / "bad.parquet").write_text("not parquet\n")
+    (tmp_path / "bad.arrow").write_text("not arrow\n")
+    gzip_path = tmp_path / "rook.parquet.gz"
+    gzip_path.write_bytes(gzip.compress((tmp_path / "rook.parquet").read_bytes()))
+    for name, why in (("bad.parquet", "not a readable Parquet file (Parquet magic bytes not found"),
+                      ("bad.arrow", "not a readable Arrow file ("),
+                      ("rook.parquet.gz", f"a gzipped Parquet file; decompress it first (gunzip -k {gzip_path})")):
+        with pytest.raises(ValueError) as info:
+            list(convert.iter_lines(tmp_path / name))
+        assert str(info.value).startswith(f"{tmp_path / name}: {why}"), str(info.value)
 
 
 def test_convert_cli_prints_counts_and_reasons(tmp_path, capsys):
@@ -561,8 +574,13 @@ def test_convert_fails_when_no_line_converts_and_names_our_own_records(tmp_path,
     assert convert.cli([str(empty), "--out", str(tmp_path / "e"), "--workers", "1", "--no-progress"]) == 1
     assert "rookworld convert: error: the inputs hold no lines; nothing was written" in capsys.readouterr().err
     assert main(["convert", str(garbage), "--out", str(tmp_path / "c"), "--workers", "0"]) == 1
-    assert "--workers) must be a whole number of processes >= 1, got 0" in capsys.readouterr().err
+    assert "--workers) must be a whole number of processes from 1 to 256, got 0" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+    # 10**20 overflowed in the process pool (a traceback, and a lock left in --out); 100,000 forked that many
+    for workers in ("257", str(10**20)):
+        assert main(["convert", str(garbage), "--out", str(tmp_path / "c"), "--workers", workers]) == 1
+        assert f"--workers) must be a whole number of processes from 1 to 256, got {workers}\n" in capsys.readouterr().err
+        assert not (tmp_path / "c").exists()
 
 
 def test_convert_lists_the_first_ten_errors_and_names_a_stalemate_mismatch_by_its_new_fen(tmp_path):

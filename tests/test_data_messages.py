@@ -288,6 +288,46 @@ def test_validate_names_a_directory_given_as_a_file_and_a_file_given_as_out(tmp_
     one_line(err, "rookworld datagen", f"in {tmp_path / 'p.jsonl'} (a file, not a directory)")
 
 
+def test_validate_holds_a_named_file_to_its_task_and_split(tmp_path, capsys):
+    """A file named as datagen names them holds that task's records of that split, as every reader
+    requires (sft, eval and grpo refuse the others): --validate said "records OK" for A: records in a
+    policy file and test records in a val file. A file of another name is checked record by record only."""
+    lines = {name: (data.DATA_DIR / name).read_text().splitlines(keepends=True)[:2]
+             for name in ("env_train.jsonl", "policy_test.jsonl", "policy_train.jsonl")}
+    (tmp_path / "policy_train.jsonl").write_text("".join(lines["env_train.jsonl"]))
+    (tmp_path / "policy_val-00000.jsonl.gz").write_bytes(gzip.compress("".join(lines["policy_test.jsonl"]).encode()))
+    (tmp_path / "mine.jsonl").write_text("".join(lines["policy_train.jsonl"] + lines["env_train.jsonl"]))
+    rc, err = run_cli(capsys, "datagen", "--validate", *(str(tmp_path / n) for n in
+                                                          ("policy_train.jsonl", "policy_val-00000.jsonl.gz", "mine.jsonl")))
+    first = json.loads(lines["policy_test.jsonl"][0])["id"]
+    assert rc == 1 and err.splitlines() == [
+        f"rookworld datagen: error: {tmp_path}/policy_train.jsonl:1: expected a 'P' record, got task 'A'",
+        f"rookworld datagen: error: {tmp_path}/policy_val-00000.jsonl.gz: record {first!r} is a 'test' record in the val "
+        "split's file: a split's files hold its records alone (datagen writes them so; `rookworld convert --split val` "
+        "for converted data)"]
+    assert main(["datagen", "--validate", str(tmp_path / "mine.jsonl")]) == 0
+    assert capsys.readouterr().out == f"{tmp_path}/mine.jsonl: 4 records OK\n"
+    assert [data.role_of(n) for n in ("env_test.jsonl.gz", "policy_train-00012.jsonl", "mate_in_one.jsonl",
+                                      "policy_train-1.jsonl", "policy_trains.jsonl")] == [
+        ("A", "test"), ("P", "train"), ("M1", None), None, None]
+
+
+@pytest.mark.parametrize("argv", [["datagen", "--out", ""], ["datagen", "--validate", ""], ["datagen", "--exclude-dir", ""],
+                                  ["datagen", "--work-dir", ""], ["datagen", "--stockfish", " "],
+                                  ["convert", "x.txt", "--out", ""], ["convert", "", "--out", "x"]])
+def test_an_empty_path_is_a_usage_error_naming_its_option(argv, capsys, tmp_path, monkeypatch):
+    """Path("") is the current folder: `datagen --out ''` wrote a data set there (checked against data/'s
+    files), `--exclude-dir ''` excluded nothing, `--summary --out ''` summarised the shipped set."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:  # argparse's usage error
+        main(argv)
+    assert stop.value.code == 2
+    name = argv[-2] if not argv[-1].strip() else "FILE"
+    assert capsys.readouterr().err.splitlines()[-1] == \
+        f"rookworld {argv[0]}: error: argument {name}: an empty path names no file or folder"
+    assert list(tmp_path.iterdir()) == []
+
+
 @needs_stockfish
 def test_a_full_disk_during_datagen_names_the_file_it_was_writing(tmp_path, capsys, monkeypatch):
     import errno

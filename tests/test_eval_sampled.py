@@ -117,6 +117,31 @@ def test_k_samples_per_prompt_are_drawn_and_scored(setup):
         assert all(x * K == round(x * K) for x in results[m].outcomes)  # shares of K samples
 
 
+def test_more_samples_than_batch_rows_go_in_batches_of_batch_size(setup, monkeypatch):
+    """k > batch_size: a prompt's samples in batches of batch_size rows, each batch seeded apart, in order
+    (they went in one batch of k rows: `eval --samples 1000000 --batch-size 4` ran the machine out of
+    memory). The first batch of each prompt is the one k <= batch_size would draw at its seed."""
+    model, policy, *_ = setup
+    prompts = [ev.policy_prompt_of(r, ev.EvalConfig().for_model(model).layout) for r in policy[:2]]
+    calls, real_generate = [], ev.generate
+
+    def spy_generate(m, ids, sc):
+        calls.append((len(ids), sc.num_samples, sc.seed))
+        return real_generate(m, ids, sc)
+
+    monkeypatch.setattr(ev, "generate", spy_generate)
+    cfg = replace(CFG, batch_size=2, samples=5)
+    texts = ev.complete(model, prompts, cfg, samples=5)
+    n = len(prompts)
+    assert calls == [(1, 2, SEED), (1, 2, SEED + n), (1, 1, SEED + 2 * n), (1, 2, SEED + 1), (1, 2, SEED + 1 + n),
+                     (1, 1, SEED + 1 + 2 * n)]  # never more than batch_size rows
+    assert len(texts) == 5 * n and texts == ev.complete(model, prompts, cfg, samples=5)  # seeded: the same again
+    for i, prompt in enumerate(prompts):  # prompt i's samples are items 5i..5i+4; their first two, seed SEED + i's
+        first = real_generate(model, [encode_prompt(prompt, model.prompt_prefix, get_tokenizer())],
+                              SamplingConfig(max_new_tokens=BUDGET, temperature=T, num_samples=2, seed=SEED + i))
+        assert texts[5 * i:5 * i + 2] == first.completions(get_tokenizer())
+
+
 def test_pass_at_1_is_the_mean_of_independently_scored_samples(setup):
     model, policy, env, results, _, _ = setup
     layout = ev.EvalConfig().for_model(model).layout

@@ -141,7 +141,18 @@ ROWS = [
         setup=out_dir_is_a_file),
     Row("bench-out-below-a-file", ["bench", "--quick", "--out", "{tmp}/run/bench.json"],
         "--out {tmp}/run/bench.json: {tmp}/run is a file, not a directory", setup=out_dir_is_a_file),
-    Row("bench-negative-threads", ["bench", "--quick", "--threads", "-2"], "--threads must be >= 0"),
+    Row("bench-negative-threads", ["bench", "--quick", "--threads", "-2"], "--threads must be from 0 to 256"),
+    # an empty path is the current folder to Path(""): each read or wrote there, or fell back to the shipped data
+    *(Row(f"{argv[0]}-empty-{name.strip('-')}", argv,
+          f"error: argument {name}: an empty path names no file or folder", 2, check=no_run_directory)
+      for argv, name in ((sft("--train-data", ""), "--train-data"), (grpo("", "--steps", "1"), "--init-from"),
+                         (grpo("{model}", "--data-dir", ""), "--data-dir"), (["eval", "", "--max-policy", "1"], "model"),
+                         (["eval", "{model}", "--data-dir", ""], "--data-dir"), (["run", "--out", ""], "--out"),
+                         (["run", "--resume", ""], "--resume"), (["bench", "--quick", "--out", ""], "--out"))),
+    # `--train-data` with no file trained on the shipped data; `--only ''` ran every notebook, training included
+    Row("sft-train-data-without-a-file", sft("--train-data"), "argument --train-data: expected at least one argument", 2),
+    Row("run-empty-only", ["run", "--out", "{tmp}/runs", "--only", ""],
+        "argument --only: an empty prefix selects every notebook; give a number such as 01 or 05", 2, check=no_run_directory),
     Row("bench-unknown-device", ["bench", "--quick", "--device", "tpu"], "BenchConfig.device (--device) must be 'auto' or a torch device"),
     Row("eval-unknown-device", ["eval", "{model}", "--data-dir", "{evdata}", "--device", "tpu"],
         "device 'tpu' (--device): must be 'auto' or a torch device"),

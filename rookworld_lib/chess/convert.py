@@ -35,6 +35,7 @@ import numpy as np
 
 from . import tasks
 from .data import ORIGINAL_LIMIT, ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
+from ..core.config import path_arg
 from ..core.paths import LOCK_FILE, atomic_file, decoded_lines, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
 from .engine import usable_cores
@@ -42,6 +43,7 @@ from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
 MAX_ERRORS_SHOWN = 10
+MAX_WORKERS = 256  # as datagen's; more processes than that is a typo, not a machine
 
 
 # --- One line ---
@@ -193,19 +195,25 @@ def _table_texts(path: Path) -> Iterator[str | ValueError]:
     except ImportError:
         raise ValueError(f"{path}: reading Parquet/Arrow needs pyarrow: pip install pyarrow "
                          "(or export the data set's text column as a .txt file)") from None
+    kind = "Parquet" if path.name.lower().removesuffix(".gz").endswith(".parquet") else "Arrow"
+    if path.name.lower().endswith(".gz"):  # pyarrow reads neither through gzip
+        raise ValueError(f"{path}: a gzipped {kind} file; decompress it first (gunzip -k {path})")
     with contextlib.ExitStack() as stack:
-        if path.suffix.lower() == ".parquet":
-            table = pq.ParquetFile(path)
-            schema = table.schema_arrow  # the batches below hold the text column only
-            batches = table.iter_batches(batch_size=4096, columns=["text"]) if "text" in schema.names else ()
-        else:
-            source = stack.enter_context(pa.memory_map(str(path)))
-            try:
-                batches = pa.ipc.open_stream(source)  # what the datasets library writes
-                schema = batches.schema
-            except pa.ArrowInvalid:
-                reader = pa.ipc.open_file(source)
-                schema, batches = reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+        try:
+            if kind == "Parquet":
+                table = pq.ParquetFile(path)
+                schema = table.schema_arrow  # the batches below hold the text column only
+                batches = table.iter_batches(batch_size=4096, columns=["text"]) if "text" in schema.names else ()
+            else:
+                source = stack.enter_context(pa.memory_map(str(path)))
+                try:
+                    batches = pa.ipc.open_stream(source)  # what the datasets library writes
+                    schema = batches.schema
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_file(source)
+                    schema, batches = reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowException as exc:  # pyarrow's own words name no file
+            raise ValueError(f"{path}: not a readable {kind} file ({exc})") from None
         if "text" not in schema.names:
             raise ValueError(f"{path}: no 'text' column (columns: {', '.join(schema.names) or 'none'})")
         if str(kind := schema.field("text").type) not in _ARROW_TEXT_TYPES:
@@ -341,8 +349,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     reasons, and no outputs)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers (--workers) must be a whole number of processes >= 1, got {workers!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"workers (--workers) must be a whole number of processes from 1 to {MAX_WORKERS}, got {workers!r}")
     inputs = [Path(p) for p in inputs]
     for p in inputs:
         if p.is_dir():
@@ -427,14 +435,14 @@ def cli(argv: list[str] | None = None) -> int:
                     "Lines that do not convert are listed as file:line: reason, with counts by reason.",
         epilog="example: rookworld convert rook_val_500.txt arbiter_test.txt --out data/original --split test; "
                "then: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original")
-    ap.add_argument("inputs", nargs="+", metavar="FILE", help="original data files")
-    ap.add_argument("--out", required=True, metavar="DIR", help="output directory (policy_<split>.jsonl, env_<split>.jsonl)")
+    ap.add_argument("inputs", nargs="+", metavar="FILE", type=path_arg, help="original data files")
+    ap.add_argument("--out", required=True, metavar="DIR", type=path_arg, help="output directory (policy_<split>.jsonl, env_<split>.jsonl)")
     ap.add_argument("--split", default="test", choices=list(SPLITS), help="split the records go to (default: %(default)s)")
     ap.add_argument("--workers", type=int, default=None, help="processes (default: usable cores)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    report = convert(args.inputs, args.out, split=args.split, workers=usable_cores() if args.workers is None else args.workers,
+    report = convert(args.inputs, args.out, split=args.split, workers=min(usable_cores(), MAX_WORKERS) if args.workers is None else args.workers,
                      progress=not args.no_progress)  # an unreadable input: one line from cli.main
     status = 0 if sum(report.written.values()) else 1  # nothing to evaluate or train on is a failure
     if args.json:

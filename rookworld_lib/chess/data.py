@@ -450,6 +450,29 @@ def load_mate_in_one(data_dir=None, *, on_error: str = "raise") -> LoadedData:
     return _load_all("M1", None, data_dir, on_error)
 
 
+def load_data_file(path: str | os.PathLike, task: str, split: str | None, *, on_error: str = "raise") -> LoadedData:
+    """load_jsonl of one file of `task`'s `split` (None: the mate-in-one set's, any split): a record of
+    another task or of another split is refused, naming the file."""
+    part = load_jsonl(path, task=task, on_error=on_error)
+    if split is not None and (other := next((r for r in part if r["split"] != split), None)):
+        # a test record trained on, or a train record scored as held out
+        raise DataFormatError(f"{path}: record {other['id']!r} is a {other['split']!r} record in the {split} split's "
+                              f"file: a split's files hold its records alone (datagen writes them so; `rookworld "
+                              f"convert --split {split}` for converted data)")
+    return part
+
+
+def role_of(path: str | os.PathLike) -> tuple[str, str | None] | None:
+    """(task, split) of a data file by its name, as datagen names them (``policy_val.jsonl``,
+    ``env_train-00003.jsonl.gz``; ``mate_in_one.jsonl``: ("M1", None)); None for another name."""
+    name = Path(path).name
+    for task, split in [(t, s) for t in TASK_FILES for s in SPLITS] + [("M1", None)]:
+        stem = data_file(task, split).stem
+        if name in (f"{stem}.jsonl", f"{stem}.jsonl.gz") or (name.startswith(stem) and _SHARD_RE.fullmatch(name[len(stem):])):
+            return task, split
+    return None
+
+
 def _load_all(task: str, split: str | None, data_dir, on_error: str) -> LoadedData:
     """load_jsonl over every file of a split (split_files), as one LoadedData; none raises
     DataFormatError naming the directory and the names looked for."""
@@ -457,12 +480,7 @@ def _load_all(task: str, split: str | None, data_dir, on_error: str) -> LoadedDa
     if not files:
         raise DataFormatError(f"{Path(data_dir or DATA_DIR)}: no {looked_for(task, split)} "
                               "(`rookworld datagen --out DIR` or `rookworld convert ... --out DIR` writes them)")
-    parts = [load_jsonl(f, task=task, on_error=on_error) for f in files]
-    for f, part in zip(files, parts):  # a test record trained on, or a train record scored as held out
-        if split is not None and (other := next((r for r in part if r["split"] != split), None)):
-            raise DataFormatError(f"{f}: record {other['id']!r} is a {other['split']!r} record in the {split} split's "
-                                  f"file: a split's files hold its records alone (datagen writes them so; `rookworld "
-                                  f"convert --split {split}` for converted data)")
+    parts = [load_data_file(f, task, split, on_error=on_error) for f in files]
     if len(parts) == 1:
         return parts[0]
     return LoadedData(str(files[0]), [r for part in parts for r in part], [e for part in parts for e in part.skipped])

@@ -41,14 +41,15 @@ import chess
 import chess.engine
 
 from . import engine, tasks
-from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, file_digest, load_jsonl,
-                   mating_moves, move_tags, position_tags, render_card_tables, summarize)
+from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, file_digest, load_data_file,
+                   load_jsonl, mating_moves, move_tags, position_tags, render_card_tables, role_of, summarize)
 from .engine import (INSTALL_HINT, LIMIT_RANGES, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
 from ..core.progress import tqdm
-from ..core.config import SEED_MAX, add_config_arguments, config_kwargs_from_args, field_docs, config_class, option, validate
+from ..core.config import (SEED_MAX, add_config_arguments, config_class, config_kwargs_from_args, field_docs, option, path_arg,
+                           validate)
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,8 @@ RANDOM_ENV_WEIGHT = 0.5  # ... and as A:
 class DatagenConfig:
     """Settings of one data-generation run. Bad values fail at construction, naming the field."""
 
-    out_dir: str = option(str(DATA_DIR / "generated"), "output directory (never the shipped data/: its files are the reference set)")
+    out_dir: str = option(str(DATA_DIR / "generated"), "output directory (never the shipped data/: its files are the reference set)",
+                          path=True)
     seed: int = option(20261122, "seeds every game and every sampling decision", min=0, max=SEED_MAX)
     games: int = option(320, "games to play (split 8:1:1 into train/val/test by game)", min=1)
     depth: int | None = option(8, "Stockfish depth of the P: labels (None: use nodes)", min=1, max=LIMIT_RANGES["depth"][1])
@@ -81,13 +83,13 @@ class DatagenConfig:
     max_plies: int = option(300, "half-move cap per game", min=1, max=2000)
     mate_games: int = option(160, "extra held-out games (strong vs weak side) feeding only the mate-in-one set", min=0)
     test_games: int = option(0, "extra test-split games after the mate games (grow the test split; train/val unchanged)", min=0)
-    work_dir: str | None = option(None, "resumable state (None: <out>/.datagen-work)")
+    work_dir: str | None = option(None, "resumable state (None: <out>/.datagen-work)", path=True)
     shard_size: int = option(0, "records per output shard, <name>-00000.jsonl (0: one file per split)", min=0)
     compress: bool = option(False, "gzip the output files (.jsonl.gz)")
     keep_work: bool = option(False, "keep the work directory after a successful run")
-    stockfish: str | None = option(None, "Stockfish binary (None: STOCKFISH_PATH, PATH, /usr/games/stockfish)")
+    stockfish: str | None = option(None, "Stockfish binary (None: STOCKFISH_PATH, PATH, /usr/games/stockfish)", path=True)
     exclude_dir: str | None = option(None, "a data set whose val and test positions (P:, A: and mate-in-one) are "
-                                     "never sampled: more training data for a model evaluated on that set's test split")
+                                     "never sampled: more training data for a model evaluated on that set's test split", path=True)
 
     def __post_init__(self):
         validate(self)  # types and ranges of every field (the option() checks above)
@@ -905,7 +907,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate Stockfish-labelled P:/A: samples and the mate-in-one set as JSON lines "
                     "(resumable: rerun the same command after an interruption), or validate/summarise files.")
     docs = field_docs(DatagenConfig)
-    p.add_argument("--out", dest="out_dir", default=None,
+    p.add_argument("--out", dest="out_dir", default=None, type=path_arg,
                    help=f"output directory (default: {DatagenConfig.out_dir}, git-ignored); --validate and "
                         f"--summary read it, or the shipped {DATA_DIR} without --out")
     add_config_arguments(p, DatagenConfig, skip=("out_dir", "depth", "nodes", "workers"))
@@ -915,7 +917,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help=f"{docs['workers']} (default: the usable cores)")
     p.add_argument("--fresh", action="store_true", help="discard an interrupted run's state instead of resuming it, and replace a data set already in --out (one these settings made too)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--validate", nargs="*", metavar="FILE", default=None,
+    p.add_argument("--validate", nargs="*", metavar="FILE", default=None, type=path_arg,
                    help="validate data files (default: every data file in --out) and exit")
     p.add_argument("--summary", action="store_true", help="print the data card tables of --out and exit")
     return p
@@ -943,8 +945,8 @@ def _validate_files(files: list[Path], out: str) -> int:
             _fail(f"error: {f} is a directory; give the files in it ({f}/*.jsonl*), or validate it with --validate --out {f}", 1)
             bad += 1
             continue
-        try:
-            print(f"{f}: {len(load_jsonl(f))} records OK")
+        try:  # a file named as datagen names them holds that task's records of that split alone
+            print(f"{f}: {len(load_data_file(f, *role) if (role := role_of(f)) else load_jsonl(f))} records OK")
         except DataFormatError as exc:
             _fail(f"error: {exc}", 1)
             bad += 1

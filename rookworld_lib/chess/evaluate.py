@@ -48,7 +48,8 @@ from ..core.tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokeni
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE, ROLLOUT_TEMPERATURE_KEY, PromptItem, score_completions
 from ..core.train_sft import METRICS_FILE
 from ..core.train_utils import read_metrics, resolve_device
-from ..core.config import SEED_MAX, add_config_arguments, bad_field, config_kwargs_from_args, config_class, option, validate
+from ..core.config import (SEED_MAX, add_config_arguments, bad_field, config_class, config_kwargs_from_args, option, path_arg,
+                           validate)
 from .training import layout_of, read_layout, reward_functions
 
 # Reported for RookWorld 7M x 3E (GPT-2 124M; the RookWorld repository's README), each on the row of
@@ -189,7 +190,8 @@ class EvalConfig:
     temperature: float = option(1.0, "for sampled decoding (>= 0.01 there; greedy decoding ignores it)", min=0.0)
     max_new_tokens: int | None = option(None, "completion budget in tokens; None: the model layout's (96 compact, 128 original)", min=1)
     batch_size: int = option(128, "rows decoded together: as many prompts greedy, batch_size // samples prompts "
-                             "of `samples` rows each for pass@1", min=1)
+                             "of `samples` rows each for pass@1 (more samples than this: a prompt's in batches of it)",
+                             min=1)
     max_policy: int | None = option(None, "cap on P: records evaluated (None = all; 0 = no policy suite)", min=0)
     max_env: int | None = option(None, "cap on A: records evaluated (None = all; 0 = no env suite)", min=0)
     max_mate: int | None = option(None, "cap on mate-in-one records evaluated (None = all; 0 = no mate-in-one suite)", min=0)
@@ -230,8 +232,9 @@ class EvalConfig:
 def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) -> list[str]:
     """Decode completions in batches of cfg.batch_size rows with the GRPO sampler: one per prompt
     as cfg.decoding says, or with samples=k, k per prompt at cfg.sample_temperature (prompt i's are
-    items i*k to i*k+k-1; cfg.batch_size // k prompts a batch). Seeded by cfg.seed plus the batch's
-    first prompt index."""
+    items i*k to i*k+k-1; cfg.batch_size // k prompts a batch, or where k > batch_size one prompt's
+    samples in batches of batch_size). Seeded by cfg.seed plus the batch's first prompt index (plus
+    len(prompts) times the part of a prompt's samples a batch holds)."""
     check_vocabulary(model)  # an id past GPT-2's cannot be decoded
     tokenizer = get_tokenizer()
     cfg = cfg.for_model(model)
@@ -246,16 +249,18 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     except ValueError as exc:
         raise ValueError(f"{exc}: give --max-new-tokens {block + 1 - longest} or fewer" if longest <= block
                          else str(exc)) from None
-    out, new = [], cfg.max_new_tokens
-    per_batch = max(1, cfg.batch_size // max(1, samples))
+    out, new, k = [], cfg.max_new_tokens, max(1, samples)
+    per_batch, rows = max(1, cfg.batch_size // k), min(k, cfg.batch_size)  # rows: a prompt's samples per batch
+    temperature = cfg.sample_temperature if samples else 0.0 if cfg.decoding == "greedy" else cfg.temperature
     for start in range(0, len(prompts), per_batch):
         ids = all_ids[start:start + per_batch]
-        temperature = cfg.sample_temperature if samples else 0.0 if cfg.decoding == "greedy" else cfg.temperature
-        sc = SamplingConfig(max_new_tokens=new, temperature=temperature, num_samples=max(1, samples),
-                            seed=cfg.seed + start, eos_id=eot, pad_id=eot)
-        rollout = generate(model, ids, sc)
-        out += [tokenizer.decode(c if vocab is None else vocab.ids[c].tolist())
-                for c in map(rollout.completion_ids, range(rollout.tokens.size(0)))]
+        # more samples than batch_size rows: the prompt's samples go in batches of batch_size, each seeded apart
+        for part, done in enumerate(range(0, k, rows)):
+            sc = SamplingConfig(max_new_tokens=new, temperature=temperature, num_samples=min(rows, k - done),
+                                seed=cfg.seed + start + part * len(prompts), eos_id=eot, pad_id=eot)
+            rollout = generate(model, ids, sc)
+            out += [tokenizer.decode(c if vocab is None else vocab.ids[c].tolist())
+                    for c in map(rollout.completion_ids, range(rollout.tokens.size(0)))]
     return out
 
 
@@ -638,8 +643,8 @@ def cli(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rookworld eval", description="Evaluate a model on held-out chess tasks.",
                                  epilog="example: rookworld eval /path/to/RookWorld-LM-124M --data-dir data/original "
                                         "(after rookworld convert; the layout comes from the model)")
-    ap.add_argument("model", help="Hugging Face GPT-2 directory (ours or RookWorld-LM)")
-    ap.add_argument("--data-dir", default=None, help="directory with the test data: policy_test, env_test and "
+    ap.add_argument("model", type=path_arg, help="Hugging Face GPT-2 directory (ours or RookWorld-LM)")
+    ap.add_argument("--data-dir", default=None, type=path_arg, help="directory with the test data: policy_test, env_test and "
                     "mate_in_one (.jsonl, .jsonl.gz or shards; default data/); a missing one skips its suite, "
                     "none at all is an error")
     add_config_arguments(ap, EvalConfig, metavars={"layout": "{" + ",".join(tasks.LAYOUTS) + "}"})

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..core import distributed, grpo
-from ..core.config import add_config_arguments, config_kwargs_from_args
+from ..core.config import add_config_arguments, config_kwargs_from_args, path_arg
 from ..core.model import GPT, PROMPT_PREFIX_KEY, CheckpointFormatError, config_from_hf, read_config_json
 from ..core.paths import DataFormatError, json_lines
 from ..core.train_grpo import METRICS_FILE as GRPO_METRICS_FILE
@@ -387,9 +387,9 @@ def build_grpo_parser() -> argparse.ArgumentParser:
         "grpo", "GRPO on chess with verifiable rewards: grouped rollouts from the KV-cached sampler, "
                 "python-chess/Stockfish rewards, the clipped GRPO loss; resumes from <out>/checkpoints.",
         "rookworld grpo --init-from runs/sft-cpu/final --out runs/grpo-cpu --steps 50")
-    ap.add_argument("--init-from", required=True, metavar="DIR",
+    ap.add_argument("--init-from", required=True, metavar="DIR", type=path_arg,
                     help="Hugging Face GPT-2 directory: our SFT export or a RookWorld-LM-124M copy")
-    ap.add_argument("--data-dir", default=None, metavar="DIR", help="rookworld datagen output (default data/)")
+    ap.add_argument("--data-dir", default=None, metavar="DIR", type=path_arg, help="rookworld datagen output (default data/)")
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
                     help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
                          "without our record, such as RookWorld-LM-124M, is original)")

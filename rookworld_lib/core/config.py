@@ -26,8 +26,9 @@ from typing import Any
 
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, **checks) -> Any:
     """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line; checks
-    are what `validate` adds to the annotation: min / max (min_open / max_open) for numbers, choices."""
-    assert set(checks) <= {"min", "max", "min_open", "max_open", "choices"}, checks
+    are what `validate` adds to the annotation: min / max (min_open / max_open) for numbers, choices,
+    path=True for a file or folder (a str, or a tuple of them): an empty one is refused."""
+    assert set(checks) <= {"min", "max", "min_open", "max_open", "choices", "path"}, checks
     kw = {"default_factory": factory} if factory is not None else {"default": default}
     return dataclasses.field(metadata={"help": help, **checks}, **kw)
 
@@ -98,6 +99,9 @@ def validate(cfg) -> None:
                          min_open=meta.get("min_open", False), max_open=meta.get("max_open", False))
         elif hint is str and not isinstance(value, (str, os.PathLike)):  # a path field may be a Path
             bad_field(type(cfg).__name__, f.name, value, "must be a string")
+        if meta.get("path") and any(not str(p).strip() for p in (value if isinstance(value, tuple) else (value,))):
+            # Path("") is the current folder: an empty string would read or write there unasked
+            bad_field(type(cfg).__name__, f.name, value, "must name a file or folder, not an empty path")
 
 
 SEED_MAX = 2**32 - 1  # every seed option's upper bound (numpy's legacy seeds; seeds derived from it stay in int64)
@@ -217,6 +221,14 @@ def _flags_in_help(text: str, flags: dict[str, str]) -> str:
                   rf"(?P<path>/\w+)?(?![\w`(])", option, text)
 
 
+def path_arg(text: str) -> str:
+    """argparse's `type` for a file or folder option: an empty string names none (Path("") is the current
+    folder, where it would read or write unasked), so it is refused as `option(path=True)` refuses it."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file or folder")
+    return text
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_overrides=None,
                          metavars=None) -> None:
     """One option per dataclass field (`lr` -> --lr), typed from the annotation, documented by its
@@ -235,12 +247,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls, *, skip=(), help_
         origin, args = typing.get_origin(hint), typing.get_args(hint)
         if hint is bool:
             kw["action"] = argparse.BooleanOptionalAction
-        elif origin is tuple:  # tuple[T, ...] takes any number of values, tuple[T, T] exactly two
-            kw.update(type=args[0], nargs="*" if args[-1] is Ellipsis else len(args), metavar=args[0].__name__.upper())
+        elif origin is tuple and args[-1] is Ellipsis:  # tuple[T, ...]: one or more values, repeatable (adds up)
+            kw.update(type=path_arg if f.metadata.get("path") else args[0], action="extend", nargs="+", metavar=args[0].__name__.upper(), default=None)
+        elif origin is tuple:  # tuple[T, T]: exactly two
+            kw.update(type=args[0], nargs=len(args), metavar=args[0].__name__.upper())
         elif origin is dict or hint is dict:
             kw.update(type=_parse_override, action="extend", nargs="+", metavar="KEY=VALUE", default=None)
         elif hint in (int, float, str):
-            kw["type"] = _optional(hint) if optional else hint
+            kind = path_arg if f.metadata.get("path") else hint
+            kw["type"] = _optional(kind) if optional else kind
             if "choices" in f.metadata and not optional:
                 kw["choices"] = list(f.metadata["choices"])
         else:
@@ -268,6 +283,8 @@ def config_kwargs_from_args(cls, args: argparse.Namespace, *, skip=()) -> dict:
             value = dict(value)  # KEY=VALUE pairs
         elif value is None and f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
             value = f.default_factory()
+        elif value is None and isinstance(f.default, tuple):  # a repeatable tuple[T, ...] option not given
+            value = f.default
         elif isinstance(value, list):
             value = tuple(value)
         out[f.name] = value

@@ -111,7 +111,8 @@ class GRPOTrainConfig:
     cudnn_attention: bool = option(True, "on CUDA, let attention use cuDNN's kernel (PyTorch's choice): 1.2x faster a step of the gpu profile's once warm, but its first steps on a fresh machine cost about 7 s more, so a run of a few dozen steps is faster without (docs/perf.md); no effect on CPU")
     checkpoint_interval: int = option(25, "steps between checkpoints, with out_dir (0 = only where the run stops: a SIGKILL then loses the run); a Ctrl-C or SIGTERM saves where it stops either way", min=0)
     keep_checkpoints: int = option(2, "checkpoints kept on disk, newest first (0 = all)", min=0)
-    out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ go here (None = keep nothing)")
+    out_dir: str | None = option(None, "grpo_metrics.jsonl, completions.jsonl, checkpoints/ and final/ go here (None = keep nothing)",
+                                 path=True)
     export_hf: bool = option(True, "at the end, write the trained model (the full GPT-2) in Hugging Face format to <out_dir>/final, as SFT does (trainer.export(dir) writes it anywhere)")
     report_to: str = option("tensorboard", '"tensorboard": the metrics also as event files in out_dir (tensorboard --logdir runs); "none"', choices=("tensorboard", "none"))
     completions_interval: int = option(10, "write the step's completions (completions.jsonl, TensorBoard text) at step 1 and every this many steps (0 = never)", min=0)

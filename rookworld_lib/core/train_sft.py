@@ -58,8 +58,8 @@ class SFTConfig:
     model_overrides: dict = option(factory=dict, help="GPTConfig fields to override, e.g. dropout=0.1")
     init_from: str = option("scratch", '"scratch" (random init of the preset) or a Hugging Face GPT-2 directory')
     # data
-    train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines, or TRL\'s prompt/completion records; a task layer\'s reader may read its own records)')
-    val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train")
+    train_data: tuple[str, ...] = option((), 'JSONL training files, read by the trainer\'s TextReader ({"text": ...} lines, or TRL\'s prompt/completion records; a task layer\'s reader may read its own records)', path=True)
+    val_data: tuple[str, ...] = option((), "JSONL files for the val loss; empty: hold out val_fraction of train", path=True)
     task_weights: dict[str, float] | None = option(None, "each task's share of the packed stream, a task's samples being those that start with its tag ('S: ...' is task S), e.g. {'math': 0.7, 'code': 0.3}; None: one pool, the data's own mix")
     stream: bool = option(False, "read train_data/val_data as they are used (tokenized on the fly through a shuffle buffer): memory does not grow with the data; for large sharded sets")
     shuffle_buffer: int = option(10_000, "samples held in each task's shuffle buffer when stream=True", min=1)

@@ -29,7 +29,7 @@ from ..core.model import GPT, GPTConfig, PRESETS
 from ..core.sampling import NO_EOS, SamplingConfig, generate, left_pad
 from ..core.tokenizer import EOT_ID, EOT_TOKEN, get_tokenizer, hf_tokenizer_json
 from ..core.train_grpo import GRPOTrainConfig, GRPOTrainer, PromptItem
-from ..core.config import SEED_MAX, config_class, option, validate
+from ..core.config import SEED_MAX, config_class, option, path_arg, validate
 from ..core.train_utils import Runtime, build_adamw, check_device_name, clip_grad_norm, resolve_device, setup_runtime
 from ..core.train_step import TrainStep
 from ..core.task_vocab import TaskVocab, pin_bias_coordinate
@@ -435,15 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
                    "bf16 with the GPU shapes)")
     p.add_argument("--rollout-sweep", action="store_true", help="also measure our sampler's tokens/s against rollout "
                    f"batch size {SWEEP_ROWS} (first two on CPU) and decode mode")
-    p.add_argument("--out", type=Path, help="also write the JSON result to this file")
+    p.add_argument("--out", type=lambda text: Path(path_arg(text)), metavar="OUT", help="also write the JSON result to this file")
     return p
 
 
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld bench`: run the three comparisons and print the speedups (or one JSON line)."""
     args = build_parser().parse_args(argv)
-    if args.threads is not None and args.threads < 0:
-        raise ValueError(f"--threads must be >= 0 (torch CPU threads; 0 leaves them to torch), got {args.threads}")
+    if args.threads is not None and not 0 <= args.threads <= 256:
+        raise ValueError(f"--threads must be from 0 to 256 (torch CPU threads; 0 leaves them to torch), got {args.threads}")
     if args.out is not None:  # checked before minutes of timing
         _check_writable(args.out)
     cfg = QUICK if args.quick else GPU if resolve_device(args.device).type == "cuda" else FULL

@@ -46,7 +46,7 @@ from jupyter_client import AsyncKernelManager
 from traitlets import Unicode
 from traitlets.config import Config
 
-from ..core.config import ParameterError, json_or_text
+from ..core.config import ParameterError, json_or_text, path_arg
 from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, atomic_write, git_commit, run_lock
 from ..core.progress import PROGRESS_ENV
 from . import explore, workflow
@@ -413,18 +413,28 @@ def _terminate(signum, frame):
     raise Terminated("SIGTERM")
 
 
+def _path(text: str) -> Path:
+    return Path(path_arg(text))
+
+
+def _prefix(text: str) -> str:
+    if not text.strip():  # every name starts with "": the whole pipeline, training included
+        raise argparse.ArgumentTypeError("an empty prefix selects every notebook; give a number such as 01 or 05")
+    return text
+
+
 def cli(argv: list[str] | None = None) -> int:
     """`rookworld run`; a failed notebook ends in one line naming it and the run directory."""
     ap = argparse.ArgumentParser(prog="rookworld run", description=__doc__.splitlines()[0], epilog=_help_epilog(),
                                  formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     ap.add_argument("--profile", default="auto", choices=["auto", *sorted(PROFILES)],
                     help="parameter profile; auto (the default) = gpu when CUDA is available, else cpu")
-    ap.add_argument("--out", type=Path, default=RUNS_DIR, help="parent directory of the run folder (default: "
+    ap.add_argument("--out", type=_path, default=RUNS_DIR, help="parent directory of the run folder (default: "
                     "$ROOKWORLD_RUNS_DIR, else runs/ in the repository)")
-    ap.add_argument("--only", nargs="+", metavar="PREFIX", help="run only notebooks whose names start with these prefixes")
+    ap.add_argument("--only", nargs="+", metavar="PREFIX", type=_prefix, help="run only notebooks whose names start with these prefixes")
     ap.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "JSON"), default=[],
                     help="extra notebook parameter, value as JSON (e.g. -p sft_steps 200)")
-    ap.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue an interrupted or failed run in its "
+    ap.add_argument("--resume", type=_path, metavar="RUN_DIR", help="continue an interrupted or failed run in its "
                     "folder with its own settings: finished notebooks stay, training resumes from its checkpoints")
     args = ap.parse_args(argv)
     if args.resume is not None and (also := [flag for flag, given in (
