@@ -1025,7 +1025,13 @@ def test_grpo_resume_checks_what_sft_checks_and_refuses_non_finite_settings(tmp_
     assert main(sft_args(tmp_path, "--max-steps", "1", "--out", str(sft_run))) == 0
     capsys.readouterr()
     assert main(grpo_argv("--steps", "2", out=sft_run)) == 1
-    assert "is a 'sft' checkpoint, not a GRPO one" in one_line_error()
+    assert "is a 'sft' checkpoint, not a GRPO one; use another out_dir (--out)" in one_line_error()
+    # the refusal names the options that continue or start over (it named the fields alone)
+    assert main(sft_args(tmp_path, "--max-steps", "1", "--out", str(sft_run), "--no-resume")) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"rookworld sft: error: {sft_run / 'checkpoints'} already holds checkpoints of an earlier run (latest "
+        "step_00000001.pt); resume=True (--resume) continues it; to start over, delete that directory or choose another "
+        "out_dir (--out)")
     assert [r["step"] for r in read_metrics(run / "grpo_metrics.jsonl")] == [1]  # nothing refused wrote anything
     caplog.clear()
     assert main(grpo_argv("--steps", "2")) == 0  # the same settings, a longer run: resumes, and says so

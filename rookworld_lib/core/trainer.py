@@ -157,12 +157,12 @@ class Trainer:
             return None
         if not self.cfg.resume:
             raise ValueError(f"{self.ckpt_dir} already holds checkpoints of an earlier run (latest {latest.name}); "
-                             "resume=True continues it; to start over, delete that directory or choose another "
-                             "out_dir")
+                             "resume=True (--resume) continues it; to start over, delete that directory or choose "
+                             "another out_dir (--out)")
         ckpt = ckpt_lib.load_checkpoint(latest)
         if ckpt.get("kind") != self.kind:
             raise ValueError(f"{latest} is a {ckpt.get('kind')!r} checkpoint, not a {self.name} one; use another "
-                             "out_dir")
+                             "out_dir (--out)")
         now = json.loads(json.dumps(dataclasses.asdict(self.cfg)))  # tuples -> lists, as stored
         saved = json.loads(json.dumps(ckpt.get("config") or {}))
         if "policy_fraction" in saved and "task_weights" in now:
