@@ -105,6 +105,10 @@ def strict_json_with_null(w: dict, proc: subprocess.CompletedProcess) -> None:
     assert results["policy/cp_loss"]["value"] is None  # no centipawn loss over no legal best moves
 
 
+def kept(path: Path, text: str) -> None:
+    assert path.read_text() == text, f"{path} was replaced"
+
+
 def no_run_directory(w: dict, proc: subprocess.CompletedProcess) -> None:
     assert not (w["tmp"] / "runs").exists() or not any((w["tmp"] / "runs").iterdir())
 
@@ -142,6 +146,10 @@ ROWS = [
     Row("bench-out-below-a-file", ["bench", "--quick", "--out", "{tmp}/run/bench.json"],
         "--out {tmp}/run/bench.json: {tmp}/run is a file, not a directory", setup=out_dir_is_a_file),
     Row("bench-negative-threads", ["bench", "--quick", "--threads", "-2"], "--threads must be from 0 to 256"),
+    # a file that is no earlier bench result is kept (the bench replaced it with its JSON)
+    Row("bench-out-an-other-file", ["bench", "--quick", "--out", "{tmp}/run"],
+        "--out {tmp}/run exists and is no bench result (a JSON object with 'grpo_step'): the bench would replace it",
+        setup=out_dir_is_a_file, check=lambda w, proc: kept(w["tmp"] / "run", "not a directory\n")),
     # an empty path is the current folder to Path(""): each read or wrote there, or fell back to the shipped data
     *(Row(f"{argv[0]}-empty-{name.strip('-')}", argv,
           f"error: argument {name}: an empty path names no file or folder", 2, check=no_run_directory)

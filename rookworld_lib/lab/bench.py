@@ -467,11 +467,22 @@ def cli(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _a_bench_result(path: Path) -> bool:
+    try:
+        return "grpo_step" in json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, TypeError):  # unreadable, not JSON, not an object
+        return False
+
+
 def _check_writable(out: Path) -> None:
-    """--out must be a JSON file that can be written: a directory, a parent that is a file, or a folder
-    where no file can be made (a read-only disk, /proc) is refused before the bench runs."""
+    """--out must be a JSON file that can be written: a directory, a parent that is a file, a folder
+    where no file can be made (a read-only disk, /proc), or a file that is no earlier bench result (it
+    would be lost) is refused before the bench runs."""
     if out.is_dir():
         raise ValueError(f"--out {out} is a directory; give the path of a JSON file")
+    if out.is_file() and not _a_bench_result(out):
+        raise ValueError(f"--out {out} exists and is no bench result (a JSON object with 'grpo_step'): the bench would "
+                         "replace it; give another path, or delete it")
     if file := next((p for p in out.parents if p.is_file()), None):
         raise ValueError(f"--out {out}: {file} is a file, not a directory")
     folder = next(p for p in out.absolute().parents if p.exists())  # where the file, or its folders, will be made
