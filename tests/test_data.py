@@ -789,11 +789,13 @@ def test_game_kind_shares_above_one_are_refused(tmp_path, capsys):
 
     cfg = datagen.DatagenConfig(random_share=0.4, opening_share=0.6)  # exactly 1: no self-play game, allowed
     assert {datagen.game_plan(i, cfg)["kind"] for i in range(40)} == {"random", "opening"}
-    with pytest.raises(ValueError, match=r"^DatagenConfig: random_share \+ opening_share must be <= 1$"):
+    with pytest.raises(ValueError, match=r"^DatagenConfig: random_share \+ opening_share \(--random-share, "
+                                         r"--opening-share\) must be <= 1, got 0\.5 \+ 0\.6$"):
         datagen.DatagenConfig(random_share=0.5, opening_share=0.6)
     out = tmp_path / "out"
     assert main(["datagen", "--random-share", "0.5", "--opening-share", "0.6", "--no-progress", "--out", str(out)]) == 1
-    assert capsys.readouterr().err == "rookworld datagen: error: DatagenConfig: random_share + opening_share must be <= 1\n"
+    assert capsys.readouterr().err == ("rookworld datagen: error: DatagenConfig: random_share + opening_share (--random-share, "
+                                       "--opening-share) must be <= 1, got 0.5 + 0.6\n")
     assert not out.exists()
 
 

@@ -159,6 +159,8 @@ ROWS = [
                          (["run", "--resume", ""], "--resume"), (["bench", "--quick", "--out", ""], "--out"))),
     # `--train-data` with no file trained on the shipped data; `--only ''` ran every notebook, training included
     Row("sft-train-data-without-a-file", sft("--train-data"), "argument --train-data: expected at least one argument", 2),
+    Row("run-parameter-twice", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "seed", "1", "-p", "seed", "2"],
+        "-p seed is given twice; give each parameter once", 2, check=no_run_directory),  # the last one won silently
     Row("run-empty-only", ["run", "--out", "{tmp}/runs", "--only", ""],
         "argument --only: an empty prefix selects every notebook; give a number such as 01 or 05", 2, check=no_run_directory),
     Row("bench-unknown-device", ["bench", "--quick", "--device", "tpu"], "BenchConfig.device (--device) must be 'auto' or a torch device"),

@@ -96,7 +96,8 @@ class DatagenConfig:
         if self.depth is None and self.nodes is None:
             raise ValueError("DatagenConfig: set depth or nodes (the P: labels need a reproducible limit)")
         if self.random_share + self.opening_share > 1.0 + 1e-12:
-            raise ValueError("DatagenConfig: random_share + opening_share must be <= 1")
+            raise ValueError(f"DatagenConfig: random_share + opening_share (--random-share, --opening-share) must be <= 1, "
+                             f"got {self.random_share:g} + {self.opening_share:g}")
 
     def content_key(self) -> dict:
         """The settings that decide the output (not where it goes or how many workers)."""
@@ -162,8 +163,8 @@ def play_game(index: int, cfg: DatagenConfig, pool: LeanPool) -> dict:
         except EngineSessionLost as exc:
             if getattr(pool, "_closed", False):  # killed on purpose (Ctrl-C closes the pool): nothing failed, no replay
                 raise EngineFailedError("engine pool is closed") from None
-            log.warning("game %d: %s; replaying it on a fresh engine", index, exc)
-    raise EngineFailedError(f"game {index}: Stockfish kept dying")
+            log.warning("game %d: %s; replaying it on a fresh engine", index, lost := exc)
+    raise EngineFailedError(f"game {index}: Stockfish kept dying (the last time: {lost})")
 
 
 def _play(index: int, cfg: DatagenConfig, plan: dict, session) -> dict:
@@ -468,7 +469,7 @@ class UciAnalyser:
         self.go, self.limit_key = go_command(settings.limit), settings.limit_key
         self.floor = engine.TIMEOUT_FLOOR_S  # read now: the fault tests lower it
         self.timeout = search_timeout(settings.limit, settings.multipv, self.floor)
-        self.dead, self.name = False, "unknown"
+        self.dead, self.name, self.path = False, "unknown", path
         try:
             self.proc = subprocess.Popen([path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                          text=True, bufsize=1, start_new_session=True)
@@ -500,7 +501,7 @@ class UciAnalyser:
         finally:
             watchdog.cancel()
         self.kill()
-        raise EngineFailedError(f"Stockfish ended without {until!r} (died, or no answer within {timeout} s)")
+        raise EngineFailedError(f"Stockfish ({self.path}) ended without {until!r} (died, or no answer within {timeout} s)")
 
     def analyse(self, fen: str) -> Analysis:
         """The multipv analysis of `fen` from a cleared hash: what EnginePool.analyse returns."""
