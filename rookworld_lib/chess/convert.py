@@ -38,12 +38,11 @@ from .data import ORIGINAL_LIMIT, ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_file
 from ..core.config import path_arg
 from ..core.paths import LOCK_FILE, atomic_file, decoded_lines, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
-from .engine import usable_cores
+from .engine import MAX_WORKERS, usable_cores
 from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
 MAX_ERRORS_SHOWN = 10
-MAX_WORKERS = 256  # as datagen's; more processes than that is a typo, not a machine
 
 
 # --- One line ---

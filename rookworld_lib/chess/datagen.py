@@ -43,7 +43,7 @@ import chess.engine
 from . import engine, tasks
 from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, file_digest, load_data_file,
                    load_jsonl, mating_moves, move_tags, position_tags, render_card_tables, role_of, summarize)
-from .engine import (INSTALL_HINT, LIMIT_RANGES, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
+from .engine import (INSTALL_HINT, LIMIT_RANGES, MAX_WORKERS, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
@@ -74,7 +74,7 @@ class DatagenConfig:
     nodes: int | None = option(None, "Stockfish node budget of the P: labels instead of a depth", min=1,
                                max=LIMIT_RANGES["nodes"][1])
     multipv: int = option(5, "candidate moves per P: label", min=1, max=tasks.MAX_CANDIDATES)
-    workers: int = option(2, "Stockfish processes (and threads) in parallel", min=1, max=256)
+    workers: int = option(2, "Stockfish processes (and threads) in parallel", min=1, max=MAX_WORKERS)
     policy_rate: float = option(0.12, "share of a game's positions sampled as P: (x3 for special ones; 0: no P:)", min=0, max=1)
     env_rate: float = option(0.12, "share of a game's moves sampled as A: (the last move always; 1: every move)", min=0, max=1)
     illegal_rate: float = option(0.12, "per A: sample, chance of an extra illegal/unparseable move there", min=0, max=1)
@@ -984,7 +984,7 @@ def cli(argv: list[str] | None = None) -> int:
     fields = config_kwargs_from_args(DatagenConfig, args)
     if fields["depth"] is None and fields["nodes"] is None:
         fields["depth"] = DatagenConfig.depth
-    cfg = DatagenConfig(**{**fields, "workers": usable_cores() if args.workers is None else args.workers})
+    cfg = DatagenConfig(**{**fields, "workers": min(usable_cores(), MAX_WORKERS) if args.workers is None else args.workers})
     def resume() -> str:
         if (cfg.work_path() / "games.jsonl").exists():
             return f"finished games and labels are kept in {cfg.work_path()}; run the same command again to resume"

@@ -89,6 +89,9 @@ def stockfish_available(path: str | None = None) -> bool:
         return False
 
 
+MAX_WORKERS = 256  # processes a command runs at once (datagen's engines, convert's parsers): more is a typo
+
+
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask), at least 1."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
