@@ -5,6 +5,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from rookworld_lib.core import config
+from rookworld_lib.core.paths import DATA_DIR
+
+VAL = str(DATA_DIR / "policy_val.jsonl")  # a file that is there
 
 
 # ---- config helpers ---------------------------------------------------------------------------
@@ -203,3 +206,48 @@ def test_a_notebook_parameter_that_is_not_finite_is_refused_by_name(bad):
     with pytest.raises(config.ParameterError, match="'lr' must be a finite number"):
         config.check("lr", bad, float, min=0.0, max=1.0)
     assert not math.isfinite(bad)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _grpo_train(max_refill_rounds=5),
+     "GRPOTrainConfig.max_refill_rounds has no effect unless dynamic_sampling=True: set that too, or leave "
+     "max_refill_rounds at its default (3), got 5"),
+    (lambda: _grpo_train(scale_rewards="batch", multi_objective_aggregation="normalize_then_sum"),
+     "GRPOTrainConfig.scale_rewards has no effect unless multi_objective_aggregation='sum_then_normalize'"),
+    (lambda: _grpo_loss(vespo_k_neg=1.0), "GRPOConfig.vespo_k_neg has no effect unless loss_type='vespo'"),
+    (lambda: _sft(shuffle_buffer=50), "SFTConfig.shuffle_buffer has no effect unless stream=True"),
+    (lambda: _sft(val_data=(VAL,), val_fraction=0.1),
+     "SFTConfig.val_fraction has no effect when val_data is given or stream=True"),
+    (lambda: _sft(val_data=(VAL,), stream=True, val_fraction=0.0),
+     "SFTConfig.val_fraction has no effect when val_data is given or stream=True")])
+def test_a_setting_another_setting_makes_void_is_refused_naming_both(make, message):
+    """`--max-refill-rounds 5` without `--dynamic-sampling`, `--shuffle-buffer` without `--stream`, a
+    `--val-fraction` beside `--val-data`, a VESPO weight under another loss, a reward scaling under GDPO's
+    aggregation (which scales by itself) were dropped without a word: the run was not the one asked for."""
+    with pytest.raises(ValueError) as err:
+        make()
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_void_setting_left_at_its_default_or_made_live_is_accepted():
+    assert _grpo_train(dynamic_sampling=True, max_refill_rounds=5).max_refill_rounds == 5
+    assert _grpo_train(max_refill_rounds=3).max_refill_rounds == 3  # the default, given: nothing is lost
+    assert _grpo_train(scale_rewards="batch").scale_rewards == "batch"
+    assert _grpo_loss(loss_type="vespo", vespo_k_neg=1.0).vespo_k_neg == 1.0
+    assert _sft(stream=True, val_data=(VAL,), shuffle_buffer=50).shuffle_buffer == 50
+    assert _sft(val_fraction=0.1).val_fraction == 0.1
+
+
+def _grpo_train(**kw):
+    from rookworld_lib.core.train_grpo import GRPOTrainConfig
+    return GRPOTrainConfig(**kw)
+
+
+def _grpo_loss(**kw):
+    from rookworld_lib.core.grpo import GRPOConfig
+    return GRPOConfig(**kw)
+
+
+def _sft(**kw):
+    from rookworld_lib.core.train_sft import SFTConfig
+    return SFTConfig(**kw)

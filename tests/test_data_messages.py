@@ -329,6 +329,27 @@ def test_an_empty_path_is_a_usage_error_naming_its_option(argv, capsys, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv, ignored", [
+    (["--validate", "--games", "5", "--fresh"], "--games, --fresh"),
+    (["--summary", "--depth", "3", "--compress"], "--compress, --depth"),
+    (["--validate", "--summary"], "--summary"),
+    (["--summary", "--workers", "1", "--stockfish", "sf"], "--stockfish, --workers")])
+def test_validate_and_summary_refuse_the_generation_settings_they_would_ignore(argv, ignored, capsys, tmp_path,
+                                                                              monkeypatch):
+    """`datagen --validate --games 5 --fresh` validated the shipped files and dropped both settings without
+    a word: --validate and --summary read files, so a generation setting beside them is a usage error."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["datagen", *argv])
+    assert stop.value.code == 2
+    mode = argv[0]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"rookworld datagen: error: {mode} reads the data files in --out and generates nothing: {ignored} "
+        "would be ignored; leave them out")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["datagen", "--summary", "--no-progress", "--out", str(paths.DATA_DIR)]) == 0  # what reading takes
+
+
 @needs_stockfish
 def test_a_full_disk_during_datagen_names_the_file_it_was_writing(tmp_path, capsys, monkeypatch):
     import errno

@@ -424,18 +424,18 @@ def test_rollout_settings_are_those_the_runs_grpo_sampled_with(tmp_path):
     assert explore.rollout_settings(None) is None and explore.rollout_settings(tmp_path) is None
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", block_size=32))
-    for name, temperature, budget, more in (("older", 0.7, 3, dict(top_k=5, top_p=0.9, scale_rewards="batch",
+    for name, temperature, budget, more in (("older", 0.7, 3, dict(top_k=5, top_p=0.9,
                                                                    multi_objective_aggregation="normalize_then_sum")),
-                                            ("newer", 0.3, 2, {})):
+                                            ("newer", 0.3, 2, dict(scale_rewards="batch"))):
         cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=budget,
                               temperature=temperature, progress=False, report_to="none", seed=0,
                               out_dir=str(tmp_path / name / "grpo"), **more)
         GRPOTrainer(model, [PromptItem("P", "Q: 1 A:")] * 2, cfg, reward_funcs=lambda completions, **_: [0.0] * len(completions)).train()
     assert explore.rollout_settings(tmp_path) == {  # its own
-        "temperature": 0.3, "max_new_tokens": 2, "top_k": 0, "top_p": 1.0, "reward": None, "scale": "group",
+        "temperature": 0.3, "max_new_tokens": 2, "top_k": 0, "top_p": 1.0, "reward": None, "scale": "batch",
         "aggregation": "sum_then_normalize"}
     assert explore.rollout_settings(tmp_path / "older") == {
-        "temperature": 0.7, "max_new_tokens": 3, "top_k": 5, "top_p": 0.9, "reward": None, "scale": "batch",
+        "temperature": 0.7, "max_new_tokens": 3, "top_k": 5, "top_p": 0.9, "reward": None, "scale": "group",
         "aggregation": "normalize_then_sum"}
     from rookworld_lib.chess.training import reward_functions  # a run of one of the chess rewards: named
     for variant in ("gated", "graded"):

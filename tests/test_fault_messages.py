@@ -59,7 +59,8 @@ class Row:
 def sft(*extra: str, out: str = "{tmp}/run") -> list[str]:
     """A one-step SFT run of a tiny model (from scratch unless --init-from) on a few lines of chess text."""
     base = ["sft", "--train-data", "{texts}", "--block-size", "32", "--batch-size", "2",
-            "--max-steps", "1", "--warmup-steps", "0", "--eval-interval", "0", "--val-fraction", "0",
+            "--max-steps", "1", "--warmup-steps", "0", "--eval-interval", "0",
+            *(() if "--val-data" in extra else ("--val-fraction", "0")),  # void beside --val-data: refused
             "--device", "cpu", "--no-progress", "--no-export-hf", "--out", out]
     if "--init-from" not in extra:
         base += ["--model", "tiny"]

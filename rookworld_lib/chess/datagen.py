@@ -48,7 +48,7 @@ from .engine import (INSTALL_HINT, LIMIT_RANGES, MAX_WORKERS, Analysis, EngineFa
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
 from ..core.progress import tqdm
-from ..core.config import (SEED_MAX, add_config_arguments, config_class, config_kwargs_from_args, field_docs, option, path_arg,
+from ..core.config import (SEED_MAX, add_config_arguments, config_class, config_kwargs_from_args, field_docs, flag_name, option, path_arg,
                            validate)
 
 log = logging.getLogger(__name__)
@@ -968,7 +968,17 @@ def cli(argv: list[str] | None = None) -> int:
     kept for the same command), the rest from `cli.main`, which names an unwritable path without
     promising a resume. A command line argparse cannot parse is refused with its usage and status 2,
     as in every `rookworld` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.validate is not None or args.summary:  # they read files: a generation setting would be ignored
+        mode = "--validate" if args.validate is not None else "--summary"
+        unused = [flag_name(dest) for dest, value in vars(args).items()
+                  if dest not in ("out_dir", "validate", "summary", "no_progress") and value != parser.get_default(dest)]
+        if args.validate is not None and args.summary:
+            unused.insert(0, "--summary")
+        if unused:
+            parser.error(f"{mode} reads the data files in --out and generates nothing: {', '.join(unused)} "
+                         "would be ignored; leave them out")
     if args.out_dir is None:  # reading defaults to the shipped set; writing never goes there by default
         args.out_dir = str(DATA_DIR) if args.validate is not None or args.summary else DatagenConfig.out_dir
     if args.validate is not None:

@@ -113,6 +113,16 @@ def bad_field(cls_name: str, name: str, value: Any, why: str, *, got: bool = Tru
     raise ValueError(f"{cls_name}.{name} {why}" + (f", got {value!r}" if got else ""))
 
 
+def check_applies(cfg, name: str, applies: bool, why: str) -> None:
+    """cfg.name set away from its default where another setting makes it void is refused: a run that
+    ignored it would not be the run its settings describe (`why`: when it is void and what to do,
+    "unless dynamic_sampling=True: set that too")."""
+    f = next(f for f in dataclasses.fields(cfg) if f.name == name)
+    if not applies and getattr(cfg, name) != f.default:
+        bad_field(type(cfg).__name__, name, getattr(cfg, name), f"has no effect {why}, or leave {name} at its "
+                  f"default ({f.default!r})")
+
+
 def check_weights(cfg, name: str) -> dict[str, float] | None:
     """cfg.name, unless None, must map task names to finite weights >= 0, at least one of them above 0;
     returns it with float weights (1 and 1.0 are one setting), for the config to keep."""

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import bad_field, check_number, config_class, option, validate
+from .config import bad_field, check_applies, check_number, config_class, option, validate
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -309,6 +309,8 @@ class GRPOConfig:
         if self.loss_type == "dr_grpo" and self.max_completion_length is None:
             bad_field("GRPOConfig", "max_completion_length", None,
                       "must be set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
+        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+            check_applies(self, name, self.loss_type == "vespo", "unless loss_type='vespo': set that")
         if self.kl_estimator == "k1" and self.beta > 0 and not self.use_bias_correction_kl:
             warnings.warn("GRPOConfig: kl_estimator='k1' without use_bias_correction_kl has an expected gradient "
                           "of 0 (E[grad log pi] = 0): the KL term regularises nothing; use k3 or k2, or "

@@ -42,7 +42,7 @@ import torch
 
 from . import distributed, grpo
 from .checkpoint import weights_fingerprint
-from .config import SEED_MAX, bad_field, check_weights, config_class, option, validate
+from .config import SEED_MAX, bad_field, check_applies, check_weights, config_class, option, validate
 from .model import GPT, META_PREFIX
 from .sampling import MIN_TEMPERATURE, SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
@@ -136,6 +136,10 @@ class GRPOTrainConfig:
                       "AdamW scales each weight by 1 - lr*weight_decay a step")
         if not isinstance(self.loss, grpo.GRPOConfig):
             bad_field(type(self).__name__, "loss", self.loss, "must be a grpo.GRPOConfig")
+        check_applies(self, "max_refill_rounds", self.dynamic_sampling, "unless dynamic_sampling=True: set that too")
+        check_applies(self, "scale_rewards", self.multi_objective_aggregation == "sum_then_normalize",
+                      "unless multi_objective_aggregation='sum_then_normalize' (normalize_then_sum z-scores each reward "
+                      "in its group): set that")
 
 
 # TRL's reward-function signature: f(prompts, completions, **columns) -> one float (or None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import SEED_MAX, bad_field, check_number, check_weights, config_class, option, validate
+from .config import SEED_MAX, bad_field, check_applies, check_number, check_weights, config_class, option, validate
 from .model import GPT, PRESETS, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, atomic_write, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
@@ -124,6 +124,9 @@ class SFTConfig:
                       "head)")
         if self.warmup_steps > self.max_steps:
             bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
+        check_applies(self, "shuffle_buffer", self.stream, "unless stream=True: set that too")
+        check_applies(self, "val_fraction", not self.val_data and not self.stream,
+                      "when val_data is given or stream=True (the val samples are then val_data's): give no val_data")
         betas = self.betas
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
                 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0 for b in betas)):
