@@ -77,6 +77,10 @@ def test_missing_stockfish_names_the_install_commands(monkeypatch, tmp_path):
     with pytest.raises(engine.StockfishNotFoundError, match=rf"at '{tmp_path}' \(STOCKFISH_PATH: a directory, not the "
                                                             r"program in it\)"):
         engine.find_stockfish()
+    (tmp_path / "sf").write_text("#!/bin/sh\n")  # a program without the execute bit: said so, not just "not found"
+    with pytest.raises(engine.StockfishNotFoundError, match=rf"at '{tmp_path / 'sf'}' \(the given path: a file without "
+                                                            r"execute permission; chmod \+x it\)"):
+        engine.find_stockfish(tmp_path / "sf")
     # nothing anywhere: PATH empty and no Debian binary
     monkeypatch.delenv("STOCKFISH_PATH")
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -676,6 +676,9 @@ def test_a_file_where_a_directory_is_wanted_is_named(tmp_path):
         open(tmp_path / "out" / "metrics.jsonl", "w")
     assert info.value.errno == errno.ENOTDIR
     assert cli.user_error_message(info.value) == f"{tmp_path / 'out'} is a file, not a directory"
+    with pytest.raises(FileExistsError) as info:  # --out /dev/null: "File exists: /dev/null" said nothing useful
+        os.makedirs("/dev/null")
+    assert cli.user_error_message(info.value) == "/dev/null is not a directory"
 
 
 @pytest.mark.parametrize("make_error", [

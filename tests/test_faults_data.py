@@ -108,6 +108,10 @@ def test_eval_without_any_test_data_is_one_error_naming_the_directory(model, tmp
     line = one_error_line(capsys, "eval")
     assert f"{tmp_path / 'empty'}: no test data: looked for policy_test.jsonl[.gz] or policy_test-NNNNN.jsonl[.gz]" in line
     assert "env_test.jsonl[.gz]" in line and "mate_in_one.jsonl[.gz]" in line
+    (tmp_path / "a-file").write_text("x")  # a --data-dir that is no folder says so (it read as an empty one)
+    for given, why in (("a-file", "a file, not a directory"), ("missing", "no such directory")):
+        assert main(eval_argv(model, tmp_path / given) + ["--selfplay-games", "0"]) == 1
+        assert f"{tmp_path / given} ({why}): no test data: looked for" in one_error_line(capsys, "eval")
 
 
 def test_grpo_without_training_data_is_one_error_naming_the_directory(model, tmp_path, capsys):
@@ -116,6 +120,8 @@ def test_grpo_without_training_data_is_one_error_naming_the_directory(model, tmp
     line = one_error_line(capsys, "grpo")
     assert f"{tmp_path / 'empty'}: no training data: no policy_train.jsonl[.gz] or policy_train-NNNNN.jsonl[.gz]" in line
     assert not (tmp_path / "grpo" / "checkpoints").exists()
+    assert main(grpo_argv(model, tmp_path / "missing", tmp_path / "grpo")) == 1
+    assert f"{tmp_path / 'missing'} (no such directory): no training data" in one_error_line(capsys, "grpo")
 
 
 def test_eval_says_which_suite_it_skips(model, tmp_path, capsys):
@@ -181,6 +187,10 @@ def test_convert_calls_a_directory_a_directory(tmp_path, capsys):
     (tmp_path / "rook").mkdir()
     assert main(convert_argv(tmp_path, tmp_path / "rook")) == 1
     assert f"{tmp_path / 'rook'}: is a directory; give the data files in it" in one_error_line(capsys, "convert")
+    assert main(convert_argv(tmp_path, "/dev/null")) == 1  # a device is there: "no such file" was wrong
+    assert "/dev/null: not a regular file (a device, socket or pipe); give a data file" in one_error_line(capsys, "convert")
+    assert main(convert_argv(tmp_path, tmp_path / "missing.txt")) == 1
+    assert f"{tmp_path / 'missing.txt'}: no such file" in one_error_line(capsys, "convert")
 
 
 @pytest.mark.parametrize("name", ["arbiter.txt", "arbiter.jsonl"])

@@ -356,7 +356,8 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
             raise ValueError(f"{p}: is a directory; give the data files in it (.txt, .jsonl, .parquet or .arrow), "
                              f"e.g. {p}/*.txt")
         if not p.is_file():
-            raise ValueError(f"{p}: no such file")
+            raise ValueError(f"{p}: not a regular file (a device, socket or pipe); give a data file" if p.exists()
+                             else f"{p}: no such file")
     out = Path(out_dir)
     errors_path = out / f"convert_errors_{split}.txt"
     report = ConvertReport()

@@ -433,6 +433,13 @@ def split_paths(split: str, data_dir: str | os.PathLike | None = None) -> tuple[
     return tuple(str(f) for task in ("P", "A") for f in split_files(task, split, data_dir))
 
 
+def not_a_folder(path) -> str:
+    """Why `path` holds no data files though it was given as a data directory: " (no such directory)",
+    " (a file, not a directory)", or "" where it is a directory (for messages)."""
+    p = Path(path)
+    return "" if p.is_dir() else " (a file, not a directory)" if p.exists() else " (no such directory)"
+
+
 def looked_for(task: str, split: str | None = None) -> str:
     """The names a split's files may have, for messages: ``policy_test.jsonl[.gz] or policy_test-NNNNN.jsonl[.gz]``."""
     stem = data_file(task, split).stem

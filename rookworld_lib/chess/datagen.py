@@ -42,7 +42,7 @@ import chess.engine
 
 from . import engine, tasks
 from .data import (DATA_FILES, GZIP_LEVEL, MATE_FILE, TASK_FILES, checked_files, data_file_name, data_files_of, file_digest, load_data_file,
-                   load_jsonl, mating_moves, move_tags, position_tags, render_card_tables, role_of, summarize)
+                   load_jsonl, mating_moves, move_tags, not_a_folder, position_tags, render_card_tables, role_of, summarize)
 from .engine import (INSTALL_HINT, LIMIT_RANGES, MAX_WORKERS, Analysis, EngineFailedError, EngineSessionLost, EngineSettings, StockfishNotFoundError,
                      find_stockfish, search_timeout, threaded, usable_cores)
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
@@ -931,8 +931,7 @@ def _fail(message: str, status: int, lead: str = "") -> int:
 
 
 def _no_data_files(out: str) -> str:
-    why = "" if Path(out).is_dir() else " (a file, not a directory)" if Path(out).exists() else " (no such directory)"
-    return f"no data files (*.jsonl, *.jsonl.gz) in {out}{why}"
+    return f"no data files (*.jsonl, *.jsonl.gz) in {out}{not_a_folder(out)}"
 
 
 def _validate_files(files: list[Path], out: str) -> int:

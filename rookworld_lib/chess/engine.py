@@ -75,7 +75,9 @@ def find_stockfish(path: str | os.PathLike | None = None) -> str:
         explicit = os.path.expanduser(str(explicit))
         found = shutil.which(explicit)
         where = f"at {explicit!r} ({'STOCKFISH_PATH' if path is None else 'the given path'}"
-        where += ": a directory, not the program in it)" if os.path.isdir(explicit) else ")"
+        where += (": a directory, not the program in it)" if os.path.isdir(explicit) else
+                  ": a file without execute permission; chmod +x it)" if os.path.isfile(explicit) and os.sep in explicit
+                  and not os.access(explicit, os.X_OK) else ")")
     if not found:
         raise StockfishNotFoundError(f"Stockfish not found {where}. {INSTALL_HINT}")
     return found

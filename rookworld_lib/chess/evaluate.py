@@ -697,7 +697,7 @@ def load_test_suites(data_dir=None, keys: Sequence[str] = ("P", "A", "M1")) -> d
     base = Path(data_dir or data.DATA_DIR)
     found = {k: data.split_files(k, _SUITE_SPLIT[k], base) for k in keys}
     if not any(found.values()):
-        raise ValueError(f"{base}: no test data: looked for "
+        raise ValueError(f"{base}{data.not_a_folder(base)}: no test data: looked for "
                          + "; ".join(data.looked_for(k, _SUITE_SPLIT[k]) for k in keys)
                          + " (`rookworld datagen --out DIR` or `rookworld convert ... --split test --out DIR` writes them)")
     suites = {}

@@ -241,7 +241,8 @@ def train_records(data_dir=None) -> list[dict]:
     by position, as datagen's are): those are measured on positions the model trained on."""
     present = [task for task in tasks.TASKS if data.split_files(task, "train", data_dir)]
     if not present:
-        raise ValueError(f"{Path(data_dir or data.DATA_DIR)}: no training data: no "
+        base = Path(data_dir or data.DATA_DIR)
+        raise ValueError(f"{base}{data.not_a_folder(base)}: no training data: no "
                          + " and no ".join(data.looked_for(task, "train") for task in tasks.TASKS)
                          + " (rookworld datagen or rookworld convert --split train writes them)")
     records = [r for task in present for r in data.load_split(task, "train", data_dir).records]

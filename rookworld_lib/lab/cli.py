@@ -162,8 +162,8 @@ def os_error_message(exc: OSError) -> str:
         what = "No space left on device"
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a directory wanted where a file is (mkdir, open below it)
-        if file := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_file()), None):
-            return f"{file} is a file, not a directory"
+        if file := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.exists() and not q.is_dir()), None):
+            return f"{file} is a file, not a directory" if file.is_file() else f"{file} is not a directory"
         if link := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_symlink() and not q.exists()), None):
             return f"{link} is a symbolic link to nothing (to {os.readlink(link)}, missing or a link loop), not a directory"
     hint = ""
