@@ -374,6 +374,7 @@ def test_to_json_writes_results_devices_dtypes_and_paths_and_names_what_it_canno
 _DATA_SHEET = {
     "H100 SXM": (66.9, 494.7, 989.4, 989.4),
     "H100 PCIe": (51.2, 378.0, 756.0, 756.0),
+    "H100 NVL": (60.0, 417.5, 835.5, 835.5),  # 1,671 sparse bf16 (835.0 here until 2026-11-30)
     "H200": (66.9, 494.7, 989.4, 989.4),
     "H200 NVL": (60.0, 417.5, 835.5, 835.5),
     "A100": (19.5, 156.0, 312.0, 312.0),
