@@ -237,6 +237,11 @@ def test_newcombe_takes_no_correlation_when_the_cross_product_is_small():
 def test_a_bound_near_zero_is_printed_with_its_sign():
     assert ev._points(0.00012) == "+0.01" and ev._points(-0.0003) == "-0.03" and ev._points(0.0) == "+0.0"
     assert ev._points(0.067) == "+6.7"
+    # a change and its bounds at one number of decimals: "-0.03 [-0.1, +0.03]" read as if -0.1 were rounder
+    assert ev._points(-0.0003, -0.00096, 0.0003) == "-0.03 [-0.10, +0.03]"
+    assert ev._points(0.096, 0.064, 0.128) == "+9.6 [+6.4, +12.8]"
+    assert ev._points(0.0, -0.005, 0.005) == "+0.0 [-0.5, +0.5]"
+    assert ev._points(0.00004, -0.00004, 0.0012) == "+0.004 [-0.004, +0.120]"
 
 
 def test_pass_at_1_interval_covers_95_percent_of_simulated_splits():

@@ -540,10 +540,12 @@ def paired_estimates(before: Estimate, after: Estimate, metric: str = "") -> Est
     return paired_difference(before.outcomes, after.outcomes, binary=binary)
 
 
-def _points(x: float) -> str:
-    """A change in percentage points, to 0.1, with enough digits that a bound off zero never reads 0.0."""
-    text = f"{100 * x:+.1f}"
-    return f"{100 * x:+.1g}" if x != 0 and float(text) == 0 else text
+def _points(*xs: float) -> str:
+    """Changes in percentage points (a change and its bounds: `+0.1 [-0.4, +0.8]`), to 0.1, or with as
+    many more decimals, the same for all, as a value off zero needs not to read 0.0."""
+    decimals = max([1] + [math.ceil(-math.log10(abs(100 * x))) for x in xs if x != 0 and round(100 * x, 1) == 0])
+    first, *bounds = (f"{100 * x:+.{decimals}f}" for x in xs)
+    return f"{first} [{', '.join(bounds)}]" if bounds else first
 
 
 # The metrics a chess verdict rests on: each is right or wrong per record, with no partial credit.
@@ -575,7 +577,7 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
         diff = paired_estimates(b, a, m)
         moved = "up" if diff.low > 0 else "down" if diff.high < 0 else "no resolved change"
         rows.append({"metric": m, "before": str(b), "after": str(a),
-                     "change (points)": f"{_points(diff.value)} [{_points(diff.low)}, {_points(diff.high)}]",
+                     "change (points)": _points(diff.value, diff.low, diff.high),
                      "moved": moved})
     return pd.DataFrame(rows, columns=["metric", "before", "after", "change (points)", "moved"]).set_index("metric")
 
