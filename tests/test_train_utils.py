@@ -285,6 +285,20 @@ def test_setup_runtime_on_cpu():
             tu.setup_runtime("cuda", "auto")
 
 
+def test_a_cuda_index_beyond_the_devices_here_is_named_before_torch_fails(monkeypatch):
+    """`--device cuda:7` on a one-GPU machine ended in torch's "invalid device ordinal" at the first tensor;
+    it is refused where the device is resolved (CUDA mocked: two devices here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert tu.resolve_device("cuda:1") == torch.device("cuda:1") and tu.resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"^device 'cuda:7' \(--device\): torch sees 2 CUDA device\(s\) here, "
+                                         r"cuda:0..cuda:1 \(CUDA_VISIBLE_DEVICES may hide others\)$"):
+        tu.resolve_device("cuda:7")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"torch sees 1 CUDA device\(s\) here, cuda:0 only"):
+        tu.resolve_device("cuda:1", source="notebook parameter 'device'")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN attention exists only on CUDA")
 def test_attention_backends_keep_sdpa_off_cudnn_with_the_same_output():
     # GRPO's shapes: a padded (boolean-masked) batch in bf16, where torch sends SDPA to cuDNN first

@@ -153,6 +153,9 @@ def resolve_device(device: str = "auto", source: str = "--device") -> torch.devi
                          "'cuda:1', 'mps'")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} ({source}) requested but CUDA is not available (use 'cpu' or 'auto')")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= (n := torch.cuda.device_count()):
+        raise ValueError(f"device {device!r} ({source}): torch sees {n} CUDA device(s) here, "
+                         + (f"cuda:0..cuda:{n - 1}" if n > 1 else "cuda:0 only") + " (CUDA_VISIBLE_DEVICES may hide others)")
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {device!r} ({source}) requested but MPS is not available")
     return dev
