@@ -218,7 +218,7 @@ def test_a_notebook_parameter_that_is_not_finite_is_refused_by_name(bad):
     (lambda: _sft(shuffle_buffer=50), "SFTConfig.shuffle_buffer has no effect unless stream=True"),
     (lambda: _sft(val_data=(VAL,), val_fraction=0.1),
      "SFTConfig.val_fraction has no effect when val_data is given or stream=True"),
-    (lambda: _sft(val_data=(VAL,), stream=True, val_fraction=0.0),
+    (lambda: _sft(val_data=(VAL,), stream=True, val_fraction=0.2),
      "SFTConfig.val_fraction has no effect when val_data is given or stream=True")])
 def test_a_setting_another_setting_makes_void_is_refused_naming_both(make, message):
     """`--max-refill-rounds 5` without `--dynamic-sampling`, `--shuffle-buffer` without `--stream`, a
@@ -236,6 +236,7 @@ def test_a_void_setting_left_at_its_default_or_made_live_is_accepted():
     assert _grpo_loss(loss_type="vespo", vespo_k_neg=1.0).vespo_k_neg == 1.0
     assert _sft(stream=True, val_data=(VAL,), shuffle_buffer=50).shuffle_buffer == 50
     assert _sft(val_fraction=0.1).val_fraction == 0.1
+    assert _sft(val_data=(VAL,), val_fraction=0.0).val_fraction == 0.0  # "hold nothing back" agrees with val data
 
 
 def _grpo_train(**kw):

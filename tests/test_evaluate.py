@@ -234,6 +234,13 @@ def test_newcombe_takes_no_correlation_when_the_cross_product_is_small():
     assert d.high == pytest.approx(p1 - p2 + math.hypot(p2 - l2, u1 - p1), abs=1e-9)
 
 
+def test_wilson_refuses_counts_no_trials_can_give():
+    for k, n in ((5, 3), (1, -3), (-1, 4)):  # "math domain error", or -33.3% [699.9, -5.7]
+        with pytest.raises(ValueError, match=rf"^wilson: k successes in n trials needs 0 <= k <= n and n > 0, got k={k}, n={n}$"):
+            ev.wilson(k, n)
+    assert ev.wilson(3, 3).value == 1.0 and ev.wilson(1.0 * 7 * (1 / 7) * 7, 7).value == pytest.approx(1.0)
+
+
 def test_a_bound_near_zero_is_printed_with_its_sign():
     assert ev._points(0.00012) == "+0.01" and ev._points(-0.0003) == "-0.03" and ev._points(0.0) == "+0.0"
     assert ev._points(0.067) == "+6.7"

@@ -408,6 +408,9 @@ def test_dapo_without_global_count_is_local_and_bad_count_is_rejected():
         grpo_loss(lp, old, adv, mask, config=cfg, num_items_in_batch=1)
     with pytest.raises(ValueError, match="num_items_in_batch"):  # one token short of this call's own is too few
         grpo_loss(lp, old, adv, mask, config=cfg, num_items_in_batch=int(mask.sum()) - 1)
+    for bad in (float("nan"), float("inf")):  # a NaN loss, or 0 (nothing learned), without a word
+        with pytest.raises(ValueError, match=r"num_items_in_batch must be a finite token count, got (nan|inf)"):
+            grpo_loss(lp, old, adv, mask, config=cfg, num_items_in_batch=bad)
 
 
 def test_on_policy_ratio_one_loss_minus_mean_advantage_nonzero_gradient():

@@ -653,10 +653,60 @@ def test_reward_functions_get_trls_trainer_state_and_those_needing_what_is_not_p
         async def __call__(self, prompts, completions, **_):
             return [0.0] * len(completions)
 
+    def narrow(prompts, completions):  # no **kwargs: "unexpected keyword argument 'task'" after the first rollout
+        return [0.0] * len(completions)
+
+    def every_column(prompts, completions, task, truth, completion_ids, trainer_state):  # all named: it is called
+        return [0.0] * len(completions)
+
     for f, match in ((logs, r"reward function 'logs' needs log_metric, which TRL passes and this trainer does not"),
-                     (slow, r"reward function 'slow' is async"), (Judge(), r"reward function 'Judge' is async")):
+                     (slow, r"reward function 'slow' is async"), (Judge(), r"reward function 'Judge' is async"),
+                     (narrow, r"reward function 'narrow' takes no task, truth, completion_ids, trainer_state: it is "
+                              r"called as TRL calls one, .*; end its parameters with \*\*kwargs")):
         with pytest.raises(ValueError, match=match):
             GRPOTrainer(model, toy_items(), cfg, reward_funcs=[curriculum, f])
+    GRPOTrainer(model, toy_items(), cfg, reward_funcs=[curriculum, every_column])
+
+
+def test_a_model_it_cannot_train_and_items_that_are_no_list_are_refused_when_the_trainer_is_built(tmp_path):
+    """A half-precision model ran a whole rollout, wrote grpo_metrics.jsonl, then stopped in torch's "Expected
+    out tensor to have dtype c10::Half"; a frozen one in "optimizer got an empty parameter list"; items=None
+    in "'NoneType' object is not iterable"."""
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, progress=False,
+                          out_dir=str(tmp_path / "grpo"), report_to="none")
+
+    def zero(completions, **_):
+        return [0.0] * len(completions)
+
+    def tiny():
+        return GPT(GPTConfig.preset("tiny", block_size=64))
+
+    for model, items, message in (
+            (tiny().half(), toy_items(), r"^model weights are torch.float16: the trainer keeps fp32 weights and runs bf16 "
+                                         r"under autocast \(GRPOTrainConfig.dtype='bf16'\); call model.float\(\)$"),
+            (tiny().to(torch.bfloat16), toy_items(), r"^model weights are torch.bfloat16: "),
+            (tiny().requires_grad_(False), toy_items(), r"^model has no parameter that requires a gradient \(frozen: "),
+            (tiny(), None, r"^items must be a list of PromptItem\(task, prompt\), got NoneType None$"),
+            (tiny(), 5, r"^items must be a list of PromptItem\(task, prompt\), got int 5$")):
+        with pytest.raises(ValueError, match=message):
+            GRPOTrainer(model, items, cfg, reward_funcs=zero)
+    assert not (tmp_path / "grpo").exists()
+
+
+def test_reward_funcs_that_are_no_ordered_collection_of_functions_are_refused_naming_what_they_got():
+    """A set of functions paired its weights in hash order (another pairing each run); a number ended in
+    "'int' object is not iterable"."""
+    cfg = GRPOTrainConfig(steps=1, prompts_per_step=2, group_size=2, max_new_tokens=2, progress=False)
+    model = GPT(GPTConfig.preset("tiny", block_size=64))
+
+    def zero(completions, **_):
+        return [0.0] * len(completions)
+
+    for given in ({zero}, 5, frozenset([zero])):
+        with pytest.raises(ValueError, match=r"^reward_funcs must be a function f\(prompts, completions, \*\*columns\) "
+                                             r"or a list of them \(in the order of reward_weights\), got "):
+            GRPOTrainer(model, toy_items(), cfg, reward_funcs=given)
+    assert GRPOTrainer(model, toy_items(), cfg, reward_funcs=(zero, zero)).reward_names == ["zero", "zero_2"]
 
 
 def test_the_logged_advantage_spread_is_the_steps_batch_not_the_mean_of_its_minibatches():

@@ -760,6 +760,22 @@ def test_a_streamed_data_file_without_samples_is_refused_at_once(tmp_path):
     sft.StreamingPackedStream([blank, one], seed=0)
 
 
+def test_texts_passed_in_python_refuse_the_settings_they_would_void(tmp_path):
+    """train_texts with stream=True trained in memory (and held val_fraction back, which a stream never does);
+    val_texts with val_fraction=0.5 dropped the fraction without a word. Both are refused before a step."""
+    texts = [f"{t}: {i} yes" for i in range(32) for t in "PA"]
+    cfg = tiny_cfg(tmp_path / "a", stream=True, max_steps=1, warmup_steps=0)
+    with pytest.raises(ValueError, match=r"^SFTConfig.stream=True reads train_data/val_data files as it goes; texts "
+                                         r"passed as train_texts/val_texts are in memory already"):
+        train_sft(cfg, train_texts=texts)
+    cfg = tiny_cfg(tmp_path / "b", val_fraction=0.5, max_steps=1, warmup_steps=0)
+    with pytest.raises(ValueError, match=r"^SFTConfig.val_fraction has no effect when val_texts are passed \(they are "
+                                         r"the val samples\): pass none, or leave val_fraction at its default \(0.05\), got 0.5$"):
+        train_sft(cfg, train_texts=texts, val_texts=texts[:4])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b" / "checkpoints").exists()
+    train_sft(tiny_cfg(tmp_path / "c", val_fraction=0.5, max_steps=1, warmup_steps=0), train_texts=texts)  # no val texts: it holds back
+
+
 def test_a_val_split_that_would_leave_no_training_sample_is_refused():
     """split_val holds out round(n x fraction) samples, at least one: from 1 sample that is all of them, and
     from 2 samples at 0.75 round(1.5) = 2 (Python rounds half to even); 0.5 of 2 holds out 1 and keeps 1."""

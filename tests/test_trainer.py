@@ -113,6 +113,18 @@ def test_until_past_the_runs_steps_stops_at_its_steps(tmp_path):
     assert [s for s, _ in ck.list_checkpoints(tmp_path / "checkpoints")] == [3]
 
 
+def test_an_until_that_is_no_step_and_an_on_step_that_is_no_function_are_refused_before_a_step():
+    """until=-1 returned without training and until=1.5 ran to step 2; on_step=5 failed after step 1 had
+    trained (TypeError: 'int' object is not callable)."""
+    trainer = MiniTrainer(MiniConfig())
+    for until in (-1, 0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=r"^MiniTrainer.train: until must be a step >= 1 \(or None: to the end\), got "):
+            trainer.train(until=until)
+    assert trainer.step == 0
+    with pytest.raises(ValueError, match=r"^on_step must be a function f\(record: dict\), got int 5"):
+        MiniTrainer(MiniConfig(), on_step=5)
+
+
 def test_a_ctrl_c_in_the_runs_last_step_still_exports_it(tmp_path):
     """The run reached its steps: it is saved and exported as a finished run, and the caller is still told to stop."""
     class Exporting(MiniTrainer):

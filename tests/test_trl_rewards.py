@@ -62,6 +62,13 @@ def test_single_task_functions_return_none_for_the_other_task():
     assert rewards.trl_reward.__name__ == "rookworld_reward"
 
 
+def test_a_text_where_a_list_of_texts_is_due_is_refused_not_scored_letter_by_letter():
+    f = rewards.trl_reward_function("P")
+    with pytest.raises(ValueError, match=r"^rookworld_policy_reward: prompts and completions must be lists of texts "
+                                         r"\(one per row\), got str and str$"):
+        f(prompts="P: x", completions="B: e2e4")  # returned 7 Nones, one per character
+
+
 def test_conversational_prompts_and_completions():
     recs = _records(2, 2)
     cols = _columns(recs)

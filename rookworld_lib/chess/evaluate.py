@@ -104,6 +104,8 @@ def wilson(k: float, n: int, z: float = 1.959964) -> Estimate:
     be a sum of per-trial shares (see `pass_at_1`)."""
     if n == 0:
         return Estimate(float("nan"), float("nan"), float("nan"), 0)
+    if not (n > 0 and -1e-9 * n <= k <= n * (1 + 1e-9)):  # (a sum of shares may round past n)
+        raise ValueError(f"wilson: k successes in n trials needs 0 <= k <= n and n > 0, got k={k!r}, n={n!r}")
     p = k / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom

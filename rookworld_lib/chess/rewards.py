@@ -790,6 +790,9 @@ def trl_reward_function(task: str | None = None, *, engine=None, policy_weights:
     name = {None: "rookworld_reward", "P": "rookworld_policy_reward", "A": "rookworld_env_reward"}[task]
 
     def reward(prompts, completions, **columns) -> list:
+        if isinstance(completions, (str, bytes)) or isinstance(prompts, (str, bytes)):  # else scored letter by letter
+            raise ValueError(f"{name}: prompts and completions must be lists of texts (one per row), got "
+                             f"{type(prompts).__name__} and {type(completions).__name__}")
         out = []
         prompts = list(prompts) if prompts is not None else []
         for i, completion in enumerate(list(completions or [])):

@@ -391,6 +391,8 @@ def _batch_tokens(mask: Tensor, num_items_in_batch: int | float | None = None,
     if num_items_in_batch is None:
         scale = 1.0 if num_completions_in_batch is None else float(num_completions_in_batch) / mask.shape[0]
         return (own * scale).clamp(min=1.0)
+    if not math.isfinite(float(num_items_in_batch)):  # NaN made the loss NaN, inf made it 0: nothing learned
+        raise ValueError(f"grpo: num_items_in_batch must be a finite token count, got {num_items_in_batch!r}")
     if float(num_items_in_batch) < float(own):
         raise ValueError(f"grpo: num_items_in_batch={num_items_in_batch} is smaller than this micro-batch's "
                          f"{int(own)} effective tokens; it must count the whole accumulated batch")

@@ -32,7 +32,7 @@ import numbers
 import random
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -187,6 +187,14 @@ def check_reward_function(f: RewardFunc) -> None:
     if needs := [p for p in UNSUPPORTED_REWARD_KWARGS if p in params and params[p].default is inspect.Parameter.empty]:
         raise ValueError(f"reward function {name!r} needs {', '.join(needs)}, which TRL passes and this trainer "
                          "does not (docs/grpo_options.md): give it a default, or log through the returned rewards")
+    kinds = {p.kind for p in params.values()}
+    if params and inspect.Parameter.VAR_KEYWORD not in kinds:  # it is called with every column by keyword
+        missing = [c for c in ("prompts", "completions", "task", "truth", "completion_ids", "trainer_state")
+                   if c not in params or params[c].kind is inspect.Parameter.POSITIONAL_ONLY]
+        if missing:
+            raise ValueError(f"reward function {name!r} takes no {', '.join(missing)}: it is called as TRL calls one, "
+                             "f(prompts=..., completions=..., task=..., truth=..., completion_ids=..., trainer_state=...); "
+                             "end its parameters with **kwargs")
 
 
 def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str],
@@ -242,6 +250,9 @@ def reward_setup(reward_funcs, reward_weights, tasks) -> tuple[list[RewardFunc],
     if reward_funcs is None or isinstance(reward_funcs, (str, bytes)):
         raise ValueError(f"reward_funcs must be a function f(prompts, completions, **columns) or a list of them, "
                          f"got {_shown(reward_funcs)}")
+    if isinstance(reward_funcs, (set, frozenset)) or not (callable(reward_funcs) or isinstance(reward_funcs, Iterable)):
+        raise ValueError(f"reward_funcs must be a function f(prompts, completions, **columns) or a list of them (in the "
+                         f"order of reward_weights), got {_shown(reward_funcs)}")
     funcs = [reward_funcs] if callable(reward_funcs) else list(reward_funcs)
     if (bad := next((f for f in funcs if not callable(f)), None)) is not None:
         raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
@@ -454,6 +465,14 @@ class GRPOTrainer(Trainer):
                              "directory with GPT.from_pretrained(directory)")
         if isinstance(items, PromptItem):
             raise ValueError("items must be a list of PromptItem, got one PromptItem: wrap it in a list")
+        if not isinstance(items, Iterable) or isinstance(items, (str, bytes, Mapping)):
+            raise ValueError(f"items must be a list of PromptItem(task, prompt), got {_shown(items)}")
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("model has no parameter that requires a gradient (frozen: requires_grad_(False)): nothing "
+                             "to train; call model.requires_grad_(True)")
+        if (dtypes := {p.dtype for p in model.parameters()}) != {torch.float32}:
+            raise ValueError(f"model weights are {', '.join(sorted(map(str, dtypes)))}: the trainer keeps fp32 weights and "
+                             "runs bf16 under autocast (GRPOTrainConfig.dtype='bf16'); call model.float()")
         check_vocabulary(model)  # prompts are encoded, completions decoded, with GPT-2's tokenizer
         self.start_weights = weights_fingerprint(model)  # the model as handed in: a resume must be handed it too
         # and what the task layer recorded in it (a layout); not the rollout temperature, which this trainer's

@@ -125,7 +125,7 @@ class SFTConfig:
         if self.warmup_steps > self.max_steps:
             bad_field(name, "warmup_steps", self.warmup_steps, f"must be <= max_steps ({self.max_steps})")
         check_applies(self, "shuffle_buffer", self.stream, "unless stream=True: set that too")
-        check_applies(self, "val_fraction", not self.val_data and not self.stream,
+        check_applies(self, "val_fraction", (not self.val_data and not self.stream) or self.val_fraction == 0,
                       "when val_data is given or stream=True (the val samples are then val_data's): give no val_data")
         betas = self.betas
         if (not isinstance(betas, (tuple, list)) or len(betas) != 2
@@ -597,6 +597,9 @@ class SFTTrainer(Trainer):
             raise ValueError("no training data: set SFTConfig.train_data (JSONL files) or pass train_texts")
         if cfg.stream and train_texts is None and val_texts is None:
             return self._stream_data()
+        if cfg.stream:  # texts handed in are in memory: nothing to stream, and the stream's val rules would not hold
+            raise ValueError("SFTConfig.stream=True reads train_data/val_data files as it goes; texts passed as "
+                             "train_texts/val_texts are in memory already: pass stream=False, or give files")
         for name, given in (("train_texts", train_texts), ("val_texts", val_texts)):
             if isinstance(given, (str, bytes)):  # a str is a sequence of one-character samples
                 raise ValueError(f"{name} must be a list of texts (or records), got one {type(given).__name__}: "
@@ -605,6 +608,8 @@ class SFTTrainer(Trainer):
             train_texts = [sample_text(t, f"train_texts[{i}]") for i, t in enumerate(train_texts)]
         if val_texts is not None:  # an empty list is no val data, as None is
             val_texts = [sample_text(t, f"val_texts[{i}]") for i, t in enumerate(val_texts)] or None
+        check_applies(cfg, "val_fraction", val_texts is None or cfg.val_fraction == 0, "when val_texts are passed (they are the val samples): "
+                      "pass none")
         if train_texts is None:
             train_texts = self.reader.load_texts(cfg.train_data)
         if val_texts is None and cfg.val_data:

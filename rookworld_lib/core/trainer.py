@@ -71,6 +71,8 @@ class Trainer:
         self.cfg = cfg
         self.total_steps = total_steps
         self.data = None  # the object whose state_dict() holds the data position (None: nothing to restore)
+        if on_step is not None and not callable(on_step):  # else it failed after the first step had trained
+            raise ValueError(f"on_step must be a function f(record: dict), got {type(on_step).__name__} {on_step!r:.60}")
         self.on_step = on_step
         self.out_dir = Path(cfg.out_dir) if cfg.out_dir else None
         self.ckpt_dir = self.out_dir / CHECKPOINT_DIR if self.out_dir else None
@@ -307,6 +309,8 @@ class Trainer:
 
         Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row (metrics and
         checkpoints stay on disk), RunDirBusyError when another run holds out_dir's lock."""
+        if until is not None and (isinstance(until, bool) or not isinstance(until, int) or until < 1):
+            raise ValueError(f"{type(self).__name__}.train: until must be a step >= 1 (or None: to the end), got {until!r}")
         if self.closed and self.dist.world_size > 1:
             raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "
                                "make a new one")
