@@ -234,6 +234,12 @@ def test_newcombe_takes_no_correlation_when_the_cross_product_is_small():
     assert d.high == pytest.approx(p1 - p2 + math.hypot(p2 - l2, u1 - p1), abs=1e-9)
 
 
+def test_paired_change_of_anything_but_two_evaluations_is_refused():
+    with pytest.raises(ValueError, match=r"^paired_change: before and after must be evaluate_all results \(dict metric "
+                                         r"-> Estimate\), got list and list$"):
+        ev.paired_change([1], [2])  # an empty table, without a word
+
+
 def test_wilson_refuses_counts_no_trials_can_give():
     for k, n in ((5, 3), (1, -3), (-1, 4)):  # "math domain error", or -33.3% [699.9, -5.7]
         with pytest.raises(ValueError, match=rf"^wilson: k successes in n trials needs 0 <= k <= n and n > 0, got k={k}, n={n}$"):

@@ -645,6 +645,22 @@ def test_property_kl_estimators(pairs):
     torch.testing.assert_close(grpo.kl_estimate(lp, ref, "k1"), lp - ref)
 
 
+def test_the_public_helpers_name_arguments_of_the_wrong_kind_or_shape():
+    """kl_estimate broadcast a (2, T) reference against (4, T) log-probs (or failed in torch's words),
+    entropy_from_logits(chunk_size=0) said "range() arg 3 must not be zero", grpo_loss(config={...})
+    "'dict' object has no attribute"."""
+    lp, old, adv, mask, ref, _ = make_batch()
+    with pytest.raises(ValueError, match=r"^kl_estimate: ref_logprobs must have the shape of logprobs"):
+        grpo.kl_estimate(lp, ref[:2])
+    with pytest.raises(ValueError, match=r"^kl_estimate: ref_logprobs must have the shape of logprobs"):
+        grpo.kl_estimate(lp, ref[:, :1])  # (N, 1) broadcast silently
+    for chunk in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=rf"^entropy_from_logits: chunk_size must be an integer >= 1, got {chunk}$"):
+            grpo.entropy_from_logits(torch.randn(1, 3, 10), chunk_size=chunk)
+    with pytest.raises(ValueError, match=r"^grpo_loss: config must be a GRPOConfig \(GRPOConfig\(\*\*fields\)\), got dict$"):
+        grpo_loss(lp, old, adv, mask, config={"loss_type": "dapo"})
+
+
 def test_k1_can_be_negative_and_k3_is_unbiased():
     # reference prefers the sampled token: k1 < 0 on that token, k3 still >= 0
     assert grpo.kl_estimate(torch.tensor([-2.0]), torch.tensor([-1.0]), "k1").item() < 0

@@ -676,3 +676,19 @@ def test_a_bias_free_model_is_not_exported_as_gpt2(tmp_path):
     with pytest.raises(ValueError, match=r"^GPTConfig.bias is False: GPT-2's format \(the export\) holds a bias"):
         GPT(GPTConfig.preset("tiny", bias=False)).save_pretrained(tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+def test_token_ids_that_are_no_2d_integer_tensor_and_a_directory_that_is_no_path_are_named():
+    """model(idx) took a 1-D tensor to "not enough values to unpack", a float one to torch's "Expected tensor
+    for argument #1 'indices'", a list to "'list' object has no attribute 'shape'"; from_pretrained(None)
+    to a TypeError from pathlib."""
+    model = GPT(GPTConfig.preset("tiny", block_size=8))
+    for idx, got in ((torch.tensor([1, 2]), r"a 1-D torch.int64 tensor \(one sequence: idx\[None\]\)"),
+                     (torch.tensor([[1.0, 2.0]]), "a 2-D torch.float32 tensor"), ([[1, 2]], "a list"),
+                     (torch.tensor([[True]]), "a 2-D torch.bool tensor")):
+        with pytest.raises(ValueError, match=rf"^GPT: idx must be a 2-D \(batch, time\) tensor of token ids \(torch.long\), got {got}$"):
+            model(idx)
+    assert model(torch.tensor([[1, 2]], dtype=torch.int32)).shape == (1, 2, 50257)  # int32 ids embed as int64 do
+    for directory in (None, "", 3):
+        with pytest.raises(ValueError, match=r"^GPT.from_pretrained: directory must name a Hugging Face GPT-2 folder"):
+            GPT.from_pretrained(directory)

@@ -601,3 +601,15 @@ def test_scoring_no_prompts_is_refused_by_name_not_by_an_empty_max():
         sequence_logprobs(model, [], torch.zeros(0, 1, dtype=torch.long))
     with torch.no_grad():
         assert sequence_logprobs(model, [[5]], torch.zeros(1, 1, dtype=torch.long)).shape == (1, 1)
+
+
+def test_a_model_with_nan_weights_and_a_config_that_is_no_samplingconfig_are_refused():
+    """NaN weights "sampled" token 0 at every step with NaN log-probs, without a word; a dict of the config's
+    fields failed as "'dict' object has no attribute 'num_samples'"."""
+    model = GPT(GPTConfig.preset("tiny", block_size=16))
+    with pytest.raises(ValueError, match=r"^generate: config must be a SamplingConfig \(SamplingConfig\(\*\*fields\)\), got dict$"):
+        generate(model, [[1, 2]], {"max_new_tokens": 2})
+    torch.nn.init.constant_(model.transformer.wte.weight, float("nan"))
+    for temperature in (0.0, 1.0):
+        with pytest.raises(ValueError, match=r"^generate: the model's logits for the prompts are NaN"):
+            generate(model, [[1, 2]], SamplingConfig(max_new_tokens=2, temperature=temperature))

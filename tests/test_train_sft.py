@@ -776,6 +776,12 @@ def test_texts_passed_in_python_refuse_the_settings_they_would_void(tmp_path):
     train_sft(tiny_cfg(tmp_path / "c", val_fraction=0.5, max_steps=1, warmup_steps=0), train_texts=texts)  # no val texts: it holds back
 
 
+def test_a_reader_that_is_no_reader_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"^reader must be a TextReader \(or an object with its load_texts, meta, ...\), "
+                                         r"got str 'jsonl'$"):
+        SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS, reader="jsonl")
+
+
 def test_a_val_split_that_would_leave_no_training_sample_is_refused():
     """split_val holds out round(n x fraction) samples, at least one: from 1 sample that is all of them, and
     from 2 samples at 0.75 round(1.5) = 2 (Python rounds half to even); 0.5 of 2 holds out 1 and keeps 1."""

@@ -571,6 +571,9 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
     change has Newcombe's paired interval, a pass@1 change (per-record differences of sample shares)
     a t interval (`paired_difference`). The records are matched by record_key: two evaluations of other
     records, or in another order, are refused. A pandas DataFrame, one row per metric measured on both sides."""
+    if not (isinstance(before, dict) and isinstance(after, dict)):  # lists gave an empty table without a word
+        raise ValueError(f"paired_change: before and after must be evaluate_all results (dict metric -> Estimate), got "
+                         f"{type(before).__name__} and {type(after).__name__}")
     rows = []
     for m in metrics:
         if m not in before or m not in after:

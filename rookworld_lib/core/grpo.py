@@ -87,6 +87,8 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
     temperature = _check_temperature(temperature)
     if logits.dim() != 3:
         raise ValueError(f"entropy_from_logits wants logits (B, T, V); got {tuple(logits.shape)}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"entropy_from_logits: chunk_size must be an integer >= 1, got {chunk_size!r}")
     B, T, V = logits.shape
     flat = logits.reshape(B * T, V)
     out = []
@@ -335,6 +337,9 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -
     """
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"kl_estimate: estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
+    if ref_logprobs.shape != logprobs.shape:  # broadcasting would pair other tokens' log-probs
+        raise ValueError(f"kl_estimate: ref_logprobs must have the shape of logprobs {tuple(logprobs.shape)}, "
+                         f"got {tuple(ref_logprobs.shape)}")
     log_r = ref_logprobs - logprobs
     if estimator == "k1":
         return -log_r
@@ -464,6 +469,8 @@ def _shape(x) -> object:
 
 def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, logits, config: GRPOConfig) -> None:
     """grpo_loss's argument checks: one ValueError naming the argument and the shape it needs."""
+    if not isinstance(config, GRPOConfig):  # a dict of its fields failed as "'dict' object has no attribute"
+        raise ValueError(f"grpo_loss: config must be a GRPOConfig (GRPOConfig(**fields)), got {type(config).__name__}")
     if not torch.is_tensor(logprobs) or logprobs.dim() != 2:
         raise ValueError(f"grpo_loss: logprobs must be an [N, T] tensor, got {_shape(logprobs)}")
     if not logprobs.is_floating_point():

@@ -269,6 +269,10 @@ class GPT(nn.Module):
         plain causal. `start` is where idx goes in the cache: an int, or a (1,) device tensor for
         static-shape decoding (CUDA graphs).
         """
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point() or idx.dtype == torch.bool:
+            what = f"{idx.dim()}-D {idx.dtype} tensor" if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise ValueError(f"GPT: idx must be a 2-D (batch, time) tensor of token ids (torch.long), got a {what}"
+                             + (" (one sequence: idx[None])" if isinstance(idx, torch.Tensor) and idx.dim() == 1 else ""))
         B, T = idx.shape
         if isinstance(start, torch.Tensor):  # static-shape decode (see KVCache.update)
             if position_ids is None or attn_mask is None:
@@ -309,6 +313,9 @@ class GPT(nn.Module):
         both directions: a silently missing key (strict=False) leaves a layer at its random init, and
         the model still runs, just badly. In eval mode (dropout off), as transformers' from_pretrained
         returns it; a trainer switches to train mode itself."""
+        if not isinstance(directory, (str, os.PathLike)) or not str(directory).strip():
+            raise ValueError(f"GPT.from_pretrained: directory must name a Hugging Face GPT-2 folder (config.json + "
+                             f"model.safetensors), got {directory!r}")
         config_path, weights_path = Path(directory) / "config.json", Path(directory) / "model.safetensors"
         for path in (config_path, weights_path):
             if not path.is_file():

@@ -282,6 +282,8 @@ def check_fits(block_size: int, prompt_len: int, max_new_tokens: int) -> None:
 @torch.no_grad()
 def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = SamplingConfig()) -> Rollout:
     """Sample `config.num_samples` completions for each prompt in one batched, KV-cached pass."""
+    if not isinstance(config, SamplingConfig):  # a dict of its fields failed as "'dict' object has no attribute"
+        raise ValueError(f"generate: config must be a SamplingConfig (SamplingConfig(**fields)), got {type(config).__name__}")
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     if torch.is_autocast_enabled(device.type):  # keys and values come out of autocast's matmuls
@@ -315,6 +317,9 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         real_len = valid.sum(dim=1)  # next position id per row
         logits = model(ids, position_ids_from_valid(valid), padded_attention_mask(valid, P), cache, 0,
                        last_only=True)[:, -1]
+        if torch.isnan(logits).any():  # else every row "samples" token 0 with NaN log-probs, without a word
+            raise ValueError("generate: the model's logits for the prompts are NaN: its weights (or a forward hook) "
+                             "hold NaN; nothing can be sampled from it")
 
         tokens = torch.full((N, L), config.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((N, L), dtype=torch.float32, device=device)

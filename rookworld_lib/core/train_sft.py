@@ -557,6 +557,9 @@ class SFTTrainer(Trainer):
             raise ValueError(f"SFTConfig.batch_size ({cfg.batch_size}) must be a multiple of the world size {W} "
                              "under torchrun: each rank trains on batch_size / world_size rows of every "
                              "micro-batch, so the global batch stays the same whatever the world size")
+        if reader is not None and not callable(getattr(reader, "load_texts", None)):
+            raise ValueError(f"reader must be a TextReader (or an object with its load_texts, meta, ...), got "
+                             f"{type(reader).__name__} {reader!r:.60}")
         self.reader = reader or TextReader()  # how data files become texts; its meta goes into the export
         self._load_data(train_texts, val_texts)
         self.data = self.train_stream
