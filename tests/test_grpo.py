@@ -13,6 +13,7 @@ import itertools
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -548,6 +549,10 @@ def test_group_advantages_known_values():
     assert adv.dtype == F64
     _, stats = group_advantages([1, 1, 0, 1, 2, 2], group_size=2)
     assert stats.frac_reward_zero_std == pytest.approx(2 / 3) and stats.num_groups == 3
+    # numpy's integers (a sweep's np.arange) are group sizes as Python's are; it was refused as no integer
+    torch.testing.assert_close(group_advantages([1.0, 0.0, 2.0, 2.0], np.int64(2))[0],
+                               group_advantages([1.0, 0.0, 2.0, 2.0], 2)[0])
+    assert group_advantages([1.0, 0.0], np.int64(2))[1].group_size == 2
 
 
 @pytest.mark.parametrize("bad, match", [

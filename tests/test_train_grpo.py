@@ -690,6 +690,9 @@ def test_a_model_it_cannot_train_and_items_that_are_no_list_are_refused_when_the
             (tiny(), 5, r"^items must be a list of PromptItem\(task, prompt\), got int 5$")):
         with pytest.raises(ValueError, match=message):
             GRPOTrainer(model, items, cfg, reward_funcs=zero)
+    with pytest.raises(ValueError, match=r"^task_vocab must be a TaskVocab \(TaskVocab\(token ids of the task text\)\), "
+                                         r"got list \[1, 2, 3\]$"):  # "'list' object has no attribute 'union'"
+        GRPOTrainer(tiny(), toy_items(), cfg, reward_funcs=zero, task_vocab=[1, 2, 3])
     assert not (tmp_path / "grpo").exists()
 
 

@@ -32,6 +32,7 @@ notebooks/03_grpo_sign_validation.ipynb asserts each of these.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -164,8 +165,9 @@ def _check_advantage_inputs(rewards, group_size, scale, eps, reward_weights, agg
                                  ("multi_objective_aggregation", aggregation, MULTI_OBJECTIVE_AGGREGATIONS)):
         if value not in choices:
             raise ValueError(f"group_advantages: {name} must be one of {choices}, got {value!r}")
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+    if not isinstance(group_size, numbers.Integral) or isinstance(group_size, bool) or group_size < 1:
         raise ValueError(f"group_advantages: group_size must be a positive integer, got {group_size!r}")
+    group_size = int(group_size)  # numpy's integers as Python's, as the configs keep them
     if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
         raise ValueError(f"group_advantages: eps must be a number >= 0, got {eps!r}")
     r, out_dtype = _rewards_tensor(rewards)

@@ -467,6 +467,8 @@ class GRPOTrainer(Trainer):
             raise ValueError("items must be a list of PromptItem, got one PromptItem: wrap it in a list")
         if not isinstance(items, Iterable) or isinstance(items, (str, bytes, Mapping)):
             raise ValueError(f"items must be a list of PromptItem(task, prompt), got {_shown(items)}")
+        if task_vocab is not None and not isinstance(task_vocab, TaskVocab):
+            raise ValueError(f"task_vocab must be a TaskVocab (TaskVocab(token ids of the task text)), got {_shown(task_vocab)}")
         if not any(p.requires_grad for p in model.parameters()):
             raise ValueError("model has no parameter that requires a gradient (frozen: requires_grad_(False)): nothing "
                              "to train; call model.requires_grad_(True)")
