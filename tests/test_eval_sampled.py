@@ -281,6 +281,22 @@ def test_cli_samples_and_sample_temperature(setup, tmp_path, capsys):
         ev.cli([str(tmp_path / "missing"), "--samples", "-2"])
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--samples", "0", "--sample-temperature", "0.5"], "--sample-temperature has no effect with --samples 0 (greedy "
+                                                        "only): give --samples K, or leave it out"),
+    (["--temperature", "0.7"], "--temperature has no effect with greedy decoding (the default --decoding): give "
+                               "--decoding sampled, or leave it out (pass@1 samples take --sample-temperature)")])
+def test_cli_refuses_a_temperature_its_decoding_ignores(argv, message, capsys):
+    """`eval --temperature 0.7` evaluated greedily (the decoding it did not ask to change) without a word;
+    `--samples 0 --sample-temperature 0.5` dropped the temperature. Both are usage errors before the model loads."""
+    with pytest.raises(SystemExit) as stop:
+        ev.cli(["no-such-model", *argv])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"rookworld eval: error: {message}"
+    with pytest.raises(ValueError, match="config.json not found"):  # the same values where they apply: on to the model
+        ev.cli(["no-such-model", "--decoding", "sampled", "--temperature", "0.7", "--samples", "2",
+                "--sample-temperature", "0.5"])
+
+
 def test_an_evaluation_samples_pass_at_1_at_the_rollout_temperature_the_export_records(tmp_path):
     """`rookworld eval` reports pass@1 beside greedy by default, sampled at the temperature GRPO's
     rollouts used (recorded in the export's config.json), 1.0 for a model without one; a given one wins."""
