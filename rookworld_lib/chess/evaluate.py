@@ -24,6 +24,7 @@ column holds RookWorld's reported figures, each on the row of what it measured (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -266,14 +267,40 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     return out
 
 
+# What each suite reads of a record (a record without "task" is taken as the suite's)
+_NEEDS = {"P": ("fen", "moves", "evals"), "A": ("new_fen",), "M1": ("fen",)}
+
+
 def _decode(model: GPT, records: Sequence, cfg: EvalConfig, prompt_of_record, limit: int | None = None,
-            completions: list[str] | None = None) -> tuple[list, list[str], list[str]]:
-    """(records, prompts, completions): the first `limit` records, their prompts in the model's layout
-    and the model's completions of them (unless given)."""
+            completions: list[str] | None = None, task: str | None = None) -> tuple[list, list[str], list[str]]:
+    """(records, prompts, completions): the first `limit` records (each of `task`, with what its suite
+    reads), their prompts in the model's layout and the model's completions of them (unless given: one
+    per record, in order)."""
     layout = cfg.for_model(model).layout
     records = list(records)[:limit]
+    for i, r in enumerate(records if task else ()):  # else a KeyError, or (mate in one) 0% of the wrong positions
+        where = f"records[{i}]" + (f" ({r.get('id')})" if isinstance(r, dict) and r.get("id") else "")
+        if not isinstance(r, dict) or r.get("task", task) != task:
+            raise ValueError(f"{where} is " + (f"a record of task {r['task']!r}" if isinstance(r, dict) else
+                                               f"a {type(r).__name__}") + f", not of task {task!r}: give this suite's records")
+        if missing := [f for f in _NEEDS[task] if f not in r]:
+            raise ValueError(f"{where}: a record of task {task!r} needs the field(s) {', '.join(missing)}")
+    if completions is not None and (isinstance(completions, (str, bytes)) or len(completions) != len(records)):
+        got = f"one {type(completions).__name__}" if isinstance(completions, (str, bytes)) else str(len(completions))
+        raise ValueError(f"completions: {got} for {len(records)} records; give one completion per record, in order")
     prompts = [prompt_of_record(r, layout) for r in records]
     return records, prompts, completions if completions is not None else complete(model, prompts, cfg)
+
+
+@contextlib.contextmanager
+def _naming_record(i: int, rec: dict):
+    """A ground truth the scorers refuse (TruthError, naming the field), said with the record it came from
+    (its id, else its place; a pass@1 pass holds each record k times)."""
+    try:
+        yield
+    except rewards.TruthError as exc:
+        where = f"record {rec['id']}" if rec.get("id") else f"records[{i}]"
+        raise type(exc)(f"{where}: {exc}") from exc
 
 
 def policy_prompt_of(rec: dict, layout: str) -> str:
@@ -315,15 +342,16 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
     also agreement with the original B: label.
     With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
     return _with_pass_at_1(_score_policy, model, *_decode(model, records, cfg, policy_prompt_of, cfg.max_policy,
-                                                          completions), cfg)
+                                                          completions, "P"), cfg)
 
 
 def _score_policy(records: list, prompts: list[str], completions: list[str]) -> dict:
     valid, legal, correct, overlaps, cp_losses, agree = [], [], [], [], [], []
-    for rec, prompt, text in zip(records, prompts, completions):
+    for i, (rec, prompt, text) in enumerate(zip(records, prompts, completions)):
         parse = tasks.parse_policy_completion(text)
-        valid.append(tasks.valid_policy_answer(chess.Board(rec["fen"]), parse, rec["moves"]))
-        score = rewards.score_policy_detailed(prompt, text, truth=rec)
+        with _naming_record(i, rec):
+            valid.append(tasks.valid_policy_answer(chess.Board(rec["fen"]), parse, rec["moves"]))
+            score = rewards.score_policy_detailed(prompt, text, truth=rec)
         legal.append(score.best_legal >= 1.0)
         correct.append(parse.best is not None and parse.best == rec["moves"][0])
         if rec.get("original_best") is not None:
@@ -343,7 +371,7 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
 
 def evaluate_mate_in_one(model: GPT, records: Sequence, cfg: EvalConfig) -> dict:
     """Share of mate-in-one positions where B: is a mating move (checked by python-chess)."""
-    records, _, completions = _decode(model, records, cfg, policy_prompt_of, cfg.max_mate)
+    records, _, completions = _decode(model, records, cfg, policy_prompt_of, cfg.max_mate, task="M1")
     hits = []
     for rec, text in zip(records, completions):
         board = chess.Board(rec["fen"])
@@ -360,17 +388,19 @@ def evaluate_environment(model: GPT, records: Sequence, cfg: EvalConfig) -> dict
     one en-passant convention), and how often each part the environment reward checks is right: next
     position (:func:`tasks.same_position`), reward, flags.
     With cfg.samples, also pass@1 of the strict ones (see the module docstring)."""
-    return _with_pass_at_1(_score_environment, model, *_decode(model, records, cfg, env_prompt_of, cfg.max_env), cfg)
+    return _with_pass_at_1(_score_environment, model, *_decode(model, records, cfg, env_prompt_of, cfg.max_env,
+                                                               task="A"), cfg)
 
 
 def _score_environment(records: list, prompts: list[str], completions: list[str]) -> dict:
     valid, sims, right = [], [], {part: [] for part in ("fen_exact", "reward", "terminated", "truncated")}
-    for rec, prompt, text in zip(records, prompts, completions):
+    for i, (rec, prompt, text) in enumerate(zip(records, prompts, completions)):
         p = tasks.parse_env_completion(text)
         valid.append(p.ok)
         pred, true_fen = p.new_fen or "", rec["new_fen"]
         sims.append(similarity(tasks.normalized_fen(pred) or pred, tasks.normalized_fen(true_fen) or true_fen))
-        score = rewards.score_environment_detailed(prompt, text, truth=rec)  # each part 1.0 (right) or 0.0
+        with _naming_record(i, rec):
+            score = rewards.score_environment_detailed(prompt, text, truth=rec)  # each part 1.0 (right) or 0.0
         for part, hits in right.items():
             hits.append(getattr(score, part) >= 1.0)
     keys = [record_key(r) for r in records]
