@@ -238,6 +238,14 @@ def test_paired_change_of_anything_but_two_evaluations_is_refused():
     with pytest.raises(ValueError, match=r"^paired_change: before and after must be evaluate_all results \(dict metric "
                                          r"-> Estimate\), got list and list$"):
         ev.paired_change([1], [2])  # an empty table, without a word
+    b = {"policy/valid": ev.rate([1, 0, 1])}
+    with pytest.raises(ValueError, match=r"^paired_change: metrics must be a list of strict metrics .*got 'policy/valid'$"):
+        ev.paired_change(b, b, metrics="policy/valid")  # read letter by letter: an empty table
+    with pytest.raises(ValueError, match=r"^paired_change: \['policy/vaild'\] are no strict metric"):
+        ev.paired_change(b, b, metrics=["policy/vaild"])
+    with pytest.raises(ValueError, match=r"^paired_change: policy/valid is a saved result \(results_to_json\) without "
+                                         r"its per-record outcomes"):  # was "'builtin_function_or_method' ... iterable"
+        ev.paired_change(ev.results_to_json(b), ev.results_to_json(b))
 
 
 def test_wilson_refuses_counts_no_trials_can_give():

@@ -520,6 +520,9 @@ def test_position_explorer_refuses_what_is_not_a_p_record_naming_the_first(model
     assert str(info.value) == f"PositionExplorer shows P: (policy) records; records[1] is a record without ['evals']: {hint}"
     with pytest.raises(ValueError, match=re.escape("records[0] is a record without ['fen', 'moves', 'evals']")):
         explore.PositionExplorer(model, [{"task": "P"}])
+    # a FEN python-chess cannot read ended in its own "expected 8 rows in position part of fen" at the first draw
+    with pytest.raises(ValueError, match=re.escape("records[1] is a record whose 'fen' is no valid FEN (FEN does not parse")):
+        explore.PositionExplorer(model, [policy_records[0], {**policy_records[0], "fen": "rnbqkbnr/pppppppp w - - 0 1"}])
 
 
 def test_group_inspector_built_without_a_draw_asks_for_one(model, policy_records):

@@ -89,6 +89,13 @@ def test_eval_every_checkpoint_writes_curve_json_and_names_a_run_without_checkpo
     assert cli.main(["eval", str(tmp_path), "--every-checkpoint"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("rookworld eval: error: ") and "no step_*.pt checkpoint" in err[-1]
+    metrics = (run / "metrics.jsonl").read_bytes()  # a run folder without its metrics (a GRPO run's, say)
+    (run / "metrics.jsonl").unlink()
+    assert cli.main(["eval", str(run), "--every-checkpoint"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rookworld eval: error: {run / 'metrics.jsonl'}: missing; a learning curve is of a `rookworld sft` --out, "
+        "whose metrics give each checkpoint's tokens and losses")  # was a bare FileNotFoundError
+    (run / "metrics.jsonl").write_bytes(metrics)
     # a run still training there (it holds the run's lock) would rotate checkpoints away mid-curve: refused
     with run_lock(run):
         assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "4", "--max-env", "4"]) == 1

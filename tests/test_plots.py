@@ -28,9 +28,30 @@ def test_save_figure_writes_offline_html_and_json(tmp_path):
 def test_save_figure_rejects_bad_names(tmp_path):
     """A figure name is letters, digits, '_', '-', '.', and starts with a letter or digit: no path, no
     hidden file, no empty name."""
-    for name in ("../escape", "", ".hidden", "_x", "-x", "a b"):
+    for name in ("../escape", "", ".hidden", "_x", "-x", "a b", "ok\n", None):  # "ok\n" wrote ok\n.html
         with pytest.raises(ValueError, match="figure name"):
             plots.save_figure(go.Figure(), name, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_metric_keys_that_are_no_list_of_names_and_a_smoothing_below_one_are_refused():
+    """LiveCurves("loss", ...) drew the traces l, o, s, s; curves_figure(h, "loss", ...) drew nothing;
+    smooth=0 ended in "fmean requires at least one data point"; LiveCurves({}) in plotly's own words."""
+    history = [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}]
+    for keys in ("loss", [1]):
+        with pytest.raises(ValueError, match=r"^LiveCurves: give a list of metric keys"):
+            plots.LiveCurves(keys, "t")
+        with pytest.raises(ValueError, match=r"^curves_figure: give a list of metric keys"):
+            plots.curves_figure(history, keys, "t")
+    assert plots.curves_figure(history, [], "t").data == ()  # no key yet (a run of one step): an empty figure
+    with pytest.raises(ValueError, match=r"^LiveCurves: give a list of metric keys"):
+        plots.LiveCurves({"loss": "loss"}, "t")
+    with pytest.raises(ValueError, match=r"^LiveCurves: give a list of metric keys or a dict"):
+        plots.LiveCurves({}, "t")
+    for smooth in (0, -2, 1.5):
+        with pytest.raises(ValueError, match=rf"^curves_figure: smooth must be a number of points >= 1 \(1: none\), got {smooth}$"):
+            plots.curves_figure(history, ["loss"], "t", smooth=smooth)
+    assert len(plots.curves_figure(history, ["loss"], "t", smooth=2).data) == 1
 
 
 def test_live_curves_records_without_widgets():

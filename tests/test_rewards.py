@@ -9,7 +9,7 @@ from helpers_chess import corrupt_one_char, mutate, needs_stockfish, policy_comp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rookworld_lib.chess import engine, rewards, tasks
+from rookworld_lib.chess import data, engine, rewards, tasks
 from rookworld_lib.chess.reward_examples import edit_chars
 
 FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -641,3 +641,13 @@ def test_register_truth_counts_only_the_truths_it_registers():
         assert rewards.register_truth([p, m1]) == 1
     finally:
         rewards.clear_truth()
+
+
+@pytest.mark.parametrize("engine", ["stockfish", 42, True])
+def test_an_engine_argument_that_is_no_pool_is_raised_not_scored_as_a_bad_answer(engine):
+    """engine="stockfish" scored every answer -1.0 with "internal error: AttributeError" (the safety net
+    for bugs), though no completion can make that argument right: it is a set-up error, raised."""
+    rec = data.load_split("P", "test").records[0]
+    with pytest.raises(rewards.EngineArgumentError, match=r"^engine must be 'auto', None or an engine pool"):
+        rewards.score_policy_detailed(rec["prompt"], rec["completion"], truth=rec, engine=engine, cache=False)
+    assert rewards.score_policy_detailed(rec["prompt"], rec["completion"], truth=rec, engine=None, cache=False).total == 1.0

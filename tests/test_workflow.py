@@ -1,5 +1,6 @@
 import dataclasses
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -295,3 +296,20 @@ def test_markdown_table_has_one_separator_cell_per_column():
                                            "| r1 | 1 | x |\n"
                                            "| r2 | 2 | y |")
 
+
+
+def test_overrides_a_layout_and_a_data_folder_it_cannot_use_are_named(tmp_path):
+    """resolve(sft_steps=-5) was refused as warmup_steps -5, sft_steps="10" in a TypeError; layout="fancy" ended
+    in KeyError 'fancy'; sft_config on a missing folder gave train_data=() (SFT then named no folder)."""
+    for kw, message in ((dict(sft_steps="10"), "sft_steps must be an integer >= 1 (None: the profile's), got '10'"),
+                        (dict(grpo_steps=-5), "grpo_steps must be an integer >= 1 (None: the profile's), got -5"),
+                        (dict(sft_steps=True), "sft_steps must be an integer >= 1")):
+        with pytest.raises(ValueError, match=rf"^resolve: {re.escape(message)}"):
+            workflow.resolve("ci", **kw)
+    p = workflow.resolve("ci", sft_steps=3)
+    assert p.sft.max_steps == 3 and p.sft.warmup_steps == 2
+    for make in (lambda: workflow.eval_config(p, 0, layout="fancy"), lambda: workflow.grpo_config(p, None, 0, "fancy")):
+        with pytest.raises(ValueError, match=r"^layout must be one of \['compact', 'original'\], got 'fancy'$"):
+            make()
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'none'))} \(no such directory\): no training data"):
+        workflow.sft_config(p, tmp_path / "sft", tmp_path / "none", 0)

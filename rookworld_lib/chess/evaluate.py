@@ -604,6 +604,14 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
     if not (isinstance(before, dict) and isinstance(after, dict)):  # lists gave an empty table without a word
         raise ValueError(f"paired_change: before and after must be evaluate_all results (dict metric -> Estimate), got "
                          f"{type(before).__name__} and {type(after).__name__}")
+    if isinstance(metrics, str) or (unknown := [m for m in metrics if m not in STRICT_METRICS + SAMPLED_METRICS]):
+        raise ValueError(f"paired_change: metrics must be a list of strict metrics ({', '.join(STRICT_METRICS)}, and "
+                         f"each with {SAMPLED_PREFIX}), got {metrics!r}" if isinstance(metrics, str) else
+                         f"paired_change: {unknown} are no strict metric; the strict metrics: {', '.join(STRICT_METRICS)}, "
+                         f"and each with {SAMPLED_PREFIX}")
+    if bad := [m for m in metrics if isinstance(before.get(m), dict) or isinstance(after.get(m), dict)]:
+        raise ValueError(f"paired_change: {bad[0]} is a saved result (results_to_json) without its per-record "
+                         "outcomes; pair two evaluate_all results of this session")
     rows = []
     for m in metrics:
         if m not in before or m not in after:
@@ -648,6 +656,9 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     if not found:
         raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
                                   f"--out, trained with --checkpoint-interval N --keep-checkpoints 0)")
+    if not (run_dir / METRICS_FILE).is_file():  # else a bare FileNotFoundError
+        raise CheckpointLoadError(f"{run_dir / METRICS_FILE}: missing; a learning curve is of a `rookworld sft` --out, "
+                                  "whose metrics give each checkpoint's tokens and losses")
     history = read_metrics(run_dir / METRICS_FILE)
     rows, device = [], resolve_device(device)
     for step, path in found:

@@ -85,7 +85,11 @@ class MissingTruthError(TruthError):
 
 
 # errors of the set-up, not of the text: they pass the scorers' safety net (see the module docstring)
-SETUP_ERRORS = (TruthError, StockfishNotFoundError, EngineFailedError)
+class EngineArgumentError(ValueError):
+    """engine= is none of 'auto', None/False or an engine pool: no completion makes it right, so it is raised."""
+
+
+SETUP_ERRORS = (TruthError, StockfishNotFoundError, EngineFailedError, EngineArgumentError)
 POLICY_RANGE = (-1.0, 1.0)
 GARBAGE = -1.0
 ILLEGAL_BASE = -0.5
@@ -413,6 +417,8 @@ def _resolve_engine(engine):
         return None
     if engine == "auto":
         return get_pool() if stockfish_available() else None
+    if not callable(getattr(engine, "analyse", None)):  # else an internal error, scored -1.0 as a bad answer is
+        raise EngineArgumentError(f"engine must be 'auto', None or an engine pool (engine.EnginePool), got {engine!r:.60}")
     return engine
 
 

@@ -88,7 +88,7 @@ def _write_png(fig: go.Figure, path: Path) -> bool:
 def save_figure(fig: go.Figure, name: str, figures_dir: str | Path | None = None) -> Path:
     """Write `<name>.html` (offline, plotly.js beside it), `<name>.json` and, where a Chromium
     renders it, `<name>.png`; return the HTML path."""
-    if not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # `$` let a trailing newline through
         raise ValueError(f"figure name {name!r} must be letters, digits, '_', '-' or '.'")
     out = Path(figures_dir) if figures_dir is not None else FIGURES_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +154,12 @@ def series_colour(i: int) -> str:
 KEY_COLOUR = {"reward": 0, "rewards/P/mean": 1, "rewards/A/mean": 2}
 
 
+def _check_keys(keys, where: str) -> None:
+    """Metric keys must be a list of names: a str would be read letter by letter."""
+    if isinstance(keys, (str, bytes)) or not all(isinstance(k, str) for k in keys):
+        raise ValueError(f"{where}: give a list of metric keys (['loss', 'eval/loss']), got {keys!r}")
+
+
 def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "step", trend: bool = False,
                   smooth: int = 1, names: dict[str, str] | None = None) -> go.Figure:
     """One line per metric key over the training history (records of JSON-lines metrics); with
@@ -161,6 +167,9 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
     with `smooth` > 1 the lines are trailing means over that many points. The title's second line
     says both. names: a legend name for a key (its weight, say); the key by default."""
     names = names or {}
+    _check_keys(keys, "curves_figure")
+    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+        raise ValueError(f"curves_figure: smooth must be a number of points >= 1 (1: none), got {smooth!r}")
     how = ([f"lines: trailing means of {smooth} {x}s"] if smooth > 1 else []) + \
         (["dashed: least-squares line fitted to every point"] if trend else [])
     title = f"{title}<br><sup>{'; '.join(how)}</sup>" if how else title
@@ -239,6 +248,10 @@ class LiveCurves:
     as SFT's steps between val-loss points) adds no point to that key's line."""
 
     def __init__(self, panels: list[str] | dict[str, list[str]], title: str, live: bool = True):
+        for keys in (panels.values() if isinstance(panels, dict) else (panels,)):
+            _check_keys(keys, "LiveCurves")
+        if isinstance(panels, dict) and not panels:
+            raise ValueError("LiveCurves: give a list of metric keys or a dict {panel title: keys}, got {}")
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
         self.title, self.history, self.widget, self._handle = title, [], None, None
         if live and widget_frontend():
