@@ -210,6 +210,8 @@ def test_malformed_lines_give_file_line_reason_or_are_skipped_and_counted(tmp_pa
     assert "best" in reasons[3] and "missing field" in reasons[5] and "not a legal" in reasons[6]
     assert "reward" in reasons[9] and "duplicate id" in reasons[10] and "JSON object" in reasons[11]
     assert str(loaded.skipped[0]) == f"{path}:2: {reasons[2]}"
+    with pytest.raises(ValueError, match=r"^load_jsonl: on_error must be 'raise' or 'skip', got 'ignore'$"):
+        data.load_jsonl(path, on_error="ignore")  # an AssertionError (none under python -O)
     with pytest.raises(data.DataFormatError, match=":1: expected a 'A' record"):
         data.load_jsonl(path, task="A")
 

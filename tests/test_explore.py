@@ -276,7 +276,9 @@ def test_group_inspector_takes_settings_past_its_sliders_or_refuses_them(model, 
     gi = explore.GroupInspector(model, policy_records, 1, group_size=2, max_new_tokens=4, temperature=3.0, top_k=500,
                                 top_p=0.01, sample=False)
     assert (gi.temperature.value, gi.top_k.value, gi.top_p.value) == (3.0, 500, 0.01)
-    for bad, match in (({"group_size": 1}, "group_size >= 2"), ({"index": len(policy_records)}, "is not among the"),
+    for bad, match in (({"group_size": 1}, "group_size >= 2"), ({"group_size": 2.5}, r"integer group_size >= 2, got 2.5"),
+                       ({"max_new_tokens": -5}, r"max_new_tokens >= 1 \(None: the layout's\), got -5"),
+                       ({"index": len(policy_records)}, "is not among the"),
                        ({"top_p": 0.0}, r"SamplingConfig.top_p must be a finite number in \(0, 1\]"),
                        ({"temperature": 1e-45}, r"SamplingConfig.temperature must be 0 \(greedy\) or >= 0.01"),
                        ({"top_k": -1}, r"SamplingConfig.top_k must be an integer >= 0")):
@@ -323,6 +325,10 @@ def test_rollout_browser_from_rows_and_from_a_file(tmp_path):
         explore.RolloutBrowser(path)
     with pytest.raises(ValueError, match="step 7"):
         rb.select(7)
+    # a run folder where the file belongs ended in IsADirectoryError
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path))} is a directory; give a completions.jsonl file, "
+                                         rf"e.g. {re.escape(str(path))}$"):
+        explore.RolloutBrowser(tmp_path)
 
 
 def test_clip_controls_redraw_the_figures():

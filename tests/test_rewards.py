@@ -651,3 +651,12 @@ def test_an_engine_argument_that_is_no_pool_is_raised_not_scored_as_a_bad_answer
     with pytest.raises(rewards.EngineArgumentError, match=r"^engine must be 'auto', None or an engine pool"):
         rewards.score_policy_detailed(rec["prompt"], rec["completion"], truth=rec, engine=engine, cache=False)
     assert rewards.score_policy_detailed(rec["prompt"], rec["completion"], truth=rec, engine=None, cache=False).total == 1.0
+
+
+def test_weights_of_another_kind_are_named_not_unhashable():
+    rec = data.load_split("P", "test").records[0]
+    with pytest.raises(ValueError, match=r"^weights must be PolicyWeights or GradedWeights \(None: the default\), got dict$"):
+        rewards.score_policy_detailed(rec["prompt"], rec["completion"], truth=rec, engine=None, weights={})
+    env = data.load_split("A", "test").records[0]
+    with pytest.raises(ValueError, match=r"^weights must be EnvWeights \(None: the default\), got PolicyWeights$"):
+        rewards.score_environment_detailed(env["prompt"], env["completion"], truth=env, weights=rewards.PolicyWeights())

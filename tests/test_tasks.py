@@ -436,6 +436,8 @@ def test_eval_edges_mated_bounds_and_canonical_spelling():
         "them), got ['0.35', '0.35', 'M2']")
     assert tasks.policy_truth_error(board, ["e2e4", "d2d4", "g1f3", "b1c3"], ["M2", "0.35", "0.35", "-M1"]) is None
     assert tasks.policy_truth_error(board, ["e2e4", "d2d4"], ["-M3", "-M1"]) is None  # mated later is better
+    with pytest.raises(ValueError, match=r"^format_eval takes an Eval \(parse_eval reads one from text\), got str '0.35'$"):
+        tasks.format_eval("0.35")
 
 
 def test_env_history_holds_the_last_ten_moves_ending_with_this_one():

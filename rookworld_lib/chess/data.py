@@ -276,7 +276,8 @@ def load_jsonl(path: str | os.PathLike, *, task: str | None = None, on_error: st
     ("file:line: reason"), or with on_error="skip" is skipped, listed in LoadedData.skipped and counted
     in a warning. A file that cannot be read or holds no record raises DataFormatError either way.
     Bytes found wholly valid before (in any process) are parsed again, not re-checked (_validated)."""
-    assert on_error in ("raise", "skip"), on_error
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"load_jsonl: on_error must be 'raise' or 'skip', got {on_error!r}")
     path = Path(path)
     shipped = path.resolve().parent == DATA_DIR.resolve()  # the repository's data/: git holds a copy
     fix = f"restore it with `git checkout -- data/{path.name}`" if shipped else "regenerate it with `rookworld datagen`"

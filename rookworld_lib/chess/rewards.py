@@ -639,6 +639,8 @@ def score_policy_detailed(prompt: str, completion: str, *, truth=None, engine="a
     GradedScore. `engine`: "auto" (the shared pool when Stockfish is installed), an EnginePool, or None
     (offline: needs a truth, estimates unlisted moves). Raises only the set-up errors of the module
     docstring, never because of the prompt or the completion."""
+    if weights is not None and not isinstance(weights, (PolicyWeights, GradedWeights)):  # {} failed as "unhashable"
+        raise ValueError(f"weights must be PolicyWeights or GradedWeights (None: the default), got {type(weights).__name__}")
     t, w = None if truth is None else policy_truth(truth), weights or DEFAULT_POLICY_WEIGHTS
     return _memo(_graded_policy if isinstance(w, GradedWeights) else _policy, cache, prompt, completion, t, engine, w)
 
@@ -652,6 +654,8 @@ def score_policy(prompt: str, completion: str, *, truth=None, engine="auto",
 def score_environment_detailed(prompt: str, completion: str, *, truth=None, weights: EnvWeights | None = None,
                                cache: bool = True) -> EnvScore:
     """Every component of the environment reward; raises only TruthError, for an unusable `truth`."""
+    if weights is not None and not isinstance(weights, EnvWeights):
+        raise ValueError(f"weights must be EnvWeights (None: the default), got {type(weights).__name__}")
     t = None if truth is None else env_truth(truth)
     return _memo(_env, cache, prompt, completion, t, weights or DEFAULT_ENV_WEIGHTS)
 

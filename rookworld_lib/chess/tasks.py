@@ -243,6 +243,8 @@ def format_eval(e: Eval, layout: str = "compact") -> str:
     """Compact: ``0.35``, ``-1.2``, ``0.0`` (pawns, at most 2 decimals), ``M3`` or ``-M2``.
     Original: Python's float text of ``score(mate_score=100000) / 100``, as the original generator
     wrote it: the same pawns, and mates as ``999.97`` (mate in 3) or ``-999.98`` (mated in 2)."""
+    if not isinstance(e, Eval):  # a text failed as "'str' object has no attribute 'mate'"
+        raise ValueError(f"format_eval takes an Eval (parse_eval reads one from text), got {type(e).__name__} {e!r:.40}")
     if layout != "compact":
         _check_layout(layout)
         return str(e.to_cp() / 100)

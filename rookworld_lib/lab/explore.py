@@ -118,6 +118,10 @@ def load_model(model_dir: str | None = None, run_dir: str | None = None, seed: i
 def read_rollouts(source) -> list[dict]:
     """Rollout rows from a list of dicts or a completions.jsonl path; a row without a required key
     raises naming it (ratio and clip_fraction may be missing or null: before an update)."""
+    if isinstance(source, (str, Path)) and Path(source).is_dir():  # a run folder: IsADirectoryError said no more
+        found = sorted(Path(source).glob("**/completions.jsonl"))
+        raise ValueError(f"{source} is a directory; give a completions.jsonl file"
+                         + (f", e.g. {found[0]}" if found else " (a GRPO run writes <run>/training/grpo/completions.jsonl)"))
     rows = list(source) if not isinstance(source, (str, Path)) else [
         obj if err is None else f"line {n}: {err}" for n, obj, err in read_jsonl(source, torn_tail=True)]
     where = source if isinstance(source, (str, Path)) else "rollouts"
@@ -397,8 +401,11 @@ class GroupInspector(_Explorer):
             raise ValueError("GroupInspector needs at least one record")
         if not 0 <= index < len(records):
             raise ValueError(f"index {index} is not among the {len(records)} records (0..{len(records) - 1})")
-        if group_size < 2:
-            raise ValueError(f"GroupInspector needs group_size >= 2, got {group_size}")
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:  # 2.5 became 2
+            raise ValueError(f"GroupInspector needs an integer group_size >= 2, got {group_size!r}")
+        if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                           or max_new_tokens < 1):  # -5 sampled a budget of 1
+            raise ValueError(f"GroupInspector needs max_new_tokens >= 1 (None: the layout's), got {max_new_tokens!r}")
         SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)  # refuses what the sampler would, by name
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0
         self.reward = reward  # the trainer's reward variant (training.reward_functions)
