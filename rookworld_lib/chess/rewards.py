@@ -5,7 +5,7 @@
 raises. The set-up does, since a reward without ground truth, or a crash scored as a bad answer, is
 worse than a stop: TruthError (a truth that fails the record check, or for another position),
 MissingTruthError (no truth, engine=None), StockfishNotFoundError (no truth, no Stockfish),
-EngineFailedError (every retry failed).
+EngineFailedError (every retry failed), EngineArgumentError (an ``engine=`` that is no pool).
 
 Ground truth: ``truth=`` (a ``data/*.jsonl`` record, a :class:`PolicyTruth` / :class:`EnvTruth`, an
 ``engine.Analysis``), else one from :func:`register_truth`, else live Stockfish for ``P:`` (multipv 5,
