@@ -584,7 +584,7 @@ def test_pass_at_1_rows_refuse_to_pair_other_records(monkeypatch):
 def test_records_of_another_suite_and_completions_that_do_not_pair_up_are_refused_naming_them():
     """Found by a hostile audit: evaluate_policy zipped 1 completion with 3 records (every metric at n=1) and
     scored a str letter by letter; A: records gave KeyError 'moves'; mate in one scored P: positions 0%
-    without a word; a label's bad evals said nothing of the record."""
+    without a word; a bad label said nothing of the record."""
     P, A = data.load_split("P", "test").records[:3], data.load_split("A", "test").records[:2]
     cfg = ev.EvalConfig(samples=0, max_new_tokens=8, selfplay_games=0, layout="compact", prompt_prefix="")
     model = GPT(GPTConfig.preset("tiny", block_size=128))
@@ -599,8 +599,8 @@ def test_records_of_another_suite_and_completions_that_do_not_pair_up_are_refuse
             (lambda: ev.evaluate_environment(model, P, cfg), r"not of task 'A'"),
             (lambda: ev.evaluate_policy(None, [{k: v for k, v in P[0].items() if k != "moves"}], cfg, completions=texts[:1]),
              r"^records\[0\] \(P-.*\): a record of task 'P' needs the field\(s\) moves$"),
-            (lambda: ev.evaluate_policy(None, [dict(P[0], evals=P[0]["evals"][::-1])], cfg, completions=texts[:1]),
-             rf"^record {P[0]['id']}: unusable policy truth: field 'evals' must list the candidates best first")):
+            (lambda: ev.evaluate_policy(None, [dict(P[0], moves=["a1a8", *P[0]["moves"][1:]])], cfg, completions=texts[:1]),
+             rf"^record {P[0]['id']}: unusable policy truth: move 'a1a8' in 'moves' is not a legal UCI move")):
         with pytest.raises(ValueError, match=message):
             call()
     assert ev.evaluate_policy(None, P, cfg, completions=texts)["policy/valid"].n == 3

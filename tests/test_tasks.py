@@ -429,13 +429,8 @@ def test_eval_edges_mated_bounds_and_canonical_spelling():
     for spelling in ("+0.35", "0.350", "00.35"):  # each reads as 0.35, but a label holds the format's one spelling
         assert tasks.parse_eval(spelling) == Eval(cp=35)
         assert tasks.policy_truth_error(board, ["e2e4"], [spelling]) is not None, spelling
-    # best first, as the engine ranks them: the rewards take evals[0] as the best move's eval (a shuffled label
-    # gave a worse B: full quality, and validate_record blamed the completion)
-    assert tasks.policy_truth_error(board, ["e2e4", "d2d4", "g1f3"], ["0.35", "0.35", "M2"]) == (
-        "field 'evals' must list the candidates best first (each eval at most the one before, as the engine ranks "
-        "them), got ['0.35', '0.35', 'M2']")
-    assert tasks.policy_truth_error(board, ["e2e4", "d2d4", "g1f3", "b1c3"], ["M2", "0.35", "0.35", "-M1"]) is None
-    assert tasks.policy_truth_error(board, ["e2e4", "d2d4"], ["-M3", "-M1"]) is None  # mated later is better
+    # the engine's order, not the evals' (under a node budget a later line's eval can be the higher one)
+    assert tasks.policy_truth_error(board, ["e2e4", "d2d4", "g1f3"], ["0.35", "-0.73", "0.3"]) is None
     with pytest.raises(ValueError, match=r"^format_eval takes an Eval \(parse_eval reads one from text\), got str '0.35'$"):
         tasks.format_eval("0.35")
 

@@ -303,10 +303,6 @@ def policy_truth_error(board: chess.Board, moves, evals) -> str | None:
         if not isinstance(e, Eval) and (parse_eval(e) is None or format_eval(parse_eval(e)) != e):
             return f"eval {reprlib.repr(e)} in 'evals' is not in the eval format (pawns like '0.35', mates like " \
                    "'M3' / '-M2')"
-    cps = [(e if isinstance(e, Eval) else parse_eval(e)).to_cp() for e in evals]
-    if any(a < b for a, b in zip(cps, cps[1:])):  # the rewards take moves[0] / evals[0] as the engine's best
-        return (f"field 'evals' must list the candidates best first (each eval at most the one before, as the engine "
-                f"ranks them), got {[str(e) for e in evals]}")
     return None
 
 
