@@ -604,11 +604,11 @@ def paired_change(before: dict, after: dict, metrics: Sequence[str] = STRICT_MET
     if not (isinstance(before, dict) and isinstance(after, dict)):  # lists gave an empty table without a word
         raise ValueError(f"paired_change: before and after must be evaluate_all results (dict metric -> Estimate), got "
                          f"{type(before).__name__} and {type(after).__name__}")
-    if isinstance(metrics, str) or (unknown := [m for m in metrics if m not in STRICT_METRICS + SAMPLED_METRICS]):
-        raise ValueError(f"paired_change: metrics must be a list of strict metrics ({', '.join(STRICT_METRICS)}, and "
-                         f"each with {SAMPLED_PREFIX}), got {metrics!r}" if isinstance(metrics, str) else
-                         f"paired_change: {unknown} are no strict metric; the strict metrics: {', '.join(STRICT_METRICS)}, "
-                         f"and each with {SAMPLED_PREFIX}")
+    strict = f"{', '.join(STRICT_METRICS)}, and each with {SAMPLED_PREFIX}"
+    if isinstance(metrics, str):  # read letter by letter: no row
+        raise ValueError(f"paired_change: metrics must be a list of strict metrics ({strict}), got {metrics!r}")
+    if unknown := [m for m in metrics if m not in STRICT_METRICS + SAMPLED_METRICS]:
+        raise ValueError(f"paired_change: {unknown} are no strict metric; the strict metrics: {strict}")
     if bad := [m for m in metrics if isinstance(before.get(m), dict) or isinstance(after.get(m), dict)]:
         raise ValueError(f"paired_change: {bad[0]} is a saved result (results_to_json) without its per-record "
                          "outcomes; pair two evaluate_all results of this session")

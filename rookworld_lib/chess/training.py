@@ -234,17 +234,24 @@ def policy_weights(variant: str = "graded"):
     return rewards.GradedWeights() if variant == "graded" else rewards.PolicyWeights()
 
 
-def train_records(data_dir=None) -> list[dict]:
-    """The P: and A: training records of a data directory (plain, .gz or sharded files); either task
-    may be absent (a converted original set may hold one task only), not both. A warning says how many
-    of them stand at a position of the directory's val or test records (converted sets are not split
-    by position, as datagen's are): those are measured on positions the model trained on."""
+def training_tasks(data_dir=None) -> list[str]:
+    """The tasks with training files in a data directory; ValueError naming the directory (and why it
+    holds none: missing, a file) and the file names looked for where there are none."""
     present = [task for task in tasks.TASKS if data.split_files(task, "train", data_dir)]
     if not present:
         base = Path(data_dir or data.DATA_DIR)
         raise ValueError(f"{base}{data.not_a_folder(base)}: no training data: no "
                          + " and no ".join(data.looked_for(task, "train") for task in tasks.TASKS)
                          + " (rookworld datagen or rookworld convert --split train writes them)")
+    return present
+
+
+def train_records(data_dir=None) -> list[dict]:
+    """The P: and A: training records of a data directory (plain, .gz or sharded files); either task
+    may be absent (a converted original set may hold one task only), not both. A warning says how many
+    of them stand at a position of the directory's val or test records (converted sets are not split
+    by position, as datagen's are): those are measured on positions the model trained on."""
+    present = training_tasks(data_dir)
     records = [r for task in present for r in data.load_split(task, "train", data_dir).records]
     with contextlib.suppress(ValueError):  # no val or test files there: nothing to overlap
         held = heldout_positions(data_dir or data.DATA_DIR)

@@ -142,11 +142,16 @@ def check_weights(cfg, name: str) -> dict[str, float] | None:
     return {task: float(w) for task, w in value.items()}
 
 
+def is_int(value, min: int | None = None, max: int | None = None) -> bool:
+    """value is an int (not a bool: True is no count) within [min, max]."""
+    return isinstance(value, int) and not isinstance(value, bool) and (min is None or value >= min) and (
+        max is None or value <= max)
+
+
 def check_int(cfg, name: str, *, min: int | None = None, max: int | None = None) -> None:
     """cfg.name must be an int (not a bool) within [min, max]."""
     value = getattr(cfg, name)
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok or (min is not None and value < min) or (max is not None and value > max):
+    if not is_int(value, min, max):
         want = {(False, False): "", (True, False): f" >= {min}", (False, True): f" <= {max}",
                 (True, True): f" in {min}..{max}"}[(min is not None, max is not None)]
         bad_field(type(cfg).__name__, name, value, "must be an integer" + want)

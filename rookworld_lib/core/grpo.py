@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .config import bad_field, check_applies, check_number, config_class, option, validate
+from .config import bad_field, check_applies, check_number, config_class, is_int, option, validate
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -88,7 +88,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_size: in
     temperature = _check_temperature(temperature)
     if logits.dim() != 3:
         raise ValueError(f"entropy_from_logits wants logits (B, T, V); got {tuple(logits.shape)}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if not is_int(chunk_size, 1):
         raise ValueError(f"entropy_from_logits: chunk_size must be an integer >= 1, got {chunk_size!r}")
     B, T, V = logits.shape
     flat = logits.reshape(B * T, V)

@@ -172,6 +172,7 @@ class TrainerState:
 
 
 UNSUPPORTED_REWARD_KWARGS = ("log_metric", "log_extra")  # TRL passes them; this trainer does not
+REWARD_KWARGS = ("prompts", "completions", "task", "truth", "completion_ids", "trainer_state")  # what reward_table passes
 
 
 def check_reward_function(f: RewardFunc) -> None:
@@ -189,12 +190,10 @@ def check_reward_function(f: RewardFunc) -> None:
                          "does not (docs/grpo_options.md): give it a default, or log through the returned rewards")
     kinds = {p.kind for p in params.values()}
     if params and inspect.Parameter.VAR_KEYWORD not in kinds:  # it is called with every column by keyword
-        missing = [c for c in ("prompts", "completions", "task", "truth", "completion_ids", "trainer_state")
-                   if c not in params or params[c].kind is inspect.Parameter.POSITIONAL_ONLY]
+        missing = [c for c in REWARD_KWARGS if c not in params or params[c].kind is inspect.Parameter.POSITIONAL_ONLY]
         if missing:
             raise ValueError(f"reward function {name!r} takes no {', '.join(missing)}: it is called as TRL calls one, "
-                             "f(prompts=..., completions=..., task=..., truth=..., completion_ids=..., trainer_state=...); "
-                             "end its parameters with **kwargs")
+                             f"f({', '.join(c + '=...' for c in REWARD_KWARGS)}); end its parameters with **kwargs")
 
 
 def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str],

@@ -611,8 +611,8 @@ class SFTTrainer(Trainer):
             train_texts = [sample_text(t, f"train_texts[{i}]") for i, t in enumerate(train_texts)]
         if val_texts is not None:  # an empty list is no val data, as None is
             val_texts = [sample_text(t, f"val_texts[{i}]") for i, t in enumerate(val_texts)] or None
-        check_applies(cfg, "val_fraction", val_texts is None or cfg.val_fraction == 0, "when val_texts are passed (they are the val samples): "
-                      "pass none")
+        check_applies(cfg, "val_fraction", val_texts is None or cfg.val_fraction == 0,
+                      "when val_texts are passed (they are the val samples): pass none")
         if train_texts is None:
             train_texts = self.reader.load_texts(cfg.train_data)
         if val_texts is None and cfg.val_data:

@@ -31,6 +31,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import checkpoint as ckpt_lib
 from . import distributed
+from .config import is_int
 from .errors import PEER_STOPPED, NonFiniteError
 from .paths import RunDirBusyError, busy_message, keep_aside, run_lock
 from .progress import tqdm
@@ -309,7 +310,7 @@ class Trainer:
 
         Raises NonFiniteError after max_nonfinite_in_a_row skipped updates in a row (metrics and
         checkpoints stay on disk), RunDirBusyError when another run holds out_dir's lock."""
-        if until is not None and (isinstance(until, bool) or not isinstance(until, int) or until < 1):
+        if until is not None and not is_int(until, 1):
             raise ValueError(f"{type(self).__name__}.train: until must be a step >= 1 (or None: to the end), got {until!r}")
         if self.closed and self.dist.world_size > 1:
             raise RuntimeError(f"{type(self).__name__}.train: this trainer was closed (its DDP wrapper is gone); "

@@ -33,6 +33,7 @@ from ..core import grpo
 from ..chess import rewards, tasks
 from ..chess.engine import get_pool, stockfish_available
 from ..chess.evaluate import EvalConfig, complete, policy_prompt_of
+from ..core.config import is_int
 from ..core.model import GPT, GPTConfig
 from ..core.paths import RUNS_DIR, read_jsonl
 from ..core.progress import widget_frontend
@@ -401,10 +402,9 @@ class GroupInspector(_Explorer):
             raise ValueError("GroupInspector needs at least one record")
         if not 0 <= index < len(records):
             raise ValueError(f"index {index} is not among the {len(records)} records (0..{len(records) - 1})")
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:  # 2.5 became 2
+        if not is_int(group_size, 2):  # 2.5 became 2
             raise ValueError(f"GroupInspector needs an integer group_size >= 2, got {group_size!r}")
-        if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
-                                           or max_new_tokens < 1):  # -5 sampled a budget of 1
+        if max_new_tokens is not None and not is_int(max_new_tokens, 1):  # -5 sampled a budget of 1
             raise ValueError(f"GroupInspector needs max_new_tokens >= 1 (None: the layout's), got {max_new_tokens!r}")
         SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)  # refuses what the sampler would, by name
         self.model, self.records, self.max_new_tokens, self.seed, self.draws = model, records, max_new_tokens, seed, 0

@@ -31,6 +31,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from ..chess.evaluate import STRICT_METRICS
+from ..core.config import is_int
 from ..core.paths import FIGURES_DIR
 from ..core.progress import widget_frontend
 
@@ -168,7 +169,7 @@ def curves_figure(history: list[dict], keys: list[str], title: str, x: str = "st
     says both. names: a legend name for a key (its weight, say); the key by default."""
     names = names or {}
     _check_keys(keys, "curves_figure")
-    if isinstance(smooth, bool) or not isinstance(smooth, int) or smooth < 1:
+    if not is_int(smooth, 1):
         raise ValueError(f"curves_figure: smooth must be a number of points >= 1 (1: none), got {smooth!r}")
     how = ([f"lines: trailing means of {smooth} {x}s"] if smooth > 1 else []) + \
         (["dashed: least-squares line fitted to every point"] if trend else [])

@@ -27,12 +27,13 @@ import pandas as pd
 
 from ..core import grpo as grpo_lib
 from ..core import progress
-from ..chess.data import looked_for, not_a_folder, split_paths
+from ..core.config import is_int
+from ..chess.data import split_paths
 from ..chess.datagen import DatagenConfig
 from ..chess.engine import usable_cores
 from ..chess.evaluate import EvalConfig, Estimate
 from ..chess.tasks import COMPLETION_BUDGET
-from ..chess.training import task_weights
+from ..chess.training import task_weights, training_tasks
 from ..core.train_grpo import GRPOTrainConfig
 from ..core.train_sft import SFTConfig
 from ..core.train_utils import setup_runtime
@@ -145,7 +146,7 @@ def resolve(name: str, *, device: str | None = None, dtype: str | None = None, s
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r}; choose one of {sorted(PROFILES)}")
     for field, steps in (("sft_steps", sft_steps), ("grpo_steps", grpo_steps)):  # else a warmup_steps error, say
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        if steps is not None and not is_int(steps, 1):
             raise ValueError(f"resolve: {field} must be an integer >= 1 (None: the profile's), got {steps!r}")
     p = PROFILES[name]
     sft = {key: value for key, value in (("device", device), ("dtype", dtype)) if value is not None}
@@ -161,9 +162,7 @@ def sft_config(p: Profile, out_dir: Path, data_dir: Path, seed: int, train_dir: 
     """The profile's SFT settings for one run: the train files of train_dir (default: data_dir), the
     val files of data_dir, ten val-loss points."""
     d, t = Path(data_dir), Path(train_dir or data_dir)
-    if not split_paths("train", t):  # else SFT's "no training data: set SFTConfig.train_data", naming no folder
-        raise ValueError(f"{t}{not_a_folder(t)}: no training data: no {looked_for('P', 'train')} and no "
-                         f"{looked_for('A', 'train')}")
+    training_tasks(t)  # none there: named here (SFT's "no training data: set SFTConfig.train_data" names no folder)
     return dataclasses.replace(
         p.sft, train_data=split_paths("train", t), val_data=split_paths("val", d), min_lr=p.sft.lr / 10,
         seed=seed, eval_interval=max(1, p.sft.max_steps // 10), out_dir=str(out_dir))
