@@ -58,49 +58,6 @@ def test_padded_row_equals_unpadded_alone():
         assert batch.tokens[i, :n].tolist() == alone.tokens[0, :n].tolist()
         assert torch.allclose(batch.logprobs[i, :n], alone.logprobs[0, :n], atol=1e-4)
 
-@pytest.mark.parametrize("temperature, top_k", [(0.0, 0), (1.0, 0), (1.0, 5)])
-def test_finished_rows_leave_the_batch_and_no_row_changes(monkeypatch, temperature, top_k):
-    """Rows that have written their EOS stop being decoded (the cache, mask and positions of the rest
-    are taken along): every row's tokens are those of the loop that kept decoding them, its log-probs
-    to float rounding, and greedy rows' tokens those of the row decoded alone (a batch of one)."""
-    import rookworld_lib.core.sampling as sampling
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", block_size=128, vocab_size=16)).eval()  # 16 tokens: rows meet any one
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 16, (n,), generator=g).tolist() for n in (3, 11, 7, 1, 16, 5, 9, 2, 13, 4, 6, 8)]
-    free = generate(model, prompts, SamplingConfig(max_new_tokens=24, temperature=temperature, top_k=top_k,
-                                                   seed=3, eos_id=None, pad_id=0))
-
-    def first_steps(tok):  # the step at which each row first writes tok (24: never)
-        return {int((row == tok).nonzero()[0]) if (row == tok).any() else 24 for row in free.tokens}
-
-    eos = max(range(16), key=lambda tok: len(first_steps(tok)))  # the EOS that ends rows at the most steps
-    cfg = SamplingConfig(max_new_tokens=24, temperature=temperature, top_k=top_k, seed=3, eos_id=eos, pad_id=0)
-    retired, real = [], sampling._retire_finished
-
-    def spy(finished, live):
-        keep = real(finished, live)
-        retired.append(0 if keep is None else live.size(0) - keep.size(0))
-        return keep
-
-    monkeypatch.setattr(sampling, "_retire_finished", spy)
-    got = generate(model, prompts, cfg)
-    ends = got.mask.sum(dim=1)
-    assert sum(retired) >= 3 and len(set(ends.tolist())) >= 3, (retired, ends)  # rows did leave, at various steps
-    monkeypatch.setattr(sampling, "_retire_finished", lambda finished, live: None)
-    kept = generate(model, prompts, cfg)
-    for field in ("tokens", "mask", "finished"):
-        assert torch.equal(getattr(got, field), getattr(kept, field)), field
-    for field in ("logprobs", "sampling_logprobs"):  # a matmul over fewer rows may round the last bit otherwise
-        assert torch.allclose(getattr(got, field), getattr(kept, field), rtol=0, atol=1e-5), field
-    if temperature == 0:
-        for i, p in enumerate(prompts):
-            alone = generate(model, [p], cfg)
-            n = int(alone.mask[0].sum())
-            assert got.tokens[i, :n].tolist() == alone.tokens[0, :n].tolist() and int(got.mask[i].sum()) == n
-
-
 
 def test_greedy_matches_transformers_generate(tmp_path):
     transformers = pytest.importorskip("transformers")

@@ -111,12 +111,6 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
 
-    def keep_rows(self, rows: torch.Tensor) -> "KVCache":
-        """Keep only these batch rows (a copy of theirs; the others' memory is freed): the sampler
-        drops rows that have finished."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
-        return self
-
     def update(self, layer: int, start: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         if isinstance(start, torch.Tensor):
             # Static-shape decode: the write position is a device tensor (no host sync, so the step

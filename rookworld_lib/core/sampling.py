@@ -223,12 +223,8 @@ def _token_rows(prompts, vocab_size: int) -> list[list[int]]:
 _CDF_BLOCK = 256  # vocabulary entries per block in sample_categorical's two-level search
 
 
-def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None,
-                       of_rows: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of probs (N, V) by inverse CDF in float64; returns (N,) long.
-
-    of_rows=(n, rows): probs holds rows `rows` of a batch of n; one uniform number is drawn for each
-    of the n rows and a row takes its own, so its draw does not depend on which other rows are left.
 
     torch.multinomial draws one random number per vocabulary entry per row, which was most of a
     small model's decode step; this draws one uniform number per row. The search is two-level
@@ -251,9 +247,7 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None = 
         block_mass = torch.cat([block_mass, tail], dim=1)  # (N, nb)
     block_cdf = block_mass.cumsum(dim=-1)
     total = block_cdf[:, -1:]
-    u = torch.rand((N if of_rows is None else of_rows[0], 1), dtype=torch.float64, device=probs.device,
-                   generator=generator)
-    u = (u if of_rows is None else u[of_rows[1]]) * total
+    u = torch.rand((N, 1), dtype=torch.float64, device=probs.device, generator=generator) * total
     nb = block_mass.size(1)
     last_block = _last_positive(block_mass)
     b = torch.searchsorted(block_cdf, u, right=True).clamp(max=nb - 1)
@@ -296,7 +290,11 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         dtype = torch.get_autocast_dtype(device.type)
     G = config.num_samples
     vocab = model.config.vocab_size
-    _check_special_ids(config, vocab)
+    for name in ("eos_id", "pad_id"):
+        v = getattr(config, name)
+        if v is not None and v >= vocab:
+            raise ValueError(f"SamplingConfig.{name} = {v} is outside the model's vocabulary: it must be in "
+                             f"[0, {vocab})" + (f", or None / {NO_EOS} for no EOS" if name == "eos_id" else ""))
     eos_id = NO_EOS if config.eos_id is None else int(config.eos_id)  # NO_EOS: no sampled token equals it
     rows = [p for p in _token_rows(prompts, vocab) for _ in range(G)]
     ids, valid = left_pad(rows, config.pad_id, device)
@@ -329,14 +327,13 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
         mask = torch.zeros((N, L), dtype=torch.bool, device=device)
         finished = torch.zeros(N, dtype=torch.bool, device=device)
         check_every = 16 if device.type == "cuda" else 1  # all-finished check syncs the GPU
-        mode = _decode_mode(config.decode, device)
-        decode_step = _decode_step(model, cache, valid_all, P, L, mode)
-        steps, live = 0, torch.arange(N, device=device)  # live: the rows still decoded (see _retire_finished)
+        decode_step = _decode_step(model, cache, valid_all, P, L, _decode_mode(config.decode, device))
+        steps = 0
         # the prefill keeps torch's threads; with no decode step (L == 1) there is nothing to choose
         threads = _decode_threads(model, N, P + L // 2, device) if L > 1 else torch.get_num_threads()
         with _intra_op_threads(threads):
             for t in range(L):
-                next_tok, lp_full, lp_samp = _next_token(logits.float(), config, generator, (N, live))
+                next_tok, lp_full, lp_samp = _next_token(logits.float(), config, generator)
                 active = ~finished
                 tokens[:, t] = torch.where(active, next_tok, torch.full_like(next_tok, config.pad_id))
                 logprobs[:, t] = torch.where(active, lp_full, torch.zeros_like(lp_full))
@@ -347,10 +344,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
                 if t == L - 1 or ((t + 1) % check_every == 0 and bool(finished.all())):
                     break
                 valid_all[:, P + t] = True
-                if mode == "dynamic" and (t + 1) % check_every == 0 and (keep := _retire_finished(finished, live)) is not None:
-                    live, valid_all = live[keep], valid_all[keep]  # the cache too: below, by the new step
-                    decode_step = _decode_step(model, cache.keep_rows(keep), valid_all, P, L, mode)
-                logits = decode_step(tokens[live, t : t + 1], (real_len[live] + t)[:, None], t)
+                logits = decode_step(tokens[:, t : t + 1], (real_len + t)[:, None], t)
     finally:
         model.train(was_training)
 
@@ -367,40 +361,9 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     )
 
 
-def _check_special_ids(config: SamplingConfig, vocab: int) -> None:
-    for name in ("eos_id", "pad_id"):
-        v = getattr(config, name)
-        if v is not None and v >= vocab:
-            raise ValueError(f"SamplingConfig.{name} = {v} is outside the model's vocabulary: it must be in "
-                             f"[0, {vocab})" + (f", or None / {NO_EOS} for no EOS" if name == "eos_id" else ""))
-
-
-def _retire_finished(finished: torch.Tensor, live: torch.Tensor) -> torch.Tensor | None:
-    """Where at least a quarter of the rows still decoded have finished: the places in `live` of the
-    unfinished ones, which the next decode steps run alone (their keys, values and mask taken along);
-    else None. A finished row only writes pads; dropping it changes no other row's result (the
-    forward pass is row by row, and sample_categorical draws one number for every row of the batch)
-    and saves its share of each later step (an evaluation batch's rows finish from 40 to 96 tokens:
-    `benchmarks/bench_decode_retire.py` measures the gain)."""
-    done = finished[live]
-    n_done = int(done.sum())
-    return (~done).nonzero()[:, 0] if 4 * n_done >= live.size(0) else None
-
-
-def _next_token(logits: torch.Tensor, config: SamplingConfig, generator,
-                of_rows: tuple[int, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
-    """The next token of every row of a batch, its log-prob under softmax(logits / T) and under the
-    distribution sampled from (after top-k / top-p; the same tensor when neither is on). With
-    of_rows=(n, rows) (sample_categorical's), logits holds those rows of n; the others, retired
-    after their EOS, get token 0 and log-probs 0, which the caller masks."""
-    out = _next_token_of_rows(logits, config, generator, of_rows)
-    if of_rows is None or of_rows[1].size(0) == of_rows[0]:
-        return out
-    n, rows = of_rows
-    return tuple(torch.zeros(n, dtype=x.dtype, device=x.device).index_copy_(0, rows, x) for x in out)
-
-
-def _next_token_of_rows(logits: torch.Tensor, config: SamplingConfig, generator, of_rows) -> tuple[torch.Tensor, ...]:
+def _next_token(logits: torch.Tensor, config: SamplingConfig, generator) -> tuple[torch.Tensor, ...]:
+    """The next token of every row, its log-prob under softmax(logits / T) and under the
+    distribution sampled from (after top-k / top-p; the same tensor when neither is on)."""
     if config.temperature == 0:
         next_tok = logits.argmax(dim=-1)
         lp_full = token_logprobs(logits[:, None], next_tok[:, None], 1.0)[:, 0]
@@ -409,7 +372,7 @@ def _next_token_of_rows(logits: torch.Tensor, config: SamplingConfig, generator,
     scaled = logits if config.temperature == 1 else logits / config.temperature
     if filtering:
         filtered = filter_logits(scaled, config.top_k, config.top_p)
-        next_tok = sample_categorical(filtered.softmax(dim=-1), generator, of_rows)
+        next_tok = sample_categorical(filtered.softmax(dim=-1), generator)
         lp_full = token_logprobs(logits[:, None], next_tok[:, None], config.temperature)[:, 0]
         return next_tok, lp_full, token_logprobs(filtered[:, None], next_tok[:, None], 1.0)[:, 0]
     # One fused softmax pass over the vocabulary serves the draw and the log-prob (softmax, then
@@ -417,7 +380,7 @@ def _next_token_of_rows(logits: torch.Tensor, config: SamplingConfig, generator,
     # token_logprobs to float rounding for every probability float32 holds as a normal number
     # (> 1e-38); a token that improbable is drawn about once in 1e38 draws.
     probs = scaled.softmax(dim=-1)
-    next_tok = sample_categorical(probs, generator, of_rows)
+    next_tok = sample_categorical(probs, generator)
     lp = probs.gather(-1, next_tok[:, None]).log()[:, 0]
     return next_tok, lp, lp
 
