@@ -268,7 +268,7 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
 
 
 # What each suite reads of a record (a record without "task" is taken as the suite's)
-_NEEDS = {"P": ("fen", "moves", "evals"), "A": ("new_fen",), "M1": ("fen",)}
+_NEEDS = {"P": rewards.POLICY_TRUTH_COLUMNS, "A": ("new_fen",), "M1": ("fen",)}
 
 
 def _decode(model: GPT, records: Sequence, cfg: EvalConfig, prompt_of_record, limit: int | None = None,

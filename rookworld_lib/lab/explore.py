@@ -240,7 +240,7 @@ def _policy_records(records: list[dict]) -> list[dict]:
             what = f"a {type(rec).__name__}"
         elif rec.get("task", "P") != "P":
             what = f"a record of task {rec['task']!r}"
-        elif missing := [k for k in ("fen", "moves", "evals") if k not in rec]:
+        elif missing := [k for k in rewards.POLICY_TRUTH_COLUMNS if k not in rec]:
             what = f"a record without {missing}"
         elif not isinstance(rec["fen"], str) or (err := tasks.fen_error(rec["fen"])):
             what = f"a record whose 'fen' is no valid FEN ({err if isinstance(rec['fen'], str) else type(rec['fen']).__name__})"
