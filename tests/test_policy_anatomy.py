@@ -1,6 +1,7 @@
 """The board-reading measures of the benchmarks that docs/grpo.md (section 4) quotes: policy_anatomy's
 reasons for an illegal move and grpo_ablation's own-piece reward, checked on positions whose answer
-python-chess and the rules of chess settle by hand; and paired_interval_null's exact McNemar p (section 3)."""
+python-chess and the rules of chess settle by hand; sft_completion_loss's targets, checked against the
+records' own completions; and paired_interval_null's exact McNemar p (section 3)."""
 
 import importlib.util
 from fractions import Fraction
@@ -9,7 +10,10 @@ from math import comb
 import chess
 import pytest
 
-from rookworld_lib.core.paths import REPO_ROOT
+from rookworld_lib.chess import data
+from rookworld_lib.core.paths import DATA_DIR, REPO_ROOT
+from rookworld_lib.core.tokenizer import EOT_ID, get_tokenizer
+from rookworld_lib.core.train_sft import PackedStream
 
 
 def benchmark(name: str):
@@ -59,6 +63,33 @@ def test_the_own_piece_reward_reads_the_from_squares_of_every_listed_move():
     assert ablation.own_piece_share(start, " no field at all") == 0.0
     assert ablation.moves_own_piece(prompts=[start, "A: " + START + "+e2e4+"], completions=[answer, "x"]) == [0.6, None]
     assert ablation.moves_own_piece.__name__ == "P/moves_own_piece"
+
+
+def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_every_token_as_input():
+    """sft_completion_loss's stream: its inputs are the plain stream's token for token, and the targets it
+    keeps are, in stream order, each record's `completion` field followed by the EOT that ends it."""
+    bench = benchmark("sft_completion_loss")
+    recs = (data.load_jsonl(DATA_DIR / "policy_train.jsonl")[:12] + data.load_jsonl(DATA_DIR / "env_train.jsonl")[:12])
+    texts = [r["prompt"] + r["completion"] for r in recs]
+    bench.AnswerOnlyStream.lengths = bench.prompt_lengths([DATA_DIR / "policy_train.jsonl", DATA_DIR / "env_train.jsonl"])
+    mix = {"P": 0.5, "A": 0.5}
+    answer_only, plain = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix), PackedStream(texts, seed=3, task_weights=mix)
+    n = 1500  # several samples from each pool, fewer tokens than one epoch's
+    (x, y), (px, py) = answer_only.next_batch(1, n), plain.next_batch(1, n)
+    assert x.equal(px) and (y[y >= 0] == py[y >= 0]).all() and 0.3 < (y >= 0).float().mean() < 0.7
+    enc, kept = get_tokenizer(), y[0].tolist()
+    # cut the kept targets at each EOT: each piece is one record's answer, in the order the stream drew them
+    pieces, current = [], []
+    for token in kept:
+        if token == EOT_ID:
+            pieces.append(enc.decode(current))
+            current = []
+        elif token >= 0:
+            current.append(token)
+    by_prompt = {r["prompt"] + r["completion"]: r["completion"] for r in recs}
+    drawn = enc.decode(px[0].tolist()).split("<|endoftext|>")[1:-1]  # the whole samples the batch holds
+    assert len(drawn) >= 8 and pieces[:len(drawn)] == [by_prompt[t] for t in drawn]
+    assert answer_only.token_ids().max() < 2 ** 16 and answer_only.token_ids().tolist() == plain.token_ids().tolist()
 
 
 def test_mcnemar_exact_p_is_the_two_sided_binomial_test():

@@ -1,0 +1,100 @@
+"""The cpu profile's SFT with the loss on the answers alone (TRL's `completion_only_loss`): does the
+capacity that predicting prompts takes buy legal candidates back? (docs/grpo.md, section 4)
+
+    python benchmarks/sft_completion_loss.py --out runs/sft_completion_loss
+    python benchmarks/compare_models.py runs/<make run>/training/sft/final runs/sft_completion_loss/sft/final
+    python benchmarks/policy_anatomy.py runs/sft_completion_loss/sft/final
+
+The library's SFT trains on every token of a sample's text, as GPT-2 pretraining and the original
+RookWorld do. Here a train sample's prompt tokens (the record's `prompt` field: the task tag, the
+FEN, for `A:` the move and the history) are inputs but not targets (target -1, which the loss
+ignores); its answer and the EOT that ends it stay targets. A token counts as the prompt's when it
+starts before the prompt's last character ends. Everything else is the `cpu` profile's SFT (seed,
+data order, schedule, task vocabulary); the val loss is still over whole texts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rookworld_lib.chess import data
+from rookworld_lib.chess.training import RecordReader
+from rookworld_lib.core import train_sft
+from rookworld_lib.core.paths import DATA_DIR
+from rookworld_lib.core.tokenizer import EOT_TOKEN, get_tokenizer
+from rookworld_lib.lab import workflow
+
+PROMPT = 1 << 24  # a flag bit on a stored token id (GPT-2 ids are below 2**16): not a target
+
+
+def prompt_lengths(paths) -> dict[str, int]:
+    """Each record's training text (the compact layout's: prompt + completion) -> its prompt's length."""
+    lengths = {}
+    for path in paths:
+        for rec in data.load_jsonl(path):
+            lengths[rec["prompt"] + rec["completion"]] = len(rec["prompt"])
+    return lengths
+
+
+class AnswerOnlyStream(train_sft.PackedStream):
+    """A PackedStream whose batches' targets are -1 where the token is a prompt's (train stream only)."""
+
+    lengths: dict[str, int] = {}
+
+    def __init__(self, texts, *, name="train", **kwargs):
+        super().__init__(texts, name=name, **kwargs)
+        self.answer_only = name == "train"
+        if not self.answer_only:
+            return
+        enc, cleaned = get_tokenizer(), [t.removesuffix(EOT_TOKEN) for t in texts]
+        members = ([list(range(len(texts)))] if self.task_weights is None else
+                   [[i for i, t in enumerate(texts) if t.startswith(f"{task}: ")] for task in self.pool_names])
+        self.prompt_tokens = 0
+        for (tokens, offsets), pool in zip(self.pools, members):
+            for j, i in enumerate(pool):
+                end, pos = self.lengths[cleaned[i]], 0
+                for k in range(offsets[j] + 1, offsets[j + 1]):  # offsets[j] holds the sample's leading EOT
+                    if pos >= end:
+                        break
+                    pos += len(enc.decode_single_token_bytes(int(tokens[k])))
+                    tokens[k] |= PROMPT
+                    self.prompt_tokens += 1
+
+    def next_batch(self, batch_size, block_size):
+        if not self.answer_only:
+            return super().next_batch(batch_size, block_size)
+        body, after = self._read(batch_size * block_size, self._cursor)
+        last, _ = self._read(1, after)
+        self._cursor = after
+        buf = torch.from_numpy(np.concatenate([body, last]))
+        ids = buf & (PROMPT - 1)
+        x, y = ids[:-1].clone(), ids[1:].clone()
+        y[(buf[1:] & PROMPT) != 0] = -1
+        return x.view(batch_size, block_size), y.view(batch_size, block_size)
+
+    def token_ids(self):
+        return np.unique(np.concatenate([tokens & (PROMPT - 1) for tokens, _ in self.pools]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the cpu profile's; a few for a smoke run)")
+    args = ap.parse_args()
+    cfg = workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", DATA_DIR, args.seed)
+    AnswerOnlyStream.lengths = prompt_lengths(cfg.train_data)
+    train_sft.PackedStream = AnswerOnlyStream  # the trainer builds its streams from the module's name
+    torch.manual_seed(args.seed)
+    start = time.time()
+    result = train_sft.train_sft(cfg, reader=RecordReader("compact"))
+    print(f"SFT {time.time() - start:.0f} s; last record {result.history[-1]}; model in {args.out / 'sft' / 'final'}")
+
+
+if __name__ == "__main__":
+    main()
