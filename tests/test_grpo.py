@@ -956,6 +956,9 @@ _TRUNC = GRPOConfig(mask_truncated_completions=True)
     pytest.param(lambda: grpo_loss(torch.tensor([[5, 7, 9], [1, 2, 3]]), _LP, _ADV, _MASK),  # token ids, not log-probs
                  r"grpo_loss: logprobs must be floating point, got torch.int64",
                  lambda: grpo_loss(_LP.float(), _LP, _ADV, _MASK), id="logprobs-int"),
+    pytest.param(lambda: grpo_loss(_LP, _LP, _ADV, torch.tensor([[1.0, 0.5, 0.0], [2.0, 1.0, 1.0]])),  # weights, not a mask
+                 r"grpo_loss: mask must be bool or hold only 0 and 1 .* got values such as \[0\.5, 2\.0\]",
+                 lambda: grpo_loss(_LP, _LP, _ADV, torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])), id="mask-weights"),
     pytest.param(lambda: grpo_loss(torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0), torch.ones(0, 3)),
                  r"grpo_loss: need at least one completion and one position, got logprobs of shape \(0, 3\)",
                  lambda: grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.ones(1, 1)),

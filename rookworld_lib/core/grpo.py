@@ -483,6 +483,10 @@ def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, l
     for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
         if (x is not None or name != "ref_logprobs") and (not torch.is_tensor(x) or x.shape != logprobs.shape):
             raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {_shape(x)}")
+    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):  # bool(): a 0.5 read as True
+        seen = mask[(mask != 0) & (mask != 1)].unique()[:3].tolist()
+        raise ValueError(f"grpo_loss: mask must be bool or hold only 0 and 1 (it marks completion tokens; a token's "
+                         f"weight is the aggregation's, loss_type), got values such as {seen}")
     if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
         raise ValueError(f"grpo_loss: advantages must have shape ({N},), got {_shape(advantages)}")
     if logits is not None and (not torch.is_tensor(logits) or logits.dim() != 3 or logits.shape[:2] != (N, T)):
