@@ -4,12 +4,14 @@ capacity that predicting prompts takes buy legal candidates back? (docs/grpo.md,
     python benchmarks/sft_completion_loss.py --out runs/sft_completion_loss
     python benchmarks/compare_models.py runs/<make run>/training/sft/final runs/sft_completion_loss/sft/final
     python benchmarks/policy_anatomy.py runs/sft_completion_loss/sft/final
+    python benchmarks/sft_completion_loss.py --tasks P --out runs/sft_completion_loss_P  # P: prompts only
 
 The library's SFT trains on every token of a sample's text, as GPT-2 pretraining and the original
 RookWorld do. Here a train sample's prompt tokens (the record's `prompt` field: the task tag, the
 FEN, for `A:` the move and the history) are inputs but not targets (target -1, which the loss
 ignores); its answer and the EOT that ends it stay targets. A token counts as the prompt's when it
-starts before the prompt's last character ends. Everything else is the `cpu` profile's SFT (seed,
+starts before the prompt's last character ends. `--tasks P` masks the `P:` prompts alone (the `A:`
+samples keep the whole-text loss). Everything else is the `cpu` profile's SFT (seed,
 data order, schedule, task vocabulary); the val loss is still over whole texts.
 """
 
@@ -45,6 +47,7 @@ class AnswerOnlyStream(train_sft.PackedStream):
     """A PackedStream whose batches' targets are -1 where the token is a prompt's (train stream only)."""
 
     lengths: dict[str, int] = {}
+    tasks: tuple[str, ...] = ("P", "A")  # whose prompts are inputs only
 
     def __init__(self, texts, *, name="train", **kwargs):
         super().__init__(texts, name=name, **kwargs)
@@ -57,7 +60,7 @@ class AnswerOnlyStream(train_sft.PackedStream):
         self.prompt_tokens = 0
         for (tokens, offsets), pool in zip(self.pools, members):
             for j, i in enumerate(pool):
-                end, pos = self.lengths[cleaned[i]], 0
+                end, pos = (self.lengths[cleaned[i]] if cleaned[i][0] in self.tasks else 0), 0
                 for k in range(offsets[j] + 1, offsets[j + 1]):  # offsets[j] holds the sample's leading EOT
                     if pos >= end:
                         break
@@ -86,7 +89,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the cpu profile's; a few for a smoke run)")
+    ap.add_argument("--tasks", nargs="+", choices=("P", "A"), default=["P", "A"], help="whose prompts are not targets")
     args = ap.parse_args()
+    AnswerOnlyStream.tasks = tuple(args.tasks)
     cfg = workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", DATA_DIR, args.seed)
     AnswerOnlyStream.lengths = prompt_lengths(cfg.train_data)
     train_sft.PackedStream = AnswerOnlyStream  # the trainer builds its streams from the module's name

@@ -90,6 +90,21 @@ def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_eve
     drawn = enc.decode(px[0].tolist()).split("<|endoftext|>")[1:-1]  # the whole samples the batch holds
     assert len(drawn) >= 8 and pieces[:len(drawn)] == [by_prompt[t] for t in drawn]
     assert answer_only.token_ids().max() < 2 ** 16 and answer_only.token_ids().tolist() == plain.token_ids().tolist()
+    # --tasks P: the P: prompts alone are inputs only; an A: sample is a target whole, as in the plain stream
+    bench.AnswerOnlyStream.tasks = ("P",)
+    try:
+        x, y = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix).next_batch(1, n)
+    finally:
+        bench.AnswerOnlyStream.tasks = ("P", "A")
+    ends = [i for i, t in enumerate(px[0].tolist()) if t == EOT_ID]
+    for start, end in zip(ends, ends[1:]):  # each whole sample: x[start] is its EOT; y[start:end], its tokens and the next EOT
+        sample = enc.decode(px[0][start + 1:end].tolist())
+        kept = y[0][start:end]
+        if sample.startswith("A: "):
+            assert kept.equal(py[0][start:end]), sample[:40]
+        else:
+            assert enc.decode(kept[kept >= 0].tolist()) == by_prompt[sample] + "<|endoftext|>", sample[:40]
+    assert {enc.decode(px[0][s + 1:s + 3].tolist()) for s in ends} >= {"P:", "A:"}  # both tasks were checked
 
 
 def test_mcnemar_exact_p_is_the_two_sided_binomial_test():
