@@ -5,13 +5,15 @@ capacity that predicting prompts takes buy legal candidates back? (docs/grpo.md,
     python benchmarks/compare_models.py runs/<make run>/training/sft/final runs/sft_completion_loss/sft/final
     python benchmarks/policy_anatomy.py runs/sft_completion_loss/sft/final
     python benchmarks/sft_completion_loss.py --tasks P --out runs/sft_completion_loss_P  # P: prompts only
+    python benchmarks/sft_completion_loss.py --part history --out runs/sft_no_history_loss  # A: histories only
 
 The library's SFT trains on every token of a sample's text, as GPT-2 pretraining and the original
 RookWorld do. Here a train sample's prompt tokens (the record's `prompt` field: the task tag, the
 FEN, for `A:` the move and the history) are inputs but not targets (target -1, which the loss
 ignores); its answer and the EOT that ends it stay targets. A token counts as the prompt's when it
 starts before the prompt's last character ends. `--tasks P` masks the `P:` prompts alone (the `A:`
-samples keep the whole-text loss). Everything else is the `cpu` profile's SFT (seed,
+samples keep the whole-text loss). `--part history` masks only the game history inside each `A:`
+prompt (the record's `history` moves, `A: <FEN>+<move>+<history>+`): the tokens that start in it. Everything else is the `cpu` profile's SFT (seed,
 data order, schedule, task vocabulary); the val loss is still over whole texts.
 """
 
@@ -34,20 +36,26 @@ from rookworld_lib.lab import workflow
 PROMPT = 1 << 24  # a flag bit on a stored token id (GPT-2 ids are below 2**16): not a target
 
 
-def prompt_lengths(paths) -> dict[str, int]:
-    """Each record's training text (the compact layout's: prompt + completion) -> its prompt's length."""
-    lengths = {}
+def spans(paths, part: str = "prompt") -> dict[str, tuple[int, int]]:
+    """Each record's training text (the compact layout's: prompt + completion) -> the characters [a, b) whose
+    tokens are not targets: its prompt (part "prompt"), or the history inside an A: prompt (part "history")."""
+    out = {}
     for path in paths:
         for rec in data.load_jsonl(path):
-            lengths[rec["prompt"] + rec["completion"]] = len(rec["prompt"])
-    return lengths
+            prompt = rec["prompt"]
+            if part == "prompt":
+                out[prompt + rec["completion"]] = (0, len(prompt))
+            elif rec["task"] == "A":  # A: <FEN>+<move>+<history>+
+                start = prompt.index("+", prompt.index("+") + 1) + 1
+                out[prompt + rec["completion"]] = (start, len(prompt) - 1)
+    return out
 
 
 class AnswerOnlyStream(train_sft.PackedStream):
-    """A PackedStream whose batches' targets are -1 where the token is a prompt's (train stream only)."""
+    """A PackedStream whose batches' targets are -1 where the token starts in its text's span (train stream only)."""
 
-    lengths: dict[str, int] = {}
-    tasks: tuple[str, ...] = ("P", "A")  # whose prompts are inputs only
+    spans: dict[str, tuple[int, int]] = {}
+    tasks: tuple[str, ...] = ("P", "A")  # whose spans are inputs only
 
     def __init__(self, texts, *, name="train", **kwargs):
         super().__init__(texts, name=name, **kwargs)
@@ -60,13 +68,16 @@ class AnswerOnlyStream(train_sft.PackedStream):
         self.prompt_tokens = 0
         for (tokens, offsets), pool in zip(self.pools, members):
             for j, i in enumerate(pool):
-                end, pos = (self.lengths[cleaned[i]] if cleaned[i][0] in self.tasks else 0), 0
+                a, b = self.spans.get(cleaned[i], (0, 0)) if cleaned[i][0] in self.tasks else (0, 0)
+                pos = 0  # where the token starts in the text
                 for k in range(offsets[j] + 1, offsets[j + 1]):  # offsets[j] holds the sample's leading EOT
-                    if pos >= end:
+                    if pos >= b:
                         break
-                    pos += len(enc.decode_single_token_bytes(int(tokens[k])))
-                    tokens[k] |= PROMPT
-                    self.prompt_tokens += 1
+                    length = len(enc.decode_single_token_bytes(int(tokens[k])))
+                    if pos >= a:
+                        tokens[k] |= PROMPT
+                        self.prompt_tokens += 1
+                    pos += length
 
     def next_batch(self, batch_size, block_size):
         if not self.answer_only:
@@ -90,10 +101,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="SFT steps (default: the cpu profile's; a few for a smoke run)")
     ap.add_argument("--tasks", nargs="+", choices=("P", "A"), default=["P", "A"], help="whose prompts are not targets")
+    ap.add_argument("--part", choices=("prompt", "history"), default="prompt", help="what is not a target")
     args = ap.parse_args()
     AnswerOnlyStream.tasks = tuple(args.tasks)
     cfg = workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", DATA_DIR, args.seed)
-    AnswerOnlyStream.lengths = prompt_lengths(cfg.train_data)
+    AnswerOnlyStream.spans = spans(cfg.train_data, args.part)
     train_sft.PackedStream = AnswerOnlyStream  # the trainer builds its streams from the module's name
     torch.manual_seed(args.seed)
     start = time.time()

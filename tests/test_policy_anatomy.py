@@ -71,7 +71,8 @@ def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_eve
     bench = benchmark("sft_completion_loss")
     recs = (data.load_jsonl(DATA_DIR / "policy_train.jsonl")[:12] + data.load_jsonl(DATA_DIR / "env_train.jsonl")[:12])
     texts = [r["prompt"] + r["completion"] for r in recs]
-    bench.AnswerOnlyStream.lengths = bench.prompt_lengths([DATA_DIR / "policy_train.jsonl", DATA_DIR / "env_train.jsonl"])
+    paths = [DATA_DIR / "policy_train.jsonl", DATA_DIR / "env_train.jsonl"]
+    bench.AnswerOnlyStream.spans = bench.spans(paths)
     mix = {"P": 0.5, "A": 0.5}
     answer_only, plain = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix), PackedStream(texts, seed=3, task_weights=mix)
     n = 1500  # several samples from each pool, fewer tokens than one epoch's
@@ -105,6 +106,16 @@ def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_eve
         else:
             assert enc.decode(kept[kept >= 0].tolist()) == by_prompt[sample] + "<|endoftext|>", sample[:40]
     assert {enc.decode(px[0][s + 1:s + 3].tolist()) for s in ends} >= {"P:", "A:"}  # both tasks were checked
+    # --part history: an A: sample's targets are all its tokens but those of its history, which are its record's
+    bench.AnswerOnlyStream.spans = bench.spans(paths, "history")
+    x, y = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix).next_batch(1, n)
+    histories = {r["prompt"] + r["completion"]: " ".join(r["history"]) for r in recs if r["task"] == "A"}
+    for start, end in zip(ends, ends[1:]):
+        sample, kept = enc.decode(px[0][start + 1:end].tolist()), y[0][start:end]
+        dropped = px[0][start + 1:end + 1][kept < 0].tolist()
+        assert enc.decode(dropped) == histories.get(sample, ""), sample[:40]
+        assert (kept[kept >= 0] == py[0][start:end][kept >= 0]).all()
+    assert any(histories.get(enc.decode(px[0][s + 1:e].tolist())) for s, e in zip(ends, ends[1:]))
 
 
 def test_mcnemar_exact_p_is_the_two_sided_binomial_test():
