@@ -4,6 +4,7 @@ python-chess and the rules of chess settle by hand; sft_completion_loss's target
 records' own completions; and paired_interval_null's exact McNemar p (section 3)."""
 
 import importlib.util
+import json
 from fractions import Fraction
 from math import comb
 
@@ -65,13 +66,14 @@ def test_the_own_piece_reward_reads_the_from_squares_of_every_listed_move():
     assert ablation.moves_own_piece.__name__ == "P/moves_own_piece"
 
 
-def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_every_token_as_input():
+def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_every_token_as_input(tmp_path):
     """sft_completion_loss's stream: its inputs are the plain stream's token for token, and the targets it
     keeps are, in stream order, each record's `completion` field followed by the EOT that ends it."""
     bench = benchmark("sft_completion_loss")
     recs = (data.load_jsonl(DATA_DIR / "policy_train.jsonl")[:12] + data.load_jsonl(DATA_DIR / "env_train.jsonl")[:12])
     texts = [r["prompt"] + r["completion"] for r in recs]
-    paths = [DATA_DIR / "policy_train.jsonl", DATA_DIR / "env_train.jsonl"]
+    paths = [tmp_path / "train.jsonl"]  # these records only: the spans are read from a data file, as the script reads them
+    paths[0].write_text("".join(json.dumps(r) + "\n" for r in recs))
     bench.AnswerOnlyStream.spans = bench.spans(paths)
     mix = {"P": 0.5, "A": 0.5}
     answer_only, plain = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix), PackedStream(texts, seed=3, task_weights=mix)
