@@ -13,13 +13,15 @@ FEN, for `A:` the move and the history) are inputs but not targets (target -1, w
 ignores); its answer and the EOT that ends it stay targets. A token counts as the prompt's when it
 starts before the prompt's last character ends. `--tasks P` masks the `P:` prompts alone (the `A:`
 samples keep the whole-text loss). `--part history` masks only the game history inside each `A:`
-prompt (the record's `history` moves, `A: <FEN>+<move>+<history>+`): the tokens that start in it. Everything else is the `cpu` profile's SFT (seed,
-data order, schedule, task vocabulary); the val loss is still over whole texts.
+prompt (the record's `history` moves, `A: <FEN>+<move>+<history>+`): the tokens that start in it.
+Everything else is the `cpu` profile's SFT (seed, data order, schedule, task vocabulary); the val
+loss is still over whole texts.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from pathlib import Path
 
@@ -54,13 +56,10 @@ def spans(paths, part: str = "prompt") -> dict[str, tuple[int, int]]:
 class AnswerOnlyStream(train_sft.PackedStream):
     """A PackedStream whose batches' targets are -1 where the token starts in its text's span (train stream only)."""
 
-    spans: dict[str, tuple[int, int]] = {}
-    tasks: tuple[str, ...] = ("P", "A")  # whose spans are inputs only
-
-    def __init__(self, texts, *, name="train", **kwargs):
+    def __init__(self, texts, *, name="train", spans: dict[str, tuple[int, int]], tasks=("P", "A"), **kwargs):
+        """spans: spans(...)'s; tasks: whose spans are inputs only."""
         super().__init__(texts, name=name, **kwargs)
-        self.answer_only = name == "train"
-        if not self.answer_only:
+        if name != "train":
             return
         enc, cleaned = get_tokenizer(), [t.removesuffix(EOT_TOKEN) for t in texts]
         members = ([list(range(len(texts)))] if self.task_weights is None else
@@ -68,7 +67,7 @@ class AnswerOnlyStream(train_sft.PackedStream):
         self.prompt_tokens = 0
         for (tokens, offsets), pool in zip(self.pools, members):
             for j, i in enumerate(pool):
-                a, b = self.spans.get(cleaned[i], (0, 0)) if cleaned[i][0] in self.tasks else (0, 0)
+                a, b = spans.get(cleaned[i], (0, 0)) if cleaned[i][0] in tasks else (0, 0)
                 pos = 0  # where the token starts in the text
                 for k in range(offsets[j] + 1, offsets[j + 1]):  # offsets[j] holds the sample's leading EOT
                     if pos >= b:
@@ -80,16 +79,8 @@ class AnswerOnlyStream(train_sft.PackedStream):
                     pos += length
 
     def next_batch(self, batch_size, block_size):
-        if not self.answer_only:
-            return super().next_batch(batch_size, block_size)
-        body, after = self._read(batch_size * block_size, self._cursor)
-        last, _ = self._read(1, after)
-        self._cursor = after
-        buf = torch.from_numpy(np.concatenate([body, last]))
-        ids = buf & (PROMPT - 1)
-        x, y = ids[:-1].clone(), ids[1:].clone()
-        y[(buf[1:] & PROMPT) != 0] = -1
-        return x.view(batch_size, block_size), y.view(batch_size, block_size)
+        x, y = super().next_batch(batch_size, block_size)  # flagged ids (none outside the train stream)
+        return x & (PROMPT - 1), (y & (PROMPT - 1)).masked_fill_(y & PROMPT != 0, -1)
 
     def token_ids(self):
         return np.unique(np.concatenate([tokens & (PROMPT - 1) for tokens, _ in self.pools]))
@@ -103,10 +94,9 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", choices=("P", "A"), default=["P", "A"], help="whose prompts are not targets")
     ap.add_argument("--part", choices=("prompt", "history"), default="prompt", help="what is not a target")
     args = ap.parse_args()
-    AnswerOnlyStream.tasks = tuple(args.tasks)
     cfg = workflow.sft_config(workflow.resolve("cpu", sft_steps=args.steps), args.out / "sft", DATA_DIR, args.seed)
-    AnswerOnlyStream.spans = spans(cfg.train_data, args.part)
-    train_sft.PackedStream = AnswerOnlyStream  # the trainer builds its streams from the module's name
+    # the trainer builds its streams from the module's name
+    train_sft.PackedStream = functools.partial(AnswerOnlyStream, spans=spans(cfg.train_data, args.part), tasks=tuple(args.tasks))
     torch.manual_seed(args.seed)
     start = time.time()
     result = train_sft.train_sft(cfg, reader=RecordReader("compact"))

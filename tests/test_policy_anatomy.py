@@ -74,9 +74,9 @@ def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_eve
     texts = [r["prompt"] + r["completion"] for r in recs]
     paths = [tmp_path / "train.jsonl"]  # these records only: the spans are read from a data file, as the script reads them
     paths[0].write_text("".join(json.dumps(r) + "\n" for r in recs))
-    bench.AnswerOnlyStream.spans = bench.spans(paths)
     mix = {"P": 0.5, "A": 0.5}
-    answer_only, plain = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix), PackedStream(texts, seed=3, task_weights=mix)
+    answer_only = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix, spans=bench.spans(paths))
+    plain = PackedStream(texts, seed=3, task_weights=mix)
     n = 1500  # several samples from each pool, fewer tokens than one epoch's
     (x, y), (px, py) = answer_only.next_batch(1, n), plain.next_batch(1, n)
     assert x.equal(px) and (y[y >= 0] == py[y >= 0]).all() and 0.3 < (y >= 0).float().mean() < 0.7
@@ -94,11 +94,7 @@ def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_eve
     assert len(drawn) >= 8 and pieces[:len(drawn)] == [by_prompt[t] for t in drawn]
     assert answer_only.token_ids().max() < 2 ** 16 and answer_only.token_ids().tolist() == plain.token_ids().tolist()
     # --tasks P: the P: prompts alone are inputs only; an A: sample is a target whole, as in the plain stream
-    bench.AnswerOnlyStream.tasks = ("P",)
-    try:
-        x, y = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix).next_batch(1, n)
-    finally:
-        bench.AnswerOnlyStream.tasks = ("P", "A")
+    x, y = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix, spans=bench.spans(paths), tasks=("P",)).next_batch(1, n)
     ends = [i for i, t in enumerate(px[0].tolist()) if t == EOT_ID]
     for start, end in zip(ends, ends[1:]):  # each whole sample: x[start] is its EOT; y[start:end], its tokens and the next EOT
         sample = enc.decode(px[0][start + 1:end].tolist())
@@ -109,8 +105,7 @@ def test_the_answer_only_stream_keeps_each_answer_and_its_eot_as_targets_and_eve
             assert enc.decode(kept[kept >= 0].tolist()) == by_prompt[sample] + "<|endoftext|>", sample[:40]
     assert {enc.decode(px[0][s + 1:s + 3].tolist()) for s in ends} >= {"P:", "A:"}  # both tasks were checked
     # --part history: an A: sample's targets are all its tokens but those of its history, which are its record's
-    bench.AnswerOnlyStream.spans = bench.spans(paths, "history")
-    x, y = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix).next_batch(1, n)
+    x, y = bench.AnswerOnlyStream(texts, seed=3, task_weights=mix, spans=bench.spans(paths, "history")).next_batch(1, n)
     histories = {r["prompt"] + r["completion"]: " ".join(r["history"]) for r in recs if r["task"] == "A"}
     for start, end in zip(ends, ends[1:]):
         sample, kept = enc.decode(px[0][start + 1:end].tolist()), y[0][start:end]

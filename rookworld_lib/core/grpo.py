@@ -483,8 +483,8 @@ def _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, l
     for name, x in (("old_logprobs", old_logprobs), ("mask", mask), ("ref_logprobs", ref_logprobs)):
         if (x is not None or name != "ref_logprobs") and (not torch.is_tensor(x) or x.shape != logprobs.shape):
             raise ValueError(f"grpo_loss: {name} must have the shape of logprobs {(N, T)}, got {_shape(x)}")
-    if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):  # bool(): a 0.5 read as True
-        seen = mask[(mask != 0) & (mask != 1)].unique()[:3].tolist()
+    if mask.dtype != torch.bool and bool((odd := (mask != 0) & (mask != 1)).any()):  # .bool() read a 0.5 as True
+        seen = mask[odd].unique()[:3].tolist()
         raise ValueError(f"grpo_loss: mask must be bool or hold only 0 and 1 (it marks completion tokens; a token's "
                          f"weight is the aggregation's, loss_type), got values such as {seen}")
     if not torch.is_tensor(advantages) or advantages.reshape(-1).shape != (N,):
