@@ -99,12 +99,15 @@ def test_cli_rejects_unknown_model_and_negative_threads():
             bench.cli(["--threads", threads])
 
 
-def test_grpo_step_against_trl(tmp_path):
-    """Needs trl (skipped without it): the GRPO comparison runs both trainers and reports what it timed."""
+def test_grpo_step_against_trl(tmp_path, recwarn):
+    """Needs trl (skipped without it): the GRPO comparison runs both trainers and reports what it timed,
+    and turns TRL's activation checkpointing off under the name the installed transformers reads
+    (transformers 5 warns on the old `gradient_checkpointing`)."""
     pytest.importorskip("trl")
     cfg = bench.BenchConfig(model="tiny", grpo_prompts=2, group_size=2, grpo_new_tokens=4, grpo_steps=2, device="cpu")
     bench.make_models(cfg, tmp_path, bench.perf.resolve_device("cpu"))  # writes the shared weights
     res = bench.bench_grpo(cfg, tmp_path, bench.perf.resolve_device("cpu"))
+    assert not [str(w.message) for w in recwarn if "checkpointing" in str(w.message)]
     assert res["status"] == "ok", res.get("reason")
     assert (res["loss_type"], res["beta"], res["prompts_per_step"], res["group_size"]) == ("dapo", 0.0, 2, 2)
     for side in ("ours", "trl"):

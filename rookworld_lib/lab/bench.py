@@ -292,12 +292,17 @@ def _trl_grpo_times(cfg: BenchConfig, workdir: Path, device: torch.device) -> li
         num_iterations=1, logging_steps=10**6, save_strategy="no", report_to="none", disable_tqdm=True,
         use_cpu=device.type == "cpu", bf16=cfg.precision == "bf16", fp16=False, dataloader_num_workers=0, seed=cfg.seed,
         shuffle_dataset=False, log_completions=False,
-        gradient_checkpointing=False,  # TRL turns it on by default; ours does not recompute, so neither may TRL
+        # TRL turns it on by default; ours does not recompute, so neither may TRL (transformers 5 renamed the field
+        # activation_checkpointing and warns on the old name)
+        **{("activation_checkpointing" if "activation_checkpointing" in GRPOConfig.__dataclass_fields__
+            else "gradient_checkpointing"): False},
     )
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [vowel_reward(c) for c in completions],
                           args=args, train_dataset=ds, processing_class=hf_gpt2_tokenizer(), callbacks=[StepTimer()])
     stamps.append(time.perf_counter())
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        # TRL 1.16 reads the model's is_gradient_checkpointing, which transformers 5 deprecates: TRL's to mend, not ours
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         trainer.train()
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
