@@ -215,6 +215,8 @@ INLINE = [
     ("legal best moves **+15.5 [+11.4, +19.6] and", "cpulong_uci_steps600", "policy/legal_best_move"),
     ("and +16.8 [+12.8, +20.9]**", "cpulong_uci_steps600_g1", "policy/legal_best_move"),
     ("(GRPO's lift +12.2 [+8.6, +15.8]", "cpulong_uci_sft16k_g600", "policy/legal_best_move"),
+    ("lifts legal best moves **+15.1 [+11.9, +18.3]** to 20.8%", "nohistory_cpu_intel_g0", "policy/legal_best_move"),
+    ("valid `A:` **+7.7 [+4.1, +11.3]** to 78.7%", "nohistory_cpu_intel_g0", "env/valid"),
 ]
 
 
