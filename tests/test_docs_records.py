@@ -217,6 +217,10 @@ INLINE = [
     ("(GRPO's lift +12.2 [+8.6, +15.8]", "cpulong_uci_sft16k_g600", "policy/legal_best_move"),
     ("lifts legal best moves **+15.1 [+11.9, +18.3]** to 20.8%", "nohistory_cpu_intel_g0", "policy/legal_best_move"),
     ("valid `A:` **+7.7 [+4.1, +11.3]** to 78.7%", "nohistory_cpu_intel_g0", "env/valid"),
+    ("valid `A:` **+18.0 [+13.9, +22.0]** to 75.7%", "cpu_intel_bd3618d_g1", "env/valid"),
+    ("+4.6 [+0.7, +8.5] to 75.6%", "nohistory_cpu_intel_g1", "env/valid"),
+    ("legal best moves +5.2 [+2.6, +7.8] and", "cpu_intel_bd3618d_g1", "policy/legal_best_move"),
+    ("**+13.6 [+10.5, +16.7]** (to 20.5% and 19.3%)", "nohistory_cpu_intel_g1", "policy/legal_best_move"),
 ]
 
 
