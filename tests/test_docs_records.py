@@ -220,6 +220,8 @@ INLINE = [
     ("valid `A:` **+18.0 [+13.9, +22.0]** to 75.7%", "cpu_intel_bd3618d_g1", "env/valid"),
     ("+4.6 [+0.7, +8.5] to 75.6%", "nohistory_cpu_intel_g1", "env/valid"),
     ("legal best moves +5.2 [+2.6, +7.8] and", "cpu_intel_bd3618d_g1", "policy/legal_best_move"),
+    ("pass@1 legal best moves +1.9 [+0.7, +3.1] and", "cpu_intel_bd3618d_g1", "pass@1/policy/legal_best_move"),
+    ("pass@1 valid `A:` +17.7 [+15.1, +20.4]; nothing falls", "cpu_intel_bd3618d_g1", "pass@1/env/valid"),
     ("**+13.6 [+10.5, +16.7]** (to 20.5% and 19.3%)", "nohistory_cpu_intel_g1", "policy/legal_best_move"),
 ]
 
