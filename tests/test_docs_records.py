@@ -222,6 +222,11 @@ INLINE = [
     ("legal best moves +5.2 [+2.6, +7.8] and", "cpu_intel_bd3618d_g1", "policy/legal_best_move"),
     ("pass@1 legal best moves +1.9 [+0.7, +3.1] and", "cpu_intel_bd3618d_g1", "pass@1/policy/legal_best_move"),
     ("pass@1 valid `A:` +17.7 [+15.1, +20.4]; nothing falls", "cpu_intel_bd3618d_g1", "pass@1/env/valid"),
+    ("lifts legal best moves +3.0 [+1.0, +5.1] to 18.4%", "cpu_intel_bd3618d_g2", "policy/legal_best_move"),
+    ("valid `A:` +16.2 [+11.9, +20.5] to 74.0%", "cpu_intel_bd3618d_g2", "env/valid"),
+    ("(pass@1 legal best moves +1.1 [-0.1, +2.3])", "cpu_intel_bd3618d_g2", "pass@1/policy/legal_best_move"),
+    ("+6.2 [+2.7, +9.8] from the history-masked one", "nohistory_cpu_intel_g2", "env/valid"),
+    ("and +15.6 [+12.4, +18.9] (to 18.4% and 21.4%)", "nohistory_cpu_intel_g2", "policy/legal_best_move"),
     ("**+13.6 [+10.5, +16.7]** (to 20.5% and 19.3%)", "nohistory_cpu_intel_g1", "policy/legal_best_move"),
 ]
 
