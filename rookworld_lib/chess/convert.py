@@ -364,20 +364,17 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     t0 = time.perf_counter()
     made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first: the folders this call would make
     new_lock = not (out / LOCK_FILE).exists()
-    def take_back():  # every temporary file is gone: the lock file and the folders made here too
+    try:
+        _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
+    except (_NothingConverted, ValueError) as exc:  # ValueError: an input that cannot be read (a broken gzip)
+        # nothing was published, and every temporary file is gone: the lock file and the folders made here too
         if new_lock:
             (out / LOCK_FILE).unlink(missing_ok=True)
         for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()
-
-    try:
-        _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
-    except _NothingConverted:
-        take_back()
-    except ValueError:  # an input that cannot be read (a broken gzip): nothing was published
-        take_back()
-        raise
+        if isinstance(exc, ValueError):
+            raise
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -447,32 +444,25 @@ def cli(argv: list[str] | None = None) -> int:
     status = 0 if sum(report.written.values()) else 1  # nothing to evaluate or train on is a failure
     if args.json:
         print(json.dumps(report.as_dict()))
-        if status:
-            _say_none_converted(report, args.out)
-        return status
-    print(f"{report.lines} lines in {report.seconds:.1f} s ({report.lines_per_s:.0f} lines/s): "
-          f"{report.written['P']} P: and {report.written['A']} A: records, {report.errors} not converted")
-    if report.duplicates:
-        print(f"  {report.duplicates} records repeat an earlier one (each written; a test split counts every copy)")
-    if report.short_lists:
-        print(f"  {report.short_lists} P: records list fewer candidates than min(5, legal moves): policy/valid asks "
-              "their answers for as many")
-    for msg in report.first_errors:
-        print(f"  {msg}")
-    if report.errors > len(report.first_errors):
-        print(f"  ... all {report.errors} in {report.outputs['errors']}" if "errors" in report.outputs
-              else f"  ... and {report.errors - len(report.first_errors)} more (counts by reason below)")
-    for reason, n in report.reasons.most_common():
-        print(f"  {n:>8}  {reason}")
-    for t, p in report.outputs.items():
-        print(f"{t}: {p}")
+    else:
+        print(f"{report.lines} lines in {report.seconds:.1f} s ({report.lines_per_s:.0f} lines/s): "
+              f"{report.written['P']} P: and {report.written['A']} A: records, {report.errors} not converted")
+        if report.duplicates:
+            print(f"  {report.duplicates} records repeat an earlier one (each written; a test split counts every copy)")
+        if report.short_lists:
+            print(f"  {report.short_lists} P: records list fewer candidates than min(5, legal moves): policy/valid asks "
+                  "their answers for as many")
+        for msg in report.first_errors:
+            print(f"  {msg}")
+        if report.errors > len(report.first_errors):
+            print(f"  ... all {report.errors} in {report.outputs['errors']}" if "errors" in report.outputs
+                  else f"  ... and {report.errors - len(report.first_errors)} more (counts by reason below)")
+        for reason, n in report.reasons.most_common():
+            print(f"  {n:>8}  {reason}")
+        for t, p in report.outputs.items():
+            print(f"{t}: {p}")
     if status:
-        _say_none_converted(report, args.out)
+        why = (f"none of the {report.lines} lines converted (their reasons by count in the report)" if report.lines
+               else "the inputs hold no lines")
+        print(f"rookworld convert: error: {why}; nothing was written to {args.out}", file=sys.stderr)
     return status
-
-
-def _say_none_converted(report: ConvertReport, out) -> None:
-    why = (f"none of the {report.lines} lines converted (their reasons by count in the report)" if report.lines
-           else "the inputs hold no lines")
-    print(f"rookworld convert: error: {why}; nothing was written to {out}", file=sys.stderr)
-

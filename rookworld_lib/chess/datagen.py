@@ -1,18 +1,16 @@
-"""Data generation (``rookworld datagen``, :func:`generate`): Stockfish-labelled ``P:``/``A:``
-samples and the mate-in-one set, as the record files :mod:`rookworld_lib.chess.data` loads. The data card
-(``data/README.md``) describes the recipe with the shipped set's numbers.
+"""Data generation (``rookworld datagen``, :func:`generate`): Stockfish-labelled ``P:``/``A:`` samples and the
+mate-in-one set, as the record files :mod:`rookworld_lib.chess.data` loads. The data card (``data/README.md``)
+describes the recipe with the shipped set's numbers.
 
-Games are seeded per index (:func:`game_plan`, :func:`play_game`) and split by game
-(:func:`split_of_game`): a position belongs to the split of the first game that reaches it, or to none
-when `exclude_dir` names a data set that holds it in val or test.
-:func:`select_samples` picks positions (``P:``), moves (``A:``, with :func:`wrong_move` siblings) and
-mate-in-one positions; Stockfish (on datagen's own UCI client, :class:`LeanPool`) labels ``P:`` at a
-reproducible limit (one thread, cleared hash) and python-chess replays ``A:``. Finished games and labels are appended to a work directory, so an
-interrupted run resumes with the same settings (and a finished one, its files unchanged, is kept
-as it is); record files are written atomically at the end,
-and one that would be empty is not written (an older one of that name is removed). A run holds
-``<out>/.lock`` while it writes (:func:`.core.paths.run_lock`, as training does): a second run
-into the same directory stops before it touches anything.
+Games are seeded per index (:func:`game_plan`, :func:`play_game`) and split by game (:func:`split_of_game`): a
+position belongs to the split of the first game that reaches it, or to none when `exclude_dir` names a data set
+that holds it in val or test. :func:`select_samples` picks positions (``P:``), moves (``A:``, with
+:func:`wrong_move` siblings) and mate-in-one positions; Stockfish (on datagen's own UCI client, :class:`LeanPool`)
+labels ``P:`` at a reproducible limit (one thread, cleared hash) and python-chess replays ``A:``. Finished games
+and labels are appended to a work directory, so an interrupted run resumes with the same settings (and a finished
+one, its files unchanged, is kept as it is); record files are written atomically at the end, and one that would
+be empty is not written (an older one of that name is removed). A run holds ``<out>/.lock`` while it writes
+(:func:`.core.paths.run_lock`, as training does): a second run there stops before it touches anything.
 """
 
 from __future__ import annotations
@@ -102,8 +100,7 @@ class DatagenConfig:
     def content_key(self) -> dict:
         """The settings that decide the output (not where it goes or how many workers)."""
         skip = {"out_dir", "work_dir", "workers", "keep_work", "stockfish"}
-        key = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
-        return _resolved_exclude(key)
+        return _resolved_exclude({k: v for k, v in dataclasses.asdict(self).items() if k not in skip})
 
     def work_path(self) -> Path:
         """Where the resumable state of this run lives."""
@@ -395,8 +392,7 @@ class _Outputs:
         if name not in self._plain:
             ctx = atomic_file(self.dir / self.file_name(name, None))
             raw = ctx.__enter__()
-            f = _gzip_writer(raw) if self.compress else raw
-            self._plain[name] = (ctx, raw, f)
+            self._plain[name] = (ctx, raw, _gzip_writer(raw) if self.compress else raw)
         return self._plain[name][2]
 
     @staticmethod
@@ -406,10 +402,8 @@ class _Outputs:
     def _flush(self, name: str, shard: int) -> None:
         recs, self.pending[name] = self.pending[name], []
 
-        def write(raw):
-            if not self.compress:
-                return self._write(raw, recs)
-            with _gzip_writer(raw) as f:
+        def write(raw):  # closing the gzip stream writes its trailer, and leaves `raw` open
+            with _gzip_writer(raw) if self.compress else contextlib.nullcontext(raw) as f:
                 self._write(f, recs)
 
         atomic_write(self.dir / self.file_name(name, shard), write)
@@ -559,7 +553,7 @@ class UciAnalyser:
             self.proc.wait(timeout=5)
 
 
-class LeanPool:
+class LeanPool(contextlib.AbstractContextManager):
     """Datagen's engine processes (:class:`UciAnalyser`), one per thread and MultiPV, started on first
     use and replaced when one dies: `size` threads label at once (:meth:`label_many`), a game plays on
     its thread's (:meth:`session`). :meth:`close` (``with``) kills every process and refuses new work."""
@@ -653,9 +647,6 @@ class LeanPool:
             victims, self._live = self._live, []
         for p in victims:
             p.kill()
-
-    def __enter__(self) -> LeanPool:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -942,21 +933,19 @@ def _validate_files(files: list[Path], out: str) -> int:
     bad = 0
     for f in files:
         if f.is_dir():  # `--validate DIR`: its files are what is meant
-            _fail(f"error: {f} is a directory; give the files in it ({f}/*.jsonl*), or validate it with --validate --out {f}", 1)
-            bad += 1
+            bad += _fail(f"error: {f} is a directory; give the files in it ({f}/*.jsonl*), or validate it with "
+                         f"--validate --out {f}", 1)
             continue
         try:  # a file named as datagen names them holds that task's records of that split alone
             print(f"{f}: {len(load_data_file(f, *role) if (role := role_of(f)) else load_jsonl(f))} records OK")
         except DataFormatError as exc:
-            _fail(f"error: {exc}", 1)
-            bad += 1
+            bad += _fail(f"error: {exc}", 1)
     for d in sorted({f.parent for f in files}):  # a missing shard (lost records), a split in two layouts (read twice)
         for name in DATA_FILES:
             try:
                 checked_files(name, d)
             except DataFormatError as exc:
-                _fail(f"error: {exc}", 1)
-                bad += 1
+                bad += _fail(f"error: {exc}", 1)
     return 1 if bad else 0
 
 
