@@ -340,12 +340,11 @@ def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Itera
 
 def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, split: str = "test",
             workers: int = 1, chunk_lines: int = 2000, progress: bool = False) -> ConvertReport:
-    """Convert original lines into ``<out_dir>/policy_<split>.jsonl`` and ``env_<split>.jsonl`` (ready
-    for ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
-    ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when
-    the whole input is done, only for a task with records (another task's file is left as it is).
-    When no line converts, nothing is written: out_dir is left as it was (the report holds the
-    reasons, and no outputs)."""
+    """Convert original lines into ``<out_dir>/policy_<split>.jsonl`` and ``env_<split>.jsonl`` (ready for
+    ``rookworld eval --data-dir``, ``grpo`` and ``sft``); each line that does not convert goes to
+    ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when the whole
+    input is done, only for a task with records (another task's file is left as it is). When no line converts,
+    nothing is written: out_dir is left as it was (the report holds the reasons, and no outputs)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
@@ -448,10 +447,11 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"{report.lines} lines in {report.seconds:.1f} s ({report.lines_per_s:.0f} lines/s): "
               f"{report.written['P']} P: and {report.written['A']} A: records, {report.errors} not converted")
         if report.duplicates:
-            print(f"  {report.duplicates} records repeat an earlier one (each written; a test split counts every copy)")
+            print(f"  {report.duplicates} records repeat an earlier one (each written; a test split counts "
+                  "every copy)")
         if report.short_lists:
-            print(f"  {report.short_lists} P: records list fewer candidates than min(5, legal moves): policy/valid asks "
-                  "their answers for as many")
+            print(f"  {report.short_lists} P: records list fewer candidates than min(5, legal moves): "
+                  "policy/valid asks their answers for as many")
         for msg in report.first_errors:
             print(f"  {msg}")
         if report.errors > len(report.first_errors):

@@ -116,8 +116,7 @@ def _resolved_exclude(key: dict) -> dict:
 
 
 def split_of_game(index: int, cfg: DatagenConfig | None = None) -> str:
-    """test for i % 10 == 9, val for i % 10 == 8, train otherwise; the mate games and the extra
-    test games (every index from cfg.games on) are test."""
+    """By index, 8:1:1 (i % 10: 8 val, 9 test); every game from cfg.games on (mate, extra test games) is test."""
     if cfg is not None and index >= cfg.games:
         return "test"
     return {8: "val", 9: "test"}.get(index % 10, "train")
@@ -950,12 +949,11 @@ def _validate_files(files: list[Path], out: str) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`rookworld datagen`: 0 on success, 130 after Ctrl-C; 1 for any error a user can cause (bad data
-    files or settings, a missing or failing Stockfish, an --out that another run is writing or that
-    cannot be written), in one line on stderr: engine failures and Ctrl-C here (the finished work is
-    kept for the same command), the rest from `cli.main`, which names an unwritable path without
-    promising a resume. A command line argparse cannot parse is refused with its usage and status 2,
-    as in every `rookworld` command."""
+    """`rookworld datagen`: 0 on success, 130 after Ctrl-C; 1 for any error a user can cause (bad data files or
+    settings, a missing or failing Stockfish, an --out that another run is writing or that cannot be written), in
+    one line on stderr: engine failures and Ctrl-C here (the finished work is kept for the same command), the rest
+    from `cli.main`, which names an unwritable path without promising a resume. A command line argparse cannot
+    parse is refused with its usage and status 2, as in every `rookworld` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.validate is not None or args.summary:  # they read files: a generation setting would be ignored
