@@ -27,7 +27,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import chess
@@ -110,8 +110,7 @@ def parse_env_line(text: str) -> OriginalEnvLine | str:
 def _disagreement(line: OriginalEnvLine, ref: tasks.EnvTransition) -> str | None:
     """Why the original row differs from python-chess's transition, or None when it agrees."""
     a = line.answer
-    diff = tasks.transition_differences(ref, new_fen=a.new_fen, reward=a.reward, terminated=a.terminated,
-                                        truncated=a.truncated)
+    diff = tasks.transition_differences(ref, **asdict(a))  # new_fen, reward, terminated, truncated
     if not diff:
         return None
     if ref.kind == "illegal" and a.truncated == 0:
