@@ -81,11 +81,10 @@ def _main(argv: list[str]) -> int:
     except BrokenPipeError:
         raise
     except Exception as exc:
-        message = None if debug else user_error_message(exc, name)
-        if message is None and not debug and _peer_failed(exc):
-            # a torchrun worker whose peer died first: the peer's error is the one to read
-            return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
-        if message is None:
+        if debug or (message := user_error_message(exc, name)) is None:
+            if not debug and _peer_failed(exc):
+                # a torchrun worker whose peer died first: the peer's error is the one to read
+                return report(name, f"stopped because another worker failed ({_first_line(exc)})", 1, secondary=True)
             raise  # a bug: its traceback is what a report needs
         message = with_flag(message, rest, lambda: _help_text(name))
         if diff := getattr(exc, "resume_diff", None):
@@ -157,20 +156,17 @@ def user_error_message(exc: BaseException, command: str = "sft") -> str | None:
 
 def os_error_message(exc: OSError) -> str:
     """`<what>: <path>` for an OSError: "No space left on device: /runs/x/final/model.safetensors"."""
-    what = exc.strerror or os.strerror(exc.errno or 0) or type(exc).__name__
-    if exc.errno == errno.ENOSPC:
-        what = "No space left on device"
+    what = ("No space left on device" if exc.errno == errno.ENOSPC
+            else exc.strerror or os.strerror(exc.errno or 0) or type(exc).__name__)
     paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
     if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a directory wanted where a file is (mkdir, open below it)
         if file := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.exists() and not q.is_dir()), None):
             return f"{file} is a file, not a directory" if file.is_file() else f"{file} is not a directory"
         if link := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_symlink() and not q.exists()), None):
             return f"{link} is a symbolic link to nothing (to {os.readlink(link)}, missing or a link loop), not a directory"
-    hint = ""
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        hint = "; choose a directory you can write to"
-    elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        hint = "; free some space (or choose another --out) and run the same command again"
+    hint = ("; choose a directory you can write to" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+            else "; free some space (or choose another --out) and run the same command again"
+            if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) else "")
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
 
 

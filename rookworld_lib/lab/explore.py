@@ -48,14 +48,11 @@ from ..core.train_grpo import COMPLETION_KEYS, METRICS_FILE, reward_name, reward
 CANDIDATE_COLOR, MODEL_COLOR = "#15781B80", "#1f4fd8cc"  # Stockfish green, model blue (chess.svg: #RRGGBBAA)
 # the rows GRPOTrainer writes to completions.jsonl; ratio and clip_fraction are optional here (before an update)
 ROLLOUT_KEYS = tuple(k for k in COMPLETION_KEYS if k not in ("ratio", "clip_fraction"))
-
-
 WIDGETS: bool | None = None  # None: widgets where a frontend can show them (see _live); True / False: force
 
 
 def _live() -> bool:
-    """Widgets where a frontend renders them (progress.widget_frontend); papermill and nbval keep the
-    static snapshot only. WIDGETS forces either mode."""
+    """Widgets where a frontend renders them (not papermill or nbval: the static snapshot only)."""
     return widget_frontend() if WIDGETS is None else WIDGETS
 
 
@@ -130,7 +127,7 @@ def read_rollouts(source) -> list[dict]:
         if not isinstance(r, dict) or (missing := [k for k in ROLLOUT_KEYS if k not in r]):
             raise ValueError(f"{where}: row {i + 1}: "
                              + (f"missing {missing} (needs {list(ROLLOUT_KEYS)})" if isinstance(r, dict) else str(r)))
-        bad = next((k for k, ok in (("step", _is_int(r["step"])), ("group", _is_int(r["group"])),
+        bad = next((k for k, ok in (("step", is_int(r["step"])), ("group", is_int(r["group"])),
                                     ("advantage", _is_number(r["advantage"])),
                                     ("reward", r["reward"] is None or _is_number(r["reward"]))) if not ok), None)
         if bad:
@@ -138,10 +135,6 @@ def read_rollouts(source) -> list[dict]:
                              + ("an integer" if bad in ("step", "group") else "a number" + " or null" * (bad == "reward")))
     # a NaN reward is an unscored completion, as the trainer writes it (null): out of the means
     return [dict(r, reward=None) if r["reward"] is not None and math.isnan(r["reward"]) else r for r in rows]
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_number(x) -> bool:
@@ -182,9 +175,10 @@ class _Explorer:
     """A widget tree (`widget`) plus a static snapshot (`html()`), displayed together in a kernel."""
 
     widget: W.Widget
+    css: tuple[str, str]  # the snapshot's classes (explorer, table) where html() is the explorer's _table()
 
     def html(self) -> str:
-        raise NotImplementedError
+        return f"<div class='{self.css[0]}'><div class='{self.css[1]}'>{self._table()}</div></div>"
 
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = {"text/plain": f"<{type(self).__name__}: a widget; static snapshot in text/html>",
@@ -393,6 +387,8 @@ def sample_groups(model: GPT, records: list[dict], group_size: int = 4, *, tempe
 class GroupInspector(_Explorer):
     """G completions for one prompt under the chosen sampling settings; `sample()` draws a new group."""
 
+    css = ("rw-group-inspector", "rw-group-table")
+
     def __init__(self, model: GPT, records: list[dict], index: int = 0, *, group_size: int = 4,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int | None = None,
                  seed: int = 0, sample: bool = True, reward: str = "graded", scale: str = "group",
@@ -469,14 +465,13 @@ class GroupInspector(_Explorer):
                   "exactly 1, so nothing is clipped and each completion's log-probability is pushed up (A &gt; 0) "
                   "or down (A &lt; 0) in proportion to A. A group with equal rewards has A = 0: no gradient.</p>")
 
-    def html(self) -> str:
-        return f"<div class='rw-group-inspector'><div class='rw-group-table'>{self._table()}</div></div>"
-
 
 # --- Rollout browser
 
 class RolloutBrowser(_Explorer):
     """A GRPO step's rollout rows as the loss saw them; `select(step)` picks the step."""
+
+    css = ("rw-rollout-browser", "rw-rollout-table")
 
     def __init__(self, source, step: int | None = None):
         self.all_rows = read_rollouts(source)
@@ -521,9 +516,6 @@ class RolloutBrowser(_Explorer):
                 + _table(["group", "task", "prompt", "completion", "reward", "advantage", "loss pushes log p",
                           "ratio", "clipped"], rows, "rw-rollouts", "rw-rollout", raw=("prompt", "completion")))
 
-    def html(self) -> str:
-        return f"<div class='rw-rollout-browser'><div class='rw-rollout-table'>{self._table()}</div></div>"
-
 
 # --- Notebook 03's figures, and their controls
 
@@ -538,26 +530,23 @@ def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: s
     vespo = loss_type == "vespo"  # no clipped objective: each token's log p weighted by a detached phi(r)
     if vespo:
         fig.layout.annotations[0].text = "vespo's detached weight phi(r) of the token's log p (no clipping; ε unused)"
-    mask = torch.ones(201, 1, dtype=torch.bool)
+    logr, old, mask = r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), torch.ones(201, 1, dtype=torch.bool)
     for a, color in ((1.0, "#1f77b4"), (-1.0, "#d62728")):
         adv = torch.full((201,), a, dtype=torch.float64)
         # one one-token completion per ratio; x N undoes the 1/N of every aggregation
-        push = -201 * grpo.logprob_gradient(r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), adv,
-                                            mask, config=cfg)[:, 0]
-        top = (grpo.vespo_weights(r.log()[:, None], torch.zeros(201, 1, dtype=torch.float64), adv, mask, cfg)[:, 0]
-               if vespo else grpo.policy_objective(r, adv, cfg))
+        push = -201 * grpo.logprob_gradient(logr, old, adv, mask, config=cfg)[:, 0]
+        top = grpo.vespo_weights(logr, old, adv, mask, cfg)[:, 0] if vespo else grpo.policy_objective(r, adv, cfg)
         fig.add_scatter(x=r.tolist(), y=top.tolist(), name=f"A = {a:+.0f}", line_color=color, row=1, col=1)
         xs, ys = _break_at_jumps(r.tolist(), push.tolist())
         fig.add_scatter(x=xs, y=ys, name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
     if vespo:
         fig.update_layout(title="vespo: no clip range; the push fades smoothly as the ratio leaves 1", height=560)
-        return fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
-    for x in (1 - eps_low, 1 + eps_high):
-        fig.add_vline(x=x, line_dash="dot")
-    fig.update_layout(title=f"Clip range [{1 - eps_low:.2f}, {1 + eps_high:.2f}]: flat (no gradient) on one side "
-                            "per sign of A", height=560)
-    fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
-    return fig
+    else:
+        for x in (1 - eps_low, 1 + eps_high):
+            fig.add_vline(x=x, line_dash="dot")
+        fig.update_layout(title=f"Clip range [{1 - eps_low:.2f}, {1 + eps_high:.2f}]: flat (no gradient) on one "
+                                "side per sign of A", height=560)
+    return fig.update_xaxes(title_text="ratio r = π_θ / π_old", row=2, col=1)
 
 
 def _break_at_jumps(xs: list[float], ys: list[float], jump: float = 0.1) -> tuple[list, list]:

@@ -24,9 +24,8 @@ def _group(name: str, depth: int) -> str:
 
 
 def params_by_module(model: GPT) -> dict[str, int]:
-    """Parameter counts grouped as embeddings / each block's modules / final LayerNorm.
-
-    named_parameters() yields a shared tensor once, so the head tied to wte is counted once."""
+    """Parameter counts grouped as embeddings / each block's modules / final LayerNorm (named_parameters()
+    yields a shared tensor once, so the head tied to wte is counted once)."""
     counts: dict[str, int] = defaultdict(int)
     for name, p in model.named_parameters():
         counts[_group(name, 2)] += p.numel()
@@ -58,8 +57,7 @@ def logits_stats(logits: torch.Tensor) -> dict:
 def init_loss(model: GPT, idx: torch.Tensor) -> dict:
     """Next-token loss on idx against ln(vocab): a fresh model should be near-uniform."""
     with torch.no_grad():
-        loss = lm_loss(model(idx[:, :-1]), idx[:, 1:]).item()
-    return {"loss": loss, "uniform": math.log(model.config.vocab_size)}
+        return {"loss": lm_loss(model(idx[:, :-1]), idx[:, 1:]).item(), "uniform": math.log(model.config.vocab_size)}
 
 
 def grad_norms_by_layer(model: GPT, idx: torch.Tensor) -> dict[str, float]:
@@ -96,12 +94,10 @@ def state_bytes(model: torch.nn.Module, optimizer) -> dict[str, int]:
 
 
 def memory_by_phase(model: GPT, idx: torch.Tensor, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes held after each phase of one training step, by exact accounting of tensors.
-
-    params (unique), batch (inputs and targets), activations (unique storages autograd saved in the
-    forward pass), grads, optimizer_state (after its first step: AdamW's two moments); on CUDA also
-    the allocator's own memory_allocated after each phase, as `cuda_after_*`.
-    """
+    """Bytes held after each phase of one training step, by exact accounting of tensors: params
+    (unique), batch (inputs and targets), activations (unique storages autograd saved in the forward
+    pass), grads, optimizer_state (after its first step: AdamW's two moments); on CUDA also the
+    allocator's own memory_allocated after each phase, as `cuda_after_*`."""
     out = {"batch": tensor_bytes([idx]) * 2}
 
     def allocated(phase: str) -> None:
