@@ -384,8 +384,7 @@ def run_bench(cfg: BenchConfig = QUICK, progress=print, sweep: bool = False) -> 
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", module="transformers")
-    warnings.filterwarnings("ignore", module="trl")
+    warnings.filterwarnings("ignore", module="transformers|trl")
     runtime = setup_runtime(cfg.device, cfg.precision)  # bf16 autocast for both contenders, or fp32
     load_before = list(os.getloadavg())  # others' work before the bench adds its own
     t_start = time.perf_counter()
@@ -452,8 +451,7 @@ def cli(argv: list[str] | None = None) -> int:
     if args.out is not None:  # checked before minutes of timing
         _check_writable(args.out)
     cfg = QUICK if args.quick else GPU if resolve_device(args.device).type == "cuda" else FULL
-    over = {"precision": args.precision, "model": args.model, "repeats": args.repeats, "warmup": args.warmup,
-            "grpo_steps": args.grpo_steps}
+    over = {k: getattr(args, k) for k in ("precision", "model", "repeats", "warmup", "grpo_steps")}
     cfg = replace(cfg, device=args.device, trl=not args.no_trl, **{k: v for k, v in over.items() if v is not None})
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -473,10 +471,9 @@ def cli(argv: list[str] | None = None) -> int:
 
 
 def _a_bench_result(path: Path) -> bool:
-    try:
+    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError, TypeError):  # unreadable, not JSON, not an object
         return "grpo_step" in json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, TypeError):  # unreadable, not JSON, not an object
-        return False
+    return False
 
 
 def _check_writable(out: Path) -> None:
@@ -492,8 +489,7 @@ def _check_writable(out: Path) -> None:
         raise ValueError(f"--out {out}: {file} is a file, not a directory")
     folder = next(p for p in out.absolute().parents if p.exists())  # where the file, or its folders, will be made
     try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
+        tempfile.TemporaryFile(dir=folder).close()
         if out.exists():
             out.open("a").close()
     except OSError as exc:

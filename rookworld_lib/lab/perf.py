@@ -69,7 +69,7 @@ def table_entry(device_name: str) -> str | None:
         return "H100 PCIe" if "PCIE" in name else "H100 NVL" if "NVL" in name else "H100 SXM"
     if "H200" in name:
         return "H200 NVL" if "NVL" in name else "H200"
-    return next((key for part, key in (("H200", "H200"), ("A100", "A100"), ("4090", "RTX 4090")) if part in name), None)
+    return "A100" if "A100" in name else "RTX 4090" if "4090" in name else None
 
 
 def table_peak(device_name: str, precision: str) -> float | None:
@@ -155,9 +155,8 @@ def get_peak(device: str | torch.device = "auto", precision: str = "fp32", measu
     """Table peak for the device's name plus (if measure) a measured large-matmul peak."""
     device = resolve_device(device)
     name = device_name(device)
-    table = table_peak(name, precision) if device.type == "cuda" else None
-    measured = measure_peak_tflops(device, precision, **measure_kwargs) if measure else None
-    return Peak(device=name, precision=precision, table_tflops=table, measured_tflops=measured)
+    return Peak(name, precision, table_tflops=table_peak(name, precision) if device.type == "cuda" else None,
+                measured_tflops=measure_peak_tflops(device, precision, **measure_kwargs) if measure else None)
 
 
 class MFUError(ValueError):
@@ -228,8 +227,7 @@ def summarize_times(times: list[float]) -> Timing:
 
 
 def _sync_fn(sync) -> Callable[[], None]:
-    """True: every initialised GPU (CPU work is done when fn returns); False: none; a device: that one;
-    a callable: itself."""
+    """True: every initialised GPU (CPU work is done when fn returns); False: none; a device: that one."""
     if callable(sync):
         return sync
     if sync is True:
@@ -248,8 +246,7 @@ def benchmark(fn: Callable[[], object], warmup: int = 2, repeats: int = 10, sync
 
 def benchmark_interleaved(fns: dict[str, Callable[[], object]], warmup: int = 2, repeats: int = 10,
                           sync=True) -> dict[str, Timing]:
-    """Time several functions in turns (a, b, a, b, ...) so they share a noisy machine's slowdowns;
-    one Timing per name."""
+    """Time several functions in turns (a, b, a, b, ...) so they share a noisy machine's slowdowns."""
     if warmup < 0 or repeats < 1:
         raise ValueError(f"benchmark needs warmup >= 0 and repeats >= 1, got {warmup}, {repeats}")
     do_sync = _sync_fn(sync)

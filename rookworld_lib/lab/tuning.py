@@ -43,11 +43,8 @@ class CPUOffloadAdamW:
     def __init__(self, param_groups: list[dict], lr: float):
         pin = torch.cuda.is_available()
         self.device_params = [p for g in param_groups for p in g["params"]]
-        cpu_groups = []
-        for g in param_groups:
-            masters = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()).requires_grad_()
-                       for p in g["params"]]
-            cpu_groups.append({**g, "params": masters})
+        cpu_groups = [{**g, "params": [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach())
+                                       .requires_grad_() for p in g["params"]]} for g in param_groups]
         self.masters = [m for g in cpu_groups for m in g["params"]]
         self.grads = [torch.zeros(m.shape, dtype=torch.float32, pin_memory=pin) for m in self.masters]
         self.inner = build_adamw(cpu_groups, lr=lr, weight_decay=0.0, device_type="cpu", fused=False)
@@ -341,11 +338,8 @@ class MatrixResult:
     def drift(self) -> str | None:
         """A warning when the baseline and its repeat disagree beyond both p10-p90 intervals: the
         host's speed changed during the matrix, so no speed-up of this run is sure (None otherwise)."""
-        try:
-            base, again = self.row("baseline"), self.row("baseline (repeat)")
-        except KeyError:
-            return None
-        if base["status"] != "ok" or again["status"] != "ok" or _tokens_per_s_overlap(again, [base]):
+        base, again = (next((r for r in self.rows if r["name"] == n), {}) for n in ("baseline", "baseline (repeat)"))
+        if base.get("status") != "ok" or again.get("status") != "ok" or _tokens_per_s_overlap(again, [base]):
             return None
         busy = self.utilization.get("host_cpu_pct", {}).get("mean")
         return (f"host speed drifted: the baseline's repeat ran at {again['speedup']:.2f}x the baseline, outside both "
@@ -474,9 +468,8 @@ def speedup_figure(result: MatrixResult):
                if result.drift() else "")
     fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']})"
                             f"<br><sup>blue = faster or slower than the noise, grey = within noise, "
-                            f"red = changes the loss{drifted}</sup>",
-                      yaxis_title="tokens/s vs baseline", xaxis_title="row (one setting changed)",
-                      template="plotly_white")
+                            f"red = changes the loss{drifted}</sup>", yaxis_title="tokens/s vs baseline",
+                      xaxis_title="row (one setting changed)", template="plotly_white")
     return fig
 
 
@@ -485,10 +478,7 @@ def scaling_figure(result: MatrixResult):
     length (right): four panels with their own y axes, ticks at the measured values. The baseline's
     repeat (run_matrix(repeat_baseline=True)), run once after all the other rows, is drawn beside the
     baseline's point as an open marker: how far the host's speed moved while the rows ran."""
-    try:
-        again = result.row("baseline (repeat)")
-    except KeyError:
-        again = None
+    again = next((r for r in result.rows if r["name"] == "baseline (repeat)"), None)
     again = again if again is not None and again["status"] == "ok" else None
     fig = make_subplots(rows=2, cols=2, shared_xaxes="columns", vertical_spacing=0.1, horizontal_spacing=0.12,
                         subplot_titles=("step time vs batch size", "step time vs sequence length",
