@@ -258,10 +258,9 @@ def hf_gpt2_tokenizer():
 def our_grpo_trainer(cfg: BenchConfig, workdir: Path, device: torch.device):
     """The GRPOTrainer `rookworld grpo` runs, set up as TRL is in `_trl_grpo_times` (dapo, beta 0,
     one minibatch per step, clip 1.0, no weight decay), rewarding completions with vowel_reward."""
-    G = cfg.group_size
     items = [PromptItem("P", t) for t in grpo_prompt_texts(len(FENS))]
-    tcfg = GRPOTrainConfig(steps=cfg.grpo_steps + 1, prompts_per_step=cfg.grpo_prompts, group_size=G,
-                           max_new_tokens=cfg.grpo_new_tokens, minibatch_size=cfg.grpo_prompts * G,
+    tcfg = GRPOTrainConfig(steps=cfg.grpo_steps + 1, prompts_per_step=cfg.grpo_prompts, group_size=cfg.group_size,
+                           max_new_tokens=cfg.grpo_new_tokens, minibatch_size=cfg.grpo_prompts * cfg.group_size,
                            lr=1e-6, weight_decay=0.0, grad_clip=1.0, loss=grpo.GRPOConfig(loss_type="dapo", beta=0.0),
                            dtype=cfg.precision, device=str(device), seed=cfg.seed, progress=False)
     torch.manual_seed(cfg.seed)

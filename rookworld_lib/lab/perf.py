@@ -298,11 +298,9 @@ def _host_cpu_times() -> tuple[float, float] | None:
 
 
 class UtilizationSampler:
-    """Sample CPU (and GPU) utilisation in a background thread while a `with` block runs.
-
-    process_cpu_pct: this process's CPU time over wall time, in percent of one core (200 = two busy
-    cores); host_cpu_pct: the whole machine's busy share of all cores (other users' load shows there).
-    """
+    """Sample CPU (and GPU) utilisation in a background thread while a `with` block runs. process_cpu_pct: this
+    process's CPU time over wall time, in percent of one core (200 = two busy cores); host_cpu_pct: the whole
+    machine's busy share of all cores (other users' load shows there)."""
 
     def __init__(self, interval_s: float = 0.2):
         self.interval_s = interval_s
@@ -363,9 +361,8 @@ def _memory_by_phase(prof, device_type: str) -> list[dict]:
     mem, phases = [], []
     for e in events:
         name = e.name()
-        if name == "[memory]":
-            if str(e.device_type()).split(".")[-1].lower() == device_type:
-                mem.append((e.start_ns(), e.nbytes()))
+        if name == "[memory]" and str(e.device_type()).split(".")[-1].lower() == device_type:
+            mem.append((e.start_ns(), e.nbytes()))
         elif name.startswith(PHASE_PREFIX):
             phases.append((name[len(PHASE_PREFIX):], e.start_ns(), e.end_ns()))
     mem.sort()

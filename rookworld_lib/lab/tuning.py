@@ -244,9 +244,8 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
 
 def run_config(cfg: TuneConfig, variant: Variant | None = None, *, init_state: dict | None = None,
                peaks: dict | None = None, profile_memory: bool = True, trace_path: str | Path | None = None) -> dict:
-    """Train `cfg` for cfg.steps steps and measure it: one row (a plain dict) labelled by `variant`,
-    skipped or failed as the module docstring says. With profile_memory one more step runs under the
-    profiler after the timed ones, for memory by phase and the top operators."""
+    """Train `cfg` for cfg.steps steps and measure it: one row (a dict) labelled by `variant`, skipped or failed
+    as the module docstring says; with profile_memory, one more step under the profiler (memory by phase, top ops)."""
     v = variant or Variant("config", "baseline")
     row = {"name": v.name, "variable": v.variable, "value": getattr(cfg, v.variable, None), "config": asdict(cfg),
            "expect_parity": v.expect_parity, "status": "ok", "reason": None}
@@ -351,9 +350,8 @@ class MatrixResult:
         return [r["name"] for r in self.ok_rows() if r["expect_parity"] and r["changes_result"]]
 
     def table(self):
-        """A pandas DataFrame for people: one row per matrix row, rounded to what the timing supports,
-        units in the column names; a skipped or failed row shows its reason and nothing else. The raw
-        numbers stay in `rows` (and the results JSON)."""
+        """A pandas DataFrame for people: one row per matrix row, rounded to what the timing supports, units in
+        the column names; a skipped or failed row shows only its reason. The raw numbers stay in `rows`."""
         def shown(r: dict) -> dict:
             if r["status"] != "ok":
                 return {"row": r["name"], "status": r["status"], "note": r.get("reason") or ""}
@@ -394,11 +392,10 @@ class MatrixResult:
 def run_matrix(base: TuneConfig, variants: list[Variant] | None = None, *, tolerance: float = PARITY_TOLERANCE,
                allow_compile: bool = True, profile_memory: bool = True, trace_dir: str | Path | None = None,
                progress: bool = True, repeat_baseline: bool = False, peaks: dict | None = None) -> MatrixResult:
-    """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup,
-    loss_delta and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the
-    machine's run-to-run noise. trace_dir receives the baseline's profiler trace. peaks: {precision:
-    perf.Peak} already measured (the one a notebook printed), so that the MFU columns are against it;
-    a precision without one is measured once, and every row of it is against that."""
+    """Run the baseline and each variant (seeded batches of each row's own shape); fill in speedup, loss_delta
+    and changes_result. repeat_baseline appends "baseline (repeat)", whose speedup is the machine's run-to-run
+    noise. trace_dir receives the baseline's profiler trace. peaks: {precision: perf.Peak} already measured (the
+    one a notebook printed), so the MFU columns are against it; a precision without one is measured once."""
     variants = list(variants if variants is not None else default_variants(base, allow_compile))
     if not variants or variants[0].variable != "baseline":
         variants.insert(0, Variant("baseline", "baseline"))
@@ -449,9 +446,8 @@ def _tokens_per_s_overlap(row: dict, noise: list[dict]) -> bool:
 # --- Figures ---
 
 def speedup_figure(result: MatrixResult):
-    """Bar chart: tokens/s of each row relative to the baseline, with the row's p10-p90 interval; red
-    bars change the result, grey ones differ from the baseline by less than the timing noise (their
-    speed-up is shown as "~"), blue ones by more (and the baseline)."""
+    """Bar chart: each row's tokens/s over the baseline's, with its p10-p90 interval; red bars change the result,
+    grey ones are within the timing noise (speed-up shown as "~"), blue ones beyond it (and the baseline)."""
     rows = [r for r in result.ok_rows() if r["variable"] not in ("batch_size", "seq_len")]
     base_tps = result.row("baseline")["tokens_per_s"]
     speedups = [r["speedup"] for r in rows]
@@ -474,10 +470,9 @@ def speedup_figure(result: MatrixResult):
 
 
 def scaling_figure(result: MatrixResult):
-    """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence
-    length (right): four panels with their own y axes, ticks at the measured values. The baseline's
-    repeat (run_matrix(repeat_baseline=True)), run once after all the other rows, is drawn beside the
-    baseline's point as an open marker: how far the host's speed moved while the rows ran."""
+    """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence length
+    (right), each panel its own y axis, ticks at the measured values. The baseline's repeat (run_matrix(
+    repeat_baseline=True)), run after all other rows, is an open marker: how far the host's speed moved meanwhile."""
     again = next((r for r in result.rows if r["name"] == "baseline (repeat)"), None)
     again = again if again is not None and again["status"] == "ok" else None
     fig = make_subplots(rows=2, cols=2, shared_xaxes="columns", vertical_spacing=0.1, horizontal_spacing=0.12,
