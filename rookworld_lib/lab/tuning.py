@@ -167,8 +167,7 @@ def random_batches(n: int, batch_size: int, seq_len: int, seed: int = 0) -> list
 def initial_state(cfg: TuneConfig) -> dict[str, torch.Tensor]:
     """The baseline model's initial weights (seeded); every row starts from these."""
     torch.manual_seed(cfg.seed)
-    model = GPT(GPTConfig.preset(cfg.model, dropout=0.0))
-    return {k: v.detach().clone() for k, v in model.named_parameters()}
+    return {k: v.detach().clone() for k, v in GPT(GPTConfig.preset(cfg.model, dropout=0.0)).named_parameters()}
 
 
 @torch.no_grad()
