@@ -164,9 +164,11 @@ def os_error_message(exc: OSError) -> str:
             return f"{file} is a file, not a directory" if file.is_file() else f"{file} is not a directory"
         if link := next((q for p in paths for q in (Path(p), *Path(p).parents) if q.is_symlink() and not q.exists()), None):
             return f"{link} is a symbolic link to nothing (to {os.readlink(link)}, missing or a link loop), not a directory"
-    hint = ("; choose a directory you can write to" if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
-            else "; free some space (or choose another --out) and run the same command again"
-            if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)) else "")
+    hint = ""
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "; choose a directory you can write to"
+    elif exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        hint = "; free some space (or choose another --out) and run the same command again"
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
 
 
