@@ -43,8 +43,11 @@ class CPUOffloadAdamW:
     def __init__(self, param_groups: list[dict], lr: float):
         pin = torch.cuda.is_available()
         self.device_params = [p for g in param_groups for p in g["params"]]
-        cpu_groups = [{**g, "params": [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach())
-                                       .requires_grad_() for p in g["params"]]} for g in param_groups]
+        cpu_groups = []
+        for g in param_groups:
+            masters = [torch.empty(p.shape, dtype=torch.float32, pin_memory=pin).copy_(p.detach()).requires_grad_()
+                       for p in g["params"]]
+            cpu_groups.append({**g, "params": masters})
         self.masters = [m for g in cpu_groups for m in g["params"]]
         self.grads = [torch.zeros(m.shape, dtype=torch.float32, pin_memory=pin) for m in self.masters]
         self.inner = build_adamw(cpu_groups, lr=lr, weight_decay=0.0, device_type="cpu", fused=False)
