@@ -339,8 +339,11 @@ class MatrixResult:
     def drift(self) -> str | None:
         """A warning when the baseline and its repeat disagree beyond both p10-p90 intervals: the
         host's speed changed during the matrix, so no speed-up of this run is sure (None otherwise)."""
-        base, again = (next((r for r in self.rows if r["name"] == n), {}) for n in ("baseline", "baseline (repeat)"))
-        if base.get("status") != "ok" or again.get("status") != "ok" or _tokens_per_s_overlap(again, [base]):
+        try:
+            base, again = self.row("baseline"), self.row("baseline (repeat)")
+        except KeyError:
+            return None
+        if base["status"] != "ok" or again["status"] != "ok" or _tokens_per_s_overlap(again, [base]):
             return None
         busy = self.utilization.get("host_cpu_pct", {}).get("mean")
         return (f"host speed drifted: the baseline's repeat ran at {again['speedup']:.2f}x the baseline, outside both "
@@ -475,7 +478,10 @@ def scaling_figure(result: MatrixResult):
     """Step time (median, p10-p90 bars; top) and tokens/s (bottom) against batch size (left) and sequence length
     (right), each panel its own y axis, ticks at the measured values. The baseline's repeat (run_matrix(
     repeat_baseline=True)), run after all other rows, is an open marker: how far the host's speed moved meanwhile."""
-    again = next((r for r in result.rows if r["name"] == "baseline (repeat)"), None)
+    try:
+        again = result.row("baseline (repeat)")
+    except KeyError:
+        again = None
     again = again if again is not None and again["status"] == "ok" else None
     fig = make_subplots(rows=2, cols=2, shared_xaxes="columns", vertical_spacing=0.1, horizontal_spacing=0.12,
                         subplot_titles=("step time vs batch size", "step time vs sequence length",
