@@ -270,7 +270,7 @@ def test_a_refused_run_leaves_no_run_directory(tmp_path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
     write_notebook(nbs / "00_first.ipynb", "steps = 1\nseed = 0", "pass")
-    from rookworld_lib.core.config import ParameterError
+    from rookworld_lib.lab.parameters import ParameterError
 
     with pytest.raises(ParameterError, match=r"\['stepz'\] are declared by none .*; allowed: seed, steps"):
         pipeline.run_pipeline("cpu", tmp_path / "runs", extra_parameters={"stepz": 5}, notebooks_dir=nbs)
@@ -515,7 +515,7 @@ def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(noteboo
     """`rookworld run` runs each notebook's own checks (the cell after `parameters`) before any notebook
     starts: they accept what every profile of the command passes, and refuse a value of the wrong type
     for every parameter the notebook declares, and NaN for every float one."""
-    from rookworld_lib.core.config import ParameterError
+    from rookworld_lib.lab.parameters import ParameterError
 
     declared = pipeline.declared_parameters(notebook)
     for offered in pipeline.PROFILES.values():
@@ -554,7 +554,7 @@ def test_the_report_folds_in_every_notebooks_fragment(tmp_path):
 def test_p_run_dir_is_refused_where_notebook_05_trains_and_allowed_for_06_alone():
     from pathlib import Path
 
-    from rookworld_lib.core.config import ParameterError
+    from rookworld_lib.lab.parameters import ParameterError
 
     pipeline.check_run_folders({"run_dir": "elsewhere"}, [Path("06_lab.ipynb")])  # 06 alone explores another run
     for notebooks in ([Path("05_full_training.ipynb")], [Path("04_mfu_tuning.ipynb"), Path("05_full_training.ipynb")]):
