@@ -43,7 +43,7 @@ def test_notebook_hygiene(path):
     params = [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'"
     check_cell = source(cells[params[0] + 1])
-    assert "check(" in check_cell, f"{path.name}: the cell after 'parameters' must validate them with config.check"
+    assert "check(" in check_cell, f"{path.name}: the cell after 'parameters' must validate them with lab.parameters.check"
     assert sum("assert " in source(c) for c in cells) >= 2, f"{path.name}: claims must be asserts"
     for c in cells:
         kept = "NBVAL_CHECK_OUTPUT" in source(c) or "keep_output" in c.get("metadata", {}).get("tags", [])
