@@ -237,12 +237,15 @@ def test_resume_keeps_the_finished_notebooks_of_the_plan_in_order_and_one_writer
     record = json.loads((run_dir / "run.json").read_text())
     assert [n["notebook"] for n in record["notebooks"]] == ["00_a.ipynb", "01_a.ipynb", "01_b.ipynb", "02_c.ipynb"]
     assert record["meta"]["git_commit"] != "later" and record["meta"]["resumed"][0].endswith("(commit later)")
-    # --resume takes the run's settings: other options, abbreviated too, are refused (argparse, exit 2)
-    for extra in (["-p", "seed", "1"], ["--prof", "ci"], ["--only", "00"]):
-        with pytest.raises(SystemExit) as stop:
-            main(["run", "--resume", str(run_dir), *extra])
-        assert stop.value.code == 2
-    assert "--resume takes the run's own settings" in capsys.readouterr().err
+    # --resume takes the run's settings: other options are refused in one line (exit 1); an abbreviated one is no
+    # option at all (argparse's usage error, exit 2)
+    capsys.readouterr()
+    for extra, flag in ((["-p", "seed", "1"], "-p"), (["--profile", "ci"], "--profile"), (["--only", "00"], "--only")):
+        assert main(["run", "--resume", str(run_dir), *extra]) == 1
+        assert capsys.readouterr().err == f"rookworld run: error: --resume takes the run's own settings (its run.json); drop {flag}\n"
+    with pytest.raises(SystemExit) as stop:
+        main(["run", "--resume", str(run_dir), "--prof", "ci"])
+    assert stop.value.code == 2 and "unrecognized arguments: --prof ci" in capsys.readouterr().err
 
 
 def test_the_sigterm_handler_is_put_back_and_a_run_from_another_thread_works(tmp_path, monkeypatch):

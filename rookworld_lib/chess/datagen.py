@@ -963,7 +963,7 @@ def cli(argv: list[str] | None = None) -> int:
         if args.validate is not None and args.summary:
             unused.insert(0, "--summary")
         if unused:
-            parser.error(f"{mode} reads the data files in --out and generates nothing: {', '.join(unused)} "
+            raise ValueError(f"{mode} reads the data files in --out and generates nothing: {', '.join(unused)} "
                          "would be ignored; leave them out")
     if args.out_dir is None:  # reading defaults to the shipped set; writing never goes there by default
         args.out_dir = str(DATA_DIR) if args.validate is not None or args.summary else DatagenConfig.out_dir

@@ -703,11 +703,11 @@ def cli(argv: list[str] | None = None) -> int:
                          "suites (a learning curve), print the table and write <run>/curve.json")
     args = ap.parse_args(argv)
     # options another makes void (on the command line only: a config of samples=0 keeps a sample temperature
-    # to turn them on again with dataclasses.replace)
+    # to turn them on again with dataclasses.replace): one line, as a config check's
     if args.samples == 0 and args.sample_temperature is not None:
-        ap.error("--sample-temperature has no effect with --samples 0 (greedy only): give --samples K, or leave it out")
+        raise ValueError("--sample-temperature has no effect with --samples 0 (greedy only): give --samples K, or leave it out")
     if args.decoding == "greedy" and args.temperature != EvalConfig.temperature:
-        ap.error("--temperature has no effect with greedy decoding (the default --decoding): give --decoding sampled, or "
+        raise ValueError("--temperature has no effect with greedy decoding (the default --decoding): give --decoding sampled, or "
                  "leave it out (pass@1 samples take --sample-temperature)")
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
     device = resolve_device(args.device)

@@ -441,9 +441,9 @@ def cli(argv: list[str] | None = None) -> int:
     if args.resume is not None and (also := [flag for flag, given in (
             ("--profile", args.profile != "auto"), ("--out", args.out != RUNS_DIR), ("--only", args.only),
             ("-p", args.parameter)) if given]):
-        ap.error(f"--resume takes the run's own settings (its {RECORD}); drop {', '.join(also)}")
+        raise ValueError(f"--resume takes the run's own settings (its {RECORD}); drop {', '.join(also)}")
     if twice := sorted({name for i, (name, _) in enumerate(args.parameter) if name in dict(args.parameter[:i])}):
-        ap.error(f"-p {twice[0]} is given twice; give each parameter once")  # the last one won without a word
+        raise ValueError(f"-p {twice[0]} is given twice; give each parameter once")  # the last one won without a word
     extra = {name: parameter_value(name, value) for name, value in args.parameter}  # -p profile cpu: a bare string
     main = threading.current_thread() is threading.main_thread()  # a handler can be set there only
     previous = signal.signal(signal.SIGTERM, _terminate) if main else None  # SIGTERM stops a run as Ctrl-C does
