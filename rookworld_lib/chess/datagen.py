@@ -78,7 +78,7 @@ class DatagenConfig:
     illegal_rate: float = option(0.12, "per A: sample, chance of an extra illegal/unparseable move there", min=0, max=1)
     random_share: float = option(0.15, "share of random-move games", min=0, max=1)
     opening_share: float = option(0.3, "share of random-opening games (the rest are engine self-play)", min=0, max=1)
-    max_plies: int = option(300, "half-move cap per game", min=1, max=2000)
+    max_plies: int = option(300, "half-move cap per game (random-move games: 3x)", min=1, max=2000)
     mate_games: int = option(160, "extra held-out games (strong vs weak side) feeding only the mate-in-one set", min=0)
     test_games: int = option(0, "extra test-split games after the mate games (grow the test split; train/val unchanged)", min=0)
     work_dir: str | None = option(None, "resumable state (None: <out>/.datagen-work)", path=True)

@@ -92,7 +92,8 @@ class GRPOTrainConfig:
     vocab: str = option("auto", '"auto": sample and score over the task vocabulary a model marks (a vocab="task" SFT export: the same policy to float precision, several times faster; see task_vocab), else over all of GPT-2; "full": always all 50,257 tokens; "task": the marked vocabulary, or the trainer\'s task_vocab= (an opt-in for a model that marks none)', choices=("auto", "full", "task"))
     top_k: int = option(0, "sampler top-k (0 = off; GRPO scores the full distribution)", min=0)
     top_p: float = option(1.0, "sampler nucleus (1 = off)", min=0.0, max=1.0, min_open=True)
-    mu: int = option(1, "inner passes over each rollout batch (1 = strictly on-policy)", min=1)
+    mu: int = option(1, "inner passes over each rollout batch (1: one pass, in which only the first minibatch is on-policy; "
+                        "the later ones follow an update)", min=1)
     minibatch_size: int = option(16, "completions per optimizer step inside a pass", min=1)
     lr: float = option(1e-5, "peak learning rate", min=0.0, min_open=True)
     min_lr_ratio: float = option(0.1, "cosine floor as a fraction of lr, reached at the last step (a 1-step run "

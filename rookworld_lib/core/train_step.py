@@ -38,10 +38,10 @@ def batch_loss(model, x: torch.Tensor, y: torch.Tensor, impl: str = "fused") -> 
 class TrainStep:
     """One optimizer step of next-token training, its phases marked for `lab.perf.profile_phases`.
 
-    `step(x, y)` runs forward and backward on `grad_accum` micro-batches (losses scaled by 1/grad_accum:
-    the full batch's mean gradient), clips, steps, zeroes the gradients and returns the mean loss,
-    detached, without a device sync. A loop that decides between micro-batches (SFT: its data stream,
-    DDP's no_sync, the non-finite guard) calls the pieces: `accumulate`, `clip`, `update`.
+    Calling it, `ts(x, y)`, runs forward and backward on `grad_accum` micro-batches (losses scaled by
+    1/grad_accum: the full batch's mean gradient), clips, steps, zeroes the gradients and returns the
+    mean loss, detached, without a device sync. A loop that decides between micro-batches (SFT: its
+    data stream, DDP's no_sync, the non-finite guard) calls the pieces: `accumulate`, `clip`, `update`.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer, runtime: Runtime, *, grad_accum: int = 1,

@@ -53,7 +53,7 @@ FENS = (
 
 @config_class(frozen=True)
 class BenchConfig:
-    """Shapes and repetitions of the three comparisons."""
+    """Shapes and repetitions of the four comparisons."""
 
     model: str = option("cpu-small", "GPTConfig preset shared by every comparison", choices=tuple(PRESETS))
     # (a) training step
@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`rookworld bench`: run the three comparisons and print the speedups (or one JSON line)."""
+    """`rookworld bench`: run the four comparisons and print the speedups (or one JSON line)."""
     args = build_parser().parse_args(argv)
     if args.threads is not None and not 0 <= args.threads <= 256:
         raise ValueError(f"--threads must be from 0 to 256 (torch CPU threads; 0 leaves them to torch), got {args.threads}")

@@ -1,11 +1,11 @@
 """The `rookworld` command: one subcommand per stage of the workflow.
 
-Each subcommand is `cli(argv) -> int` in the module that does the work, imported only when it runs
-(so `rookworld --help` stays fast). `main` turns an error a user can cause (`user_error_message`)
-into one line, `rookworld <command>: error: <what is wrong, and where>`, and exit status 1 (130
-for Ctrl-C); any other error is a bug and keeps its traceback, as every error does with
-ROOKWORLD_TRACEBACK=1. Under `--nproc N` a worker hands its line to the launcher
-(`distributed.torchrun`), which prints each distinct line once.
+Each subcommand is a function `(argv) -> int` (`cli`, or the one SUBCOMMANDS names after `:`) in the
+module that does the work, imported only when it runs (so `rookworld --help` stays fast). `main` turns
+an error a user can cause (`user_error_message`) into one line, `rookworld <command>: error: <what is
+wrong, and where>`, and exit status 1 (130 for Ctrl-C); any other error is a bug and keeps its
+traceback, as every error does with ROOKWORLD_TRACEBACK=1. Under `--nproc N` a worker hands its line
+to the launcher (`distributed.torchrun`), which prints each distinct line once.
 """
 
 from __future__ import annotations
