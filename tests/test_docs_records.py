@@ -243,19 +243,22 @@ def test_inline_interval_equals_its_record(text, name, metric):
 # record) and head to head with the shipped recipe of its seed (`compare_models.py`, kept in the record's
 # `head_to_head`; a change shown in bold is one the comparison resolved).
 SINGLE = table("| change (one, to the shipped recipe) | GRPO seed")
-SINGLE_RUNS = {"none (the shipped recipe)": "cpu_intel_bd3618d_g", "`dynamic_sampling` on": "dynamic_sampling_cpu_intel_g",
-               "no KL term (`beta` 0)": "no_kl_cpu_intel_g", "T 0.6 (0.3)": "temperature06_cpu_intel_g"}
+SINGLE_RUNS = {  # the row's label -> its runs' name without the seed, and the change they record
+    "none (the shipped recipe)": ("cpu_intel_bd3618d_g", {}),
+    "`dynamic_sampling` on": ("dynamic_sampling_cpu_intel_g", {"dynamic_sampling": True}),
+    "no KL term (`beta` 0)": ("no_kl_cpu_intel_g", {"loss": {"beta": 0.0}}),
+    "T 0.6 (0.3)": ("temperature06_cpu_intel_g", {"temperature": 0.6}),
+}
 SINGLE_COLUMNS = ("policy/legal_best_move", "env/valid", "pass@1/policy/legal_best_move", "pass@1/env/valid")
 
 
 @pytest.mark.parametrize("lineno,cells", SINGLE, ids=[f"{c[0][:12]}-{c[1]}" for _, c in SINGLE])
 def test_single_change_table_row_equals_its_record(lineno, cells):
-    record = BY_NAME[SINGLE_RUNS[cells[0]] + cells[1]]
+    name, change = SINGLE_RUNS[cells[0]]
+    record = BY_NAME[name + cells[1]]
     what = f"{cells[0]} seed {cells[1]} (docs/grpo.md:{lineno})"
     assert record["seed"] == int(cells[1]) and int(cells[2].split()[0]) == record["grpo_s"], what
-    assert record["set"] == ({} if record["name"].startswith("cpu_intel") else
-                             {"dynamic_sampling": True} if "dynamic" in cells[0] else
-                             {"loss": {"beta": 0.0}} if "KL" in cells[0] else {"temperature": 0.6}), what
+    assert record["set"] == change, what
     for cell, metric in zip(cells[3:7], SINGLE_COLUMNS):
         assert_cell(cell, record, metric, f"{what} {metric}")
     head = record.get("head_to_head")
@@ -265,5 +268,5 @@ def test_single_change_table_row_equals_its_record(lineno, cells):
 
 
 def test_every_single_change_run_of_the_jsonl_is_in_its_table():
-    shown = {SINGLE_RUNS[cells[0]] + cells[1] for _, cells in SINGLE}
+    shown = {SINGLE_RUNS[cells[0]][0] + cells[1] for _, cells in SINGLE}
     assert {n for n in BY_NAME if n.startswith(("dynamic_sampling_", "no_kl_", "temperature06_"))} <= shown

@@ -964,7 +964,7 @@ def cli(argv: list[str] | None = None) -> int:
             unused.insert(0, "--summary")
         if unused:
             raise ValueError(f"{mode} reads the data files in --out and generates nothing: {', '.join(unused)} "
-                         "would be ignored; leave them out")
+                             "would be ignored; leave them out")
     if args.out_dir is None:  # reading defaults to the shipped set; writing never goes there by default
         args.out_dir = str(DATA_DIR) if args.validate is not None or args.summary else DatagenConfig.out_dir
     if args.validate is not None:

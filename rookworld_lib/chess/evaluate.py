@@ -707,8 +707,8 @@ def cli(argv: list[str] | None = None) -> int:
     if args.samples == 0 and args.sample_temperature is not None:
         raise ValueError("--sample-temperature has no effect with --samples 0 (greedy only): give --samples K, or leave it out")
     if args.decoding == "greedy" and args.temperature != EvalConfig.temperature:
-        raise ValueError("--temperature has no effect with greedy decoding (the default --decoding): give --decoding sampled, or "
-                 "leave it out (pass@1 samples take --sample-temperature)")
+        raise ValueError("--temperature has no effect with greedy decoding (the default --decoding): give --decoding "
+                         "sampled, or leave it out (pass@1 samples take --sample-temperature)")
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
     device = resolve_device(args.device)
     if args.every_checkpoint:
