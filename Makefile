@@ -84,7 +84,7 @@ run: setup
 
 # The learning-curve figures of docs/learning_curve.md, redrawn from docs/learning_curve.json.
 docs-figures: setup
-	$(PY) -c 'import json, shutil, tempfile; from rookworld_lib.core.paths import DOCS_DIR; \
+	$(PY) -c 'import json, shutil, tempfile; from rookworld_lib.lab.places import DOCS_DIR; \
 	from rookworld_lib.lab.plots import learning_curve_figure, save_figure; \
 	c = {k: v["rows"] for k, v in json.loads((DOCS_DIR / "learning_curve.json").read_text()).items()}; d = tempfile.mkdtemp(); \
 	[shutil.copy(save_figure(learning_curve_figure(c, x=x), f"learning_curve_{x}", d).with_suffix(".png"), DOCS_DIR) \

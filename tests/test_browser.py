@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 
 from rookworld_lib.chess import data
-from rookworld_lib.core.paths import NOTEBOOKS_DIR, REPO_ROOT
+from rookworld_lib.core.paths import REPO_ROOT
+from rookworld_lib.lab.places import NOTEBOOKS_DIR
 from rookworld_lib.lab import explore
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH") or shutil.which("chromium") or "/usr/bin/chromium"

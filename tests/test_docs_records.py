@@ -18,7 +18,7 @@ import re
 
 import pytest
 
-from rookworld_lib.core.paths import DOCS_DIR
+from rookworld_lib.lab.places import DOCS_DIR
 
 DOC = (DOCS_DIR / "grpo.md").read_text()
 DOC_LINES = DOC.splitlines()

@@ -286,7 +286,7 @@ def test_notebook_05_run_again_into_its_folder_resumes_and_its_curves_hold_every
     the steps of the last call only, so a finished run run again saved empty curves over the good ones."""
     import papermill as pm
 
-    from rookworld_lib.core.paths import NOTEBOOKS_DIR
+    from rookworld_lib.lab.places import NOTEBOOKS_DIR
     from rookworld_lib.lab.plots import PNG_ENV
 
     monkeypatch.setenv(PNG_ENV, "0")

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from rookworld_lib.core.paths import DOCS_DIR
+from rookworld_lib.lab.places import DOCS_DIR
 from rookworld_lib.lab import explore, plots, tuning
 from rookworld_lib.lab.tuning import MatrixResult, TuneConfig
 

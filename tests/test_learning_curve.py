@@ -14,7 +14,8 @@ from rookworld_lib.chess import data, evaluate
 from rookworld_lib.chess.training import RecordReader
 from rookworld_lib.core.checkpoint import export_hf, list_checkpoints, model_from_checkpoint
 from rookworld_lib.core.model import GPT
-from rookworld_lib.core.paths import DATA_DIR, DOCS_DIR, NOTEBOOKS_DIR, read_jsonl
+from rookworld_lib.core.paths import DATA_DIR, read_jsonl
+from rookworld_lib.lab.places import DOCS_DIR, NOTEBOOKS_DIR
 from rookworld_lib.lab.plots import learning_curve_figure
 from rookworld_lib.core.train_sft import train_sft
 from rookworld_lib.core.paths import run_lock

@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from rookworld_lib.core.paths import DOCS_DIR
+from rookworld_lib.lab.places import DOCS_DIR
 
 STRICT = ("policy/valid", "policy/legal_best_move", "policy/best_move_accuracy", "env/valid", "env/next_fen_exact")
 # header cell (bold and backticks removed, lower case) -> the row's field; the pages use two wordings

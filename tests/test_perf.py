@@ -226,7 +226,7 @@ def test_the_recorded_commit_says_when_the_code_differs_from_it(tmp_path, monkey
     describe writes it, for changed tracked files (an untracked file changes no code that ran)."""
     import subprocess
 
-    from rookworld_lib.core import paths
+    from rookworld_lib.lab import places
 
     def git(*args):
         return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
@@ -236,14 +236,14 @@ def test_the_recorded_commit_says_when_the_code_differs_from_it(tmp_path, monkey
     (tmp_path / "code.py").write_text("x = 1\n")
     git("add", "code.py")
     git("commit", "-qm", "one")
-    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(places, "REPO_ROOT", tmp_path)
     head = git("rev-parse", "--short", "HEAD")
     (tmp_path / "notes.txt").write_text("untracked")
-    assert paths.git_commit() == head == perf.environment_info("cpu")["git_commit"]
+    assert places.git_commit() == head == perf.environment_info("cpu")["git_commit"]
     (tmp_path / "code.py").write_text("x = 2\n")
-    assert paths.git_commit() == f"{head}-dirty" == perf.environment_info("cpu")["git_commit"]
-    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path / "not-a-checkout")
-    assert paths.git_commit() is None
+    assert places.git_commit() == f"{head}-dirty" == perf.environment_info("cpu")["git_commit"]
+    monkeypatch.setattr(places, "REPO_ROOT", tmp_path / "not-a-checkout")
+    assert places.git_commit() is None
 
 
 def test_environment_info_is_json():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rookworld_lib.lab import pipeline
-from rookworld_lib.core.paths import NOTEBOOKS_DIR
+from rookworld_lib.lab.places import NOTEBOOKS_DIR
 
 
 def write_notebook(path, parameters: str, *bodies: str):

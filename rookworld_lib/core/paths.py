@@ -15,7 +15,6 @@ import gzip
 import json
 import logging
 import os
-import subprocess
 import tempfile
 import threading
 import time
@@ -30,30 +29,15 @@ _UMASK = os.umask(0o022)  # read once (os.umask can only be read by setting it) 
 os.umask(_UMASK)
 
 
-def _dir(env_var: str, default: Path) -> Path:
+def env_dir(env_var: str, default: Path) -> Path:
+    """A directory that an environment variable can move (resolved), else `default`."""
     value = os.environ.get(env_var)
     return Path(value).expanduser().resolve() if value else default
 
 
-DATA_DIR = _dir("ROOKWORLD_DATA_DIR", REPO_ROOT / "data")
-FIGURES_DIR = _dir("ROOKWORLD_FIGURES_DIR", REPO_ROOT / "figures")
-RUNS_DIR = _dir("ROOKWORLD_RUNS_DIR", REPO_ROOT / "runs")
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-DOCS_DIR = REPO_ROOT / "docs"
+DATA_DIR = env_dir("ROOKWORLD_DATA_DIR", REPO_ROOT / "data")
+RUNS_DIR = env_dir("ROOKWORLD_RUNS_DIR", REPO_ROOT / "runs")  # the trainers' default out_dir is in it
 TMP_PREFIX = ".tmp-"  # temporary files of atomic writes; a torn one is left only by a kill
-
-
-def git_commit() -> str | None:
-    """The short commit of the checkout holding this package, "-dirty" after it where tracked files
-    differ from it (as `git describe --dirty` writes it: the numbers came from code no commit holds);
-    None outside git."""
-    def git(*args, check=True):
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5, check=check)
-
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
-        return commit + "-dirty" * (git("diff", "--no-ext-diff", "--quiet", "HEAD", check=False).returncode == 1) or None
-    return None
 
 
 _FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}  # errors only a write can cause

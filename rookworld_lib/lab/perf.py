@@ -31,8 +31,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ..core.model import FLOP_KINDS, GPTConfig, flops_breakdown, flops_per_token  # noqa: F401  (public here too)
 from ..core.train_step import PHASE_PREFIX, phase  # noqa: F401  (public here too)
-from ..core.paths import git_commit
 from ..core.train_utils import Runtime, resolve_device
+from .places import git_commit
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 

@@ -47,10 +47,11 @@ from traitlets import Unicode
 from traitlets.config import Config
 
 from ..core.config import json_or_text, path_arg
-from ..core.paths import NOTEBOOKS_DIR, RUNS_DIR, atomic_write, git_commit, run_lock
+from ..core.paths import RUNS_DIR, atomic_write, run_lock
 from ..core.progress import PROGRESS_ENV
 from . import explore, workflow
 from .parameters import ParameterError
+from .places import NOTEBOOKS_DIR, git_commit
 from .plots import PNG_ENV, render_pngs, report_figure_lines
 
 # Parameter overrides per profile; a notebook receives only those its `parameters` cell declares.

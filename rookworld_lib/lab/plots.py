@@ -32,8 +32,8 @@ from plotly.subplots import make_subplots
 
 from ..chess.evaluate import STRICT_METRICS
 from ..core.config import is_int
-from ..core.paths import FIGURES_DIR
 from ..core.progress import widget_frontend
+from .places import FIGURES_DIR
 
 log = logging.getLogger(__name__)
 
