@@ -242,11 +242,11 @@ def test_inline_interval_equals_its_record(text, name, metric):
         assert_shown(shown, *points(BY_NAME[name], metric, field), f"{text!r} ({name}) {field}")
 
 
-# Section 3's single changes under three GRPO seeds (three tables: dynamic sampling, no KL term and T 0.6;
-# the learning rate; a reward weighting): each row against the SFT model (the run's own
+# Section 3's single changes under three GRPO seeds (four tables: dynamic sampling, no KL term and T 0.6;
+# the learning rate; a reward weighting; groups of 8): each row against the SFT model (the run's own
 # record) and head to head with the shipped recipe of its seed (`compare_models.py`, kept in the record's
 # `head_to_head`; a change shown in bold is one the comparison resolved).
-SINGLE = table("| change (one, to the shipped recipe) | GRPO seed", every=True)  # three tables
+SINGLE = table("| change (one, to the shipped recipe) | GRPO seed", every=True)  # four tables
 SINGLE_RUNS = {  # the row's label -> its runs' name without the seed, and the change they record
     "none (the shipped recipe)": ("cpu_intel_bd3618d_g", {}),
     "`dynamic_sampling` on": ("dynamic_sampling_cpu_intel_g", {"dynamic_sampling": True}),
@@ -256,6 +256,7 @@ SINGLE_RUNS = {  # the row's label -> its runs' name without the seed, and the c
     "lr 2.5e-5 (5e-5)": ("lr2.5e-5_cpu_intel_g", {"lr": 2.5e-5}),
     "`best_legal` 0.35, `moves_distinct` 0.1 (0.2, 0.25)": ("bestlegal_cpu_intel_g",
                                                             {"gw": {"best_legal": 0.35, "moves_distinct": 0.1}}),
+    "group 8 x 8 prompts (4 x 16)": ("group8_cpu_intel_g", {"group_size": 8, "prompts_per_step": 8}),
 }
 SINGLE_COLUMNS = ("policy/legal_best_move", "env/valid", "pass@1/policy/legal_best_move", "pass@1/env/valid")
 
@@ -277,4 +278,4 @@ def test_single_change_table_row_equals_its_record(lineno, cells):
 
 def test_every_single_change_run_of_the_jsonl_is_in_its_table():
     shown = {SINGLE_RUNS[cells[0]][0] + cells[1] for _, cells in SINGLE}
-    assert {n for n in BY_NAME if n.startswith(("dynamic_sampling_", "no_kl_", "temperature06_", "lr1e-4_cpu", "lr2.5e-5_cpu", "bestlegal_cpu"))} <= shown
+    assert {n for n in BY_NAME if n.startswith(("dynamic_sampling_", "no_kl_", "temperature06_", "lr1e-4_cpu", "lr2.5e-5_cpu", "bestlegal_cpu", "group8_cpu"))} <= shown
