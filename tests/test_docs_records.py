@@ -1,6 +1,6 @@
 """docs/grpo.md's recorded figures equal the raw records they cite (docs/grpo_ablation.jsonl), so the docs
-cannot drift from the records: section 3's table (rows 1-23), the GRPO-seed table, the SFT-seed table, and the
-section-3/4 inline intervals of named runs.
+cannot drift from the records: section 3's table (rows 1-23), the GRPO-seed table, the SFT-seed table, the
+single-change tables and their seed-level view, and the section-3/4 inline intervals of named runs.
 
 The jsonl holds two formats (docs/grpo.md section 3, "Raw results"): its first 13 lines give each metric as
 [before, after, change, low, high] already in points, to 0.1; the later ones (benchmarks/grpo_ablation.py) give
@@ -242,11 +242,11 @@ def test_inline_interval_equals_its_record(text, name, metric):
         assert_shown(shown, *points(BY_NAME[name], metric, field), f"{text!r} ({name}) {field}")
 
 
-# Section 3's single changes under three GRPO seeds (four tables: dynamic sampling, no KL term and T 0.6;
-# the learning rate; a reward weighting; groups of 8): each row against the SFT model (the run's own
+# Section 3's single changes under three GRPO seeds or more (seven tables: dynamic sampling, no KL term and T 0.6;
+# the learning rate; a reward weighting; groups of 8; GDPO; the P: share; 300 steps): each row against the SFT model (the run's own
 # record) and head to head with the shipped recipe of its seed (`compare_models.py`, kept in the record's
 # `head_to_head`; a change shown in bold is one the comparison resolved).
-SINGLE = table("| change (one, to the shipped recipe) | GRPO seed")  # the four tables
+SINGLE = table("| change (one, to the shipped recipe) | GRPO seed |")  # the seven tables
 SINGLE_RUNS = {  # the row's label -> its runs' name without the seed, and the change they record
     "none (the shipped recipe)": ("cpu_intel_bd3618d_g", {}),
     "`dynamic_sampling` on": ("dynamic_sampling_cpu_intel_g", {"dynamic_sampling": True}),
@@ -257,6 +257,11 @@ SINGLE_RUNS = {  # the row's label -> its runs' name without the seed, and the c
     "`best_legal` 0.35, `moves_distinct` 0.1 (0.2, 0.25)": ("bestlegal_cpu_intel_g",
                                                             {"gw": {"best_legal": 0.35, "moves_distinct": 0.1}}),
     "group 8 x 8 prompts (4 x 16)": ("group8_cpu_intel_g", {"group_size": 8, "prompts_per_step": 8}),
+    "GDPO (`multi_objective_aggregation` normalize_then_sum)": ("gdpo_cpu_intel_g",
+                                                                {"multi_objective_aggregation": "normalize_then_sum"}),
+    "3 in 4 prompts `P:` (`task_weights` 0.75 / 0.25; 0.5 / 0.5)": ("pf075_cpu_intel_g",
+                                                                   {"task_weights": {"P": 0.75, "A": 0.25}}),
+    "300 steps (150)": ("steps300_cpu_intel_g", {"steps": 300}),
 }
 SINGLE_COLUMNS = ("policy/legal_best_move", "env/valid", "pass@1/policy/legal_best_move", "pass@1/env/valid")
 
@@ -279,3 +284,58 @@ def test_single_change_table_row_equals_its_record(lineno, cells):
 def test_every_single_change_run_of_the_jsonl_is_in_its_table():
     shown = {SINGLE_RUNS[cells[0]][0] + cells[1] for _, cells in SINGLE}
     assert {n for n in BY_NAME if n.startswith(tuple(prefix for prefix, _ in SINGLE_RUNS.values()))} <= shown
+
+
+# The single changes side by side (section 3, "seed-level view"): each row the mean of a change's
+# head-to-head changes (one per GRPO seed, as its records keep them) with a Student t 95% interval over the
+# seeds; then the seed-to-seed spread pooled over the changes.
+SEED_LEVEL = table("| single change | GRPO seeds | head to head, mean over the seeds:")
+
+
+def head_to_head_changes(prefix: str, metric: str) -> list[float]:
+    runs = sorted(n for n in BY_NAME if n.startswith(prefix) and n[len(prefix):].isdigit())
+    return [float(CELL.match(BY_NAME[n]["head_to_head"]["change"][metric]).group(1)) for n in runs]
+
+
+def seed_level(values: list[float]) -> tuple[float, float, float]:
+    from scipy import stats
+
+    mean, n = sum(values) / len(values), len(values)
+    half = stats.t.ppf(0.975, n - 1) * (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def pooled_sd(metric: str) -> tuple[float, int]:
+    """The seed-to-seed standard deviation of a head-to-head change, pooled over the changes, and its degrees of freedom."""
+    groups = [head_to_head_changes(prefix, metric) for prefix, _ in SINGLE_RUNS.values() if prefix != "cpu_intel_bd3618d_g"]
+    ss = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups)
+    df = sum(len(g) - 1 for g in groups)
+    return (ss / df) ** 0.5, df
+
+
+@pytest.mark.parametrize("lineno,cells", SEED_LEVEL, ids=[c[0][:16] for _, c in SEED_LEVEL])
+def test_seed_level_row_is_the_mean_of_its_head_to_head_changes(lineno, cells):
+    prefix = SINGLE_RUNS[cells[0]][0]
+    assert int(cells[1]) == len(head_to_head_changes(prefix, SINGLE_COLUMNS[0])) >= 3, f"{cells[0]}: seeds"
+    for cell, metric in zip(cells[2:], SINGLE_COLUMNS):
+        m = CELL.search(cell.replace("**", ""))
+        for shown, value, field in zip(m.groups(), seed_level(head_to_head_changes(prefix, metric)), ("mean", "low", "high")):
+            assert_shown(shown, value, False, f"{cells[0]} {metric} {field} (docs/grpo.md:{lineno})")
+    assert len(cells) == 2 + len(SINGLE_COLUMNS)
+
+
+def test_seed_level_table_holds_every_single_change():
+    assert sorted(c[0] for _, c in SEED_LEVEL) == sorted(k for k, (p, _) in SINGLE_RUNS.items() if p != "cpu_intel_bd3618d_g")
+
+
+def test_the_pooled_seed_spread_and_what_it_resolves_are_the_records():
+    from scipy import stats
+
+    (legal, df), (valid, _) = pooled_sd("policy/legal_best_move"), pooled_sd("env/valid")
+    half = [stats.t.ppf(0.975, 2) * sd / 3 ** 0.5 for sd in (legal, valid)]
+    seeds = next(n for n in range(2, 1000) if stats.t.ppf(0.975, n - 1) * legal / n ** 0.5 <= 2.0)
+    said = (f"a standard deviation of {legal:.1f} points on greedy legal best moves and {valid:.1f} on valid `A:` "
+            f"answers ({df} degrees of freedom). At that spread three seeds per arm resolve only changes of about "
+            f"±{half[0]:.1f} and ±{half[1]:.1f} points, and a 2-point change in greedy legal best moves needs about "
+            f"{seeds} seeds per arm")
+    assert said in DOC_FLAT, f"docs/grpo.md's seed-level paragraph should say: {said}"
