@@ -487,7 +487,7 @@ def test_a_kernel_that_lingers_after_its_last_cell_costs_the_run_seconds_not_hal
     record = json.loads((run_dir / "run.json").read_text())
     assert [(n["notebook"], n["status"]) for n in record["notebooks"]] == [("00_linger.ipynb", "ok"), ("01_next.ipynb", "ok")]
     assert took < 20, f"the run took {took:.1f} s: a lingering kernel was waited for {pipeline.KERNEL_STOP_WAIT_S / 2:.0f} s"
-    assert pipeline.IDLE_STOP_WAIT_S < 10 < pipeline.KERNEL_STOP_WAIT_S
+    assert pipeline.NotebookKernelManager.shutdown_wait_time.default_value < 10 < pipeline.KERNEL_STOP_WAIT_S
 
 
 def test_the_command_accepts_every_profile_notebook_05_knows(capsys):

@@ -151,11 +151,11 @@ class NotebookKernelManager(AsyncKernelManager):
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False):
         # A kernel stopped inside a cell (Ctrl-C, SIGTERM) gets KERNEL_STOP_WAIT_S to end its step and save;
-        # one whose cells all ran has nothing to finish. ipykernel 7 can hang on the way out (its control
-        # thread flushes stdout on an IOPub thread that is already stopped: 10 s a flush, three flushes);
-        # the short wait ends that hang in 2.5 s instead of 30 s (SIGTERM at half the wait).
-        idle = self.cell_running is not None and not self.cell_running.is_set()
-        self.shutdown_wait_time = IDLE_STOP_WAIT_S if idle else KERNEL_STOP_WAIT_S
+        # one whose cells all ran has nothing to finish and keeps jupyter's 5 s. ipykernel 7 can hang on the
+        # way out (its control thread flushes stdout on an IOPub thread already stopped: 10 s a flush, three
+        # flushes); the short wait ends that hang in 2.5 s instead of 30 s (SIGTERM at half the wait).
+        if self.cell_running is None or self.cell_running.is_set():
+            self.shutdown_wait_time = KERNEL_STOP_WAIT_S
         await super().shutdown_kernel(now=now, restart=restart)
 
     async def start_kernel(self, **kw):
@@ -212,9 +212,9 @@ def execute(nb: Path, out: Path, params: dict, run_dir: Path) -> None:
 # notebook's error, or "interrupted" when Ctrl-C or SIGTERM stopped the kernel, which is no death to report)
 logging.getLogger("papermill").addFilter(lambda r: "Kernel died while waiting for execute reply" not in r.getMessage())
 
-# How long a kernel gets to end once asked to (SIGINT at once, SIGTERM after half, SIGKILL after all of it):
-KERNEL_STOP_WAIT_S = 60.0  # stopped inside a cell (Ctrl-C, SIGTERM): to end the step under way and save
-IDLE_STOP_WAIT_S = 5.0  # every cell ran: jupyter_client's own default
+# How long a kernel stopped inside a cell (Ctrl-C, SIGTERM) gets to end the step under way and save: SIGINT
+# at once, SIGTERM after half, SIGKILL after all of it (jupyter's default, which an idle kernel keeps: 5 s)
+KERNEL_STOP_WAIT_S = 60.0
 RECORD = "run.json"  # in the run folder: the run's plan (for --resume), settings and each notebook's status
 
 
