@@ -63,6 +63,68 @@ def test_live_curves_records_without_widgets():
     assert list(fig.data[0].y) == [0.1, 0.3] and list(fig.data[1].y) == [0.0]
 
 
+def test_a_live_plot_takes_points_in_batches_whose_cost_stays_a_small_share_of_the_run(monkeypatch):
+    """Each step's update resent every point of the trace (plotly's restyle has no "extend") and the
+    browser redrew: 3,000 live SFT steps cost the training kernel 37 s, 6,000 cost 134 s. Now the first
+    record shows at once and later ones in batches, each LIVE_REDRAW_S or more apart, and an update that
+    takes time waits LIVE_COST_SHARE's multiple of it; no point is lost or reordered."""
+    import contextlib
+
+    class Clock:  # the time plots reads; an update (batch_update) costs `cost` seconds of it
+        now, cost = 0.0, 0.0
+
+        def monotonic(self):
+            return self.now
+
+    clock, updates = Clock(), []
+    monkeypatch.setattr(plots, "time", clock)
+    monkeypatch.setattr(plots, "widget_frontend", lambda: True)
+    monkeypatch.setattr(plots, "display", lambda *a, **k: None)
+    live = plots.LiveCurves(["loss", "eval/loss"], "SFT")
+    batch_update = live.widget.batch_update
+
+    @contextlib.contextmanager
+    def counted():
+        with batch_update():
+            yield
+        updates.append(clock.now)
+        clock.now += clock.cost
+    live.widget.batch_update = counted
+
+    def shown(name):
+        trace = next(t for t in live.widget.data if t.name == name)
+        return list(zip(trace.x, trace.y))
+
+    live({"step": 1, "loss": 3.0, "eval/loss": 3.5})
+    assert shown("loss") == [(1, 3.0)] and shown("eval/loss") == [(1, 3.5)]  # the first record at once
+    for step in (2, 3):  # within LIVE_REDRAW_S: held
+        clock.now += 0.1
+        live({"step": step, "loss": 3.0 - step / 10})
+    assert shown("loss") == [(1, 3.0)] and len(updates) == 1
+    clock.now = plots.LIVE_REDRAW_S
+    live({"step": 4, "loss": 2.5, "eval/loss": 2.9})  # the next batch brings every held point, in order
+    assert shown("loss") == [(1, 3.0), (2, 2.8), (3, 2.7), (4, 2.5)] and shown("eval/loss") == [(1, 3.5), (4, 2.9)]
+
+    # 3,000 steps of 10 ms: about one update per LIVE_REDRAW_S, not one per step
+    start, n = clock.now, len(updates)
+    for step in range(5, 3005):
+        clock.now += 0.01
+        live({"step": step, "loss": 1.0 / step})
+    assert len(updates) - n <= (clock.now - start) / plots.LIVE_REDRAW_S + 1
+    # an update that takes 0.1 s is followed by none for 0.1 / LIVE_COST_SHARE seconds
+    clock.cost, n = 0.1, len(updates)
+    for step in range(3005, 4005):
+        clock.now += 0.01
+        live({"step": step, "loss": 1.0 / step})
+    gaps = [b - a for a, b in zip(updates[n:], updates[n + 1:])]
+    assert gaps and min(gaps) >= 0.1 / plots.LIVE_COST_SHARE
+    steps_shown = [x for x, _ in shown("loss")]
+    # nothing lost or doubled; held back at most the steps of one wait
+    assert steps_shown == list(range(1, len(steps_shown) + 1))
+    assert steps_shown[-1] >= 4004 - (0.1 / plots.LIVE_COST_SHARE + 0.1) / 0.01 - 1
+    assert [r["step"] for r in live.history] == list(range(1, 4005))  # the static copy (finish) holds every step
+
+
 def test_a_long_curve_is_a_line_and_a_short_one_keeps_its_markers():
     """3,000 SFT steps drawn with markers made a thick band; the few val-loss points keep theirs."""
     from rookworld_lib.lab.plots import MARKERS_UP_TO, LiveCurves
@@ -74,8 +136,10 @@ def test_a_long_curve_is_a_line_and_a_short_one_keeps_its_markers():
     assert modes == {"loss": "lines", "eval/loss": "lines+markers"} and 6 <= MARKERS_UP_TO < 3000
 
 
-def test_live_curves_panels_and_the_widget_extend_by_name():
+def test_live_curves_panels_and_the_widget_extend_by_name(monkeypatch):
     # outside a kernel there is no widget; a FigureWidget built as in JupyterLab shows what the browser gets
+    monkeypatch.setattr(plots, "LIVE_REDRAW_S", 0.0)  # every record at once (batches: the test above)
+    monkeypatch.setattr(plots, "LIVE_COST_SHARE", float("inf"))
     live = plots.LiveCurves({"reward": ["reward", "rewards/P/mean"], "KL": ["kl"]}, "GRPO")
     assert live.widget is None
     live.widget = go.FigureWidget(live._figure([]))
@@ -359,7 +423,9 @@ def test_live_curves_keep_markers_up_to_markers_up_to_points():
         assert live.figure().data[0].mode == mode, n
 
 
-def test_the_live_widget_numbers_records_without_a_step_as_the_static_figure_does():
+def test_the_live_widget_numbers_records_without_a_step_as_the_static_figure_does(monkeypatch):
+    monkeypatch.setattr(plots, "LIVE_REDRAW_S", 0.0)  # every record at once
+    monkeypatch.setattr(plots, "LIVE_COST_SHARE", float("inf"))
     live = plots.LiveCurves(["reward"], "t", live=False)
     live.widget = go.FigureWidget(live._figure([]))
     live({"reward": 0.1})

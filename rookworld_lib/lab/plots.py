@@ -20,6 +20,7 @@ import re
 import shutil
 import statistics
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -233,12 +234,19 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
 
 
 MARKERS_UP_TO = 300  # a curve of more points is drawn as a line alone
+# A live plot's update resends every point of each trace it extends (plotly's restyle message has no
+# "extend"), and the browser redraws: once a step, 3,000 SFT steps cost the training kernel 37 s and
+# 6,000 cost 134 s (2-core AMD VM, 2026-12-02). So points are sent in batches: at most every
+# LIVE_REDRAW_S, and never more than LIVE_COST_SHARE of the time since the last update.
+LIVE_REDRAW_S = 0.25
+LIVE_COST_SHARE = 0.05
 
 
 class LiveCurves:
     """Training curves that grow with each step. In JupyterLab a plotly FigureWidget, extended by the
     training loop's `on_step` callback while the cell runs: each update is a widget message the
-    kernel sends on its iopub channel at once, so the browser redraws during the long cell. Where no
+    kernel sends on its iopub channel at once, so the browser redraws during the long cell (the
+    first record at once, then batches LIVE_REDRAW_S or more apart). Where no
     widget frontend watches (papermill, nbval, plain Python) it only records; `figure()` is the
     static copy every run keeps. `finish()` saves that copy and puts it in the widget's place, so the
     notebook shows each curve once, and a saved notebook reopened shows the figure, not a widget
@@ -255,6 +263,8 @@ class LiveCurves:
             raise ValueError("LiveCurves: give a list of metric keys or a dict {panel title: keys}, got {}")
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
         self.title, self.history, self.widget, self._handle = title, [], None, None
+        self._unsent: list[tuple[int, dict]] = []  # (step, record) not yet in the live plot
+        self._next_update = 0.0  # time.monotonic() from which the live plot takes the next batch
         if live and widget_frontend():
             self.widget = go.FigureWidget(self._figure([]))
             self._handle = display(self.widget, display_id=True)
@@ -279,14 +289,21 @@ class LiveCurves:
         return fig.update_layout(title=self.title, height=200 + 220 * len(titles))
 
     def __call__(self, record: dict) -> None:
-        """Record one metrics record; extend the live plot, if there is one."""
+        """Record one metrics record; extend the live plot, if there is one (the first record at
+        once, later ones in batches: LIVE_REDRAW_S)."""
         self.history.append(record)
-        if self.widget is not None:
-            step = record.get("step", len(self.history))
+        if self.widget is None:
+            return
+        self._unsent.append((record.get("step", len(self.history)), record))
+        if time.monotonic() >= self._next_update:
+            start = time.monotonic()
             with self.widget.batch_update():
                 for trace in self.widget.data:
-                    if record.get(trace.name) is not None:
-                        trace.x, trace.y = (*trace.x, step), (*trace.y, record[trace.name])
+                    if pts := [(step, r[trace.name]) for step, r in self._unsent if r.get(trace.name) is not None]:
+                        trace.x, trace.y = (*trace.x, *(p[0] for p in pts)), (*trace.y, *(p[1] for p in pts))
+            self._unsent = []
+            now = time.monotonic()
+            self._next_update = now + max(LIVE_REDRAW_S, (now - start) / LIVE_COST_SHARE)
 
     def figure(self) -> go.Figure:
         """The static figure of everything recorded."""
