@@ -307,29 +307,44 @@ class UtilizationSampler:
         self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="UtilizationSampler", daemon=True)
+        self._last = None  # (perf_counter, process_time, host CPU times) of the last reading
+        self._gpu = dict  # the GPU metrics reader (_run makes it where there is a GPU)
 
-    def _run(self):
-        gpu = _gpu_sampler(0) if torch.cuda.is_available() else dict
+    def _read(self) -> tuple:
         # time.process_time: this process's CPU time in nanoseconds (CLOCK_PROCESS_CPUTIME_ID); os.times() counts
         # 10 ms ticks, which over a short interval read two busy cores as up to 220%
-        last_t, last_cpu, last_host = time.perf_counter(), time.process_time(), _host_cpu_times()
+        return time.perf_counter(), time.process_time(), _host_cpu_times()
+
+    def _sample(self) -> None:
+        (last_t, last_cpu, last_host), (now, cpu, host) = self._last, self._read()
+        s = {"t": now, "process_cpu_pct": 100.0 * (cpu - last_cpu) / max(now - last_t, 1e-9)}
+        if host and last_host and host[1] > last_host[1]:
+            s["host_cpu_pct"] = 100.0 * (host[0] - last_host[0]) / (host[1] - last_host[1])
+        with contextlib.suppress(Exception):  # a GPU metric that cannot be read is left out, not fatal
+            s.update(self._gpu())
+        self.samples.append(s)
+        self._last = (now, cpu, host)
+
+    def _run(self):
+        if torch.cuda.is_available():
+            self._gpu = _gpu_sampler(0)
+        if self._last is None:
+            self._last = self._read()
         while not self._stop.wait(self.interval_s):
-            now, cpu, host = time.perf_counter(), time.process_time(), _host_cpu_times()
-            s = {"t": now, "process_cpu_pct": 100.0 * (cpu - last_cpu) / max(now - last_t, 1e-9)}
-            if host and last_host and host[1] > last_host[1]:
-                s["host_cpu_pct"] = 100.0 * (host[0] - last_host[0]) / (host[1] - last_host[1])
-            with contextlib.suppress(Exception):  # a GPU metric that cannot be read is left out, not fatal
-                s.update(gpu())
-            self.samples.append(s)
-            last_t, last_cpu, last_host = now, cpu, host
+            self._sample()
 
     def __enter__(self):
+        self._last = self._read()  # the block's start, whenever the thread gets a core
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=10)
+        # the interval the block ended in, where it is half an interval or more: a block shorter than an
+        # interval, or one whose thread never got a core on a loaded machine, had no sample at all
+        if not self._thread.is_alive() and (not self.samples or time.perf_counter() - self._last[0] >= self.interval_s / 2):
+            self._sample()
 
     def summary(self) -> dict:
         """{"n_samples", "interval_s", and per metric {"mean", "max"}} over the samples taken."""
