@@ -487,6 +487,7 @@ def test_the_sampler_gives_each_intervals_cpu_shares_and_a_summary_of_mean_and_m
     monkeypatch.setattr(perf, "time", types.SimpleNamespace(perf_counter=lambda: next(walls), process_time=lambda: next(cpus)))
     monkeypatch.setattr(perf, "_host_cpu_times", host)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    util._last = util._read()  # what __enter__ reads
     util._run()  # the thread's loop, run here
     assert [s["process_cpu_pct"] for s in util.samples] == [50.0, 150.0, 0.0]
     assert [s.get("host_cpu_pct") for s in util.samples] == [15.0, 50.0, None]

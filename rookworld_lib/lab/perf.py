@@ -328,8 +328,6 @@ class UtilizationSampler:
     def _run(self):
         if torch.cuda.is_available():
             self._gpu = _gpu_sampler(0)
-        if self._last is None:
-            self._last = self._read()
         while not self._stop.wait(self.interval_s):
             self._sample()
 

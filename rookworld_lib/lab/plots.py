@@ -235,9 +235,9 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
 
 MARKERS_UP_TO = 300  # a curve of more points is drawn as a line alone
 # A live plot's update resends every point of each trace it extends (plotly's restyle message has no
-# "extend"), and the browser redraws: once a step, 3,000 SFT steps cost the training kernel 37 s and
-# 6,000 cost 134 s (2-core AMD VM, 2026-12-02). So points are sent in batches: at most every
-# LIVE_REDRAW_S, and never more than LIVE_COST_SHARE of the time since the last update.
+# "extend"), and the browser redraws: once a step, 3,000 SFT steps cost the training kernel 41 s and
+# 6,000 cost 148 s (docs/perf.md). So points are sent in batches: at most every LIVE_REDRAW_S, and
+# never more than LIVE_COST_SHARE of the time since the last update.
 LIVE_REDRAW_S = 0.25
 LIVE_COST_SHARE = 0.05
 
@@ -263,7 +263,7 @@ class LiveCurves:
             raise ValueError("LiveCurves: give a list of metric keys or a dict {panel title: keys}, got {}")
         self.panels = dict(panels) if isinstance(panels, dict) else {"": list(panels)}
         self.title, self.history, self.widget, self._handle = title, [], None, None
-        self._unsent: list[tuple[int, dict]] = []  # (step, record) not yet in the live plot
+        self._shown = 0  # the records of history already in the live plot
         self._next_update = 0.0  # time.monotonic() from which the live plot takes the next batch
         if live and widget_frontend():
             self.widget = go.FigureWidget(self._figure([]))
@@ -294,14 +294,13 @@ class LiveCurves:
         self.history.append(record)
         if self.widget is None:
             return
-        self._unsent.append((record.get("step", len(self.history)), record))
         if time.monotonic() >= self._next_update:
-            start = time.monotonic()
+            start, unsent = time.monotonic(), list(enumerate(self.history[self._shown:], start=self._shown + 1))
             with self.widget.batch_update():
                 for trace in self.widget.data:
-                    if pts := [(step, r[trace.name]) for step, r in self._unsent if r.get(trace.name) is not None]:
+                    if pts := [(r.get("step", i), r[trace.name]) for i, r in unsent if r.get(trace.name) is not None]:
                         trace.x, trace.y = (*trace.x, *(p[0] for p in pts)), (*trace.y, *(p[1] for p in pts))
-            self._unsent = []
+            self._shown = len(self.history)
             now = time.monotonic()
             self._next_update = now + max(LIVE_REDRAW_S, (now - start) / LIVE_COST_SHARE)
 
