@@ -441,3 +441,56 @@ def test_analysis_depth_is_the_deepest_line():
     ]
     a = engine._to_analysis(board.fen(), board.turn, infos, "depth=12")
     assert a.depth == 12 and a.moves == ("e2e4", "d2d4", "g1f3")
+
+
+def test_threaded_yields_every_result_once_reading_items_at_most_two_per_thread_ahead():
+    read = []
+
+    def items():
+        for i in range(20):
+            read.append(i)
+            yield i
+
+    got = {}
+    for i, square in engine.threaded(lambda x: x * x, items(), 3, total=20):
+        assert len(read) <= len(got) + 1 + 2 * 3  # those yielded and this one, plus at most 2 x workers in flight
+        got[i] = square
+    assert got == {i: i * i for i in range(20)}
+
+
+def test_threaded_raises_a_calls_error_and_starts_no_queued_call():
+    started = []
+
+    def call(i):
+        started.append(i)
+        if i == 0:
+            raise ValueError("engine said no")
+        time.sleep(0.05)
+        return i
+
+    with pytest.raises(ValueError, match="engine said no"):
+        list(engine.threaded(call, range(50), 2))
+    time.sleep(0.3)  # the running calls end; nothing queued starts after the error
+    assert len(started) <= 1 + 2 * 2
+
+
+INTERRUPTED_WHILE_A_CALL_NEVER_ENDS = textwrap.dedent("""
+    import threading
+    from rookworld_lib.chess.engine import threaded
+    never = threading.Event()
+    try:
+        for i, _ in threaded(lambda i: i or never.wait(), range(6), 2):  # calls 1, 2, ... never return
+            raise KeyboardInterrupt  # Ctrl-C reaches the main thread while they run
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+@pytest.mark.fault
+def test_ctrl_c_in_threaded_exits_without_waiting_for_running_calls():
+    """A Ctrl-C that reached `rookworld datagen` inside concurrent.futures.wait once left a worker that
+    never ended, and the exit waited for it (a fresh clone's make test: no exit 60 s after SIGINT).
+    Whatever the running calls do, the interpreter exits at once."""
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_A_CALL_NEVER_ENDS], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert (proc.returncode, proc.stdout) == (0, "interrupted\n"), proc.stderr

@@ -30,7 +30,6 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor  # imported before our exit hook is registered: see there
 from dataclasses import dataclass
 
 import chess
@@ -254,27 +253,51 @@ def threaded(fn: Callable, items: Iterable, workers: int, progress: bool = False
              unit: str = "item", total: int | None = None) -> Iterator[tuple[int, object]]:
     """(index, fn(item)) as each call completes, on up to `workers` threads. `items` (`total` of them;
     len(items) by default) is read as calls complete, at most 2 x workers ahead: memory does not grow
-    with the count. An exception (or Ctrl-C) cancels the calls not yet started and propagates without
-    waiting for the running ones."""
+    with the count. An exception (or Ctrl-C) stops the calls not yet started and propagates without
+    waiting for the running ones, at exit too: the threads are daemons. (A ThreadPoolExecutor's are
+    joined at exit, and a Ctrl-C that lands inside concurrent.futures.wait can leave a future's lock
+    held, so that its worker never ends: `rookworld datagen` then hung after Ctrl-C.)"""
     total = len(items) if total is None else total  # type: ignore[arg-type]
     if not total:
         return
     todo = enumerate(items)
-    ex = ThreadPoolExecutor(max_workers=min(workers, total), thread_name_prefix="rookworld")
+    jobs: queue.SimpleQueue = queue.SimpleQueue()  # C queues: no Python lock that a Ctrl-C could leave held
+    done: queue.SimpleQueue = queue.SimpleQueue()
+
+    def work() -> None:
+        while (job := jobs.get()) is not None:
+            try:
+                done.put((job[0], True, fn(job[1])))
+            except BaseException as exc:  # the consumer raises it
+                done.put((job[0], False, exc))
+
+    threads = [threading.Thread(target=work, name=f"rookworld-{k}", daemon=True) for k in range(min(workers, total))]
+    running = 0
+    for job in itertools.islice(todo, 2 * workers):
+        jobs.put(job)
+        running += 1
+    for t in threads:
+        t.start()
     with tqdm(total=total, desc=desc, unit=unit, disable=not progress) as bar:
         try:
-            running = {ex.submit(fn, it): i for i, it in itertools.islice(todo, 2 * workers)}
             while running:
-                done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
-                for fut in done:
-                    i = running.pop(fut)
-                    running.update({ex.submit(fn, it): k for k, it in itertools.islice(todo, 1)})
-                    yield i, fut.result()
-                    bar.update(1)
-        except BaseException:
-            ex.shutdown(wait=False, cancel_futures=True)
-            raise
-        ex.shutdown()
+                i, ok, value = done.get()
+                running -= 1
+                if not ok:
+                    raise value
+                for job in itertools.islice(todo, 1):
+                    jobs.put(job)
+                    running += 1
+                yield i, value
+                bar.update(1)
+        finally:  # the threads end after their running call; queued calls are dropped
+            while True:
+                try:
+                    jobs.get_nowait()
+                except queue.Empty:
+                    break
+            for _ in threads:
+                jobs.put(None)
 
 
 def _kill_engine(eng: chess.engine.SimpleEngine, wait: float = 5.0) -> None:
@@ -320,10 +343,9 @@ def close_all_engines(*, exiting: bool = False) -> None:
         pool.close()
 
 
-# threading._register_atexit hooks run in threading._shutdown, before the non-daemon engine threads
-# are joined, in reverse order of registration: ThreadPoolExecutor's hook (registered when
-# concurrent.futures.thread was imported, above) joins its workers, and runs after ours, once
-# their engines are dead. Without the hook (another Python) atexit is the best we have.
+# threading._register_atexit hooks run in threading._shutdown, before the non-daemon threads are
+# joined: python-chess's engine threads end once our hook has killed their engines. Without the hook
+# (another Python) atexit is the best we have.
 try:
     threading._register_atexit(functools.partial(close_all_engines, exiting=True))  # type: ignore[attr-defined]
 except (AttributeError, RuntimeError):  # pragma: no cover
