@@ -291,11 +291,9 @@ def threaded(fn: Callable, items: Iterable, workers: int, progress: bool = False
                 yield i, value
                 bar.update(1)
         finally:  # the threads end after their running call; queued calls are dropped
-            while True:
-                try:
+            with contextlib.suppress(queue.Empty):
+                while True:
                     jobs.get_nowait()
-                except queue.Empty:
-                    break
             for _ in threads:
                 jobs.put(None)
 

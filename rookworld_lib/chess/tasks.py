@@ -177,7 +177,7 @@ def original_fen(fen: str) -> str:
 
 def fen_for_layout(fen: str, layout: str) -> str:
     """The FEN spelling a layout uses: as given for compact, :func:`original_fen` for original."""
-    _check_layout(layout)
+    check_layout(layout)
     return fen if layout == "compact" else original_fen(fen)
 
 
@@ -246,7 +246,7 @@ def format_eval(e: Eval, layout: str = "compact") -> str:
     if not isinstance(e, Eval):  # a text failed as "'str' object has no attribute 'mate'"
         raise ValueError(f"format_eval takes an Eval (parse_eval reads one from text), got {type(e).__name__} {e!r:.40}")
     if layout != "compact":
-        _check_layout(layout)
+        check_layout(layout)
         return str(e.to_cp() / 100)
     if e.mate is not None:
         return f"M{e.mate}" if e.mate > 0 else f"-M{-e.mate}"
@@ -329,7 +329,7 @@ def policy_prompt(fen: str, layout: str = "compact", *, fen_width: int = ORIGINA
     """``P: <FEN>`` (compact) or the fixed-width original prompt: the FEN padded to `fen_width`
     (90; 89 in some original files), minus the last space (it belongs to `` M:``). The FEN is
     written as given: the original P: sets hold both en-passant conventions."""
-    _check_layout(layout)
+    check_layout(layout)
     _require_fen(fen, "policy_prompt")
     if layout == "compact":
         return POLICY_PREFIX + fen
@@ -346,7 +346,7 @@ def policy_completion(moves: Sequence[str], evals: Sequence[Eval | str], best: s
     """`` M: ... E: ... B: <best>`` (no EOT). The original layout writes its own evals and shuffles
     the (move, eval) pairs with `shuffle_seed` (default: from the moves, so a sample always renders
     the same); ``shuffle=False`` keeps the given order (to write an original line back)."""
-    _check_layout(layout)
+    check_layout(layout)
     moves, evals = list(moves), [_as_eval(e) for e in evals]
     if not 1 <= len(moves) <= MAX_CANDIDATES:
         raise ValueError(f"policy_completion: need 1..{MAX_CANDIDATES} moves, got {len(moves)}")
@@ -379,7 +379,7 @@ def policy_text(fen: str, moves: Sequence[str], evals: Sequence[Eval | str], bes
             policy_completion(moves, evals, best, layout, shuffle_seed=shuffle_seed, shuffle=shuffle))
 
 
-def _check_layout(layout: str) -> None:
+def check_layout(layout: str) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 

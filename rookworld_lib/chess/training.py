@@ -119,8 +119,7 @@ def candidates_in_order(moves, evals, order: str) -> tuple[tuple, tuple]:
 
 def set_layout(model: GPT, layout: str) -> GPT:
     """Record `layout` in the model (its export's config.json carries it)."""
-    if layout not in tasks.LAYOUTS:
-        raise ValueError(f"layout must be one of {tasks.LAYOUTS}, got {layout!r}")
+    tasks.check_layout(layout)
     model.meta[LAYOUT_KEY] = layout
     return model
 
@@ -134,8 +133,7 @@ class RecordReader(TextReader):
     The export records the layout and a candidate order other than the layout's."""
 
     def __init__(self, layout: str = "compact", candidate_order: str = "layout"):
-        if layout not in tasks.LAYOUTS:
-            raise ValueError(f"layout must be one of {tasks.LAYOUTS}, got {layout!r}")
+        tasks.check_layout(layout)
         if candidate_order not in CANDIDATE_ORDERS:
             raise ValueError(f"candidate_order must be one of {CANDIDATE_ORDERS}, got {candidate_order!r}")
         self.layout, self.order, self.name, self.meta = layout, candidate_order, f"records-{layout}", {LAYOUT_KEY: layout}

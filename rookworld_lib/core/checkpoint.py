@@ -168,7 +168,6 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, *, keep_last: int
         raise err from exc
     log.info("saved checkpoint %s (%.1f MB, %.2fs)", path, size / 1e6, time.perf_counter() - t0)
     if keep_last > 0:  # the newest up to this one: a stray file named past it (step_99.pt) neither counts nor goes
-        step = int(_NAME.match(path.name).group(1))
         for old in [p for s, p in list_checkpoints(directory) if s <= step][:-keep_last]:
             _remove((old, _digest_path(old)))
     return path

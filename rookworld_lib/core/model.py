@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import config_class, option, validate
 from .lm_head_loss import linear_cross_entropy, linear_token_logprobs
-from .paths import TMP_PREFIX, atomic_path, atomic_write
+from .paths import TMP_PREFIX, atomic_path, atomic_write, naming
 from .tokenizer import EOT_TOKEN, write_hf_tokenizer
 
 ATTN_IMPLS = ("sdpa", "math")
@@ -405,12 +405,8 @@ class GPT(nn.Module):
         text = json.dumps({**hf_config_dict(self.config), **self.meta, PROMPT_PREFIX_KEY: self.prompt_prefix},
                           indent=2) + "\n"
         config_path = directory / "config.json"
-        try:
+        with naming(config_path):
             atomic_write(config_path, lambda f: f.write(text.encode()))
-        except OSError as exc:
-            if exc.filename is not None:
-                raise
-            raise OSError(exc.errno, exc.strerror, str(config_path)) from None
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1) -> torch.Tensor:

@@ -766,14 +766,10 @@ class GRPOTrainer(Trainer):
                 global_rows = order[start:start + cfg.minibatch_size]
                 rows = self.my_rows(global_rows).to(dev)
                 prompts = [batch.prompt_ids[i] for i in rows.tolist()]
-                logits = entropy = None
-                with rt.autocast():
-                    if fused:
-                        lp, entropy = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature, self.eot,
-                                                        return_entropy=True)
-                    else:
-                        lp, logits = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature, self.eot,
-                                                       return_logits=True)
+                with rt.autocast():  # fused: (log-probs, entropies); else (log-probs, logits)
+                    lp, extra = sequence_logprobs(self.policy, prompts, tokens[rows], cfg.temperature, self.eot,
+                                                  return_logits=not fused, return_entropy=fused)
+                logits, entropy = (None, extra) if fused else (extra, None)
                 # Normalise by the whole minibatch's counts (all ranks), then undo DDP's mean over ranks.
                 loss, metrics = grpo.grpo_loss(
                     lp.float(), old_lp[rows], adv[rows], mask[rows],
@@ -821,12 +817,9 @@ class GRPOTrainer(Trainer):
         TRL, an unscorable completion (every function gave None) is left out of the reward means."""
         record = {}
         rewards = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
-        for task in self.prompts.tasks:
-            sel = torch.tensor([i.task == task for i in batch.items])
-            if (scored := rewards[sel][~rewards[sel].isnan()]).numel():
-                record[f"rewards/{task}/mean"] = scored.mean().item()
-                record[f"rewards/{task}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # as below
-        for name, column in zip(self.reward_names, batch.reward_table.T):  # TRL's, over the rows each scored
+        by_task = [(t, rewards[torch.tensor([i.task == t for i in batch.items])]) for t in self.prompts.tasks]
+        # each task's total, then each function's (TRL's), over the rows each scored
+        for name, column in by_task + list(zip(self.reward_names, batch.reward_table.T)):
             if (scored := column[~column.isnan()]).numel():
                 record[f"rewards/{name}/mean"] = scored.mean().item()
                 record[f"rewards/{name}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # nanstd
