@@ -2,7 +2,7 @@
 
 A profile holds the SFT, GRPO and evaluation configs of every stage for one kind of machine:
 - `ci`: seconds per stage, for nbval and tests; shows the plumbing, not learning;
-- `cpu`: a small model on 2 CPU cores, all of `make run` in 9-27 minutes by host (README); SFT trains over
+- `cpu`: a small model on 2 CPU cores, all of `make run` in 9-29 minutes by host (README); SFT trains over
   the task's tokens only (`SFTConfig.vocab="task"`: 4.4-7.6x the tokens per second of a full GPT-2 head
   at this size) and the evaluations cover the whole test split;
 - `cpu-long`: about 2 h 42-54 min on 2 CPU cores (estimated from stages timed as one command: the
