@@ -454,17 +454,10 @@ def selected_suites(policy_records, env_records, mate_records, cfg: EvalConfig) 
 
 def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: EvalConfig) -> dict:
     """Every suite of selected_suites (a suite without records, or capped at 0, is left out)."""
-    chosen = selected_suites(policy_records, env_records, mate_records, cfg)
-    out = {}
-    if "policy" in chosen:
-        out.update(evaluate_policy(model, policy_records, cfg))
-    if "mate_in_one" in chosen:
-        out.update(evaluate_mate_in_one(model, mate_records, cfg))
-    if "env" in chosen:
-        out.update(evaluate_environment(model, env_records, cfg))
-    if "self_play" in chosen:
-        out.update(self_play(model, cfg))
-    return out
+    suites = {"policy": lambda: evaluate_policy(model, policy_records, cfg),
+              "mate_in_one": lambda: evaluate_mate_in_one(model, mate_records, cfg),
+              "env": lambda: evaluate_environment(model, env_records, cfg), "self_play": lambda: self_play(model, cfg)}
+    return {k: v for name in selected_suites(policy_records, env_records, mate_records, cfg) for k, v in suites[name]().items()}
 
 
 def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M):

@@ -861,11 +861,8 @@ def policy_component_rewards(weights: GradedWeights | None = None, *, engine="au
     def component(name: str):
         return lambda p, c, t: getattr(score_policy_detailed(p, c, truth=t, engine=engine, weights=w), name)
 
-    def env(p, c, t):
-        return score_environment(p, c, truth=t, weights=env_weights)
-
     return [_task_reward("P", f"P/{name}", component(name)) for name in GRADED_COMPONENTS] + \
-        [_task_reward("A", "A/reward", env)]
+        [_task_reward("A", "A/reward", lambda p, c, t: score_environment(p, c, truth=t, weights=env_weights))]
 
 
 def component_reward_weights(weights: GradedWeights | None = None, env_weight: float = 1.0) -> list[float]:

@@ -56,6 +56,16 @@ def default_chunk_rows(device: torch.device) -> int:
     return CPU_CHUNK_ROWS if device.type == "cpu" else DEVICE_CHUNK_ROWS
 
 
+def _checked(fn: str, hidden: torch.Tensor, other: torch.Tensor, what: str, chunk_rows: int | None) -> int:
+    """chunk_rows (default_chunk_rows where None) once hidden (..., C) and other (...) agree; ValueError else."""
+    if hidden.shape[:-1] != other.shape:
+        raise ValueError(f"{fn}: hidden {tuple(hidden.shape)} and {what} {tuple(other.shape)} disagree")
+    chunk_rows = default_chunk_rows(hidden.device) if chunk_rows is None else chunk_rows
+    if chunk_rows < 1:  # range(0, M, 0) raises; a negative step never runs and leaves the outputs unwritten
+        raise ValueError(f"{fn}: chunk_rows must be >= 1, got {chunk_rows}")
+    return chunk_rows
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, ignore_index, chunk_rows, grad_enabled):
@@ -138,13 +148,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
     not count. Equal to `F.cross_entropy((hidden @ weight.T).reshape(-1, V), targets.reshape(-1))`.
     chunk_rows (rows of logits alive at once) defaults to `default_chunk_rows(hidden.device)`.
     """
-    if hidden.shape[:-1] != targets.shape:
-        raise ValueError(f"linear_cross_entropy: hidden {tuple(hidden.shape)} and targets "
-                         f"{tuple(targets.shape)} disagree")
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(hidden.device)
-    if chunk_rows < 1:
-        raise ValueError(f"linear_cross_entropy: chunk_rows must be >= 1, got {chunk_rows}")
+    chunk_rows = _checked("linear_cross_entropy", hidden, targets, "targets", chunk_rows)
     return _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.size(-1)), weight, targets.reshape(-1),
                                      ignore_index, chunk_rows, torch.is_grad_enabled())
 
@@ -197,12 +201,7 @@ def linear_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: to
     materialising the logits: hidden (..., C) float32, weight (V, C), tokens (...) long -> two
     float32 tensors shaped like tokens. The log-probs are `grpo.token_logprobs` of those logits to
     float rounding and carry gradients to hidden and weight; the entropies (nats) are detached."""
-    if hidden.shape[:-1] != tokens.shape:
-        raise ValueError(f"linear_token_logprobs: hidden {tuple(hidden.shape)} and tokens {tuple(tokens.shape)} disagree")
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(hidden.device)
-    if chunk_rows < 1:  # range(0, M, 0) raises; a negative step never runs and leaves the outputs unwritten
-        raise ValueError(f"linear_token_logprobs: chunk_rows must be >= 1, got {chunk_rows}")
+    chunk_rows = _checked("linear_token_logprobs", hidden, tokens, "tokens", chunk_rows)
     lp, ent = _LinearTokenLogprobs.apply(hidden.reshape(-1, hidden.size(-1)), weight, tokens.reshape(-1).long(),
                                          1.0 / temperature, chunk_rows)
     return lp.view(tokens.shape), ent.view(tokens.shape)

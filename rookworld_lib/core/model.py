@@ -415,9 +415,7 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1)
 
 
 def config_from_dict(d: dict) -> GPTConfig:
-    names = {f.name for f in fields(GPTConfig)}
-    unknown = sorted(set(d) - names)
-    if unknown:
+    if unknown := sorted(set(d) - {f.name for f in fields(GPTConfig)}):
         raise ValueError(f"unknown GPTConfig field(s): {', '.join(unknown)}")
     return GPTConfig(**d)
 

@@ -302,10 +302,7 @@ def generate(model: GPT, prompts: list[list[int]], config: SamplingConfig = Samp
     L = config.max_new_tokens
     check_fits(model.config.block_size, P, L)
 
-    generator = None
-    if config.seed is not None:
-        generator = torch.Generator(device=device)
-        generator.manual_seed(config.seed)
+    generator = None if config.seed is None else torch.Generator(device=device).manual_seed(config.seed)
 
     was_training = model.training
     model.eval()  # dropout off while sampling
