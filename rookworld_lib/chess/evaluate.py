@@ -457,7 +457,10 @@ def evaluate_all(model: GPT, policy_records, env_records, mate_records, cfg: Eva
     suites = {"policy": lambda: evaluate_policy(model, policy_records, cfg),
               "mate_in_one": lambda: evaluate_mate_in_one(model, mate_records, cfg),
               "env": lambda: evaluate_environment(model, env_records, cfg), "self_play": lambda: self_play(model, cfg)}
-    return {k: v for name in selected_suites(policy_records, env_records, mate_records, cfg) for k, v in suites[name]().items()}
+    out = {}
+    for name in selected_suites(policy_records, env_records, mate_records, cfg):
+        out.update(suites[name]())
+    return out
 
 
 def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKWORLD_LM_124M):
