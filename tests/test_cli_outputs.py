@@ -5,6 +5,7 @@ import json
 import math
 from decimal import Decimal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,17 @@ def test_a_grpo_resume_under_another_layout_names_the_layout_and_the_option_that
     err = capsys.readouterr().err.strip()
     assert "other settings (meta.layout: 'compact' -> 'original')" in err and "prompt set" not in err, err
     assert err.endswith("; as before: --layout compact"), err
+
+
+def test_the_rookworld_process_skips_the_collectors_teardown_and_in_process_calls_do_not():
+    """`main()` as the process (argv None) ends with one collection and gc.freeze (docs/perf.md: the
+    teardown's collector passes cost about 1.2 s a command); `main([...])` in a caller's process, as here,
+    freezes nothing, so the caller's garbage is still collected."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    assert cli.main(["--version"]) == 0 and gc.get_freeze_count() == frozen
+    code = ("import gc, sys; from rookworld_lib.lab.cli import main; sys.argv = ['rookworld', '--version']; "
+            "code = main(); print(gc.get_freeze_count() > 0, gc.garbage == []); sys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split("\n")[-2] == "True True", done.stdout + done.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import importlib
 import io
 import os
@@ -50,11 +51,20 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`rookworld argv...`; with argv None, the process's own arguments: the `rookworld` process (its
+    console script, `python -m`, a torchrun worker), which ends when this returns."""
     try:
         return _main(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:  # the reader went away (`rookworld --help | head -1`): stop quietly, as `ls | head` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
         return 1
+    finally:
+        if argv is None:
+            # The interpreter's teardown runs the cycle collector over every object torch made, more than
+            # once: about 1.2 s of every command on 2 cores (docs/perf.md). One collection now (what is
+            # garbage is finalized as before), then the rest is frozen: freed one by one as the modules go.
+            gc.collect()
+            gc.freeze()
 
 
 def _main(argv: list[str]) -> int:
