@@ -802,7 +802,8 @@ def train_sft(cfg: SFTConfig, *, train_texts: Sequence[str] | None = None, val_t
     """Run (or resume) SFT as configured. Texts given here replace cfg.train_data / cfg.val_data, which
     `reader` reads (default: {"text": ...} lines).
 
-    on_step(record) is called after every step's metrics are written (e.g. to update a live plot).
+    on_step(record) is called after every record's metrics are written (e.g. to update a live plot), a fresh
+    run's step-0 record (the val loss before training) included.
     """
     trainer = SFTTrainer(cfg, train_texts=train_texts, val_texts=val_texts, reader=reader, on_step=on_step)
     history = trainer.train(until=until)

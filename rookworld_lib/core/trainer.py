@@ -426,14 +426,14 @@ class Trainer:
 
     def record(self, metrics: MetricsLogger | None, record: dict) -> dict:
         """Log a step's record (rank 0 writes it; its numbers also to TensorBoard), keep it in history
-        as written, call on_step."""
+        as written, call on_step (every record: SFT's step 0, the val loss before training, included)."""
         record = metrics.log(record) if metrics is not None else to_jsonable(record)
         if self.tensorboard is not None:  # every number of the record (null stays out)
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.tensorboard.add_scalar(k, v, record["step"])
         self.history.append(record)
-        if self.on_step is not None and record["step"] > 0 and self.dist.is_main:
+        if self.on_step is not None and self.dist.is_main:
             self.on_step(record)
         return record
 
