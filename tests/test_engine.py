@@ -347,31 +347,31 @@ def _a_pool_of_one_starts_nothing_and_closes():
     EnginePool(EngineSettings(depth=1), size=1, cache=False).close()  # engines start lazily: none here
 
 
+def _limit(key: str):
+    return lambda: engine.parse_limit_key(key)
+
+
+_NO_KEY = r" \(name=value parts"  # the message after the text, for a text that is no limit key
+
+
 @pytest.mark.parametrize("call, match, boundary", [
     # a pathlib.Path is a path (find_stockfish takes one too) and is kept as text; a number is not
     pytest.param(lambda: EngineSettings(path=3), r"^EngineSettings\.path must be a string, got 3$",
-                 _a_pathlib_path_is_kept_as_text,
-                 id="path-number"),
-    pytest.param(lambda: engine.parse_limit_key("depth8"), r"^not a limit key: 'depth8' \(name=value parts",
-                 _limit_keys_round_trip, id="limit-no-equals"),
-    pytest.param(lambda: engine.parse_limit_key("movetime=100"), r"^not a limit key: 'movetime=100' \(name=value parts",
-                 lambda: engine.parse_limit_key("time=0.1"), id="limit-unknown-name"),
-    pytest.param(lambda: engine.parse_limit_key("depth=8,nodes="), r"^not a limit key: 'depth=8,nodes=' \(name=value parts",
-                 lambda: engine.parse_limit_key("depth=8,nodes=1"), id="limit-empty-value"),
-    pytest.param(lambda: engine.parse_limit_key("depth=eight"), r"^not a limit key: 'depth=eight' \(name=value parts",
-                 None, id="limit-not-a-number"),
-    pytest.param(lambda: engine.parse_limit_key("depth=41"), r"^limit 'depth=41': depth must be in \[1, 40\]$",
-                 lambda: engine.parse_limit_key("depth=40"), id="limit-depth-past-its-range"),
-    pytest.param(lambda: engine.parse_limit_key("nodes=100000001"), r"^limit 'nodes=100000001': nodes must be in",
-                 lambda: engine.parse_limit_key("nodes=100000000"), id="limit-nodes-past-its-range"),
-    pytest.param(lambda: engine.parse_limit_key("time=nan"), r"^limit 'time=nan': time must be in \[0.001, 60\]$",
-                 lambda: engine.parse_limit_key("time=60"), id="limit-time-nan"),
+                 _a_pathlib_path_is_kept_as_text, id="path-number"),
+    pytest.param(_limit("depth8"), r"^not a limit key: 'depth8'" + _NO_KEY, _limit_keys_round_trip, id="limit-no-equals"),
+    pytest.param(_limit("movetime=100"), r"^not a limit key: 'movetime=100'" + _NO_KEY, _limit("time=0.1"), id="limit-unknown-name"),
+    pytest.param(_limit("depth=8,nodes="), r"^not a limit key: 'depth=8,nodes='" + _NO_KEY, _limit("depth=8,nodes=1"),
+                 id="limit-empty-value"),
+    pytest.param(_limit("depth=eight"), r"^not a limit key: 'depth=eight'" + _NO_KEY, None, id="limit-not-a-number"),
+    pytest.param(_limit("depth=41"), r"^limit 'depth=41': depth must be in \[1, 40\]$", _limit("depth=40"),
+                 id="limit-depth-past-its-range"),
+    pytest.param(_limit("nodes=100000001"), r"^limit 'nodes=100000001': nodes must be in", _limit("nodes=100000000"),
+                 id="limit-nodes-past-its-range"),
+    pytest.param(_limit("time=nan"), r"^limit 'time=nan': time must be in \[0.001, 60\]$", _limit("time=60"), id="limit-time-nan"),
     pytest.param(lambda: EnginePool(size=0), r"^EnginePool size must be a positive int, got 0$",
                  _a_pool_of_one_starts_nothing_and_closes, id="pool-size-0"),
-    pytest.param(lambda: EnginePool(size=2.0), r"^EnginePool size must be a positive int, got 2\.0$", None,
-                 id="pool-size-float"),
-    pytest.param(lambda: EnginePool(size=True), r"^EnginePool size must be a positive int, got True$", None,
-                 id="pool-size-bool"),
+    pytest.param(lambda: EnginePool(size=2.0), r"^EnginePool size must be a positive int, got 2\.0$", None, id="pool-size-float"),
+    pytest.param(lambda: EnginePool(size=True), r"^EnginePool size must be a positive int, got True$", None, id="pool-size-bool"),
 ])
 def test_bad_engine_arguments_name_the_argument(call, match, boundary):
     with pytest.raises(ValueError, match=match):

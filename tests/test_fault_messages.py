@@ -69,6 +69,11 @@ def sft(*extra: str, out: str = "{tmp}/run") -> list[str]:
     return base + list(extra)
 
 
+def run_p(only: str, name: str, value: str) -> list[str]:
+    """`rookworld run` of the notebooks `only` names (numbers, space-separated) with one -p NAME VALUE."""
+    return ["run", "--out", "{tmp}/runs", "--only", *only.split(), "-p", name, value]
+
+
 def grpo(init: str, *extra: str) -> list[str]:
     return ["grpo", "--init-from", init, "--out", "{tmp}/grpo", "--device", "cpu", *extra]
 
@@ -222,14 +227,12 @@ ROWS = [
     Row("eval-json-strict", ["eval", "{model}", "--data-dir", "{evdata}", "--max-policy", "1", "--selfplay-games", "0",
                              "--json"], "", 0, check=strict_json_with_null),
     # --- the notebook pipeline
-    Row("run-misspelled-parameter", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "sft_stepz", "5"],
-        "['sft_stepz'] are declared by none of the selected notebooks", check=no_run_directory),
+    Row("run-misspelled-parameter", run_p("01", "sft_stepz", "5"), "['sft_stepz'] are declared by none of the selected notebooks", check=no_run_directory),
     Row("run-no-notebook-selected", ["run", "--out", "{tmp}/runs", "--only", "99"], "no notebooks selected",
         check=no_run_directory),
     Row("run-parameter-of-wrong-type", ["run", "--out", "{tmp}/runs", "-p", "sft_steps", "abc"],
         "notebook parameter 'sft_steps' must be int or NoneType, got str 'abc'", check=no_run_directory),
-    Row("run-parameter-out-of-range", ["run", "--out", "{tmp}/runs", "--only", "00", "-p", "workers", "0"],
-        "00_data_and_rewards.ipynb: notebook parameter 'workers' must be >= 1, got 0", check=no_run_directory),
+    Row("run-parameter-out-of-range", run_p("00", "workers", "0"), "00_data_and_rewards.ipynb: notebook parameter 'workers' must be >= 1, got 0", check=no_run_directory),
     Row("run-gpu-profile-without-cuda", ["run", "--out", "{tmp}/runs", "--profile", "gpu"],
         "--profile gpu trains on cuda, and torch sees no CUDA device here; choose --profile cpu",
         check=no_run_directory, marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
@@ -242,36 +245,24 @@ ROWS = [
                                                         "-p", "profile", "cpu"],
         "--profile gpu trains on cuda, and torch sees no CUDA device here; choose --profile cpu",
         check=no_run_directory, marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
-    Row("run-run-dir-that-is-no-folder", ["run", "--out", "{tmp}/runs", "--only", "06", "-p", "run_dir", "{tmp}/nope"],
-        "notebook parameter 'run_dir' must name an existing folder, got '{tmp}/nope' (no such folder)",
-        check=no_run_directory),
-    Row("run-unknown-model-preset", ["run", "--out", "{tmp}/runs", "--only", "02", "-p", "preset", "bogus"],
-        "notebook parameter 'preset' must be one of [None, ", check=no_run_directory),
+    Row("run-run-dir-that-is-no-folder", run_p("06", "run_dir", "{tmp}/nope"), "notebook parameter 'run_dir' must name an existing folder, got '{tmp}/nope' (no such folder)", check=no_run_directory),
+    Row("run-unknown-model-preset", run_p("02", "preset", "bogus"), "notebook parameter 'preset' must be one of [None, ", check=no_run_directory),
     Row("run-resume-with-other-settings", ["run", "--resume", "{tmp}/runs", "-p", "sft_steps", "5"],
         "--resume takes the run's own settings (its run.json); drop -p", check=no_run_directory),
     Row("run-resume-of-no-run", ["run", "--resume", "{tmp}"],
         "--resume {tmp}: no readable run.json with a run's plan there", check=no_run_directory),
-    Row("run-figures-dir-parameter", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "figures_dir", "figs"],
-        "-p figures_dir: rookworld run writes the figures into the run folder's figures/", check=no_run_directory),
-    Row("run-run-dir-parameter-with-training", ["run", "--out", "{tmp}/runs", "--only", "05", "06", "-p", "run_dir",
-                                                "elsewhere"],
-        "-p run_dir: notebook 05 trains into the run folder", check=no_run_directory),
-    Row("run-none-parameter", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "n_samples", "None"],
-        "notebook parameter 'n_samples' must be int, got NoneType None", check=no_run_directory),
-    Row("run-device-parameter-without-cuda", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "device", "cuda"],
+    Row("run-figures-dir-parameter", run_p("01", "figures_dir", "figs"), "-p figures_dir: rookworld run writes the figures into the run folder's figures/", check=no_run_directory),
+    Row("run-run-dir-parameter-with-training", run_p("05 06", "run_dir", "elsewhere"), "-p run_dir: notebook 05 trains into the run folder", check=no_run_directory),
+    Row("run-none-parameter", run_p("01", "n_samples", "None"), "notebook parameter 'n_samples' must be int, got NoneType None", check=no_run_directory),
+    Row("run-device-parameter-without-cuda", run_p("03", "device", "cuda"),
         "-p device 'cuda': torch sees no CUDA device here; pass -p device cpu", check=no_run_directory,
         marks=[pytest.mark.skipif(CUDA, reason="this machine has CUDA")]),
     # a value past what the notebook's own data hold: refused before notebook 05 trains (it failed in 06, after)
-    Row("run-position-past-the-test-positions", ["run", "--out", "{tmp}/runs", "--only", "05", "06", "-p", "position",
-                                                 "99999"],
-        "notebook parameter 'position' must be <= 729, got 99999", check=no_run_directory),
+    Row("run-position-past-the-test-positions", run_p("05 06", "position", "99999"), "notebook parameter 'position' must be <= 729, got 99999", check=no_run_directory),
     # a seed past the configs' range: SFT refused it after the run folder was made (the check cells had no bound)
-    Row("run-seed-past-its-range", ["run", "--out", "{tmp}/runs", "--only", "05", "-p", "seed", "-1"],
-        "notebook parameter 'seed' must be >= 0, got -1", check=no_run_directory),
-    Row("run-seed-past-numpys-bound", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "seed", "5000000000"],
-        "notebook parameter 'seed' must be <= 4294967295, got 5000000000", check=no_run_directory),
-    Row("run-nan-parameter", ["run", "--out", "{tmp}/runs", "--only", "03", "-p", "sgd_lr", "NaN"],
-        "notebook parameter 'sgd_lr' must be a finite number, got nan", check=no_run_directory),
+    Row("run-seed-past-its-range", run_p("05", "seed", "-1"), "notebook parameter 'seed' must be >= 0, got -1", check=no_run_directory),
+    Row("run-seed-past-numpys-bound", run_p("01", "seed", "5000000000"), "notebook parameter 'seed' must be <= 4294967295, got 5000000000", check=no_run_directory),
+    Row("run-nan-parameter", run_p("03", "sgd_lr", "NaN"), "notebook parameter 'sgd_lr' must be a finite number, got nan", check=no_run_directory),
     # --- GRPO's settings: checked before the model is read, and before anything is written
     Row("grpo-bad-setting-before-missing-model", grpo("{tmp}/missing", "--steps", "-5"),
         "GRPOTrainConfig.steps (--steps) must be an integer >= 1, got -5"),
