@@ -2,6 +2,7 @@ import copy
 import dataclasses
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -773,6 +774,37 @@ def test_the_sampling_rate_counts_every_token_sampled_dropped_groups_too(monkeyp
     kept = rec["completions/mean_length"] * rec["num_completions"]
     assert sum(counted) > kept
     assert rec["throughput/generated_tokens_per_s"] * rec["time/sampling"] == pytest.approx(sum(counted), rel=1e-6)
+
+
+def test_under_dynamic_sampling_the_reward_is_every_sampled_completions_and_the_kept_groups_have_their_own(monkeypatch):
+    """The P: prompts are always solved (1.0: their groups tie and are dropped), the A: ones half the time.
+    `reward`, `rewards/<task>/mean` and the completion lengths describe every completion the step sampled,
+    refills included, as without dynamic sampling; they described the kept groups only, so a policy that
+    solved more prompts logged a lower reward (here 0.5 for 0.75 sampled) and no P: reward at all.
+    `dynamic_sampling/kept_reward` is the trained batch's mean; `num_completions` its size."""
+    scored, lengths, real = [], [], train_grpo.generate
+
+    def reward(item, text):
+        scored.append((item.task, 1.0 if item.task == "P" else float(len(text) % 2)))
+        return scored[-1][1]
+
+    def counting(*args, **kwargs):
+        rollout = real(*args, **kwargs)
+        lengths.extend(rollout.mask.sum(1).tolist())
+        return rollout
+
+    monkeypatch.setattr(train_grpo, "generate", counting)
+    trainer = make({"dynamic_sampling": True, "max_refill_rounds": 2}, reward=reward)
+    rec = trainer.train_step()
+    batch = trainer.last_batch
+    assert rec["dynamic_sampling/refill_rounds"] >= 1 and len(scored) > len(batch.items)  # groups were dropped
+    assert rec["reward"] == pytest.approx(statistics.mean(r for _, r in scored))
+    assert rec["rewards/P/mean"] == 1.0 and rec["rewards/A/mean"] == pytest.approx(statistics.mean(r for t, r in scored if t == "A"))
+    assert rec["completions/mean_length"] == pytest.approx(statistics.mean(lengths)) and len(lengths) == len(scored)
+    assert rec["dynamic_sampling/kept_reward"] == pytest.approx(batch.rewards.mean().item())
+    assert rec["dynamic_sampling/kept_reward"] < rec["reward"]
+    assert rec["num_completions"] == len(batch.items) and all(i.task == "A" for i in batch.items)
+    assert "dynamic_sampling/kept_reward" not in make().train_step()
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

@@ -409,13 +409,17 @@ def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBa
                         [batch.completions[i] for i in r], batch.reward_table[rows], batch.generated_tokens)
 
 
+def _scored(batch: RolloutBatch) -> torch.Tensor:
+    """The batch's rewards, NaN for an unscorable completion (every function gave None)."""
+    return batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
+
+
 def _varied_groups(batch: RolloutBatch, G: int, per_function: bool = False) -> RolloutBatch:
     """The groups whose scorable rewards are not all tied (the ones dynamic sampling keeps): an
     unscorable completion (advantage 0) cannot break a tie. per_function (GDPO's normalize_then_sum,
     which normalises each reward function within its group): a group ties when every function does,
     whatever their weighted sums."""
-    columns = batch.reward_table.T if per_function else [
-        batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))]
+    columns = batch.reward_table.T if per_function else [_scored(batch)]
     varied = torch.zeros(len(batch.items) // G, dtype=torch.bool)
     for column in columns:
         r = column.view(-1, G)
@@ -656,7 +660,9 @@ class GRPOTrainer(Trainer):
                        key=lambda cp: cp[0])
         return _concat([b for _, b in parts], self.eot)
 
-    def rollout(self, timings: dict) -> tuple[RolloutBatch, dict]:
+    def rollout(self, timings: dict) -> tuple[RolloutBatch, dict, RolloutBatch]:
+        """The step's batch to train on, its record entries, and every completion sampled for it (with
+        dynamic sampling, the dropped groups and the refills too: what the step's reward metrics describe)."""
         cfg, G = self.cfg, self.cfg.group_size
         seed = cfg.seed * 1_000_003 + self.step
         batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
@@ -666,19 +672,22 @@ class GRPOTrainer(Trainer):
                                          multi_objective_aggregation=cfg.multi_objective_aggregation)[1].frac_reward_zero_std
         info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
-            return batch, info
+            return batch, info, batch
+        sampled = [batch]
         per_function = cfg.multi_objective_aggregation == "normalize_then_sum"
         kept = _varied_groups(batch, G, per_function)  # generated_tokens counts every sampled token, dropped groups too
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
+            sampled.append(more)
             kept = _concat([kept, _varied_groups(more, G, per_function)], self.eot)
             info["dynamic_sampling/refill_rounds"] = round_ + 1
+        sampled = _concat(sampled, self.eot)
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
-            return batch, info
+            return batch, info, sampled
         n = min(len(kept.items), cfg.prompts_per_step * G)
-        return _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G), info
+        return _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G), info, sampled
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -692,7 +701,7 @@ class GRPOTrainer(Trainer):
         self.model.eval()  # dropout off for sampling, scoring and the update (see module docstring)
         timings = {"sampling": 0.0, "scoring": 0.0, "update": 0.0}
         t_start = time.perf_counter()
-        batch, info = self.rollout(timings)
+        batch, info, sampled = self.rollout(timings)
         if batch.reward_table.isnan().all():
             warnings.warn("GRPO: every reward function gave None (or NaN) for every completion of a step, so the "
                           "step has no reward to learn from; check the reward functions", stacklevel=2)
@@ -713,7 +722,10 @@ class GRPOTrainer(Trainer):
         record.update(info)
         record.update({f"group/{k}": v for k, v in adv_stats.as_metrics().items()})
         record["reward_std"] = adv_stats.reward_std  # TRL's name for it
-        record.update(self._batch_record(batch, timings, time.perf_counter() - t_start))
+        record.update(self._batch_record(sampled, timings, time.perf_counter() - t_start))
+        record["num_completions"] = len(batch.items)  # the step's trained ones (a loss call's are a minibatch's)
+        if cfg.dynamic_sampling:  # the kept groups' mean reward: above the sampled one, since tied groups go
+            record["dynamic_sampling/kept_reward"] = _scored(batch).nanmean().item()
         self.last_rollout = self._rollout_rows(batch, adv, updates["row_stats"])
         self.step += 1
         return record
@@ -813,10 +825,11 @@ class GRPOTrainer(Trainer):
         return record
 
     def _batch_record(self, batch: RolloutBatch, timings: dict, elapsed: float) -> dict:
-        """Rewards per task, completion lengths, truncation and timings of the step's rollout batch. As
-        TRL, an unscorable completion (every function gave None) is left out of the reward means."""
+        """Rewards per task, completion lengths, truncation and timings of what the step sampled (with
+        dynamic sampling, the groups it dropped too: else the reward would fall as more groups tie at the
+        top). As TRL, an unscorable completion (every function gave None) is left out of the reward means."""
         record = {}
-        rewards = batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
+        rewards = _scored(batch)
         by_task = [(t, rewards[torch.tensor([i.task == t for i in batch.items])]) for t in self.prompts.tasks]
         # each task's total, then each function's (TRL's), over the rows each scored
         for name, column in by_task + list(zip(self.reward_names, batch.reward_table.T)):
@@ -832,7 +845,6 @@ class GRPOTrainer(Trainer):
                        "time/update": timings["update"], "time/step": elapsed,
                        "throughput/generated_tokens_per_s": batch.generated_tokens / max(sampling_s, 1e-9),
                        "num_tokens": self.tokens_seen,  # as TRL's: prompt and completion tokens so far
-                       "num_completions": len(batch.items),  # the step's (a loss call's are a minibatch's)
                        "world_size": self.dist.world_size})
         return record
 
