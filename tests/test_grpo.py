@@ -106,7 +106,8 @@ def reference_loss(lp, old, adv, mask, ref=None, *, loss_type="grpo", eps_low=0.
                 surr1, surr2 = r_unclip * A, r_clip * A
                 term = -(surr1 if surr1 <= surr2 else surr2)  # pessimistic (min) bound
             if ref is not None and beta > 0:
-                log_r = _clamp_scalar(float(ref[i][t]) - lp[i][t], clamp)  # log pi_ref / pi_theta
+                log_r = float(ref[i][t]) - lp[i][t]  # log pi_ref / pi_theta, clamped above only (where exp overflows)
+                log_r = log_r if clamp is None or log_r <= clamp else log_r * 0 + clamp
                 if estimator == "k1":
                     kl = -log_r
                 elif estimator == "k2":

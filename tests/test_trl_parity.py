@@ -439,6 +439,28 @@ def test_difference_log_ratio_clamp():
     assert m["ratio/max"] == pytest.approx(math.exp(20.0))
 
 
+def test_the_kl_is_clamped_only_where_its_exp_would_overflow():
+    """A token the policy likes e^25 times more than the reference: TRL's KL value and gradient (the clamp
+    at +-20 gave it no KL gradient and a kl stuck near 19). A token the reference likes e^25 times more:
+    clamped at 20 (TRL exponentiates the 25), so its k3 is e^20 - 21 and its gradient 0."""
+    lp, old, adv, mask, ref, _ = make_batch(7)
+    ref = ref.clone()
+    ref[0, 0], ref[1, 0] = lp[0, 0] - 25.0, lp[1, 0] + 25.0  # both tokens in the mask (rows of 3 and T)
+    cfg = GRPOConfig(loss_type="dapo", beta=0.04)
+    theirs, ours_ = _leaves(lp), _leaves(lp)
+    t_loss, t_m = trl_loss(theirs[0], old, adv, mask, ref, loss_type="dapo", beta=0.04, bias_kl=False)
+    o_loss, o_m = grpo_loss(ours_[0], old, adv, mask, ref, cfg)
+    t_grad, o_grad = _grads(t_loss, theirs)[0], _grads(o_loss, ours_)[0]
+    above = torch.ones_like(mask)
+    above[1, 0] = False
+    torch.testing.assert_close(o_grad[above], t_grad[above], rtol=1e-10, atol=1e-12)
+    assert o_grad[0, 0] != 0 and o_grad[1, 0] == 0 and t_grad[1, 0] != 0
+    free = lambda **kw: grpo_loss(lp, old, adv, mask, ref, GRPOConfig(loss_type="dapo", beta=0.04, **kw))[1]["kl"]  # noqa: E731
+    n = mask.sum().item()
+    assert free(log_ratio_clamp=None) == pytest.approx(t_m["kl"])
+    assert free() == pytest.approx(t_m["kl"] - (math.expm1(25.0) - 25.0 - math.expm1(20.0) + 20.0) / n, rel=1e-9)
+
+
 @pytest.mark.filterwarnings("ignore:GRPOConfig. kl_estimator='k1' without use_bias_correction_kl:UserWarning")
 def test_difference_kl_estimators_and_metric_without_beta():
     """TRL has only k3 and logs `kl` only when beta != 0; ours offers k1/k2 and logs kl whenever ref is given."""

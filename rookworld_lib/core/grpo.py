@@ -300,7 +300,7 @@ class GRPOConfig:
     temperature: float = option(1.0, "temperature at which the entropy of `logits` is measured (the one used for logprobs; GRPOTrainer sets it to its temperature)", min=0.0, min_open=True)
     mask_truncated_completions: bool = option(False, "drop completions that hit the length budget (no EOS) from the loss (DAPO)")
     max_completion_length: int | None = option(None, "the sampler's max_new_tokens; the dr_grpo constant (required for dr_grpo; GRPOTrainer sets it to its max_new_tokens)", min=1)
-    log_ratio_clamp: float | None = option(20.0, "clamp log-ratios (importance and KL) to [-c, c] before exp; None = off", min=0.0, min_open=True)
+    log_ratio_clamp: float | None = option(20.0, "clamp the importance log-ratio to [-c, c] and the KL's log(pi_ref / pi) to at most c before exp; None = off", min=0.0, min_open=True)
     vespo_k_pos: float = option(2.0, "vespo: power k of the Gamma weight for advantages >= 0 (TRL's vespo_k_pos)", min=0.0)
     vespo_lambda_pos: float = option(3.0, "vespo: decay lambda of the Gamma weight for advantages >= 0 (TRL's vespo_lambda_pos)", min=0.0)
     vespo_k_neg: float = option(3.0, "vespo: power k for advantages < 0 (TRL's vespo_k_neg)", min=0.0)
@@ -555,8 +555,11 @@ def _policy_term(logprobs: Tensor, old: Tensor, adv: Tensor, m: Tensor, config: 
 
 def _kl_per_token(ref_logprobs: Tensor, logprobs: Tensor, ratio: Tensor, m: Tensor, config: GRPOConfig) -> Tensor:
     """The per-token KL to the reference as it enters the loss (0 off the mask)."""
-    # the clamped, masked logprobs - ref, scored against a zero reference: kl_estimate's log r = ref - logprobs
-    lr = importance_log_weights(logprobs, ref_logprobs.to(logprobs), m, "token", config.log_ratio_clamp)
+    # the masked logprobs - ref, scored against a zero reference: kl_estimate's log r = ref - logprobs. Clamped
+    # on the side where exp(log r) overflows only: clamped above too, a token the policy likes e^20 times more
+    # than the reference would get no KL gradient, where the penalty matters most
+    lr = importance_log_weights(logprobs, ref_logprobs.to(logprobs), m, "token")
+    lr = lr if config.log_ratio_clamp is None else lr.clamp(min=-config.log_ratio_clamp)
     kl_tok = torch.where(m, kl_estimate(lr, torch.zeros_like(lr), config.kl_estimator), 0.0)
     if config.use_bias_correction_kl:  # TRL: KL times the (differentiable) importance ratio
         kl_tok = torch.where(m, kl_tok * ratio, 0.0)
