@@ -424,6 +424,19 @@ def test_self_play_counts_every_legal_half_move_up_to_the_cap(monkeypatch):
     assert res["self_play/legal_half_moves"].value == 6.0
 
 
+def test_self_play_writes_each_position_as_the_layouts_training_data_do(monkeypatch):
+    """After 1.e4 the compact data write the en-passant square (e3), the original data python-chess's
+    default FEN (none: no capture is legal); self-play asked compact models in the second spelling,
+    one they never trained on."""
+    for layout, after_e4 in (("compact", "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3 0 1"),
+                             ("original", "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq - 0 1")):
+        prompts = []
+        monkeypatch.setattr(ev, "complete", lambda model, ps, cfg: prompts.extend(ps) or [" M: e2e4 E: 0.0 B: e2e4"] * len(ps))
+        ev.self_play(GPT(GPTConfig.preset("tiny", block_size=192)), ev.EvalConfig(selfplay_games=1, selfplay_max_plies=3, layout=layout))
+        assert prompts[:2] == [tasks.policy_prompt(chess.STARTING_FEN, layout), tasks.policy_prompt(after_e4, layout)], prompts
+        assert len(prompts) == 2  # black's e2e4 is illegal: the game's count ends
+
+
 def test_pass_at_1_samples_at_the_sample_temperature_not_the_sampled_decodings(monkeypatch):
     class Seen(Exception):
         pass

@@ -431,7 +431,10 @@ def self_play(model: GPT, cfg: EvalConfig) -> dict:
         alive = [i for i in alive if not boards[i].is_game_over(claim_draw=False)]
         if not alive:
             break
-        texts = complete(model, [tasks.policy_prompt(boards[i].fen(), cfg.layout) for i in alive], cfg)
+        # each position in the layout's spelling (compact: the en-passant square after every double push, as
+        # the training data write it; python-chess's default writes it only where a capture is legal)
+        fens = [tasks.fen_for_layout(tasks.canonical_fen(boards[i]), cfg.layout) for i in alive]
+        texts = complete(model, [tasks.policy_prompt(fen, cfg.layout) for fen in fens], cfg)
         still = []
         for i, text in zip(alive, texts):
             move = tasks.legal_move(boards[i], tasks.parse_policy_completion(text).best or "")
