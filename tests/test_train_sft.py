@@ -311,6 +311,23 @@ def test_init_from_a_hugging_face_directory(tmp_path):
         tiny_cfg(tmp_path / "run", init_from=str(tmp_path / "hf"), block_size=128, model_overrides={})
 
 
+def test_a_resumed_run_from_a_hugging_face_start_exports_what_it_carried(tmp_path):
+    """What a Hugging Face start carries for its task (its config.json's rookworld_* keys) goes into the
+    export; a run stopped and resumed rebuilt its model from the checkpoint's shape and dropped it, so the
+    same run exported another config.json (the rollout temperature `rookworld eval` samples at, gone)."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+
+    source = GPT(GPTConfig.preset("tiny", **TINY_MODEL))
+    source.meta = {"rookworld_rollout_temperature": 0.7, "rookworld_layout": "compact"}
+    source.save_pretrained(tmp_path / "hf")
+    kw = dict(init_from=str(tmp_path / "hf"), model="gpt2", model_overrides={}, max_steps=4, export_hf=True)
+    train_sft(tiny_cfg(tmp_path / "whole", **kw), train_texts=TEXTS)
+    train_sft(tiny_cfg(tmp_path / "stopped", **kw), train_texts=TEXTS, until=2)
+    train_sft(tiny_cfg(tmp_path / "stopped", **kw), train_texts=TEXTS)
+    configs = [json.loads((tmp_path / run / "final" / "config.json").read_text()) for run in ("whole", "stopped")]
+    assert configs[0]["rookworld_rollout_temperature"] == 0.7 and configs[0] == configs[1]
+
+
 def _trainer_from_transformers_gpt2(root: Path, **config) -> SFTTrainer:
     """An SFTTrainer started from a 1-layer GPT-2 that transformers itself saved (GPT2Config fields in config)."""
     import transformers
@@ -853,10 +870,25 @@ def test_a_resume_on_other_val_data_says_the_val_loss_breaks_there_and_a_task_vo
     assert "--eval-steps changed since the checkpoint at step 4" in caplog.text
     task = tiny_cfg(tmp_path / "task", **{**kw, "max_steps": 2, "vocab": "task"})
     train_sft(task, train_texts=train, val_texts=val)
-    with pytest.raises(ValueError, match=r"the val data \(--val-data\) changed since step_00000002.pt, and its texts hold "
-                                         r"\d+ token\(s\) the run's task vocabulary lacks"):
+    with pytest.raises(ValueError, match=r"the val texts \(--val-data\) hold \d+ token\(s\) the run's task vocabulary lacks "
+                                         r"\(built at the run's start from its train and val texts; step_00000002.pt holds it\)"):
         train_sft(dataclasses.replace(task, max_steps=4), train_texts=train, val_texts=["P: zebra quokka narwhal xylophone"])
     assert last_step(Path(task.out_dir) / "metrics.jsonl") == 2  # refused before a step
+    # eval turned off at a resume (eval_interval may change): nothing measured, nothing changed; under vocab='task'
+    # the resume crashed reading the absent val texts' tokens, and a full-vocabulary one warned of changed val data
+    for vocab in ("task", "full"):
+        run = tiny_cfg(tmp_path / f"off-{vocab}", **{**kw, "max_steps": 2, "vocab": vocab})
+        train_sft(run, train_texts=train, val_texts=val)
+        caplog.clear()
+        assert train_sft(dataclasses.replace(run, max_steps=4, eval_interval=0), train_texts=train, val_texts=val).step == 4
+        assert "not comparable" not in caplog.text
+        # and on again: the val loss starts a series of its own, its texts' tokens checked against the vocabulary
+        assert train_sft(dataclasses.replace(run, max_steps=6), train_texts=train, val_texts=val).step == 6
+        assert "not comparable" not in caplog.text
+    off = tiny_cfg(tmp_path / "off-start", **{**kw, "max_steps": 2, "vocab": "task", "eval_interval": 0})
+    train_sft(off, train_texts=train, val_texts=val)  # the vocabulary: the train texts' tokens only
+    with pytest.raises(ValueError, match=r"the val texts \(--val-data\) hold \d+ token\(s\) the run's task vocabulary lacks"):
+        train_sft(dataclasses.replace(off, max_steps=4, eval_interval=2), train_texts=train, val_texts=["P: zebra quokka narwhal xylophone"])
 
 
 def test_a_resume_refused_over_changed_settings_names_the_options_that_give_them_back(tmp_path, capsys):

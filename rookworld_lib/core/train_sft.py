@@ -573,11 +573,13 @@ class SFTTrainer(Trainer):
             streams = [s for s in (self.train_stream, self.val_stream) if s is not None]
             self.vocab = TaskVocab(saved or np.unique(np.concatenate([s.token_ids() for s in streams])))
             log.info("task vocabulary: %d of GPT-2's %d tokens", len(self.vocab), VOCAB_SIZE)
-            if saved and val_changed and len(missing := np.setdiff1d(self.val_stream.token_ids(), self.vocab.ids)):
-                raise ValueError(f"the val data (--val-data) changed since {ckpt['path'].name}, and its texts hold "
-                                 f"{len(missing)} token(s) the run's task vocabulary lacks (built from the first run's "
-                                 "train and val texts): resume with the run's own val data, or start a new run "
-                                 "in another out_dir (--out)")
+            # val texts the vocabulary was not built from: other val data, or the start's eval was off (no val texts)
+            unseen = val_changed or (ckpt or {}).get("extra", {}).get("val", "") is None
+            if saved and self.val_stream is not None and unseen and len(missing := np.setdiff1d(self.val_stream.token_ids(), self.vocab.ids)):
+                raise ValueError(f"the val texts (--val-data) hold {len(missing)} token(s) the run's task vocabulary lacks "
+                                 f"(built at the run's start from its train and val texts; {ckpt['path'].name} holds it): "
+                                 "resume with the run's own val data (or eval_interval as at its start), or start a new "
+                                 "run in another out_dir (--out)")
         seed_everything(cfg.seed)
         self.model = self._build_model(ckpt).to(self.runtime.device)
         self.optimizer = build_adamw(self.model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
@@ -663,6 +665,7 @@ class SFTTrainer(Trainer):
         if ckpt is not None:
             model = GPT(dataclasses.replace(GPTConfig(**ckpt["model_config"]),
                                             gradient_checkpointing=cfg.activation_checkpointing))
+            model.meta = dict(ckpt.get("model_meta") or {})  # what a Hugging Face start carried, as a run without a stop keeps it
         elif cfg.init_from == "scratch":
             model = GPT(self.vocab.compact_config(cfg.model_config()) if self.vocab else cfg.model_config())
         else:
@@ -692,9 +695,12 @@ class SFTTrainer(Trainer):
     def _val_changed(self, ckpt: dict) -> bool:
         """Whether the val loss is measured on other texts, or on more or fewer of them, than before the
         checkpoint (a resume may change --val-data and --eval-steps): said once, since eval/loss then
-        breaks its series there. A checkpoint from before the record: not known, nothing said."""
+        breaks its series there. A checkpoint from before the record: not known, nothing said; eval off
+        before or after the resume (eval_interval 0): no series to break."""
         extra, saved = ckpt.get("extra") or {}, ckpt.get("config") or {}
-        now = None if self.val_stream is None else self.val_stream.fingerprint
+        if self.val_stream is None or extra.get("val", "") is None:  # no val loss from here, or none before it
+            return False
+        now = self.val_stream.fingerprint
         changed = [what for what, differs in (("val data (--val-data)", "val" in extra and extra["val"] != now),
                                                ("--eval-steps", saved.get("eval_steps", self.cfg.eval_steps)
                                                 != self.cfg.eval_steps)) if differs]
