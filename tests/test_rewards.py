@@ -466,6 +466,22 @@ def test_fen_field_credit_hand_counted():
     assert rewards.fen_field_credit(t.replace(" w ", " b ").replace(" 0 1", " 3 1"), t) == pytest.approx(0.5 + 0.3)
 
 
+def test_an_invalid_fen_earns_the_en_passant_credit_as_the_truth_writes_it():
+    """After 1.e4 the compact data write e3 (the standard FEN), python-chess's default "-". An invalid
+    prediction (a rank of nine squares) that writes e3 as its training data do lost the field's 0.1 to
+    one writing "-"; now both earn it, and against a truth written "-" (the original layout's) only "-"."""
+    board = chess.Board()
+    board.push_uci("e2e4")
+    standard, default = board.fen(en_passant="fen"), board.fen()
+    assert " e3 " in standard and " - " in default
+    invalid = standard.replace("4P3", "4P4")
+    full = 0.5 * 63 / 64 + 0.5  # every square but the spelling, and the five later fields
+    assert rewards.fen_field_credit(invalid, standard) == rewards.fen_field_credit(invalid.replace(" e3 ", " - "), standard) == pytest.approx(full)
+    assert rewards.fen_field_credit(invalid.replace(" e3 ", " e6 "), standard) == pytest.approx(full - 0.1)
+    assert rewards.fen_field_credit(invalid, default) == pytest.approx(full - 0.1)
+    assert rewards.fen_field_credit(invalid.replace(" e3 ", " - "), default) == pytest.approx(full)
+
+
 MOVES = ["e2e4", "d2d4", "g1f3", "c2c4", "b1c3"]
 
 

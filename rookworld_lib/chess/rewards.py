@@ -391,13 +391,17 @@ def _expand_placement(placement: str) -> list[str]:
 def fen_field_credit(pred: str, truth: str) -> float:
     """Partial credit in [0, 1]: placement (0.5, by matching squares), then 0.1 each for side to
     move, castling, en passant, halfmove clock and fullmove number. Valid FENs are compared in one
-    en-passant convention (:func:`tasks.normalized_fen`), so the spelling costs nothing."""
+    en-passant convention (:func:`tasks.normalized_fen`), so the spelling costs nothing; an invalid
+    prediction's en-passant field earns its credit as a valid truth writes it or in that convention."""
     p = (tasks.normalized_fen(pred) or pred).split(" ")
-    t = (tasks.normalized_fen(truth) or truth).split(" ")
+    t_fen = tasks.normalized_fen(truth)
+    t = (t_fen or truth).split(" ")
+    # the truth's field as written too (the standard FEN's square after every double push, as the data write it)
+    ep = {t[3], truth.split(" ")[3]} if t_fen is not None else {t[3] if len(t) > 3 else None}
     placement = sum(a == b for a, b in zip(_expand_placement(p[0]), _expand_placement(t[0]))) / 64
     if len(p[0].split("/")) != 8 or placement == 1.0 and p[0] != t[0]:
         placement = min(placement, 63 / 64)  # malformed or differently spelled: never full credit
-    rest = sum(0.1 for k in range(1, 6) if k < len(p) and k < len(t) and p[k] == t[k])
+    rest = sum(0.1 for k in range(1, 6) if k < len(p) and k < len(t) and (p[k] in ep if k == 3 else p[k] == t[k]))
     if len(p) > 6:
         rest = max(0.0, rest - 0.1)
     return 0.5 * placement + rest
