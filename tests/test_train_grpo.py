@@ -462,6 +462,9 @@ def test_each_dynamic_sampling_round_draws_with_its_own_seed():
     trainer.collect = lambda items, seed, timings: (seeds.append(seed), collect(items, seed, timings))[1]
     trainer.train_step()
     assert len(seeds) == 4 and len(set(seeds)) == 4, seeds
+    # and none is another step's: step 0's first refill drew what step 7919's rollout did (a linear offset)
+    main = {trainer.cfg.seed * 1_000_003 + step for step in range(10**5)}
+    assert not main & set(seeds[1:]) and all(0 <= s < 2**63 for s in seeds)
 
 
 def test_the_learning_rate_follows_the_cosine_from_lr_at_the_first_step_to_the_floor_at_the_last():

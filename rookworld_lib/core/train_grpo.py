@@ -409,6 +409,12 @@ def _select_groups(batch: RolloutBatch, keep: torch.Tensor, G: int) -> RolloutBa
                         [batch.completions[i] for i in r], batch.reward_table[rows], batch.generated_tokens)
 
 
+def _refill_seed(seed: int, step: int, round_: int) -> int:
+    """Refill round `round_` of `step`'s base seed, hashed from the three by numpy's SeedSequence (< 2**63): an
+    offset from the step's own seed (seed * 1_000_003 + step + 7919 * (round + 1)) was step + 7919's seed."""
+    return int(np.random.SeedSequence([seed, step, round_ + 1]).generate_state(1, np.uint64)[0] >> 1)
+
+
 def _scored(batch: RolloutBatch) -> torch.Tensor:
     """The batch's rewards, NaN for an unscorable completion (every function gave None)."""
     return batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
@@ -679,7 +685,7 @@ class GRPOTrainer(Trainer):
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
-            more = self.collect(self.prompts.draw(cfg.prompts_per_step), seed + 7919 * (round_ + 1), timings)
+            more = self.collect(self.prompts.draw(cfg.prompts_per_step), _refill_seed(cfg.seed, self.step, round_), timings)
             sampled.append(more)
             kept = _concat([kept, _varied_groups(more, G, per_function)], self.eot)
             info["dynamic_sampling/refill_rounds"] = round_ + 1
