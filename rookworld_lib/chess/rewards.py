@@ -397,7 +397,7 @@ def fen_field_credit(pred: str, truth: str) -> float:
     t_fen = tasks.normalized_fen(truth)
     t = (t_fen or truth).split(" ")
     # the truth's field as written too (the standard FEN's square after every double push, as the data write it)
-    ep = {t[3], truth.split(" ")[3]} if t_fen is not None else {t[3] if len(t) > 3 else None}
+    ep = {t[3], truth.split(" ")[3]} if t_fen else set(t[3:4])
     placement = sum(a == b for a, b in zip(_expand_placement(p[0]), _expand_placement(t[0]))) / 64
     if len(p[0].split("/")) != 8 or placement == 1.0 and p[0] != t[0]:
         placement = min(placement, 63 / 64)  # malformed or differently spelled: never full credit

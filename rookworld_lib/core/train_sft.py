@@ -573,9 +573,9 @@ class SFTTrainer(Trainer):
             streams = [s for s in (self.train_stream, self.val_stream) if s is not None]
             self.vocab = TaskVocab(saved or np.unique(np.concatenate([s.token_ids() for s in streams])))
             log.info("task vocabulary: %d of GPT-2's %d tokens", len(self.vocab), VOCAB_SIZE)
-            # val texts the vocabulary was not built from: other val data, or the start's eval was off (no val texts)
-            unseen = val_changed or (ckpt or {}).get("extra", {}).get("val", "") is None
-            if saved and self.val_stream is not None and unseen and len(missing := np.setdiff1d(self.val_stream.token_ids(), self.vocab.ids)):
+            # val texts the vocabulary was not built from: other val data, or none at the start (its eval was off)
+            unseen = saved and self.val_stream is not None and (val_changed or ckpt["extra"].get("val", "") is None)
+            if unseen and len(missing := np.setdiff1d(self.val_stream.token_ids(), self.vocab.ids)):
                 raise ValueError(f"the val texts (--val-data) hold {len(missing)} token(s) the run's task vocabulary lacks "
                                  f"(built at the run's start from its train and val texts; {ckpt['path'].name} holds it): "
                                  "resume with the run's own val data (or eval_interval as at its start), or start a new "
