@@ -88,6 +88,31 @@ def test_under_autocast_the_fused_head_multiplies_in_the_autocast_dtype():
     assert abs(fused - want) < 3e-5, (fused, want, fp32)
 
 
+def test_token_logprobs_under_autocast_off_the_cpu_give_the_gradient_of_their_own_logits(monkeypatch):
+    """Off the CPU (simulated here: no reused float32 buffer) the fused scorer's matmul runs in bf16 under
+    autocast, and GRPO's backward runs after the autocast block: it must recompute the logits as the forward
+    made them. At GPT-2's logit scale (raw logits near -60) a float32 recomputation against the forward's
+    bf16 log-sum-exp gave a softmax summing to up to 1.05 and a gradient 21% off float32's (plain bf16
+    autograd: 1.6%)."""
+    from rookworld_lib.core import lm_head_loss
+    from rookworld_lib.core.grpo import token_logprobs
+    monkeypatch.setattr(lm_head_loss, "_logits_buffer", lambda *a, **k: None)
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(16, 64, generator=g), torch.randn(4000, 64, generator=g)
+    h[:, 0], w[:, 0] = 1.0, -60.0
+    tok = torch.randint(0, 4000, (16,), generator=g)
+    grads = {}
+    for name in ("fused", "autograd bf16", "float32"):
+        hh = h.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=name != "float32"):
+            lp = linear_token_logprobs(hh, w, tok)[0] if name == "fused" else token_logprobs((hh @ w.t()).float()[None], tok[None])
+        lp.sum().backward()  # outside the autocast block, as train_grpo's update
+        grads[name] = hh.grad
+    err = {n: ((grads[n] - grads["float32"]).norm() / grads["float32"].norm()).item() for n in grads}
+    assert err["autograd bf16"] > 1e-3  # the precisions are told apart at this size
+    assert err["fused"] < 1.5 * err["autograd bf16"], err
+
+
 def test_bf16_inputs_without_autocast():
     g = torch.Generator().manual_seed(1)
     h = torch.randn(6, 8, generator=g).bfloat16().requires_grad_()

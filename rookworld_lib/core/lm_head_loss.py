@@ -14,6 +14,7 @@ are computed in the forward pass, so this is for training and evaluation losses,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -175,6 +176,10 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             logprobs[rows] = picked - lse[rows]
         ctx.save_for_backward(hidden, weight, tokens, lse)
         ctx.inv_temp, ctx.chunk_rows = inv_temp, chunk_rows
+        # the backward recomputes the logits as this forward made them (a bf16 matmul under autocast
+        # off the CPU): against a log-sum-exp of other logits its softmax would not sum to one
+        kind = hidden.device.type
+        ctx.amp = (kind, torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else None
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
@@ -187,7 +192,9 @@ class _LinearTokenLogprobs(torch.autograd.Function):
             rows = slice(start, start + ctx.chunk_rows)
             h, u = hidden[rows], grad_logprobs[rows].float()
             # d logprob / d logits = (onehot - softmax) / T, times the incoming gradient u per row
-            g = _chunk_logits(weight, h).mul_(ctx.inv_temp).sub_(lse[rows]).exp_().mul_(-u * ctx.inv_temp)
+            with torch.autocast(*ctx.amp) if ctx.amp else contextlib.nullcontext():
+                y = _chunk_logits(weight, h)
+            g = y.mul_(ctx.inv_temp).sub_(lse[rows]).exp_().mul_(-u * ctx.inv_temp)
             g.scatter_add_(0, tokens[rows][None], (u * ctx.inv_temp)[None])
             torch.mm(g.t(), weight, out=grad_hidden[rows])
             grad_weight.addmm_(g, h)
