@@ -273,6 +273,11 @@ def test_run_bench_with_rollout_sweep_assembles_the_result(monkeypatch):
         "status": "failed", "reason": "TRL GRPOTrainer failed: RuntimeError: boom"})
     monkeypatch.setattr(bench, "bench_grpo_vocab", lambda cfg, device, profile: {
         "task": {"completions_per_s": 12.34}, "full": {"completions_per_s": 2.0}, "speedup": 6.17})
+    # each sweep row's peak memory is its own: the allocator's high-water mark (CUDA's, faked here) that
+    # part (a)'s training step left is reset before the row, not reported as the row's
+    peak = {"mb": 16426.0}
+    monkeypatch.setattr(bench.perf, "max_memory_mb", lambda device="auto": peak["mb"])
+    monkeypatch.setattr(bench.perf, "reset_peak_memory", lambda device="auto": peak.update(mb=len(lines)))
     cfg = bench.BenchConfig(model="tiny", new_tokens=2, prompt_len=8, group_size=2, repeats=1, device="cpu")
     lines = []
     res = bench.run_bench(cfg, progress=lines.append, sweep=True)
@@ -286,6 +291,7 @@ def test_run_bench_with_rollout_sweep_assembles_the_result(monkeypatch):
     sweep = res["rollout_sweep"]
     assert [(r["rows"], r["decode"]) for r in sweep] == [(4, "dynamic"), (4, "static"), (8, "dynamic"), (8, "static")]
     assert res["rollout_sweep_pad_vocab_to_multiple"] == 1
+    assert len({r["peak_memory_mb"] for r in sweep}) == 4 and 16426.0 not in {r["peak_memory_mb"] for r in sweep}
     for r in sweep:
         assert r["new_tokens_per_row"] == 2 and len(r["times_s"]) == 2  # max(2, repeats // 2) timed calls
         assert r["tokens_per_s"] == pytest.approx(r["rows"] * 2 / r["median_s"]), r

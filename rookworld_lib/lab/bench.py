@@ -225,6 +225,7 @@ def rollout_sweep(cfg: BenchConfig, workdir: Path, runtime: Runtime, progress=pr
                 with runtime.autocast():
                     generate(model, prompts, scfg)  # noqa: B023
 
+            perf.reset_peak_memory(runtime.device)  # this row's peak, not the process's (part (a)'s)
             t = perf.benchmark(sample, warmup=1, repeats=max(2, cfg.repeats // 2), sync=runtime.device)
             n_tokens = n_prompts * cfg.group_size * cfg.new_tokens
             out.append({"rows": n_prompts * cfg.group_size, "decode": mode, "new_tokens_per_row": cfg.new_tokens,

@@ -437,9 +437,17 @@ def profile_phases(fn: Callable[[], object], trace_path: str | Path | None = Non
 
 
 def max_memory_mb(device: str | torch.device = "auto") -> float | None:
-    """Peak allocated accelerator memory since the last reset (CUDA), else None."""
+    """Peak allocated accelerator memory since the last reset_peak_memory (CUDA), else None."""
     device = resolve_device(device)
     return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
+
+
+def reset_peak_memory(device: str | torch.device = "auto") -> None:
+    """Start a new peak for max_memory_mb (CUDA; nothing elsewhere): without it a measurement's peak
+    is the process's so far."""
+    device = resolve_device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 # --- Provenance ---

@@ -225,8 +225,7 @@ def _train(step: TrainStep, cfg: TuneConfig, batches: list, profile: bool, trace
         x, y = batches[len(losses) % len(batches)]
         losses.append(step(x, y))
 
-    if device.type == "cuda":  # a new peak for perf.max_memory_mb
-        torch.cuda.reset_peak_memory_stats(device)
+    perf.reset_peak_memory(device)
     timing = perf.benchmark(one_step, warmup=cfg.timed_from, repeats=cfg.steps - cfg.timed_from, sync=device)
     held = state_bytes(step.model, step.optimizer)
     static = {"params_mb": held["params"] / 2**20, "grads_mb": held["grads"] / 2**20,
