@@ -664,6 +664,37 @@ def test_resume_refuses_other_settings_and_summarizes(tmp_path):
     assert f"| policy_train.jsonl | {n} |" in data.render_card_tables(summary)
 
 
+@needs_stockfish
+def test_an_exclude_dir_whose_held_out_positions_changed_is_another_setting(tmp_path):
+    """The settings key holds the excluded set's positions, not only its path: after that set's val/test
+    records change (a regenerated or extended data set), the same command neither keeps the data set made
+    against the old one nor resumes a run interrupted against it; each says what changed. Kept, the data
+    set held a training record at a now held-out position."""
+    ex = tmp_path / "ex"
+    ex.mkdir()
+    (ex / "policy_test.jsonl").write_bytes(data.data_file("P", "test").read_bytes())
+    tinier = {**TINY, "games": 3, "mate_games": 1}
+    cfg = datagen.DatagenConfig(out_dir=str(tmp_path / "made"), **tinier, exclude_dir=str(ex))
+    stopped = dataclasses.replace(cfg, out_dir=str(tmp_path / "stopped"))
+    datagen.generate(cfg, progress=False)
+    with interrupted_after_labels(1):
+        datagen.generate(stopped, progress=False)
+    assert datagen.generate(cfg, progress=False).reused
+    before = cfg.content_key()["exclude_positions"]
+    rec = data.load_split("P", "train", tmp_path / "made").records[0]  # now held out there
+    with open(ex / "policy_test.jsonl", "a") as f:
+        f.write(json.dumps({**rec, "split": "test", "id": "P-99999-000"}) + "\n")
+    assert cfg.content_key()["exclude_positions"] != before
+    with pytest.raises(ValueError, match=f"exclude_positions: '{before}' -> "):
+        datagen.generate(cfg, progress=False)
+    with pytest.raises(datagen.WorkDirMismatch, match=f"exclude_positions: '{before}' -> "):
+        datagen.generate(stopped, progress=False)
+    datagen.generate(cfg, progress=False, fresh=True)
+    held = datagen.heldout_positions(ex)
+    assert not [r for t in ("P", "A") for r in data.load_split(t, "train", tmp_path / "made").records
+                if tasks.position_key(r["fen"]) in held]
+
+
 def test_where_the_output_goes_and_how_many_workers_leave_the_settings_key_alone():
     """content_key (its docstring) holds what decides the output: a resume with another --workers, --out,
     --work-dir, --keep-work or Stockfish path is the same run (`rookworld datagen` defaults --workers to the

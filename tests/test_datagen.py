@@ -357,6 +357,38 @@ def test_exclude_dir_keeps_the_shipped_held_out_positions_out_of_every_split():
         datagen.heldout_positions(data.DATA_DIR / "nope")
 
 
+def test_one_position_reached_with_and_without_a_double_push_belongs_to_one_split():
+    """1.e4 e5 2.Nf3 (game 0: train) and 1.Nf3 e5 2.e4 (game 9: test) reach one position, which the
+    game with the double push spells with an en-passant square no pawn can take on: it is sampled in
+    the split that reached it first, never in both (keys taken as written put it in both)."""
+    cfg = datagen.DatagenConfig(games=10, mate_games=0, policy_rate=1.0, env_rate=1.0, illegal_rate=0.0)
+    games = [{"game": 0, "kind": "selfplay", "moves": ["e2e4", "e7e5", "g1f3", "b8c6"]},
+             {"game": 9, "kind": "selfplay", "moves": ["g1f3", "e7e5", "e2e4", "b8c6"]}]
+    assert [datagen.split_of_game(g["game"], cfg) for g in games] == ["train", "test"]
+    splits: dict[str, set] = {}
+    for sel in datagen.select_samples(games, cfg):
+        for s in sel.policy + sel.env:
+            splits.setdefault(tasks.normalized_fen(s["fen"]).rsplit(" ", 2)[0], set()).add(s["split"])
+    after_e4 = "rnbqkbnr/pppp1ppp/8/4p3/4P3/5N2/PPPP1PPP/RNBQKB1R b KQkq -"
+    assert splits[after_e4] == {"train"} and all(len(v) == 1 for v in splits.values()), splits
+
+
+def test_exclude_dir_spelled_as_the_original_data_still_excludes_its_positions(tmp_path):
+    """A converted original test split writes the position after 1.e4 as python-chess does (no en-passant
+    square); datagen's games write e3. Excluded, it is sampled into no split."""
+    from rookworld_lib.chess import convert
+    board = chess.Board()
+    board.push_uci("e2e4")
+    line = f"P: {board.fen():90}M: {'e7e5 c7c5 e7e6 c7c6 d7d5':30}E: {'-0.3 -0.35 -0.4 -0.45 -0.5':40}B: d7d5"
+    (tmp_path / "rook.txt").write_text(line + "\n")
+    assert convert.convert([tmp_path / "rook.txt"], tmp_path / "orig", split="test").written == {"P": 1}
+    cfg = datagen.DatagenConfig(games=10, mate_games=0, policy_rate=1.0, env_rate=1.0, illegal_rate=0.0,
+                                exclude_dir=str(tmp_path / "orig"))
+    game = {"game": 0, "kind": "selfplay", "moves": ["e2e4", "e7e5", "g1f3"]}
+    sampled = [s["fen"] for sel in datagen.select_samples([game], cfg) for s in sel.policy + sel.env]
+    assert len(sampled) == 4 and not [f for f in sampled if tasks.same_position(f, board.fen())], sampled
+
+
 def test_a_bad_exclude_dir_stops_datagen_before_anything_is_written(tmp_path, capsys):
     """Checked up front, not once games are played: a corrected command then starts clean (it was refused
     as 'an interrupted run with other settings')."""

@@ -396,13 +396,24 @@ def test_fen_error_cases():
     assert tasks.task_of("P: x") == "P" and tasks.task_of("A: x") == "A" and tasks.task_of("B: x") is None
 
 
-def test_a_position_key_is_python_chess_epd_whatever_the_clocks():
+def test_a_position_key_is_python_chess_epd_whatever_the_clocks_and_the_en_passant_spelling():
+    """One key per position, as same_position judges positions: after 1.e4 the compact data write e3 (every
+    double push), the original data and python-chess's default write - (no black pawn can take), and a
+    transposition that reaches the position without the double push writes -. A square a pawn can take on
+    stays: that is another position."""
     board = chess.Board()
     board.push_uci("e2e4")
-    want = board.epd(en_passant="fen")  # placement, side, castling, en passant: no clocks
-    assert want == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq e3"
-    for clocks in ("0 1", "0 7", "12 40"):
-        assert tasks.position_key(f"{want} {clocks}") == want
+    want = board.epd()  # placement, side, castling, en passant where a capture is legal: no clocks
+    assert want == "rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq -"
+    for spelling in ("e3", "-"):
+        for clocks in ("0 1", "0 7", "12 40"):
+            fen = f"rnbqkbnr/pppppppp/8/8/4P3/8/PPPP1PPP/RNBQKBNR b KQkq {spelling} {clocks}"
+            assert tasks.position_key(fen) == want == tasks.board_key(chess.Board(fen))
+    for uci in ("d7d5", "e4e5", "f7f5"):
+        board.push_uci(uci)
+    assert tasks.position_key(tasks.canonical_fen(board)) == board.epd() != tasks.position_key(board.fen(en_passant="fen").replace(" f6 ", " - "))
+    assert board.epd().split(" ")[3] == "f6"
+    assert tasks.position_key("not a fen at all x y") == "not a fen at"  # an invalid FEN: its first four fields
 
 
 def test_an_original_mate_spelling_that_names_no_mate_reads_as_no_eval():

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import gzip
+import hashlib
 import json
 import logging
 import math
@@ -100,7 +101,11 @@ class DatagenConfig:
     def content_key(self) -> dict:
         """The settings that decide the output (not where it goes or how many workers)."""
         skip = {"out_dir", "work_dir", "workers", "keep_work", "stockfish"}
-        return _resolved_exclude({k: v for k, v in dataclasses.asdict(self).items() if k not in skip})
+        key = _resolved_exclude({k: v for k, v in dataclasses.asdict(self).items() if k not in skip})
+        if self.exclude_dir:  # the positions themselves: a changed set there is another data set here
+            held = "\n".join(sorted(heldout_positions(self.exclude_dir))).encode()
+            key["exclude_positions"] = hashlib.sha256(held).hexdigest()[:16]
+        return key
 
     def work_path(self) -> Path:
         """Where the resumable state of this run lives."""
@@ -269,7 +274,7 @@ def select_samples(games: list[dict], cfg: DatagenConfig, progress: bool = False
         fen = tasks.canonical_fen(board)
         history: list[str] = []
         for ply, uci in enumerate(g["moves"]):
-            key = tasks.position_key(fen)
+            key = tasks.board_key(board)  # one key per position, whatever the en-passant spelling
             played = None  # the A: sample of the move played, if taken
             move = chess.Move.from_uci(uci)
             mine = owner.setdefault(key, split) == split
@@ -765,9 +770,10 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
         return kept
     if not fresh and not _resumes_into(work, cfg.out_dir) and _settings_of(made_here) != state and (
             there := [f.name for name in DATA_FILES for f in data_files_of(name, cfg.out_dir)]):
+        differ = f" ({_settings_diff(made_here, state)})" if isinstance(made_here, dict) else ""
         raise ValueError(f"{cfg.out_dir} already holds a data set ({', '.join(there[:3])}{', ...' if len(there) > 3 else ''}) "
-                         "that no run of these settings made: datagen would replace it; choose an empty --out, delete "
-                         "those files, or pass --fresh to replace them")
+                         f"that no run of these settings made{differ}: datagen would replace it; choose an empty --out, "
+                         "delete those files, or pass --fresh to replace them")
     seconds: dict[str, float] = {}
     clock = time.perf_counter
     _open_work_dir(work, state, fresh, cfg.out_dir)
@@ -839,12 +845,16 @@ def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
             raise ValueError(path)
     except ValueError:
         raise DataFormatError(f"corrupt work file: {path}; delete {work} or rerun with --fresh") from None
-    a = {**_resolved_exclude(old.get("config", {})), "engine": old.get("engine")}
-    b = {**state["config"], "engine": state["engine"]}
-    diffs = [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    if diffs:
-        raise WorkDirMismatch(f"{work} holds an interrupted run with other settings ({'; '.join(diffs)}); "
+    if diffs := _settings_diff({**old, "config": _resolved_exclude(old.get("config") or {})}, state):
+        raise WorkDirMismatch(f"{work} holds an interrupted run with other settings ({diffs}); "
                               "rerun with those settings to resume it, or pass --fresh to discard it")
+
+
+def _settings_diff(old: dict, new: dict) -> str:
+    """"key: old -> new; ..." between two records of settings and engine (see _settings_of)."""
+    a = {**(old.get("config") or {}), "engine": old.get("engine")}
+    b = {**new["config"], "engine": new["engine"]}
+    return "; ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
 def _read_work(path: Path) -> list[dict]:

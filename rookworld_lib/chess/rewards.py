@@ -273,7 +273,7 @@ def register_truth(records: Iterable) -> int:
             try:
                 if get("task") == "P":
                     t = policy_truth(rec)
-                    _POLICY_TRUTH[_policy_key(t.fen)] = t
+                    _POLICY_TRUTH[tasks.position_key(t.fen)] = t
                 elif get("task") == "A":
                     key = get("prompt") or tasks.env_prompt(get("fen"), get("move"), get("history"))
                     _ENV_TRUTH[key] = env_truth(rec)
@@ -282,11 +282,6 @@ def register_truth(records: Iterable) -> int:
             n += get("task") in ("P", "A")
         _REGISTRY_VERSION[0] += 1
     return n
-
-
-def _policy_key(fen: str) -> str:
-    # one key per position whatever the en-passant spelling (original prompts may differ from ours)
-    return tasks.position_key(tasks.normalized_fen(fen) or fen)
 
 
 def clear_truth() -> None:
@@ -435,7 +430,7 @@ def _policy_truth_for(board: chess.Board, truth: PolicyTruth | None, engine, poo
             raise TruthError(f"the truth is for {truth.fen!r}, not for the prompt's position {fen!r}")
         return truth, "given"
     with _REGISTRY_LOCK:
-        t = _POLICY_TRUTH.get(_policy_key(board.fen()))
+        t = _POLICY_TRUTH.get(tasks.position_key(board.fen()))
     if t is not None:
         return t, "registered"
     if pool is None:

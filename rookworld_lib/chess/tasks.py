@@ -196,8 +196,16 @@ def same_position(a: str, b: str) -> bool:
 
 
 def position_key(fen: str) -> str:
-    """The FEN's first four fields (placement, turn, castling, en passant): a position, not a clock."""
-    return " ".join(fen.split(" ")[:4])
+    """The position a FEN describes, not its clocks, in one spelling whatever its en-passant
+    convention (:func:`board_key`): FENs that :func:`same_position` equates share a key. An invalid
+    FEN: its first four fields as written."""
+    return " ".join(fen.split(" ")[:4]) if fen_error(fen) else board_key(_checked_board(fen)[0])
+
+
+def board_key(board: chess.Board) -> str:
+    """:func:`position_key` of a board: python-chess's EPD (placement, turn, castling, and the
+    en-passant square only where a legal capture exists)."""
+    return board.epd(en_passant="legal")
 
 
 # --- Evaluations ---
