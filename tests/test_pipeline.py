@@ -158,6 +158,25 @@ def test_notebook_06_alone_explores_the_newest_run_under_out_not_the_new_empty_f
         out / "20260102-000000")
 
 
+def test_notebook_06_alone_with_no_model_under_out_looks_no_further_than_out(tmp_path, monkeypatch):
+    """Where no run under --out has exported a model, 06 was passed run_dir None and took the newest run
+    under runs/ (ROOKWORLD_RUNS_DIR), a folder outside --out; it is now told where to look (runs_root),
+    and its own fallback finds no model there."""
+    from rookworld_lib.lab import explore
+
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    (elsewhere / "20260101-000000" / "training" / "final").mkdir(parents=True)
+    (elsewhere / "20260101-000000" / "training" / "final" / "config.json").write_text("{}")
+    monkeypatch.setattr(explore, "RUNS_DIR", elsewhere)
+    seen = {}
+    monkeypatch.setattr(pipeline, "execute", lambda nb, o, params, run_dir: seen.update(params))
+    pipeline.run_pipeline("cpu", out, only=["06"])
+    assert seen["run_dir"] is None and seen["runs_root"] == str(out.resolve())
+    explored = {**seen, "explore": explore}
+    exec("root = runs_root or explore.RUNS_DIR\nrun = run_dir or explore.latest_run(root)", explored)  # 06's cell
+    assert explored["run"] is None and explore.latest_run(explore.RUNS_DIR) == elsewhere / "20260101-000000"
+
+
 def test_a_failed_notebook_is_named_by_its_exception_and_the_first_line_of_its_message(tmp_path):
     """An assert whose message is a printed table was reported by the table's last line
     (`Name: prompt_tokens, dtype: float64`)."""
@@ -563,6 +582,19 @@ def test_a_run_checks_every_parameter_of_every_notebook_before_it_starts(noteboo
         if not torch.cuda.is_available():
             with pytest.raises(ParameterError, match=r"\(notebook parameter 'device'\) requested but CUDA is not available"):
                 pipeline.check_parameter_values(notebook, {"device": "cuda"})
+
+
+def test_notebook_04_refuses_a_sequence_longer_than_its_models_context_before_the_run():
+    """`-p seq_len 512` on the CPU matrix's models (context 256) was taken, every row but the baseline ran,
+    and the notebook stopped on a bare assert; the check cell now refuses it, naming the parameter."""
+    from rookworld_lib.lab.parameters import ParameterError
+
+    nb = next(p for p in pipeline.numbered_notebooks() if p.name.startswith("04_"))
+    for model in ("tiny", "cpu-small", "cpu-medium"):
+        pipeline.check_parameter_values(nb, {"model": model, "seq_len": 256})
+        with pytest.raises(ParameterError, match="notebook parameter 'seq_len' must be <= 256, got 512"):
+            pipeline.check_parameter_values(nb, {"model": model, "seq_len": 512})
+    pipeline.check_parameter_values(nb, {"model": "gpt2", "seq_len": 1024})
 
 
 def test_the_report_folds_in_every_notebooks_fragment(tmp_path):

@@ -315,7 +315,8 @@ def _run_notebooks(plan: dict, run_dir: Path, meta: dict, results: list[dict]) -
     notebooks, declared = plan["notebooks"], plan["declared"]
     figures = run_dir / "figures"
     figures.mkdir(exist_ok=True)
-    offered = {"figures_dir": str(figures), "run_dir": str(run_dir), **plan["offered"]}
+    # runs_root: where 06, alone, looks for the newest run when none under --out has a model (not runs/)
+    offered = {"figures_dir": str(figures), "run_dir": str(run_dir), "runs_root": str(plan["out_root"]), **plan["offered"]}
     if not plan["trains"] and "run_dir" not in plan["args"]["parameters"] and any(
             nb.name.startswith("06") for nb in notebooks):  # 06 explores the newest run under --out, not this empty one
         offered["run_dir"] = None if (run := explore.latest_run(plan["out_root"])) is None else str(run)
