@@ -81,23 +81,29 @@ def test_position_explorer_follows_the_slider_and_scores_the_candidates(model, p
     assert 0 < only[0]["p_best"] < 1  # one candidate: still the probability of writing its move
 
 
-def test_candidate_probabilities_score_the_candidates_in_the_order_the_model_was_trained_on(model, policy_records):
+@pytest.mark.parametrize("layout", ["compact", "original"])
+def test_candidate_probabilities_score_the_candidates_in_the_order_the_model_was_trained_on(model, policy_records, layout):
     """A model SFT trained on sorted candidates (ORDER_KEY "uci", the cpu-long profile) is scored on
     the M:/E: fields SFT wrote for it (RecordReader's text), not on the record's Stockfish order: a model
-    that copies its first candidate gave one move p 0.67 in one order and 0.00 in the other."""
+    that copies its first candidate gave one move p 0.67 in one order and 0.00 in the other. In the
+    original layout too, whose own order is shuffled: the sorted candidates were scored shuffled."""
     from pathlib import Path
 
-    from rookworld_lib.chess.training import ORDER_KEY, RecordReader
+    from rookworld_lib.chess import tasks
+    from rookworld_lib.chess.training import LAYOUT_KEY, ORDER_KEY, RecordReader
     rec = next(r for r in policy_records if list(r["moves"]) != sorted(r["moves"]))
     sorted_model = GPT(GPTConfig.preset("tiny")).eval()
     sorted_model.load_state_dict(model.state_dict())
-    sorted_model.meta[ORDER_KEY] = "uci"
-    prompt = encode_prompt(rec["prompt"], sorted_model.prompt_prefix)
+    sorted_model.meta.update({ORDER_KEY: "uci", LAYOUT_KEY: layout})
+    sorted_model.prompt_prefix = model.prompt_prefix
+    prompt_text = tasks.policy_prompt(rec["fen"], layout)
+    prompt = encode_prompt(prompt_text, sorted_model.prompt_prefix)
     got = explore.candidate_probabilities(sorted_model, rec)
     assert [c["move"] for c in got] == rec["moves"]
     for c in got:  # SFT's text with this candidate as B:, after the prompt; a plain forward pass
-        text = RecordReader("compact", "uci")._text(dict(rec, best=c["move"]), Path("test.jsonl"))
-        comp = encode(text[len(rec["prompt"]):]) + [EOT_ID]
+        text = RecordReader(layout, "uci")._text(dict(rec, best=c["move"]), Path("test.jsonl"))
+        assert text.startswith(prompt_text)
+        comp = encode(text[len(prompt_text):]) + [EOT_ID]
         with torch.no_grad():
             logp = torch.log_softmax(sorted_model(torch.tensor([prompt + comp]))[0, len(prompt) - 1:-1].double(), -1)
         assert math.isclose(c["logp_completion"], logp.gather(1, torch.tensor(comp)[:, None]).sum().item(), abs_tol=1e-3)

@@ -225,6 +225,13 @@ def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread):  # no
     assert config[training.ORDER_KEY] == "uci" and config[training.LAYOUT_KEY] == "compact"
     assert training.candidate_order_for(out / "final") == "uci"  # what a run from this model keeps by default
     assert training.candidate_order_for(None) == "layout"
+    # from that model, back to the layout's order: the export says so (it kept the start model's "uci")
+    back = tmp_path / "back"
+    assert main(["sft", "--train-data", str(train), "--init-from", str(out / "final"), "--batch-size", "2",
+                 "--max-steps", "1", "--warmup-steps", "0", "--policy-fraction", "1", "--candidate-order", "layout",
+                 "--out", str(back), "--no-progress", "--device", "cpu"]) == 0
+    assert training.ORDER_KEY not in json.loads((back / "final" / "config.json").read_text())
+    assert training.candidate_order_for(back / "final") == "layout"
     config[training.ORDER_KEY] = "random"
     (out / "final" / "config.json").write_text(json.dumps(config))
     with pytest.raises(training.CheckpointFormatError, match=r"rookworld_candidate_order is 'random'"):
@@ -314,18 +321,20 @@ def test_init_from_a_hugging_face_directory(tmp_path):
 def test_a_resumed_run_from_a_hugging_face_start_exports_what_it_carried(tmp_path):
     """What a Hugging Face start carries for its task (its config.json's rookworld_* keys) goes into the
     export; a run stopped and resumed rebuilt its model from the checkpoint's shape and dropped it, so the
-    same run exported another config.json (the rollout temperature `rookworld eval` samples at, gone)."""
+    same run exported another config.json. Not carried: a GRPO export's rollout temperature, which
+    `rookworld eval` would sample this SFT model's pass@1 at (it is no GRPO model: 1.0)."""
     from rookworld_lib.core.model import GPT, GPTConfig
 
     source = GPT(GPTConfig.preset("tiny", **TINY_MODEL))
-    source.meta = {"rookworld_rollout_temperature": 0.7, "rookworld_layout": "compact"}
+    source.meta = {"rookworld_rollout_temperature": 0.7, "rookworld_layout": "compact", "rookworld_note": "kept"}
     source.save_pretrained(tmp_path / "hf")
     kw = dict(init_from=str(tmp_path / "hf"), model="gpt2", model_overrides={}, max_steps=4, export_hf=True)
     train_sft(tiny_cfg(tmp_path / "whole", **kw), train_texts=TEXTS)
     train_sft(tiny_cfg(tmp_path / "stopped", **kw), train_texts=TEXTS, until=2)
     train_sft(tiny_cfg(tmp_path / "stopped", **kw), train_texts=TEXTS)
     configs = [json.loads((tmp_path / run / "final" / "config.json").read_text()) for run in ("whole", "stopped")]
-    assert configs[0]["rookworld_rollout_temperature"] == 0.7 and configs[0] == configs[1]
+    assert configs[0]["rookworld_note"] == "kept" and configs[0] == configs[1]
+    assert "rookworld_rollout_temperature" not in configs[0] and configs[0]["rookworld_layout"] == "compact"
 
 
 def _trainer_from_transformers_gpt2(root: Path, **config) -> SFTTrainer:

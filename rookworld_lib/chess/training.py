@@ -132,6 +132,8 @@ class RecordReader(TextReader):
     `candidate_order` (CANDIDATE_ORDERS), or {"text": ...} lines; decided per file by its first line.
     The export records the layout and a candidate order other than the layout's."""
 
+    meta_keys = (LAYOUT_KEY, ORDER_KEY)
+
     def __init__(self, layout: str = "compact", candidate_order: str = "layout"):
         tasks.check_layout(layout)
         if candidate_order not in CANDIDATE_ORDERS:

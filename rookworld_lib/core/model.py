@@ -442,6 +442,8 @@ HF_DEFAULT_PDROP = 0.1
 # layer's GPT.meta. A GPT-2 directory without PROMPT_PREFIX_KEY is prompted with no prefix.
 META_PREFIX = "rookworld_"
 PROMPT_PREFIX_KEY = "rookworld_prompt_prefix"
+# a GRPO export's rollout temperature (GPT.meta), which sampled evaluations use; an SFT run drops it
+ROLLOUT_TEMPERATURE_KEY = "rookworld_rollout_temperature"
 
 
 class CheckpointFormatError(ValueError):

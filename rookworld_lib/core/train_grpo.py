@@ -43,7 +43,7 @@ import torch
 from . import distributed, grpo
 from .checkpoint import weights_fingerprint
 from .config import SEED_MAX, bad_field, check_applies, check_weights, config_class, option, validate
-from .model import GPT, META_PREFIX
+from .model import GPT, META_PREFIX, ROLLOUT_TEMPERATURE_KEY
 from .sampling import MIN_TEMPERATURE, SamplingConfig, check_fits, generate, sequence_logprobs
 from .task_vocab import TaskVocab, sampling_view
 from .tokenizer import EOT_ID, check_vocabulary, encode_prompt, get_tokenizer
@@ -52,8 +52,6 @@ from .trainer import Trainer, check_export_spares
 
 METRICS_FILE = "grpo_metrics.jsonl"
 COMPLETIONS_FILE = "completions.jsonl"
-# The config.json key of a GRPO export's rollout temperature (GPT.meta): sampled evaluations use it
-ROLLOUT_TEMPERATURE_KEY = "rookworld_rollout_temperature"
 # A completions.jsonl row: the step; the group (prompt index within the step); the prompt's task; prompt and
 # completion text; reward and advantage; the completion's mean token ratio new/old at its first update
 # and the fraction of its tokens with a ratio outside [1 - clip_eps_low, 1 + clip_eps_high] (null when

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .config import SEED_MAX, bad_field, check_applies, check_number, check_weights, config_class, option, validate
-from .model import GPT, PRESETS, GPTConfig, read_config_json
+from .model import GPT, PRESETS, ROLLOUT_TEMPERATURE_KEY, GPTConfig, read_config_json
 from .paths import RUNS_DIR, DataFormatError, atomic_write, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
@@ -238,6 +238,9 @@ class TextReader:
 
     name = "text"
     meta: dict = {}
+    # the GPT.meta keys this reader decides, present in `meta` or not (absent: the reader's default): a
+    # start model's values for them are not this run's
+    meta_keys: tuple[str, ...] = ()
 
     def iter_texts(self, paths: Sequence[str | os.PathLike]) -> Iterator[str]:
         """The sample texts of `paths`, one at a time (memory does not grow with the files)."""
@@ -672,7 +675,10 @@ class SFTTrainer(Trainer):
             model = GPT.from_pretrained(cfg.init_from, **cfg.model_overrides,
                                         gradient_checkpointing=cfg.activation_checkpointing)
             check_vocabulary(model)  # GPT-2's tokens, no more: the export must be what eval and grpo sample
-        model.meta.update(self.reader.meta)
+        # what a start model carried for its task stays, but not how it was sampled (a GRPO export's
+        # rollout temperature) or rendered (the reader's keys): this run's text decides those
+        stale = {ROLLOUT_TEMPERATURE_KEY, *self.reader.meta_keys}
+        model.meta = {k: v for k, v in model.meta.items() if k not in stale} | self.reader.meta
         model.prompt_prefix = EOT_TOKEN  # PackedStream puts EOT before every sample
         if self.vocab is not None:
             pin_bias_coordinate(model)  # a checkpoint's values, loaded later, were pinned since step 0

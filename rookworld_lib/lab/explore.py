@@ -197,8 +197,9 @@ def candidate_probabilities(model: GPT, record: dict) -> list[dict]:
     probability of the tokens after "B:" (disjoint events: they add up to at most 1). The M:/E: fields
     list the candidates in the order the model was trained on (its ORDER_KEY: sorted for "uci")."""
     cfg, tok = EvalConfig().for_model(model), get_tokenizer()
-    moves, evals = candidates_in_order(record["moves"], record["evals"], model.meta.get(ORDER_KEY, "layout"))
-    texts = [tasks.policy_completion(moves, evals, m, cfg.layout) for m in record["moves"]]
+    order = model.meta.get(ORDER_KEY, "layout")
+    moves, evals = candidates_in_order(record["moves"], record["evals"], order)
+    texts = [tasks.policy_completion(moves, evals, m, cfg.layout, shuffle=order == "layout") for m in record["moves"]]
     ids = [encode(t, tok) + [EOT_ID] for t in texts]
     head = encode(texts[0][:texts[0].rindex("B:") + 2], tok)  # " M: ... E: ... B:", the same in every text
     assert all(x[:len(head)] == head for x in ids), "the B: move must start a new token"
