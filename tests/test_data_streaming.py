@@ -137,15 +137,21 @@ def test_stream_task_vocabulary_is_the_in_memory_one(shards):
     assert streamed.token_ids().tolist() == in_memory.token_ids().tolist()
 
 
-def test_stream_names_a_bad_line_when_it_reaches_it_and_empty_pools(tmp_path, shards):
+def test_stream_names_a_bad_line_when_it_is_made_and_empty_pools(tmp_path, shards):
+    """A bad line anywhere stops the stream as it is made: it was named where a draw first reached it,
+    hours into a run, up to a checkpoint interval of steps lost, and its fix then changed the data the
+    run's resume must find (refused)."""
     bad = tmp_path / "bad.jsonl.gz"
-    recs = data.load_split("P", "val")[:3]
+    recs = data.load_split("P", "val")[:400]
     with gzip.open(bad, "wt") as f:
-        f.write(json.dumps(recs[0]) + "\n" + json.dumps({**recs[1], "best": "a1a1"}) + "\n")
-    stream = sft.StreamingPackedStream([str(bad)], reader=READER, seed=0, buffer=1)
-    with pytest.raises(data.DataFormatError, match=rf"{bad}:2: field 'best'"):
-        for _ in range(10):
-            stream.next_batch(2, 64)
+        f.writelines(json.dumps(r) + "\n" for r in recs[:-1])
+        f.write(json.dumps({**recs[-1], "best": "a1a1"}) + "\n")
+    with pytest.raises(data.DataFormatError, match=rf"{bad}:400: field 'best'"):
+        sft.StreamingPackedStream([str(bad)], reader=READER, seed=0, buffer=1)
+    out = tmp_path / "run"
+    with pytest.raises(data.DataFormatError, match=rf"{bad}:400: field 'best'"):
+        sft.train_sft(tiny_cfg(out, train_data=[str(bad)], stream=True, max_steps=2), reader=READER)
+    assert not (out / "checkpoints").exists()
     with pytest.raises(ValueError, match="gives 'A' a share of 0.5, but the train data has no sample"):
         sft.StreamingPackedStream([shards[0]], reader=READER, seed=0, task_weights=HALF)
 

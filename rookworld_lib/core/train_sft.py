@@ -436,7 +436,9 @@ def _content_digest(path: Path, whole: int = 8 << 20, block: int = 64 << 10, blo
 class StreamingPackedStream(PackedStream):
     """PackedStream's stream (same packing, task draws and resumable position) read from JSONL files
     as it goes: each pool's samples come through a seeded shuffle buffer of `buffer` texts, the
-    files in a fresh seeded order every epoch, each line validated and tokenized when it is used.
+    files in a fresh seeded order every epoch, each line tokenized when it is used. Every line is
+    validated once when the stream is made (a pass over the files: a bad line, file:line, stops the run
+    before its first step, not hours in, where its fix would change the data a resume must find).
     Memory is the buffer, whatever the size of the files. Deterministic given the seed; a resume
     (load_state_dict) replays the draws up to the saved position without tokenizing them."""
 
@@ -446,12 +448,12 @@ class StreamingPackedStream(PackedStream):
         self.paths, self.reader, self.buffer = [str(p) for p in paths], reader or TextReader(), int(buffer)
         self.enc = tokenizer or get_tokenizer()
         self.pool_names, self.cuts = _mix(task_weights)
-        # fail now, not at the first draw from an empty pool
-        if task_weights is None and next(self._texts("all", 0), None) is None:
+        # every line checked now; fail now, not at the first draw from an empty pool
+        present = {task_of(text.lstrip(), self.pool_names) for text in self.reader.iter_texts(self.paths)}
+        if task_weights is None and not present:
             raise ValueError(f"{name} data is empty: no samples to train on")
         if task_weights is not None:
-            _check_pools(task_weights, [t for t in self.pool_names if task_weights[t] > 0
-                                        and next(self._texts(t, 0), None) is not None], name)
+            _check_pools(task_weights, [t for t in self.pool_names if task_weights[t] > 0 and t in present], name)
         self.pools = [None] * len(self.pool_names)  # nothing held: see token_ids
         self.n_samples = self.n_tokens = None  # unknown without a pass over the data
         self.fingerprint = self._fingerprint()
