@@ -152,6 +152,14 @@ def test_cache_is_keyed_by_position_and_limit(pool):
     assert a2.limit == "depth=4" and pool.cache.info()["misses"] == 2
     a3 = pool.analyse(fen, multipv=1)
     assert len(a3.moves) == 1 and pool.cache.info()["misses"] == 3
+    # and by the engine that searched: pools sharing a cache (every pool's default) with another hash size,
+    # or a search keeping the hash of earlier ones, answer otherwise (Hash 1 against 16 changed 6 of 30
+    # depth-8 labels); a pool of the same settings shares the entries
+    for other in (EngineSettings(depth=8, hash_mb=1), EngineSettings(depth=8, fresh_search=False)):
+        with EnginePool(other, size=1, cache=pool.cache) as p:
+            assert p.analyse(fen) is not a1
+    with EnginePool(EngineSettings(depth=8), size=1, cache=pool.cache) as same:
+        assert same.analyse(fen) is a1 and same._engines == []
 
 
 def test_results_are_reproducible_across_processes_and_history(pool):

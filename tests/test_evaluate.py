@@ -61,6 +61,27 @@ def start_record():
             "evals": ["0.35", "0.3", "0.28", "0.2", "0.15"], "limit": "depth=8"}
 
 
+def test_without_stockfish_the_cp_loss_says_how_many_of_its_evals_were_estimated(monkeypatch):
+    """A legal B: outside the candidates is searched by Stockfish where it is installed and estimated where
+    not (rewards' engine="auto"): the same answers gave cp_loss 106 and 98 with nothing telling the two
+    apart. Offline the results carry policy/cp_loss_estimated, the share of estimated evals."""
+    from rookworld_lib.chess import rewards
+    rec = start_record()
+    completions = [" M: e2e4 d2d4 g1f3 c2c4 e2e3 E: 0.35 0.3 0.28 0.2 0.15 B: e2e4",
+                   " M: e2e4 d2d4 g1f3 c2c4 e2e3 E: 0.35 0.3 0.28 0.2 0.15 B: a2a3"]  # a2a3: not a candidate
+    cfg = ev.EvalConfig(selfplay_games=0)
+    rewards.clear_cache(analyses=True)
+    monkeypatch.setattr(rewards, "stockfish_available", lambda *a: False)
+    offline = ev.evaluate_policy(None, [rec] * 2, cfg, completions=completions)
+    assert offline["policy/cp_loss"].n == 2 and offline["policy/cp_loss_estimated"].value == pytest.approx(1 / 2)
+    assert ev.NOTES["policy/cp_loss_estimated"].startswith("(ours only, without Stockfish)")
+    rewards.clear_cache(analyses=True)
+    monkeypatch.undo()
+    if rewards.stockfish_available():
+        assert "policy/cp_loss_estimated" not in ev.evaluate_policy(None, [rec] * 2, cfg, completions=completions)
+    rewards.clear_cache(analyses=True)
+
+
 def test_policy_metrics_by_hand():
     rec = start_record()
     completions = [

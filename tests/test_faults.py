@@ -470,6 +470,30 @@ def unlisted_move_answer():
     return rec, rec["completion"].rsplit("B:", 1)[0] + f"B: {other}"
 
 
+def test_a_stockfish_that_is_found_but_cannot_run_fails_the_reward_of_a_row_with_truth(tmp_path, monkeypatch,
+                                                                                        unlisted_move_answer):
+    """A binary that is there but cannot start (here a script whose interpreter is missing): a B: outside the
+    candidates needs it, so the reward raises EngineFailedError; TRL's wrapper scored such rows None, as
+    if no engine were to be had, and so left exactly the off-label answers out of the advantages."""
+    engine.close_all_engines()
+    broken = tmp_path / "stockfish"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("STOCKFISH_PATH", str(broken))
+    rewards.clear_cache(analyses=True)
+    rec, answer = unlisted_move_answer
+    columns = {c: [rec[c]] for c in ("fen", "moves", "evals", "limit")}
+    try:
+        with pytest.raises(engine.EngineFailedError, match=f"outside the candidates: cannot start Stockfish at '{broken}'"):
+            rewards.score_policy(rec["prompt"], answer, truth=rec)
+        with pytest.raises(engine.EngineFailedError, match="cannot start Stockfish"):
+            rewards.trl_reward_function("P", engine="auto")([rec["prompt"]], [answer], **columns)
+        assert rewards.trl_reward_function("P", engine="auto")([rec["prompt"]], [rec["completion"]], **columns) == [1.0]
+    finally:
+        engine.close_all_engines()
+        rewards.clear_cache(analyses=True)
+
+
 @pytest.mark.parametrize("kind", list(FAKE_ENGINES))
 def test_a_broken_engine_raises_engine_failed_in_the_reward_never_a_score(tmp_path, monkeypatch, kind,
                                                                           unlisted_move_answer):

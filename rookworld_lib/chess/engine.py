@@ -202,7 +202,7 @@ class Analysis:
 
 
 class AnalysisCache:
-    """A thread-safe LRU of analyses keyed by (FEN, limit, multipv, root moves)."""
+    """A thread-safe LRU of analyses keyed by (engine binary and settings, FEN, limit, multipv, root moves)."""
 
     def __init__(self, maxsize: int = 200_000):
         self.maxsize = maxsize
@@ -515,7 +515,10 @@ class EnginePool:
         limit = limit or self.settings.limit
         roots = tuple(sorted(root_moves)) if root_moves else None
         fen, lkey = board.fen(en_passant="fen"), limit_key(limit)
-        key = (fen, lkey, multipv, roots)
+        # which engine searched, and how: another binary, hash size or thread count, or a search that
+        # keeps the hash of earlier ones, answers otherwise (the cache is shared by every pool)
+        s = self.settings
+        key = (self.path, s.threads, s.hash_mb, s.fresh_search, fen, lkey, multipv, roots)
         hit = self.cache.get(key) if self.cache is not None else None
         if hit is not None:
             return hit

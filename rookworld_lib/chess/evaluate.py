@@ -346,7 +346,7 @@ def evaluate_policy(model: GPT, records: Sequence, cfg: EvalConfig, completions:
 
 
 def _score_policy(records: list, prompts: list[str], completions: list[str]) -> dict:
-    valid, legal, correct, overlaps, cp_losses, agree = [], [], [], [], [], []
+    valid, legal, correct, overlaps, cp_losses, agree, estimated = [], [], [], [], [], [], []
     for i, (rec, prompt, text) in enumerate(zip(records, prompts, completions)):
         parse = tasks.parse_policy_completion(text)
         with _naming_record(i, rec):
@@ -359,10 +359,13 @@ def _score_policy(records: list, prompts: list[str], completions: list[str]) -> 
         overlaps.append(score.moves_overlap)
         if score.cp_loss is not None:
             cp_losses.append(clipped_cp_loss(tasks.parse_eval(rec["evals"][0]).to_cp(), score.cp_loss))
+            estimated.append(score.estimated)
     keys = [record_key(r) for r in records]
     out = {"policy/valid": rate(valid, keys), "policy/legal_best_move": rate(legal, keys),
            "policy/best_move_accuracy": rate(correct, keys), "policy/top5_overlap": mean_interval(overlaps, share=True),
            "policy/cp_loss": mean_interval(cp_losses, bounds=(0.0, 2.0 * EVAL_CLIP_CP))}
+    if any(estimated):  # no Stockfish: a B: outside the candidates got an estimated eval (rewards' engine="auto")
+        out["policy/cp_loss_estimated"] = rate(estimated)
     if agree:
         out["policy/original_label_agreement"] = rate(agree, [record_key(r) for r in records
                                                               if r.get("original_best") is not None])
@@ -480,7 +483,10 @@ def comparison_table(columns: dict[str, dict], reference: dict = REFERENCE_ROOKW
 
 # What a metric with no reference figure measures, where its name does not say it (comparison_table)
 NOTES = {"policy/cp_loss": "(ours only) centipawns B: loses against Stockfish's best, lower is better, over the "
-                           "answers whose B: is legal: each model's own set of positions (n), not paired"}
+                           "answers whose B: is legal: each model's own set of positions (n), not paired; a B: "
+                           "outside the candidates is searched by Stockfish, estimated where none is installed",
+         "policy/cp_loss_estimated": "(ours only, without Stockfish) share of those B: evals estimated: the last "
+                                     "candidate's eval minus a margin, not searched"}
 
 TERMINAL_WIDTH = 120
 

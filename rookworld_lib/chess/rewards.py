@@ -450,7 +450,10 @@ def _unlisted_eval(board: chess.Board, move: str, truth: PolicyTruth, pool,
             limit = parse_limit_key(truth.limit)
         except ValueError:
             limit = None
-        a = pool.analyse(board, multipv=1, limit=limit, root_moves=[move])  # EngineFailedError propagates
+        try:
+            a = pool.analyse(board, multipv=1, limit=limit, root_moves=[move])  # EngineFailedError propagates
+        except StockfishNotFoundError as exc:  # found, but it cannot run: a broken set-up, not "no engine to be had"
+            raise EngineFailedError(f"searching {move} outside the candidates: {exc}") from None
         if a.evals:
             e = a.evals[0]
             return (last if last is not None and e.to_cp() > last.to_cp() else e), False  # ranked below `last`
