@@ -520,6 +520,19 @@ def test_an_unreadable_json_line_is_reported_with_its_line_number(tmp_path):
                                    f"{src}:4: not a JSON object with a 'text' field"]
 
 
+def test_a_line_quoting_a_lone_surrogate_is_reported_and_the_rest_converted(tmp_path, capsys):
+    """JSON may spell a lone surrogate ("\\ud800"); the line's reason quotes it, and writing or printing that
+    reason stopped the whole conversion (`'utf-8' codec can't encode`): it is shown as the escape."""
+    src = tmp_path / "set.jsonl"
+    good = policy_fixtures()[0]
+    src.write_text(json.dumps({"text": good}) + "\n" + json.dumps({"text": good.replace(" B: ", "\ud800 B: ")}) + "\n")
+    assert convert.cli([str(src), "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress"]) == 0
+    assert f"{src}:2: " in capsys.readouterr().out
+    errors = (tmp_path / "out" / "convert_errors_test.txt").read_text().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"{src}:2: ") and "\\ud800" in errors[0]
+    assert len(data.load_split("P", "test", tmp_path / "out")) == 1
+
+
 def test_layout_records_read_alike_from_a_directory_and_a_loaded_model(tmp_path):
     """read_layout (a directory) and layout_of (a loaded model) agree: recorded, original (no record,
     no prefix: a RookWorld-LM-124M copy, even after a save), compact (our SFT's EOT prefix), refused."""

@@ -101,6 +101,16 @@ def test_a_non_utf8_line_of_a_text_file_is_named_by_file_and_line(tmp_path):
         list(paths.json_lines(tmp_path / "missing.jsonl"))
 
 
+def test_a_json_line_nested_too_deeply_to_read_is_named_by_file_and_line(tmp_path):
+    """json's decoder recurses per level: 200,000 brackets raised RecursionError, a traceback in sft, eval
+    and convert; it is a bad line like any other, and the lines around it are read."""
+    from rookworld_lib.core.paths import read_jsonl
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"text": "P: a"}\n' + "[" * 200_000 + "\n" + '{"text": "P: b"}\n')
+    assert list(read_jsonl(path)) == [(1, {"text": "P: a"}, None), (2, None, "invalid JSON (nested too deeply to read)"),
+                                      (3, {"text": "P: b"}, None)]
+
+
 def test_sft_names_the_non_utf8_line_of_a_text_file(tmp_path, capsys):
     path = _text_file_with_a_latin1_line(tmp_path)
     rc, err = run_cli(capsys, "sft", "--train-data", str(path), "--model", "tiny", "--max-steps", "1", "--warmup-steps", "0",

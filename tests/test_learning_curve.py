@@ -90,6 +90,12 @@ def test_eval_every_checkpoint_writes_curve_json_and_names_a_run_without_checkpo
     assert cli.main(["eval", str(tmp_path), "--every-checkpoint"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("rookworld eval: error: ") and "no step_*.pt checkpoint" in err[-1]
+    # a mistyped run folder is named, and not made (the run lock made it, with its .lock in it)
+    assert cli.main(["eval", str(tmp_path / "typo" / "run"), "--every-checkpoint"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"rookworld eval: error: {tmp_path / 'typo' / 'run'}: no such folder; --every-checkpoint takes a "
+        "`rookworld sft` --out")
+    assert not (tmp_path / "typo").exists()
     metrics = (run / "metrics.jsonl").read_bytes()  # a run folder without its metrics (a GRPO run's, say)
     (run / "metrics.jsonl").unlink()
     assert cli.main(["eval", str(run), "--every-checkpoint"]) == 1

@@ -318,7 +318,7 @@ def test_init_from_a_hugging_face_directory(tmp_path):
         tiny_cfg(tmp_path / "run", init_from=str(tmp_path / "hf"), block_size=128, model_overrides={})
 
 
-def test_a_resumed_run_from_a_hugging_face_start_exports_what_it_carried(tmp_path):
+def test_a_resumed_run_from_a_hugging_face_start_exports_what_it_carried(tmp_path, monkeypatch):
     """What a Hugging Face start carries for its task (its config.json's rookworld_* keys) goes into the
     export; a run stopped and resumed rebuilt its model from the checkpoint's shape and dropped it, so the
     same run exported another config.json. Not carried: a GRPO export's rollout temperature, which
@@ -331,7 +331,8 @@ def test_a_resumed_run_from_a_hugging_face_start_exports_what_it_carried(tmp_pat
     kw = dict(init_from=str(tmp_path / "hf"), model="gpt2", model_overrides={}, max_steps=4, export_hf=True)
     train_sft(tiny_cfg(tmp_path / "whole", **kw), train_texts=TEXTS)
     train_sft(tiny_cfg(tmp_path / "stopped", **kw), train_texts=TEXTS, until=2)
-    train_sft(tiny_cfg(tmp_path / "stopped", **kw), train_texts=TEXTS)
+    monkeypatch.chdir(tmp_path)  # the same start spelled otherwise (relative, a trailing slash) resumes: it was refused
+    train_sft(tiny_cfg(tmp_path / "stopped", **{**kw, "init_from": "hf/"}), train_texts=TEXTS)
     configs = [json.loads((tmp_path / run / "final" / "config.json").read_text()) for run in ("whole", "stopped")]
     assert configs[0]["rookworld_note"] == "kept" and configs[0] == configs[1]
     assert "rookworld_rollout_temperature" not in configs[0] and configs[0]["rookworld_layout"] == "compact"
@@ -535,6 +536,9 @@ def test_an_earlier_runs_export_without_checkpoints_is_not_replaced_by_a_new_run
         shutil.rmtree(out / "final")
     aside = sorted(out.glob("metrics-*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
     assert len(aside) == 2 and aside[0].read_bytes() == kept[out / "metrics.jsonl"]
+    # and the settings those records were made with (the new run's replaced them): kept where they differ
+    settings = [json.loads(p.read_text())["seed"] for p in out.glob("sft_config-*.json")]
+    assert settings == [SFTConfig().seed] and json.loads((out / "sft_config.json").read_text())["seed"] == 7
 
 
 def test_a_finished_run_run_again_reports_its_last_loss_not_none(tmp_path, capsys):

@@ -397,6 +397,8 @@ def _convert_into(out: Path, inputs: list[Path], split: str, workers: int, chunk
             for number, res in results:
                 report.lines += 1
                 if isinstance(res, str):
+                    # a lone surrogate quoted from the line (JSON's "\ud800") is shown as that escape, not refused
+                    res = res.encode(errors="backslashreplace").decode()
                     msg = f"{path}:{number}: {res}"
                     err_fh.write((msg + "\n").encode())
                     report.reasons[reason_kind(res)] += 1

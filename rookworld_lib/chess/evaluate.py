@@ -780,6 +780,8 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
         print(json.dumps({k: v["value"] if isinstance(v, dict) else v for k, v in row.items()}), file=sys.stderr)
 
     run = Path(args.model)
+    if not run.is_dir():  # before the lock, which would make the folder
+        raise CheckpointLoadError(f"{run}: no such folder; --every-checkpoint takes a `rookworld sft` --out")
     if not (run / METRICS_FILE).exists() and (run / GRPO_METRICS_FILE).exists():
         raise ValueError(f"{run} is a GRPO run; --every-checkpoint evaluates the checkpoints of a `rookworld sft` run")
     with run_lock(run):  # a run still training there would rotate its checkpoints away mid-curve: refused

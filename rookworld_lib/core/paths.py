@@ -146,9 +146,13 @@ def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
             yield lineno, None, why
         elif line.strip():
             try:
-                yield lineno, json.loads(line), None
+                value = json.loads(line)
             except ValueError as exc:
                 yield lineno, None, f"invalid JSON ({exc})"
+            except RecursionError:  # json's decoder recurses per nesting level
+                yield lineno, None, "invalid JSON (nested too deeply to read)"
+            else:
+                yield lineno, value, None
 
 
 def keep_aside(path: Path) -> Path:

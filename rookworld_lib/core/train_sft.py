@@ -29,7 +29,7 @@ import torch
 
 from .config import SEED_MAX, bad_field, check_applies, check_number, check_weights, config_class, option, validate
 from .model import GPT, PRESETS, ROLLOUT_TEMPERATURE_KEY, GPTConfig, read_config_json
-from .paths import RUNS_DIR, DataFormatError, atomic_write, json_lines
+from .paths import RUNS_DIR, DataFormatError, atomic_write, json_lines, keep_aside
 from .task_vocab import TaskVocab, pin_bias_coordinate
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
@@ -696,6 +696,11 @@ class SFTTrainer(Trainer):
         saved = (ckpt.get("extra") or {}).get("reader")  # None: a checkpoint from before the record
         return {} if saved in (None, self.reader.name) else {"text reader": (saved, self.reader.name)}
 
+    def resolved_settings(self) -> dict:
+        """init_from as a full path: `model`, `model/` and `/abs/model` are one start (a resume named them apart)."""
+        start = self.cfg.init_from
+        return {**super().resolved_settings(), "init_from": start if start == "scratch" else str(Path(start).resolve())}
+
     def checkpoint_extra(self) -> dict:
         val = {"val": None if self.val_stream is None else self.val_stream.fingerprint, "reader": self.reader.name}
         return val if self.vocab is None else {**val, "task_vocab": self.vocab.ids.tolist()}  # export_hf expands with it
@@ -728,7 +733,10 @@ class SFTTrainer(Trainer):
         cfg = self.cfg
         if self.dist.is_main:
             text = json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"  # atomic: a kill never leaves half of it
-            atomic_write(self.out_dir / "sft_config.json", lambda f: f.write(text.encode()))
+            path = self.out_dir / "sft_config.json"
+            if self.fresh and path.is_file() and path.read_text(errors="replace") != text:  # beside its kept records
+                log.warning("%s: the settings of an earlier run there are kept as %s", path, keep_aside(path).name)
+            atomic_write(path, lambda f: f.write(text.encode()))
         if self.fresh and cfg.eval_interval > 0:
             self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "eval/loss": self.evaluate(),
                                   "num_tokens": 0, "nonfinite/total": 0, "nonfinite/in_a_row": 0})
