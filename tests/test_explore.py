@@ -475,6 +475,16 @@ def test_the_clip_figures_push_is_r_times_a_where_the_clip_lets_it_through():
         assert sum(y is None for y in trace.y) == 1
 
 
+def test_the_vespo_figures_title_names_where_its_push_is_strongest():
+    """vespo's push phi(r) x A is strongest at r = k / λ (0.67 for A > 0, 1.5 for A < 0 at TRL's defaults), not
+    at r = 1: the title said it "fades smoothly as the ratio leaves 1", which the curves contradicted."""
+    fig = explore.clip_region_figure(0.2, 0.2, "vespo")
+    for trace in (t for t in fig.data if t.yaxis == "y2"):
+        peak = max(zip(trace.x, trace.y), key=lambda p: abs(p[1]))[0]
+        assert peak == pytest.approx(2 / 3 if trace.name == "A = +1" else 1.5, abs=0.005), trace.name
+    assert "peaks at r = k/λ (0.67 for A > 0, 1.50 for A < 0)" in fig.layout.title.text
+
+
 def _row(step, reward, clip_fraction=None):
     return {"step": step, "group": 0, "task": "P", "prompt": "P: x", "completion": "c", "reward": reward,
             "advantage": 0.0, "ratio": None if clip_fraction is None else 1.0, "clip_fraction": clip_fraction}

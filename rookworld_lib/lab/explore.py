@@ -541,7 +541,9 @@ def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: s
         xs, ys = _break_at_jumps(r.tolist(), push.tolist())
         fig.add_scatter(x=xs, y=ys, name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
     if vespo:
-        fig.update_layout(title="vespo: no clip range; the push fades smoothly as the ratio leaves 1", height=560)
+        peaks = (cfg.vespo_k_pos / cfg.vespo_lambda_pos, cfg.vespo_k_neg / cfg.vespo_lambda_neg)  # phi's maximum: r = k / λ
+        fig.update_layout(title=f"vespo: no clip; the push φ(r)·A peaks at r = k/λ ({peaks[0]:.2f} for A > 0, "
+                                f"{peaks[1]:.2f} for A < 0)", height=560)
     else:
         for x in (1 - eps_low, 1 + eps_high):
             fig.add_vline(x=x, line_dash="dot")

@@ -201,7 +201,8 @@ def onpolicy_ratio_tolerance(p: Profile) -> float:
 
     fp32 sampler and scorer differ in summation order only: on the cpu profile's SFT model at T = 0.3
     their token log-probs differ by 6e-7 (median), at most 4e-5, and the step's deviation grew to 4.5e-4
-    over a cpu run's 150 steps (measured 2026-11-29); under bf16 each rounds its own activations (a few
+    over a cpu run's 150 steps (measured 2026-11-29), to 7.9e-4 since the KL clamp of 2026-12-03 (an
+    AMD EPYC VM with AVX-512, step 113 of `make run` at e11f9d4); under bf16 each rounds its own activations (a few
     percent per token); beyond 0.1 something else is at work."""
     half = setup_runtime(p.grpo.device, p.grpo.dtype).amp_dtype is not None  # "auto": bf16 only where CUDA has it
     return 0.1 if half else 1e-3
