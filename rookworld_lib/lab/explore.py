@@ -542,7 +542,7 @@ def clip_region_figure(eps_low: float = 0.2, eps_high: float = 0.2, loss_type: s
         fig.add_scatter(x=xs, y=ys, name=f"A = {a:+.0f}", line_color=color, showlegend=False, row=2, col=1)
     if vespo:
         peaks = (cfg.vespo_k_pos / cfg.vespo_lambda_pos, cfg.vespo_k_neg / cfg.vespo_lambda_neg)  # phi's maximum: r = k / λ
-        fig.update_layout(title=f"vespo: no clip; the push φ(r)·A peaks at r = k/λ ({peaks[0]:.2f} for A > 0, "
+        fig.update_layout(title=f"vespo: no clip range; the push φ(r)·A peaks at r = k/λ ({peaks[0]:.2f} for A > 0, "
                                 f"{peaks[1]:.2f} for A < 0)", height=560)
     else:
         for x in (1 - eps_low, 1 + eps_high):
