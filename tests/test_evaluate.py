@@ -443,6 +443,14 @@ def test_self_play_counts_every_legal_half_move_up_to_the_cap(monkeypatch):
     monkeypatch.setattr(ev, "complete", first_legal)
     res = ev.self_play(GPT(GPTConfig.preset("tiny", block_size=192)), ev.EvalConfig(selfplay_games=1, selfplay_max_plies=6))
     assert res["self_play/legal_half_moves"].value == 6.0
+    # under sampled decoding each ply draws with its own seeds (none shared with another ply's batches):
+    # every ply was seeded alike, so each one's draws used the same noise
+    seeds = []
+    monkeypatch.setattr(ev, "complete", lambda model, prompts, cfg, samples=0: seeds.append(cfg.seed) or first_legal(
+        model, prompts, cfg))
+    ev.self_play(GPT(GPTConfig.preset("tiny", block_size=192)), ev.EvalConfig(
+        selfplay_games=3, selfplay_max_plies=4, decoding="sampled", temperature=0.6, seed=5))
+    assert seeds == [5, 8, 11, 14]  # seed + ply x selfplay_games: each ply's batches start past the last ply's
 
 
 def test_self_play_writes_each_position_as_the_layouts_training_data_do(monkeypatch):

@@ -107,6 +107,16 @@ def test_eval_every_checkpoint_writes_curve_json_and_names_a_run_without_checkpo
     with run_lock(run):
         assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "4", "--max-env", "4"]) == 1
     assert "is being written by another run" in capsys.readouterr().err.strip().splitlines()[-1]
+    # the env suite off (or no env test file): a policy-only curve, in strict JSON; it crashed in pass@1 over no records
+    assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "2", "--max-env", "0",
+                     "--max-new-tokens", "12"]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+    policy_only = json.loads((run / "curve.json").read_text(), parse_constant=refuse)
+    assert [r["step"] for r in policy_only] == [2, 4, 6] and all("env/valid" not in r for r in policy_only)
+    assert all(r["pass@1/policy/valid"]["n"] == 2 for r in policy_only)
+    capsys.readouterr()
     (tmp_path / "grpo").mkdir()
     (tmp_path / "grpo" / "grpo_metrics.jsonl").write_text("")
     assert cli.main(["eval", str(tmp_path / "grpo"), "--every-checkpoint"]) == 1

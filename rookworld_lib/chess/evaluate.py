@@ -63,9 +63,9 @@ REFERENCE_ROOKWORLD_LM_124M = {
     "policy/top5_overlap": (0.392, "M: moves shared with the original label's five, rook val set"),
     "mate_in_one/accuracy": (0.137, "BIG-bench checkmate-in-one"),
     "self_play/legal_half_moves": (36.3, "sampled (top-k 5, temperature 0.6) self-play from the start; ours is "
-                                         "greedy from distinct starts (the initial position, then 1-3 random plies) "
-                                         "and stops at selfplay_max_plies: not the same "
-                                         "measurement"),
+                                         "decoded as the evaluation decodes (greedy unless --decoding sampled) from "
+                                         "distinct starts (the initial position, then 1-3 random plies) and stops at "
+                                         "selfplay_max_plies: not the same measurement"),
     "env/next_fen_exact":
         (0.9961, "next FEN string equal (python-chess's board.fen() on both sides), arbiter test set"),
 }
@@ -430,14 +430,16 @@ def self_play(model: GPT, cfg: EvalConfig) -> dict:
             boards.append(b)
     legal_plies = [0] * len(boards)
     alive = list(range(len(boards)))
-    for _ in range(cfg.selfplay_max_plies):
+    for ply in range(cfg.selfplay_max_plies):
         alive = [i for i in alive if not boards[i].is_game_over(claim_draw=False)]
         if not alive:
             break
         # each position in the layout's spelling (compact: the en-passant square after every double push, as
         # the training data write it; python-chess's default writes it only where a capture is legal)
         fens = [tasks.fen_for_layout(tasks.canonical_fen(boards[i]), cfg.layout) for i in alive]
-        texts = complete(model, [tasks.policy_prompt(fen, cfg.layout) for fen in fens], cfg)
+        # each ply's draws seeded apart (sampled decoding): one seed for all would give every ply the same noise
+        prompts = [tasks.policy_prompt(fen, cfg.layout) for fen in fens]
+        texts = complete(model, prompts, replace(cfg, seed=cfg.seed + ply * cfg.selfplay_games))
         still = []
         for i, text in zip(alive, texts):
             move = tasks.legal_move(boards[i], tasks.parse_policy_completion(text).best or "")
@@ -634,8 +636,8 @@ def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
     """One point of a learning curve: from a training run's metrics records (`metrics.jsonl`), the
     training tokens, the training wall time up to `step` (the sum of `time/step`: val-loss and
     checkpoint pauses left out), the train loss at `step` and the latest val loss at or before it;
-    from `results` (an evaluation), every STRICT_METRICS rate with its interval and n, and every
-    SAMPLED_METRICS one the evaluation measured."""
+    from `results` (an evaluation), every STRICT_METRICS and SAMPLED_METRICS rate it measured, with its
+    interval and n (an undefined one, over no records, as None: the row is strict JSON)."""
     done = [r for r in history if 0 < r["step"] <= step]
     at = next((r for r in reversed(done) if r["step"] == step), None)
     vals = [r for r in history if r["step"] <= step and r.get("eval/loss") is not None]
@@ -643,9 +645,10 @@ def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
            "train_wall_s": round(sum(r.get("time/step") or 0.0 for r in done), 1),
            "train_loss": at["loss"] if at else None,
            "val_loss": vals[-1]["eval/loss"] if vals else None, "val_loss_step": vals[-1]["step"] if vals else None}
-    for m in STRICT_METRICS + tuple(m for m in SAMPLED_METRICS if m in results):
+    for m in (m for m in STRICT_METRICS + SAMPLED_METRICS if m in results):
         e = results[m]
-        row[m] = {"value": e.value, "low": e.low, "high": e.high, "n": e.n}
+        row[m] = {f: None if not math.isfinite(x) else x for f, x in (("value", e.value), ("low", e.low), ("high", e.high))}
+        row[m]["n"] = e.n
     return row
 
 
@@ -654,7 +657,8 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     """The learning curve of a training run: a `curve_point` per checkpoint, oldest first.
 
     run_dir: a `rookworld sft` output directory (`checkpoints/step_*.pt`, `metrics.jsonl`); each
-    checkpoint is evaluated on the P: and A: records (on `device`). on_point(row) is called as each row is ready."""
+    checkpoint is evaluated on the P: and A: records (on `device`), each suite as evaluate_all selects it
+    (none of its records, or capped at 0: left out). on_point(row) is called as each row is ready."""
 
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir / "checkpoints")
@@ -665,10 +669,14 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
         raise CheckpointLoadError(f"{run_dir / METRICS_FILE}: missing; a learning curve is of a `rookworld sft` --out, "
                                   "whose metrics give each checkpoint's tokens and losses")
     history = read_metrics(run_dir / METRICS_FILE)
+    suites = [s for s in selected_suites(policy_records, env_records, (), cfg) if s in ("policy", "env")]
+    if not suites:
+        raise ValueError("a learning curve needs P: or A: test records, and --max-policy or --max-env above 0")
     rows, device = [], resolve_device(device)
     for step, path in found:
         model = model_from_checkpoint(path).eval().to(device)
-        results = {**evaluate_policy(model, policy_records, cfg), **evaluate_environment(model, env_records, cfg)}
+        results = {**(evaluate_policy(model, policy_records, cfg) if "policy" in suites else {}),
+                   **(evaluate_environment(model, env_records, cfg) if "env" in suites else {})}
         rows.append(curve_point(history, step, results))
         if on_point is not None:
             on_point(rows[-1])
@@ -679,7 +687,8 @@ def curve_table(rows: Sequence[dict]):
     """A learning curve's rows as a table: tokens, wall time, losses and the strict rates in percent."""
     table = pd.DataFrame([{"step": r["step"], "tokens (M)": round(r["tokens"] / 1e6, 3) if r["tokens"] else None,
                            "train wall (s)": r["train_wall_s"], "train loss": r["train_loss"], "val loss": r["val_loss"],
-                           **{f"{m} (%)": round(100 * r[m]["value"], 1) for m in STRICT_METRICS + SAMPLED_METRICS if m in r}}
+                           **{f"{m} (%)": None if r[m]["value"] is None else round(100 * r[m]["value"], 1)
+                              for m in STRICT_METRICS + SAMPLED_METRICS if m in r}}
                           for r in rows])
     return table.set_index("step")
 

@@ -218,7 +218,8 @@ def learning_curve_figure(curves: dict[str, list[dict]], x: str = "tokens", titl
         rows, color = curves[name], "black" if name == highlight else series_colour(i)
         marker = dict(symbol="star", size=13) if name == highlight else None
         for j, key in enumerate(panels):
-            pts = [r for r in rows if r.get(key) is not None and r.get(x) is not None]
+            pts = [r for r in rows if r.get(x) is not None and r.get(key) is not None  # measured, and defined
+                   and (key == "val_loss" or r[key]["value"] is not None)]
             if key == "val_loss":
                 ys, err = [r[key] for r in pts], None
             else:
