@@ -437,8 +437,8 @@ def self_play(model: GPT, cfg: EvalConfig) -> dict:
         # each position in the layout's spelling (compact: the en-passant square after every double push, as
         # the training data write it; python-chess's default writes it only where a capture is legal)
         fens = [tasks.fen_for_layout(tasks.canonical_fen(boards[i]), cfg.layout) for i in alive]
-        # each ply's draws seeded apart (sampled decoding): one seed for all would give every ply the same noise
         prompts = [tasks.policy_prompt(fen, cfg.layout) for fen in fens]
+        # each ply's draws seeded apart (sampled decoding): one seed for all would give every ply the same noise
         texts = complete(model, prompts, replace(cfg, seed=cfg.seed + ply * cfg.selfplay_games))
         still = []
         for i, text in zip(alive, texts):
@@ -647,8 +647,7 @@ def curve_point(history: Sequence[dict], step: int, results: dict) -> dict:
            "val_loss": vals[-1]["eval/loss"] if vals else None, "val_loss_step": vals[-1]["step"] if vals else None}
     for m in (m for m in STRICT_METRICS + SAMPLED_METRICS if m in results):
         e = results[m]
-        row[m] = {f: None if not math.isfinite(x) else x for f, x in (("value", e.value), ("low", e.low), ("high", e.high))}
-        row[m]["n"] = e.n
+        row[m] = {"value": _json_number(e.value), "low": _json_number(e.low), "high": _json_number(e.high), "n": e.n}
     return row
 
 
@@ -696,8 +695,13 @@ def curve_table(rows: Sequence[dict]):
 def results_to_json(results: dict) -> dict:
     """Results as plain data for strict JSON: an undefined value (NaN: a rate over no records, say)
     becomes None (null), since strict parsers reject NaN and Infinity."""
-    return {k: {f: None if isinstance(x, float) and not math.isfinite(x) else x for f, x in asdict(v).items()
-                if f not in ("outcomes", "keys")} for k, v in results.items()}
+    return {k: {f: _json_number(x) for f, x in asdict(v).items() if f not in ("outcomes", "keys")}
+            for k, v in results.items()}
+
+
+def _json_number(x):
+    """x, or None for a float strict JSON cannot hold (NaN, infinities)."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def cli(argv: list[str] | None = None) -> int:
