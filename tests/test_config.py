@@ -106,6 +106,25 @@ def test_an_empty_path_or_list_is_refused_on_the_command_line_and_in_the_config(
             Demo(**{argv[0][2:]: "" if argv[0] == "--out" else tuple(argv[1:])})
 
 
+@pytest.mark.parametrize("argv", [["--files", "a", "b\udcff"], ["--out", "out\udcff"]])
+def test_a_path_that_is_not_utf8_text_is_refused_on_the_command_line_and_in_the_config(argv, capsys):
+    """A folder named in bytes that are not UTF-8 (b"out\\xff", which Python keeps as "out\\udcff") trained,
+    then stopped where TensorBoard's event writer first encoded it, naming no path."""
+    with pytest.raises(UnicodeEncodeError):  # the failure the check stands in for
+        argv[-1].encode("utf-8")
+    ap = argparse.ArgumentParser(prog="demo")
+    config.add_config_arguments(ap, Demo)
+    with pytest.raises(SystemExit) as stop:
+        ap.parse_args(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"demo: error: argument {argv[0]}: {ascii(argv[-1])} must be UTF-8 text (run records, reports and "
+        "TensorBoard's event writer store paths as UTF-8); rename the file or folder, or choose another")
+    with pytest.raises(ValueError, match=r"^Demo\.(files|out) must be UTF-8 text .*, got "):
+        Demo(**{argv[0][2:]: argv[-1] if argv[0] == "--out" else tuple(argv[1:])})
+    assert Demo(out="runs/é").out == "runs/é"  # UTF-8 text beyond ASCII is a name like any other
+
+
 def test_check_helpers_name_the_field():
     @dataclass
     class C:

@@ -163,6 +163,11 @@ ROWS = [
                          (grpo("{model}", "--data-dir", ""), "--data-dir"), (["eval", "", "--max-policy", "1"], "model"),
                          (["eval", "{model}", "--data-dir", ""], "--data-dir"), (["run", "--out", ""], "--out"),
                          (["run", "--resume", ""], "--resume"), (["bench", "--quick", "--out", ""], "--out"))),
+    # a folder name that is not UTF-8 text (bytes b"\xff"): the run trained, then stopped where TensorBoard's writer
+    # first wrote it, with "'utf-8' codec can't encode character '\udcff'" and no path named
+    *(Row(f"{argv[0]}-out-not-utf8", argv, "error: argument --out: '{tmp}/run\\udcff' must be UTF-8 text", 2,
+          check=lambda w, proc: [] == [p for p in w["tmp"].iterdir() if p.name.startswith("run")])
+      for argv in (sft(out="{tmp}/run\udcff"), ["run", "--out", "{tmp}/run\udcff", "--only", "01"])),
     # `--train-data` with no file trained on the shipped data; `--only ''` ran every notebook, training included
     Row("sft-train-data-without-a-file", sft("--train-data"), "argument --train-data: expected at least one argument", 2),
     Row("run-parameter-twice", ["run", "--out", "{tmp}/runs", "--only", "01", "-p", "seed", "1", "-p", "seed", "2"],

@@ -27,7 +27,7 @@ from typing import Any
 def option(default: Any = dataclasses.MISSING, help: str = "", *, factory=None, **checks) -> Any:
     """A config field in TRL's style, `field(default=..., metadata={"help": ...})`, on one line; checks
     are what `validate` adds to the annotation: min / max (min_open / max_open) for numbers, choices,
-    path=True for a file or folder (a str, or a tuple of them): an empty one is refused."""
+    path=True for a file or folder (a str, or a tuple of them): an empty one, or one that is not UTF-8 text, is refused."""
     assert set(checks) <= {"min", "max", "min_open", "max_open", "choices", "path"}, checks
     kw = {"default_factory": factory} if factory is not None else {"default": default}
     return dataclasses.field(metadata={"help": help, **checks}, **kw)
@@ -99,9 +99,12 @@ def validate(cfg) -> None:
                          min_open=meta.get("min_open", False), max_open=meta.get("max_open", False))
         elif hint is str and not isinstance(value, (str, os.PathLike)):  # a path field may be a Path
             bad_field(type(cfg).__name__, f.name, value, "must be a string")
-        if meta.get("path") and any(not str(p).strip() for p in (value if isinstance(value, tuple) else (value,))):
-            # Path("") is the current folder: an empty string would read or write there unasked
-            bad_field(type(cfg).__name__, f.name, value, "must name a file or folder, not an empty path")
+        if meta.get("path"):
+            for p in value if isinstance(value, tuple) else (value,):
+                if not str(p).strip():  # Path("") is the current folder: an empty string would read or write there unasked
+                    bad_field(type(cfg).__name__, f.name, value, "must name a file or folder, not an empty path")
+                if not utf8_name(p):
+                    bad_field(type(cfg).__name__, f.name, value, NOT_UTF8)
 
 
 SEED_MAX = 2**32 - 1  # every seed option's upper bound (numpy's legacy seeds; seeds derived from it stay in int64)
@@ -236,11 +239,28 @@ def _flags_in_help(text: str, flags: dict[str, str]) -> str:
                   rf"(?P<path>/\w+)?(?![\w`(])", option, text)
 
 
+NOT_UTF8 = ("must be UTF-8 text (run records, reports and TensorBoard's event writer store paths as UTF-8); "
+            "rename the file or folder, or choose another")
+
+
+def utf8_name(path: str | os.PathLike) -> bool:
+    """Whether a path is UTF-8 text: a name that is not (bytes Python keeps as surrogates, b'out\\xff')
+    would stop a run where it is first written into a JSON record or an event file, not where it was given."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def path_arg(text: str) -> str:
     """argparse's `type` for a file or folder option: an empty string names none (Path("") is the current
-    folder, where it would read or write unasked), so it is refused as `option(path=True)` refuses it."""
+    folder, where it would read or write unasked), so it is refused as `option(path=True)` refuses it;
+    so is a name that is not UTF-8 text (`utf8_name`)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path names no file or folder")
+    if not utf8_name(text):
+        raise argparse.ArgumentTypeError(f"{ascii(text)} {NOT_UTF8}")
     return text
 
 

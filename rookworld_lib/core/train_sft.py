@@ -92,7 +92,7 @@ class SFTConfig:
     eval_steps: int = option(20, "val batches per measurement (the same batches every time)", min=1)
     checkpoint_interval: int = option(500, "steps between checkpoints (0 = only at the end)", min=0)
     keep_checkpoints: int = option(2, "checkpoints kept on disk, newest first (0 = all)", min=0)
-    out_dir: str = option(str(RUNS_DIR / "sft"), "metrics.jsonl, checkpoints/ and final/ (HF export) go here")
+    out_dir: str = option(str(RUNS_DIR / "sft"), "metrics.jsonl, checkpoints/ and final/ (HF export) go here", path=True)
     resume: bool = option(True, "continue from out_dir's latest checkpoint when there is one")
     export_hf: bool = option(True, "at the end, write the model in Hugging Face format to <out_dir>/final")
     progress: bool = option(True, "show a tqdm progress bar")
