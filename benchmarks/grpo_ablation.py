@@ -1,6 +1,6 @@
 """One GRPO ablation run on a fixed SFT model, judged on the shipped test split (docs/grpo.md).
 
-    python benchmarks/grpo_ablation.py --sft runs/<stamp>/training/sft/final --name pps16 \
+    python benchmarks/grpo_ablation.py --sft runs/<stamp>/training/sft/final --name pps16 \\
         --set '{"temperature": 0.3, "prompts_per_step": 16, "minibatch_size": 32}' --reward graded
 
 Starts from the `cpu` profile's GRPO settings (workflow.grpo_config), applies --set (GRPOTrainConfig
@@ -55,17 +55,17 @@ moves_own_piece.__name__ = "P/moves_own_piece"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sft", required=True, help="the SFT model (Hugging Face directory)")
     ap.add_argument("--name", required=True)
-    ap.add_argument("--set", default="{}", help="JSON: GRPOTrainConfig fields, 'loss' and 'gw' (see above)")
+    ap.add_argument("--set", default="{}", help="JSON: GRPOTrainConfig fields, 'loss' and 'gw' (see the description above)")
     ap.add_argument("--reward", default="graded", choices=("gated", "graded"))
     ap.add_argument("--policy", type=int, default=300, help="P: test records")
     ap.add_argument("--env", type=int, default=200, help="A: test records")
     ap.add_argument("--samples", type=int, default=4, help="pass@1 samples per prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--own-piece", type=float, default=0.0, help="weight of an added P/moves_own_piece reward (see above)")
+    ap.add_argument("--own-piece", type=float, default=0.0, help="weight of an added P/moves_own_piece reward (see the description above)")
     ap.add_argument("--out", type=Path, default=Path("runs/grpo_ablation/results.jsonl"))
     args = ap.parse_args()
     if (args.out.parent / args.name).exists():  # before minutes of evaluation: GRPO would refuse its folder

@@ -87,9 +87,9 @@ def write_texts(out: Path, task: str, fens: list[str], seed: int) -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--task", choices=sorted(TASKS), default="legal", help="the auxiliary task (see above)")
+    ap.add_argument("--task", choices=sorted(TASKS), default="legal", help="the auxiliary task (see the description above)")
     ap.add_argument("--positions", type=int, default=3962, help="auxiliary texts (distinct train positions)")
     ap.add_argument("--source", choices=("P", "PA"), default="P", help="whose positions: P: records, or P: then A:")
     ap.add_argument("--seed", type=int, default=0)

@@ -93,8 +93,8 @@ def move_unlikelihood(model, negatives: list[tuple[list[int], int]], pad: int) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--level", choices=("token", "move"), default="move", help="the negatives (see above)")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--level", choices=("token", "move"), default="move", help="the negatives (see the description above)")
     ap.add_argument("--alpha", type=float, default=1.0, help="weight of the unlikelihood term")
     ap.add_argument("--records", type=int, default=4, help="--level move: P: records whose repeats a step penalises")
     ap.add_argument("--out", type=Path, required=True)

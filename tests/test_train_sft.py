@@ -740,7 +740,7 @@ def _jsonl(root: Path) -> Path:
                  r"^SFTConfig\.val_data must be a list of JSONL file paths, got \['.*t\.jsonl', 3\]$",
                  lambda d: dict(val_data=[_jsonl(d)]), id="val-data-entry"),
     pytest.param(lambda d: dict(out_dir=""),
-                 r"^SFTConfig\.out_dir must be a directory path, got ''$",
+                 r"^SFTConfig\.out_dir must name a file or folder, not an empty path, got ''$",
                  lambda d: dict(out_dir=d / "run"), id="out-dir-empty"),
 ])
 def test_config_names_a_bad_model_source_data_list_or_out_dir(tmp_path, bad, match, good):

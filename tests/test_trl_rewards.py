@@ -10,7 +10,7 @@ import math
 import pytest
 from helpers_chess import shipped
 
-from rookworld_lib.chess import rewards
+from rookworld_lib.chess import data, rewards
 from rookworld_lib.core.paths import DATA_DIR
 
 COLUMNS = ("task", "fen", "moves", "evals", "limit", "new_fen", "reward", "terminated", "truncated")
@@ -143,8 +143,12 @@ def test_trl_grpo_trainer_trains_two_steps_on_our_rewards(tmp_path):
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=256, n_embd=32, n_layer=2, n_head=2,
                                        bos_token_id=eos, eos_token_id=eos, pad_token_id=eos))
     recs = _records(1, 1)
-    by_prompt = {r["prompt"]: r for r in recs}
-    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], **{c: r.get(c) for c in COLUMNS}} for r in recs])
+    # the README's data set for RookWorld-LM: its prompts in the original layout, which that model reads
+    # (the records' own "prompt" is the compact layout of the models trained here); the truth in the columns
+    prompts = [data.record_text(r, "original")[0] for r in recs]
+    assert all(p != r["prompt"] for p, r in zip(prompts, recs) if r["task"] == "P")  # P: FENs padded to 90
+    by_prompt = dict(zip(prompts, recs))
+    dataset = datasets.Dataset.from_list([{"prompt": p, **{c: r.get(c) for c in COLUMNS}} for p, r in zip(prompts, recs)])
 
     calls = []
 
@@ -173,7 +177,7 @@ def test_trl_grpo_trainer_trains_two_steps_on_our_rewards(tmp_path):
             rec = by_prompt[p]
             seen_tasks.add(rec["task"])
             if name == {"P": "rookworld_policy_reward", "A": "rookworld_env_reward"}[rec["task"]]:
-                assert r == _direct(rec, c)  # the truth came through TRL's columns
+                assert r == _direct(rec, c)  # the truth came through TRL's columns (the prompt's layout aside)
             else:
                 assert r is None
         assert kwargs["fen"] == [by_prompt[p]["fen"] for p in prompts]

@@ -402,7 +402,7 @@ def build_grpo_parser() -> argparse.ArgumentParser:
                     help="prompt layout (default: the model's, from its config.json; a GPT-2 directory "
                          "without our record, such as RookWorld-LM-124M, is original)")
     ap.add_argument("--reward", default="graded", choices=REWARD_VARIANTS,
-                    help="graded (every profile's): one reward function per policy component, each counting in "
+                    help="graded (the default, as in every profile): one reward function per policy component, each counting in "
                          "every answer and logged as rewards/P/<component>/mean; gated: one format-gated reward "
                          "(rewards.score): alike on a model that reads the board, worse on the cpu profile's (docs/grpo.md)")
     _add_policy_fraction(ap, "prompts of each step")

@@ -133,8 +133,6 @@ class SFTConfig:
             bad_field(name, "betas", betas, "must be two numbers in [0, 1)")
         object.__setattr__(self, "betas", tuple(float(b) for b in betas))
         check_device_name(self)
-        if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
-            bad_field(name, "out_dir", self.out_dir, "must be a directory path")
 
     def _check_model(self) -> int:
         """Check model_overrides and init_from; returns the block_size of the model they give."""

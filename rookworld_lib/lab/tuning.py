@@ -467,7 +467,7 @@ def speedup_figure(result: MatrixResult):
     drifted = (f"; host speed drifted: the baseline's repeat ran at {result.row('baseline (repeat)')['speedup']:.2f}x"
                if result.drift() else "")
     fig.update_layout(title=f"Training throughput vs baseline ({result.baseline.model}, {result.environment['device']})"
-                            f"<br><sup>blue = faster or slower than the noise, grey = within noise, "
+                            f"<br><sup>blue = the baseline, or faster or slower than the noise; grey = within noise; "
                             f"red = changes the loss{drifted}</sup>", yaxis_title="tokens/s vs baseline",
                       xaxis_title="row (one setting changed)", template="plotly_white")
     return fig
