@@ -433,7 +433,7 @@ def test_converted_files_get_the_users_umask_not_0600(tmp_path, umask, mode):
 # layout key (as a RookWorld-LM-124M download is), then evaluated and GRPO-trained with no flag
 # --------------------------------------------------------------------------------------------
 
-def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_layout(tmp_path, capfd):
+def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_layout(tmp_path, capfd, monkeypatch):
     import torch
 
     from rookworld_lib.chess.training import LAYOUT_KEY
@@ -485,6 +485,9 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
     assert "layout: original" in err
     prefix = GPT.from_pretrained(sft.final_dir).prompt_prefix  # the run says what it samples over and reads first
     assert f"sampling over all of GPT-2's 50,257 tokens; prompt prefix {prefix!r}" in err, err
+    # and how its rewards score a B: outside the candidates, which differs with and without Stockfish
+    from rookworld_lib.chess.engine import find_stockfish
+    assert f"; a legal B: outside the data's candidates is searched by Stockfish ({find_stockfish()})\n" in err, err
     items, cfg = seen[:-1], seen[-1]
     assert cfg.max_new_tokens == tasks.COMPLETION_BUDGET["original"]
     for item in items:  # the prompts are the original layout's
@@ -494,7 +497,9 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
             assert len(item.prompt) == len("P: ") + tasks.ORIGINAL_FEN_WIDTH - 1  # padded, minus the space before M:
     assert json.loads((tmp_path / "grpo/final/config.json").read_text())[LAYOUT_KEY] == "original"
 
-    # the opt-in for a model that marks no task vocabulary: the data's tokens, the distance printed, a full export
+    # the opt-in for a model that marks no task vocabulary: the data's tokens, the distance printed, a full export;
+    # run where no Stockfish is found, which the run says
+    monkeypatch.setenv("STOCKFISH_PATH", str(tmp_path / "no-stockfish"))
     assert training.grpo_cli(["--init-from", str(sft.final_dir), "--data-dir", str(tmp_path / "orig"),
                               "--out", str(tmp_path / "grpo-task"), "--steps", "1", "--prompts-per-step", "2",
                               "--group-size", "2", "--minibatch-size", "4", "--device", "cpu", "--vocab", "task",
@@ -502,6 +507,8 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
     err = capfd.readouterr().err
     assert "tokens of the training records" in err and "nats/token from the full one" in err, err
     assert "sampling over the model's " in err and " task tokens; prompt prefix" in err, err
+    assert ("; a legal B: outside the data's candidates gets an estimated eval (no Stockfish found: the last candidate's "
+            "minus 50 cp), so the rewards differ from a run with Stockfish; install it (make setup) or set STOCKFISH_PATH\n") in err, err
     start, out = GPT.from_pretrained(sft.final_dir), GPT.from_pretrained(tmp_path / "grpo-task/final")
     vocab = training.data_vocab([i.truth for i in items], "original")
     outside = torch.ones(start.config.vocab_size, dtype=torch.bool)

@@ -28,7 +28,7 @@ from ..core.train_sft import METRICS_FILE, SFTConfig, TextReader, train_sft
 from ..core.task_vocab import TaskVocab, outside_logmass
 from ..core.tokenizer import EOT_ID, encode_prompt, get_tokenizer
 from ..core.train_utils import read_metrics, setup_runtime
-from . import data, rewards, tasks
+from . import data, engine, rewards, tasks
 from .datagen import heldout_positions
 
 log = logging.getLogger(__name__)
@@ -224,6 +224,16 @@ def reward_functions(variant: str = "graded") -> tuple[list, list[float]]:
     if variant == "graded":
         return rewards.policy_component_rewards(env_weights=rewards.GRADED_ENV_WEIGHTS), rewards.component_reward_weights()
     raise ValueError(f"reward variant must be one of {REWARD_VARIANTS}, got {variant!r}")
+
+
+def unlisted_b_note() -> str:
+    """How the rewards score a legal B: outside the data's candidates here: searched by Stockfish, or (none
+    installed) an estimated eval, so that a run's rewards, and the model it trains, depend on it (rewards' engine="auto")."""
+    if engine.stockfish_available():
+        return f"a legal B: outside the data's candidates is searched by Stockfish ({engine.find_stockfish()})"
+    return (f"a legal B: outside the data's candidates gets an estimated eval (no Stockfish found: the last "
+            f"candidate's minus {rewards.DEFAULT_GRADED_WEIGHTS.unlisted_margin_cp} cp), so the rewards differ from a run "
+            "with Stockfish; install it (make setup) or set STOCKFISH_PATH")
 
 
 def policy_weights(variant: str = "graded"):
@@ -474,7 +484,7 @@ def _run_grpo(args: argparse.Namespace) -> int:
     with _mix_advice_in_flags():
         trainer = GRPOTrainer(model, prompt_items(records, layout), cfg, reward_funcs=funcs, reward_weights=weights,
                               init_from=args.init_from, task_vocab=vocab)
-    _say(f"sampling over {trainer.sampling_vocabulary()}; prompt prefix {model.prompt_prefix!r}")
+    _say(f"sampling over {trainer.sampling_vocabulary()}; prompt prefix {model.prompt_prefix!r}; {unlisted_b_note()}")
     try:
         trainer.train()  # writes <out>/final at the end (--no-export-hf: not)
         if trainer.dist.is_main:
