@@ -464,6 +464,65 @@ def test_reward_functions_get_trls_completion_ids_beside_the_text():
         assert tok.decode(ids[:-1] if ids[-1] == EOT_ID else ids) == text and 1 <= len(ids) <= 4
 
 
+def test_a_data_sets_columns_reach_the_reward_functions_by_name_as_trl_passes_them():
+    """TRL hands every data-set column to each reward function by its name, one value per completion: an
+    accuracy(prompts, completions, answer, **kwargs) written for TRL failed here after the first rollout with a
+    bare TypeError (kwargs["answer"]: a bare KeyError), and PromptItem had no place for the column. It now
+    takes `columns`; a function that requires a column no prompt gives is refused before any rollout, naming
+    it; an item without a column another has gives None there."""
+    import pytest
+
+    seen = []
+
+    def accuracy(prompts, completions, answer, **kwargs):
+        seen.extend(zip(prompts, answer, kwargs["level"]))
+        return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]
+
+    items = [PromptItem("P", "Q: 1 A:", columns={"answer": "1", "level": 1}), PromptItem("P", "Q: 2 A:", columns={"answer": "2"})]
+    record = tiny_trainer(reward_funcs=accuracy, items=items, prompts_per_step=2).train()[0]
+    want = {("Q: 1 A:", "1", 1), ("Q: 2 A:", "2", None)}  # each completion's own row (a group repeats its prompt's)
+    assert len(seen) == 4 and set(seen) == want and seen[0] == seen[1] and seen[2] == seen[3]
+    assert "rewards/accuracy/mean" in record
+    with pytest.raises(ValueError, match=r"^reward function 'accuracy' requires 'answer', which no prompt gives: a data "
+                                         r"set's column reaches it as PromptItem\(\.\.\., columns=\{'answer': \.\.\.\}\) \(the "
+                                         r"columns given: task, truth, completion_ids, trainer_state\)$"):
+        tiny_trainer(reward_funcs=accuracy)
+    for columns, message in (({"truth": 1}, "'truth' cannot be a column's name"), ({"a b": 1}, "'a b' cannot be"),
+                             ([("answer", 1)], "must be a mapping")):
+        with pytest.raises(ValueError, match=rf"^PromptItem\.columns(:)? {message}"):
+            PromptItem("P", "Q:", columns=columns)
+
+
+def test_a_reward_function_that_scores_nothing_in_a_step_logs_null_and_trainer_state_counts_grpo_steps(tmp_path):
+    """The README promises rewards/<function>/mean and /std for every function each step: one that gave None
+    for every completion had neither (TRL logs nanmean's NaN); here null in the metrics file. trainer_state
+    counts the GRPO steps done before the rollout, out of the run's steps (its docstring said optimizer
+    steps, which a step of mu=2 passes over 2 minibatches makes 4 of)."""
+    from rookworld_lib.core.train_grpo import METRICS_FILE
+    from rookworld_lib.core.train_utils import read_metrics
+
+    states = []
+
+    def never(prompts, completions, trainer_state, **_):
+        states.append((trainer_state.global_step, trainer_state.max_steps))
+        return [None] * len(completions)
+
+    trainer = tiny_trainer(tmp_path, reward_funcs=[says_yes, never], steps=2, mu=2, minibatch_size=2)
+    assert len(trainer.train()) == 2 and states == [(0, 2), (1, 2)]
+    for written in read_metrics(tmp_path / METRICS_FILE):
+        assert written["rewards/never/mean"] is None and written["rewards/never/std"] is None
+        assert isinstance(written["rewards/says_yes/mean"], float)
+
+
+def test_a_prompt_too_long_for_the_model_is_named_by_its_index_and_text():
+    import pytest
+
+    items = [PromptItem("P", "Q: 1 A:"), PromptItem("P", "Q: " + "1 " * 40 + "A:"), PromptItem("P", "Q: 2 A:")]
+    with pytest.raises(ValueError, match=r"^the longest prompt \(4\d tokens: items\[1\], 'Q: 1 1 1 [1 ]*\.\.\.\) is "
+                                         r"longer than the model's block_size 32"):
+        tiny_trainer(items=items)
+
+
 def test_ranks_that_see_different_latest_checkpoints_are_refused_naming_both(tmp_path, monkeypatch):
     """Under torchrun every rank must resume from the same checkpoint: where out_dir is not on a shared
     filesystem, rank 1 finds another latest file than rank 0 (here none, while rank 0 broadcasts

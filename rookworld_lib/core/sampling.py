@@ -266,15 +266,17 @@ def _last_positive(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, idx, torch.zeros_like(idx)).amax(dim=1, keepdim=True)
 
 
-def check_fits(block_size: int, prompt_len: int, max_new_tokens: int) -> None:
+def check_fits(block_size: int, prompt_len: int, max_new_tokens: int, where: str = "") -> None:
     """Raise ValueError unless a prompt of `prompt_len` tokens and `max_new_tokens` new ones fit in
-    `block_size` positions (the last new token is never fed back: prompt_len + max_new_tokens - 1 are run)."""
+    `block_size` positions (the last new token is never fed back: prompt_len + max_new_tokens - 1 are run).
+    `where`: which prompt that is (`items[3], 'Q: ...'`), for the message."""
     P, L = prompt_len, max_new_tokens
+    what = f"the longest prompt ({P} tokens{': ' + where if where else ''})"
     if P > block_size:  # no completion budget makes it fit
-        raise ValueError(f"the longest prompt ({P} tokens) is longer than the model's block_size {block_size} "
+        raise ValueError(f"{what} is longer than the model's block_size {block_size} "
                          "(its learned positions): no completion fits; use a model with a longer context")
     if P + L - 1 > block_size:
-        raise ValueError(f"the longest prompt ({P} tokens) + max_new_tokens ({L}) - 1 = {P + L - 1} positions exceed "
+        raise ValueError(f"{what} + max_new_tokens ({L}) - 1 = {P + L - 1} positions exceed "
                          f"the model's block_size {block_size}; allowed: prompt length + max_new_tokens <= "
                          f"{block_size + 1}")
 

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -62,12 +62,16 @@ COMPLETION_KEYS = ("step", "group", "task", "prompt", "completion", "reward", "a
 @dataclass(frozen=True)
 class PromptItem:
     """One training prompt: its task (a name: the pools task_weights mixes, and the key of the per-task
-    reward metrics rewards/<task>/mean), the prompt text, and ground truth if known (handed to the
-    reward functions, with the task, as the `truth` column)."""
+    reward metrics rewards/<task>/mean), the prompt text, ground truth if known (handed to the reward
+    functions, with the task, as the `truth` column), and `columns`: a data set's other columns, each handed
+    to the reward functions by its name, one value per completion, as TRL hands them
+    (`PromptItem("add", "12+34=", columns={"answer": "46"})` -> `f(prompts, completions, answer=[...], **kw)`;
+    None where an item lacks a column another has)."""
 
     task: str
     prompt: str
     truth: dict | None = None
+    columns: Mapping[str, Any] | None = None
 
     def __post_init__(self):
         if not isinstance(self.task, str) or not self.task.strip() or self.task.endswith(":"):
@@ -75,6 +79,11 @@ class PromptItem:
                              f"'P: ...'), got {self.task!r}")
         if not isinstance(self.prompt, str):
             raise ValueError(f"PromptItem.prompt must be text, got {type(self.prompt).__name__} {self.prompt!r:.60}")
+        if self.columns is not None and not isinstance(self.columns, Mapping):
+            raise ValueError(f"PromptItem.columns must be a mapping of column names to values, got {_shown(self.columns)}")
+        if taken := [k for k in self.columns or () if k in REWARD_KWARGS or not isinstance(k, str) or not k.isidentifier()]:
+            raise ValueError(f"PromptItem.columns: {taken[0]!r} cannot be a column's name (a reward function gets it "
+                             f"as a keyword: a Python name, none of {REWARD_KWARGS})")
 
 
 @config_class(frozen=True)
@@ -142,8 +151,9 @@ class GRPOTrainConfig:
 
 
 # TRL's reward-function signature: f(prompts, completions, **columns) -> one float (or None:
-# unscorable) per completion; the columns here are `task`, `truth` and, in the trainer, TRL's
-# `completion_ids` (each completion's GPT-2 token ids, its end token included), one value per completion.
+# unscorable) per completion; the columns here are `task`, `truth`, the items' own `columns` and, in the
+# trainer, TRL's `completion_ids` (each completion's GPT-2 token ids, its end token included), one value
+# per completion, and `trainer_state`.
 RewardFunc = Callable[..., Sequence[float | None]]
 RESUME_MAY_CHANGE = Trainer.resume_may_change | {"steps", "completions_interval", "report_to", "cudnn_attention",
                                                  "export_hf"}  # how long, what is logged or written, a kernel choice
@@ -163,8 +173,10 @@ def reward_sum(table: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class TrainerState:
-    """The `trainer_state` a reward function is handed (TRL passes transformers' TrainerState): the
-    optimizer steps done before this rollout, and the run's total, e.g. for a curriculum."""
+    """The `trainer_state` a reward function is handed (TRL passes transformers' TrainerState): the GRPO
+    steps done before this rollout, and the run's total (GRPOTrainConfig.steps), e.g. for a curriculum.
+    Each step is one rollout batch and its mu passes of optimizer updates; transformers' global_step
+    counts the updates, so a TRL curriculum's step thresholds are these divided by the updates a step makes."""
 
     global_step: int
     max_steps: int
@@ -174,9 +186,10 @@ UNSUPPORTED_REWARD_KWARGS = ("log_metric", "log_extra")  # TRL passes them; this
 REWARD_KWARGS = ("prompts", "completions", "task", "truth", "completion_ids", "trainer_state")  # what reward_table passes
 
 
-def check_reward_function(f: RewardFunc) -> None:
+def check_reward_function(f: RewardFunc, columns: Sequence[str] = ()) -> None:
     """Refuse, before any rollout, a reward function this trainer cannot call as TRL would: an async one
-    (TRL gathers them), or one that requires TRL's log_metric / log_extra."""
+    (TRL gathers them), one that requires TRL's log_metric / log_extra, or one that requires a column
+    that neither the trainer nor the items' `columns` (their names: `columns`) give."""
     name = reward_name(f)
     if inspect.iscoroutinefunction(f) or inspect.iscoroutinefunction(inspect.getattr_static(type(f), "__call__", None)):  # an object's
         raise ValueError(f"reward function {name!r} is async: give a plain function (TRL runs async ones with "
@@ -187,18 +200,26 @@ def check_reward_function(f: RewardFunc) -> None:
     if needs := [p for p in UNSUPPORTED_REWARD_KWARGS if p in params and params[p].default is inspect.Parameter.empty]:
         raise ValueError(f"reward function {name!r} needs {', '.join(needs)}, which TRL passes and this trainer "
                          "does not (docs/grpo_options.md): give it a default, or log through the returned rewards")
+    given = (*REWARD_KWARGS, *columns)  # prompts, completions, then the columns
+    if absent := [p for p, v in params.items() if v.default is inspect.Parameter.empty and p not in given
+                  and v.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]:
+        raise ValueError(f"reward function {name!r} requires {', '.join(map(repr, absent))}, which no prompt gives: a "
+                         f"data set's column reaches it as PromptItem(..., columns={{{absent[0]!r}: ...}}) (the columns "
+                         f"given: {', '.join(given[2:])})")
     kinds = {p.kind for p in params.values()}
     if params and inspect.Parameter.VAR_KEYWORD not in kinds:  # it is called with every column by keyword
-        missing = [c for c in REWARD_KWARGS if c not in params or params[c].kind is inspect.Parameter.POSITIONAL_ONLY]
+        missing = [c for c in (*REWARD_KWARGS, *columns) if c not in params or params[c].kind is inspect.Parameter.POSITIONAL_ONLY]
         if missing:
             raise ValueError(f"reward function {name!r} takes no {', '.join(missing)}: it is called as TRL calls one, "
-                             f"f({', '.join(c + '=...' for c in REWARD_KWARGS)}); end its parameters with **kwargs")
+                             f"f({', '.join(c + '=...' for c in (*REWARD_KWARGS, *columns))}); end its parameters with **kwargs")
 
 
 def reward_table(reward_funcs: Sequence[RewardFunc], items: list[PromptItem], completions: list[str],
                  completion_ids: list[list[int]] | None = None, trainer_state: TrainerState | None = None) -> torch.Tensor:
     """[N, F]: each reward function's value per completion (TRL's rewards_per_func), None as NaN."""
-    columns = {"task": [i.task for i in items], "truth": [i.truth for i in items]}
+    names = dict.fromkeys(k for i in items for k in i.columns or ())  # the items' own columns, in first-seen order
+    columns = {"task": [i.task for i in items], "truth": [i.truth for i in items],
+               **{k: [(i.columns or {}).get(k) for i in items] for k in names}}
     if completion_ids is not None:
         columns["completion_ids"] = completion_ids
     if trainer_state is not None:
@@ -236,13 +257,13 @@ def reward_name(f: RewardFunc) -> str:
     return getattr(f, "__name__", None) or type(f).__name__
 
 
-def _shown(value) -> str:
+def _shown(value, type_name: bool = True) -> str:
     text = repr(value)
-    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+    return f"{type(value).__name__ + ' ' if type_name else ''}{text[:60]}{'...' if len(text) > 60 else ''}"
 
 
-def reward_setup(reward_funcs, reward_weights, tasks) -> tuple[list[RewardFunc], list[float], list[str]]:
-    """The trainer's reward functions (each checked: check_reward_function), their weights (one finite
+def reward_setup(reward_funcs, reward_weights, tasks, columns: Sequence[str] = ()) -> tuple[list[RewardFunc], list[float], list[str]]:
+    """The trainer's reward functions (each checked against the items' `columns`: check_reward_function), their weights (one finite
     number each, 1.0 by default) and their names in metrics: TRL's, a second "<lambda>" "<lambda>_2",
     none a task's name (rewards/<task>/mean is the task's weighted total). ValueError in one line."""
     if reward_funcs is None or isinstance(reward_funcs, (str, bytes)):
@@ -256,7 +277,7 @@ def reward_setup(reward_funcs, reward_weights, tasks) -> tuple[list[RewardFunc],
         raise ValueError(f"reward_funcs: {_shown(bad)} is not callable; give a function f(prompts, completions, "
                          "**columns) or a list of them")
     for f in funcs:
-        check_reward_function(f)
+        check_reward_function(f, columns)
     if reward_weights is not None and not hasattr(reward_weights, "__len__"):
         raise ValueError(f"reward_weights must be a list of one number per reward function, got {_shown(reward_weights)}")
     given = [1.0] * len(funcs) if reward_weights is None else [  # 0-d tensors and numpy values as their numbers
@@ -505,7 +526,10 @@ class GRPOTrainer(Trainer):
             raise ValueError(f"items[{empty}]: the prompt is empty (and so is the model's prompt prefix): nothing to "
                              "complete")
         # before anything is written to out_dir: the longest prompt and its completion must fit the model
-        check_fits(model.config.block_size, max(map(len, prompts), default=0), cfg.max_new_tokens)
+        longest = max(range(len(prompts)), key=lambda k: len(prompts[k]), default=None)
+        if longest is not None:
+            check_fits(model.config.block_size, len(prompts[longest]), cfg.max_new_tokens,
+                       where=f"items[{longest}], {_shown(items[longest].prompt, type_name=False)}")
         if cfg.vocab != "full":
             compact, self.vocab, _ = sampling_view(model, prompts, task_vocab)
             if self.vocab is None and cfg.vocab == "task":
@@ -523,8 +547,8 @@ class GRPOTrainer(Trainer):
                                      device_type=self.runtime.device.type)
         self.schedule = WarmupCosineSchedule(cfg.lr, cfg.lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.steps)
         self.prompts = self.data = PromptSampler(items, cfg.task_weights, cfg.seed)
-        self.reward_funcs, self.reward_weights, self.reward_names = reward_setup(reward_funcs, reward_weights,
-                                                                                 self.prompts.tasks)
+        self.reward_funcs, self.reward_weights, self.reward_names = reward_setup(
+            reward_funcs, reward_weights, self.prompts.tasks, columns=list(dict.fromkeys(k for i in items for k in i.columns or ())))
         self.tokens_seen: int | None = 0  # prompt and completion tokens of every batch so far (TRL's num_tokens)
         self.last_batch: RolloutBatch | None = None
         self.last_advantages: torch.Tensor | None = None
@@ -836,9 +860,10 @@ class GRPOTrainer(Trainer):
         rewards = _scored(batch)
         by_task = [(t, rewards[torch.tensor([i.task == t for i in batch.items])]) for t in self.prompts.tasks]
         # each task's total, then each function's (TRL's), over the rows each scored
-        for name, column in by_task + list(zip(self.reward_names, batch.reward_table.T)):
-            if (scored := column[~column.isnan()]).numel():
-                record[f"rewards/{name}/mean"] = scored.mean().item()
+        for k, (name, column) in enumerate(by_task + list(zip(self.reward_names, batch.reward_table.T))):
+            scored = column[~column.isnan()]
+            if scored.numel() or k >= len(by_task):  # a function's none scored: NaN (null), as TRL's nanmean logs it
+                record[f"rewards/{name}/mean"] = scored.mean().item() if scored.numel() else float("nan")
                 record[f"rewards/{name}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # nanstd
         lengths = batch.mask.sum(1).float()
         # a phase's time is its slowest rank's (with fewer rollout chunks than ranks, some sample nothing)
