@@ -175,6 +175,10 @@ def test_a_malformed_override_is_refused_naming_it(capsys):
     (lambda: _grpo_train(scale_rewards="batch", multi_objective_aggregation="normalize_then_sum"),
      "GRPOTrainConfig.scale_rewards has no effect unless multi_objective_aggregation='sum_then_normalize'"),
     (lambda: _grpo_loss(vespo_k_neg=1.0), "GRPOConfig.vespo_k_neg has no effect unless loss_type='vespo'"),
+    (lambda: _grpo_loss(loss_type="vespo", delta=1.5), "GRPOConfig.delta has no effect with loss_type='vespo' (it "
+     "caps the clipped objective, which vespo does not use): choose another loss_type, or leave delta at its default (None)"),
+    *((lambda kw=kw: _grpo_train(loss=_grpo_loss(beta=0.0, **kw)), f"GRPOConfig.{next(iter(kw))} has no effect at beta=0 "
+       "(no KL term, no reference model): set beta > 0") for kw in ({"kl_estimator": "k2"}, {"use_bias_correction_kl": True})),
     (lambda: _sft(shuffle_buffer=50), "SFTConfig.shuffle_buffer has no effect unless stream=True"),
     (lambda: _sft(val_data=(VAL,), val_fraction=0.1),
      "SFTConfig.val_fraction has no effect when val_data is given or stream=True"),
@@ -194,6 +198,9 @@ def test_a_void_setting_left_at_its_default_or_made_live_is_accepted():
     assert _grpo_train(max_refill_rounds=3).max_refill_rounds == 3  # the default, given: nothing is lost
     assert _grpo_train(scale_rewards="batch").scale_rewards == "batch"
     assert _grpo_loss(loss_type="vespo", vespo_k_neg=1.0).vespo_k_neg == 1.0
+    assert _grpo_train(loss=_grpo_loss(beta=0.1, kl_estimator="k2")).loss.kl_estimator == "k2"
+    assert _grpo_loss(beta=0.0, kl_estimator="k2").kl_estimator == "k2"  # the loss alone: a reference given computes the kl metric
+    assert _grpo_loss(delta=1.5).delta == 1.5
     assert _sft(stream=True, val_data=(VAL,), shuffle_buffer=50).shuffle_buffer == 50
     assert _sft(val_fraction=0.1).val_fraction == 0.1
     assert _sft(val_data=(VAL,), val_fraction=0.0).val_fraction == 0.0  # "hold nothing back" agrees with val data

@@ -153,6 +153,13 @@ def test_dynamic_sampling_under_gdpo_ties_a_group_on_every_reward_function_not_t
     assert adv[0].abs() > 0.3 and adv[2] == adv[3] == 0  # q0 has a signal under GDPO, q1 none
     kept = lambda per_function: sorted({i.prompt for i in train_grpo._varied_groups(batch, 2, per_function).items})  # noqa: E731
     assert kept(True) == ["q0", "q2"] and kept(False) == ["q2"]  # q2's sums differ (2 vs 3); q0's tie at 1
+    # a function of weight 0 adds nothing to GDPO's advantage: a group varied in it alone has none, and was kept
+    # (the graded reward's P/valid has weight 0)
+    table = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 1.0]])  # q0 varies in the first function only
+    for weights, want in (([0.0, 1.0], []), ([1.0, 0.0], ["q0"])):
+        adv = grpo.group_advantages(table, 2, reward_weights=weights, multi_objective_aggregation="normalize_then_sum")[0]
+        assert bool(adv[:2].abs().max() > 0) == bool(want)
+        assert sorted({i.prompt for i in train_grpo._varied_groups(rollout_batch(table, 2, weights), 2, True, weights).items}) == want
 
 
 def test_dynamic_sampling_drops_tied_groups():
@@ -802,6 +809,12 @@ def test_under_dynamic_sampling_the_reward_is_every_sampled_completions_and_the_
     batch = trainer.last_batch
     assert rec["dynamic_sampling/refill_rounds"] >= 1 and len(scored) > len(batch.items)  # groups were dropped
     assert rec["reward"] == pytest.approx(statistics.mean(r for _, r in scored))
+    # reward_std beside it, over the same completions (TRL's nanstd of the rewards it averages), and
+    # frac_reward_zero_std over every sampled group, refills included: they were the kept batch's and the first round's
+    assert rec["reward_std"] == pytest.approx(statistics.stdev(r for _, r in scored))
+    G = trainer.cfg.group_size
+    groups = [{r for _, r in scored[k:k + G]} for k in range(0, len(scored), G)]
+    assert rec["frac_reward_zero_std"] == pytest.approx(sum(len(g) == 1 for g in groups) / len(groups))
     assert rec["rewards/P/mean"] == 1.0 and rec["rewards/A/mean"] == pytest.approx(statistics.mean(r for t, r in scored if t == "A"))
     assert rec["completions/mean_length"] == pytest.approx(statistics.mean(lengths)) and len(lengths) == len(scored)
     assert rec["dynamic_sampling/kept_reward"] == pytest.approx(batch.rewards.mean().item())

@@ -315,6 +315,8 @@ class GRPOConfig:
                       "must be set (the sampler's max_new_tokens) when loss_type='dr_grpo'")
         for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
             check_applies(self, name, self.loss_type == "vespo", "unless loss_type='vespo': set that")
+        check_applies(self, "delta", self.loss_type != "vespo",
+                      "with loss_type='vespo' (it caps the clipped objective, which vespo does not use): choose another loss_type")
         if self.kl_estimator == "k1" and self.beta > 0 and not self.use_bias_correction_kl:
             warnings.warn("GRPOConfig: kl_estimator='k1' without use_bias_correction_kl has an expected gradient "
                           "of 0 (E[grad log pi] = 0): the KL term regularises nothing; use k3 or k2, or "

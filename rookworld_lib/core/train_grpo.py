@@ -145,6 +145,8 @@ class GRPOTrainConfig:
         if not isinstance(self.loss, grpo.GRPOConfig):
             bad_field(type(self).__name__, "loss", self.loss, "must be a grpo.GRPOConfig")
         check_applies(self, "max_refill_rounds", self.dynamic_sampling, "unless dynamic_sampling=True: set that too")
+        for name in ("kl_estimator", "use_bias_correction_kl"):  # the trainer keeps no reference model at beta 0
+            check_applies(self.loss, name, self.loss.beta > 0, "at beta=0 (no KL term, no reference model): set beta > 0")
         check_applies(self, "scale_rewards", self.multi_objective_aggregation == "sum_then_normalize",
                       "unless multi_objective_aggregation='sum_then_normalize' (normalize_then_sum z-scores each reward "
                       "in its group): set that")
@@ -439,12 +441,15 @@ def _scored(batch: RolloutBatch) -> torch.Tensor:
     return batch.rewards.masked_fill(batch.reward_table.isnan().all(1), float("nan"))
 
 
-def _varied_groups(batch: RolloutBatch, G: int, per_function: bool = False) -> RolloutBatch:
+def _varied_groups(batch: RolloutBatch, G: int, per_function: bool = False,
+                   weights: Sequence[float] | None = None) -> RolloutBatch:
     """The groups whose scorable rewards are not all tied (the ones dynamic sampling keeps): an
     unscorable completion (advantage 0) cannot break a tie. per_function (GDPO's normalize_then_sum,
-    which normalises each reward function within its group): a group ties when every function does,
-    whatever their weighted sums."""
-    columns = batch.reward_table.T if per_function else [_scored(batch)]
+    which normalises each reward function within its group): a group ties when every function of a
+    nonzero weight (`weights`, one per function; None: all) does, whatever their weighted sums."""
+    table = batch.reward_table.T
+    columns = ([c for k, c in enumerate(table) if weights is None or weights[k] != 0] if per_function
+               else [_scored(batch)])
     varied = torch.zeros(len(batch.items) // G, dtype=torch.bool)
     for column in columns:
         r = column.view(-1, G)
@@ -694,28 +699,37 @@ class GRPOTrainer(Trainer):
         cfg, G = self.cfg, self.cfg.group_size
         seed = cfg.seed * 1_000_003 + self.step
         batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
-        # TRL's frac_reward_zero_std (on the std that scale_rewards, or GDPO's aggregation, uses; unscorable
-        # completions left out), before dynamic sampling drops groups
-        zero_std = grpo.group_advantages(batch.reward_table, G, scale=cfg.scale_rewards, reward_weights=self.reward_weights,
-                                         multi_objective_aggregation=cfg.multi_objective_aggregation)[1].frac_reward_zero_std
-        info = {"frac_reward_zero_std": zero_std, "dynamic_sampling/refill_rounds": 0}
+        info = {"dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
-            return batch, info, batch
+            return batch, self._sampled_stats(batch, info), batch
         sampled = [batch]
         per_function = cfg.multi_objective_aggregation == "normalize_then_sum"
-        kept = _varied_groups(batch, G, per_function)  # generated_tokens counts every sampled token, dropped groups too
+        # GDPO's advantage is a weighted sum of per-function z-scores: a function of weight 0 adds nothing to it,
+        # so a group varied in that function alone has no signal (its advantages are all 0)
+        weights = self.reward_weights if per_function else None
+        kept = _varied_groups(batch, G, per_function, weights)  # generated_tokens counts every sampled token, dropped groups too
         for round_ in range(cfg.max_refill_rounds):
             if len(kept.items) >= cfg.prompts_per_step * G:
                 break
             more = self.collect(self.prompts.draw(cfg.prompts_per_step), _refill_seed(cfg.seed, self.step, round_), timings)
             sampled.append(more)
-            kept = _concat([kept, _varied_groups(more, G, per_function)], self.eot)
+            kept = _concat([kept, _varied_groups(more, G, per_function, weights)], self.eot)
             info["dynamic_sampling/refill_rounds"] = round_ + 1
         sampled = _concat(sampled, self.eot)
+        info = self._sampled_stats(sampled, info)
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info, sampled
         n = min(len(kept.items), cfg.prompts_per_step * G)
         return _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G), info, sampled
+
+    def _sampled_stats(self, sampled: RolloutBatch, info: dict) -> dict:
+        """TRL's frac_reward_zero_std (on the std that scale_rewards, or GDPO's aggregation, uses; unscorable
+        completions left out) and reward_std (of the weighted rewards `reward` averages), over every completion
+        the step sampled: with dynamic sampling, the refills and the groups it drops too, as `reward`."""
+        stats = grpo.group_advantages(sampled.reward_table, self.cfg.group_size, scale=self.cfg.scale_rewards,
+                                      reward_weights=self.reward_weights,
+                                      multi_objective_aggregation=self.cfg.multi_objective_aggregation)[1]
+        return {"frac_reward_zero_std": stats.frac_reward_zero_std, "reward_std": stats.reward_std, **info}
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -749,7 +763,6 @@ class GRPOTrainer(Trainer):
         # info after the loss metrics: frac_reward_zero_std is measured before dynamic sampling drops groups
         record.update(info)
         record.update({f"group/{k}": v for k, v in adv_stats.as_metrics().items()})
-        record["reward_std"] = adv_stats.reward_std  # TRL's name for it
         record.update(self._batch_record(sampled, timings, time.perf_counter() - t_start))
         record["num_completions"] = len(batch.items)  # the step's trained ones (a loss call's are a minibatch's)
         if cfg.dynamic_sampling:  # the kept groups' mean reward: above the sampled one, since tied groups go
