@@ -359,6 +359,60 @@ def test_validate_and_summary_refuse_the_generation_settings_they_would_ignore(a
 
 
 @needs_stockfish
+def test_the_same_datagen_again_keeps_a_split_another_tool_added_to_its_out(tmp_path, capsys):
+    """`datagen` (train only), then `convert --split val` into the same --out, then the same datagen
+    command: the data set was made again, as if changed (every data file in --out was in its digest), and
+    the converted policy_val.jsonl deleted without a word. Datagen now keeps its own data set and
+    replaces only its own files; the split it did not make stays, whatever happens."""
+    mix = tmp_path / "mix"
+    argv = (*DATAGEN[:3], "5", "--test-games", "0", "--mate-games", "0", "--depth", "4", "--max-plies", "40",
+            "--workers", "1", "--out", str(mix))
+    assert run_cli(capsys, *argv)[0] == 0 and not (mix / "policy_val.jsonl").exists()
+    capsys.readouterr()
+    converted = "".join(json.dumps(r) + "\n" for r in shipped("P", "val")[:5])  # what convert --split val writes
+    (mix / "policy_val.jsonl").write_text(converted)
+    rc, err = run_cli(capsys, *argv)
+    assert rc == 0 and "its files unchanged: kept" in err
+    assert (mix / "policy_val.jsonl").read_text() == converted
+    train = mix / "policy_train.jsonl"
+    made = train.read_bytes()
+    train.write_bytes(made[: made.index(b"\n") + 1])  # a record deleted by hand: made again
+    rc, err = run_cli(capsys, *argv)
+    assert rc == 0 and "kept" not in err and train.read_bytes() == made
+    assert (mix / "policy_val.jsonl").read_text() == converted
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--policy-rate", "0", "--multipv", "3"), "DatagenConfig.multipv (--multipv) has no effect at policy_rate=0 "
+     "(no P: records to label): set policy_rate > 0, or leave multipv at its default (5), got 3"),
+    (("--policy-rate", "0", "--nodes", "300"), "DatagenConfig.nodes (--nodes) has no effect at policy_rate=0"),
+    (("--policy-rate", "0", "--depth", "3"), "DatagenConfig.depth (--depth) has no effect at policy_rate=0"),
+    (("--exclude-dir", "{out}"), "DatagenConfig.exclude_dir (--exclude-dir) is out_dir or lies inside it: its held-out "
+     "positions would be those of the data set this run replaces; give another data set's folder"),
+    (("--validate", "{out}/x.jsonl"), "--validate reads the data files in --out and generates nothing: --out would be "
+     "ignored; leave them out")])
+def test_datagen_refuses_a_setting_another_makes_void_and_an_exclude_dir_that_is_its_out(extra, message, tmp_path, capsys):
+    """At --policy-rate 0 no P: record is labelled, so --multipv, --nodes and --depth changed nothing (and
+    still made the data set another); --exclude-dir at --out excluded the held-out positions of the set being
+    replaced, so the same command was refused next time; --validate FILE dropped --out without a word."""
+    out = tmp_path / "d"
+    rc, err = run_cli(capsys, "datagen", "--no-progress", "--out", str(out), *(a.format(out=out) for a in extra))
+    assert rc == 1
+    one_line(err, "rookworld datagen", message)
+    assert not out.exists()
+
+
+def test_validate_and_summary_take_a_setting_at_the_value_a_run_would_use(capsys):
+    """A value equal to the default passes (the README's rule): --depth 8 and --workers <the cores> were refused
+    beside --summary where --games 320 passed, since their command-line default is "none given"."""
+    from rookworld_lib.chess.engine import MAX_WORKERS, usable_cores
+
+    for extra in (("--depth", "8"), ("--workers", str(min(usable_cores(), MAX_WORKERS))), ("--games", "320")):
+        assert main(["datagen", "--summary", "--out", str(paths.DATA_DIR), *extra]) == 0, extra
+    capsys.readouterr()
+
+
+@needs_stockfish
 def test_a_full_disk_during_datagen_names_the_file_it_was_writing(tmp_path, capsys, monkeypatch):
     import errno
 

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +47,7 @@ from .engine import (INSTALL_HINT, LIMIT_RANGES, MAX_WORKERS, Analysis, EngineFa
 from ..core.paths import (DATA_DIR, LOCK_FILE, DataFormatError, JsonlAppender, atomic_file, atomic_write, json_line, json_lines, naming,
                           run_lock)
 from ..core.progress import tqdm
-from ..core.config import (SEED_MAX, add_config_arguments, config_class, config_kwargs_from_args, field_docs, flag_name, option, path_arg,
+from ..core.config import (SEED_MAX, add_config_arguments, bad_field, check_applies, config_class, config_kwargs_from_args, field_docs, flag_name, option, path_arg,
                            validate)
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,12 @@ class DatagenConfig:
         if self.random_share + self.opening_share > 1.0 + 1e-12:
             raise ValueError(f"DatagenConfig: random_share + opening_share (--random-share, --opening-share) must be <= 1, "
                              f"got {self.random_share:g} + {self.opening_share:g}")
+        # the label settings are the P: records' alone (games are played at their own node budgets)
+        for name in ("multipv", "nodes", *(("depth",) if self.depth is not None else ())):
+            check_applies(self, name, self.policy_rate > 0, "at policy_rate=0 (no P: records to label): set policy_rate > 0")
+        if self.exclude_dir and _inside(self.exclude_dir, self.out_dir):
+            bad_field("DatagenConfig", "exclude_dir", self.exclude_dir, "is out_dir or lies inside it: its held-out "
+                      "positions would be those of the data set this run replaces; give another data set's folder")
 
     def content_key(self) -> dict:
         """The settings that decide the output (not where it goes or how many workers)."""
@@ -431,17 +437,21 @@ class _Outputs:
                 ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
         self._plain.clear()
 
-    def publish(self, out: Path) -> dict:
+    def publish(self, out: Path, replaces: set[str] | None) -> tuple[dict, list[str]]:
         """Move every file into `out`, removing that name's older files there (another layout, a
-        longer run's extra shards, a file this run leaves empty); return {name: records}."""
+        longer run's extra shards, a file this run leaves empty) that `replaces` names (the data set datagen
+        made there before; None: every one, as --fresh asks): a split another tool added (convert) stays.
+        Returns ({name: records}, the file names published)."""
+        published = []
         for name in DATA_FILES:
             mine = {p.name for p in data_files_of(name, self.dir)}
             for old in data_files_of(name, out):
-                if old.name not in mine:
+                if old.name not in mine and (replaces is None or old.name in replaces):
                     old.unlink()
             for f in sorted(mine):
                 shutil.move(self.dir / f, out / f)  # a rename, unless --work-dir is on another filesystem
-        return {name: self.counts[name] for name in DATA_FILES if self.counts.get(name)}
+            published += sorted(mine)
+        return {name: self.counts[name] for name in DATA_FILES if self.counts.get(name)}, published
 
 
 def _gzip_writer(raw) -> gzip.GzipFile:
@@ -735,16 +745,20 @@ def _remove_work(work: Path, keep_lock: bool) -> None:
 MADE_FILE = ".datagen.json"  # in --out: the settings, engine, counts and file digests of the data set made there
 
 
-def _data_set_files(out_dir) -> dict[str, str]:
-    """Every data file in `out_dir` (all names and layouts datagen writes) -> its digest."""
-    return {f.name: file_digest(f).hex() for name in DATA_FILES for f in data_files_of(name, out_dir)}
+def _data_set_files(out_dir, names: Iterable[str]) -> dict[str, str] | None:
+    """The data files `names` in `out_dir` -> their digests (None where one is missing)."""
+    try:
+        return {n: file_digest(Path(out_dir) / n).hex() for n in names}
+    except FileNotFoundError:
+        return None
 
 
 def _kept(made: dict, state: dict, out_dir) -> DatagenReport | None:
     """The report of the data set that `made` (its MADE_FILE) describes, when these settings and engine
     made it and its files are there unchanged; else None (it is made again)."""
     t, files, r = time.perf_counter(), made.get("files"), made.get("report")
-    if _settings_of(made) != state or not files or not isinstance(r, dict) or _data_set_files(out_dir) != files:
+    if (_settings_of(made) != state or not files or not isinstance(files, dict) or not isinstance(r, dict)
+            or _data_set_files(out_dir, files) != files):  # its own files: a split another tool added is not its
         return None
     try:
         return DatagenReport(counts=dict(r["counts"]), games_played=0, games_reused=int(r["games"]), positions_labelled=0,
@@ -804,9 +818,10 @@ def _generate(cfg: DatagenConfig, pool: LeanPool, engine_name: str, progress: bo
     except BaseException:
         outputs.abort()
         raise
-    counts = outputs.publish(Path(cfg.out_dir))
+    ours = made_here.get("files") if not fresh and isinstance(made_here, dict) else None  # datagen's files there
+    counts, published = outputs.publish(Path(cfg.out_dir), set(ours) if isinstance(ours, dict) else None)
     env_records = sum(n for k, n in counts.items() if k.startswith("env_"))
-    made = {**state, "files": _data_set_files(cfg.out_dir),
+    made = {**state, "files": _data_set_files(cfg.out_dir, published),
             "report": {"counts": counts, "games": len(games), "labels": len(labels), "env_records": env_records}}
     atomic_write(Path(cfg.out_dir) / MADE_FILE, lambda f: f.write(json.dumps(made, indent=1).encode()))
     seconds["write"] = clock() - t
@@ -968,8 +983,13 @@ def cli(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.validate is not None or args.summary:  # they read files: a generation setting would be ignored
         mode = "--validate" if args.validate is not None else "--summary"
+        # a value equal to the default passes: argparse's, or the one a run would take for it (depth 8, the cores)
+        taken = {"depth": DatagenConfig.depth if args.nodes is None else None, "workers": min(usable_cores(), MAX_WORKERS)}
         unused = [flag_name(dest) for dest, value in vars(args).items()
-                  if dest not in ("out_dir", "validate", "summary", "no_progress") and value != parser.get_default(dest)]
+                  if dest not in ("out_dir", "validate", "summary", "no_progress") and value != parser.get_default(dest)
+                  and (dest not in taken or value != taken[dest])]
+        if args.validate and args.out_dir is not None:  # the files given are read; --out names none of them
+            unused.insert(0, "--out")
         if args.validate is not None and args.summary:
             unused.insert(0, "--summary")
         if unused:
