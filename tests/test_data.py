@@ -833,13 +833,16 @@ def test_game_kind_shares_above_one_are_refused(tmp_path, capsys):
 
 
 def test_datagen_summary_prints_the_data_cards_tables(capsys):
-    """`rookworld datagen --summary` (the shipped data/ without --out) prints the two tables of
-    data/README.md, as they stand there: a line per file in the card's order, sizes in KB."""
+    """`rookworld datagen --summary` (the shipped data/ without --out) prints the three tables of
+    data/README.md, as they stand there: a line per file in the card's order, sizes in KB; then the positions
+    each pair of splits shares (computed by summarize, and not printed before)."""
     card = (DATA_DIR / "README.md").read_text()
     assert datagen.cli(["--summary"]) == 0
     out = capsys.readouterr().out
     lines = out.rstrip("\n").split("\n")
-    assert len(lines) == 2 * (2 + len(data.DATA_FILES)) + 1 and lines[2 + len(data.DATA_FILES)] == "", out
+    assert len(lines) == 2 * (2 + len(data.DATA_FILES)) + 1 + 6 and lines[2 + len(data.DATA_FILES)] == "", out
+    assert lines[-5:] == ["| splits | positions in both |", "|---|---:|", "| train/val | 0 |", "| train/test | 0 |",
+                          "| val/test | 0 |"]
     assert lines[0] == "| file | records | games | white to move | black to move | size (KB) |"
     assert [line.split(" | ")[0] for line in lines[2:9]] == [f"| {name}" for name in data.DATA_FILES]
     assert "| policy_train.jsonl | 3962 | 255 | 1929 | 2033 | 1824 |" in lines  # the card's first row, by hand

@@ -597,4 +597,6 @@ def render_card_tables(summary: dict) -> str:
     for name, f in summary["files"].items():
         rows.append(f"| {name} | {fmt(f.get('sources'))} | {fmt(f.get('tags'))} | {fmt(f.get('kinds'))} "
                     f"| {fmt(f.get('terminations'))} |")
+    if shared := summary.get("shared_positions"):  # the leak check: 0 by construction for datagen's own sets
+        rows += ["", "| splits | positions in both |", "|---|---:|", *(f"| {k} | {v} |" for k, v in shared.items())]
     return "\n".join(rows)
