@@ -213,7 +213,7 @@ def test_record_reader_candidate_order_uci_sorts_each_p_answer_by_move_text():
         training.RecordReader("compact", "random")
 
 
-def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread):  # noqa: F811
+def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread, capsys):  # noqa: F811
     from rookworld_lib.core.paths import DATA_DIR
     train = tmp_path / "policy_train.jsonl"
     train.write_text("".join((DATA_DIR / "policy_train.jsonl").read_text().splitlines(keepends=True)[:16]))
@@ -232,6 +232,14 @@ def test_sft_cli_candidate_order_reaches_the_export(tmp_path, one_thread):  # no
                  "--out", str(back), "--no-progress", "--device", "cpu"]) == 0
     assert training.ORDER_KEY not in json.loads((back / "final" / "config.json").read_text())
     assert training.candidate_order_for(back / "final") == "layout"
+    # at --policy-fraction 0 no P: sample is trained on or measured: another order there changed only the
+    # export's record; the order the start model records (a value equal to the default) passes
+    capsys.readouterr()
+    assert main(["sft", "--train-data", str(train), "--init-from", str(out / "final"), "--policy-fraction", "0",
+                 "--candidate-order", "layout", "--out", str(tmp_path / "void")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "rookworld sft: error: --candidate-order layout has no effect at --policy-fraction 0 (no P: sample ")
+    assert not (tmp_path / "void").exists()
     config[training.ORDER_KEY] = "random"
     (out / "final" / "config.json").write_text(json.dumps(config))
     with pytest.raises(training.CheckpointFormatError, match=r"rookworld_candidate_order is 'random'"):
@@ -709,7 +717,7 @@ def _hf_dir(root: Path, n_positions="absent") -> str:
     """A folder with only the config.json of a Hugging Face GPT-2 (SFTConfig reads no weights); "absent"
     leaves n_positions out of it."""
     d = root / f"hf_{n_positions}"
-    d.mkdir()
+    d.mkdir(exist_ok=True)
     config = {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "n_positions": n_positions}
     if n_positions == "absent":
         del config["n_positions"]
@@ -733,6 +741,13 @@ def _jsonl(root: Path) -> Path:
     pytest.param(lambda d: dict(init_from=_hf_dir(d, None)),
                  r"^SFTConfig\.init_from has a config\.json whose n_positions is None, got '.*hf_None'$",
                  lambda d: dict(init_from=_hf_dir(d, 256)), id="init-from-n-positions"),  # == block_size 256: fits
+    # a block_size override beside a Hugging Face start: it trained to the model's build, then stopped there
+    # ("transformer.wpe.weight has shape (256, 64), expected (128, 64)"), naming no option
+    pytest.param(lambda d: dict(init_from=_hf_dir(d, 256), model_overrides={"block_size": 128}, block_size=64),
+                 r"^SFTConfig\.model_overrides sets block_size=128, but the model in .*hf_256 has n_positions=256: a "
+                 r"Hugging Face start keeps its shape, got \{'block_size': 128\}$",
+                 lambda d: dict(init_from=_hf_dir(d, 256), model_overrides={"block_size": 256}, block_size=64),
+                 id="init-from-block-size"),
     pytest.param(lambda d: dict(train_data=None),
                  r"^SFTConfig\.train_data must be a list of JSONL file paths, got None$",
                  lambda d: dict(train_data=str(_jsonl(d))), id="train-data-none"),  # one path: taken as a list

@@ -363,7 +363,11 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
     check_train_split(cfg.train_data, cfg.val_data)
     layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
     log.info("layout: %s (%s)", layout, why)
-    order = args.candidate_order or candidate_order_for(cfg.init_from)
+    order = candidate_order_for(cfg.init_from)
+    if args.candidate_order not in (None, order) and (cfg.task_weights or {}).get("P", 1.0) == 0:
+        raise ValueError(f"--candidate-order {args.candidate_order} has no effect at --policy-fraction 0 (no P: sample is "
+                         "trained on or measured): leave it out, or give P: samples a share")
+    order = args.candidate_order or order
     return cfg, RecordReader(layout, order)
 
 

@@ -165,11 +165,11 @@ class SFTConfig:
         if self.init_from == "scratch":
             return model_config.block_size
         hf = read_config_json(Path(self.init_from) / "config.json")  # CheckpointFormatError when unreadable
-        for key in ("n_layer", "n_head", "n_embd"):  # the weights give the shape
-            if key in self.model_overrides and self.model_overrides[key] != hf.get(key):
-                bad_field(name, "model_overrides", self.model_overrides,
+        for key, hf_key in (("n_layer",) * 2, ("n_head",) * 2, ("n_embd",) * 2, ("block_size", "n_positions")):
+            if key in self.model_overrides and self.model_overrides[key] != hf.get(hf_key):  # the weights give the shape
+                bad_field(name, "model_overrides", self.model_overrides,  # (block_size: the position embeddings' rows)
                           f"sets {key}={self.model_overrides[key]}, but the model in {self.init_from} has "
-                          f"{key}={hf.get(key)}: a Hugging Face start keeps its shape")
+                          f"{hf_key}={hf.get(hf_key)}: a Hugging Face start keeps its shape")
         model_block = self.model_overrides.get("block_size", hf.get("n_positions", 1024))
         if not isinstance(model_block, int) or isinstance(model_block, bool):
             bad_field(name, "init_from", self.init_from, f"has a config.json whose n_positions is {model_block!r}")
