@@ -861,8 +861,8 @@ def _open_work_dir(work: Path, state: dict, fresh: bool, out_dir) -> None:
     except ValueError:
         raise DataFormatError(f"corrupt work file: {path}; delete {work} or rerun with --fresh") from None
     if diffs := _settings_diff({**old, "config": _resolved_exclude(old.get("config") or {})}, state):
-        raise WorkDirMismatch(f"{work} holds an interrupted run with other settings ({diffs}); "
-                              "rerun with those settings to resume it, or pass --fresh to discard it")
+        raise WorkDirMismatch(f"{work} holds the work of a run with other settings, interrupted or kept by --keep-work "
+                              f"({diffs}); rerun with those settings to resume or keep it, or pass --fresh to discard it")
 
 
 def _settings_diff(old: dict, new: dict) -> str:

@@ -284,7 +284,8 @@ def build_sft_parser() -> argparse.ArgumentParser:
         "data/env_val.jsonl --model cpu-small --max-steps 300 --out runs/sft-cpu",
         nproc_note="; --batch-size must be a multiple of N")
     ap.add_argument("--layout", default=None, choices=list(tasks.LAYOUTS),
-                    help="how records are rendered (default: --init-from's own; compact from scratch)")
+                    help="how records are rendered (default: --init-from's own; compact from scratch); {\"text\": ...} lines "
+                         "are trained as written, and the export records this layout for them")
     ap.add_argument("--candidate-order", default=None, choices=list(CANDIDATE_ORDERS),
                     help="how P: records list their (move, eval) pairs: the layout's own order (compact: best "
                          "first; original: shuffled) or uci (sorted by move text; docs/grpo.md, section 4); "
