@@ -229,7 +229,7 @@ def reward_functions(variant: str = "graded") -> tuple[list, list[float]]:
 def unlisted_b_note() -> str:
     """How the rewards score a legal B: outside the data's candidates here: searched by Stockfish, or (none
     installed) an estimated eval, so that a run's rewards, and the model it trains, depend on it (rewards' engine="auto")."""
-    if engine.stockfish_available():
+    with contextlib.suppress(engine.StockfishNotFoundError):
         return f"a legal B: outside the data's candidates is searched by Stockfish ({engine.find_stockfish()})"
     return (f"a legal B: outside the data's candidates gets an estimated eval (no Stockfish found: the last "
             f"candidate's minus {rewards.DEFAULT_GRADED_WEIGHTS.unlisted_margin_cp} cp), so the rewards differ from a run "

@@ -701,7 +701,7 @@ class GRPOTrainer(Trainer):
         batch = self.collect(self.prompts.draw(cfg.prompts_per_step), seed, timings)
         info = {"dynamic_sampling/refill_rounds": 0}
         if not cfg.dynamic_sampling:
-            return batch, self._sampled_stats(batch, info), batch
+            return batch, {**self._sampled_stats(batch), **info}, batch
         sampled = [batch]
         per_function = cfg.multi_objective_aggregation == "normalize_then_sum"
         # GDPO's advantage is a weighted sum of per-function z-scores: a function of weight 0 adds nothing to it,
@@ -716,20 +716,20 @@ class GRPOTrainer(Trainer):
             kept = _concat([kept, _varied_groups(more, G, per_function, weights)], self.eot)
             info["dynamic_sampling/refill_rounds"] = round_ + 1
         sampled = _concat(sampled, self.eot)
-        info = self._sampled_stats(sampled, info)
+        info = {**self._sampled_stats(sampled), **info}
         if not kept.items:  # every group tied: keep the original batch (zero gradient, logged)
             return batch, info, sampled
         n = min(len(kept.items), cfg.prompts_per_step * G)
         return _select_groups(kept, torch.arange(len(kept.items) // G) < n // G, G), info, sampled
 
-    def _sampled_stats(self, sampled: RolloutBatch, info: dict) -> dict:
+    def _sampled_stats(self, sampled: RolloutBatch) -> dict:
         """TRL's frac_reward_zero_std (on the std that scale_rewards, or GDPO's aggregation, uses; unscorable
         completions left out) and reward_std (of the weighted rewards `reward` averages), over every completion
         the step sampled: with dynamic sampling, the refills and the groups it drops too, as `reward`."""
         stats = grpo.group_advantages(sampled.reward_table, self.cfg.group_size, scale=self.cfg.scale_rewards,
                                       reward_weights=self.reward_weights,
                                       multi_objective_aggregation=self.cfg.multi_objective_aggregation)[1]
-        return {"frac_reward_zero_std": stats.frac_reward_zero_std, "reward_std": stats.reward_std, **info}
+        return {"frac_reward_zero_std": stats.frac_reward_zero_std, "reward_std": stats.reward_std}
 
     # -- one step ---------------------------------------------------------------------------
 
