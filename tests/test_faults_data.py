@@ -217,3 +217,183 @@ def test_a_gap_in_a_shard_numbering_is_refused_by_every_reader_naming_the_missin
     assert f"{lost}: missing shard" in one_error_line(capsys, "eval")
     assert main(grpo_argv(model, gap, tmp_path / "out")) == 1
     assert "missing shard" in one_error_line(capsys, "grpo") and not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+# --- convert under a hostile user: killed, stopped, given odd files
+
+def _policy_lines(n: int) -> str:
+    """`n` original P: lines (shipped test records written in the original layout), one text."""
+    from rookworld_lib.chess import tasks
+    recs = [json.loads(ln) for ln in shipped_lines("policy_test.jsonl", 40)]
+    lines = [tasks.policy_prompt(r["fen"], "original") + tasks.policy_completion(r["moves"], r["evals"], r["best"], "original")
+             for r in recs]
+    return "".join(lines[i % len(lines)] + "\n" for i in range(n))
+
+
+def test_convert_workers_left_by_a_killed_command_hold_no_lock_and_end_with_it(tmp_path):
+    """SIGKILL on `convert --workers 2` left its pool's workers alive (reparented, asleep) holding the
+    --out lock they had inherited with fork: every later convert there was refused as busy."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rookworld_lib.core.paths import busy_message
+
+    src = tmp_path / "rook.txt"
+    src.write_text(_policy_lines(8))
+    out = tmp_path / "out"
+    script = ("import multiprocessing, os, signal, sys\nfrom pathlib import Path\n"
+              "from rookworld_lib.chess import convert\nfrom rookworld_lib.core.paths import run_lock\n"
+              "with run_lock(sys.argv[1]):\n"
+              "    chunks = convert._converted([Path(sys.argv[2])], 'test', 2, 1)\n"
+              "    next(chunks)  # the pool's workers run (the generator held: its end would stop them)\n"
+              "    print(*[p.pid for p in multiprocessing.active_children()], flush=True)\n"
+              "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(out), str(src)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    workers = [int(p) for p in proc.stdout.split()]
+    assert len(workers) == 2
+    assert busy_message(out) is None  # the lock died with the command, though its workers may still be ending
+    deadline = time.monotonic() + 20
+    while (alive := [p for p in workers if os.path.exists(f"/proc/{p}")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in alive:  # do not leave them to the next test
+        os.kill(p, signal.SIGKILL)
+    assert not alive, "a conversion worker outlived its command"
+
+
+def test_a_forked_child_does_not_inherit_a_run_lock(tmp_path):
+    import os
+
+    from rookworld_lib.core.paths import LOCK_FILE, run_lock
+
+    lock = str((tmp_path / "run" / LOCK_FILE).resolve())
+    with run_lock(tmp_path / "run"):
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 1 when it holds a descriptor of the lock file
+            held = any(os.readlink(f"/proc/self/fd/{fd}") == lock for fd in os.listdir("/proc/self/fd")
+                       if os.path.exists(f"/proc/self/fd/{fd}"))
+            os._exit(int(held))
+        assert os.waitpid(pid, 0)[1] == 0
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "Ctrl-C"])
+def test_convert_stopped_midway_says_so_and_leaves_nothing(tmp_path, capsys, monkeypatch, stop):
+    """SIGTERM (`timeout`, a scheduler) killed convert where it stood: no line, and its hidden temporary
+    outputs (GBs on a full data set) stayed in --out for good; Ctrl-C left a new --out holding only .lock."""
+    import os
+    import signal
+
+    from rookworld_lib.chess import convert
+
+    src = tmp_path / "rook.txt"
+    src.write_text(_policy_lines(30))
+    real, seen = convert.convert_line, []
+
+    def line(text, **kw):
+        seen.append(1)
+        if len(seen) == 10:
+            if stop == "SIGTERM":
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                raise KeyboardInterrupt
+        return real(text, **kw)
+
+    monkeypatch.setattr(convert, "convert_line", line)
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(convert_argv(tmp_path, src)) == 130
+    assert capsys.readouterr().err.strip().endswith(f"rookworld convert: interrupted ({stop})")
+    assert not (tmp_path / "out").exists()  # the folder it made is gone, temporary files and lock with it
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_convert_removes_the_temporary_files_a_killed_conversion_left(tmp_path):
+    from rookworld_lib.chess import convert
+
+    src = tmp_path / "rook.txt"
+    src.write_text(_policy_lines(3))
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = [out / ".tmp-policy_test.jsonl.k1ll3d", out / ".tmp-convert_errors_test.txt.abc"]
+    other = out / ".tmp-policy_val.jsonl.x"  # another split's: a conversion into it may be under way
+    for p in (*stale, other):
+        p.write_text("torn")
+    convert.convert([src], out, split="test", workers=1)
+    assert not any(p.exists() for p in stale) and other.exists()
+    assert len(data.load_split("P", "test", out)) == 3
+
+
+def test_convert_says_a_worker_died_in_one_line(tmp_path, monkeypatch):
+    """A worker killed (the OOM killer) gave BrokenProcessPool's traceback."""
+    from rookworld_lib.chess import convert
+
+    src = tmp_path / "rook.txt"
+    src.write_text(_policy_lines(4))
+    monkeypatch.setattr(convert, "_convert_chunk", _die)  # forked workers see it
+    with pytest.raises(ValueError, match=r"a conversion worker died .* run again, with fewer --workers \(this run: 2\)"):
+        convert.convert([src], tmp_path / "out", split="test", workers=2, chunk_lines=1)
+    assert not (tmp_path / "out").exists()
+
+
+def _die(chunk, split):
+    import os
+    os._exit(1)
+
+
+def test_convert_names_utf16_bare_carriage_returns_and_reads_a_dictionary_column(tmp_path, pq, capsys):
+    """PowerShell's UTF-16 was "not a text file (NUL bytes)"; classic-Mac line ends made one line whose
+    reason was "unexpected text after B: move"; a dictionary-encoded Parquet text column was refused."""
+    import pyarrow as pa
+
+    lines = _policy_lines(3)
+    (tmp_path / "ps.txt").write_bytes(b"\xff\xfe" + lines.encode("utf-16-le"))
+    assert main(convert_argv(tmp_path, tmp_path / "ps.txt")) == 1
+    assert "ps.txt: UTF-16 text (its byte-order mark); save it as UTF-8, e.g. iconv" in one_error_line(capsys, "convert")
+    (tmp_path / "mac.txt").write_text(lines.replace("\n", "\r"))
+    assert main(convert_argv(tmp_path, tmp_path / "mac.txt")) == 1
+    assert "mac.txt: its lines end in a bare carriage return" in one_error_line(capsys, "convert")
+    table = pq("dict.parquet", {"text": pa.array(lines.splitlines()).dictionary_encode()})
+    assert main(convert_argv(tmp_path, table)) == 0
+    assert len(data.load_split("P", "test", tmp_path / "out")) == 3
+
+
+def test_convert_counts_reasons_by_kind_however_many_values_the_lines_hold(tmp_path, capsys):
+    """SAN moves, eval texts and byte offsets were unquoted in their reasons: 60k lines printed 58,684
+    kinds; the printed counts now stop at MAX_REASONS_SHOWN kinds."""
+    from rookworld_lib.chess import convert
+
+    assert (convert.reason_kind("M: not UCI: Nf3 e4 d4") == convert.reason_kind("M: not UCI: Bb5")
+            == "M: not UCI: ...")
+    assert convert.reason_kind("E: not an eval: 0. x; B: not UCI: 'Nf3'") == "E: not an eval: ...; B: not UCI: '...'"
+    assert convert.reason_kind("not UTF-8 (invalid start byte at byte 87)") == "not UTF-8 (invalid start byte at byte N)"
+    assert (convert.reason_kind('its \'text\' is [1, "a"], not the line as a string')
+            == "its 'text' is ..., not the line as a string")
+    src = tmp_path / "fields.txt"  # 29 kinds: "expected 7 '+'-separated fields, found k" (k kept: it says what to fix)
+    src.write_text("".join("+".join(["x"] * k) + "\n" for k in range(1, 31) if k != 7))
+    assert main(convert_argv(tmp_path, src)) == 1
+    out = capsys.readouterr().out
+    assert out.count("-separated fields, found") == convert.MAX_ERRORS_SHOWN + convert.MAX_REASONS_SHOWN
+    assert f"... and {29 - convert.MAX_REASONS_SHOWN} other kinds of reason ({29 - convert.MAX_REASONS_SHOWN} lines; --json counts them all)" in out
+
+
+def test_convert_refuses_a_bare_file_name_and_a_chunk_size_below_one(tmp_path):
+    from rookworld_lib.chess import convert
+
+    src = tmp_path / "rook.txt"
+    src.write_text(_policy_lines(2))
+    with pytest.raises(ValueError, match=r"inputs must be a list of files, got one: .*rook.txt"):
+        convert.convert(str(src), tmp_path / "a")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=rf"chunk_lines must be a whole number of lines >= 1, got {bad!r}"):
+            convert.convert([src], tmp_path / "a", chunk_lines=bad)
+    assert not (tmp_path / "a").exists()
+
+
+def test_convert_names_castling_written_king_takes_rook():
+    from rookworld_lib.chess import convert
+
+    line = "A: r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1+e1h1+e1h1+r3k2r/8/8/8/8/8/8/R4RK1 b kq - 1 1+0.001+0+0"
+    assert convert.convert_line(line).startswith("castling written king-takes-rook (e1h1): our records spell it "
+                                                 "king-to-square (e1g1)")

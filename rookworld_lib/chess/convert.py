@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections import Counter, deque
@@ -36,13 +37,15 @@ import numpy as np
 from . import tasks
 from .data import ORIGINAL_LIMIT, ORIGINAL_SOURCE, SPLITS, TASK_FILES, data_files_of, move_tags, position_tags
 from ..core.config import path_arg
-from ..core.paths import LOCK_FILE, atomic_file, decoded_lines, json_line, read_jsonl, run_lock
+from ..core.errors import end_with_parent, sigterm_as_interrupt
+from ..core.paths import LOCK_FILE, TMP_PREFIX, atomic_file, decoded_lines, json_line, read_jsonl, run_lock
 from ..core.progress import tqdm
 from .engine import MAX_WORKERS, usable_cores
 from .rewards import EnvTruth
 
 ORIGINAL_ENGINE = "unknown (original RookWorld data)"
 MAX_ERRORS_SHOWN = 10
+MAX_REASONS_SHOWN = 20  # kinds of reason in the printed counts (--json and the errors file have all)
 
 
 # --- One line ---
@@ -114,20 +117,32 @@ def _disagreement(line: OriginalEnvLine, ref: tasks.EnvTransition) -> str | None
     if not diff:
         return None
     if ref.kind == "illegal" and a.truncated == 0:
+        board = tasks.checked_board(line.fen)[0]
+        if len(line.move) == 4 and board.is_legal(move := chess.Move.from_uci(line.move)) and board.is_castling(move):
+            return (f"castling written king-takes-rook ({line.move}): our records spell it king-to-square "
+                    f"({board.uci(move)}), as UCI and the original generator's legal moves do")
         return "illegal move pushed without a legality check (the original generator's board.push)"
     if a.terminated and not ref.terminated and a.reward == tasks.REWARD_DRAW:
         return "a repetition ending: the position and ten moves of history do not decide it"
     return f"transition disagrees with python-chess: {', '.join(d.replace('new_fen', 'new FEN') for d in diff)}"
 
 
+# values that reasons give unquoted: the moves of "M: not UCI: Nf3 e4", a byte offset, a JSON line's 'text' value
+_UNQUOTED = ((re.compile(r"(not UCI|not an eval): [^;']+"), r"\1: ..."), (re.compile(r"at byte \d+"), "at byte N"),
+             (re.compile(r"(its 'text' is ).*(, not the line as a string)"), r"\1...\2"))
+
+
 def reason_kind(reason: str) -> str:
-    """A line's reason as its kind of problem, for the counts: the moves, FENs and values it quotes become
-    '...'; a quoted single character (the '+' of "7 '+'-separated fields"), a field marker ('M:', 'P: '),
-    a pattern ('P: <FEN> M: ...') and the JSON key 'text' are part of the kind, the words that say what to fix."""
+    """A line's reason as its kind of problem, for the counts: the moves, FENs and values it quotes or lists
+    become '...' (so the counts do not grow with the input); a quoted single character (the '+' of "7
+    '+'-separated fields"), a field marker ('M:', 'P: '), a pattern ('P: <FEN> M: ...') and the JSON key 'text'
+    are part of the kind, the words that say what to fix."""
     def kind(m: re.Match) -> str:
         quoted = m.group(1) or m.group(2)
         return m.group(0) if re.fullmatch(r"[A-Z]: ?|text", quoted) or "<FEN>" in quoted else "'...'"
 
+    for pattern, repl in _UNQUOTED:
+        reason = pattern.sub(repl, reason)
     return re.sub(r"'([^']{2,})'|\"([^\"]{2,})\"", kind, reason)
 
 
@@ -214,7 +229,8 @@ def _table_texts(path: Path) -> Iterator[str | ValueError]:
             raise ValueError(f"{path}: not a readable {kind} file ({exc})") from None
         if "text" not in schema.names:
             raise ValueError(f"{path}: no 'text' column (columns: {', '.join(schema.names) or 'none'})")
-        if str(kind := schema.field("text").type) not in _ARROW_TEXT_TYPES:
+        kind = schema.field("text").type
+        if str(kind.value_type if pa.types.is_dictionary(kind) else kind) not in _ARROW_TEXT_TYPES:  # a dictionary of strings reads as strings
             raise ValueError(f"{path}: column 'text' holds {kind}, not strings (the original lines as text)")
         for batch in batches:  # a null row is an error, as a JSON line's null 'text' is (it was skipped uncounted)
             yield from (ValueError(_NULL_TEXT) if t is None else t for t in batch.column("text").to_pylist())
@@ -225,9 +241,16 @@ def _text_file_lines(path: Path) -> Iterator[tuple[int, str | ValueError]]:
     ValueError with the byte, as a JSON line's is (replacement characters made FEN errors of it)."""
     try:
         with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as fh:
-            if b"\0" in fh.read(8192):  # a binary file given by mistake: one line, not hundreds
-                raise ValueError(f"{path}: not a text file (NUL bytes in its first 8 kB); give text lines, JSON lines, "
-                                 ".parquet or .arrow")
+            head = fh.read(8192)
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # what Windows PowerShell's `>` writes
+            raise ValueError(f"{path}: UTF-16 text (its byte-order mark); save it as UTF-8, e.g. "
+                             f"iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}")
+        if b"\0" in head:  # a binary file given by mistake: one line, not hundreds
+            raise ValueError(f"{path}: not a text file (NUL bytes in its first 8 kB); give text lines, JSON lines, "
+                             ".parquet or .arrow")
+        if b"\r" in head and b"\n" not in head:  # classic Mac line ends: the whole file read as one line
+            raise ValueError(f"{path}: its lines end in a bare carriage return (\\r), not \\n; convert them first, "
+                             f"e.g. tr '\\r' '\\n' < {path} > {path.stem}.unix{path.suffix}")
         for n, text, why in decoded_lines(path):
             yield n, text if why is None else ValueError(why)
     except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut off (lines before that were read)
@@ -318,12 +341,21 @@ def _chunks(inputs: list[Path], size: int) -> Iterator[tuple[Path, list[tuple[st
             yield path, chunk
 
 
+def _worker_start(parent: int) -> None:
+    """A conversion worker ends with the command: killed when it dies (even by SIGKILL), and SIGTERM ends it
+    as it would any process (the command's handler raises in its main thread only)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    end_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:  # the command died before the request was made
+        os._exit(1)
+
+
 def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Iterator[tuple[Path, list]]:
     """(input, [(line number, record or reason)]) per chunk, in input order."""
     if workers <= 1:
         yield from ((path, _convert_chunk(chunk, split)) for path, chunk in _chunks(inputs, size))
         return
-    with concurrent.futures.ProcessPoolExecutor(workers) as pool:
+    with concurrent.futures.ProcessPoolExecutor(workers, initializer=_worker_start, initargs=(os.getpid(),)) as pool:
         try:
             pending: deque = deque()
             for path, chunk in _chunks(inputs, size):
@@ -333,6 +365,9 @@ def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Itera
                     yield path, fut.result()
             for path, fut in pending:
                 yield path, fut.result()
+        except concurrent.futures.process.BrokenProcessPool:  # a worker killed: the OOM killer, or a user's kill
+            raise ValueError(f"a conversion worker died (killed: out of memory?) while converting {path}; nothing was "
+                             f"written; run again, with fewer --workers (this run: {workers}) if memory is short") from None
         finally:
             pool.shutdown(cancel_futures=True)
 
@@ -344,6 +379,10 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     ``<out_dir>/convert_errors_<split>.txt`` as ``file:line: reason``. Outputs appear atomically when the whole
     input is done, only for a task with records (another task's file is left as it is). When no line converts,
     nothing is written: out_dir is left as it was (the report holds the reasons, and no outputs)."""
+    if isinstance(inputs, (str, os.PathLike)):  # one file given bare: its characters are no file names
+        raise ValueError(f"inputs must be a list of files, got one: {str(inputs)!r}; give [{str(inputs)!r}]")
+    if isinstance(chunk_lines, bool) or not isinstance(chunk_lines, int) or chunk_lines < 1:
+        raise ValueError(f"chunk_lines must be a whole number of lines >= 1, got {chunk_lines!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
@@ -364,14 +403,14 @@ def convert(inputs: Iterable[str | os.PathLike], out_dir: str | os.PathLike, *, 
     new_lock = not (out / LOCK_FILE).exists()
     try:
         _convert_into(out, inputs, split, workers, chunk_lines, progress, report, errors_path)
-    except (_NothingConverted, ValueError) as exc:  # ValueError: an input that cannot be read (a broken gzip)
+    except BaseException as exc:  # no line converted, an input that cannot be read (a broken gzip), Ctrl-C, SIGTERM
         # nothing was published, and every temporary file is gone: the lock file and the folders made here too
         if new_lock:
             (out / LOCK_FILE).unlink(missing_ok=True)
         for folder in made:
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        if isinstance(exc, ValueError):
+        if not isinstance(exc, _NothingConverted):
             raise
     report.seconds = time.perf_counter() - t0
     return report
@@ -389,6 +428,9 @@ def _convert_into(out: Path, inputs: list[Path], split: str, workers: int, chunk
             raise ValueError(f"{out} already holds {', '.join(there)}: converting would replace them; choose "
                              "another --out (or --split), delete them first, or convert every input of this split "
                              "in one command")
+        names = [errors_path.name] + [TASK_FILES[t].format(split=split) for t in ("P", "A")]
+        for stale in [p for name in names for p in out.glob(f"{TMP_PREFIX}{name}.*")]:  # a killed conversion's
+            stale.unlink(missing_ok=True)
         err_fh = stack.enter_context(atomic_file(errors_path))
         outputs: dict = {}
         bar = stack.enter_context(tqdm(unit=" lines", desc="convert", disable=not progress))
@@ -439,8 +481,9 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     args = ap.parse_args(argv)
-    report = convert(args.inputs, args.out, split=args.split, workers=min(usable_cores(), MAX_WORKERS) if args.workers is None else args.workers,
-                     progress=not args.no_progress)  # an unreadable input: one line from cli.main
+    with sigterm_as_interrupt():  # its temporary files go, as after Ctrl-C
+        report = convert(args.inputs, args.out, split=args.split, progress=not args.no_progress,  # an unreadable input: one line from cli.main
+                         workers=min(usable_cores(), MAX_WORKERS) if args.workers is None else args.workers)
     status = 0 if sum(report.written.values()) else 1  # nothing to evaluate or train on is a failure
     if args.json:
         print(json.dumps(report.as_dict()))
@@ -458,8 +501,11 @@ def cli(argv: list[str] | None = None) -> int:
         if report.errors > len(report.first_errors):
             print(f"  ... all {report.errors} in {report.outputs['errors']}" if "errors" in report.outputs
                   else f"  ... and {report.errors - len(report.first_errors)} more (counts by reason below)")
-        for reason, n in report.reasons.most_common():
+        for reason, n in report.reasons.most_common(MAX_REASONS_SHOWN):
             print(f"  {n:>8}  {reason}")
+        if len(report.reasons) > MAX_REASONS_SHOWN:
+            print(f"  ... and {len(report.reasons) - MAX_REASONS_SHOWN} other kinds of reason "
+                  f"({sum(n for _, n in report.reasons.most_common()[MAX_REASONS_SHOWN:])} lines; --json counts them all)")
         for t, p in report.outputs.items():
             print(f"{t}: {p}")
     if status:

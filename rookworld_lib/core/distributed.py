@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from .errors import ERRORS_DIR_ENV, report_interrupted, worker_errors
+from .errors import ERRORS_DIR_ENV, end_with_parent, report_interrupted, worker_errors
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ def torchrun(subcommand: str, argv: list[str], nproc: int, *,
                f"--log-dir={errors_dir}", "-m", "rookworld_lib.lab.cli", subcommand, *argv]
         # torchrun dies with this launcher, even a SIGKILLed one (the kernel sends it SIGTERM, and it
         # stops its workers): no orphans keep writing into the out_dir. Ctrl-C and SIGTERM are passed on.
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=_terminate_with_parent)
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=end_with_parent)
         interrupted = []
 
         def forward(signum, frame):
@@ -216,15 +215,9 @@ def worker_dies_with_agent() -> None:
     when torchrun's agent dies, even by SIGKILL; torchrun asks it for itself, its workers do not."""
     if os.environ.get(ERRORS_DIR_ENV) and os.environ.get("RANK") is not None:
         agent = os.getppid()
-        _terminate_with_parent()
+        end_with_parent()
         if os.getppid() != agent:  # it died before the request was made
             os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _terminate_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the parent dies (elsewhere: nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 class NprocError(argparse.ArgumentTypeError, ValueError):

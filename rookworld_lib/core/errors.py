@@ -1,4 +1,5 @@
-"""Errors a user can cause, and how the `rookworld` command reports them: one line, an exit status.
+"""Errors a user can cause, and how the `rookworld` command reports them: one line, an exit status; the
+signals that stop a command (SIGTERM as Ctrl-C, a worker's parent dying).
 
 Torch-free, so that `rookworld --help` and the commands that train nothing (datagen, convert) start
 without importing torch. core.checkpoint (CheckpointError and its save/load kinds) and core.trainer
@@ -8,9 +9,12 @@ without importing torch. core.checkpoint (CheckpointError and its save/load kind
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 
@@ -39,6 +43,37 @@ def report_interrupted(command: str, signal_name: str = "") -> int:
     how = signal_name if signal_name.startswith("SIG") and signal_name != "SIGINT" else (
         "with another process" if signal_name == PEER_STOPPED else "Ctrl-C")
     return report(command, f"interrupted ({how}){resume}", INTERRUPTED, kind="", secondary=signal_name == PEER_STOPPED)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, a scheduler, docker stop), raised where Ctrl-C would be: see :func:`sigterm_as_interrupt`."""
+
+
+def _terminated(signum, frame):
+    raise Terminated("SIGTERM")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside the block SIGTERM stops the command as Ctrl-C does (raising :class:`Terminated`), so its clean-up
+    runs (temporary files removed, locks released) and `rookworld` reports it in one line; before, SIGTERM
+    killed it where it stood. Only the main thread can set a handler; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
+
+
+def end_with_parent(signum: int = signal.SIGTERM) -> None:
+    """In a child process: ask Linux to send it `signum` when its parent dies, even by SIGKILL, so that no
+    worker outlives its command (elsewhere: nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def report(command: str, message: str, code: int, kind: str = "error: ", secondary: bool = False) -> int:

@@ -272,11 +272,28 @@ def busy_message(out_dir: str | os.PathLike) -> str | None:
         return str(exc)
 
 
+_HELD_LOCKS: set[int] = set()  # descriptors of the run locks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the run locks' descriptors it inherited. A flock belongs to the open file, which a
+    fork shares, so a pool worker that outlived its SIGKILLed parent kept the lock and refused every later run."""
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
 @contextlib.contextmanager
 def run_lock(out_dir: str | os.PathLike):
     """Hold `<out_dir>/.lock` while a run writes there: a second writer stops at once with one clear
     error instead of mixing its checkpoints and metrics with ours. The lock is flock(2)'s, so the
-    kernel drops it when its holder dies (a SIGKILLed run leaves no stale lock)."""
+    kernel drops it when its holder dies (a SIGKILLed run leaves no stale lock); a forked child does not
+    hold it (multiprocessing's workers end with os._exit, never in this block)."""
     import fcntl  # POSIX; where it is missing (Windows) runs are not locked
 
     out = Path(out_dir)
@@ -290,6 +307,7 @@ def run_lock(out_dir: str | os.PathLike):
         fh.close()
         raise RunDirBusyError(f"{out} is being written by another run ({holder}); wait for it to finish, "
                               "or choose another out_dir (--out)") from None
+    _HELD_LOCKS.add(fd := fh.fileno())
     try:
         fh.seek(0)
         fh.truncate()
@@ -297,4 +315,5 @@ def run_lock(out_dir: str | os.PathLike):
         fh.flush()
         yield
     finally:
+        _HELD_LOCKS.discard(fd)
         fh.close()

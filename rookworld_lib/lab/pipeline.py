@@ -32,7 +32,6 @@ import logging
 import os
 import platform
 import shlex
-import signal
 import sys
 import tempfile
 import threading
@@ -47,6 +46,7 @@ from traitlets import Unicode
 from traitlets.config import Config
 
 from ..core.config import json_or_text, path_arg
+from ..core.errors import Terminated, sigterm_as_interrupt
 from ..core.paths import RUNS_DIR, atomic_write, run_lock
 from ..core.progress import PROGRESS_ENV
 from . import explore, workflow
@@ -216,10 +216,6 @@ logging.getLogger("papermill").addFilter(lambda r: "Kernel died while waiting fo
 # at once, SIGTERM after half, SIGKILL after all of it (jupyter's default, which an idle kernel keeps: 5 s)
 KERNEL_STOP_WAIT_S = 60.0
 RECORD = "run.json"  # in the run folder: the run's plan (for --resume), settings and each notebook's status
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (`timeout`, a scheduler, docker stop) on `rookworld run`: stopped as Ctrl-C stops it."""
 
 
 def plan_run(profile: str = "cpu", out_root: Path = RUNS_DIR, only: list[str] | None = None,
@@ -424,10 +420,6 @@ def _help_epilog() -> str:
     return "\n".join(lines)
 
 
-def _terminate(signum, frame):
-    raise Terminated("SIGTERM")
-
-
 def _path(text: str) -> Path:
     return Path(path_arg(text))
 
@@ -459,16 +451,12 @@ def cli(argv: list[str] | None = None) -> int:
     if twice := sorted({name for i, (name, _) in enumerate(args.parameter) if name in dict(args.parameter[:i])}):
         raise ValueError(f"-p {twice[0]} is given twice; give each parameter once")  # the last one won without a word
     extra = {name: parameter_value(name, value) for name, value in args.parameter}  # -p profile cpu: a bare string
-    main = threading.current_thread() is threading.main_thread()  # a handler can be set there only
-    previous = signal.signal(signal.SIGTERM, _terminate) if main else None  # SIGTERM stops a run as Ctrl-C does
     try:
-        run_dir = (resume_run(args.resume) if args.resume is not None else
-                   run_pipeline(args.profile, args.out.expanduser(), args.only, extra))
+        with sigterm_as_interrupt():  # SIGTERM stops a run as Ctrl-C does
+            run_dir = (resume_run(args.resume) if args.resume is not None else
+                       run_pipeline(args.profile, args.out.expanduser(), args.only, extra))
     except RuntimeError as exc:  # a notebook failed: the message names it and the run directory
         print(f"rookworld run: error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        if previous is not None:  # None: a handler set outside Python, which cannot be put back
-            signal.signal(signal.SIGTERM, previous)
     print(f"run written to {run_dir} (report: {run_dir / 'report.md'})")
     return 0
