@@ -57,6 +57,7 @@ def _eval_both_ways(capsys, argv: list[str]) -> tuple[dict, list[str]]:
     """`rookworld eval ARGV --json`'s object and `rookworld eval ARGV`'s table lines (both exit 0)."""
     assert cli.main([*argv, "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
+    assert results.pop("settings")["model"] == argv[1]  # how it was measured, beside the metrics
     assert cli.main(argv) == 0
     cap = capsys.readouterr()
     assert "layout: compact" in cap.err  # the run's layout is said on stderr, not in the table

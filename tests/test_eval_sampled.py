@@ -327,3 +327,45 @@ def test_an_evaluation_samples_pass_at_1_at_the_rollout_temperature_the_export_r
     # a completion budget the block cannot hold beside any prompt (it was cut silently, the run printing it)
     with pytest.raises(ValueError, match=r"EvalConfig.max_new_tokens is 64: the model's block_size 64 holds"):
         ev.EvalConfig(max_new_tokens=64).for_model(model)
+
+
+def test_cli_json_records_its_settings_and_says_a_pass_at_1_temperature_it_chose(setup, tmp_path, capsys):
+    """--json held the metrics alone (nothing said how they were measured), and pass@1 of a model that
+    records no rollout temperature was sampled at 1.0 with no hint that its GRPO export samples at its own."""
+    model, policy, env, _, _, _ = setup
+    model.save_pretrained(tmp_path / "model")
+    for task, records in (("P", policy), ("A", env)):
+        data.data_file(task, "test", tmp_path).write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert ev.cli([str(tmp_path / "model"), "--data-dir", str(tmp_path), "--max-policy", "2", "--max-env", "1",
+                   "--max-new-tokens", str(BUDGET), "--selfplay-games", "0", "--samples", "2", "--json"]) == 0
+    captured = capsys.readouterr()
+    settings = json.loads(captured.out.strip().splitlines()[-1])["settings"]
+    assert settings["model"] == str(tmp_path / "model") and settings["decoding"] == "greedy"
+    assert (settings["samples"], settings["sample_temperature"], settings["max_new_tokens"]) == (2, 1.0, BUDGET)
+    assert (settings["max_policy"], settings["max_env"], settings["layout"]) == (2, 1, "compact")
+    assert "at T 1 (the model records no rollout temperature: to compare with a GRPO export, give its --sample-temperature)" in captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--selfplay-games", "0", "--selfplay-max-plies", "50"], "--selfplay-max-plies has no effect without self-play "
+                                                              "(--selfplay-games 0): leave it out"),
+    (["--every-checkpoint", "--selfplay-games", "3", "--max-mate", "2"], "--every-checkpoint evaluates the P: and A: suites "
+                                                                        "only: --selfplay-games, --max-mate would be ignored"),
+    (["--every-checkpoint", "--selfplay-max-plies", "9"], "--selfplay-max-plies has no effect without self-play "
+                                                          "(--every-checkpoint runs the P: and A: suites only)")])
+def test_cli_refuses_self_play_and_mate_options_nothing_uses(argv, message, capsys):
+    from rookworld_lib.lab.cli import main
+
+    assert main(["eval", "no-such-model", *argv]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_pass_at_1_options_where_no_p_or_a_suite_runs(tmp_path, capsys):
+    """`--max-policy 0 --max-env 0 --samples 8 --sample-temperature 0.5` said "pass@1 over 8 samples at T 0.5"
+    and measured none: pass@1 is of the P: and A: suites."""
+    from rookworld_lib.lab.cli import main
+
+    assert main(["eval", "no-such-model", "--max-policy", "0", "--max-env", "0", "--samples", "8",
+                 "--sample-temperature", "0.5"]) == 1
+    assert ("--samples, --sample-temperature: pass@1 is measured on the P: and A: suites, and neither runs here"
+            in capsys.readouterr().err)

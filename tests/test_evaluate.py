@@ -595,11 +595,12 @@ def test_pass_at_1_effective_draws_use_the_unbiased_variance_of_the_mean():
     assert math.isclose(e.low, low, abs_tol=1e-6) and math.isclose(e.high, high, abs_tol=1e-6)
 
 
-def test_a_constant_share_other_than_0_or_1_has_the_point_t_interval():
-    """mean_interval(share=True) takes the Wilson interval only where every value is 0 (or every one 1); five
-    records all at 0.4 have no spread: the Student t interval is the point 0.4 (sd 0)."""
+def test_a_constant_share_other_than_0_or_1_takes_the_wilson_interval_of_its_value():
+    """Five records all at 0.4 have no spread; the Student t interval was the point 0.4 (sd 0), certainty
+    that five records cannot give: the Wilson interval of 2 in 5, the widest spread a mean of 0.4 allows."""
     e = ev.mean_interval([0.4] * 5, share=True)
-    assert (e.value, e.low, e.high, e.n, e.kind) == (0.4, 0.4, 0.4, 5, "share")
+    w = ev.wilson(2, 5)
+    assert (e.value, e.n, e.kind) == (0.4, 5, "share") and (e.low, e.high) == pytest.approx((w.low, w.high))
 
 
 def test_pass_at_1_rows_refuse_to_pair_other_records(monkeypatch):
@@ -646,3 +647,30 @@ def test_records_of_another_suite_and_completions_that_do_not_pair_up_are_refuse
         with pytest.raises(ValueError, match=message):
             call()
     assert ev.evaluate_policy(None, P, cfg, completions=texts)["policy/valid"].n == 3
+
+
+def test_a_cap_takes_records_spread_over_the_file_the_same_for_every_model():
+    """--max-policy 50 took the first 50 records: 5 of the shipped test split's 48 games, whose legal-best
+    rate (42% for make run's GRPO model) lay outside the whole split's interval (19.9% [17.1, 22.9])."""
+    records = data.load_split("P", "test").records
+    games = {r["game"] for r in records}
+    picked = ev.capped(records, 50)
+    assert len(picked) == 50 and len({r["id"] for r in picked}) == 50
+    assert [records.index(r) for r in picked] == sorted(records.index(r) for r in picked)  # in file order
+    assert len({r["game"] for r in picked}) >= 0.75 * len(games) > 5 == len({r["game"] for r in records[:50]})
+    assert ev.capped(records, None) == records == ev.capped(records, 10 ** 6) and ev.capped(records, 0) == []
+    assert ev.capped(list(range(10)), 3) == [0, 3, 6]
+
+
+def test_a_mean_whose_values_are_all_alike_keeps_an_interval():
+    """cp_loss 54.0 [54.0, 54.0] (n=2) and self-play 100 [100, 100] read as certainty."""
+    e = ev.mean_interval([54.0, 54.0], bounds=(0.0, 2000.0))
+    assert e.value == 54.0 and 0.0 <= e.low < 54.0 < e.high <= 2000.0
+    top = ev.mean_interval([40.0] * 8, bounds=(0.0, 40.0))  # every game at the ply cap
+    assert top.high == 40.0 and top.low < 40.0
+    w = ev.wilson(8, 8)
+    assert top.low == pytest.approx(40.0 * w.low)
+    assert ev.mean_interval([0.0, 0.0, 0.0], share=True) == dataclasses.replace(ev.wilson(0, 3), kind="share")
+    assert ev.mean_interval([0.0, 0.0]).low == ev.mean_interval([0.0, 0.0]).high == 0.0  # unbounded (a paired change): a point
+    spread = ev.mean_interval([1.0, 3.0], bounds=(0.0, 10.0))  # values that differ keep Student's t
+    assert spread.low == 0.0 and spread.value == 2.0

@@ -188,3 +188,39 @@ def test_cpu_long_profile_trains_on_its_own_data_and_is_measured_on_the_shipped_
         nb = json.loads((NOTEBOOKS_DIR / f"{name}.ipynb").read_text())
         assert any("cpu-long" in "".join(c["source"]) or "sorted(workflow.PROFILES)" in "".join(c["source"])
                    for c in nb["cells"] if "check(\"profile\"" in "".join(c["source"])), name
+
+
+def test_a_curve_checks_every_checkpoint_before_it_evaluates_and_leaves_no_lock_where_refused(sft_run, tmp_path, capsys):
+    """A corrupt last checkpoint stopped the curve after every other one was evaluated (their rows lost),
+    with advice to resume training; a checkpoints/ folder or an export given by mistake kept a .lock."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(sft_run[0], run)
+    (run / "curve.json").unlink(missing_ok=True)
+    last = list_checkpoints(run / "checkpoints")[-1][1]
+    last.write_bytes(last.read_bytes()[:1000])
+    assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "2", "--max-env", "2", "--max-new-tokens", "12"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"rookworld eval: error: {run / 'checkpoints'}: {last.name} fails its SHA-256 check (a corrupt file): "
+                       "no checkpoint was evaluated; move it and its .sha256 away to evaluate the others")
+    assert not any(line.startswith("{") for line in err) and not (run / "curve.json").exists()
+    for given, hint in ((run / "checkpoints", f"{run / 'checkpoints'} is a run's checkpoints folder: give the run, {run}"),
+                        (sft_run[0] / "final", "is an exported model: give the run folder it was exported from")):
+        assert cli.main(["eval", str(given), "--every-checkpoint"]) == 1
+        assert hint in capsys.readouterr().err
+        assert not (given / ".lock").exists()
+    last.unlink()  # as the message says; the curve of the others records how it was measured
+    for p in run.glob("checkpoints/*.sha256"):
+        if p.name.startswith(last.name):
+            p.unlink()
+    assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "2", "--max-env", "2", "--max-new-tokens", "12",
+                     "--samples", "0"]) == 0
+    rows = json.loads((run / "curve.json").read_text())
+    assert [r["step"] for r in rows] == [2, 4]
+    assert all(r["settings"]["max_policy"] == 2 and r["settings"]["samples"] == 0 and r["settings"]["model"] == str(run)
+               for r in rows)
+    assert "layout: compact" in capsys.readouterr().err  # the settings line, as a plain evaluation says it
+    with run_lock(run):
+        assert cli.main(["eval", str(run), "--every-checkpoint", "--max-policy", "2", "--max-env", "2"]) == 1
+    assert capsys.readouterr().err.strip().endswith("a run training there, or another curve of it; wait for it to finish")

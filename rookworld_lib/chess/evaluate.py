@@ -40,7 +40,7 @@ from rapidfuzz.distance import Levenshtein
 from scipy.special import stdtrit
 
 from . import data, rewards, tasks
-from ..core.checkpoint import CheckpointLoadError, list_checkpoints, model_from_checkpoint
+from ..core.checkpoint import CheckpointLoadError, intact, list_checkpoints, model_from_checkpoint
 from ..core.model import GPT, CheckpointFormatError
 from ..core.paths import atomic_write, keep_aside, run_lock
 from ..core.sampling import MIN_TEMPERATURE, SamplingConfig, check_fits, generate
@@ -149,8 +149,9 @@ def mean_interval(values: Sequence[float], share: bool = False, level: float = 0
                   bounds: tuple[float, float] = (-math.inf, math.inf)) -> Estimate:
     """Mean and Student t 95% interval (n - 1 degrees of freedom; one value gives no interval: the whole
     of `bounds`), kept inside `bounds`, the values' possible range (a similarity in [0, 1], a count >= 0).
-    `share`: values in [0, 1] shown as a percentage, as the rates are; where every value is 0 (or every
-    one 1) the t interval would be a point, so it takes the records' Wilson interval, as a rate would."""
+    `share`: values in [0, 1] shown as a percentage, as the rates are. Where every value is the same the t
+    interval would be a point (a cp loss of 54 [54, 54] read as certainty): it takes the Wilson interval of the
+    value's place in `bounds` (a share's own, a rate's at 0 or 1), the widest spread a mean there allows."""
     vals = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(vals)
     kind, (lo, hi) = ("share", (0.0, 1.0)) if share else ("mean", bounds)
@@ -159,8 +160,9 @@ def mean_interval(values: Sequence[float], share: bool = False, level: float = 0
     m = sum(vals) / n
     if n == 1:
         return Estimate(m, lo, hi, 1, kind)
-    if share and all(v == vals[0] for v in vals) and vals[0] in (0.0, 1.0):
-        return replace(wilson(sum(vals), n), kind=kind)
+    if all(v == vals[0] for v in vals) and math.isfinite(hi - lo):  # no spread seen: not no uncertainty
+        w = wilson(n * (m - lo) / (hi - lo), n)
+        return Estimate(m, lo + w.low * (hi - lo), lo + w.high * (hi - lo), n, kind)
     sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
     half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / math.sqrt(n)
     return Estimate(m, max(lo, m - half), min(hi, m + half), n, kind)
@@ -190,14 +192,17 @@ class EvalConfig:
     """How an evaluation decodes and how much it covers."""
 
     decoding: str = option("greedy", '"greedy" or "sampled"', choices=("greedy", "sampled"))
-    temperature: float = option(1.0, "for sampled decoding (>= 0.01 there; greedy decoding ignores it)", min=0.0)
+    temperature: float = option(1.0, "for sampled decoding (>= 0.01 there; refused beside greedy decoding)", min=0.0)
     max_new_tokens: int | None = option(None, "completion budget in tokens; None: the model layout's (96 compact, 128 original)", min=1)
     batch_size: int = option(128, "rows decoded together: as many prompts greedy, batch_size // samples prompts "
-                             "of `samples` rows each for pass@1 (more samples than this: a prompt's in batches of it)",
+                             "of `samples` rows each for pass@1 (more samples than this: a prompt's in batches of it); greedy answers do "
+                             "not depend on it, pass@1's draws do (seeded by batch): compare models at one batch_size",
                              min=1)
-    max_policy: int | None = option(None, "cap on P: records evaluated (None = all; 0 = no policy suite)", min=0)
-    max_env: int | None = option(None, "cap on A: records evaluated (None = all; 0 = no env suite)", min=0)
-    max_mate: int | None = option(None, "cap on mate-in-one records evaluated (None = all; 0 = no mate-in-one suite)", min=0)
+    max_policy: int | None = option(None, "cap on P: records evaluated, spread evenly over the file (every game, the same "
+                                    "records for every model); None = all; 0 = no policy suite", min=0)
+    max_env: int | None = option(None, "cap on A: records evaluated, spread as max_policy's (None = all; 0 = no env suite)", min=0)
+    max_mate: int | None = option(None, "cap on mate-in-one records evaluated, spread as max_policy's (None = all; 0 = no "
+                                  "mate-in-one suite)", min=0)
     selfplay_games: int = option(8, "self-play games (0 = skip), each from its own start", min=0, max=1000)
     selfplay_max_plies: int = option(100, "a self-play game stops here even if all moves were legal", min=1)
     layout: str | None = option(None, "prompt layout; None: the model's own (training.layout_of; \"original\" for RookWorld-LM)", choices=tasks.LAYOUTS)
@@ -267,17 +272,27 @@ def complete(model: GPT, prompts: list[str], cfg: EvalConfig, samples: int = 0) 
     return out
 
 
+def capped(records: Sequence, limit: int | None) -> list:
+    """`limit` of `records` spread evenly over them, in order (all of them for None): a data file is in game
+    order, so its first records were a few games' openings (the first 50 of the shipped test split: 5 of its
+    48 games, whose legal-best rate, 42%, lies outside the whole split's interval). Seed-free, so every model
+    and every run meets the same records, and paired changes pair them."""
+    records = list(records)
+    n = len(records)
+    return records if limit is None or limit >= n else [records[i * n // limit] for i in range(limit)]
+
+
 # What each suite reads of a record (a record without "task" is taken as the suite's)
 _NEEDS = {"P": rewards.POLICY_TRUTH_COLUMNS, "A": ("new_fen",), "M1": ("fen",)}
 
 
 def _decode(model: GPT, records: Sequence, cfg: EvalConfig, prompt_of_record, limit: int | None = None,
             completions: list[str] | None = None, task: str | None = None) -> tuple[list, list[str], list[str]]:
-    """(records, prompts, completions): the first `limit` records (each of `task`, with what its suite
-    reads), their prompts in the model's layout and the model's completions of them (unless given: one
-    per record, in order)."""
+    """(records, prompts, completions): `limit` records spread over `records` (:func:`capped`; each of `task`,
+    with what its suite reads), their prompts in the model's layout and the model's completions of them
+    (unless given: one per record, in order)."""
     layout = cfg.for_model(model).layout
-    records = list(records)[:limit]
+    records = capped(records, limit)
     for i, r in enumerate(records if task else ()):  # else a KeyError, or (mate in one) 0% of the wrong positions
         where = f"records[{i}]" + (f" ({r.get('id')})" if isinstance(r, dict) and r.get("id") else "")
         if not isinstance(r, dict) or r.get("task", task) != task:
@@ -660,10 +675,7 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     (none of its records, or capped at 0: left out). on_point(row) is called as each row is ready."""
 
     run_dir = Path(run_dir)
-    found = list_checkpoints(run_dir / "checkpoints")
-    if not found:
-        raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
-                                  f"--out, trained with --checkpoint-interval N --keep-checkpoints 0)")
+    found = _curve_checkpoints(run_dir)
     if not (run_dir / METRICS_FILE).is_file():  # else a bare FileNotFoundError
         raise CheckpointLoadError(f"{run_dir / METRICS_FILE}: missing; a learning curve is of a `rookworld sft` --out, "
                                   "whose metrics give each checkpoint's tokens and losses")
@@ -680,6 +692,22 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
         if on_point is not None:
             on_point(rows[-1])
     return rows
+
+
+def _curve_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """A learning curve's checkpoints, each checked against its SHA-256 before any is evaluated: a corrupt
+    last one stopped the curve after hours of evaluating the others, its rows lost."""
+    found = list_checkpoints(run_dir / "checkpoints")
+    if not found:
+        hint = (f"; {run_dir} is a run's checkpoints folder: give the run, {run_dir.parent}" if run_dir.name == "checkpoints"
+                else f"; {run_dir} is an exported model: give the run folder it was exported from"
+                if (run_dir / "config.json").is_file() else "")
+        raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
+                                  f"--out, trained with --checkpoint-interval N --keep-checkpoints 0){hint}")
+    if bad := [p.name for _, p in found if not intact(p)]:
+        raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: {', '.join(bad)} fails its SHA-256 check (a corrupt "
+                                  "file): no checkpoint was evaluated; move it and its .sha256 away to evaluate the others")
+    return found
 
 
 def curve_table(rows: Sequence[dict]):
@@ -727,30 +755,55 @@ def cli(argv: list[str] | None = None) -> int:
     if args.decoding == "greedy" and args.temperature != EvalConfig.temperature:
         raise ValueError("--temperature has no effect with greedy decoding (the default --decoding): give --decoding "
                          "sampled, or leave it out (pass@1 samples take --sample-temperature)")
+    if args.selfplay_max_plies != EvalConfig.selfplay_max_plies and (args.selfplay_games == 0 or args.every_checkpoint):
+        raise ValueError("--selfplay-max-plies has no effect without self-play (" + ("--every-checkpoint runs the P: and "
+                         "A: suites only" if args.every_checkpoint else "--selfplay-games 0") + "): leave it out")
+    if args.every_checkpoint and (given := [flag for flag, on in (("--selfplay-games", args.selfplay_games != EvalConfig.selfplay_games),
+                                                                  ("--max-mate", args.max_mate is not None)) if on]):
+        raise ValueError(f"--every-checkpoint evaluates the P: and A: suites only: {', '.join(given)} would be ignored; leave it out")
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
     device = resolve_device(args.device)
     if args.every_checkpoint:
         return _curve_cli(args, cfg)
     suites = load_test_suites(args.data_dir)  # before the model loads: missing data or no suite stop here
-    if not selected_suites(suites["P"], suites["A"], suites["M1"], cfg):
+    if not (chosen := selected_suites(suites["P"], suites["A"], suites["M1"], cfg)):
         raise ValueError("no suite selected: no suite with test records is left on (--max-policy / --max-env / "
                          "--max-mate 0 turn the policy / env / mate-in-one suite off) and --selfplay-games is 0; select "
                          "one with --selfplay-games N, --max-policy N, --max-env N, --max-mate N or a --data-dir holding "
                          "that suite's test data")
+    if not {"policy", "env"} & set(chosen) and (given := [flag for flag, on in (
+            ("--samples", args.samples != EvalConfig.samples), ("--sample-temperature", args.sample_temperature is not None)) if on]):
+        raise ValueError(f"{', '.join(given)}: pass@1 is measured on the P: and A: suites, and neither runs here: leave it out")
     model = GPT.from_pretrained(args.model).eval().to(device)
-    given_t, cfg = cfg.sample_temperature, cfg.for_model(model)
-    source = ("--sample-temperature" if given_t else f"{ROLLOUT_TEMPERATURE_KEY} in config.json"
-              if ROLLOUT_TEMPERATURE_KEY in model.meta else "no rollout temperature recorded: 1.0")
-    print(f"layout: {cfg.layout} ({'--layout' if args.layout else read_layout(args.model)[1]}); "
-          f"prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}"
-          + (f"; pass@1 over {cfg.samples} samples at T {cfg.sample_temperature:g} ({source})" if cfg.samples else ""),
-          file=sys.stderr)
+    cfg = _say_settings(cfg, model, args)
     results = evaluate_all(model, suites["P"], suites["A"], suites["M1"], cfg)
     if args.json:
-        print(json.dumps(results_to_json(results), allow_nan=False))
+        print(json.dumps({"settings": eval_settings(cfg, args.model), **results_to_json(results)}, allow_nan=False))
     else:
         print(terminal_table(results, model_label(args.model)))
     return 0
+
+
+def _say_settings(cfg: EvalConfig, model, args) -> EvalConfig:
+    """cfg resolved for the model, its settings said on stderr: layout, prefix, budget, decoding, and the pass@1
+    temperature with where it came from (1.0 for a model that records none: an SFT export's pass@1 is then not
+    comparable with its GRPO export's, sampled at the rollout temperature, unless --sample-temperature sets both)."""
+    given_t, cfg = cfg.sample_temperature, cfg.for_model(model)
+    source = ("--sample-temperature" if given_t else f"{ROLLOUT_TEMPERATURE_KEY} in config.json"
+              if ROLLOUT_TEMPERATURE_KEY in model.meta else
+              "the model records no rollout temperature: to compare with a GRPO export, give its --sample-temperature")
+    layout_from = "--layout" if args.layout else read_layout(args.model)[1] if Path(args.model, "config.json").is_file() else "checkpoint"
+    print(f"layout: {cfg.layout} ({layout_from}); prompt prefix {cfg.prompt_prefix!r}; max_new_tokens {cfg.max_new_tokens}; "
+          + ("greedy" if cfg.decoding == "greedy" else f"sampled decoding at T {cfg.temperature:g}")
+          + (f"; pass@1 over {cfg.samples} samples at T {cfg.sample_temperature:g} ({source})" if cfg.samples else ""),
+          file=sys.stderr)
+    return cfg
+
+
+def eval_settings(cfg: EvalConfig, model: str | Path) -> dict:
+    """What an evaluation did, beside its results in --json and curve.json: the model and every EvalConfig field
+    (resolved for the model: layout, prefix, budget, sample temperature)."""
+    return {"model": str(model), **asdict(cfg)}
 
 
 def model_label(path: str | Path) -> str:
@@ -797,8 +850,13 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
         raise CheckpointLoadError(f"{run}: no such folder; --every-checkpoint takes a `rookworld sft` --out")
     if not (run / METRICS_FILE).exists() and (run / GRPO_METRICS_FILE).exists():
         raise ValueError(f"{run} is a GRPO run; --every-checkpoint evaluates the checkpoints of a `rookworld sft` run")
-    with run_lock(run):  # a run still training there would rotate its checkpoints away mid-curve: refused
+    first = _curve_checkpoints(run)[0][1]  # before the lock, which would leave a .lock in a folder given by mistake
+    _say_settings(cfg, model_from_checkpoint(first), args)
+    # a run still training there would rotate its checkpoints away mid-curve: refused
+    with run_lock(run, busy="a run training there, or another curve of it; wait for it to finish"):
         rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show, device=args.device)  # capped by cfg.max_*
+        settings = eval_settings(cfg, run)  # the pass@1 temperature as given (None: each checkpoint's own, else 1.0)
+        rows = [{**row, "settings": settings} for row in rows]
         out = run / "curve.json"
         if out.exists():  # an earlier curve (hours of evaluation, perhaps on more positions) is kept beside it
             print(f"the previous curve: {keep_aside(out)}", file=sys.stderr)

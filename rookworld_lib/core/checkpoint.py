@@ -208,7 +208,7 @@ def _saved_digests(path: Path) -> set[str]:
     return found
 
 
-def _intact(path: Path) -> bool:
+def intact(path: Path) -> bool:
     """Whether `path` has the bytes it was saved with: its SHA-256 is one recorded for it (see
     _saved_digests), or nothing was recorded (an older checkpoint)."""
     saved = _saved_digests(path)
@@ -241,7 +241,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if expected_bytes is not None and size != expected_bytes:
         raise CheckpointLoadError(f"{path}: {size} bytes on disk, {expected_bytes} when it was saved: the file "
                                   f"was truncated or overwritten{_others(path)}")
-    if not _intact(path):
+    if not intact(path):
         raise CheckpointLoadError(f"{path}: its bytes changed since it was saved (its SHA-256 is not the one "
                                   f"recorded in {_digest_path(path).name} or {POINTER}): a corrupted file, not "
                                   f"loaded{_others(path)}")
@@ -273,7 +273,7 @@ def _others(path: Path) -> str:
     with contextlib.suppress(CheckpointLoadError, OSError):
         named = (_read_pointer(path.parent) or {}).get("file")
     for step, other in reversed(list_checkpoints(path.parent)):
-        if other != path and _intact(other):
+        if other != path and intact(other):
             # the pointer goes too where it names the bad (or lost) file; one that names another stays
             gone = [n for n in (path.name, POINTER) if (path.parent / n).exists() and (n != POINTER or named in (None, path.name))]
             return (f"; the newest intact checkpoint there is {other.name} (step {step}): to resume from it, delete "

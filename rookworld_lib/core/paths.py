@@ -289,11 +289,11 @@ if hasattr(os, "register_at_fork"):  # POSIX
 
 
 @contextlib.contextmanager
-def run_lock(out_dir: str | os.PathLike):
+def run_lock(out_dir: str | os.PathLike, busy: str = "wait for it to finish, or choose another out_dir (--out)"):
     """Hold `<out_dir>/.lock` while a run writes there: a second writer stops at once with one clear
     error instead of mixing its checkpoints and metrics with ours. The lock is flock(2)'s, so the
     kernel drops it when its holder dies (a SIGKILLed run leaves no stale lock); a forked child does not
-    hold it (multiprocessing's workers end with os._exit, never in this block)."""
+    hold it (multiprocessing's workers end with os._exit, never in this block). `busy`: what the refusal advises."""
     import fcntl  # POSIX; where it is missing (Windows) runs are not locked
 
     out = Path(out_dir)
@@ -305,8 +305,7 @@ def run_lock(out_dir: str | os.PathLike):
         fh.seek(0)
         holder = fh.read().strip() or "another process"
         fh.close()
-        raise RunDirBusyError(f"{out} is being written by another run ({holder}); wait for it to finish, "
-                              "or choose another out_dir (--out)") from None
+        raise RunDirBusyError(f"{out} is being written by another run ({holder}); {busy}") from None
     _HELD_LOCKS.add(fd := fh.fileno())
     try:
         fh.seek(0)

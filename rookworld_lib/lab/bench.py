@@ -81,7 +81,10 @@ class BenchConfig:
         check_device_name(self)
         block = PRESETS[self.model].block_size
         if self.train_seq_len > block or self.prompt_len + self.new_tokens > block:
-            raise ValueError(f"BenchConfig: sequences longer than the {self.model} model's block_size {block}")
+            longest = max(self.train_seq_len, self.prompt_len + self.new_tokens)
+            raise ValueError(f"BenchConfig: sequences of {longest} positions are longer than the {self.model} model's "
+                             f"block_size {block}: give --model with {longest} positions or more (gpt2: 1024), or --quick "
+                             "(its shapes fit every model)")
 
 
 # Bench sizes (not the workflow's or the pipeline's profiles: these only set the benchmark's shapes).
