@@ -37,8 +37,8 @@ def assert_events_equal_metrics(out_dir, metrics_file):
     expected = {}
     for rec in records:
         for key, value in rec.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                expected.setdefault(key, []).append((rec["step"], value))
+            if key != "step" and isinstance(value, (int, float)):  # a flag (nonfinite/skipped) as 0 or 1
+                expected.setdefault(key, []).append((rec["step"], float(value)))
     assert set(events.Tags()["scalars"]) == set(expected)
     for key, points in expected.items():
         logged = [(e.step, e.value) for e in events.Scalars(key)]
@@ -181,3 +181,33 @@ def test_an_event_file_from_a_clock_ahead_of_ours_does_not_hold_a_run_up(tmp_pat
     start = time.monotonic()
     make({"out_dir": str(tmp_path), "prompts_per_step": 2, "max_new_tokens": 4}).train()
     assert time.monotonic() - start < 60
+
+
+def test_a_fresh_run_keeps_an_earlier_runs_events_in_a_folder_of_their_own(tmp_path):
+    """A fresh start in a folder whose earlier run left no checkpoint: TensorBoard's default loader
+    (tensorboard-data-server) ignores purge_step, so the earlier run's eval/loss showed as this run's,
+    though this run logged none. Its events now go to tensorboard-<stamp>/, a run of their own."""
+    import shutil
+
+    SFTTrainer(tiny_cfg(tmp_path, max_steps=2, eval_interval=1, eval_steps=1), train_texts=TEXTS).train()
+    earlier = sorted(p.name for p in tmp_path.glob("events.out.tfevents.*"))
+    shutil.rmtree(tmp_path / "checkpoints")
+    shutil.rmtree(tmp_path / "final", ignore_errors=True)
+    SFTTrainer(tiny_cfg(tmp_path, max_steps=2, eval_interval=0), train_texts=TEXTS).train()
+    records = assert_events_equal_metrics(tmp_path, "metrics.jsonl")  # this run's events only
+    assert all(r.get("eval/loss") is None for r in records)  # so no eval/loss scalar (checked above)
+    aside = list(tmp_path.glob("tensorboard-*"))
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == earlier
+    old = EventAccumulator(str(aside[0]), size_guidance={"scalars": 0})
+    old.Reload()
+    assert [e.step for e in old.Scalars("eval/loss")] == [0, 1, 2]
+
+
+def test_a_step_logs_every_tasks_reward_null_where_it_drew_no_prompt_of_it(tmp_path):
+    """A step that drew no P: prompt had no rewards/P/mean key at all, while the functions' keys were null."""
+    trainer = make({"steps": 4, "prompts_per_step": 1, "out_dir": str(tmp_path), "report_to": "none"})
+    trainer.train()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    for rec in records:
+        assert {"rewards/P/mean", "rewards/A/mean", "rewards/P/std", "rewards/A/std"} <= rec.keys()
+        assert sum(rec[f"rewards/{t}/mean"] is None for t in "PA") == 1  # one prompt a step: one task

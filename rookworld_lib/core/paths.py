@@ -158,11 +158,16 @@ def read_jsonl(path: str | os.PathLike, *, torn_tail: bool = False) -> Iterator[
 def keep_aside(path: Path) -> Path:
     """Rename `path` to ``<stem>-<its mtime, %Y%m%d-%H%M%S>[-n]<suffix>`` beside it, a name not taken yet
     (an earlier result that a new one would replace is kept), and return the new path."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-    kept = next(k for n in range(1, 10**6)
-                if not (k := path.with_name(f"{path.stem}-{stamp}{f'-{n}' if n > 1 else ''}{path.suffix}")).exists())
+    kept = stamped_name(path, path.stat().st_mtime)
     path.replace(kept)
     return kept
+
+
+def stamped_name(path: Path, when: float) -> Path:
+    """``<stem>-<when, %Y%m%d-%H%M%S>[-n]<suffix>`` beside `path`: the first such name not taken yet."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    return next(k for n in range(1, 10**6)
+                if not (k := path.with_name(f"{path.stem}-{stamp}{f'-{n}' if n > 1 else ''}{path.suffix}")).exists())
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -872,12 +872,12 @@ class GRPOTrainer(Trainer):
         record = {}
         rewards = _scored(batch)
         by_task = [(t, rewards[torch.tensor([i.task == t for i in batch.items])]) for t in self.prompts.tasks]
-        # each task's total, then each function's (TRL's), over the rows each scored
-        for k, (name, column) in enumerate(by_task + list(zip(self.reward_names, batch.reward_table.T))):
+        # each task's total, then each function's (TRL's), over the rows each scored; none (a task no prompt of
+        # the step drew, a function that scored nothing): NaN (null), as TRL's nanmean logs it
+        for name, column in by_task + list(zip(self.reward_names, batch.reward_table.T)):
             scored = column[~column.isnan()]
-            if scored.numel() or k >= len(by_task):  # a function's none scored: NaN (null), as TRL's nanmean logs it
-                record[f"rewards/{name}/mean"] = scored.mean().item() if scored.numel() else float("nan")
-                record[f"rewards/{name}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # nanstd
+            record[f"rewards/{name}/mean"] = scored.mean().item() if scored.numel() else float("nan")
+            record[f"rewards/{name}/std"] = scored.std().item() if scored.numel() > 1 else float("nan")  # nanstd
         lengths = batch.mask.sum(1).float()
         # a phase's time is its slowest rank's (with fewer rollout chunks than ranks, some sample nothing)
         sampling_s, scoring_s = distributed.all_reduce_max(timings["sampling"]), distributed.all_reduce_max(timings["scoring"])

@@ -33,7 +33,7 @@ from . import checkpoint as ckpt_lib
 from . import distributed
 from .config import is_int
 from .errors import PEER_STOPPED, NonFiniteError
-from .paths import RunDirBusyError, busy_message, keep_aside, run_lock
+from .paths import RunDirBusyError, busy_message, keep_aside, run_lock, stamped_name
 from .progress import tqdm
 from .train_utils import MetricsLogger, NonFiniteGuard, rng_state, set_rng_state, setup_runtime, to_jsonable
 
@@ -406,6 +406,15 @@ class Trainer:
                                                                 resume_step=resume_step,
                                                                 every_step=name == self.metrics_file))
         report = getattr(self.cfg, "report_to", "tensorboard") == "tensorboard"
+        if self.fresh and (events := list(self.out_dir.glob("events.out.tfevents.*"))):
+            # an earlier run's curves go to a folder of their own, which TensorBoard shows as its own run: its
+            # default loader (tensorboard-data-server) ignores purge_step, and showed them as this run's
+            aside = stamped_name(self.out_dir / "tensorboard", max(p.stat().st_mtime for p in events))
+            aside.mkdir()
+            for p in events:
+                p.replace(aside / p.name)
+            log.warning("%s: an earlier run's TensorBoard events, with no checkpoint to resume, are kept in %s; this "
+                        "run starts afresh", self.out_dir, aside.name)
         if report or any(self.out_dir.glob("events.out.tfevents.*")):
             from torch.utils.tensorboard import SummaryWriter  # heavy (tensorboard): only where event files are
 
@@ -428,10 +437,10 @@ class Trainer:
         """Log a step's record (rank 0 writes it; its numbers also to TensorBoard), keep it in history
         as written, call on_step (every record: SFT's step 0, the val loss before training, included)."""
         record = metrics.log(record) if metrics is not None else to_jsonable(record)
-        if self.tensorboard is not None:  # every number of the record (null stays out)
+        if self.tensorboard is not None:  # every number of the record, a flag as 0 or 1 (null stays out)
             for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.tensorboard.add_scalar(k, v, record["step"])
+                if k != "step" and isinstance(v, (int, float)):
+                    self.tensorboard.add_scalar(k, float(v), record["step"])
         self.history.append(record)
         if self.on_step is not None and self.dist.is_main:
             self.on_step(record)
