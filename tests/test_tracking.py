@@ -211,3 +211,19 @@ def test_a_step_logs_every_tasks_reward_null_where_it_drew_no_prompt_of_it(tmp_p
     for rec in records:
         assert {"rewards/P/mean", "rewards/A/mean", "rewards/P/std", "rewards/A/std"} <= rec.keys()
         assert sum(rec[f"rewards/{t}/mean"] is None for t in "PA") == 1  # one prompt a step: one task
+
+
+def test_a_grpo_run_records_its_settings_as_sft_does(tmp_path):
+    """GRPO's settings lived only in its pickled checkpoints (none where checkpoint_interval is 0 until the
+    end); SFT wrote sft_config.json. grpo_config.json: the config, the start model, the rewards and weights."""
+    make({"steps": 1, "prompts_per_step": 2, "out_dir": str(tmp_path), "report_to": "none", "lr": 1e-3}).train()
+    settings = json.loads((tmp_path / "grpo_config.json").read_text())
+    assert settings["lr"] == 1e-3 and settings["steps"] == 1 and settings["loss"]["beta"] == 0.0
+    assert settings["init_from"] is None and [w for _, w in settings["rewards"]] == [1.0]
+    # a fresh run of other settings keeps the earlier one's beside its kept records
+    import shutil
+    for folder in ("checkpoints", "final"):
+        shutil.rmtree(tmp_path / folder, ignore_errors=True)
+    make({"steps": 1, "prompts_per_step": 2, "out_dir": str(tmp_path), "report_to": "none", "lr": 2e-3}).train()
+    assert json.loads((tmp_path / "grpo_config.json").read_text())["lr"] == 2e-3
+    assert [json.loads(p.read_text())["lr"] for p in tmp_path.glob("grpo_config-*.json")] == [1e-3]

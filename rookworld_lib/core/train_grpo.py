@@ -480,6 +480,7 @@ class GRPOTrainer(Trainer):
     """
 
     kind, name, metrics_file = "grpo", "GRPO", METRICS_FILE
+    settings_file = "grpo_config.json"
     log_files = (COMPLETIONS_FILE,)
     resume_may_change = RESUME_MAY_CHANGE
     stop_hint = "Lower lr, or check the rewards and the model."
@@ -593,6 +594,11 @@ class GRPOTrainer(Trainer):
         self.start_weights = extra.get("start_weights") or self.start_weights  # the run's own start, kept across resumes
         if self.ref is not None:
             self.ref.load_state_dict(extra["ref"], strict=True)
+
+    def settings(self) -> dict:
+        """grpo_config.json: the config's fields, the model it started from and the reward functions with their weights."""
+        return {**super().settings(), "init_from": self.init_from,
+                "rewards": [[n, w] for n, w in zip(self.reward_names, self.reward_weights)]}
 
     def resolved_settings(self) -> dict:
         """vocab "auto" resolves to "task" or "full" (the task tokens themselves: resume_differences)."""

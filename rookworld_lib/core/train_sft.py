@@ -29,7 +29,7 @@ import torch
 
 from .config import SEED_MAX, bad_field, check_applies, check_number, check_weights, config_class, option, validate
 from .model import GPT, PRESETS, ROLLOUT_TEMPERATURE_KEY, GPTConfig, read_config_json
-from .paths import RUNS_DIR, DataFormatError, atomic_write, json_lines, keep_aside
+from .paths import RUNS_DIR, DataFormatError, json_lines
 from .task_vocab import TaskVocab, pin_bias_coordinate
 from .tokenizer import EOT_ID, EOT_TOKEN, VOCAB_SIZE, check_vocabulary, get_tokenizer, task_of
 from .train_step import LOSS_IMPLS, TrainStep
@@ -547,6 +547,7 @@ class SFTTrainer(Trainer):
     holds a checkpoint (and resume=True), it continues that run; `train()` is trainer.Trainer's loop."""
 
     kind, name, metrics_file = "sft", "SFT", METRICS_FILE
+    settings_file = "sft_config.json"
     resume_may_change = RESUME_MAY_CHANGE
     stop_hint = "Lower lr, check the data, or try dtype='fp32'."
 
@@ -727,14 +728,8 @@ class SFTTrainer(Trainer):
     # -- what the scaffold asks -----------------------------------------------------------
 
     def start(self, metrics) -> None:
-        """Write the settings beside the metrics; a fresh run logs the val loss before step 1."""
+        """A fresh run logs the val loss before step 1."""
         cfg = self.cfg
-        if self.dist.is_main:
-            text = json.dumps(dataclasses.asdict(cfg), indent=2) + "\n"  # atomic: a kill never leaves half of it
-            path = self.out_dir / "sft_config.json"
-            if self.fresh and path.is_file() and path.read_text(errors="replace") != text:  # beside its kept records
-                log.warning("%s: the settings of an earlier run there are kept as %s", path, keep_aside(path).name)
-            atomic_write(path, lambda f: f.write(text.encode()))
         if self.fresh and cfg.eval_interval > 0:
             self.record(metrics, {**dict.fromkeys(RECORD_KEYS), "step": 0, "eval/loss": self.evaluate(),
                                   "num_tokens": 0, "nonfinite/total": 0, "nonfinite/in_a_row": 0})

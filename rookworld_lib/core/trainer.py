@@ -33,7 +33,7 @@ from . import checkpoint as ckpt_lib
 from . import distributed
 from .config import is_int
 from .errors import PEER_STOPPED, NonFiniteError
-from .paths import RunDirBusyError, busy_message, keep_aside, run_lock, stamped_name
+from .paths import RunDirBusyError, atomic_write, busy_message, keep_aside, run_lock, stamped_name
 from .progress import tqdm
 from .train_utils import MetricsLogger, NonFiniteGuard, rng_state, set_rng_state, setup_runtime, to_jsonable
 
@@ -119,6 +119,11 @@ class Trainer:
         return ""
 
     export_at_end = False  # write the Hugging Face export when the run reaches total_steps
+    settings_file: str | None = None  # the run's settings as JSON in out_dir (sft_config.json, grpo_config.json)
+
+    def settings(self) -> dict:
+        """What settings_file records: the config's fields (a loop adds what else decides the run)."""
+        return dataclasses.asdict(self.cfg)
 
     @property
     def fresh(self) -> bool:
@@ -405,6 +410,12 @@ class Trainer:
             self.logs[name] = stack.enter_context(MetricsLogger(self.out_dir / name, fresh=self.fresh,
                                                                 resume_step=resume_step,
                                                                 every_step=name == self.metrics_file))
+        if self.settings_file:  # atomic: a kill never leaves half of it
+            text = json.dumps(to_jsonable(self.settings()), indent=2) + "\n"
+            path = self.out_dir / self.settings_file
+            if self.fresh and path.is_file() and path.read_text(errors="replace") != text:  # beside its kept records
+                log.warning("%s: the settings of an earlier run there are kept as %s", path, keep_aside(path).name)
+            atomic_write(path, lambda f: f.write(text.encode()))
         report = getattr(self.cfg, "report_to", "tensorboard") == "tensorboard"
         if self.fresh and (events := list(self.out_dir.glob("events.out.tfevents.*"))):
             # an earlier run's curves go to a folder of their own, which TensorBoard shows as its own run: its
