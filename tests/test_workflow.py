@@ -313,3 +313,16 @@ def test_overrides_a_layout_and_a_data_folder_it_cannot_use_are_named(tmp_path):
             make()
     with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / 'none'))} \(no such directory\): no training data"):
         workflow.sft_config(p, tmp_path / "sft", tmp_path / "none", 0)
+
+
+def test_the_reports_wall_times_say_they_are_this_sessions_and_grpos_steps_add_up_over_every_session():
+    """After `rookworld run --resume` the report gave the last session's SFT time as the run's (24.2 s of
+    a 77 s SFT), and steps per second read from it came out 3-4x too high."""
+    from rookworld_lib.chess import evaluate as ev
+
+    table = ev.comparison_table({"SFT": {"policy/cp_loss": ev.mean_interval([])}})
+    args = (workflow.PROFILES["ci"], table, ev.paired_difference([0.0, 0.0], [0.0, 0.0]), {"GRPO": 0.4})
+    history = [{"step": 1, "time/step": 2.5}, {"step": 2, "time/step": 1.25}]
+    report = workflow.training_report(*args, grpo_history=history)
+    assert ("Wall times are this session's: a run continued with `rookworld run --resume` counts only what it ran after "
+            "the resume; GRPO's 2 steps took 3.8 s in all (their `time/step`, over every session).") in report

@@ -328,6 +328,10 @@ def training_report(profile: Profile, table, diff: Estimate, seconds: dict[str, 
     lines = [f"## Training ({profile.name} profile: {start}, {g.steps} GRPO steps of {g.prompts_per_step}x{g.group_size})", "",
              "| stage | wall time (s) |", "| --- | ---: |"]
     lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
+    steps_s = sum(r.get("time/step") or 0.0 for r in grpo_history or [])
+    lines += ["", "Wall times are this session's: a run continued with `rookworld run --resume` counts only what it "
+              "ran after the resume" + (f"; GRPO's {len(grpo_history)} steps took {steps_s:.1f} s in all (their "
+                                        "`time/step`, over every session)" if grpo_history else "") + "."]
     lines += ["", markdown_table(table), ""]
     if any(str(m).startswith("pass@1/") for m in table.index):
         lines += [interval_note(profile), ""]
