@@ -1,7 +1,9 @@
 import json
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -616,3 +618,58 @@ def test_p_run_dir_is_refused_where_notebook_05_trains_and_allowed_for_06_alone(
         with pytest.raises(ParameterError, match=r"-p run_dir: notebook 05 trains into the run folder"):
             pipeline.check_run_folders({"run_dir": "elsewhere"}, notebooks)
     pipeline.check_run_folders({}, [Path("05_full_training.ipynb")])
+
+
+def _nb(prefix: str):
+    return next(p for p in pipeline.numbered_notebooks() if p.name.startswith(prefix))
+
+
+@pytest.mark.parametrize("prefix, values, message", [
+    # the largest the shipped val split holds: 265 black-to-move P: positions, 545 A: records (random.sample failed)
+    ("00", {"n_audit": 531}, "notebook parameter 'n_audit' must be <= 530, got 531"),
+    ("00", {"n_reward_positions": 546}, "notebook parameter 'n_reward_positions' must be <= 545, got 546"),
+    ("00", {"data_dir": "/no/such/data"}, "notebook parameter 'data_dir' must name an existing folder"),
+    # section 3's ratios 0.5 and 1.5 fell inside the clip range (a bare AssertionError)
+    ("03", {"clip_eps": 0.5}, "notebook parameter 'clip_eps' must be <= 0.45, got 0.5"),
+    # section 9's first-order claim failed for larger steps and groups (a bare AssertionError)
+    ("03", {"sgd_lr": 2.0}, "notebook parameter 'sgd_lr' must be <= 0.5, got 2.0"),
+    ("03", {"group_size": 48}, "notebook parameter 'group_size' must be <= 16, got 48"),
+    ("02", {"seq_len": 300}, "notebook parameter 'seq_len' must be <= 256, got 300"),  # cpu-small's context
+    ("04", {"tolerance": 0.0}, "notebook parameter 'tolerance' must be >= 0.0001, got 0.0"),
+    ("04", {"tolerance": 100.0}, "notebook parameter 'tolerance' must be <= 1.0, got 100.0"),
+    ("05", {"sft_steps": 1}, "notebook parameter 'sft_steps' must be >= 2, got 1"),
+    ("05", {"sft_steps": 500, "init_from": "/"}, "notebook parameter 'sft_steps' has no effect with init_from: GRPO "
+                                                 "starts from that model, no SFT runs; leave it out, got 500"),
+    ("06", {"model_dir": "/no/such/model"}, "notebook parameter 'model_dir' must name an existing folder")])
+def test_a_run_refuses_before_it_starts_values_a_notebook_could_not_keep(prefix, values, message):
+    """Values inside the old ranges that failed deep in a notebook (found running each with non-default values)."""
+    from rookworld_lib.lab.parameters import ParameterError
+
+    with pytest.raises(ParameterError, match=re.escape(message)):
+        pipeline.check_parameter_values(_nb(prefix), values)
+
+
+def test_the_largest_allowed_values_pass_the_checks():
+    pipeline.check_parameter_values(_nb("00"), {"n_audit": 530, "n_reward_positions": 545})
+    pipeline.check_parameter_values(_nb("03"), {"clip_eps": 0.45, "sgd_lr": 0.5, "group_size": 16})
+    pipeline.check_parameter_values(_nb("05"), {"sft_steps": 2})
+    pipeline.check_parameter_values(_nb("05"), {"init_from": "/"})
+
+
+def test_notebook_06_explores_the_newest_run_under_runs_root_and_none_for_a_model_alone(tmp_path, monkeypatch):
+    """`-p runs_root DIR` was overridden by the newest run under --out, and a relative one failed in the
+    kernel (it runs in notebooks/); `-p model_dir` alone took another run's GRPO settings and completions."""
+    assert "runs_root" in pipeline.PATH_PARAMETERS
+    monkeypatch.chdir(tmp_path)
+    assert pipeline.parameter_value("runs_root", "mine") == str(tmp_path / "mine")
+    monkeypatch.setattr(pipeline.explore, "latest_run", lambda root: Path(root) / "newest")
+
+    def plan(trains=False, notebooks=("06",), **given):
+        return {"notebooks": [_nb(n) for n in notebooks], "trains": trains, "out_root": tmp_path / "out",
+                "args": {"parameters": given}}
+
+    assert pipeline.run_to_explore(plan()) == {"run_dir": str(tmp_path / "out" / "newest")}
+    assert pipeline.run_to_explore(plan(runs_root=str(tmp_path / "mine"))) == {"run_dir": str(tmp_path / "mine" / "newest")}
+    assert pipeline.run_to_explore(plan(model_dir=str(tmp_path / "m"))) == {"run_dir": None}
+    assert pipeline.run_to_explore(plan(run_dir=str(tmp_path / "r"))) == {}  # -p run_dir is passed as given
+    assert pipeline.run_to_explore(plan(trains=True, notebooks=("05", "06"))) == {}  # this run's own

@@ -20,11 +20,14 @@ class ParameterError(ValueError):
 
 def check(name: str, value: Any, kind: type | tuple[type, ...], *, min: float | None = None,
           max: float | None = None, choices: Iterable[Any] | None = None, folder: bool = False,
-          device: bool = False) -> None:
+          device: bool = False, void: str | None = None) -> None:
     """Raise ParameterError unless value is of `kind` and within [min, max] / `choices`, and, with
     folder=True, a str value names an existing folder, with device=True one that
-    train_utils.resolve_device takes ("auto", or a cpu/cuda/mps device that is here) (returns nothing,
-    so that a notebook's check cell shows no output)."""
+    train_utils.resolve_device takes ("auto", or a cpu/cuda/mps device that is here); `void`: why another
+    parameter leaves this one without effect (then any value but None is refused, saying so). Returns nothing,
+    so that a notebook's check cell shows no output."""
+    if void is not None and value is not None:
+        raise ParameterError(f"notebook parameter {name!r} has no effect {void}; leave it out, got {value!r}")
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int subclass; a True where a count is expected is almost always a mistake.
     if isinstance(value, bool):

@@ -108,7 +108,7 @@ def check_run_folders(extra: dict, notebooks: list[Path]) -> None:
 
 
 # parameters naming a file or folder: a relative one is the user's, as --out is, not the notebooks folder's
-PATH_PARAMETERS = frozenset({"data_dir", "init_from", "model_dir", "run_dir", "results_path", "trace_dir"})
+PATH_PARAMETERS = frozenset({"data_dir", "init_from", "model_dir", "run_dir", "runs_root", "results_path", "trace_dir"})
 
 
 def parameter_value(name: str, text: str):
@@ -307,15 +307,26 @@ def _execute(plan: dict, run_dir: Path, meta: dict, done: list[dict] = ()) -> Pa
         return _run_notebooks(plan, run_dir, meta, list(done))
 
 
+def run_to_explore(plan: dict) -> dict:
+    """Notebook 06's run_dir where this run trains none: the newest run under -p runs_root (else --out), not
+    this empty one; none where -p model_dir gives a model alone (another run's GRPO settings and completions
+    are not that model's). {} where notebook 05 trains here, or -p run_dir chose."""
+    given = plan["args"]["parameters"]
+    if plan["trains"] or "run_dir" in given or not any(nb.name.startswith("06") for nb in plan["notebooks"]):
+        return {}
+    if "model_dir" in given:
+        return {"run_dir": None}
+    run = explore.latest_run(given.get("runs_root") or plan["out_root"])
+    return {"run_dir": None if run is None else str(run)}
+
+
 def _run_notebooks(plan: dict, run_dir: Path, meta: dict, results: list[dict]) -> Path:
     notebooks, declared = plan["notebooks"], plan["declared"]
     figures = run_dir / "figures"
     figures.mkdir(exist_ok=True)
-    # runs_root: where 06, alone, looks for the newest run when none under --out has a model (not runs/)
+    # runs_root: where 06, alone, looks for the newest run (--out's, not runs/, unless -p runs_root says)
     offered = {"figures_dir": str(figures), "run_dir": str(run_dir), "runs_root": str(plan["out_root"]), **plan["offered"]}
-    if not plan["trains"] and "run_dir" not in plan["args"]["parameters"] and any(
-            nb.name.startswith("06") for nb in notebooks):  # 06 explores the newest run under --out, not this empty one
-        offered["run_dir"] = None if (run := explore.latest_run(plan["out_root"])) is None else str(run)
+    offered.update(run_to_explore(plan))
     profile = offered["profile"]  # `-p profile NAME` is the profile the notebooks run: the report says that one
     meta = meta or {"profile": profile, "started": run_dir.name, "git_commit": git_commit() or "unknown",
                     "python": platform.python_version(), "torch": torch.__version__,
