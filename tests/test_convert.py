@@ -462,7 +462,7 @@ def test_original_model_stand_in_is_evaluated_and_grpo_trained_in_the_original_l
     out, err = capfd.readouterr()
     assert "layout: original" in err and "prompt prefix ''" in err and f"max_new_tokens {tasks.COMPLETION_BUDGET['original']}" in err
     # which temperature pass@1 sampled at, and why (the export records none: 1.0)
-    assert "; pass@1 over 4 samples at T 1 (no rollout temperature recorded: 1.0)" in err
+    assert "; pass@1 over 4 samples at T 1 (the model records no rollout temperature: to compare with a GRPO export, give its --sample-temperature)" in err
     results = json.loads(out.strip().splitlines()[-1])
     assert "policy/original_label_agreement" in results and "env/next_fen_exact" in results
 

@@ -316,6 +316,10 @@ def test_an_evaluation_samples_pass_at_1_at_the_rollout_temperature_the_export_r
     assert json.loads((export / "config.json").read_text())[ROLLOUT_TEMPERATURE_KEY] == 0.3
     loaded = GPT.from_pretrained(export)
     assert ev.EvalConfig().for_model(loaded).sample_temperature == 0.3
+    # an export of the run's checkpoint records it too (it was dropped: pass@1 of that export sampled at 1.0)
+    from rookworld_lib.core.checkpoint import export_hf, latest_checkpoint
+    again = GPT.from_pretrained(export_hf(latest_checkpoint(tmp_path / "grpo" / "checkpoints"), tmp_path / "ckpt-export"))
+    assert again.meta[ROLLOUT_TEMPERATURE_KEY] == 0.3 and ev.EvalConfig().for_model(again).sample_temperature == 0.3
     assert ev.EvalConfig(sample_temperature=0.7).for_model(loaded).sample_temperature == 0.7
     # a bad value in config.json is the file's, named so (it was blamed on --sample-temperature, not given)
     for bad in (0, -1.0, float("nan"), "0.3", True, None):
@@ -369,3 +373,14 @@ def test_cli_refuses_pass_at_1_options_where_no_p_or_a_suite_runs(tmp_path, caps
                  "--sample-temperature", "0.5"]) == 1
     assert ("--samples, --sample-temperature: pass@1 is measured on the P: and A: suites, and neither runs here"
             in capsys.readouterr().err)
+
+
+def test_cli_takes_the_values_that_turn_off_what_a_mode_does_not_run(tmp_path, capsys):
+    """`--samples 0` beside no P:/A: suite, `--selfplay-games 0` and `--max-mate 0` beside --every-checkpoint ask
+    for what the run does: refused as void, scripts that always pass them broke."""
+    from rookworld_lib.lab.cli import main
+
+    assert main(["eval", "no-such-model", "--max-policy", "0", "--max-env", "0", "--samples", "0"]) == 1
+    assert "config.json not found" in capsys.readouterr().err  # past the void checks, on to the model
+    assert main(["eval", str(tmp_path / "run"), "--every-checkpoint", "--selfplay-games", "0", "--max-mate", "0"]) == 1
+    assert "no such folder; --every-checkpoint takes a `rookworld sft` --out" in capsys.readouterr().err

@@ -595,12 +595,11 @@ def test_pass_at_1_effective_draws_use_the_unbiased_variance_of_the_mean():
     assert math.isclose(e.low, low, abs_tol=1e-6) and math.isclose(e.high, high, abs_tol=1e-6)
 
 
-def test_a_constant_share_other_than_0_or_1_takes_the_wilson_interval_of_its_value():
-    """Five records all at 0.4 have no spread; the Student t interval was the point 0.4 (sd 0), certainty
-    that five records cannot give: the Wilson interval of 2 in 5, the widest spread a mean of 0.4 allows."""
+def test_a_constant_share_other_than_0_or_1_has_the_point_t_interval():
+    """mean_interval(share=True) takes the Wilson interval only where every value is 0 (or every one 1); five
+    records all at 0.4 have no spread: the Student t interval is the point 0.4 (sd 0)."""
     e = ev.mean_interval([0.4] * 5, share=True)
-    w = ev.wilson(2, 5)
-    assert (e.value, e.n, e.kind) == (0.4, 5, "share") and (e.low, e.high) == pytest.approx((w.low, w.high))
+    assert (e.value, e.low, e.high, e.n, e.kind) == (0.4, 0.4, 0.4, 5, "share")
 
 
 def test_pass_at_1_rows_refuse_to_pair_other_records(monkeypatch):
@@ -662,15 +661,39 @@ def test_a_cap_takes_records_spread_over_the_file_the_same_for_every_model():
     assert ev.capped(list(range(10)), 3) == [0, 3, 6]
 
 
-def test_a_mean_whose_values_are_all_alike_keeps_an_interval():
-    """cp_loss 54.0 [54.0, 54.0] (n=2) and self-play 100 [100, 100] read as certainty."""
-    e = ev.mean_interval([54.0, 54.0], bounds=(0.0, 2000.0))
-    assert e.value == 54.0 and 0.0 <= e.low < 54.0 < e.high <= 2000.0
+def test_a_mean_whose_values_all_sit_at_a_bound_keeps_an_interval():
+    """Every self-play game at the ply cap gave 100 [100, 100], every cp loss 0 gave 0 [0, 0]: certainty. As a
+    rate at 0% or 100% does, such a mean takes the Wilson interval of n right (or n wrong), scaled to its bounds."""
     top = ev.mean_interval([40.0] * 8, bounds=(0.0, 40.0))  # every game at the ply cap
-    assert top.high == 40.0 and top.low < 40.0
     w = ev.wilson(8, 8)
-    assert top.low == pytest.approx(40.0 * w.low)
+    assert top.value == top.high == 40.0 and top.low == pytest.approx(40.0 * w.low) and top.low < 40.0
+    zero = ev.mean_interval([0.0] * 8, bounds=(0.0, 2000.0))  # every legal best move the engine's
+    assert zero.value == zero.low == 0.0 and zero.high == pytest.approx(2000.0 * ev.wilson(0, 8).high)
     assert ev.mean_interval([0.0, 0.0, 0.0], share=True) == dataclasses.replace(ev.wilson(0, 3), kind="share")
-    assert ev.mean_interval([0.0, 0.0]).low == ev.mean_interval([0.0, 0.0]).high == 0.0  # unbounded (a paired change): a point
+    inside = ev.mean_interval([54.0, 54.0], bounds=(0.0, 2000.0))  # equal inside the bounds: the point (spread unknown)
+    assert inside.low == inside.high == 54.0
+    assert ev.mean_interval([0.0, 0.0]).low == ev.mean_interval([0.0, 0.0]).high == 0.0  # unbounded (a paired change)
     spread = ev.mean_interval([1.0, 3.0], bounds=(0.0, 10.0))  # values that differ keep Student's t
     assert spread.low == 0.0 and spread.value == 2.0
+
+
+def test_statistics_helpers_refuse_outcomes_they_would_misread():
+    """rate([0.3, 0.0, 0.2, 0.1]) was 75% and rate(['no', 'no']) 100%; newcombe_paired of 4 and 1 records
+    paired the first; paired_difference(binary=True) truncated shares 0.5 and 0.9 to 0: no change."""
+    for bad in ([0.3, 0.0], ["no", "no"], [2, 1]):
+        with pytest.raises(ValueError, match="rate: outcomes are right/wrong"):
+            ev.rate(bad)
+    assert ev.rate([True, 0, 1.0]).value == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="rate: 1 keys for 2 outcomes"):
+        ev.rate([1, 0], keys=["a"])
+    for before, after in (([1, 1, 1, 1], [1]), ([], [])):
+        with pytest.raises(ValueError, match="newcombe_paired needs the same records before and after"):
+            ev.newcombe_paired(before, after)
+    with pytest.raises(ValueError, match=r"paired_difference\(binary=True\) needs right/wrong outcomes"):
+        ev.paired_difference([0.5, 0.2], [0.7, 0.9], binary=True)
+
+
+def test_load_split_sends_the_mate_in_one_set_to_its_own_reader():
+    """load_split("M1", "test") blamed the shipped file's val records on the file."""
+    with pytest.raises(ValueError, match=r"load_split reads 'P' and 'A' splits; .* load_mate_in_one\(data_dir\)"):
+        data.load_split("M1", "test")

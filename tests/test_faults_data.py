@@ -275,7 +275,12 @@ def test_a_forked_child_does_not_inherit_a_run_lock(tmp_path):
         if pid == 0:  # the child: exit status 1 when it holds a descriptor of the lock file
             held = any(os.readlink(f"/proc/self/fd/{fd}") == lock for fd in os.listdir("/proc/self/fd")
                        if os.path.exists(f"/proc/self/fd/{fd}"))
-            os._exit(int(held))
+            # the lock's number stays taken (by /dev/null): a file the child opens gets another, which the stale
+            # file object's close, as the child leaves the block, cannot take from it
+            with open(os.devnull) as mine:
+                reused = any(os.readlink(f"/proc/self/fd/{fd}") == os.devnull and fd == mine.fileno()
+                             for fd in map(int, os.listdir("/proc/self/fd")) if fd < mine.fileno())
+            os._exit(int(held) + 2 * int(reused))
         assert os.waitpid(pid, 0)[1] == 0
 
 
@@ -397,3 +402,47 @@ def test_convert_names_castling_written_king_takes_rook():
     line = "A: r3k2r/8/8/8/8/8/8/R3K2R w KQkq - 0 1+e1h1+e1h1+r3k2r/8/8/8/8/8/8/R4RK1 b kq - 1 1+0.001+0+0"
     assert convert.convert_line(line).startswith("castling written king-takes-rook (e1h1): our records spell it "
                                                  "king-to-square (e1g1)")
+
+
+def test_convert_with_workers_under_forkserver_converts(tmp_path):
+    """Python 3.14's default start method on Linux: every worker's parent was the fork server, so each
+    exited at once and the run failed as "a conversion worker died (killed: out of memory?)"."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "rook.txt"
+    src.write_text(_policy_lines(6))
+    script = ("import multiprocessing, sys\nfrom rookworld_lib.chess import convert\n"
+              "multiprocessing.set_start_method('forkserver', force=True)\n"
+              "r = convert.convert([sys.argv[1]], sys.argv[2], workers=2, chunk_lines=2)\nprint(r.written['P'])\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["6"], proc.stderr[-2000:]
+
+
+def test_convert_names_utf16_and_bare_cr_json_lines_and_gzip_inputs_with_advice_that_runs(tmp_path, capsys):
+    import gzip
+
+    line = json.dumps({"text": _policy_lines(1).strip()}) + "\n"
+    (tmp_path / "ps.jsonl").write_bytes(b"\xff\xfe" + (line * 3).encode("utf-16-le"))
+    assert main(convert_argv(tmp_path, tmp_path / "ps.jsonl")) == 1
+    assert "ps.jsonl: UTF-16 text (its byte-order mark)" in one_error_line(capsys, "convert")
+    (tmp_path / "mac.jsonl").write_text((line * 3).replace("\n", "\r"))
+    assert main(convert_argv(tmp_path, tmp_path / "mac.jsonl")) == 1
+    assert "mac.jsonl: its lines end in a bare carriage return" in one_error_line(capsys, "convert")
+    with gzip.open(tmp_path / "ps.txt.gz", "wb") as f:
+        f.write(b"\xff\xfe" + _policy_lines(3).encode("utf-16-le"))
+    assert main(convert_argv(tmp_path, tmp_path / "ps.txt.gz")) == 1
+    assert (f"save it as UTF-8, e.g. zcat {tmp_path / 'ps.txt.gz'} | iconv -f UTF-16 -t UTF-8 | gzip > ps.utf8.txt.gz"
+            in one_error_line(capsys, "convert"))
+
+
+def test_the_reason_counts_pair_quotes_around_values_not_apostrophes_or_one_letter_quotes():
+    from rookworld_lib.chess import convert
+
+    fen = "rnbqkbnr/pppp1ppp/8/4p3/4P3/8/PPPP1PPP/RNBQKBNR W KQkq - 0 2"
+    assert (convert.reason_kind(f"prompt: FEN does not parse: expected 'w' or 'b' for turn part of fen: '{fen}'")
+            == "prompt: FEN does not parse: expected 'w' or 'b' for turn part of fen: '...'")
+    assert (convert.reason_kind("illegal move pushed without a legality check (the original generator's board.push): "
+                                "'e7e8' x") == "illegal move pushed without a legality check (the original generator's "
+                                               "board.push): '...' x")

@@ -946,11 +946,13 @@ _TRUNC = GRPOConfig(mask_truncated_completions=True)
                  lambda: grpo.effective_mask(_MASK, torch.zeros(2, dtype=torch.bool), _TRUNC), id="truncated-shape"),
     pytest.param(lambda: grpo.effective_mask(_MASK, torch.zeros(2, 3, dtype=torch.bool), _TRUNC),  # the token mask
                  r"grpo: truncated must have shape \(2,\), got \(2, 3\)", None, id="truncated-per-token"),
-    pytest.param(lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=0),
-                 r"grpo: num_completions_in_batch must be a finite number > 0, got 0",
-                 lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=1), id="num-completions"),
-    pytest.param(lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=float("nan")),  # NaN passes `<= 0`
-                 r"grpo: num_completions_in_batch must be a finite number > 0, got nan", None, id="num-completions-nan"),
+    # a count of the whole accumulated batch: fewer than this call's completions (2 for 4 doubled the loss), a
+    # fraction (0.5: 8x), True (1) or NaN scaled the loss without a word
+    *[pytest.param(lambda bad=bad: grpo.aggregation_weights(_MASK, num_completions_in_batch=bad),
+                   rf"grpo: num_completions_in_batch must be a whole number >= this call's {_MASK.shape[0]} completions "
+                   rf"\(it counts the whole accumulated batch\), got {bad!r}",
+                   lambda: grpo.aggregation_weights(_MASK, num_completions_in_batch=_MASK.shape[0]), id=f"num-completions-{bad}")
+      for bad in (0, _MASK.shape[0] - 1, 0.5, True, float("nan"), float("inf"))],
     pytest.param(lambda: grpo.importance_log_weights(_LP, _LP, _MASK, "sentence"),
                  r"importance_sampling_level must be one of \('token', 'sequence'\), got 'sentence'",
                  lambda: grpo.importance_log_weights(_LP, _LP, _MASK, "sequence"), id="is-level"),

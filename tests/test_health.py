@@ -106,3 +106,15 @@ def test_memory_by_phase_accounting():
     # they grow with the batch, so twice the rows hold twice the bytes (up to the batch-free position ids)
     twice = health.memory_by_phase(m, torch.randint(0, 50257, (4, 16)), opt)["activations"]
     assert abs(twice - 2 * mem["activations"]) <= 1e-3 * mem["activations"], (twice, mem["activations"])
+
+
+def test_health_measures_with_dropout_off_and_puts_the_mode_back():
+    """A GPT is built in train mode: with dropout 0.1 the causality check saw logits before the changed token move
+    by 0.68 (a false leak) and init_loss differed call to call."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", dropout=0.1))
+    idx = torch.randint(0, model.config.vocab_size, (2, 17))
+    assert model.training
+    assert health.causality_violation(model, idx, 8)["max_change_before"] < 1e-5
+    assert health.init_loss(model, idx)["loss"] == health.init_loss(model, idx)["loss"]
+    assert model.training  # the caller's mode, put back

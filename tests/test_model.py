@@ -692,3 +692,10 @@ def test_token_ids_that_are_no_2d_integer_tensor_and_a_directory_that_is_no_path
     for directory in (None, "", 3):
         with pytest.raises(ValueError, match=r"^GPT.from_pretrained: directory must name a Hugging Face GPT-2 folder"):
             GPT.from_pretrained(directory)
+
+
+def test_gpt_refuses_a_config_that_is_not_a_gptconfig():
+    """GPT({}) built the 124M model ({} is falsy); GPT({"n_layer": 2}) failed with an AttributeError."""
+    for bad in ({}, {"n_layer": 2}, "tiny"):
+        with pytest.raises(TypeError, match=r"GPT\(config\): give a GPTConfig"):
+            GPT(bad)

@@ -405,3 +405,15 @@ def test_backend_flags_warn_only_inside_and_restore_every_cudnn_flag_after():
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[0], saved[1]
         torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])
+
+
+def test_build_adamw_gives_param_groups_without_their_own_decay_the_one_asked_and_refuses_bare_tensors():
+    """Param groups took torch's default 0.01 whatever weight_decay said; a list of tensors was an IndexError."""
+    lin = torch.nn.Linear(2, 2)
+    opt = tu.build_adamw([{"params": [lin.weight]}, {"params": [lin.bias], "weight_decay": 0.0}], lr=1e-3,
+                         weight_decay=0.3, fused=False)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.3, 0.0]
+    with pytest.raises(ValueError, match=r"build_adamw: give a module or param groups \(dicts with 'params'\), got Parameter"):
+        tu.build_adamw(list(lin.parameters()), lr=1e-3, weight_decay=0.0)
+    with pytest.raises(ValueError, match="cosine_lr: step is a 0-based update index, got -3"):
+        tu.cosine_lr(-3, lr=1.0, min_lr=0.1, warmup_steps=2, max_steps=10)

@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import itertools
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -143,7 +144,12 @@ def reason_kind(reason: str) -> str:
 
     for pattern, repl in _UNQUOTED:
         reason = pattern.sub(repl, reason)
-    return re.sub(r"'([^']{2,})'|\"([^\"]{2,})\"", kind, reason)
+    return _QUOTED.sub(kind, reason)
+
+
+# a quoted value: its quote opens after the start, a space, '(' or ':' and closes before the end, a space or
+# punctuation (so the apostrophe of "generator's" and a one-letter 'w' pair with no quote of the value after them)
+_QUOTED = re.compile(r"(?:(?<=^)|(?<=[\s(:]))(?:'([^']{2,}?)'|\"([^\"]{2,}?)\")(?=$|[\s;,.):])")
 
 
 def convert_line(text: str, *, split: str = "test", ident: str = "0", number: int = 0) -> dict | str:
@@ -236,21 +242,32 @@ def _table_texts(path: Path) -> Iterator[str | ValueError]:
             yield from (ValueError(_NULL_TEXT) if t is None else t for t in batch.column("text").to_pylist())
 
 
+def _check_head(path: Path) -> None:
+    """A text or JSON-lines input (gzipped too) that is no UTF-8 lines, named in one line: UTF-16, binary, or
+    lines ending in a bare carriage return (each would be hundreds of per-line reasons, or one line)."""
+    gz = path.name.lower().endswith(".gz")
+    try:
+        with (gzip.open if gz else open)(path, "rb") as fh:
+            head = fh.read(8192)
+    except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut off
+        raise ValueError(f"{path}: not a whole gzip file ({exc}); decompress a good copy, or give the text file") from None
+    unpack, repack = (f"zcat {path} | ", " | gzip") if gz else ("", "")
+    out = Path(path.name[:-3] if gz else path.name)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # what Windows PowerShell's `>` writes
+        raise ValueError(f"{path}: UTF-16 text (its byte-order mark); save it as UTF-8, e.g. {unpack}iconv -f UTF-16 -t "
+                         f"UTF-8{'' if gz else f' {path}'}{repack} > {out.stem}.utf8{out.suffix}{'.gz' if gz else ''}")
+    if b"\0" in head:  # a binary file given by mistake: one line, not hundreds
+        raise ValueError(f"{path}: not a text file (NUL bytes in its first 8 kB); give text lines, JSON lines, "
+                         ".parquet or .arrow")
+    if b"\r" in head and b"\n" not in head:  # classic Mac line ends: the whole file read as one line
+        raise ValueError(f"{path}: its lines end in a bare carriage return (\\r), not \\n; convert them first, e.g. "
+                         f"{unpack or 'cat ' + str(path) + ' | '}tr '\\r' '\\n'{repack} > {out.stem}.unix{out.suffix}{'.gz' if gz else ''}")
+
+
 def _text_file_lines(path: Path) -> Iterator[tuple[int, str | ValueError]]:
     """(line number, text) of a text file (gzipped too), decoded strictly: a line that is not UTF-8 is a
     ValueError with the byte, as a JSON line's is (replacement characters made FEN errors of it)."""
     try:
-        with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as fh:
-            head = fh.read(8192)
-        if head.startswith((b"\xff\xfe", b"\xfe\xff")):  # what Windows PowerShell's `>` writes
-            raise ValueError(f"{path}: UTF-16 text (its byte-order mark); save it as UTF-8, e.g. "
-                             f"iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}")
-        if b"\0" in head:  # a binary file given by mistake: one line, not hundreds
-            raise ValueError(f"{path}: not a text file (NUL bytes in its first 8 kB); give text lines, JSON lines, "
-                             ".parquet or .arrow")
-        if b"\r" in head and b"\n" not in head:  # classic Mac line ends: the whole file read as one line
-            raise ValueError(f"{path}: its lines end in a bare carriage return (\\r), not \\n; convert them first, "
-                             f"e.g. tr '\\r' '\\n' < {path} > {path.stem}.unix{path.suffix}")
         for n, text, why in decoded_lines(path):
             yield n, text if why is None else ValueError(why)
     except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut off (lines before that were read)
@@ -271,18 +288,20 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
     suffix = Path(path.name.lower().removesuffix(".gz")).suffix  # a gzipped file reads as its inner kind
     if suffix in (".parquet", ".arrow"):
         items: Iterable = enumerate(_table_texts(path), 1)
-    elif suffix in (".jsonl", ".json") and _json_array(path):
-        raise ValueError(f"{path}: a JSON array; give JSON lines (one object with a 'text' field per line)")
-    elif suffix in (".jsonl", ".json"):
-        # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
-        items = ((n, v["text"] if isinstance(v, dict) and isinstance(v.get("text"), str) else
-                  ValueError(why if why and why.startswith("not UTF-8") else
-                             _OURS if isinstance(v, dict) and {"task", "prompt", "completion"} <= v.keys() else
-                             f"its 'text' is {json.dumps(v['text'])[:20]}, not the line as a string"
-                             if isinstance(v, dict) and "text" in v else _NO_TEXT))
-                 for n, v, why in read_jsonl(path))
     else:
-        items = _text_file_lines(path)
+        _check_head(path)  # UTF-16, binary or bare-CR text: one line, not a reason per line
+        if suffix not in (".jsonl", ".json"):
+            items = _text_file_lines(path)
+        elif _json_array(path):
+            raise ValueError(f"{path}: a JSON array; give JSON lines (one object with a 'text' field per line)")
+        else:
+            # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
+            items = ((n, v["text"] if isinstance(v, dict) and isinstance(v.get("text"), str) else
+                      ValueError(why if why and why.startswith("not UTF-8") else
+                                 _OURS if isinstance(v, dict) and {"task", "prompt", "completion"} <= v.keys() else
+                                 f"its 'text' is {json.dumps(v['text'])[:20]}, not the line as a string"
+                                 if isinstance(v, dict) and "text" in v else _NO_TEXT))
+                     for n, v, why in read_jsonl(path))
     for n, text in items:
         if isinstance(text, ValueError) or text and text.strip():
             yield n, text
@@ -355,7 +374,12 @@ def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Itera
     if workers <= 1:
         yield from ((path, _convert_chunk(chunk, split)) for path, chunk in _chunks(inputs, size))
         return
-    with concurrent.futures.ProcessPoolExecutor(workers, initializer=_worker_start, initargs=(os.getpid(),)) as pool:
+    # fork, whatever the start method (forkserver is Python 3.14's default on Linux): a forked worker's parent is
+    # this command, whose death the worker follows (a fork server's would outlive it); elsewhere as the platform does
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
+                                                initializer=_worker_start if fork else None,
+                                                initargs=(os.getpid(),) if fork else ()) as pool:
         try:
             pending: deque = deque()
             for path, chunk in _chunks(inputs, size):
@@ -366,8 +390,8 @@ def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Itera
             for path, fut in pending:
                 yield path, fut.result()
         except concurrent.futures.process.BrokenProcessPool:  # a worker killed: the OOM killer, or a user's kill
-            raise ValueError(f"a conversion worker died (killed: out of memory?) while converting {path}; nothing was "
-                             f"written; run again, with fewer --workers (this run: {workers}) if memory is short") from None
+            raise ValueError(f"a conversion worker died (killed: out of memory?); nothing was written; run again, with "
+                             f"fewer --workers (this run: {workers}) if memory is short") from None
         finally:
             pool.shutdown(cancel_futures=True)
 

@@ -448,6 +448,9 @@ def looked_for(task: str, split: str | None = None) -> str:
 def load_split(task: str, split: str, data_dir=None, *, on_error: str = "raise") -> LoadedData:
     """The records of one task ('P' or 'A') and split ('train', 'val', 'test'): its file, its .gz or
     its shards, in order. Every reader of a split goes through here (or load_mate_in_one)."""
+    if task == "M1":  # one file of val and test records: its test records were blamed on the file
+        raise ValueError("load_split reads 'P' and 'A' splits; the mate-in-one set is one file of val and test records: "
+                         "load_mate_in_one(data_dir), then keep the records whose 'split' you want")
     return _load_all(task, split, data_dir, on_error)
 
 

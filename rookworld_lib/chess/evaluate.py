@@ -122,7 +122,12 @@ def record_key(rec: dict) -> str:
 
 def rate(outcomes: Sequence[bool | float], keys: Sequence[str] = ()) -> Estimate:
     """The Wilson estimate of a rate that keeps its per-record outcomes (and their record_key) for
-    `paired_change`."""
+    `paired_change`. Outcomes are right/wrong (bools, or 0 and 1; a share of samples is pass_at_1's)."""
+    if bad := [x for x in outcomes if isinstance(x, str) or x not in (0, 1)]:  # 0.3 counted as right, 'no' too
+        raise ValueError(f"rate: outcomes are right/wrong (True/False or 1/0), got {bad[0]!r}; for shares of samples "
+                         "right use pass_at_1")
+    if keys and len(keys) != len(outcomes):
+        raise ValueError(f"rate: {len(keys)} keys for {len(outcomes)} outcomes; give one record_key per outcome")
     hits = tuple(int(bool(x)) for x in outcomes)
     return replace(wilson(sum(hits), len(hits)), outcomes=hits, keys=tuple(keys))
 
@@ -149,9 +154,10 @@ def mean_interval(values: Sequence[float], share: bool = False, level: float = 0
                   bounds: tuple[float, float] = (-math.inf, math.inf)) -> Estimate:
     """Mean and Student t 95% interval (n - 1 degrees of freedom; one value gives no interval: the whole
     of `bounds`), kept inside `bounds`, the values' possible range (a similarity in [0, 1], a count >= 0).
-    `share`: values in [0, 1] shown as a percentage, as the rates are. Where every value is the same the t
-    interval would be a point (a cp loss of 54 [54, 54] read as certainty): it takes the Wilson interval of the
-    value's place in `bounds` (a share's own, a rate's at 0 or 1), the widest spread a mean there allows."""
+    `share`: values in [0, 1] shown as a percentage, as the rates are. Where every value sits at one bound
+    (every game at the ply cap, every cp loss 0, every share 0 or 1) the t interval would be a point, certainty
+    that n records cannot give: it takes the Wilson interval of n right or n wrong, scaled to `bounds`, as a rate
+    at 0% or 100% does. Equal values inside the bounds keep the point (their spread is unknown, not the widest)."""
     vals = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(vals)
     kind, (lo, hi) = ("share", (0.0, 1.0)) if share else ("mean", bounds)
@@ -160,8 +166,8 @@ def mean_interval(values: Sequence[float], share: bool = False, level: float = 0
     m = sum(vals) / n
     if n == 1:
         return Estimate(m, lo, hi, 1, kind)
-    if all(v == vals[0] for v in vals) and math.isfinite(hi - lo):  # no spread seen: not no uncertainty
-        w = wilson(n * (m - lo) / (hi - lo), n)
+    if all(v == vals[0] for v in vals) and vals[0] in (lo, hi) and math.isfinite(hi - lo):  # none off the bound
+        w = wilson(n * (vals[0] == hi), n)
         return Estimate(m, lo + w.low * (hi - lo), lo + w.high * (hi - lo), n, kind)
     sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
     half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / math.sqrt(n)
@@ -541,6 +547,9 @@ def newcombe_paired(before: Sequence[int], after: Sequence[int], z: float = 1.95
     interval for paired proportions (Statistics in Medicine 17:2635, 1998, method 10: each rate's Wilson
     interval, combined with their continuity-corrected correlation). Unlike the normal interval of the
     differences it is not a point when few records changed, all one way."""
+    if len(before) != len(after) or not before:  # zip cut the longer one; none divided by zero
+        raise ValueError(f"newcombe_paired needs the same records before and after, at least one: got {len(before)} "
+                         f"and {len(after)}")
     n = len(before)
     a = sum(1 for b, x in zip(before, after) if b and x)  # right both times
     gained = sum(1 for b, x in zip(before, after) if x and not b)
@@ -572,6 +581,9 @@ def paired_difference(before: Sequence[float], after: Sequence[float], binary: b
     whole = all(v in (0, 1) for v in (*before, *after))
     if binary is None:
         binary = whole
+    elif binary and not whole:  # int() truncated 0.5 and 0.9 to 0: no change reported
+        raise ValueError("paired_difference(binary=True) needs right/wrong outcomes (0 or 1); these hold shares: "
+                         "binary=False (or None) takes their t interval")
     # shares that are all whole and all unchanged (no sample right, say) leave a t interval no spread to
     # measure, a point at 0: the records' right/wrong interval stands in
     if len(before) >= 2 and (binary or (whole and list(before) == list(after))):
@@ -694,9 +706,9 @@ def checkpoint_curve(run_dir: str | Path, policy_records: Sequence, env_records:
     return rows
 
 
-def _curve_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """A learning curve's checkpoints, each checked against its SHA-256 before any is evaluated: a corrupt
-    last one stopped the curve after hours of evaluating the others, its rows lost."""
+def _curve_checkpoints(run_dir: Path, verify: bool = True) -> list[tuple[int, Path]]:
+    """A learning curve's checkpoints, each checked against its SHA-256 (verify) before any is evaluated: a
+    corrupt last one stopped the curve after hours of evaluating the others, its rows lost."""
     found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         hint = (f"; {run_dir} is a run's checkpoints folder: give the run, {run_dir.parent}" if run_dir.name == "checkpoints"
@@ -704,7 +716,7 @@ def _curve_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
                 if (run_dir / "config.json").is_file() else "")
         raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: no step_*.pt checkpoint (give a `rookworld sft` "
                                   f"--out, trained with --checkpoint-interval N --keep-checkpoints 0){hint}")
-    if bad := [p.name for _, p in found if not intact(p)]:
+    if verify and (bad := [p.name for _, p in found if not intact(p)]):
         raise CheckpointLoadError(f"{run_dir / 'checkpoints'}: {', '.join(bad)} fails its SHA-256 check (a corrupt "
                                   "file): no checkpoint was evaluated; move it and its .sha256 away to evaluate the others")
     return found
@@ -758,8 +770,10 @@ def cli(argv: list[str] | None = None) -> int:
     if args.selfplay_max_plies != EvalConfig.selfplay_max_plies and (args.selfplay_games == 0 or args.every_checkpoint):
         raise ValueError("--selfplay-max-plies has no effect without self-play (" + ("--every-checkpoint runs the P: and "
                          "A: suites only" if args.every_checkpoint else "--selfplay-games 0") + "): leave it out")
-    if args.every_checkpoint and (given := [flag for flag, on in (("--selfplay-games", args.selfplay_games != EvalConfig.selfplay_games),
-                                                                  ("--max-mate", args.max_mate is not None)) if on]):
+    # refused: values that would turn on what the mode does not run (0, turning it off, says what the run does)
+    if args.every_checkpoint and (given := [flag for flag, on in (
+            ("--selfplay-games", args.selfplay_games not in (EvalConfig.selfplay_games, 0)),
+            ("--max-mate", args.max_mate not in (None, 0))) if on]):
         raise ValueError(f"--every-checkpoint evaluates the P: and A: suites only: {', '.join(given)} would be ignored; leave it out")
     cfg = EvalConfig(**config_kwargs_from_args(EvalConfig, args))  # bad values stop here, before the model loads
     device = resolve_device(args.device)
@@ -772,7 +786,7 @@ def cli(argv: list[str] | None = None) -> int:
                          "one with --selfplay-games N, --max-policy N, --max-env N, --max-mate N or a --data-dir holding "
                          "that suite's test data")
     if not {"policy", "env"} & set(chosen) and (given := [flag for flag, on in (
-            ("--samples", args.samples != EvalConfig.samples), ("--sample-temperature", args.sample_temperature is not None)) if on]):
+            ("--samples", args.samples not in (EvalConfig.samples, 0)), ("--sample-temperature", args.sample_temperature is not None)) if on]):
         raise ValueError(f"{', '.join(given)}: pass@1 is measured on the P: and A: suites, and neither runs here: leave it out")
     model = GPT.from_pretrained(args.model).eval().to(device)
     cfg = _say_settings(cfg, model, args)
@@ -850,10 +864,10 @@ def _curve_cli(args, cfg: EvalConfig) -> int:
         raise CheckpointLoadError(f"{run}: no such folder; --every-checkpoint takes a `rookworld sft` --out")
     if not (run / METRICS_FILE).exists() and (run / GRPO_METRICS_FILE).exists():
         raise ValueError(f"{run} is a GRPO run; --every-checkpoint evaluates the checkpoints of a `rookworld sft` run")
-    first = _curve_checkpoints(run)[0][1]  # before the lock, which would leave a .lock in a folder given by mistake
-    _say_settings(cfg, model_from_checkpoint(first), args)
-    # a run still training there would rotate its checkpoints away mid-curve: refused
+    _curve_checkpoints(run, verify=False)  # before the lock, which would leave a .lock in a folder given by mistake
+    # a run still training there would rotate its checkpoints away mid-curve: refused before any work
     with run_lock(run, busy="a run training there, or another curve of it; wait for it to finish"):
+        _say_settings(cfg, model_from_checkpoint(_curve_checkpoints(run)[0][1]), args)  # every checkpoint intact
         rows = checkpoint_curve(run, suites["P"], suites["A"], cfg, on_point=show, device=args.device)  # capped by cfg.max_*
         settings = eval_settings(cfg, run)  # the pass@1 temperature as given (None: each checkpoint's own, else 1.0)
         rows = [{**row, "settings": settings} for row in rows]

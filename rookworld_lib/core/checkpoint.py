@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError
-from .model import GPT, config_from_dict
+from .model import ROLLOUT_TEMPERATURE_KEY, GPT, config_from_dict
 from .paths import TMP_PREFIX, atomic_write
 from .task_vocab import TaskVocab
 from .train_utils import rng_state, set_rng_state, unwrap
@@ -340,6 +340,9 @@ def model_from_checkpoint(path: str | os.PathLike):
     model = GPT(config_from_dict({**ckpt["model_config"], "gradient_checkpointing": False}))
     model.load_state_dict(ckpt["model"], strict=True)
     model.meta = dict(ckpt.get("model_meta") or {})  # checkpoints before 2026-11-28 carry none: the defaults
+    if ckpt.get("kind") == "grpo" and isinstance(ckpt.get("config"), dict) and "temperature" in ckpt["config"]:
+        # as GRPO's own export records it: an evaluation samples pass@1 at the rollout temperature
+        model.meta[ROLLOUT_TEMPERATURE_KEY] = ckpt["config"]["temperature"]
     if ckpt.get("prompt_prefix") is not None:
         model.prompt_prefix = ckpt["prompt_prefix"]
     extra = ckpt.get("extra", {})

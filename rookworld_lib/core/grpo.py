@@ -378,8 +378,12 @@ def aggregation_weights(mask: Tensor, config: GRPOConfig | None = None, num_item
     mf = m.to(dtype)
     N = m.shape[0]
     n_glob = float(num_completions_in_batch) if num_completions_in_batch is not None else float(N)
-    if not n_glob > 0 or not math.isfinite(n_glob):  # NaN passes a `<= 0` test and would make the loss NaN
-        raise ValueError(f"grpo: num_completions_in_batch must be a finite number > 0, got {num_completions_in_batch!r}")
+    # a count of the whole accumulated batch: a whole number, at least this call's completions (2 for 4 doubled
+    # the loss, 0.5 multiplied it by 8, True counted 1)
+    if num_completions_in_batch is not None and (isinstance(num_completions_in_batch, bool) or not n_glob.is_integer()
+                                                 or n_glob < N):
+        raise ValueError(f"grpo: num_completions_in_batch must be a whole number >= this call's {N} completions (it "
+                         f"counts the whole accumulated batch), got {num_completions_in_batch!r}")
     lt = config.loss_type
     if lt == "grpo":
         return mf / (mf.sum(dim=1, keepdim=True).clamp(min=1.0) * n_glob)

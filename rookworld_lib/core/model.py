@@ -211,6 +211,9 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig | None = None):
         super().__init__()
+        if config is not None and not isinstance(config, GPTConfig):  # GPT({}) built the 124M model ({} is falsy)
+            raise TypeError(f"GPT(config): give a GPTConfig (GPTConfig(**fields), GPTConfig.preset(name)) or None, "
+                            f"got {type(config).__name__}")
         self.config = config = config or GPTConfig()
         self.transformer = nn.ModuleDict(
             dict(

@@ -281,11 +281,15 @@ _HELD_LOCKS: set[int] = set()  # descriptors of the run locks this process holds
 
 
 def _drop_inherited_locks() -> None:
-    """In a forked child: close the run locks' descriptors it inherited. A flock belongs to the open file, which a
-    fork shares, so a pool worker that outlived its SIGKILLed parent kept the lock and refused every later run."""
+    """In a forked child: let go of the run locks' open files it inherited. A flock belongs to the open file, which a
+    fork shares, so a pool worker that outlived its SIGKILLed parent kept the lock and refused every later run. Each
+    descriptor is pointed at /dev/null rather than closed: the number stays the stale file object's, so a child that
+    leaves the `with` block closes /dev/null, not a file it opened since under the same number."""
     for fd in _HELD_LOCKS:
         with contextlib.suppress(OSError):
-            os.close(fd)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, fd)
+            os.close(null)
     _HELD_LOCKS.clear()
 
 

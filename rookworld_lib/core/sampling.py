@@ -509,7 +509,9 @@ def sequence_logprobs(model: GPT, prompt_ids: list[list[int]], completion_tokens
     """Log-probs (N, L) of completion tokens under `model`, from one full forward pass.
 
     The sequence is [left pad][prompt][completion], with the same position ids and attention mask
-    the sampler used, so for an unchanged model this reproduces Rollout.logprobs. Gradients flow.
+    the sampler used, so for an unchanged model in eval mode this reproduces Rollout.logprobs (the
+    sampler turns dropout off; here the model's mode is the caller's: a model in train mode with dropout
+    scores with dropout, as the GRPO update of such a model does). Gradients flow.
     Returns (logprobs, completion_logits) when return_logits is set, for entropy terms, and
     (logprobs, entropies) when return_entropy is set: the head fused with the log-softmax, chunk by
     chunk (`lm_head_loss.linear_token_logprobs`; no (N, L, V) logits kept; entropies detached).

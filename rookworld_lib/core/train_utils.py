@@ -35,6 +35,8 @@ def cosine_lr(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_ste
     (update warmup_steps-1 is the first at the peak), then a half cosine down to min_lr, reached
     exactly at update max_steps-1 and held after it. A warm-up as long as the run ends at the peak:
     min_lr is never reached."""
+    if step < 0:
+        raise ValueError(f"cosine_lr: step is a 0-based update index, got {step}")
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     span = max_steps - 1 - warmup_steps
@@ -99,9 +101,13 @@ def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple
                 eps: float = 1e-8, device_type: str = "cpu", fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW with weight decay on 2-D weights only (decay_groups), using the fastest implementation
     available. model_or_groups: a module or param groups. fused: None = the fused kernel where
-    `device_type` has one, else "foreach"."""
+    `device_type` has one, else "foreach". A param group without its own "weight_decay" takes `weight_decay`."""
     groups = (decay_groups(model_or_groups, weight_decay) if isinstance(model_or_groups, torch.nn.Module)
               else list(model_or_groups))
+    if not all(isinstance(g, dict) and "params" in g for g in groups):  # a bare list of tensors: an IndexError
+        raise ValueError("build_adamw: give a module or param groups (dicts with 'params'), got "
+                         f"{type(groups[0]).__name__ if groups else 'nothing'}")
+    groups = [{"weight_decay": weight_decay, **g, "params": list(g["params"])} for g in groups]
     groups = [g for g in groups if len(g["params"]) > 0]
     use_fused = _fused_supported(device_type) if fused is None else fused
     kwargs = {"fused": True} if use_fused else {"foreach": True}
