@@ -21,17 +21,31 @@ HALF = task_weights()  # P: and A: samples with even odds, as every profile mixe
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """The shipped val records as gzipped shards of 100 (P: and A: in separate files, as datagen writes)."""
+    """The shipped val records, marked as a train split (SFT refuses val records in its training files), as
+    gzipped shards of 100 (P: and A: in separate files, as datagen writes)."""
     d = tmp_path_factory.mktemp("shards")
     paths = []
     for task in ("P", "A"):
-        recs = data.load_split(task, "val")
-        name = data.data_file(task, "val").name
+        recs = [{**r, "split": "train"} for r in data.load_split(task, "val")]
+        name = data.data_file(task, "train").name
         for k in range(0, len(recs), 100):
             path = d / data.data_file_name(name, k // 100, compress=True)
             with gzip.open(path, "wt") as f:
                 f.writelines(json.dumps(r) + "\n" for r in recs[k: k + 100])
             paths.append(str(path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def val_shards(tmp_path_factory):
+    """100 val records of each task, a gzipped shard each."""
+    d = tmp_path_factory.mktemp("val_shards")
+    paths = []
+    for task in ("P", "A"):
+        path = d / data.data_file_name(data.data_file(task, "val").name, 0, compress=True)
+        with gzip.open(path, "wt") as f:
+            f.writelines(json.dumps(r) + "\n" for r in data.load_split(task, "val")[:100])
+        paths.append(str(path))
     return paths
 
 
@@ -142,7 +156,7 @@ def test_stream_names_a_bad_line_when_it_is_made_and_empty_pools(tmp_path, shard
     hours into a run, up to a checkpoint interval of steps lost, and its fix then changed the data the
     run's resume must find (refused)."""
     bad = tmp_path / "bad.jsonl.gz"
-    recs = data.load_split("P", "val")[:400]
+    recs = [{**r, "split": "train"} for r in data.load_split("P", "val")[:400]]
     with gzip.open(bad, "wt") as f:
         f.writelines(json.dumps(r) + "\n" for r in recs[:-1])
         f.write(json.dumps({**recs[-1], "best": "a1a1"}) + "\n")
@@ -156,8 +170,8 @@ def test_stream_names_a_bad_line_when_it_is_made_and_empty_pools(tmp_path, shard
         sft.StreamingPackedStream([shards[0]], reader=READER, seed=0, task_weights=HALF)
 
 
-def test_sft_trains_from_a_stream_with_the_task_vocabulary_and_resumes(tmp_path, shards):
-    val = [shards[0], shards[-1]]
+def test_sft_trains_from_a_stream_with_the_task_vocabulary_and_resumes(tmp_path, shards, val_shards):
+    val = val_shards
     cfg = tiny_cfg(tmp_path / "run", train_data=shards, val_data=val, stream=True, shuffle_buffer=50, vocab="task",
                    eval_interval=3, max_steps=4, checkpoint_interval=2)
     first = sft.train_sft(cfg, reader=READER, until=2)

@@ -971,3 +971,28 @@ def test_resume_refuses_the_same_task_weights_in_another_order(tmp_path):
                                          r"\{'A': 0\.5, 'P': 0\.5\}\)"):
         SFTTrainer(tiny_cfg(tmp_path, task_weights={"A": 0.5, "P": 0.5}), train_texts=TEXTS)
     assert SFTTrainer(tiny_cfg(tmp_path), train_texts=TEXTS).step == 2  # the same order resumes
+
+
+def test_chess_sft_from_python_checks_what_the_command_checks(tmp_path):
+    """train_sft(cfg, reader=RecordReader()) trained on the test split, which `rookworld sft` refuses, and a
+    start model that reads the original layout was trained, and relabelled, in the compact one."""
+    from rookworld_lib.core.model import GPT, GPTConfig
+    from rookworld_lib.core.paths import DATA_DIR, DataFormatError
+    from rookworld_lib.core.train_sft import SFTConfig, SFTTrainer
+
+    test_files = (str(DATA_DIR / "policy_test.jsonl"), str(DATA_DIR / "env_test.jsonl"))
+    with pytest.raises(DataFormatError, match=r"policy_test.jsonl:1: a 'test' record in the training data"):
+        SFTTrainer(SFTConfig(model="tiny", train_data=test_files, max_steps=1, warmup_steps=1, batch_size=2, block_size=64,
+                             out_dir=str(tmp_path / "a"), progress=False, report_to="none", eval_interval=0),
+                   reader=training.RecordReader())
+    start = tmp_path / "orig"  # a GPT-2 folder that records no layout: RookWorld-LM's, the original layout
+    GPT(GPTConfig.preset("tiny", block_size=256)).save_pretrained(start)
+    cfg_json = json.loads((start / "config.json").read_text())
+    (start / "config.json").write_text(json.dumps({k: v for k, v in cfg_json.items() if not k.startswith("rookworld_")}))  # no layout, no prefix
+    assert training.layout_for(start)[0] == "original"
+    reader = training.RecordReader()
+    SFTTrainer(SFTConfig(init_from=str(start), train_data=(str(DATA_DIR / "policy_train.jsonl"),), max_steps=1, warmup_steps=1,
+                         batch_size=2, block_size=256, out_dir=str(tmp_path / "b"), progress=False, report_to="none",
+                         eval_interval=0), reader=reader)
+    assert reader.layout == "original" and reader.meta[training.LAYOUT_KEY] == "original"
+    assert training.RecordReader("compact").given_layout == "compact"  # a layout given is kept

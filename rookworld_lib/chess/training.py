@@ -130,18 +130,31 @@ class RecordReader(TextReader):
     """SFT's reader of chess data: files of `rookworld datagen` records (task, prompt, completion, ...),
     validated by data.load_jsonl / iter_records and rendered in `layout` with the P: candidates in
     `candidate_order` (CANDIDATE_ORDERS), or {"text": ...} lines; decided per file by its first line.
-    The export records the layout and a candidate order other than the layout's."""
+    The export records the layout and a candidate order other than the layout's. layout None: the start
+    model's (layout_for: compact from scratch, "original" for RookWorld-LM), once SFT prepares the reader;
+    read before that, compact. SFT's preparation also refuses val/test records in the training files, as
+    `rookworld sft` does (check_train_split)."""
 
     meta_keys = (LAYOUT_KEY, ORDER_KEY)
 
-    def __init__(self, layout: str = "compact", candidate_order: str = "layout"):
-        tasks.check_layout(layout)
+    def __init__(self, layout: str | None = None, candidate_order: str = "layout"):
+        if layout is not None:
+            tasks.check_layout(layout)
         if candidate_order not in CANDIDATE_ORDERS:
             raise ValueError(f"candidate_order must be one of {CANDIDATE_ORDERS}, got {candidate_order!r}")
-        self.layout, self.order, self.name, self.meta = layout, candidate_order, f"records-{layout}", {LAYOUT_KEY: layout}
-        if candidate_order != "layout":
-            self.name += f"-{candidate_order}"
-            self.meta[ORDER_KEY] = candidate_order
+        self.given_layout, self.order = layout, candidate_order
+        self._render_in(layout or "compact")
+
+    def _render_in(self, layout: str) -> None:
+        self.layout, self.name, self.meta = layout, f"records-{layout}", {LAYOUT_KEY: layout}
+        if self.order != "layout":
+            self.name += f"-{self.order}"
+            self.meta[ORDER_KEY] = self.order
+
+    def prepare(self, cfg) -> None:
+        check_train_split(cfg.train_data, cfg.val_data)
+        if self.given_layout is None:  # a RookWorld-LM start reads the original layout: trained in compact it was relabelled
+            self._render_in(layout_for(cfg.init_from)[0])
 
     def iter_texts(self, paths):
         for path in map(Path, paths):
@@ -360,8 +373,7 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
             raise ValueError("give training data: --train-data FILE [FILE ...] (JSONL; `rookworld datagen` "
                              "writes data/policy_train.jsonl and data/env_train.jsonl)")
         log.info("data: %s (val: %s)", ", ".join(kwargs["train_data"]), ", ".join(kwargs["val_data"]) or "held out")
-    cfg = SFTConfig(**kwargs)
-    check_train_split(cfg.train_data, cfg.val_data)
+    cfg = SFTConfig(**kwargs)  # the files' splits: checked by the reader, as SFT prepares it (RecordReader.prepare)
     layout, why = (args.layout, "--layout") if args.layout else layout_for(cfg.init_from)
     log.info("layout: %s (%s)", layout, why)
     order = candidate_order_for(cfg.init_from)
@@ -375,6 +387,7 @@ def _sft_config_from_args(args: argparse.Namespace) -> tuple[SFTConfig, RecordRe
 def _sft_preflight(argv: list[str], nproc: int) -> None:
     """Refuse, before torchrun starts, settings that every worker would refuse."""
     cfg, _ = _sft_config_from_args(build_sft_parser().parse_args(argv))
+    check_train_split(cfg.train_data, cfg.val_data)  # once here, not in every worker first
     if cfg.batch_size % nproc:
         raise ValueError(f"--batch-size ({cfg.batch_size}) must be a multiple of --nproc ({nproc}): each process "
                          "trains on batch_size / nproc rows of every micro-batch")

@@ -253,6 +253,10 @@ class TextReader:
         """All the sample texts of `paths`, in file order."""
         return list(self.iter_texts(paths))
 
+    def prepare(self, cfg: SFTConfig) -> None:
+        """Called once by SFTTrainer with its config, before any file is read: a task layer's reader checks the
+        files (a split SFT must not train on) and settles what depends on the start model (its layout)."""
+
 
 # -- packing ---------------------------------------------------------------------------------------
 
@@ -565,6 +569,7 @@ class SFTTrainer(Trainer):
             raise ValueError(f"reader must be a TextReader (or an object with its load_texts, meta, ...), got "
                              f"{type(reader).__name__} {reader!r:.60}")
         self.reader = reader or TextReader()  # how data files become texts; its meta goes into the export
+        self.reader.prepare(cfg)
         self._load_data(train_texts, val_texts)
         self.data = self.train_stream
         ckpt = self.find_checkpoint()
