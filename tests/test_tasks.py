@@ -581,3 +581,22 @@ def test_the_original_mate_spelling_has_the_range_of_the_compact_one():
     assert tasks.parse_eval("990.01") == Eval(mate=999) and tasks.parse_eval("-990.01") == Eval(mate=-999)
     for text in ("989.99", "-989.99", "900.01", "950.0"):
         assert tasks.parse_eval(text) is None, text
+
+
+def test_builders_refuse_arguments_they_would_write_wrongly():
+    """env_completion(..., "0", "0") wrote +1+1; a history string became single characters; Eval(mate=True)
+    rendered "MTrue"; record_text(rec, "bogus") gave the original layout's texts."""
+    from rookworld_lib.chess import data
+
+    fen = chess.STARTING_FEN
+    with pytest.raises(ValueError, match=r"env_completion: terminated must be 0 or 1 \(or a bool\), got '0'"):
+        tasks.env_completion(fen, 0.001, "0", "0")
+    assert tasks.env_completion(fen, 0.001, False, 1).endswith("+0+1")
+    with pytest.raises(ValueError, match=r"previous_moves is a sequence of UCI moves, got one string 'e2e4 e7e5'"):
+        tasks.environment_step(fen, "g1f3", "e2e4 e7e5")
+    for bad in ({"mate": True}, {"cp": 12.7}):
+        with pytest.raises(ValueError, match="must be a whole number"):
+            tasks.Eval(**bad)
+    rec = data.load_split("A", "test").records[0]
+    with pytest.raises(ValueError):
+        data.record_text(rec, "bogus")

@@ -499,6 +499,7 @@ def record_text(rec: dict, layout: str = "compact") -> tuple[str, str]:
     """(prompt, completion) of a P: or A: record in `layout`: the record's own texts for compact;
     for original, the fixed-width P: sample and A: texts whose FENs are spelled as python-chess's
     ``board.fen()`` (see tasks), as a pretrained RookWorld-LM reads and writes them."""
+    tasks.check_layout(layout)  # any other name gave the original layout's texts
     if layout == "compact":
         return rec["prompt"], rec["completion"]
     if rec["task"] == "P":

@@ -222,6 +222,9 @@ class Eval:
             raise ValueError(f"Eval needs exactly one of cp or mate, got cp={self.cp!r}, mate={self.mate!r}")
         if self.mate == 0:
             raise ValueError("Eval mate must be non-zero (a mated position has no candidate moves)")
+        for name, v in (("cp", self.cp), ("mate", self.mate)):  # mate=True rendered "MTrue"; cp 12.7 two ways
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise ValueError(f"Eval {name} must be a whole number, got {v!r}")
         if self.cp is not None and abs(self.cp) > MATE_CP // 2:
             raise ValueError(f"Eval cp must be in [-{MATE_CP // 2}, {MATE_CP // 2}], got {self.cp}")
 
@@ -630,6 +633,9 @@ def env_completion(new_fen: str, reward: float, terminated: int | bool, truncate
     _require_fen(new_fen, "env_completion")
     if reward not in ENV_REWARDS:
         raise ValueError(f"env_completion: reward must be one of {ENV_REWARDS}, got {reward!r}")
+    for name, flag in (("terminated", terminated), ("truncated", truncated)):  # "0" was written as 1
+        if flag not in (0, 1) or isinstance(flag, str):
+            raise ValueError(f"env_completion: {name} must be 0 or 1 (or a bool), got {flag!r}")
     return f"{new_fen}+{format_reward(reward)}+{int(bool(terminated))}+{int(bool(truncated))}"
 
 
@@ -662,6 +668,9 @@ def environment_step(fen: str, move: str, previous_moves: Iterable[str] = ()) ->
     hold (empty, '+' or whitespace)."""
     board = _require_fen(fen, "environment_step").copy(stack=False)  # a copy costs less than a parse
     _check_env_move_text(move, "environment_step: move")
+    if isinstance(previous_moves, str):  # its characters became the history
+        raise ValueError(f"environment_step: previous_moves is a sequence of UCI moves, got one string {previous_moves!r}: "
+                         "give previous_moves.split()")
     history = (*previous_moves, move)[-HISTORY_LEN:]  # the history field ends with the current move
     legal = legal_move(board, move)
     if legal is None:
