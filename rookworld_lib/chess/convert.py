@@ -242,9 +242,10 @@ def _table_texts(path: Path) -> Iterator[str | ValueError]:
             yield from (ValueError(_NULL_TEXT) if t is None else t for t in batch.column("text").to_pylist())
 
 
-def _check_head(path: Path) -> None:
-    """A text or JSON-lines input (gzipped too) that is no UTF-8 lines, named in one line: UTF-16, binary, or
-    lines ending in a bare carriage return (each would be hundreds of per-line reasons, or one line)."""
+def _check_head(path: Path) -> bytes:
+    """The first 8 kB of a text or JSON-lines input (gzipped too), once it is not named here, in one line, as
+    no UTF-8 lines: UTF-16, binary, or lines ending in a bare carriage return (each would be hundreds of per-line
+    reasons, or one line)."""
     gz = path.name.lower().endswith(".gz")
     try:
         with (gzip.open if gz else open)(path, "rb") as fh:
@@ -262,6 +263,7 @@ def _check_head(path: Path) -> None:
     if b"\r" in head and b"\n" not in head:  # classic Mac line ends: the whole file read as one line
         raise ValueError(f"{path}: its lines end in a bare carriage return (\\r), not \\n; convert them first, e.g. "
                          f"{unpack or 'cat ' + str(path) + ' | '}tr '\\r' '\\n'{repack} > {out.stem}.unix{out.suffix}{'.gz' if gz else ''}")
+    return head
 
 
 def _text_file_lines(path: Path) -> Iterator[tuple[int, str | ValueError]]:
@@ -289,10 +291,10 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
     if suffix in (".parquet", ".arrow"):
         items: Iterable = enumerate(_table_texts(path), 1)
     else:
-        _check_head(path)  # UTF-16, binary or bare-CR text: one line, not a reason per line
+        head = _check_head(path)  # UTF-16, binary or bare-CR text: one line, not a reason per line
         if suffix not in (".jsonl", ".json"):
             items = _text_file_lines(path)
-        elif _json_array(path):
+        elif head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):  # a JSON array: each physical line refused alone
             raise ValueError(f"{path}: a JSON array; give JSON lines (one object with a 'text' field per line)")
         else:
             # a non-UTF-8 line keeps read_jsonl's reason; any other bad line lacks a 'text' field
@@ -305,14 +307,6 @@ def iter_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | ValueError]
     for n, text in items:
         if isinstance(text, ValueError) or text and text.strip():
             yield n, text
-
-
-def _json_array(path: Path) -> bool:
-    """Whether a .json(l) file starts with '[' (a JSON array: every physical line would be refused alone)."""
-    with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as fh:
-        with contextlib.suppress(gzip.BadGzipFile, EOFError, OSError):  # read_jsonl names a broken file
-            return fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[")
-    return False
 
 
 @dataclass
@@ -376,10 +370,9 @@ def _converted(inputs: list[Path], split: str, workers: int, size: int) -> Itera
         return
     # fork, whatever the start method (forkserver is Python 3.14's default on Linux): a forked worker's parent is
     # this command, whose death the worker follows (a fork server's would outlive it); elsewhere as the platform does
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork") if fork else None,
-                                                initializer=_worker_start if fork else None,
-                                                initargs=(os.getpid(),) if fork else ()) as pool:
+    forked = (dict(mp_context=multiprocessing.get_context("fork"), initializer=_worker_start, initargs=(os.getpid(),))
+              if "fork" in multiprocessing.get_all_start_methods() else {})
+    with concurrent.futures.ProcessPoolExecutor(workers, **forked) as pool:
         try:
             pending: deque = deque()
             for path, chunk in _chunks(inputs, size):

@@ -104,9 +104,8 @@ def build_adamw(model_or_groups, *, lr: float, weight_decay: float, betas: tuple
     `device_type` has one, else "foreach". A param group without its own "weight_decay" takes `weight_decay`."""
     groups = (decay_groups(model_or_groups, weight_decay) if isinstance(model_or_groups, torch.nn.Module)
               else list(model_or_groups))
-    if not all(isinstance(g, dict) and "params" in g for g in groups):  # a bare list of tensors: an IndexError
-        raise ValueError("build_adamw: give a module or param groups (dicts with 'params'), got "
-                         f"{type(groups[0]).__name__ if groups else 'nothing'}")
+    if bad := [g for g in groups if not (isinstance(g, dict) and "params" in g)]:  # a bare list of tensors: an IndexError
+        raise ValueError(f"build_adamw: give a module or param groups (dicts with 'params'), got {type(bad[0]).__name__}")
     groups = [{"weight_decay": weight_decay, **g, "params": list(g["params"])} for g in groups]
     groups = [g for g in groups if len(g["params"]) > 0]
     use_fused = _fused_supported(device_type) if fused is None else fused
