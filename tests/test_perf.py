@@ -197,12 +197,16 @@ def test_a_block_shorter_than_an_interval_or_whose_thread_never_ran_still_gets_i
     """Under a loaded suite the sampler's thread got no core during a 0.4-s block (0 samples, an empty
     summary); a block shorter than the interval had none either. The block's last interval is sampled
     at its end, from its start."""
+    wall, cpu = time.perf_counter(), time.process_time()
     with perf.UtilizationSampler(interval_s=60) as util:
         end = time.perf_counter() + 0.2
         while time.perf_counter() < end:
             pass
+    got = 100 * (time.process_time() - cpu) / (time.perf_counter() - wall)  # what the OS gave the loop (% of a core)
     s = util.summary()
-    assert s["n_samples"] == 1 and 50 <= s["process_cpu_pct"]["max"] <= 100 * os.cpu_count() + 10, s
+    # the one sample covers the block: the CPU the loop got, not a fixed share (a fresh clone's suite on 2 busy
+    # cores gave the loop 46% of a core, and an absolute 50% failed)
+    assert s["n_samples"] == 1 and 0.5 * got <= s["process_cpu_pct"]["max"] <= 100 * os.cpu_count() + 10, (got, s)
     # a thread that never ran: the sample covers the whole block
     idle = perf.UtilizationSampler(interval_s=0.05)
     monkeypatch.setattr(idle, "_thread", threading.Thread(target=lambda: None))
